@@ -1,1 +1,51 @@
-fn main(){}
+//! ktlsd: a static-content HTTPS server built around Linux kernel TLS.
+//!
+//! The data's way through the modules: [`config`] -> [`server`] (listeners, workers)
+//! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
+//! -> [`files`] -> [`body`] (the body writers).
+
+mod body;
+mod cli;
+mod config;
+mod doctor;
+mod files;
+mod http;
+mod log;
+mod net;
+mod server;
+mod tls;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    init_tracing();
+    let result = match cli.command {
+        cli::Command::Serve(args) => config::Config::from_args(args)
+            .map_err(anyhow::Error::from)
+            .and_then(server::run),
+        cli::Command::Doctor { json } => doctor::run(json),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming what was wrong.
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("ktlsd: error: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("KTLSD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}

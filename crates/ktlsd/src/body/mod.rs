@@ -1,0 +1,34 @@
+//! Body writers: how a response (head, then an optional file range) leaves the process.
+//!
+//! There is one interface, [`FileRange`] plus a head, and one implementation per
+//! record layer: [`userspace`] reads file chunks, encrypts them record by record and
+//! writes them; [`kernel`] sends the head with `MSG_MORE` and `sendfile`s the body,
+//! leaving encryption to the kernel. Both take record lengths from the same
+//! [`RecordSizer`].
+
+pub mod kernel;
+pub mod policy;
+pub mod tcp;
+pub mod userspace;
+
+use std::fs::File;
+
+pub use policy::{RecordPolicy, RecordSizer, MAX_RECORD};
+
+/// Bytes a TLS record adds around its payload in the worst case we negotiate
+/// (TLS 1.2 AES-GCM: 5 header + 8 explicit nonce + 16 tag).
+pub const RECORD_EXPANSION: usize = 29;
+
+/// A byte range of an open file, sent as a response body.
+#[derive(Debug, Clone, Copy)]
+pub struct FileRange<'a> {
+    pub file: &'a File,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// The file changed size under us: the response cannot be completed, and
+/// the connection must be cut so the client does not mistake it for whole.
+pub fn truncated() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file shrank while it was being sent")
+}

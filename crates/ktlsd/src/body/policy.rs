@@ -1,0 +1,258 @@
+//! TLS record-size policies, and the per-connection sizer that applies them.
+//!
+//! This is the one place that decides where records end, for both record layers:
+//! the userspace writer encrypts one record per [`RecordSizer::next_len`], the kernel
+//! writer hands the kernel one `send`/`sendfile` of that length.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use super::tcp::TcpState;
+
+/// Largest TLS record payload (2^14 bytes).
+pub const MAX_RECORD: usize = 16 * 1024;
+
+/// How long TLS records are, chosen per listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordPolicy {
+    /// Every record carries up to `SIZE` bytes (nginx's `ssl_buffer_size`).
+    Static(usize),
+    /// Small records at the start of a burst, growing in stages (Cloudflare's dynamic records).
+    Dynamic(DynamicParams),
+    /// Records sized from the connection's live TCP state.
+    Adaptive,
+}
+
+impl Default for RecordPolicy {
+    fn default() -> Self {
+        RecordPolicy::Static(MAX_RECORD)
+    }
+}
+
+/// Parameters of the dynamic policy: `lo`-sized records for `threshold` records, then
+/// `hi`-sized for `threshold` more, then full records; `timeout` of idleness starts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamicParams {
+    pub lo: usize,
+    pub hi: usize,
+    pub threshold: u32,
+    pub timeout: Duration,
+}
+
+impl Default for DynamicParams {
+    fn default() -> Self {
+        DynamicParams { lo: 1369, hi: 4229, threshold: 40, timeout: Duration::from_secs(1) }
+    }
+}
+
+impl fmt::Display for RecordPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordPolicy::Static(n) => write!(f, "static:{n}"),
+            RecordPolicy::Dynamic(p) => write!(
+                f,
+                "dynamic:lo={},hi={},threshold={},timeout={}ms",
+                p.lo,
+                p.hi,
+                p.threshold,
+                p.timeout.as_millis()
+            ),
+            RecordPolicy::Adaptive => f.write_str("adaptive"),
+        }
+    }
+}
+
+/// Parses `4096`, `4k`, `16K`.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, mult) = match s.strip_suffix(['k', 'K']) {
+        Some(d) => (d, 1024),
+        None => (s, 1),
+    };
+    let n: usize = digits.parse().map_err(|_| format!("{s:?} is not a size (e.g. 4096 or 16k)"))?;
+    let n = n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))?;
+    if n == 0 {
+        return Err("a record size must be greater than 0".into());
+    }
+    if n > MAX_RECORD {
+        return Err(format!("{n} bytes exceeds the TLS maximum record payload of {MAX_RECORD}"));
+    }
+    Ok(n)
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit_ms) = if let Some(v) = s.strip_suffix("ms") {
+        (v, 1.0)
+    } else if let Some(v) = s.strip_suffix('s') {
+        (v, 1000.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num.parse().map_err(|_| format!("{s:?} is not a duration (e.g. 1s or 500ms)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("timeout {s:?} must be greater than 0"));
+    }
+    Ok(Duration::from_secs_f64(v * unit_ms / 1000.0))
+}
+
+impl FromStr for RecordPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, args) = match s.split_once(':') {
+            Some((n, a)) => (n, Some(a)),
+            None => (s, None),
+        };
+        match (name, args) {
+            ("static", Some(size)) => Ok(RecordPolicy::Static(parse_size(size)?)),
+            ("static", None) => Err("static needs a size, e.g. static:16k".into()),
+            ("adaptive", None) => Ok(RecordPolicy::Adaptive),
+            ("adaptive", Some(_)) => Err("adaptive takes no parameters".into()),
+            ("dynamic", args) => {
+                let mut p = DynamicParams::default();
+                for kv in args.unwrap_or("").split(',').filter(|s| !s.trim().is_empty()) {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .ok_or_else(|| format!("{kv:?}: expected key=value (lo, hi, threshold, timeout)"))?;
+                    match k.trim() {
+                        "lo" | "size_lo" => p.lo = parse_size(v)?,
+                        "hi" | "size_hi" => p.hi = parse_size(v)?,
+                        "threshold" => {
+                            p.threshold = v.trim().parse().ok().filter(|t| *t > 0).ok_or_else(|| {
+                                format!("threshold {v:?} must be a whole number of records greater than 0")
+                            })?
+                        }
+                        "timeout" => p.timeout = parse_duration(v)?,
+                        other => return Err(format!("unknown dynamic parameter {other:?} (lo, hi, threshold, timeout)")),
+                    }
+                }
+                if p.lo > p.hi {
+                    return Err(format!("lo ({}) must not exceed hi ({})", p.lo, p.hi));
+                }
+                Ok(RecordPolicy::Dynamic(p))
+            }
+            _ => Err(format!("unknown record size policy {name:?}: use static:SIZE, dynamic[:k=v,...] or adaptive")),
+        }
+    }
+}
+
+/// Per-connection record sizing state.
+#[derive(Debug)]
+pub struct RecordSizer {
+    policy: RecordPolicy,
+    /// Records sent since the dynamic policy last started over.
+    records: u32,
+    last_send: Option<Instant>,
+}
+
+impl RecordSizer {
+    pub fn new(policy: RecordPolicy) -> Self {
+        RecordSizer { policy, records: 0, last_send: None }
+    }
+
+    pub fn policy(&self) -> RecordPolicy {
+        self.policy
+    }
+
+    /// Whether this policy needs the TCP state before each record.
+    pub fn wants_tcp_state(&self) -> bool {
+        matches!(self.policy, RecordPolicy::Adaptive)
+    }
+
+    /// Payload length of the next record.
+    pub fn next_len(&mut self, now: Instant, tcp: Option<&TcpState>) -> usize {
+        match self.policy {
+            RecordPolicy::Static(n) => n,
+            RecordPolicy::Dynamic(p) => {
+                if self.last_send.is_some_and(|t| now.duration_since(t) >= p.timeout) {
+                    self.records = 0;
+                }
+                if self.records < p.threshold {
+                    p.lo
+                } else if self.records < p.threshold.saturating_mul(2) {
+                    p.hi
+                } else {
+                    MAX_RECORD
+                }
+            }
+            RecordPolicy::Adaptive => tcp.map_or(MAX_RECORD, adaptive_len),
+        }
+    }
+
+    /// Records that a record went out at `now`.
+    pub fn sent(&mut self, now: Instant) {
+        self.records = self.records.saturating_add(1);
+        self.last_send = Some(now);
+    }
+}
+
+/// Adaptive sizing: a record should never wait for data the congestion window cannot
+/// carry yet. While the window is small (slow start, or after a loss has cut it) records
+/// are whole segments, so each arriving segment can be decrypted at once; once the
+/// window has room for several full records beyond what is already unsent, records grow
+/// to 16 KiB to save CPU and bytes.
+fn adaptive_len(t: &TcpState) -> usize {
+    let mss = t.mss.clamp(536, 9000) as usize;
+    // Payload per segment after the record's own expansion (header, tag, type).
+    let per_segment = mss.saturating_sub(super::RECORD_EXPANSION).max(256);
+    let window = (t.cwnd as usize).saturating_mul(mss);
+    let queued = (t.in_flight as usize).saturating_mul(mss).saturating_add(t.unsent as usize);
+    let room = window.saturating_sub(queued);
+    let lossy = t.recent_loss;
+    if lossy || t.cwnd < 16 || room < 4 * MAX_RECORD {
+        // Fill whole segments: as many as the free window holds, at least one.
+        let segments = (room / mss).clamp(1, MAX_RECORD / per_segment);
+        (segments * per_segment).min(MAX_RECORD)
+    } else {
+        MAX_RECORD
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_policies() {
+        assert_eq!("static:16k".parse(), Ok(RecordPolicy::Static(16384)));
+        assert_eq!("static:4096".parse(), Ok(RecordPolicy::Static(4096)));
+        assert_eq!("dynamic".parse(), Ok(RecordPolicy::Dynamic(DynamicParams::default())));
+        let tuned: RecordPolicy = "dynamic:hi=16384,threshold=10".parse().unwrap();
+        assert_eq!(tuned, RecordPolicy::Dynamic(DynamicParams { hi: 16384, threshold: 10, ..Default::default() }));
+        assert_eq!("adaptive".parse(), Ok(RecordPolicy::Adaptive));
+    }
+
+    #[test]
+    fn rejects_bad_policies() {
+        for bad in ["static:0", "static:16385", "static:17k", "static", "dynamic:lo=5000,hi=4000", "fast", "dynamic:threshold=0", "dynamic:x=1", "static:abc"] {
+            assert!(bad.parse::<RecordPolicy>().is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn dynamic_ramps_and_resets_after_idle() {
+        let p = DynamicParams { threshold: 2, ..Default::default() };
+        let mut s = RecordSizer::new(RecordPolicy::Dynamic(p));
+        let t0 = Instant::now();
+        let mut lens = Vec::new();
+        for _ in 0..5 {
+            lens.push(s.next_len(t0, None));
+            s.sent(t0);
+        }
+        assert_eq!(lens, [1369, 1369, 4229, 4229, 16384]);
+        assert_eq!(s.next_len(t0 + Duration::from_secs(2), None), 1369);
+    }
+
+    #[test]
+    fn adaptive_grows_with_the_window() {
+        let small = TcpState { mss: 1448, cwnd: 10, in_flight: 0, unsent: 0, recent_loss: false };
+        let big = TcpState { mss: 1448, cwnd: 200, in_flight: 10, unsent: 0, recent_loss: false };
+        let lossy = TcpState { recent_loss: true, ..big };
+        let a = adaptive_len(&small);
+        assert!(a < MAX_RECORD && a % (1448 - crate::body::RECORD_EXPANSION) == 0, "{a}");
+        assert_eq!(adaptive_len(&big), MAX_RECORD);
+        assert!(adaptive_len(&lossy) < MAX_RECORD);
+    }
+}

@@ -1,0 +1,91 @@
+//! The connection's live TCP state (`TCP_INFO`) for adaptive record sizing, and
+//! the per-listener TCP send options (`TCP_NOTSENT_LOWAT`, `TCP_CONGESTION`).
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// What adaptive sizing needs to know about the connection right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpState {
+    /// Sender maximum segment size, bytes.
+    pub mss: u32,
+    /// Congestion window, segments.
+    pub cwnd: u32,
+    /// Segments sent and not yet acknowledged.
+    pub in_flight: u32,
+    /// Bytes written but not yet sent.
+    pub unsent: u32,
+    /// The connection is recovering from a loss (or its window was cut by one).
+    pub recent_loss: bool,
+}
+
+/// `tcp_ca_state` values from linux/tcp.h.
+const TCP_CA_OPEN: u8 = 0;
+const TCP_CA_DISORDER: u8 = 1;
+
+impl TcpState {
+    /// Reads `TCP_INFO` for `fd`.
+    pub fn read(fd: BorrowedFd<'_>) -> io::Result<TcpState> {
+        // SAFETY: tcp_info is plain old data; all-zero is a valid value.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: `info` is a writable tcp_info of `len` bytes and `fd` is a live socket
+        // borrowed for the duration of the call; the kernel writes at most `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let in_flight = info
+            .tcpi_unacked
+            .saturating_sub(info.tcpi_sacked)
+            .saturating_sub(info.tcpi_lost)
+            .saturating_add(info.tcpi_retrans);
+        Ok(TcpState {
+            mss: info.tcpi_snd_mss,
+            cwnd: info.tcpi_snd_cwnd,
+            in_flight,
+            unsent: info.tcpi_notsent_bytes,
+            recent_loss: info.tcpi_ca_state > TCP_CA_DISORDER
+                || (info.tcpi_ca_state != TCP_CA_OPEN && info.tcpi_retrans > 0),
+        })
+    }
+}
+
+/// Sets `TCP_NOTSENT_LOWAT`: the socket reports writable only when less than
+/// `bytes` remain unsent, which keeps record decisions close to the wire.
+pub fn set_notsent_lowat(fd: BorrowedFd<'_>, bytes: u32) -> io::Result<()> {
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &(bytes as libc::c_int).to_ne_bytes())
+}
+
+/// Sets the congestion control algorithm (`TCP_CONGESTION`), e.g. `bbr`.
+pub fn set_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_bytes())
+}
+
+/// Congestion control algorithms the running kernel offers.
+pub fn available_congestion_controls() -> Vec<String> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .map(|s| s.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
+fn setsockopt(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &[u8]) -> io::Result<()> {
+    // SAFETY: `value` is a readable buffer of the given length for the duration of the
+    // call, and `fd` is a live socket borrowed for it.
+    let rc = unsafe {
+        libc::setsockopt(fd.as_raw_fd(), level, name, value.as_ptr().cast(), value.len() as libc::socklen_t)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -1,0 +1,251 @@
+//! The file tree: turns a request path into an open file under ROOT, or a refusal
+//! that says why.
+//!
+//! Safety rules, applied in this order: percent-decoding, no NUL, `.` and `..`
+//! resolved lexically without ever rising above ROOT, no dot-files unless enabled,
+//! and the open itself confined to ROOT by the kernel (`openat2` with
+//! `RESOLVE_BENEATH`), so no symlink can lead outside it.
+
+mod open;
+
+use std::ffi::OsStr;
+use std::fs::{File, Metadata};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+pub use open::Root;
+
+/// Why a path was not served. Each maps to one status code and one log reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Malformed: bad percent-encoding, NUL byte, not an absolute path (400).
+    BadPath(&'static str),
+    /// `..` would leave ROOT (400; nginx answers the same).
+    Escape,
+    /// A dot-file or dot-directory while they are disabled (404, to not reveal it).
+    Hidden,
+    /// Nothing there (404).
+    NotFound,
+    /// A symlink leads outside ROOT (403).
+    OutsideRoot,
+    /// Directory without index.html and listing off, special file, or permission (403).
+    Forbidden(&'static str),
+    /// A directory asked for without its trailing slash (301 to `location`).
+    AddSlash(String),
+}
+
+impl Refusal {
+    pub fn status(&self) -> u16 {
+        match self {
+            Refusal::BadPath(_) | Refusal::Escape => 400,
+            Refusal::Hidden | Refusal::NotFound => 404,
+            Refusal::OutsideRoot | Refusal::Forbidden(_) => 403,
+            Refusal::AddSlash(_) => 301,
+        }
+    }
+
+    pub fn reason(&self) -> String {
+        match self {
+            Refusal::BadPath(why) => format!("bad path: {why}"),
+            Refusal::Escape => "path escapes the root with ..".into(),
+            Refusal::Hidden => "dot-file (enable with --dotfiles)".into(),
+            Refusal::NotFound => "no such file".into(),
+            Refusal::OutsideRoot => "symlink leads outside the root".into(),
+            Refusal::Forbidden(why) => (*why).into(),
+            Refusal::AddSlash(_) => "directory without trailing slash".into(),
+        }
+    }
+}
+
+/// A file ready to be served.
+pub struct Found {
+    pub file: File,
+    pub meta: Metadata,
+    /// Path relative to ROOT, for the Content-Type.
+    pub rel: PathBuf,
+}
+
+/// A directory to list (only with `--autoindex`).
+pub struct Listing {
+    pub dir: File,
+    pub url_path: String,
+}
+
+pub enum Resolved {
+    File(Found),
+    Directory(Listing),
+}
+
+/// Serving options that affect resolution.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub dotfiles: bool,
+    pub autoindex: bool,
+}
+
+/// Decodes and normalises the path part of a request target (no query). Returns the
+/// segments relative to ROOT and whether the target ended with a slash.
+pub fn normalize(path: &str, opts: Options) -> Result<(Vec<Vec<u8>>, bool), Refusal> {
+    if !path.starts_with('/') {
+        return Err(Refusal::BadPath("target is not an absolute path"));
+    }
+    let decoded = decode(path.as_bytes())?;
+    if decoded.contains(&0) {
+        return Err(Refusal::BadPath("NUL byte"));
+    }
+    let trailing_slash = decoded.ends_with(b"/");
+    let mut segments: Vec<Vec<u8>> = Vec::new();
+    for seg in decoded.split(|&b| b == b'/') {
+        match seg {
+            b"" | b"." => {}
+            b".." => {
+                if segments.pop().is_none() {
+                    return Err(Refusal::Escape);
+                }
+            }
+            s => {
+                if s[0] == b'.' && !opts.dotfiles {
+                    return Err(Refusal::Hidden);
+                }
+                segments.push(s.to_vec());
+            }
+        }
+    }
+    let at_root = segments.is_empty();
+    Ok((segments, trailing_slash || at_root))
+}
+
+fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut i = 0;
+    while i < input.len() {
+        if input[i] == b'%' {
+            let hex = input.get(i + 1..i + 3).ok_or(Refusal::BadPath("truncated percent-escape"))?;
+            let hi = (hex[0] as char).to_digit(16);
+            let lo = (hex[1] as char).to_digit(16);
+            match (hi, lo) {
+                (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
+                _ => return Err(Refusal::BadPath("invalid percent-escape")),
+            }
+            i += 3;
+        } else {
+            out.push(input[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+/// Resolves a request path to a file (or directory listing) under `root`.
+pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
+    let (segments, trailing_slash) = normalize(path, opts)?;
+    let mut rel = PathBuf::new();
+    for s in &segments {
+        rel.push(OsStr::from_bytes(s));
+    }
+    let (file, meta) = root.open(&rel)?;
+    if meta.is_file() {
+        return Ok(Resolved::File(Found { file, meta, rel }));
+    }
+    if !meta.is_dir() {
+        return Err(Refusal::Forbidden("not a regular file"));
+    }
+    if !trailing_slash {
+        let query_free = path.split(['?', '#']).next().unwrap_or(path);
+        return Err(Refusal::AddSlash(format!("{query_free}/")));
+    }
+    let index = rel.join("index.html");
+    match root.open(&index) {
+        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found { file, meta, rel: index })),
+        Err(Refusal::NotFound) | Ok(_) if opts.autoindex => {
+            Ok(Resolved::Directory(Listing { dir: file, url_path: path.to_string() }))
+        }
+        Err(Refusal::NotFound) | Ok(_) => Err(Refusal::Forbidden("directory has no index.html and listing is off")),
+        Err(other) => Err(other),
+    }
+}
+
+/// The entity tag of a file: modification time and size, in hex (nginx's form).
+pub fn etag(meta: &Metadata) -> String {
+    format!("\"{:x}-{:x}\"", meta.mtime(), meta.size())
+}
+
+/// Modification time, truncated to whole seconds as HTTP dates are.
+pub fn modified(meta: &Metadata) -> SystemTime {
+    let secs = meta.mtime().max(0) as u64;
+    SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs)
+}
+
+/// Content-Type by extension.
+pub fn content_type(rel: &Path) -> String {
+    let mime = mime_guess::from_path(rel).first_raw().unwrap_or("application/octet-stream");
+    if mime.starts_with("text/") || mime == "application/javascript" || mime == "application/json" {
+        format!("{mime}; charset=utf-8")
+    } else {
+        mime.to_string()
+    }
+}
+
+/// An HTML listing of `dir`, names escaped, dot-files hidden unless enabled.
+pub fn listing_html(listing: &Listing, opts: Options) -> std::io::Result<String> {
+    use std::os::fd::AsRawFd;
+    let dir_path = PathBuf::from(format!("/proc/self/fd/{}", listing.dir.as_raw_fd()));
+    let mut names: Vec<(String, bool)> = Vec::new();
+    for entry in std::fs::read_dir(dir_path)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && !opts.dotfiles {
+            continue;
+        }
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        names.push((name, is_dir));
+    }
+    names.sort();
+    let title = html_escape(&listing.url_path);
+    let mut out = format!("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Index of {title}</title></head>\n<body><h1>Index of {title}</h1><hr><pre>\n<a href=\"../\">../</a>\n");
+    for (name, is_dir) in names {
+        let slash = if is_dir { "/" } else { "" };
+        let href: String = percent_encoding::utf8_percent_encode(&name, percent_encoding::NON_ALPHANUMERIC).collect();
+        out.push_str(&format!("<a href=\"{href}{slash}\">{}{slash}</a>\n", html_escape(&name)));
+    }
+    out.push_str("</pre><hr></body></html>\n");
+    Ok(out)
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OPTS: Options = Options { dotfiles: false, autoindex: false };
+
+    fn segs(p: &str) -> Result<Vec<String>, Refusal> {
+        normalize(p, OPTS).map(|(s, _)| s.into_iter().map(|s| String::from_utf8(s).unwrap()).collect())
+    }
+
+    #[test]
+    fn normalizes_inside_root() {
+        assert_eq!(segs("/a/./b/../c").unwrap(), ["a", "c"]);
+        assert_eq!(segs("/a%20b").unwrap(), ["a b"]);
+        assert_eq!(segs("/a%2Fb").unwrap(), ["a", "b"]);
+        assert_eq!(segs("//a//").unwrap(), ["a"]);
+    }
+
+    #[test]
+    fn refuses_escapes_and_junk() {
+        assert_eq!(segs("/../etc/passwd"), Err(Refusal::Escape));
+        assert_eq!(segs("/a/%2e%2e/%2E%2E/x"), Err(Refusal::Escape));
+        assert_eq!(segs("/..%2fetc"), Err(Refusal::Escape));
+        assert_eq!(segs("/a%00b"), Err(Refusal::BadPath("NUL byte")));
+        assert_eq!(segs("/%zz"), Err(Refusal::BadPath("invalid percent-escape")));
+        assert_eq!(segs("/%4"), Err(Refusal::BadPath("truncated percent-escape")));
+        assert_eq!(segs("/.env"), Err(Refusal::Hidden));
+        assert_eq!(segs("/a/.git/config"), Err(Refusal::Hidden));
+        assert_eq!(segs("relative"), Err(Refusal::BadPath("target is not an absolute path")));
+    }
+}

@@ -1,0 +1,257 @@
+//! One connection's HTTP life: requests are read and answered in order, each passing
+//! through the same phases: read head -> check limits and method -> discard any body ->
+//! resolve the file -> evaluate preconditions and range -> send -> log.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::preconditions::{self, Outcome, RangeOutcome, Validators};
+use super::request::{self, BadRequest, Request, Version};
+use super::response::{self, Head};
+use super::Status;
+use crate::body::FileRange;
+use crate::files::{self, Refusal, Resolved};
+use crate::log::{AccessEntry, AccessLog};
+use crate::server::Shared;
+use crate::tls::Session;
+
+/// How the connection ended, for the worker's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Client closed, or we closed after `Connection: close` / a final error response.
+    Done,
+    /// Idle keep-alive or slow request head timed out.
+    Timeout,
+    /// Socket or TLS error mid-connection.
+    Error,
+}
+
+/// What the body phase decided.
+enum Answer {
+    /// Head plus optional file range.
+    File { head: Vec<u8>, found: files::Found, range: Option<(u64, u64)>, status: Status },
+    /// A complete small response (error, redirect, listing, 304).
+    Small { bytes: Vec<u8>, status: Status },
+}
+
+pub async fn serve(
+    session: &mut Session,
+    shared: &Shared,
+    log: &AccessLog,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) -> End {
+    let cfg = &shared.config;
+    let mut buf: Vec<u8> = Vec::with_capacity(2048);
+    loop {
+        // Phase 1: a complete request head.
+        let mut started: Option<Instant> = if buf.is_empty() { None } else { Some(Instant::now()) };
+        let parsed = loop {
+            match request::parse(&buf, cfg.limits.max_header_bytes) {
+                Ok(Some(r)) => break Ok(r),
+                Ok(None) => {}
+                Err(bad) => break Err(bad),
+            }
+            let timeout = match started {
+                None => cfg.timeouts.idle,
+                Some(t) => cfg.timeouts.header.saturating_sub(t.elapsed()),
+            };
+            let before = buf.len();
+            let read = tokio::select! {
+                r = session.read(&mut buf, timeout) => r,
+                _ = shutdown.wait_for(|s| *s), if buf.is_empty() => return End::Done,
+            };
+            match read {
+                Ok(0) => return End::Done,
+                Ok(_) => {
+                    if started.is_none() && buf.len() > before {
+                        started = Some(Instant::now());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    if buf.is_empty() {
+                        return End::Timeout;
+                    }
+                    let bad = BadRequest { status: Status::REQUEST_TIMEOUT, reason: "request head not received in time" };
+                    refuse_and_close(session, log, peer, &Request::default(), &bad).await;
+                    return End::Timeout;
+                }
+                Err(_) => return End::Error,
+            }
+        };
+        let t0 = started.unwrap_or_else(Instant::now);
+        let (req, used) = match parsed {
+            Ok(r) => r,
+            Err(bad) => {
+                refuse_and_close(session, log, peer, &Request::default(), &bad).await;
+                return End::Done;
+            }
+        };
+        buf.drain(..used);
+        let version = req.version.unwrap_or(Version::Http11);
+        let mut keep_alive = req.keep_alive && !*shutdown.borrow();
+
+        // Phase 2: a request body is read and thrown away, within limits.
+        if req.content_length > cfg.limits.max_body_bytes {
+            let bad = BadRequest { status: Status::PAYLOAD_TOO_LARGE, reason: "request body exceeds max_body_bytes" };
+            refuse_and_close(session, log, peer, &req, &bad).await;
+            return End::Done;
+        }
+        if req.content_length > 0 {
+            match discard_body(session, &mut buf, req.content_length, cfg.timeouts.header).await {
+                Ok(()) => {}
+                Err(_) => return End::Error,
+            }
+        }
+
+        // Phases 3-5: method, file, preconditions, range.
+        let head_only = req.method == "HEAD";
+        let answer = if req.method != "GET" && !head_only {
+            refused(&req, Status::METHOD_NOT_ALLOWED, "method not allowed", peer);
+            let extra = [("Allow", "GET, HEAD".to_string())];
+            Answer::Small { bytes: response::simple(version, Status::METHOD_NOT_ALLOWED, &extra, keep_alive, head_only), status: Status::METHOD_NOT_ALLOWED }
+        } else {
+            answer(&req, shared, version, keep_alive, head_only, peer)
+        };
+
+        // Phase 6: send.
+        let (sent, status) = match answer {
+            Answer::Small { bytes, status } => (session.send_response(&bytes, None).await.map(|_| 0), status),
+            Answer::File { head, found, range, status } => {
+                let body = match range {
+                    Some((start, end)) if !head_only => {
+                        Some(FileRange { file: &found.file, offset: start, len: end - start + 1 })
+                    }
+                    _ => None,
+                };
+                (session.send_response(&head, body).await, status)
+            }
+        };
+        let bytes = match sent {
+            Ok(b) => b,
+            // The response could not be completed; the connection is cut without
+            // close_notify so the client cannot take a partial body for a whole one.
+            Err(_) => return End::Error,
+        };
+
+        // Phase 7: log.
+        log.write(&AccessEntry { peer, line: &req.line, status: status.0, bytes, started: t0, mode: session.mode() });
+
+        if *shutdown.borrow() {
+            keep_alive = false;
+        }
+        if !keep_alive {
+            return End::Done;
+        }
+    }
+}
+
+fn refused(req: &Request, status: Status, why: &str, peer: SocketAddr) {
+    tracing::info!("refused {peer} \"{}\": {} {}", req.line, status.0, why);
+}
+
+/// Answers a request that cannot be served, then ends the connection.
+async fn refuse_and_close(session: &mut Session, log: &AccessLog, peer: SocketAddr, req: &Request, bad: &BadRequest) {
+    refused(req, bad.status, bad.reason, peer);
+    let version = req.version.unwrap_or(Version::Http11);
+    let bytes = response::simple(version, bad.status, &[], false, false);
+    let _ = session.send_response(&bytes, None).await;
+    let line = if req.line.is_empty() { "-" } else { req.line.as_str() };
+    log.write(&AccessEntry { peer, line, status: bad.status.0, bytes: 0, started: Instant::now(), mode: session.mode() });
+}
+
+async fn discard_body(session: &mut Session, buf: &mut Vec<u8>, mut left: u64, timeout: Duration) -> std::io::Result<()> {
+    loop {
+        let take = (buf.len() as u64).min(left) as usize;
+        buf.drain(..take);
+        left -= take as u64;
+        if left == 0 {
+            return Ok(());
+        }
+        if session.read(buf, timeout).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// Resolves the file and decides the response for a GET or HEAD.
+fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, head_only: bool, peer: SocketAddr) -> Answer {
+    let small = |status: Status, extra: &[(&str, String)]| Answer::Small {
+        bytes: response::simple(version, status, extra, keep_alive, head_only),
+        status,
+    };
+    let found = match files::resolve(&shared.root, &req.path, shared.file_options) {
+        Ok(Resolved::File(f)) => f,
+        Ok(Resolved::Directory(listing)) => {
+            return match files::listing_html(&listing, shared.file_options) {
+                Ok(html) => {
+                    let mut bytes = Head::new(version, Status::OK)
+                        .header("Content-Type", "text/html; charset=utf-8")
+                        .header("Content-Length", html.len())
+                        .finish(version, keep_alive);
+                    if !head_only {
+                        bytes.extend_from_slice(html.as_bytes());
+                    }
+                    Answer::Small { bytes, status: Status::OK }
+                }
+                Err(_) => {
+                    refused(req, Status::FORBIDDEN, "directory cannot be listed", peer);
+                    small(Status::FORBIDDEN, &[])
+                }
+            };
+        }
+        Err(Refusal::AddSlash(location)) => return small(Status::MOVED_PERMANENTLY, &[("Location", location)]),
+        Err(refusal) => {
+            let status = Status(refusal.status());
+            refused(req, status, &refusal.reason(), peer);
+            return small(status, &[]);
+        }
+    };
+
+    let size = found.meta.len();
+    let etag = files::etag(&found.meta);
+    let modified = files::modified(&found.meta);
+    let validators = Validators { etag: &etag, modified };
+    let last_modified = httpdate::fmt_http_date(modified);
+
+    match preconditions::evaluate(req, &validators) {
+        Outcome::Proceed => {}
+        Outcome::NotModified => {
+            let head = Head::new(version, Status::NOT_MODIFIED)
+                .header("Last-Modified", &last_modified)
+                .header("ETag", &etag)
+                .finish(version, keep_alive);
+            return Answer::Small { bytes: head, status: Status::NOT_MODIFIED };
+        }
+        Outcome::Failed => return small(Status::PRECONDITION_FAILED, &[]),
+    }
+
+    let use_range = req.range.is_some()
+        && req.if_range.as_deref().is_none_or(|v| preconditions::if_range_matches(v, &validators));
+    let range = match req.range.as_deref() {
+        Some(r) if use_range => preconditions::range(r, size),
+        _ => RangeOutcome::Full,
+    };
+    let content_type = files::content_type(&found.rel);
+    let (status, start, end) = match range {
+        RangeOutcome::Full => (Status::OK, 0, size),
+        RangeOutcome::Partial { start, end } => (Status::PARTIAL_CONTENT, start, end + 1),
+        RangeOutcome::Unsatisfiable => {
+            return small(Status::RANGE_NOT_SATISFIABLE, &[("Content-Range", format!("bytes */{size}"))]);
+        }
+    };
+    let mut head = Head::new(version, status)
+        .header("Content-Type", content_type)
+        .header("Content-Length", end - start)
+        .header("Last-Modified", last_modified)
+        .header("ETag", etag)
+        .header("Accept-Ranges", "bytes");
+    if status == Status::PARTIAL_CONTENT {
+        head = head.header("Content-Range", format!("bytes {start}-{}/{size}", end - 1));
+    }
+    let head = head.finish(version, keep_alive);
+    let range = (end > start).then(|| (start, end - 1));
+    Answer::File { head, found, range, status }
+}

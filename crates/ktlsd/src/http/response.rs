@@ -1,0 +1,76 @@
+//! Response heads, and the small complete responses sent for errors and redirects.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::request::Version;
+use super::Status;
+
+thread_local! {
+    /// The Date header value, formatted at most once a second per worker.
+    static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+}
+
+fn http_date_now() -> String {
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs || d.1.is_empty() {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        d.1.clone()
+    })
+}
+
+/// Builds a response head line by line.
+pub struct Head {
+    buf: String,
+}
+
+impl Head {
+    pub fn new(version: Version, status: Status) -> Head {
+        let mut buf = String::with_capacity(256);
+        // A 1.0 client gets a 1.0 status line, as nginx answers.
+        let _ = write!(buf, "{} {} {}\r\nServer: ktlsd\r\nDate: {}\r\n", version.as_str(), status.0, status.reason(), http_date_now());
+        Head { buf }
+    }
+
+    pub fn header(mut self, name: &str, value: impl std::fmt::Display) -> Head {
+        let _ = write!(self.buf, "{name}: {value}\r\n");
+        self
+    }
+
+    /// Ends the head with the Connection header that matches `keep_alive`.
+    pub fn finish(mut self, version: Version, keep_alive: bool) -> Vec<u8> {
+        match (keep_alive, version) {
+            (false, _) => self.buf.push_str("Connection: close\r\n"),
+            (true, Version::Http10) => self.buf.push_str("Connection: keep-alive\r\n"),
+            (true, Version::Http11) => {}
+        }
+        self.buf.push_str("\r\n");
+        self.buf.into_bytes()
+    }
+}
+
+/// A complete small response with an HTML body naming the status.
+/// `extra` headers (e.g. Allow, Location, Content-Range) go before the body.
+pub fn simple(version: Version, status: Status, extra: &[(&str, String)], keep_alive: bool, head_only: bool) -> Vec<u8> {
+    let body = format!(
+        "<html><head><title>{code} {reason}</title></head><body><h1>{code} {reason}</h1></body></html>\n",
+        code = status.0,
+        reason = status.reason()
+    );
+    let mut head = Head::new(version, status)
+        .header("Content-Type", "text/html; charset=utf-8")
+        .header("Content-Length", body.len());
+    for (name, value) in extra {
+        head = head.header(name, value);
+    }
+    let mut out = head.finish(version, keep_alive);
+    if !head_only {
+        out.extend_from_slice(body.as_bytes());
+    }
+    out
+}

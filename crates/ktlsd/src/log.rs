@@ -1,0 +1,87 @@
+//! Logging: diagnostics through `tracing` on standard error, and the access log,
+//! one line per request in common log format plus request time and TLS mode:
+//!
+//! `127.0.0.1 - - [22/Nov/2026:10:00:00 +0000] "GET /a.txt HTTP/1.1" 200 1234 rt=0.001 tls=ktls`
+//!
+//! Each worker buffers its own lines and writes them in whole-line batches (when the
+//! buffer fills, on a short timer, and at exit), so logging costs no syscall per request.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::tls::TlsMode;
+
+/// One request, as logged.
+pub struct AccessEntry<'a> {
+    pub peer: SocketAddr,
+    pub line: &'a str,
+    pub status: u16,
+    pub bytes: u64,
+    pub started: Instant,
+    pub mode: TlsMode,
+}
+
+const FLUSH_AT: usize = 32 * 1024;
+
+/// A worker's access log.
+pub struct AccessLog {
+    out: Option<RefCell<File>>,
+    buf: RefCell<Vec<u8>>,
+}
+
+impl AccessLog {
+    /// `out` is the destination (a dup of stdout or the log file), `None` when logging is off.
+    pub fn new(out: Option<File>) -> AccessLog {
+        AccessLog { out: out.map(RefCell::new), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)) }
+    }
+
+    pub fn write(&self, e: &AccessEntry<'_>) {
+        if self.out.is_none() {
+            return;
+        }
+        let rt = e.started.elapsed().as_secs_f64();
+        let mut buf = self.buf.borrow_mut();
+        let _ = writeln!(
+            buf,
+            "{} - - [{}] \"{}\" {} {} rt={:.3} tls={}",
+            e.peer.ip(),
+            clf_now(),
+            e.line.escape_default(),
+            e.status,
+            e.bytes,
+            rt,
+            e.mode
+        );
+        let full = buf.len() >= FLUSH_AT;
+        drop(buf);
+        if full {
+            self.flush();
+        }
+    }
+
+    pub fn flush(&self) {
+        let (Some(out), Ok(mut buf)) = (&self.out, self.buf.try_borrow_mut()) else { return };
+        if buf.is_empty() {
+            return;
+        }
+        if let Err(e) = out.borrow_mut().write_all(&buf) {
+            tracing::warn!("access log write failed: {e}");
+        }
+        buf.clear();
+    }
+}
+
+/// The current time in common log format, UTC: `22/Nov/2026:10:00:00 +0000`.
+fn clf_now() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    // RFC 7231 date "Sun, 22 Nov 2026 10:00:00 GMT" rearranged.
+    let http = httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(secs));
+    let parts: Vec<&str> = http.split(' ').collect();
+    match parts.as_slice() {
+        [_, day, mon, year, time, _] => format!("{day}/{mon}/{year}:{time} +0000"),
+        _ => http,
+    }
+}

@@ -1,0 +1,60 @@
+//! Socket plumbing shared by the handshake and both record layers: bounded waits
+//! for readiness and whole-buffer writes on a non-blocking `TcpStream`.
+
+use std::io;
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// Reads whatever is available into `buf`, waiting at most `timeout` for it.
+/// Returns `Ok(0)` at end of stream.
+pub async fn read_some(stream: &TcpStream, buf: &mut [u8], timeout: Duration) -> io::Result<usize> {
+    loop {
+        match stream.try_read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            other => return other,
+        }
+        ready(stream, Interest::READABLE, timeout).await?;
+    }
+}
+
+/// Writes all of `buf`. Fails with `TimedOut` when the peer accepts nothing for
+/// `timeout` (a slow reader), so a stalled client cannot hold a worker's memory forever.
+pub async fn write_all(stream: &TcpStream, mut buf: &[u8], timeout: Duration) -> io::Result<()> {
+    while !buf.is_empty() {
+        match stream.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                ready(stream, Interest::WRITABLE, timeout).await?
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Runs the non-blocking operation `op` until it stops returning `WouldBlock`,
+/// waiting for `interest` between attempts, each wait bounded by `timeout`.
+pub async fn retry<T>(
+    stream: &TcpStream,
+    interest: Interest,
+    timeout: Duration,
+    mut op: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    loop {
+        match stream.try_io(interest, &mut op) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            other => return other,
+        }
+        ready(stream, interest, timeout).await?;
+    }
+}
+
+async fn ready(stream: &TcpStream, interest: Interest, timeout: Duration) -> io::Result<()> {
+    match tokio::time::timeout(timeout, stream.ready(interest)).await {
+        Ok(r) => r.map(drop),
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "peer made no progress within the timeout")),
+    }
+}

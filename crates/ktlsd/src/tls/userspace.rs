@@ -1,0 +1,220 @@
+//! The userspace record layer: rustls encrypts and decrypts records in this
+//! process, for kernels without kTLS or suites the kernel cannot carry.
+//!
+//! Each `encrypt` call produces exactly one record into the connection's output
+//! buffer, so the body writer alone decides record boundaries; several records
+//! then leave in one `write`.
+
+use std::io;
+use std::time::Duration;
+
+use rustls::server::UnbufferedServerConnection;
+use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError};
+use tokio::net::TcpStream;
+
+use crate::net;
+
+/// Per-record expansion: header (5) + explicit nonce (8, TLS 1.2) + tag (16) + type (1, TLS 1.3).
+pub const RECORD_OVERHEAD: usize = 5 + 8 + 16 + 1;
+/// Largest plaintext one record may carry.
+pub const MAX_PLAINTEXT: usize = 16 * 1024;
+/// Output buffered before a `write`: four full records.
+const OUT_CAPACITY: usize = 4 * (MAX_PLAINTEXT + RECORD_OVERHEAD);
+const IN_CAPACITY: usize = 5 + MAX_PLAINTEXT + 2048;
+
+/// A connection whose records are protected by rustls in user space.
+pub struct UserspaceTls {
+    conn: UnbufferedServerConnection,
+    incoming: Box<[u8]>,
+    in_len: usize,
+    outgoing: Vec<u8>,
+    out_len: usize,
+    peer_closed: bool,
+    /// Plaintext decrypted while looking for a writable state, handed out by the next read.
+    stash: Vec<u8>,
+}
+
+impl UserspaceTls {
+    pub fn new(conn: UnbufferedServerConnection) -> Self {
+        UserspaceTls {
+            conn,
+            incoming: vec![0u8; IN_CAPACITY].into_boxed_slice(),
+            in_len: 0,
+            outgoing: Vec::new(),
+            out_len: 0,
+            peer_closed: false,
+            stash: Vec::new(),
+        }
+    }
+
+    /// Appends decrypted application data to `out`; returns how much, 0 once the
+    /// peer has closed (close_notify or end of stream).
+    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
+        if !self.stash.is_empty() {
+            let n = self.stash.len();
+            out.append(&mut self.stash);
+            return Ok(n);
+        }
+        loop {
+            let got = self.process(out)?;
+            if got > 0 || self.peer_closed {
+                return Ok(got);
+            }
+            if self.out_len > 0 {
+                // A KeyUpdate answer (or similar) is queued: send it before blocking on reads.
+                self.flush(stream, timeout).await?;
+            }
+            if self.in_len == self.incoming.len() {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "TLS record larger than allowed"));
+            }
+            let n = net::read_some(stream, &mut self.incoming[self.in_len..], timeout).await?;
+            if n == 0 {
+                self.peer_closed = true;
+                return Ok(0);
+            }
+            self.in_len += n;
+        }
+    }
+
+    /// Runs rustls over the buffered input until it needs more bytes; plaintext
+    /// goes to `out`, handshake answers to the output buffer.
+    fn process(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
+        let mut got = 0;
+        loop {
+            let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
+            let discard = status.discard;
+            let mut progressed = true;
+            match status.state.map_err(tls_error)? {
+                ConnectionState::ReadTraffic(mut r) => {
+                    while let Some(rec) = r.next_record() {
+                        let rec = rec.map_err(tls_error)?;
+                        got += rec.payload.len();
+                        out.extend_from_slice(rec.payload);
+                    }
+                }
+                ConnectionState::EncodeTlsData(mut enc) => loop {
+                    match enc.encode(&mut self.outgoing[self.out_len..]) {
+                        Ok(n) => {
+                            self.out_len += n;
+                            break;
+                        }
+                        Err(EncodeError::InsufficientSize(e)) => {
+                            self.outgoing.resize(self.out_len + e.required_size, 0)
+                        }
+                        Err(EncodeError::AlreadyEncoded) => break,
+                    }
+                },
+                // Queued bytes leave with the next flush, in order.
+                ConnectionState::TransmitTlsData(tx) => tx.done(),
+                ConnectionState::PeerClosed | ConnectionState::Closed => {
+                    self.peer_closed = true;
+                    progressed = false;
+                }
+                _ => progressed = false,
+            }
+            if discard > 0 {
+                self.incoming.copy_within(discard..self.in_len, 0);
+                self.in_len -= discard;
+            }
+            if !progressed {
+                return Ok(got);
+            }
+        }
+    }
+
+    /// Room left in the output buffer for plaintext of whole records.
+    pub fn spare_plaintext(&self) -> usize {
+        OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(RECORD_OVERHEAD)
+    }
+
+    /// Encrypts `data` (at most [`MAX_PLAINTEXT`] bytes) as exactly one record.
+    pub fn encrypt_record(&mut self, data: &[u8]) -> io::Result<()> {
+        debug_assert!(data.len() <= MAX_PLAINTEXT);
+        let needed = self.out_len + data.len() + RECORD_OVERHEAD;
+        if self.outgoing.len() < needed {
+            self.outgoing.resize(needed.max(OUT_CAPACITY), 0);
+        }
+        loop {
+            let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
+            let discard = status.discard;
+            let done = match status.state.map_err(tls_error)? {
+                ConnectionState::WriteTraffic(mut w) => {
+                    match w.encrypt(data, &mut self.outgoing[self.out_len..]) {
+                        Ok(n) => self.out_len += n,
+                        Err(EncryptError::InsufficientSize(e)) => {
+                            return Err(io::Error::other(format!("record buffer too small: {e:?}")))
+                        }
+                        Err(e) => return Err(io::Error::other(e.to_string())),
+                    }
+                    true
+                }
+                // Pipelined input decrypted on the way: keep it for the next read.
+                ConnectionState::ReadTraffic(mut r) => {
+                    while let Some(rec) = r.next_record() {
+                        self.stash.extend_from_slice(rec.map_err(tls_error)?.payload);
+                    }
+                    false
+                }
+                ConnectionState::EncodeTlsData(mut enc) => {
+                    match enc.encode(&mut self.outgoing[self.out_len..]) {
+                        Ok(n) => self.out_len += n,
+                        Err(EncodeError::InsufficientSize(e)) => {
+                            self.outgoing.resize(self.out_len + e.required_size + data.len() + RECORD_OVERHEAD, 0)
+                        }
+                        Err(EncodeError::AlreadyEncoded) => {}
+                    }
+                    false
+                }
+                ConnectionState::TransmitTlsData(tx) => {
+                    tx.done();
+                    false
+                }
+                ConnectionState::PeerClosed => {
+                    self.peer_closed = true;
+                    false
+                }
+                other => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        format!("cannot send in TLS state {other:?}"),
+                    ))
+                }
+            };
+            if discard > 0 {
+                self.incoming.copy_within(discard..self.in_len, 0);
+                self.in_len -= discard;
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Writes every buffered record to the socket.
+    pub async fn flush(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+        if self.out_len > 0 {
+            net::write_all(stream, &self.outgoing[..self.out_len], timeout).await?;
+            self.out_len = 0;
+        }
+        Ok(())
+    }
+
+    /// Queues a close_notify alert; it leaves with the next flush.
+    pub fn queue_close_notify(&mut self) -> io::Result<()> {
+        let needed = self.out_len + 64;
+        if self.outgoing.len() < needed {
+            self.outgoing.resize(needed, 0);
+        }
+        let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
+        if let Ok(ConnectionState::WriteTraffic(mut w)) = status.state {
+            if let Ok(n) = w.queue_close_notify(&mut self.outgoing[self.out_len..]) {
+                self.out_len += n;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
