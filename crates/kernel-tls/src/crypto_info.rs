@@ -1,0 +1,477 @@
+//! Key material in the exact binary form the kernel's `TLS_TX`/`TLS_RX`
+//! socket options expect.
+//!
+//! rustls hands out traffic secrets as a [`ConnectionTrafficSecrets`] (an AEAD
+//! key plus a 12-byte IV) and a record sequence number. The kernel wants a
+//! `tls12_crypto_info_*` structure (the name is historical: the same layout
+//! serves TLS 1.3) in which the IV is split in a cipher-specific way:
+//!
+//! | cipher            | `salt`       | `iv`          | `rec_seq`          |
+//! |-------------------|--------------|---------------|--------------------|
+//! | AES-128/256-GCM   | IV bytes 0..4| IV bytes 4..12| sequence, big-endian |
+//! | ChaCha20-Poly1305 | (none)       | IV bytes 0..12| sequence, big-endian |
+//!
+//! This split is the same for TLS 1.2 and TLS 1.3. [`CryptoInfo`] builds that
+//! structure, and wipes the key from memory when dropped.
+
+use core::fmt;
+use core::mem::size_of;
+
+use rustls::{CipherSuite, ConnectionTrafficSecrets, ProtocolVersion};
+
+use crate::error::Error;
+use crate::uapi;
+
+/// A TLS protocol version the kernel can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TlsVersion {
+    /// TLS 1.2.
+    Tls12,
+    /// TLS 1.3.
+    Tls13,
+}
+
+impl TlsVersion {
+    /// Both versions, oldest first.
+    pub const ALL: [TlsVersion; 2] = [TlsVersion::Tls12, TlsVersion::Tls13];
+
+    /// Maps a rustls protocol version; `None` for anything but TLS 1.2/1.3.
+    pub fn from_rustls(version: ProtocolVersion) -> Option<Self> {
+        match version {
+            ProtocolVersion::TLSv1_2 => Some(TlsVersion::Tls12),
+            ProtocolVersion::TLSv1_3 => Some(TlsVersion::Tls13),
+            _ => None,
+        }
+    }
+
+    /// The rustls protocol version.
+    pub fn to_rustls(self) -> ProtocolVersion {
+        match self {
+            TlsVersion::Tls12 => ProtocolVersion::TLSv1_2,
+            TlsVersion::Tls13 => ProtocolVersion::TLSv1_3,
+        }
+    }
+
+    /// The value of `tls_crypto_info.version` (`TLS_1_2_VERSION`/`TLS_1_3_VERSION`).
+    pub fn kernel_value(self) -> u16 {
+        match self {
+            TlsVersion::Tls12 => uapi::TLS_1_2_VERSION,
+            TlsVersion::Tls13 => uapi::TLS_1_3_VERSION,
+        }
+    }
+
+    /// `"TLS1.2"` or `"TLS1.3"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TlsVersion::Tls12 => "TLS1.2",
+            TlsVersion::Tls13 => "TLS1.3",
+        }
+    }
+}
+
+impl fmt::Display for TlsVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An AEAD the kernel can run for TLS records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cipher {
+    /// AES-128-GCM (`TLS_CIPHER_AES_GCM_128`).
+    Aes128Gcm,
+    /// AES-256-GCM (`TLS_CIPHER_AES_GCM_256`).
+    Aes256Gcm,
+    /// ChaCha20-Poly1305 (`TLS_CIPHER_CHACHA20_POLY1305`).
+    Chacha20Poly1305,
+}
+
+impl Cipher {
+    /// All ciphers this crate can hand to the kernel.
+    pub const ALL: [Cipher; 3] = [Cipher::Aes128Gcm, Cipher::Aes256Gcm, Cipher::Chacha20Poly1305];
+
+    /// The value of `tls_crypto_info.cipher_type`.
+    pub fn kernel_value(self) -> u16 {
+        match self {
+            Cipher::Aes128Gcm => uapi::TLS_CIPHER_AES_GCM_128,
+            Cipher::Aes256Gcm => uapi::TLS_CIPHER_AES_GCM_256,
+            Cipher::Chacha20Poly1305 => uapi::TLS_CIPHER_CHACHA20_POLY1305,
+        }
+    }
+
+    /// Key length in bytes.
+    pub fn key_len(self) -> usize {
+        match self {
+            Cipher::Aes128Gcm => 16,
+            Cipher::Aes256Gcm | Cipher::Chacha20Poly1305 => 32,
+        }
+    }
+
+    /// Size of the kernel structure for this cipher (40 or 56 bytes).
+    pub fn crypto_info_len(self) -> usize {
+        match self {
+            Cipher::Aes128Gcm => size_of::<uapi::Tls12CryptoInfoAesGcm128>(),
+            Cipher::Aes256Gcm => size_of::<uapi::Tls12CryptoInfoAesGcm256>(),
+            Cipher::Chacha20Poly1305 => size_of::<uapi::Tls12CryptoInfoChacha20Poly1305>(),
+        }
+    }
+
+    /// Short display name: `"AES-128-GCM"`, `"AES-256-GCM"`, `"CHACHA20-POLY1305"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cipher::Aes128Gcm => "AES-128-GCM",
+            Cipher::Aes256Gcm => "AES-256-GCM",
+            Cipher::Chacha20Poly1305 => "CHACHA20-POLY1305",
+        }
+    }
+
+    /// The kernel cipher a rustls cipher suite uses, if it has one.
+    ///
+    /// Covers the TLS 1.3 suites and the TLS 1.2 ECDHE AEAD suites rustls
+    /// implements; returns `None` for anything else.
+    pub fn for_suite(suite: CipherSuite) -> Option<Cipher> {
+        match suite {
+            CipherSuite::TLS13_AES_128_GCM_SHA256
+            | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+            | CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => Some(Cipher::Aes128Gcm),
+            CipherSuite::TLS13_AES_256_GCM_SHA384
+            | CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+            | CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => Some(Cipher::Aes256Gcm),
+            CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+            | CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+            | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => {
+                Some(Cipher::Chacha20Poly1305)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Cipher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One direction's keys, laid out as a kernel `tls12_crypto_info_*` structure.
+///
+/// Pass it to [`set_tx`](crate::set_tx)/[`set_rx`](crate::set_rx) (first
+/// installation) or [`update_tx`](crate::update_tx)/[`update_rx`](crate::update_rx)
+/// (TLS 1.3 key update). The key bytes are zeroed when the value is dropped,
+/// and `Debug` never prints them.
+pub struct CryptoInfo {
+    inner: Inner,
+}
+
+enum Inner {
+    Aes128Gcm(uapi::Tls12CryptoInfoAesGcm128),
+    Aes256Gcm(uapi::Tls12CryptoInfoAesGcm256),
+    Chacha20Poly1305(uapi::Tls12CryptoInfoChacha20Poly1305),
+}
+
+impl CryptoInfo {
+    /// Builds the structure from what rustls extracted for one direction.
+    ///
+    /// `seq` is the sequence number of the next record in that direction
+    /// (from `ExtractedSecrets`, or 0 after a key update).
+    ///
+    /// Fails with [`Error::UnsupportedCipher`] for a protocol version other
+    /// than TLS 1.2/1.3 or a cipher the kernel interface has no structure for.
+    pub fn new(
+        version: ProtocolVersion,
+        secrets: &ConnectionTrafficSecrets,
+        seq: u64,
+    ) -> Result<Self, Error> {
+        let tls_version = TlsVersion::from_rustls(version).ok_or(Error::UnsupportedCipher {
+            what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel",
+        })?;
+        let (cipher, key, iv) = match secrets {
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => {
+                (Cipher::Aes128Gcm, key.as_ref(), iv.as_ref())
+            }
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => {
+                (Cipher::Aes256Gcm, key.as_ref(), iv.as_ref())
+            }
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
+                (Cipher::Chacha20Poly1305, key.as_ref(), iv.as_ref())
+            }
+            _ => {
+                return Err(Error::UnsupportedCipher {
+                    what: "the negotiated AEAD has no kernel TLS equivalent",
+                })
+            }
+        };
+        let iv: &[u8; 12] = iv.try_into().map_err(|_| Error::UnsupportedCipher {
+            what: "the traffic IV is not 12 bytes long",
+        })?;
+        Self::from_parts(tls_version, cipher, key, iv, seq)
+    }
+
+    /// Builds the structure from raw parts: a key of [`Cipher::key_len`]
+    /// bytes, the full 12-byte IV (the split is done here) and the next
+    /// record sequence number.
+    pub fn from_parts(
+        version: TlsVersion,
+        cipher: Cipher,
+        key: &[u8],
+        iv: &[u8; 12],
+        seq: u64,
+    ) -> Result<Self, Error> {
+        if key.len() != cipher.key_len() {
+            return Err(Error::UnsupportedCipher {
+                what: "the key length does not match the cipher",
+            });
+        }
+        let info = uapi::TlsCryptoInfo {
+            version: version.kernel_value(),
+            cipher_type: cipher.kernel_value(),
+        };
+        let rec_seq = seq.to_be_bytes();
+        let inner = match cipher {
+            Cipher::Aes128Gcm => {
+                let mut s = uapi::Tls12CryptoInfoAesGcm128 {
+                    info,
+                    rec_seq,
+                    ..Default::default()
+                };
+                s.salt.copy_from_slice(&iv[..4]);
+                s.iv.copy_from_slice(&iv[4..]);
+                s.key.copy_from_slice(key);
+                Inner::Aes128Gcm(s)
+            }
+            Cipher::Aes256Gcm => {
+                let mut s = uapi::Tls12CryptoInfoAesGcm256 {
+                    info,
+                    rec_seq,
+                    ..Default::default()
+                };
+                s.salt.copy_from_slice(&iv[..4]);
+                s.iv.copy_from_slice(&iv[4..]);
+                s.key.copy_from_slice(key);
+                Inner::Aes256Gcm(s)
+            }
+            Cipher::Chacha20Poly1305 => {
+                let mut s = uapi::Tls12CryptoInfoChacha20Poly1305 {
+                    info,
+                    rec_seq,
+                    ..Default::default()
+                };
+                s.iv.copy_from_slice(iv);
+                s.key.copy_from_slice(key);
+                Inner::Chacha20Poly1305(s)
+            }
+        };
+        Ok(Self { inner })
+    }
+
+    /// The protocol version this structure announces.
+    pub fn version(&self) -> TlsVersion {
+        if self.header().version == uapi::TLS_1_3_VERSION {
+            TlsVersion::Tls13
+        } else {
+            TlsVersion::Tls12
+        }
+    }
+
+    /// The cipher this structure carries keys for.
+    pub fn cipher(&self) -> Cipher {
+        match self.inner {
+            Inner::Aes128Gcm(_) => Cipher::Aes128Gcm,
+            Inner::Aes256Gcm(_) => Cipher::Aes256Gcm,
+            Inner::Chacha20Poly1305(_) => Cipher::Chacha20Poly1305,
+        }
+    }
+
+    fn header(&self) -> &uapi::TlsCryptoInfo {
+        match &self.inner {
+            Inner::Aes128Gcm(s) => &s.info,
+            Inner::Aes256Gcm(s) => &s.info,
+            Inner::Chacha20Poly1305(s) => &s.info,
+        }
+    }
+
+    /// The structure's bytes, exactly as passed to `setsockopt(2)`.
+    ///
+    /// Contains the key: handle with care.
+    pub fn as_bytes(&self) -> &[u8] {
+        match &self.inner {
+            Inner::Aes128Gcm(s) => struct_bytes(s),
+            Inner::Aes256Gcm(s) => struct_bytes(s),
+            Inner::Chacha20Poly1305(s) => struct_bytes(s),
+        }
+    }
+}
+
+/// Views one of the padding-free uapi structures as bytes.
+fn struct_bytes<T: PodCryptoInfo>(value: &T) -> &[u8] {
+    // SAFETY: `T` is one of the `#[repr(C)]` uapi structures (sealed by the
+    // `PodCryptoInfo` trait), whose sizes are asserted at compile time to be
+    // the sum of their fields: they have no padding, so all `size_of::<T>()`
+    // bytes are initialised. `u8` has alignment 1 and the slice borrows
+    // `value`, so it cannot outlive it.
+    unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+/// Marker for the padding-free structures [`struct_bytes`] may view.
+trait PodCryptoInfo {}
+impl PodCryptoInfo for uapi::Tls12CryptoInfoAesGcm128 {}
+impl PodCryptoInfo for uapi::Tls12CryptoInfoAesGcm256 {}
+impl PodCryptoInfo for uapi::Tls12CryptoInfoChacha20Poly1305 {}
+
+impl Drop for CryptoInfo {
+    fn drop(&mut self) {
+        let (key, iv, salt): (&mut [u8], &mut [u8], &mut [u8]) = match &mut self.inner {
+            Inner::Aes128Gcm(s) => (&mut s.key, &mut s.iv, &mut s.salt),
+            Inner::Aes256Gcm(s) => (&mut s.key, &mut s.iv, &mut s.salt),
+            Inner::Chacha20Poly1305(s) => (&mut s.key, &mut s.iv, &mut s.salt),
+        };
+        for byte in key.iter_mut().chain(iv.iter_mut()).chain(salt.iter_mut()) {
+            // SAFETY: `byte` is a valid, aligned, exclusive reference; a
+            // volatile write keeps the compiler from eliding the wipe.
+            unsafe { core::ptr::write_volatile(byte, 0) };
+        }
+    }
+}
+
+impl fmt::Debug for CryptoInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CryptoInfo")
+            .field("version", &self.version())
+            .field("cipher", &self.cipher())
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::crypto::cipher::{AeadKey, Iv};
+
+    const IV: [u8; 12] = [0xa0, 0xa1, 0xa2, 0xa3, 0xb4, 0xb5, 0xb6, 0xb7, 0xb8, 0xb9, 0xba, 0xbb];
+
+    fn key32() -> [u8; 32] {
+        let mut k = [0u8; 32];
+        for (i, b) in k.iter_mut().enumerate() {
+            *b = 0x10 + i as u8;
+        }
+        k
+    }
+
+    fn native(v: u16) -> [u8; 2] {
+        v.to_ne_bytes()
+    }
+
+    #[test]
+    fn sizes_match_linux_tls_h() {
+        assert_eq!(size_of::<uapi::Tls12CryptoInfoAesGcm128>(), 40);
+        assert_eq!(size_of::<uapi::Tls12CryptoInfoAesGcm256>(), 56);
+        assert_eq!(size_of::<uapi::Tls12CryptoInfoChacha20Poly1305>(), 56);
+        assert_eq!(Cipher::Aes128Gcm.crypto_info_len(), 40);
+        assert_eq!(Cipher::Aes256Gcm.crypto_info_len(), 56);
+        assert_eq!(Cipher::Chacha20Poly1305.crypto_info_len(), 56);
+    }
+
+    #[test]
+    fn constants_match_libc() {
+        assert_eq!(uapi::SOL_TLS, libc::SOL_TLS);
+        assert_eq!(uapi::TCP_ULP, libc::TCP_ULP);
+        assert_eq!(uapi::SOL_TCP, libc::SOL_TCP);
+    }
+
+    #[test]
+    fn aes128_tls13_layout() {
+        // rustls only lets outside code build 32-byte `AeadKey`s, so the
+        // 16-byte case goes through `from_parts` (which `new` calls).
+        let info = CryptoInfo::from_parts(
+            TlsVersion::Tls13,
+            Cipher::Aes128Gcm,
+            &key32()[..16],
+            &IV,
+            0x0102_0304_0506_0708,
+        )
+        .unwrap();
+        let b = info.as_bytes();
+        assert_eq!(b.len(), 40);
+        assert_eq!(&b[0..2], &native(0x0304));
+        assert_eq!(&b[2..4], &native(51));
+        assert_eq!(&b[4..12], &IV[4..12], "iv = IV[4..12]");
+        assert_eq!(&b[12..28], &key32()[..16], "key");
+        assert_eq!(&b[28..32], &IV[0..4], "salt = IV[0..4]");
+        assert_eq!(&b[32..40], &[1, 2, 3, 4, 5, 6, 7, 8], "rec_seq big-endian");
+        assert_eq!(info.version(), TlsVersion::Tls13);
+        assert_eq!(info.cipher(), Cipher::Aes128Gcm);
+    }
+
+    #[test]
+    fn aes256_tls12_layout_from_rustls() {
+        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
+            key: AeadKey::from(key32()),
+            iv: Iv::new(IV),
+        };
+        let info = CryptoInfo::new(ProtocolVersion::TLSv1_2, &secrets, 7).unwrap();
+        let b = info.as_bytes();
+        assert_eq!(b.len(), 56);
+        assert_eq!(&b[0..2], &native(0x0303));
+        assert_eq!(&b[2..4], &native(52));
+        assert_eq!(&b[4..12], &IV[4..12]);
+        assert_eq!(&b[12..44], &key32());
+        assert_eq!(&b[44..48], &IV[0..4]);
+        assert_eq!(&b[48..56], &7u64.to_be_bytes());
+    }
+
+    #[test]
+    fn chacha_layout_has_whole_iv_and_no_salt() {
+        let secrets = ConnectionTrafficSecrets::Chacha20Poly1305 {
+            key: AeadKey::from(key32()),
+            iv: Iv::new(IV),
+        };
+        let info = CryptoInfo::new(ProtocolVersion::TLSv1_3, &secrets, 1).unwrap();
+        let b = info.as_bytes();
+        assert_eq!(b.len(), 56);
+        assert_eq!(&b[0..2], &native(0x0304));
+        assert_eq!(&b[2..4], &native(54));
+        assert_eq!(&b[4..16], &IV, "iv = whole IV");
+        assert_eq!(&b[16..48], &key32());
+        assert_eq!(&b[48..56], &1u64.to_be_bytes());
+        assert_eq!(info.cipher(), Cipher::Chacha20Poly1305);
+    }
+
+    #[test]
+    fn rejects_unsupported_versions_and_bad_keys() {
+        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
+            key: AeadKey::from(key32()),
+            iv: Iv::new(IV),
+        };
+        assert!(matches!(
+            CryptoInfo::new(ProtocolVersion::TLSv1_1, &secrets, 0),
+            Err(Error::UnsupportedCipher { .. })
+        ));
+        assert!(matches!(
+            CryptoInfo::from_parts(TlsVersion::Tls13, Cipher::Aes128Gcm, &[0; 32], &IV, 0),
+            Err(Error::UnsupportedCipher { .. })
+        ));
+    }
+
+    #[test]
+    fn debug_redacts_key() {
+        let info =
+            CryptoInfo::from_parts(TlsVersion::Tls12, Cipher::Aes256Gcm, &key32(), &IV, 0).unwrap();
+        let s = format!("{info:?}");
+        assert!(s.contains("redacted"));
+        assert!(!s.contains("16, 17"));
+    }
+
+    #[test]
+    fn suite_mapping() {
+        assert_eq!(
+            Cipher::for_suite(CipherSuite::TLS13_AES_256_GCM_SHA384),
+            Some(Cipher::Aes256Gcm)
+        );
+        assert_eq!(
+            Cipher::for_suite(CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256),
+            Some(Cipher::Chacha20Poly1305)
+        );
+        assert_eq!(Cipher::for_suite(CipherSuite::TLS_RSA_WITH_AES_128_GCM_SHA256), None);
+    }
+}
