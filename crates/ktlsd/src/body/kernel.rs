@@ -1,21 +1,93 @@
 //! The kernel body writer: the head goes out with `MSG_MORE`, the body with
-//! `sendfile()`, and the kernel encrypts both on their way out. Wiring pending.
+//! `sendfile()`, and the kernel encrypts both on their way out; file pages never
+//! enter user space.
+//!
+//! Record boundaries follow the calls: with `MSG_MORE` the kernel keeps a record
+//! open; a call without it closes the record at the call's end, and a record is
+//! also closed whenever it reaches 16 KiB. So a full-size policy hands the kernel
+//! large `sendfile` calls, and smaller policies one call per record.
 
 use std::io;
-use std::time::Duration;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
 
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::{FileRange, RecordSizer};
+use super::tcp::TcpState;
+use super::{truncated, FileRange, RecordSizer, MAX_RECORD};
+use crate::net;
 use crate::tls::kernel::KernelTls;
 
+/// Largest single `sendfile`: bounds how long one connection holds the worker.
+const MAX_SENDFILE: usize = 1 << 20;
+
+/// Sends `head` then `body`; returns the body bytes sent.
 pub async fn send(
-    _tls: &mut KernelTls,
-    _stream: &TcpStream,
-    _sizer: &mut RecordSizer,
-    _head: &[u8],
-    _body: Option<FileRange<'_>>,
-    _timeout: Duration,
+    tls: &mut KernelTls,
+    stream: &TcpStream,
+    sizer: &mut RecordSizer,
+    head: &[u8],
+    body: Option<FileRange<'_>>,
+    timeout: Duration,
 ) -> io::Result<u64> {
-    Err(io::ErrorKind::Unsupported.into())
+    tls.before_send(stream, timeout).await?;
+    let Some(range) = body else {
+        send_all(stream, head, false, timeout).await?;
+        tls.note_sent(head.len() as u64);
+        return Ok(0);
+    };
+
+    // The head shares the first record with the body unless it alone fills a record.
+    let mut first_record_room = None;
+    let now = Instant::now();
+    let first = record_len(sizer, stream, now);
+    if head.len() < first {
+        send_all(stream, head, true, timeout).await?;
+        first_record_room = Some(first - head.len());
+    } else {
+        send_all(stream, head, false, timeout).await?;
+    }
+
+    let mut offset = range.offset;
+    let end = range.offset + range.len;
+    while offset < end {
+        let now = Instant::now();
+        let want = match first_record_room.take() {
+            Some(room) => room,
+            None => record_len(sizer, stream, now),
+        };
+        // Full records: let the kernel cut them from one large call.
+        let chunk = if want >= MAX_RECORD { MAX_SENDFILE } else { want };
+        let chunk = chunk.min(usize::try_from(end - offset).unwrap_or(usize::MAX));
+        // One record may take several calls when the socket buffer fills;
+        // the kernel keeps the record open between them.
+        let target = offset + chunk as u64;
+        while offset < target {
+            let left = (target - offset) as usize;
+            let n = net::retry(stream, Interest::WRITABLE, timeout, || {
+                kernel_tls::sendfile(stream.as_fd(), range.file.as_fd(), &mut offset, left)
+            })
+            .await?;
+            if n == 0 {
+                return Err(truncated());
+            }
+        }
+        sizer.sent(now);
+    }
+    tls.note_sent(head.len() as u64 + range.len);
+    Ok(range.len)
+}
+
+fn record_len(sizer: &mut RecordSizer, stream: &TcpStream, now: Instant) -> usize {
+    let tcp = if sizer.wants_tcp_state() { TcpState::read(stream.as_fd()).ok() } else { None };
+    sizer.next_len(now, tcp.as_ref()).clamp(1, MAX_RECORD)
+}
+
+async fn send_all(stream: &TcpStream, mut data: &[u8], more: bool, timeout: Duration) -> io::Result<()> {
+    while !data.is_empty() {
+        let n = net::retry(stream, Interest::WRITABLE, timeout, || kernel_tls::send(stream.as_fd(), data, more)).await?;
+        data = &data[n..];
+    }
+    Ok(())
 }

@@ -152,10 +152,6 @@ impl RecordSizer {
         RecordSizer { policy, records: 0, last_send: None }
     }
 
-    pub fn policy(&self) -> RecordPolicy {
-        self.policy
-    }
-
     /// Whether this policy needs the TCP state before each record.
     pub fn wants_tcp_state(&self) -> bool {
         matches!(self.policy, RecordPolicy::Adaptive)

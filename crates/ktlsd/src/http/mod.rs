@@ -17,7 +17,6 @@ impl Status {
     pub const NOT_MODIFIED: Status = Status(304);
     pub const BAD_REQUEST: Status = Status(400);
     pub const FORBIDDEN: Status = Status(403);
-    pub const NOT_FOUND: Status = Status(404);
     pub const METHOD_NOT_ALLOWED: Status = Status(405);
     pub const REQUEST_TIMEOUT: Status = Status(408);
     pub const LENGTH_REQUIRED: Status = Status(411);
@@ -26,8 +25,6 @@ impl Status {
     pub const URI_TOO_LONG: Status = Status(414);
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
     pub const HEADERS_TOO_LARGE: Status = Status(431);
-    pub const INTERNAL_ERROR: Status = Status(500);
-    pub const SERVICE_UNAVAILABLE: Status = Status(503);
     pub const VERSION_NOT_SUPPORTED: Status = Status(505);
 
     pub fn reason(self) -> &'static str {

@@ -107,7 +107,7 @@ fn choose_ktls(config: &Config) -> anyhow::Result<Option<crate::tls::kernel::Sup
     }
     let caps = crate::tls::kernel::Support::probe();
     if !caps.usable() {
-        let why = caps.unavailable_reason().unwrap_or("the kernel refused the tls ULP");
+        let why = caps.unavailable_reason().unwrap_or_else(|| "the kernel refused the tls ULP".into());
         if config.ktls == KtlsMode::On {
             return Err(anyhow!("kernel TLS unavailable: {why} (see `ktlsd doctor`; or start with --ktls auto)"));
         }

@@ -162,14 +162,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, stop: 
 
     let sizer = RecordSizer::new(cfg.record_policy);
     let conn = established.conn;
-    let kernel_can = shared.ktls.as_ref().is_some_and(|caps| {
-        let suite = conn.negotiated_cipher_suite();
-        let version = conn.protocol_version();
-        match (suite, version) {
-            (Some(s), Some(v)) => caps.supports_both(v, s.suite()),
-            _ => false,
-        }
-    });
+    let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s));
     let mut session = if kernel_can {
         match KernelTls::install(&stream, conn) {
             Ok(k) => {

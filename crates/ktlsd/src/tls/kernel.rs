@@ -1,45 +1,210 @@
 //! The kernel record layer (kTLS): after the handshake the traffic keys go to the
-//! kernel, which then encrypts and decrypts every record on this socket.
-//! Wiring pending.
+//! kernel, which then encrypts and decrypts every record on this socket. This
+//! module adapts the `kernel-tls` crate to the worker's event loop: reads of
+//! application data and control records (close_notify, alerts, KeyUpdate), and
+//! the bookkeeping the kernel cannot do (confidentiality limits, counters).
 
 use std::io;
+use std::os::fd::AsFd;
 use std::time::Duration;
 
+use kernel_tls::{Capabilities, ControlOutcome, KtlsConnection, LimitStatus, RxError};
 use rustls::server::UnbufferedServerConnection;
-use rustls::{CipherSuite, ProtocolVersion};
+use rustls::SupportedCipherSuite;
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+use crate::net;
+use crate::server::stats::Stats;
+
 /// What the running kernel can do, probed once at start-up.
-pub struct Support {}
+pub struct Support {
+    caps: Capabilities,
+}
 
 impl Support {
     pub fn probe() -> Support {
-        Support {}
+        Support { caps: kernel_tls::probe() }
     }
+
     pub fn usable(&self) -> bool {
-        false
+        self.caps.usable()
     }
-    pub fn unavailable_reason(&self) -> Option<&str> {
-        Some("not wired")
+
+    /// Why kTLS cannot be used, with what to do about it.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        match &self.caps.unavailable {
+            Some(u) => Some(format!("{}; {}", u.reason(), u.advice())),
+            None if !self.caps.usable() => Some("no cipher suite works in both directions".into()),
+            None => None,
+        }
     }
+
+    /// One line: which suites run in the kernel, and whether keys can be updated.
     pub fn summary(&self) -> String {
-        String::new()
+        let both: Vec<String> = self
+            .caps
+            .suites
+            .iter()
+            .filter(|s| s.tx && s.rx)
+            .map(|s| format!("{} {}", s.version.name(), s.cipher.name()))
+            .collect();
+        format!(
+            "TX+RX for {}; TLS 1.3 key update {}",
+            both.join(", "),
+            if self.caps.rekey_supported() { "supported" } else { "not supported (connections that update keys are closed)" }
+        )
     }
-    pub fn supports_both(&self, _v: ProtocolVersion, _s: CipherSuite) -> bool {
-        false
+
+    /// Whether a connection with this suite can run entirely in the kernel.
+    pub fn supports_both(&self, suite: SupportedCipherSuite) -> bool {
+        self.caps.supports_suite(suite) == (true, true)
     }
 }
 
-pub struct KernelTls {}
+/// Counters a kernel connection keeps until it ends.
+#[derive(Debug, Default)]
+struct Counters {
+    key_updates: u64,
+    rekey_unsupported: u64,
+    record_errors: u64,
+}
+
+/// Largest record plaintext plus room: control records must arrive whole.
+const RX_BUF: usize = 16 * 1024 + 256;
+
+/// A connection whose records the kernel protects.
+pub struct KernelTls {
+    conn: KtlsConnection,
+    rx: Box<[u8]>,
+    counters: Counters,
+}
 
 impl KernelTls {
-    pub fn install(_stream: &TcpStream, _conn: UnbufferedServerConnection) -> Result<KernelTls, String> {
-        Err("not wired".into())
+    /// Hands the finished handshake to the kernel. On error the connection cannot
+    /// continue (its rustls state is consumed) and must be closed.
+    pub fn install(stream: &TcpStream, conn: UnbufferedServerConnection) -> Result<KernelTls, kernel_tls::Error> {
+        let conn = KtlsConnection::install(stream.as_fd(), conn)?;
+        Ok(KernelTls { conn, rx: vec![0u8; RX_BUF].into_boxed_slice(), counters: Counters::default() })
     }
-    pub async fn read(&mut self, _stream: &TcpStream, _out: &mut Vec<u8>, _t: Duration) -> io::Result<usize> {
-        Ok(0)
+
+    /// Appends decrypted application data to `out`; 0 once the peer has closed.
+    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
+        loop {
+            let rx = &mut self.rx;
+            let got = net::retry(stream, Interest::READABLE, timeout, || {
+                kernel_tls::recv_record(stream.as_fd(), rx)
+            })
+            .await;
+            let rec = match got {
+                Ok(rec) => rec,
+                Err(e) => {
+                    let class = RxError::classify(&e);
+                    if matches!(class, RxError::Interrupted | RxError::KeyExpired) {
+                        continue;
+                    }
+                    if let Some(alert) = class.alert() {
+                        self.counters.record_errors += 1;
+                        tracing::info!("kTLS connection closed: kernel rejected a record ({})", class.name());
+                        let _ = kernel_tls::send_alert(stream.as_fd(), alert);
+                    }
+                    return Err(e);
+                }
+            };
+            if rec.is_application_data() {
+                out.extend_from_slice(&self.rx[..rec.len]);
+                return Ok(rec.len);
+            }
+            let payload = &self.rx[..rec.len];
+            match self.conn.handle_control(stream.as_fd(), rec.content_type, payload) {
+                Ok(ControlOutcome::CloseNotify) => return Ok(0),
+                Ok(ControlOutcome::Warning(_)) => {}
+                Ok(ControlOutcome::KeyUpdated { .. }) => {
+                    self.counters.key_updates += 1;
+                    self.complete_tx_update(stream, timeout).await?;
+                }
+                Ok(ControlOutcome::PeerAlert(desc)) => {
+                    return Err(io::Error::new(io::ErrorKind::ConnectionAborted, format!("peer sent alert {desc:?}")))
+                }
+                Err(e) => return Err(self.control_error(stream, e)),
+            }
+        }
     }
-    pub async fn close_notify(&mut self, _stream: &TcpStream, _t: Duration) -> io::Result<()> {
-        Ok(())
+
+    /// Sends a KeyUpdate we owe the peer, once the socket has room for it.
+    async fn complete_tx_update(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+        let conn = &mut self.conn;
+        if !conn.has_pending_tx_update() {
+            return Ok(());
+        }
+        let r = net::retry(stream, Interest::WRITABLE, timeout, || {
+            conn.complete_tx_update(stream.as_fd()).map_err(into_io)
+        })
+        .await;
+        r.map_err(|e| self.note_rekey_failure(e))
+    }
+
+    /// Before sending: settle owed key updates and respect the cipher's
+    /// confidentiality limit (update the key on TLS 1.3, close on TLS 1.2).
+    pub async fn before_send(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+        self.complete_tx_update(stream, timeout).await?;
+        match self.conn.limit_status() {
+            LimitStatus::Fine => Ok(()),
+            LimitStatus::UpdateKey => {
+                let conn = &mut self.conn;
+                let r = net::retry(stream, Interest::WRITABLE, timeout, || {
+                    conn.initiate_key_update(stream.as_fd(), false).map_err(into_io)
+                })
+                .await;
+                r.map_err(|e| self.note_rekey_failure(e))
+            }
+            LimitStatus::Close => Err(io::Error::other("TLS 1.2 confidentiality limit reached; closing")),
+        }
+    }
+
+    /// Counts records sent under the current key (the kernel does not tell us).
+    pub fn note_sent(&mut self, bytes: u64) {
+        self.conn.note_records_sent(kernel_tls::records_for(bytes));
+    }
+
+    /// Sends close_notify (as its own alert record).
+    pub async fn close_notify(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+        net::retry(stream, Interest::WRITABLE, timeout, || kernel_tls::send_close_notify(stream.as_fd())).await
+    }
+
+    pub fn count_into(&self, stats: &Stats) {
+        let c = &self.counters;
+        stats.key_updates.set(stats.key_updates.get() + c.key_updates);
+        stats.rekey_unsupported.set(stats.rekey_unsupported.get() + c.rekey_unsupported);
+        stats.ktls_record_errors.set(stats.ktls_record_errors.get() + c.record_errors);
+    }
+
+    fn note_rekey_failure(&mut self, e: io::Error) -> io::Error {
+        if e.get_ref().is_some_and(|inner| inner.is::<RekeyRefused>()) {
+            self.counters.rekey_unsupported += 1;
+            tracing::info!("kTLS connection closed: this kernel cannot install updated TLS 1.3 keys");
+        }
+        e
+    }
+
+    fn control_error(&mut self, stream: &TcpStream, e: kernel_tls::Error) -> io::Error {
+        if let Some(alert) = e.alert() {
+            let _ = kernel_tls::send_alert(stream.as_fd(), alert);
+        }
+        let e = into_io(e);
+        self.note_rekey_failure(e)
+    }
+}
+
+/// Marks an `io::Error` that came from `Error::RekeyUnsupported`.
+#[derive(Debug, thiserror::Error)]
+#[error("kernel cannot update TLS keys: {0}")]
+struct RekeyRefused(String);
+
+fn into_io(e: kernel_tls::Error) -> io::Error {
+    match e {
+        kernel_tls::Error::Io(io) => io,
+        e @ kernel_tls::Error::RekeyUnsupported { .. } => io::Error::other(RekeyRefused(e.to_string())),
+        other => io::Error::other(other.to_string()),
     }
 }

@@ -78,7 +78,11 @@ impl Session {
     }
 
     /// Adds this connection's record-layer counters to the worker's.
-    pub fn count_into(&self, _stats: &crate::server::stats::Stats) {}
+    pub fn count_into(&self, stats: &crate::server::stats::Stats) {
+        if let RecordLayer::Kernel(tls) = &self.layer {
+            tls.count_into(stats);
+        }
+    }
 
     /// Ends the connection cleanly: close_notify, then the socket closes on drop.
     pub async fn close(mut self) {
