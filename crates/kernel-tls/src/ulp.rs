@@ -156,8 +156,8 @@ impl Unavailable {
                 "run `modprobe tls` as root (list `tls` in /etc/modules-load.d/tls.conf to load it at boot)"
             }
             Unavailable::NotBuilt { .. } => {
-                "kernel TLS cannot be enabled on this kernel; boot a kernel built with \
-                 CONFIG_TLS=m or =y (every mainstream distribution kernel is)"
+                "boot a kernel built with CONFIG_TLS=m or =y (every mainstream distribution \
+                 kernel is, e.g. Debian's or Ubuntu's); kTLS cannot be enabled on this one"
             }
             Unavailable::ModuleMissing { .. } => {
                 "install the kernel modules package for the running kernel \
