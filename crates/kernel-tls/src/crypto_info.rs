@@ -6,13 +6,29 @@
 //! `tls12_crypto_info_*` structure (the name is historical: the same layout
 //! serves TLS 1.3) in which the IV is split in a cipher-specific way:
 //!
-//! | cipher            | `salt`       | `iv`          | `rec_seq`          |
-//! |-------------------|--------------|---------------|--------------------|
-//! | AES-128/256-GCM   | IV bytes 0..4| IV bytes 4..12| sequence, big-endian |
-//! | ChaCha20-Poly1305 | (none)       | IV bytes 0..12| sequence, big-endian |
+//! | cipher            | `salt`        | `iv`           | `rec_seq`            |
+//! |-------------------|---------------|----------------|----------------------|
+//! | AES-128/256-GCM   | IV bytes 0..4 | IV bytes 4..12 | sequence, big-endian |
+//! | ChaCha20-Poly1305 | (none)        | IV bytes 0..12 | sequence, big-endian |
 //!
-//! This split is the same for TLS 1.2 and TLS 1.3. [`CryptoInfo`] builds that
-//! structure, and wipes the key from memory when dropped.
+//! [`CryptoInfo`] builds that structure, and wipes the key from memory when
+//! dropped.
+//!
+//! ## TLS 1.2 AES-GCM: the explicit nonce
+//!
+//! In every case but one the kernel forms each record's nonce as rustls
+//! does: IV XOR sequence number. The exception is TLS 1.2 AES-GCM, whose
+//! 8-byte explicit nonce travels in the record: there the kernel sends the
+//! `iv` field as the explicit nonce and *adds one* to it per record, while
+//! rustls used `IV[4..12] XOR seq` for the records it protected before the
+//! hand-over. Passing `IV[4..12]` unchanged with a sequence number `n > 0`
+//! would make the kernel repeat nonces rustls already used (at least the one
+//! of the `Finished` record, sequence 0) — fatal for GCM. So for TLS 1.2
+//! AES-GCM the `iv` field is `IV[4..12] + n` (big-endian, wrapping): every
+//! value rustls used, `IV[4..12] XOR s` for `s < n`, lies strictly within
+//! `n` of `IV[4..12]`, and the kernel only counts upwards from `+ n`. (For
+//! RX the kernel reads the explicit nonce from each record and ignores the
+//! field.) With `n == 0` this is the plain split.
 
 use core::fmt;
 use core::mem::size_of;
@@ -227,15 +243,16 @@ impl CryptoInfo {
             cipher_type: cipher.kernel_value(),
         };
         let rec_seq = seq.to_be_bytes();
+        let gcm_iv = gcm_explicit_iv(version, iv, seq);
         let inner = match cipher {
             Cipher::Aes128Gcm => {
                 let mut s = uapi::Tls12CryptoInfoAesGcm128 {
                     info,
                     rec_seq,
+                    iv: gcm_iv,
                     ..Default::default()
                 };
                 s.salt.copy_from_slice(&iv[..4]);
-                s.iv.copy_from_slice(&iv[4..]);
                 s.key.copy_from_slice(key);
                 Inner::Aes128Gcm(s)
             }
@@ -243,10 +260,10 @@ impl CryptoInfo {
                 let mut s = uapi::Tls12CryptoInfoAesGcm256 {
                     info,
                     rec_seq,
+                    iv: gcm_iv,
                     ..Default::default()
                 };
                 s.salt.copy_from_slice(&iv[..4]);
-                s.iv.copy_from_slice(&iv[4..]);
                 s.key.copy_from_slice(key);
                 Inner::Aes256Gcm(s)
             }
@@ -299,6 +316,17 @@ impl CryptoInfo {
             Inner::Aes256Gcm(s) => struct_bytes(s),
             Inner::Chacha20Poly1305(s) => struct_bytes(s),
         }
+    }
+}
+
+/// The `iv` field for AES-GCM: `IV[4..12]`, advanced by `seq` for TLS 1.2
+/// (see the module docs, "TLS 1.2 AES-GCM: the explicit nonce").
+fn gcm_explicit_iv(version: TlsVersion, iv: &[u8; 12], seq: u64) -> [u8; 8] {
+    let mut tail = [0u8; 8];
+    tail.copy_from_slice(&iv[4..]);
+    match version {
+        TlsVersion::Tls13 => tail,
+        TlsVersion::Tls12 => u64::from_be_bytes(tail).wrapping_add(seq).to_be_bytes(),
     }
 }
 
@@ -414,10 +442,47 @@ mod tests {
         assert_eq!(b.len(), 56);
         assert_eq!(&b[0..2], &native(0x0303));
         assert_eq!(&b[2..4], &native(52));
-        assert_eq!(&b[4..12], &IV[4..12]);
+        // TLS 1.2 GCM: explicit nonce continues past what rustls used.
+        let explicit = u64::from_be_bytes(IV[4..12].try_into().unwrap());
+        assert_eq!(&b[4..12], &(explicit + 7).to_be_bytes());
         assert_eq!(&b[12..44], &key32());
         assert_eq!(&b[44..48], &IV[0..4]);
         assert_eq!(&b[48..56], &7u64.to_be_bytes());
+    }
+
+    #[test]
+    fn tls12_gcm_seq0_is_plain_split() {
+        let info =
+            CryptoInfo::from_parts(TlsVersion::Tls12, Cipher::Aes128Gcm, &[1; 16], &IV, 0).unwrap();
+        assert_eq!(&info.as_bytes()[4..12], &IV[4..12]);
+        assert_eq!(&info.as_bytes()[28..32], &IV[0..4]);
+    }
+
+    /// The kernel's TLS 1.2 AES-GCM explicit nonces (field, field+1, ...)
+    /// never repeat one rustls used before the hand-over (IV XOR s, s < n),
+    /// including when the IV tail's low bits are all ones or it wraps.
+    #[test]
+    fn tls12_gcm_kernel_nonces_never_repeat_rustls_nonces() {
+        let tails = [0u64, 1, 0xff, 0x1234_5678_9abc_def7, u64::MAX, u64::MAX - 3, 0x8000_0000_0000_0000];
+        for &e in &tails {
+            for n in 0..40u64 {
+                let mut iv = IV;
+                iv[4..].copy_from_slice(&e.to_be_bytes());
+                let field = u64::from_be_bytes(gcm_explicit_iv(TlsVersion::Tls12, &iv, n));
+                let used: Vec<u64> = (0..n).map(|s| e ^ s).collect();
+                for k in 0..10_000u64 {
+                    let kernel = field.wrapping_add(k);
+                    assert!(!used.contains(&kernel), "e={e:#x} n={n} k={k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tls13_gcm_iv_is_not_shifted() {
+        let info =
+            CryptoInfo::from_parts(TlsVersion::Tls13, Cipher::Aes256Gcm, &key32(), &IV, 99).unwrap();
+        assert_eq!(&info.as_bytes()[4..12], &IV[4..12]);
     }
 
     #[test]
