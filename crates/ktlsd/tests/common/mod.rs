@@ -1,0 +1,1078 @@
+//! Shared harness for the integration tests: the real `ktlsd` binary on a real
+//! socket, driven by real clients (`curl`, `openssl s_client`) and by an in-process
+//! rustls client for byte-exact requests.
+//!
+//! Every test starts its own server on an ephemeral port (`127.0.0.1:0`) with a
+//! temporary ROOT, so tests can run in parallel.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
+
+/// How long a server may take to print its `serving` line (generous: the machine
+/// may be busy compiling).
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a server may take to exit after SIGTERM.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upper bound for any client command.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------
+// Captured output of a child process, line by line, with waiting.
+// ---------------------------------------------------------------------------
+
+#[derive(Default)]
+struct LineLog {
+    state: Mutex<(Vec<String>, bool)>,
+    cv: Condvar,
+}
+
+impl LineLog {
+    fn spawn(reader: impl Read + Send + 'static) -> (Arc<LineLog>, JoinHandle<()>) {
+        let log = Arc::new(LineLog::default());
+        let l = log.clone();
+        let handle = std::thread::spawn(move || {
+            let mut r = BufReader::new(reader);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match r.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let s = String::from_utf8_lossy(&line).trim_end_matches(['\r', '\n']).to_string();
+                        let mut st = l.state.lock().unwrap();
+                        st.0.push(s);
+                        l.cv.notify_all();
+                    }
+                }
+            }
+            let mut st = l.state.lock().unwrap();
+            st.1 = true;
+            l.cv.notify_all();
+        });
+        (log, handle)
+    }
+
+    /// Waits for a line satisfying `pred`; `None` on timeout or end of stream.
+    fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.state.lock().unwrap();
+        loop {
+            if let Some(l) = st.0.iter().find(|l| pred(l)) {
+                return Some(l.clone());
+            }
+            if st.1 {
+                return None;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            st = self.cv.wait_timeout(st, deadline - now).unwrap().0;
+        }
+    }
+
+    fn text(&self) -> String {
+        let st = self.state.lock().unwrap();
+        let mut s = st.0.join("\n");
+        s.push('\n');
+        s
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The server under test.
+// ---------------------------------------------------------------------------
+
+/// Builds a `ktlsd serve` command line over a temporary directory:
+/// `DIR/root` is the served ROOT, `DIR/access.log` the access log.
+pub struct ServerBuilder {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    args: Vec<OsString>,
+    pass_root: bool,
+    listen: Vec<String>,
+    workers: Option<usize>,
+    access_log: bool,
+}
+
+impl Default for ServerBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServerBuilder {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("ktlsd-test-").tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).expect("create root");
+        ServerBuilder {
+            dir,
+            root,
+            args: Vec::new(),
+            pass_root: true,
+            listen: vec!["127.0.0.1:0".into()],
+            workers: Some(1),
+            access_log: true,
+        }
+    }
+
+    /// The directory that will be served.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The temporary directory holding ROOT (and anything else a test needs outside it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `contents` to `rel` under ROOT, creating parent directories.
+    pub fn file(self, rel: &str, contents: impl AsRef<[u8]>) -> Self {
+        write_file(&self.root.join(rel), contents.as_ref());
+        self
+    }
+
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Self {
+        self.args.push(a.as_ref().to_owned());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args.extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// Replaces the `--listen` addresses (empty: pass no `--listen`).
+    pub fn listen(mut self, addrs: &[&str]) -> Self {
+        self.listen = addrs.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// `None`: pass no `--workers`.
+    pub fn workers(mut self, n: Option<usize>) -> Self {
+        self.workers = n;
+        self
+    }
+
+    /// Do not pass ROOT on the command line (e.g. it comes from a config file).
+    pub fn no_root_arg(mut self) -> Self {
+        self.pass_root = false;
+        self
+    }
+
+    /// Do not pass `--access-log` (it then goes to standard output, discarded).
+    pub fn no_access_log(mut self) -> Self {
+        self.access_log = false;
+        self
+    }
+
+    fn access_log_path(&self) -> PathBuf {
+        self.dir.path().join("access.log")
+    }
+
+    /// The full command line, for display and for `command()`.
+    pub fn argv(&self) -> Vec<OsString> {
+        let mut v: Vec<OsString> = vec!["serve".into()];
+        if self.pass_root {
+            v.push(self.root.clone().into());
+        }
+        for l in &self.listen {
+            v.push("--listen".into());
+            v.push(l.into());
+        }
+        if let Some(n) = self.workers {
+            v.push("--workers".into());
+            v.push(n.to_string().into());
+        }
+        if self.access_log {
+            v.push("--access-log".into());
+            v.push(self.access_log_path().into());
+        }
+        v.extend(self.args.iter().cloned());
+        v
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(self.argv());
+        c.env_remove("KTLSD_LOG");
+        c.current_dir(self.dir.path());
+        c
+    }
+
+    /// Starts the server and waits until it is serving.
+    pub fn start(self) -> Server {
+        self.try_start().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts the server; `Err` describes why it did not get to serving.
+    pub fn try_start(self) -> Result<Server, String> {
+        let mut cmd = self.command();
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(|e| format!("cannot run {BIN}: {e}"))?;
+        let (stderr, reader) = LineLog::spawn(child.stderr.take().unwrap());
+        let ready = stderr.wait_for(START_TIMEOUT, |l| l.contains(" serving "));
+        if ready.is_none() {
+            let _ = child.kill();
+            let status = child.wait();
+            let _ = reader.join();
+            return Err(format!(
+                "ktlsd did not start ({:?}); argv {:?}; stderr:\n{}",
+                status,
+                self.argv(),
+                stderr.text()
+            ));
+        }
+        let text = stderr.text();
+        let addrs: Vec<SocketAddr> = text
+            .lines()
+            .filter_map(|l| l.split("listening on https://").nth(1))
+            .map(|a| a.trim().parse().unwrap_or_else(|e| panic!("bad address {a:?}: {e}")))
+            .collect();
+        assert!(!addrs.is_empty(), "no `listening on` line in:\n{text}");
+        Ok(Server {
+            child: Some(child),
+            reader: Some(reader),
+            stderr,
+            addrs,
+            access_log: self.access_log_path(),
+            root: self.root,
+            dir: self.dir,
+        })
+    }
+
+    /// Runs the command line expecting it to exit by itself (a start-up error).
+    pub fn run_to_exit(self) -> Exited {
+        let mut cmd = self.command();
+        let out = run_with_timeout(&mut cmd, None, Duration::from_secs(30));
+        Exited::from(out)
+    }
+}
+
+/// A process that exited on its own.
+#[derive(Debug)]
+pub struct Exited {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Exited {
+    fn from(o: Output) -> Self {
+        Exited {
+            status: o.status,
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Exited {
+    /// Asserts a start-up error: exit status 1 and exactly one `ktlsd: error:` line,
+    /// the last one on stderr, containing every needle. Returns that line.
+    pub fn assert_startup_error(&self, needles: &[&str]) -> String {
+        assert_eq!(self.status.code(), Some(1), "expected exit status 1; stderr:\n{}", self.stderr);
+        let errors: Vec<&str> = self.stderr.lines().filter(|l| l.starts_with("ktlsd: error: ")).collect();
+        assert_eq!(errors.len(), 1, "expected one `ktlsd: error:` line; stderr:\n{}", self.stderr);
+        let last = self.stderr.lines().last().unwrap_or("");
+        assert_eq!(last, errors[0], "the error line must be the last line; stderr:\n{}", self.stderr);
+        assert!(
+            !self.stderr.contains("listening on"),
+            "a failed start-up must not report listening; stderr:\n{}",
+            self.stderr
+        );
+        for n in needles {
+            assert!(errors[0].contains(n), "error line {:?} does not mention {n:?}", errors[0]);
+        }
+        errors[0].to_string()
+    }
+}
+
+/// A running `ktlsd serve`. Killed on drop; `stop()` stops it with SIGTERM.
+pub struct Server {
+    child: Option<Child>,
+    reader: Option<JoinHandle<()>>,
+    stderr: Arc<LineLog>,
+    addrs: Vec<SocketAddr>,
+    access_log: PathBuf,
+    root: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// A server after SIGTERM: its exit status, full stderr and final counters.
+#[derive(Debug)]
+pub struct Stopped {
+    pub status: ExitStatus,
+    pub stderr: String,
+    pub stats: HashMap<String, u64>,
+    /// Time from SIGTERM to exit.
+    pub took: Duration,
+}
+
+impl Stopped {
+    /// A counter from the `stopped:` line; panics when it is missing.
+    pub fn stat(&self, name: &str) -> u64 {
+        *self
+            .stats
+            .get(name)
+            .unwrap_or_else(|| panic!("no counter {name:?} in the stopped line; stderr:\n{}", self.stderr))
+    }
+
+    pub fn assert_clean_exit(&self) {
+        assert!(self.status.success(), "ktlsd exited with {:?}; stderr:\n{}", self.status, self.stderr);
+    }
+}
+
+/// Parses `stopped: a=1 b=2 ...` into a map.
+pub fn parse_stats(stderr: &str) -> HashMap<String, u64> {
+    let Some(line) = stderr.lines().rev().find(|l| l.contains("stopped: ")) else {
+        return HashMap::new();
+    };
+    let rest = line.split("stopped: ").nth(1).unwrap_or("");
+    rest.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+impl Server {
+    /// Starts a server with default options over an empty ROOT.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::new()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addrs[0]
+    }
+
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addrs[0].port()
+    }
+
+    /// `https://HOST:PORT{path}` for the first listening address.
+    pub fn url(&self, path: &str) -> String {
+        url_for(self.addr(), path)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `contents` to `rel` under ROOT (the server reads files per request).
+    pub fn write(&self, rel: &str, contents: impl AsRef<[u8]>) -> PathBuf {
+        let p = self.root.join(rel);
+        write_file(&p, contents.as_ref());
+        p
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(rc, 0, "kill({sig}) failed: {}", io::Error::last_os_error());
+    }
+
+    /// Everything the server has printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.text()
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    pub fn wait_stderr(&self, needle: &str, timeout: Duration) -> Option<String> {
+        self.stderr.wait_for(timeout, |l| l.contains(needle))
+    }
+
+    pub fn access_log_path(&self) -> &Path {
+        &self.access_log
+    }
+
+    /// Current access log lines.
+    pub fn access_log(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.access_log)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    /// Polls the access log (flushed every 200 ms) until it has at least `n` lines.
+    pub fn wait_access_log(&self, n: usize, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let lines = self.access_log();
+            if lines.len() >= n || Instant::now() >= deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Sends SIGTERM (if `signal`), then waits for the exit.
+    fn finish(&mut self, signal: bool, timeout: Duration) -> Stopped {
+        let started = Instant::now();
+        if signal {
+            self.signal(libc::SIGTERM);
+        }
+        let child = self.child.as_mut().expect("running");
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if started.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                if let Some(r) = self.reader.take() {
+                    let _ = r.join();
+                }
+                panic!("ktlsd did not exit within {timeout:?} of SIGTERM; stderr:\n{}", self.stderr.text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let took = started.elapsed();
+        self.child = None;
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let stderr = self.stderr.text();
+        Stopped { status, stats: parse_stats(&stderr), stderr, took }
+    }
+
+    /// SIGTERM, then wait (bounded) for the exit.
+    pub fn stop(mut self) -> Stopped {
+        self.finish(true, STOP_TIMEOUT)
+    }
+
+    /// Waits for an exit already under way (after `signal`).
+    pub fn wait_exit(mut self, timeout: Duration) -> Stopped {
+        self.finish(false, timeout)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+pub fn url_for(addr: SocketAddr, path: &str) -> String {
+    match addr {
+        SocketAddr::V4(a) => format!("https://{}:{}{path}", a.ip(), a.port()),
+        SocketAddr::V6(a) => format!("https://[{}]:{}{path}", a.ip(), a.port()),
+    }
+}
+
+pub fn write_file(path: &Path, contents: &[u8]) {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).expect("create parent dirs");
+    }
+    std::fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Sets a file's modification time to `secs` after the epoch.
+pub fn set_mtime(path: &Path, secs: u64) {
+    let f = std::fs::File::options().write(true).open(path).expect("open for set_modified");
+    f.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(secs)).expect("set_modified");
+}
+
+// ---------------------------------------------------------------------------
+// Processes with a deadline.
+// ---------------------------------------------------------------------------
+
+/// Runs `cmd` with `stdin` fed to it (then closed), killing it after `timeout`
+/// (which panics with what it had printed).
+pub fn run_with_timeout(cmd: &mut Command, stdin: Option<&[u8]>, timeout: Duration) -> Output {
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let writer = stdin.map(|bytes| {
+        let mut pipe = child.stdin.take().unwrap();
+        let bytes = bytes.to_vec();
+        std::thread::spawn(move || {
+            let _ = pipe.write_all(&bytes);
+        })
+    });
+    let mut out_pipe = child.stdout.take().unwrap();
+    let mut err_pipe = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out_pipe.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err_pipe.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let out = out_t.join().unwrap();
+            let err = err_t.join().unwrap();
+            panic!(
+                "{cmd:?} did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
+    Output { status, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
+}
+
+// ---------------------------------------------------------------------------
+// curl.
+// ---------------------------------------------------------------------------
+
+/// Runs `curl -sS -k --max-time 60 ARGS...`.
+pub fn curl<S: AsRef<OsStr>>(args: &[S]) -> Output {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-k", "--max-time", "60"]);
+    cmd.args(args);
+    run_with_timeout(&mut cmd, None, CLIENT_TIMEOUT)
+}
+
+/// One HTTP response as curl reported it.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// `HTTP/1.1` or `HTTP/1.0`.
+    pub version: String,
+    pub status: u16,
+    /// Header names lower-cased, in order.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// curl's stderr (verbose output when `-v` was passed).
+    pub stderr: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    pub fn header_count(&self, name: &str) -> usize {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().filter(|(n, _)| *n == name).count()
+    }
+
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Parses a response head (`HTTP/1.1 200 OK\r\nName: value\r\n...`).
+pub fn parse_head(head: &str) -> (String, u16, Vec<(String, String)>) {
+    let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
+    let status_line = lines.next().unwrap_or_else(|| panic!("empty response head: {head:?}"));
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or("").to_string();
+    let status: u16 = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers = lines
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap_or_else(|| panic!("bad header line {l:?} in {head:?}"));
+            (n.trim().to_ascii_lowercase(), v.trim().to_string())
+        })
+        .collect();
+    (version, status, headers)
+}
+
+/// GETs (or whatever `extra` asks for) one URL with curl; the body is captured byte for byte.
+pub fn fetch(url: &str, extra: &[&str]) -> Response {
+    let tmp = tempfile::NamedTempFile::new().expect("temp body file");
+    let mut args: Vec<OsString> = vec!["-D".into(), "-".into(), "-o".into(), tmp.path().into()];
+    args.extend(extra.iter().map(OsString::from));
+    args.push(url.into());
+    let out = curl(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "curl {url} {extra:?} failed ({:?}):\n{stderr}", out.status);
+    let head = String::from_utf8_lossy(&out.stdout).into_owned();
+    // The last response head (there is only one unless curl followed something).
+    let last = head.rfind("HTTP/").map(|i| &head[i..]).unwrap_or(&head);
+    let (version, status, headers) = parse_head(last);
+    let body = std::fs::read(tmp.path()).unwrap_or_default();
+    Response { version, status, headers, body, stderr }
+}
+
+// ---------------------------------------------------------------------------
+// Hashes and test data.
+// ---------------------------------------------------------------------------
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn sha256(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+pub fn sha256_file(path: &Path) -> String {
+    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    hex(&h.finalize())
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), different for each `seed`.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Writes a large file quickly: 1 MiB pseudo-random blocks, each stamped with its
+/// index so that no two blocks are alike. Returns the file's SHA-256.
+pub fn write_big_file(path: &Path, len: u64) -> String {
+    let block = pattern(1 << 20, 0xB16);
+    let mut f = io::BufWriter::new(std::fs::File::create(path).expect("create big file"));
+    let mut h = Sha256::new();
+    let mut chunk = block.clone();
+    let mut written = 0u64;
+    let mut i = 0u64;
+    while written < len {
+        chunk[..8].copy_from_slice(&i.to_le_bytes());
+        chunk[block.len() - 8..].copy_from_slice(&(!i).to_le_bytes());
+        let n = (len - written).min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n]).expect("write big file");
+        h.update(&chunk[..n]);
+        written += n as u64;
+        i += 1;
+    }
+    f.flush().expect("flush big file");
+    hex(&h.finalize())
+}
+
+// ---------------------------------------------------------------------------
+// The in-process rustls client, for exact bytes on the wire.
+// ---------------------------------------------------------------------------
+
+mod no_verify {
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    /// Accepts any certificate: the tests check the server's HTTP, not its PKI.
+    #[derive(Debug)]
+    pub struct NoVerify(pub Vec<SignatureScheme>);
+
+    impl ServerCertVerifier for NoVerify {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            _message: &[u8],
+            _cert: &CertificateDer<'_>,
+            _dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            _message: &[u8],
+            _cert: &CertificateDer<'_>,
+            _dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Ok(HandshakeSignatureValid::assertion())
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.clone()
+        }
+    }
+}
+
+/// A client configuration that trusts any certificate, for the given versions.
+pub fn client_config(versions: &[&'static rustls::SupportedProtocolVersion]) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let schemes = provider.signature_verification_algorithms.supported_schemes();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .expect("client protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(no_verify::NoVerify(schemes)))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(cfg)
+}
+
+/// How a connection ended, seen from the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closing {
+    /// The server sent close_notify (a clean end).
+    CloseNotify,
+    /// TCP FIN without close_notify (the server cut the connection).
+    Eof,
+    /// TCP RST.
+    Reset,
+    /// Nothing within the read timeout: still open.
+    TimedOut,
+    /// Anything else (TLS alert, ...).
+    Other(String),
+}
+
+fn closing_of(e: &io::Error) -> Closing {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => Closing::Eof,
+        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe => {
+            Closing::Reset
+        }
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Closing::TimedOut,
+        _ => Closing::Other(e.to_string()),
+    }
+}
+
+/// One response read off the wire.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    pub version: String,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str())
+    }
+
+    pub fn content_length(&self) -> Option<u64> {
+        self.header("content-length").map(|v| v.parse().expect("numeric Content-Length"))
+    }
+
+    pub fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A TLS connection to the server over a std `TcpStream`, speaking raw bytes.
+pub struct TlsClient {
+    pub tls: rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    /// Plaintext received but not yet consumed by `read_response`.
+    pending: Vec<u8>,
+}
+
+impl TlsClient {
+    /// Connects with TLS 1.2 and 1.3 enabled, and completes the handshake.
+    pub fn connect(addr: SocketAddr) -> TlsClient {
+        Self::connect_with(addr, client_config(&[&rustls::version::TLS13, &rustls::version::TLS12]))
+            .unwrap_or_else(|e| panic!("TLS connect to {addr}: {e}"))
+    }
+
+    pub fn connect_with(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>) -> io::Result<TlsClient> {
+        let sock = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+        sock.set_read_timeout(Some(Duration::from_secs(30)))?;
+        sock.set_write_timeout(Some(Duration::from_secs(30)))?;
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(cfg, name).map_err(io::Error::other)?;
+        let mut tls = rustls::StreamOwned::new(conn, sock);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock)?;
+        }
+        Ok(TlsClient { tls, pending: Vec::new() })
+    }
+
+    pub fn set_read_timeout(&self, t: Duration) {
+        self.tls.sock.set_read_timeout(Some(t)).expect("set_read_timeout");
+    }
+
+    /// Shrinks the socket's receive buffer (before much data arrives).
+    pub fn set_recv_buffer(&self, bytes: i32) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setsockopt on our own socket with a valid int option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.tls.sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&bytes as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "SO_RCVBUF: {}", io::Error::last_os_error());
+    }
+
+    /// Writes `bytes` as application data, in one TLS write, and flushes.
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.try_send(bytes).unwrap_or_else(|e| panic!("send: {e}"));
+    }
+
+    pub fn try_send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.tls.write_all(bytes)?;
+        self.tls.flush()
+    }
+
+    /// Reads more plaintext into the pending buffer; `Ok(0)` on close_notify.
+    fn fill(&mut self) -> io::Result<usize> {
+        let mut buf = [0u8; 64 * 1024];
+        let n = self.tls.read(&mut buf)?;
+        self.pending.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    /// Reads one response to a GET (or to a HEAD when `head` is true).
+    pub fn try_read_response(&mut self, head: bool) -> io::Result<RawResponse> {
+        let end = loop {
+            if let Some(i) = find(&self.pending, b"\r\n\r\n") {
+                break i + 4;
+            }
+            if self.fill()? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("closed before a complete response head; got {:?}", String::from_utf8_lossy(&self.pending)),
+                ));
+            }
+        };
+        let head_text = String::from_utf8_lossy(&self.pending[..end]).into_owned();
+        let (version, status, headers) = parse_head(&head_text);
+        self.pending.drain(..end);
+        let mut resp = RawResponse { version, status, headers, body: Vec::new() };
+        let len = if head || status == 304 || status == 204 || (100..200).contains(&status) {
+            0
+        } else {
+            resp.content_length().unwrap_or_else(|| panic!("response without Content-Length: {head_text}")) as usize
+        };
+        while self.pending.len() < len {
+            if self.fill()? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("closed after {} of {len} body bytes", self.pending.len()),
+                ));
+            }
+        }
+        resp.body = self.pending.drain(..len).collect();
+        Ok(resp)
+    }
+
+    pub fn read_response(&mut self) -> RawResponse {
+        self.try_read_response(false).unwrap_or_else(|e| panic!("reading a response: {e}"))
+    }
+
+    pub fn read_head_response(&mut self) -> RawResponse {
+        self.try_read_response(true).unwrap_or_else(|e| panic!("reading a HEAD response: {e}"))
+    }
+
+    /// Sends a GET for `path` and reads its response.
+    pub fn get(&mut self, path: &str) -> RawResponse {
+        self.send(get_request(path).as_bytes());
+        self.read_response()
+    }
+
+    /// Reads exactly `n` body bytes (or fewer if the connection ends), returning them.
+    pub fn read_exact_bytes(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        while self.pending.len() < n {
+            if self.fill()? == 0 {
+                break;
+            }
+        }
+        let take = n.min(self.pending.len());
+        Ok(self.pending.drain(..take).collect())
+    }
+
+    /// Reads until the connection ends (or the read timeout passes); returns the
+    /// bytes received (including any pending) and how it ended.
+    pub fn read_until_close(&mut self) -> (Vec<u8>, Closing) {
+        let mut data = std::mem::take(&mut self.pending);
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match self.tls.read(&mut buf) {
+                Ok(0) => return (data, Closing::CloseNotify),
+                Ok(n) => data.extend_from_slice(&buf[..n]),
+                Err(e) => return (data, closing_of(&e)),
+            }
+        }
+    }
+
+    /// Like `read_until_close` but only counts and hashes the bytes (for big bodies).
+    pub fn drain_until_close(&mut self) -> (u64, Sha256, Closing) {
+        let mut h = Sha256::new();
+        let mut count = self.pending.len() as u64;
+        h.update(&self.pending);
+        self.pending.clear();
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match self.tls.read(&mut buf) {
+                Ok(0) => return (count, h, Closing::CloseNotify),
+                Ok(n) => {
+                    h.update(&buf[..n]);
+                    count += n as u64;
+                }
+                Err(e) => return (count, h, closing_of(&e)),
+            }
+        }
+    }
+
+    /// Plaintext already received and not consumed.
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
+    }
+
+    pub fn take_pending(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+pub fn get_request(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+}
+
+/// Waits until a plain TCP connect to `addr` is refused; false if it kept being accepted.
+pub fn wait_connect_refused(addr: SocketAddr, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return true,
+            _ => {}
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// openssl.
+// ---------------------------------------------------------------------------
+
+/// Runs `openssl ARGS...` (bounded in time).
+pub fn openssl<S: AsRef<OsStr>>(args: &[S], stdin: Option<&[u8]>) -> Output {
+    let mut cmd = Command::new("openssl");
+    cmd.args(args);
+    run_with_timeout(&mut cmd, stdin, Duration::from_secs(60))
+}
+
+/// `openssl s_client -connect ADDR ARGS...` sending `request` and waiting for the server to close.
+pub fn s_client(addr: SocketAddr, args: &[&str], request: &str) -> (bool, String, String) {
+    let mut all: Vec<String> = vec![
+        "s_client".into(),
+        "-connect".into(),
+        addr.to_string(),
+        "-servername".into(),
+        "localhost".into(),
+        "-ign_eof".into(),
+    ];
+    all.extend(args.iter().map(|s| s.to_string()));
+    let out = openssl(&all, Some(request.as_bytes()));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A self-signed certificate and key made by `openssl req` in `dir`.
+/// `kind`: "rsa" (2048-bit) or "ec" (P-256). Returns (cert, key).
+pub fn make_cert(dir: &Path, name: &str, kind: &str) -> (PathBuf, PathBuf) {
+    let cert = dir.join(format!("{name}.crt"));
+    let key = dir.join(format!("{name}.key"));
+    let newkey = match kind {
+        "rsa" => "rsa:2048".to_string(),
+        "ec" => "ec".to_string(),
+        other => panic!("unknown key kind {other}"),
+    };
+    let mut args: Vec<OsString> = vec![
+        "req".into(),
+        "-x509".into(),
+        "-newkey".into(),
+        newkey.into(),
+    ];
+    if kind == "ec" {
+        args.extend(["-pkeyopt".into(), "ec_paramgen_curve:P-256".into()]);
+    }
+    args.extend([
+        "-nodes".into(),
+        "-keyout".into(),
+        key.clone().into(),
+        "-out".into(),
+        cert.clone().into(),
+        "-days".into(),
+        "2".into(),
+        "-subj".into(),
+        "/CN=localhost".into(),
+        "-addext".into(),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1".into(),
+    ]);
+    let out = openssl(&args, None);
+    assert!(out.status.success(), "openssl req failed: {}", String::from_utf8_lossy(&out.stderr));
+    (cert, key)
+}
