@@ -376,6 +376,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn connection_can_move_between_threads() {
+        fn assert_send<T: Send + 'static>() {}
+        assert_send::<KtlsConnection>();
+    }
+
+    #[test]
     fn budget_leaves_margin() {
         assert_eq!(record_budget(1 << 24), (1 << 24) - (1 << 20));
         assert!(record_budget(u64::MAX) < SEQ_SOFT_LIMIT);

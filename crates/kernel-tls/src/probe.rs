@@ -96,9 +96,14 @@ impl Capabilities {
         }
     }
 
-    /// True if TLS 1.3 keys can be replaced in both directions.
+    /// True if TLS 1.3 keys can be replaced on a live socket.
+    ///
+    /// Judged by TX: the kernel gained TX and RX re-keying together (6.14).
+    /// The probe's RX re-key happens without a preceding `KeyUpdate`
+    /// record, which a kernel could in principle refuse, so a failed RX
+    /// probe alone is reported in [`RekeySupport`] but not held against it.
     pub fn rekey_supported(&self) -> bool {
-        self.rekey.tx && self.rekey.rx
+        self.rekey.tx
     }
 
     /// True if the kernel can cap record sizes (`TLS_TX_MAX_PAYLOAD_LEN`).

@@ -274,9 +274,17 @@ impl Report {
         writeln!(out)?;
 
         let rekey = if !self.rekey.tested {
-            "not tested (kernel TLS unavailable)".to_owned()
-        } else if self.rekey.supported {
+            format!(
+                "not tested ({})",
+                self.rekey.detail.as_deref().unwrap_or("kernel TLS unavailable")
+            )
+        } else if self.rekey.supported && self.rekey.rx {
             "yes".to_owned()
+        } else if self.rekey.supported {
+            format!(
+                "yes (TX; RX re-key refused without a pending KeyUpdate: {})",
+                self.rekey.detail.as_deref().unwrap_or("?")
+            )
         } else {
             format!(
                 "no (TX {}, RX {}){}",
