@@ -1,0 +1,394 @@
+#!/usr/bin/env python3
+"""ktlsd benchmarks, always side by side with nginx in one run, reported as ratios.
+
+Scenarios:
+  throughput  (host)  1 GiB single-connection download with curl (speed, server CPU s/GiB)
+                      and 10 KiB requests with wrk (64 keep-alive connections): ktlsd vs nginx.
+  ktls        (VM)    32 MiB download: ktlsd kTLS vs ktlsd userspace vs nginx kTLS
+                      (ssl_conf_command Options KTLS, sendfile on).
+  tail        (VM)    cold connections over netem 50 ms delay / 1% loss: TTFB and total time
+                      per record-size policy and nginx, for 10 KB, 100 KB and 1 MB files.
+
+Run through bench/run, which installs what is needed and boots a VM for the VM scenarios.
+"""
+import argparse
+import csv
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
+
+
+# ---------------------------------------------------------------- servers
+
+def cpu_seconds(pids):
+    """utime+stime of the given processes (all threads), in seconds."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / CLK_TCK
+
+
+def children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def wait_port(port, timeout=20):
+    import socket
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+class Ktlsd:
+    def __init__(self, name, binary, root, port, work, extra=()):
+        self.name, self.port = name, port
+        self.err = open(os.path.join(work, f"{name}.err"), "w")
+        cmd = [binary, "serve", root, "--listen", f"127.0.0.1:{port}", "--workers", str(WORKERS),
+               "--cert", CERT, "--key", KEY, "--access-log", os.path.join(work, f"{name}.access"), *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err)
+        wait_port(port)
+
+    def pids(self):
+        return [self.proc.pid]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+class Nginx:
+    def __init__(self, name, root, port, work, ktls=False, buffer="16k"):
+        self.name, self.port = name, port
+        d = os.path.join(work, name)
+        os.makedirs(d, exist_ok=True)
+        conf = os.path.join(d, "nginx.conf")
+        ktls_line = "ssl_conf_command Options KTLS;" if ktls else ""
+        with open(conf, "w") as f:
+            f.write(f"""
+user root;
+worker_processes {WORKERS};
+pid {d}/nginx.pid;
+error_log {d}/error.log;
+events {{ worker_connections 4096; }}
+http {{
+  include /etc/nginx/mime.types;
+  access_log {d}/access.log;
+  sendfile on;
+  keepalive_requests 1000000;
+  server {{
+    listen 127.0.0.1:{port} ssl reuseport;
+    ssl_certificate {CERT};
+    ssl_certificate_key {KEY};
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_session_tickets on;
+    ssl_buffer_size {buffer};
+    {ktls_line}
+    root {root};
+  }}
+}}
+""")
+        self.proc = subprocess.Popen(["nginx", "-c", conf, "-g", "daemon off;"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port)
+
+    def pids(self):
+        return [self.proc.pid] + children(self.proc.pid)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGQUIT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+# ---------------------------------------------------------------- helpers
+
+def make_cert(work):
+    global CERT, KEY
+    CERT, KEY = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+    sh(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-nodes", "-keyout", KEY, "-out", CERT, "-days", "30", "-subj", "/CN=localhost",
+        "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+
+
+def make_file(path, size):
+    with open(path, "wb") as f:
+        block = os.urandom(1 << 20)
+        left = size
+        while left:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def curl_download(url, extra=()):
+    out = sh(["curl", "-sk", "-o", "/dev/null", "-w",
+              "%{http_code} %{size_download} %{speed_download} %{time_starttransfer} %{time_total}",
+              *extra, url])
+    code, size, speed, ttfb, total = out.split()
+    if code not in ("200", "206"):
+        raise RuntimeError(f"{url}: HTTP {code}")
+    return int(size), float(speed), float(ttfb), float(total)
+
+
+def download_runs(servers, path, size, runs):
+    """Interleaved single-connection downloads: speed (MB/s) and server CPU s/GiB."""
+    res = {s.name: {"speed": [], "cpu_per_gib": []} for s in servers}
+    for i in range(runs):
+        order = servers[:]
+        random.shuffle(order)
+        for s in order:
+            c0 = cpu_seconds(s.pids())
+            got, speed, _, _ = curl_download(f"https://localhost:{s.port}/{path}",
+                                             ["--resolve", f"localhost:{s.port}:127.0.0.1"])
+            c1 = cpu_seconds(s.pids())
+            if got != size:
+                raise RuntimeError(f"{s.name}: got {got} bytes of {size}")
+            res[s.name]["speed"].append(speed / 1e6)
+            res[s.name]["cpu_per_gib"].append((c1 - c0) / (size / (1 << 30)))
+        log(f"  run {i + 1}/{runs}: " + ", ".join(
+            f"{s.name} {res[s.name]['speed'][-1]:.0f} MB/s" for s in servers))
+    return res
+
+
+# ---------------------------------------------------------------- scenarios
+
+def scenario_throughput(args, work):
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    big = 1 << 30 if not args.quick else 64 << 20
+    make_file(os.path.join(root, "big.bin"), big)
+    make_file(os.path.join(root, "10k.bin"), 10 * 1024)
+    servers = [Ktlsd("ktlsd", args.ktlsd, root, 18443, work), Nginx("nginx", root, 18444, work)]
+    try:
+        log(f"download: {big >> 20} MiB x {args.runs} runs each, interleaved")
+        dl = download_runs(servers, "big.bin", big, args.runs)
+        rps = {s.name: [] for s in servers}
+        rounds = max(1, args.runs // 3)
+        for i in range(rounds):
+            for s in random.sample(servers, len(servers)):
+                out = sh(["wrk", "-t1", "-c64", f"-d{args.duration}s",
+                          f"https://127.0.0.1:{s.port}/10k.bin"])
+                m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+                bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+                if not m or bad:
+                    raise RuntimeError(f"wrk against {s.name} failed:\n{out}")
+                rps[s.name].append(float(m.group(1)))
+            log(f"  wrk round {i + 1}/{rounds}: " + ", ".join(f"{n} {v[-1]:.0f} req/s" for n, v in rps.items()))
+    finally:
+        for s in servers:
+            s.stop()
+    k, n = dl["ktlsd"], dl["nginx"]
+    rows = [
+        ("1 GiB download speed, median MB/s" if not args.quick else "64 MiB download speed, median MB/s",
+         median(k["speed"]), median(n["speed"]), median(k["speed"]) / median(n["speed"]), ">= 1.0"),
+        ("server CPU s per GiB, median", median(k["cpu_per_gib"]), median(n["cpu_per_gib"]),
+         median(k["cpu_per_gib"]) / median(n["cpu_per_gib"]), "<= 1.0"),
+        (f"10 KiB wrk -c64 {args.duration}s, median req/s", median(rps["ktlsd"]), median(rps["nginx"]),
+         median(rps["ktlsd"]) / median(rps["nginx"]), ">= 1.2"),
+    ]
+    table = ["| measure | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
+    table += [f"| {m} | {a:.2f} | {b:.2f} | {r:.2f}x | {g} |" for m, a, b, r, g in rows]
+    return "\n".join(table), {"download": dl, "wrk": rps}
+
+
+def scenario_ktls(args, work):
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    size = 32 << 20
+    make_file(os.path.join(root, "32m.bin"), size)
+    servers = [
+        Ktlsd("ktlsd-ktls", args.ktlsd, root, 18443, work, ["--ktls", "on"]),
+        Ktlsd("ktlsd-userspace", args.ktlsd, root, 18444, work, ["--ktls", "off"]),
+        Nginx("nginx-ktls", root, 18445, work, ktls=True),
+    ]
+    try:
+        log(f"download: 32 MiB x {args.runs} runs each, interleaved")
+        dl = download_runs(servers, "32m.bin", size, args.runs)
+    finally:
+        for s in servers:
+            s.stop()
+    with open(os.path.join(work, "ktlsd-ktls.access")) as f:
+        modes = {l.rsplit("tls=", 1)[-1].strip() for l in f if "tls=" in l}
+    if modes != {"ktls"}:
+        raise RuntimeError(f"ktlsd-ktls connections ran in modes {modes}, expected only ktls")
+    cpu = {n: median(v["cpu_per_gib"]) for n, v in dl.items()}
+    spd = {n: median(v["speed"]) for n, v in dl.items()}
+    table = ["| server | download MB/s (median) | server CPU s/GiB (median) |", "|---|---|---|"]
+    table += [f"| {n} | {spd[n]:.1f} | {cpu[n]:.2f} |" for n in spd]
+    table += ["", f"ktlsd kTLS CPU/GiB vs ktlsd userspace: {cpu['ktlsd-ktls'] / cpu['ktlsd-userspace']:.2f}x (goal <= 0.75x)",
+              f"ktlsd kTLS CPU/GiB vs nginx kTLS: {cpu['ktlsd-ktls'] / cpu['nginx-ktls']:.2f}x (goal <= 1.0x)"]
+    return "\n".join(table), {"download": dl}
+
+
+TAIL_CONDITIONS = [
+    ("static:16k", ["--record-size", "static:16k"]),
+    ("static:4k", ["--record-size", "static:4k"]),
+    ("dynamic", ["--record-size", "dynamic"]),
+    ("dynamic-tuned", ["--record-size", "dynamic:hi=16384,threshold=10"]),
+    ("adaptive", ["--record-size", "adaptive"]),
+]
+
+
+def scenario_tail(args, work):
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    sizes = {"10KB": 10_000, "100KB": 100_000, "1MB": 1_000_000}
+    for name, n in sizes.items():
+        make_file(os.path.join(root, name), n)
+    servers, port = [], 18450
+    for name, extra in TAIL_CONDITIONS:
+        servers.append(Ktlsd(name, args.ktlsd, root, port, work, ["--ktls", args.tail_ktls, *extra]))
+        port += 1
+    servers.append(Nginx("nginx-16k", root, port, work, ktls=args.tail_ktls != "off", buffer="16k"))
+    subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+    sh(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "50ms", "loss", "1%"])
+    plan = [(s, size) for s in servers for size in sizes for _ in range(args.n)]
+    random.shuffle(plan)
+    rows = []
+    try:
+        for i, (s, size) in enumerate(plan):
+            got, _, ttfb, total = curl_download(
+                f"https://localhost:{s.port}/{size}",
+                ["--resolve", f"localhost:{s.port}:127.0.0.1", "--max-time", "60"])
+            if got != sizes[size]:
+                raise RuntimeError(f"{s.name} {size}: got {got} bytes")
+            rows.append((s.name, size, ttfb * 1000, total * 1000))
+            if (i + 1) % 100 == 0:
+                log(f"  {i + 1}/{len(plan)} connections")
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+        for s in servers:
+            s.stop()
+    with open(os.path.join(args.out, "tail.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["condition", "size", "ttfb_ms", "total_ms"])
+        w.writerows(rows)
+    names = [s.name for s in servers]
+    table = ["| size | condition | TTFB p50 | TTFB p95 | TTFB p99 | total p50 | total p95 |",
+             "|---|---|---|---|---|---|---|"]
+    stats = {}
+    for size in sizes:
+        for n in names:
+            t = [r[2] for r in rows if r[0] == n and r[1] == size]
+            tot = [r[3] for r in rows if r[0] == n and r[1] == size]
+            stats[(size, n)] = (pct(t, 50), pct(t, 95), pct(t, 99), pct(tot, 50), pct(tot, 95))
+            table.append(f"| {size} | {n} | " + " | ".join(f"{v:.0f}" for v in stats[(size, n)]) + " |")
+    base, ad = "static:16k", "adaptive"
+    r100 = stats[("100KB", ad)][1] / stats[("100KB", base)][1]
+    r1m = stats[("1MB", ad)][4] / stats[("1MB", base)][4]
+    r10 = stats[("10KB", ad)][1] / stats[("10KB", base)][1]
+    table += ["", f"adaptive vs static:16k: 100 KB p95 TTFB {r100:.2f}x (goal <= 0.72x); "
+              f"1 MB p95 total {r1m:.2f}x (goal <= 1.0x); 10 KB p95 TTFB {r10:.2f}x (goal <= 1.05x)"]
+    chart(stats, sizes, names, os.path.join(args.out, "tail.png"))
+    return "\n".join(table), {"stats": {f"{k[0]} {k[1]}": v for k, v in stats.items()}}
+
+
+def chart(stats, sizes, names, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no chart")
+        return
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4))
+    for ax, size in zip(axes, sizes):
+        p50 = [stats[(size, n)][0] for n in names]
+        p95 = [stats[(size, n)][1] for n in names]
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], p50, 0.4, label="TTFB p50")
+        ax.bar([i + 0.2 for i in x], p95, 0.4, label="TTFB p95")
+        ax.set_xticks(list(x), names, rotation=40, ha="right")
+        ax.set_title(f"{size}: time to first byte (ms)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", choices=["throughput", "ktls", "tail"])
+    p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
+    p.add_argument("--runs", type=int, default=10, help="download runs per server")
+    p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
+    p.add_argument("--workers", type=int, default=os.cpu_count())
+    p.add_argument("--n", type=int, default=200, help="tail: connections per size x condition")
+    p.add_argument("--tail-ktls", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--quick", action="store_true", help="throughput: 64 MiB instead of 1 GiB")
+    p.add_argument("--out", default=os.path.join(REPO, "bench/results"))
+    args = p.parse_args()
+    global WORKERS
+    WORKERS = args.workers
+    os.makedirs(args.out, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="ktlsd-bench-")
+    try:
+        make_cert(work)
+        table, raw = {"throughput": scenario_throughput, "ktls": scenario_ktls,
+                      "tail": scenario_tail}[args.scenario](args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    kernel = os.uname().release
+    report = f"## {args.scenario} (kernel {kernel}, {WORKERS} workers)\n\n{table}\n"
+    print(report)
+    with open(os.path.join(args.out, f"{args.scenario}.md"), "w") as f:
+        f.write(report)
+    with open(os.path.join(args.out, f"{args.scenario}.json"), "w") as f:
+        json.dump(raw, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
