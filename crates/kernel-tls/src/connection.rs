@@ -87,6 +87,12 @@ impl KtlsConnection {
     /// untouched, so the caller can carry on in user space. (`install` calls
     /// this itself; calling it first is only useful to keep that fallback.)
     pub fn prepare(fd: impl AsFd, conn: &UnbufferedServerConnection) -> Result<(), Error> {
+        // A TLS 1.3 server reaches `WriteTraffic` (0.5-RTT) before the
+        // client's Finished arrives; converting then would fail after
+        // consuming the connection.
+        if conn.is_handshaking() {
+            return Err(Error::Rustls(rustls::Error::HandshakeNotComplete));
+        }
         let version = conn.protocol_version().ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
         TlsVersion::from_rustls(version).ok_or(Error::UnsupportedCipher {
             what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel",
@@ -108,8 +114,10 @@ impl KtlsConnection {
     ///   early application data it yielded was taken by the caller) — the
     ///   kernel only sees what is still in the socket;
     /// - the `ServerConfig` had `enable_secret_extraction = true`;
-    /// - the handshake is complete and no TLS data is waiting to be sent
-    ///   (drive the unbuffered connection until it reports `WriteTraffic`).
+    /// - the handshake is complete and no TLS data is waiting to be sent:
+    ///   drive the unbuffered connection until it reports `WriteTraffic`
+    ///   *and* `is_handshaking()` is false (a TLS 1.3 server may report
+    ///   `WriteTraffic` before the client's Finished has arrived).
     ///
     /// Steps: attach the ULP, extract the secrets, install TX then RX with
     /// the extracted sequence numbers.
