@@ -40,7 +40,8 @@ pub enum Error {
     /// The kernel cannot attach the `tls` ULP; the reason says why and what to do.
     /// The socket is still a plain TCP socket: fall back to user-space TLS.
     Unavailable(Unavailable),
-    /// `TCP_ULP` was refused because the socket is not a connected TCP socket.
+    /// `TCP_ULP` was refused because the socket is not in the ESTABLISHED
+    /// state (e.g. the peer already sent FIN). The socket is unchanged.
     NotConnected,
     /// Another upper-layer protocol (not kTLS) is already attached to the socket.
     UlpInUse,
@@ -109,8 +110,9 @@ impl fmt::Display for Error {
         match self {
             Error::Unavailable(u) => write!(f, "kernel TLS is unavailable: {u}"),
             Error::NotConnected => f.write_str(
-                "the tls ULP can only be attached to a connected TCP socket: \
-                 finish the TCP connection (and TLS handshake) first",
+                "the tls ULP can only be attached to an established TCP socket \
+                 (not listening, not yet connected, and not after the peer closed its side); \
+                 continue this connection in user space",
             ),
             Error::UlpInUse => f.write_str(
                 "another upper-layer protocol is already attached to this socket; \
