@@ -72,7 +72,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "LIST")]
     pub cipher_suites: Option<String>,
 
-    /// TLS record size policy: static:SIZE (e.g. static:16k), dynamic[:lo,hi,threshold,timeout_ms], adaptive
+    /// TLS record size policy: static:SIZE (e.g. static:16k), dynamic[:lo=N,hi=N,threshold=N,timeout=1s], adaptive
     #[arg(long, value_name = "POLICY")]
     pub record_size: Option<String>,
 
