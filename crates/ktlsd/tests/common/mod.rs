@@ -657,7 +657,22 @@ pub fn sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+/// SHA-256 of a file: `sha256sum` when it is installed (fast even for 100 MiB),
+/// otherwise in-process.
 pub fn sha256_file(path: &Path) -> String {
+    if let Ok(out) = Command::new("sha256sum").arg(path).stderr(Stdio::null()).output() {
+        if out.status.success() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let digest = text.split_whitespace().next().unwrap_or("").to_string();
+            if digest.len() == 64 {
+                return digest;
+            }
+        }
+    }
+    sha256_file_in_process(path)
+}
+
+pub fn sha256_file_in_process(path: &Path) -> String {
     let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -689,8 +704,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// index so that no two blocks are alike. Returns the file's SHA-256.
 pub fn write_big_file(path: &Path, len: u64) -> String {
     let block = pattern(1 << 20, 0xB16);
-    let mut f = io::BufWriter::new(std::fs::File::create(path).expect("create big file"));
-    let mut h = Sha256::new();
+    let mut f = std::fs::File::create(path).expect("create big file");
     let mut chunk = block.clone();
     let mut written = 0u64;
     let mut i = 0u64;
@@ -699,12 +713,10 @@ pub fn write_big_file(path: &Path, len: u64) -> String {
         chunk[block.len() - 8..].copy_from_slice(&(!i).to_le_bytes());
         let n = (len - written).min(chunk.len() as u64) as usize;
         f.write_all(&chunk[..n]).expect("write big file");
-        h.update(&chunk[..n]);
         written += n as u64;
         i += 1;
     }
-    f.flush().expect("flush big file");
-    hex(&h.finalize())
+    sha256_file(path)
 }
 
 // ---------------------------------------------------------------------------
@@ -954,25 +966,6 @@ impl TlsClient {
                 Ok(0) => return (data, Closing::CloseNotify),
                 Ok(n) => data.extend_from_slice(&buf[..n]),
                 Err(e) => return (data, closing_of(&e)),
-            }
-        }
-    }
-
-    /// Like `read_until_close` but only counts and hashes the bytes (for big bodies).
-    pub fn drain_until_close(&mut self) -> (u64, Sha256, Closing) {
-        let mut h = Sha256::new();
-        let mut count = self.pending.len() as u64;
-        h.update(&self.pending);
-        self.pending.clear();
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            match self.tls.read(&mut buf) {
-                Ok(0) => return (count, h, Closing::CloseNotify),
-                Ok(n) => {
-                    h.update(&buf[..n]);
-                    count += n as u64;
-                }
-                Err(e) => return (count, h, closing_of(&e)),
             }
         }
     }
