@@ -1,0 +1,282 @@
+//! Path safety: no request may read outside ROOT, whatever its encoding, and
+//! nothing outside ROOT may be reached through a symlink. Each escape is its own
+//! test. curl runs with `--path-as-is` (and the raw client is used where even that
+//! would rewrite the target), so the server sees the bytes exactly as written.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::time::Duration;
+
+use common::*;
+
+const SECRET: &str = "TOP-SECRET-3f9c1a outside the root\n";
+const A_TXT: &[u8] = b"inside\n";
+
+/// A server whose ROOT holds a.txt and sub/b.txt, with DIR/secret.txt (outside
+/// ROOT) and DIR/outside/secret.txt next to it.
+fn setup() -> ServerBuilder {
+    let b = Server::builder().file("a.txt", A_TXT).file("sub/b.txt", b"bee\n");
+    write_file(&b.dir().join("secret.txt"), SECRET.as_bytes());
+    write_file(&b.dir().join("outside/secret.txt"), SECRET.as_bytes());
+    b
+}
+
+/// GETs `path` exactly as written, asserts `status` and that nothing secret came back.
+fn get_as_is(srv: &Server, path: &str, status: u16) -> Response {
+    let r = fetch(&srv.url(path), &["--path-as-is"]);
+    assert_eq!(r.status, status, "GET {path}: body {:?}", r.body_str());
+    assert_no_secret(&r.body);
+    r
+}
+
+fn assert_no_secret(body: &[u8]) {
+    let text = String::from_utf8_lossy(body);
+    assert!(!text.contains("TOP-SECRET"), "leaked a file from outside the root: {text}");
+    assert!(!text.contains("root:x:0:0"), "leaked /etc/passwd: {text}");
+}
+
+/// Sends a raw request line (for targets no client would send) and returns the status.
+fn raw_status(srv: &Server, target: &[u8]) -> u16 {
+    let mut c = TlsClient::connect(srv.addr());
+    let mut req = b"GET ".to_vec();
+    req.extend_from_slice(target);
+    req.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    c.send(&req);
+    let r = c.read_response();
+    assert_no_secret(&r.body);
+    r.status
+}
+
+fn assert_still_serving(srv: &Server) {
+    let r = fetch(&srv.url("/a.txt"), &[]);
+    assert_eq!((r.status, r.body.as_slice()), (200, A_TXT));
+}
+
+#[test]
+fn dotdot_plain() {
+    let srv = setup().start();
+    get_as_is(&srv, "/../secret.txt", 400);
+    assert!(srv.wait_stderr("\"GET /../secret.txt HTTP/1.1\": 400", Duration::from_secs(5)).is_some(), "{}", srv.stderr());
+    assert_still_serving(&srv);
+}
+
+#[test]
+fn dotdot_nested_beyond_root() {
+    let srv = setup().start();
+    get_as_is(&srv, "/sub/../../secret.txt", 400);
+    get_as_is(&srv, "/sub/./../../outside/secret.txt", 400);
+}
+
+#[test]
+fn dotdot_to_etc_passwd() {
+    let srv = setup().start();
+    get_as_is(&srv, "/../../../../../../etc/passwd", 400);
+}
+
+#[test]
+fn dotdot_within_root_is_resolved() {
+    let srv = setup().start();
+    let r = get_as_is(&srv, "/sub/../a.txt", 200);
+    assert_eq!(r.body, A_TXT);
+    let r = get_as_is(&srv, "/sub/./b.txt", 200);
+    assert_eq!(r.body, b"bee\n");
+}
+
+#[test]
+fn encoded_dotdot_lowercase() {
+    let srv = setup().start();
+    get_as_is(&srv, "/%2e%2e/secret.txt", 400);
+}
+
+#[test]
+fn encoded_dotdot_uppercase_with_encoded_slash() {
+    let srv = setup().start();
+    get_as_is(&srv, "/%2E%2E%2Fsecret.txt", 400);
+    get_as_is(&srv, "/sub%2F%2E%2E%2F%2E%2E%2Fsecret.txt", 400);
+}
+
+#[test]
+fn dotdot_with_encoded_slash() {
+    let srv = setup().start();
+    get_as_is(&srv, "/..%2fsecret.txt", 400);
+    get_as_is(&srv, "/sub/..%2f..%2fsecret.txt", 400);
+}
+
+#[test]
+fn half_encoded_dotdot() {
+    let srv = setup().start();
+    get_as_is(&srv, "/.%2e/secret.txt", 400);
+    get_as_is(&srv, "/%2e./secret.txt", 400);
+}
+
+#[test]
+fn double_encoded_dotdot_is_not_decoded_twice() {
+    let srv = setup().start();
+    // `%252e%252e` decodes once to the literal name `%2e%2e`, which does not exist.
+    get_as_is(&srv, "/%252e%252e/secret.txt", 404);
+    get_as_is(&srv, "/%252e%252e%252fsecret.txt", 404);
+}
+
+#[test]
+fn backslash_dotdot_is_a_plain_name() {
+    let srv = setup().start();
+    // Not a separator on Unix: `..\secret.txt` is one (hidden) name.
+    assert_eq!(raw_status(&srv, b"/..\\secret.txt"), 404);
+    assert_eq!(raw_status(&srv, b"/..%5csecret.txt"), 404);
+}
+
+#[test]
+fn overlong_utf8_dot_is_not_a_dot() {
+    let srv = setup().start();
+    // %c0%ae is an overlong encoding of '.', which must not be treated as one.
+    get_as_is(&srv, "/%c0%ae%c0%ae/secret.txt", 404);
+}
+
+#[test]
+fn nul_byte_is_400() {
+    let srv = setup().start();
+    get_as_is(&srv, "/a.txt%00.html", 400);
+    get_as_is(&srv, "/%00", 400);
+    assert!(srv.wait_stderr("NUL", Duration::from_secs(5)).is_some(), "{}", srv.stderr());
+    assert_still_serving(&srv);
+}
+
+#[test]
+fn bad_percent_escapes_are_400() {
+    let srv = setup().start();
+    get_as_is(&srv, "/%zz", 400);
+    get_as_is(&srv, "/a.txt%4", 400);
+    get_as_is(&srv, "/a.txt%", 400);
+}
+
+#[test]
+fn target_not_a_path_is_400() {
+    let srv = setup().start();
+    assert_eq!(raw_status(&srv, b"a.txt"), 400);
+    assert_eq!(raw_status(&srv, b"*"), 400);
+}
+
+#[test]
+fn symlink_to_etc_passwd_is_refused() {
+    let srv = setup().start();
+    symlink("/etc/passwd", srv.root().join("passwd")).unwrap();
+    get_as_is(&srv, "/passwd", 403);
+    assert!(srv.wait_stderr("\"GET /passwd HTTP/1.1\": 403", Duration::from_secs(5)).is_some(), "{}", srv.stderr());
+}
+
+#[test]
+fn symlink_to_file_outside_root_is_refused() {
+    let srv = setup().start();
+    symlink(srv.dir().join("secret.txt"), srv.root().join("s.txt")).unwrap();
+    symlink("../secret.txt", srv.root().join("rel.txt")).unwrap();
+    get_as_is(&srv, "/s.txt", 403);
+    get_as_is(&srv, "/rel.txt", 403);
+}
+
+#[test]
+fn symlink_to_directory_outside_root_is_refused() {
+    let srv = setup().start();
+    symlink(srv.dir().join("outside"), srv.root().join("out")).unwrap();
+    symlink("../outside", srv.root().join("relout")).unwrap();
+    get_as_is(&srv, "/out/secret.txt", 403);
+    get_as_is(&srv, "/relout/secret.txt", 403);
+    // A listing of it is refused too.
+    drop(srv);
+    let b = setup().arg("--autoindex");
+    symlink(b.dir().join("outside"), b.root().join("out")).unwrap();
+    let srv = b.start();
+    let r = get_as_is(&srv, "/out/", 403);
+    assert!(!r.body_str().contains("secret.txt"), "{}", r.body_str());
+}
+
+#[test]
+fn symlink_deep_inside_pointing_out_is_refused() {
+    let srv = setup().start();
+    symlink("../../secret.txt", srv.root().join("sub/deep.txt")).unwrap();
+    get_as_is(&srv, "/sub/deep.txt", 403);
+}
+
+#[test]
+fn symlink_loop_is_refused() {
+    let srv = setup().start();
+    symlink("loop2", srv.root().join("loop1")).unwrap();
+    symlink("loop1", srv.root().join("loop2")).unwrap();
+    let r = fetch(&srv.url("/loop1"), &[]);
+    assert!(r.status == 403 || r.status == 404, "{}", r.status);
+    assert_still_serving(&srv);
+}
+
+#[test]
+fn symlink_inside_root_is_served() {
+    let srv = setup().start();
+    symlink("a.txt", srv.root().join("link.txt")).unwrap();
+    symlink("sub", srv.root().join("linkdir")).unwrap();
+    symlink("../a.txt", srv.root().join("sub/up.txt")).unwrap();
+    assert_eq!(get_as_is(&srv, "/link.txt", 200).body, A_TXT);
+    assert_eq!(get_as_is(&srv, "/linkdir/b.txt", 200).body, b"bee\n");
+    assert_eq!(get_as_is(&srv, "/sub/up.txt", 200).body, A_TXT);
+}
+
+#[test]
+fn symlink_absolute_target_inside_root_is_served() {
+    // An absolute symlink whose target lies inside ROOT does not leave ROOT.
+    let srv = setup().start();
+    let root = srv.root().canonicalize().unwrap();
+    symlink(root.join("a.txt"), srv.root().join("abs.txt")).unwrap();
+    symlink(root.join("sub"), srv.root().join("absdir")).unwrap();
+    assert_eq!(get_as_is(&srv, "/abs.txt", 200).body, A_TXT);
+    assert_eq!(get_as_is(&srv, "/absdir/b.txt", 200).body, b"bee\n");
+}
+
+#[test]
+fn dotfiles_hidden_by_default() {
+    let srv = setup()
+        .file(".hidden", b"h")
+        .file(".git/config", b"[core]")
+        .file("sub/.env", b"PASSWORD=x")
+        .file(".well-known/thing", b"w")
+        .start();
+    for p in ["/.hidden", "/.git/config", "/.git/", "/sub/.env", "/%2ehidden", "/sub/%2Eenv", "/.well-known/thing"] {
+        let r = get_as_is(&srv, p, 404);
+        assert!(!r.body_str().contains("PASSWORD"), "{p}");
+    }
+    assert!(srv.wait_stderr("dot-file", Duration::from_secs(5)).is_some(), "{}", srv.stderr());
+}
+
+#[test]
+fn dotfiles_served_with_flag() {
+    let srv = setup()
+        .file(".hidden", b"h")
+        .file(".git/config", b"[core]")
+        .file("sub/.env", b"PASSWORD=x")
+        .arg("--dotfiles")
+        .start();
+    assert_eq!(get_as_is(&srv, "/.hidden", 200).body, b"h");
+    assert_eq!(get_as_is(&srv, "/.git/config", 200).body, b"[core]");
+    assert_eq!(get_as_is(&srv, "/sub/.env", 200).body, b"PASSWORD=x");
+    // `..` is still not a dot-file.
+    get_as_is(&srv, "/../secret.txt", 400);
+    get_as_is(&srv, "/.%2e/secret.txt", 400);
+}
+
+#[test]
+fn fifo_is_refused_without_hanging() {
+    let srv = setup().start();
+    let fifo = srv.root().join("pipe");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let r = fetch(&srv.url("/pipe"), &["--max-time", "10"]);
+    assert_eq!(r.status, 403);
+    assert_still_serving(&srv);
+}
+
+#[test]
+fn special_file_via_symlink_is_refused() {
+    let srv = setup().start();
+    symlink("/dev/zero", srv.root().join("zero")).unwrap();
+    let r = fetch(&srv.url("/zero"), &["--max-time", "10"]);
+    assert_eq!(r.status, 403);
+    assert_still_serving(&srv);
+}
