@@ -153,6 +153,8 @@ impl FileConfig {
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8443";
+/// TCP_NOTSENT_LOWAT applied with the adaptive record policy unless one is configured.
+const ADAPTIVE_NOTSENT_LOWAT: u32 = 16 * 1024;
 
 impl Config {
     /// Merges the config file (if any) under the command line and validates the result.
@@ -244,8 +246,11 @@ impl Config {
             None => RecordPolicy::default(),
         };
 
+        // Adaptive records are sized from the window at the moment they are written;
+        // a small unsent queue keeps that moment close to when they leave.
+        let adaptive_lowat = matches!(record_policy, RecordPolicy::Adaptive).then_some(ADAPTIVE_NOTSENT_LOWAT);
         let tcp = TcpOptions {
-            notsent_lowat: args.tcp_notsent_lowat.or(file.tcp_notsent_lowat),
+            notsent_lowat: args.tcp_notsent_lowat.or(file.tcp_notsent_lowat).or(adaptive_lowat),
             congestion: args.tcp_congestion.or(file.tcp_congestion),
         };
         if tcp.notsent_lowat == Some(0) {

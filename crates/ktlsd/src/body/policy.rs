@@ -184,26 +184,25 @@ impl RecordSizer {
     }
 }
 
-/// Adaptive sizing: a record should never wait for data the congestion window cannot
-/// carry yet. While the window is small (slow start, or after a loss has cut it) records
-/// are whole segments, so each arriving segment can be decrypted at once; once the
-/// window has room for several full records beyond what is already unsent, records grow
-/// to 16 KiB to save CPU and bytes.
+/// Adaptive sizing: each record is about an eighth of the congestion window, in
+/// whole segments, between one segment and 16 KiB. A lost segment then holds back
+/// at most an eighth of what is in flight, and no record waits for window the
+/// connection does not have yet: a fresh connection (initial window of 10 segments)
+/// starts with one-segment records, so the first bytes can be decrypted after one
+/// round trip even when a later segment is lost; as slow start doubles the window
+/// each round trip, records reach 16 KiB within a few round trips, which keeps the
+/// per-record CPU and byte cost of large transfers at the static:16k level. A loss
+/// shrinks the window, and the records with it; while the connection is recovering
+/// they are halved again.
 fn adaptive_len(t: &TcpState) -> usize {
     let mss = t.mss.clamp(536, 9000) as usize;
-    // Payload per segment after the record's own expansion (header, tag, type).
-    let per_segment = mss.saturating_sub(super::RECORD_EXPANSION).max(256);
-    let window = (t.cwnd as usize).saturating_mul(mss);
-    let queued = (t.in_flight as usize).saturating_mul(mss).saturating_add(t.unsent as usize);
-    let room = window.saturating_sub(queued);
-    let lossy = t.recent_loss;
-    if lossy || t.cwnd < 16 || room < 4 * MAX_RECORD {
-        // Fill whole segments: as many as the free window holds, at least one.
-        let segments = (room / mss).clamp(1, MAX_RECORD / per_segment);
-        (segments * per_segment).min(MAX_RECORD)
-    } else {
-        MAX_RECORD
+    // Payload per segment after the record's own expansion (header, nonce, tag).
+    let per_segment = mss - super::RECORD_EXPANSION;
+    let mut segments = (t.cwnd as usize / 8).max(1);
+    if t.recent_loss {
+        segments = (segments / 2).max(1);
     }
+    (segments * per_segment).min(MAX_RECORD)
 }
 
 #[cfg(test)]
@@ -243,12 +242,13 @@ mod tests {
 
     #[test]
     fn adaptive_grows_with_the_window() {
-        let small = TcpState { mss: 1448, cwnd: 10, in_flight: 0, unsent: 0, recent_loss: false };
-        let big = TcpState { mss: 1448, cwnd: 200, in_flight: 10, unsent: 0, recent_loss: false };
-        let lossy = TcpState { recent_loss: true, ..big };
-        let a = adaptive_len(&small);
-        assert!(a < MAX_RECORD && a % (1448 - crate::body::RECORD_EXPANSION) == 0, "{a}");
-        assert_eq!(adaptive_len(&big), MAX_RECORD);
-        assert!(adaptive_len(&lossy) < MAX_RECORD);
+        let seg = 1448 - crate::body::RECORD_EXPANSION;
+        let at = |cwnd, recent_loss| adaptive_len(&TcpState { mss: 1448, cwnd, in_flight: 0, unsent: 0, recent_loss });
+        assert_eq!(at(10, false), seg);
+        assert_eq!(at(20, false), 2 * seg);
+        assert_eq!(at(40, false), 5 * seg);
+        assert_eq!(at(200, false), MAX_RECORD);
+        assert_eq!(at(40, true), 2 * seg);
+        assert_eq!(at(1, true), seg);
     }
 }
