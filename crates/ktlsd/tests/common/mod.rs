@@ -897,6 +897,20 @@ impl TlsClient {
         Ok(n)
     }
 
+    /// Waits up to `timeout` for more plaintext: `Ok(Some(n))` read (0: close_notify),
+    /// `Ok(None)` nothing yet, `Err` the connection ended otherwise. Restores a 30 s
+    /// read timeout afterwards.
+    pub fn poll_read(&mut self, timeout: Duration) -> io::Result<Option<usize>> {
+        self.set_read_timeout(timeout);
+        let r = self.fill();
+        self.set_read_timeout(Duration::from_secs(30));
+        match r {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Reads one response to a GET (or to a HEAD when `head` is true).
     pub fn try_read_response(&mut self, head: bool) -> io::Result<RawResponse> {
         let end = loop {
