@@ -58,15 +58,19 @@ impl WireClient {
             let got = self.tcp.read(&mut buf).unwrap();
             assert!(got > 0, "server closed after {} of {n} bytes", self.plain.len());
             self.wire.extend_from_slice(&buf[..got]);
-            self.tls.read_tls(&mut &buf[..got]).unwrap();
-            self.tls.process_new_packets().unwrap();
-            let mut tmp = vec![0u8; 65536];
-            loop {
-                match self.tls.reader().read(&mut tmp) {
-                    Ok(0) => break,
-                    Ok(k) => self.plain.extend_from_slice(&tmp[..k]),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => panic!("{e}"),
+            // read_tls takes what fits in its buffer: feed the rest in turns.
+            let mut input = &buf[..got];
+            while !input.is_empty() {
+                self.tls.read_tls(&mut input).unwrap();
+                self.tls.process_new_packets().unwrap();
+                let mut tmp = vec![0u8; 65536];
+                loop {
+                    match self.tls.reader().read(&mut tmp) {
+                        Ok(0) => break,
+                        Ok(k) => self.plain.extend_from_slice(&tmp[..k]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => panic!("{e}"),
+                    }
                 }
             }
         }
@@ -184,4 +188,56 @@ fn adaptive_records_grow_with_the_window() {
     // Growth, not noise: the first records are never larger than the last full ones.
     let first_full = lens.iter().position(|&l| l == 16384).unwrap();
     assert!(lens[..first_full].iter().all(|&l| l < 16384));
+}
+
+/// The same policies on the kernel record layer: each record is one `sendfile`
+/// (or, for full records, the kernel's own 16 KiB cut).
+mod kernel {
+    use super::*;
+
+    fn one_ktls_response(policy: &str, size: usize) -> (usize, Vec<usize>) {
+        let body = pattern(size, 11);
+        let server = Server::builder().file("f.bin", &body).args(["--ktls", "on", "--record-size", policy]).start();
+        let mut c = WireClient::connect(&server);
+        c.get("/f.bin");
+        let head = head_len_of(&mut c, size);
+        assert_eq!(&c.plain[head..], &body[..], "body differs");
+        let log = server.wait_access_log(1, Duration::from_secs(5));
+        assert!(log[0].ends_with("tls=ktls"), "not served by kTLS: {}", log[0]);
+        (head, c.record_lengths())
+    }
+
+    #[test]
+    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+    fn ktls_static_16k() {
+        let (head, lens) = one_ktls_response("static:16k", 200_000);
+        assert_static(&lens, 16384, head + 200_000);
+    }
+
+    #[test]
+    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+    fn ktls_static_4k() {
+        let (head, lens) = one_ktls_response("static:4k", 100_000);
+        assert_static(&lens, 4096, head + 100_000);
+    }
+
+    #[test]
+    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+    fn ktls_dynamic_ramp() {
+        let (head, lens) = one_ktls_response("dynamic", 400_000);
+        assert_eq!(lens.iter().sum::<usize>(), head + 400_000);
+        assert!(lens[..40].iter().all(|&l| l == 1369), "{lens:?}");
+        assert!(lens[40..80].iter().all(|&l| l == 4229), "{lens:?}");
+        let (_, rest) = lens[80..].split_last().unwrap();
+        assert!(rest.iter().all(|&l| l == 16384), "{lens:?}");
+    }
+
+    #[test]
+    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+    fn ktls_adaptive_growth() {
+        let (head, lens) = one_ktls_response("adaptive", 2_000_000);
+        assert_eq!(lens.iter().sum::<usize>(), head + 2_000_000);
+        assert!(lens[0] < 16384, "first record already full: {:?}", &lens[..10]);
+        assert!(lens.iter().any(|&l| l == 16384), "never reached full records: {:?}", &lens[..20]);
+    }
 }

@@ -256,7 +256,7 @@ impl ServerBuilder {
             addrs,
             access_log: self.access_log_path(),
             root: self.root,
-            dir: self.dir,
+            dir: Some(self.dir),
         })
     }
 
@@ -315,7 +315,7 @@ pub struct Server {
     addrs: Vec<SocketAddr>,
     access_log: PathBuf,
     root: PathBuf,
-    dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
 }
 
 /// A server after SIGTERM: its exit status, full stderr and final counters.
@@ -326,6 +326,8 @@ pub struct Stopped {
     pub stats: HashMap<String, u64>,
     /// Time from SIGTERM to exit.
     pub took: Duration,
+    /// The server's temporary directory, kept until this is dropped.
+    pub dir: Option<tempfile::TempDir>,
 }
 
 impl Stopped {
@@ -382,7 +384,7 @@ impl Server {
     }
 
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        self.dir.as_ref().expect("server directory").path()
     }
 
     /// Writes `contents` to `rel` under ROOT (the server reads files per request).
@@ -469,7 +471,7 @@ impl Server {
             let _ = r.join();
         }
         let stderr = self.stderr.text();
-        Stopped { status, stats: parse_stats(&stderr), stderr, took }
+        Stopped { status, stats: parse_stats(&stderr), stderr, took, dir: self.dir.take() }
     }
 
     /// SIGTERM, then wait (bounded) for the exit.

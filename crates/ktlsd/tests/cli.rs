@@ -1,0 +1,523 @@
+//! The command line and the configuration file: `--help`, `--version`, `doctor`,
+//! every start-up mistake (one `ktlsd: error:` line naming the file or value,
+//! exit status 1), and the config file merged under the command line.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn ktlsd(args: &[&str]) -> Exited {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env_remove("KTLSD_LOG");
+    Exited::from(run_with_timeout(&mut cmd, None, Duration::from_secs(30)))
+}
+
+// ---------------------------------------------------------------------------
+// --help, --version, doctor.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn help_exits_zero() {
+    let out = ktlsd(&["--help"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout.contains("Usage: ktlsd"), "{}", out.stdout);
+    assert!(out.stdout.contains("serve") && out.stdout.contains("doctor"), "{}", out.stdout);
+    assert!(out.stdout.contains("kTLS"), "{}", out.stdout);
+}
+
+#[test]
+fn serve_help_lists_every_flag() {
+    let out = ktlsd(&["serve", "--help"]);
+    assert!(out.status.success(), "{out:?}");
+    for flag in [
+        "--config",
+        "--listen",
+        "--cert",
+        "--key",
+        "--workers",
+        "--ktls",
+        "--tls-versions",
+        "--cipher-suites",
+        "--record-size",
+        "--tcp-notsent-lowat",
+        "--tcp-congestion",
+        "--autoindex",
+        "--dotfiles",
+        "--access-log",
+        "--handshake-timeout",
+        "--header-timeout",
+        "--idle-timeout",
+        "--send-timeout",
+        "--shutdown-timeout",
+        "--max-header-bytes",
+        "--max-body-bytes",
+        "[ROOT]",
+    ] {
+        assert!(out.stdout.contains(flag), "serve --help does not mention {flag}:\n{}", out.stdout);
+    }
+}
+
+#[test]
+fn version_exits_zero() {
+    let out = ktlsd(&["--version"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout.trim(), format!("ktlsd {}", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn no_subcommand_or_unknown_flag_is_a_usage_error() {
+    let out = ktlsd(&[]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stderr.contains("Usage"), "{}", out.stderr);
+    let out = ktlsd(&["serve", "--bogus-flag"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stderr.contains("--bogus-flag"), "{}", out.stderr);
+}
+
+fn doctor_json() -> serde_json::Value {
+    let out = ktlsd(&["doctor", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}):\n{}", out.stdout))
+}
+
+#[test]
+fn doctor_reports() {
+    let v = doctor_json();
+    assert!(v.is_object());
+    assert!(v["kernel"].is_string(), "{v}");
+    assert!(v["ktls"]["usable"].is_boolean(), "{v}");
+    let out = ktlsd(&["doctor"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!out.stdout.trim().is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// kTLS modes.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn ktls_on_requires_kernel_tls() {
+    let usable = doctor_json()["ktls"]["usable"].as_bool().unwrap();
+    let b = Server::builder().file("a.txt", b"a").arg("--ktls").arg("on");
+    if usable {
+        // Where the kernel offers kTLS, `on` starts and connections use it.
+        let srv = b.start();
+        let r = fetch(&srv.url("/a.txt"), &[]);
+        assert_eq!(r.body, b"a");
+        let log = srv.wait_access_log(1, Duration::from_secs(10));
+        assert!(log[0].ends_with(" tls=ktls"), "{log:?}");
+    } else {
+        b.run_to_exit().assert_startup_error(&["kernel TLS unavailable"]);
+    }
+}
+
+#[test]
+fn ktls_auto_falls_back_to_userspace_when_unavailable() {
+    let usable = doctor_json()["ktls"]["usable"].as_bool().unwrap();
+    let srv = Server::builder().file("a.txt", b"a").arg("--ktls").arg("auto").start();
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
+    let log = srv.wait_access_log(1, Duration::from_secs(10));
+    let st = srv.stop();
+    st.assert_clean_exit();
+    if !usable {
+        assert!(st.stderr.contains("kernel TLS: unavailable"), "{}", st.stderr);
+        assert!(log[0].ends_with(" tls=userspace"), "{log:?}");
+        assert_eq!((st.stat("userspace"), st.stat("ktls")), (1, 0));
+    }
+}
+
+#[test]
+fn ktls_off_uses_userspace() {
+    let srv = Server::builder().file("a.txt", b"a").arg("--ktls").arg("off").start();
+    assert!(srv.stderr().contains("kernel TLS: off"), "{}", srv.stderr());
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
+    let st = srv.stop();
+    assert_eq!((st.stat("userspace"), st.stat("ktls")), (1, 0));
+}
+
+#[test]
+fn ktls_bogus_is_refused() {
+    Server::builder().args(["--ktls", "bogus"]).run_to_exit().assert_startup_error(&["ktls", "\"bogus\""]);
+}
+
+// ---------------------------------------------------------------------------
+// Certificates and keys.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn missing_cert_file() {
+    let b = Server::builder();
+    let (_, key) = make_cert(b.dir(), "k", "ec");
+    let missing = b.dir().join("nope.crt");
+    let m = missing.to_str().unwrap().to_string();
+    b.arg("--cert").arg(&missing).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &m]);
+}
+
+#[test]
+fn missing_key_file() {
+    let b = Server::builder();
+    let (cert, _) = make_cert(b.dir(), "k", "ec");
+    let missing = b.dir().join("nope.key");
+    let m = missing.to_str().unwrap().to_string();
+    b.arg("--cert").arg(&cert).arg("--key").arg(&missing).run_to_exit().assert_startup_error(&["key", &m]);
+}
+
+#[test]
+fn garbage_key_file() {
+    let b = Server::builder();
+    let (cert, _) = make_cert(b.dir(), "k", "ec");
+    let key = b.dir().join("garbage.key");
+    std::fs::write(&key, "this is not a key\n").unwrap();
+    let k = key.to_str().unwrap().to_string();
+    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["key", &k]);
+}
+
+#[test]
+fn unreadable_key_path() {
+    let b = Server::builder();
+    let (cert, _) = make_cert(b.dir(), "k", "ec");
+    let key = b.dir().join("keydir");
+    std::fs::create_dir(&key).unwrap();
+    let k = key.to_str().unwrap().to_string();
+    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["key", &k]);
+}
+
+#[test]
+fn garbage_cert_file() {
+    let b = Server::builder();
+    let (_, key) = make_cert(b.dir(), "k", "ec");
+    let cert = b.dir().join("garbage.crt");
+    std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n").unwrap();
+    let c = cert.to_str().unwrap().to_string();
+    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &c]);
+}
+
+#[test]
+fn cert_file_with_only_a_key_in_it() {
+    let b = Server::builder();
+    let (_, key) = make_cert(b.dir(), "k", "ec");
+    let k = key.to_str().unwrap().to_string();
+    // The key file given as the certificate: no CERTIFICATE block.
+    b.arg("--cert").arg(&key).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &k]);
+}
+
+#[test]
+fn key_not_matching_cert() {
+    let b = Server::builder();
+    let (cert, _) = make_cert(b.dir(), "one", "ec");
+    let (_, other_key) = make_cert(b.dir(), "two", "ec");
+    let k = other_key.to_str().unwrap().to_string();
+    b.arg("--cert")
+        .arg(&cert)
+        .arg("--key")
+        .arg(&other_key)
+        .run_to_exit()
+        .assert_startup_error(&["does not match", &k]);
+}
+
+#[test]
+fn rsa_key_with_ecdsa_cert_does_not_match() {
+    let b = Server::builder();
+    let (cert, _) = make_cert(b.dir(), "ec", "ec");
+    let (_, rsa_key) = make_cert(b.dir(), "rsa", "rsa");
+    let k = rsa_key.to_str().unwrap().to_string();
+    b.arg("--cert").arg(&cert).arg("--key").arg(&rsa_key).run_to_exit().assert_startup_error(&[&k]);
+}
+
+#[test]
+fn cert_without_key_and_key_without_cert() {
+    let b = Server::builder();
+    let (cert, key) = make_cert(b.dir(), "k", "ec");
+    b.arg("--cert").arg(&cert).run_to_exit().assert_startup_error(&["--cert", "--key"]);
+    Server::builder().arg("--key").arg(&key).run_to_exit().assert_startup_error(&["--key", "--cert"]);
+}
+
+// ---------------------------------------------------------------------------
+// Addresses, ROOT, values.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn port_in_use() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = holder.local_addr().unwrap().to_string();
+    Server::builder()
+        .listen(&[&addr])
+        .run_to_exit()
+        .assert_startup_error(&[&addr, "address already in use"]);
+    drop(holder);
+}
+
+#[test]
+fn bad_listen_address() {
+    Server::builder().listen(&["localhost:https"]).run_to_exit().assert_startup_error(&["\"localhost:https\""]);
+    Server::builder().listen(&["127.0.0.1"]).run_to_exit().assert_startup_error(&["\"127.0.0.1\""]);
+}
+
+#[test]
+fn listen_on_foreign_address() {
+    // 192.0.2.1 (TEST-NET-1) is not an address of this machine: bind fails.
+    Server::builder().listen(&["192.0.2.1:0"]).run_to_exit().assert_startup_error(&["192.0.2.1"]);
+}
+
+#[test]
+fn root_not_a_directory() {
+    let b = Server::builder().file("file.txt", b"x").no_root_arg();
+    let file = b.root().join("file.txt");
+    let f = file.to_str().unwrap().to_string();
+    b.arg(&file).run_to_exit().assert_startup_error(&[&f, "not a directory"]);
+}
+
+#[test]
+fn root_missing() {
+    let b = Server::builder().no_root_arg();
+    let missing = b.dir().join("no-such-root");
+    let m = missing.to_str().unwrap().to_string();
+    b.arg(&missing).run_to_exit().assert_startup_error(&[&m]);
+}
+
+#[test]
+fn bad_record_size_static_zero() {
+    Server::builder().args(["--record-size", "static:0"]).run_to_exit().assert_startup_error(&["\"static:0\""]);
+}
+
+#[test]
+fn bad_record_size_static_over_16k() {
+    Server::builder().args(["--record-size", "static:17k"]).run_to_exit().assert_startup_error(&["\"static:17k\""]);
+    Server::builder().args(["--record-size", "static:16385"]).run_to_exit().assert_startup_error(&["\"static:16385\""]);
+}
+
+#[test]
+fn bad_record_size_dynamic_lo_above_hi() {
+    Server::builder()
+        .args(["--record-size", "dynamic:lo=5000,hi=4000"])
+        .run_to_exit()
+        .assert_startup_error(&["\"dynamic:lo=5000,hi=4000\"", "lo"]);
+}
+
+#[test]
+fn bad_record_size_bogus() {
+    Server::builder().args(["--record-size", "bogus"]).run_to_exit().assert_startup_error(&["\"bogus\""]);
+    Server::builder().args(["--record-size", "static"]).run_to_exit().assert_startup_error(&["\"static\""]);
+    Server::builder().args(["--record-size", "static:abc"]).run_to_exit().assert_startup_error(&["\"static:abc\""]);
+    Server::builder().args(["--record-size", "adaptive:5"]).run_to_exit().assert_startup_error(&["\"adaptive:5\""]);
+    Server::builder()
+        .args(["--record-size", "dynamic:threshold=0"])
+        .run_to_exit()
+        .assert_startup_error(&["\"dynamic:threshold=0\""]);
+    Server::builder()
+        .args(["--record-size", "dynamic:color=red"])
+        .run_to_exit()
+        .assert_startup_error(&["\"dynamic:color=red\"", "color"]);
+}
+
+#[test]
+fn good_record_sizes_start() {
+    for (policy, shown) in [
+        ("static:16k", "static:16384"),
+        ("static:1", "static:1"),
+        ("dynamic", "dynamic:lo=1369,hi=4229,threshold=40,timeout=1000ms"),
+        ("dynamic:lo=1k,hi=8k,threshold=10,timeout=250ms", "dynamic:lo=1024,hi=8192,threshold=10,timeout=250ms"),
+        ("adaptive", "adaptive"),
+    ] {
+        let srv = Server::builder().args(["--record-size", policy]).start();
+        assert!(srv.stderr().contains(&format!("record size {shown}")), "{policy}:\n{}", srv.stderr());
+    }
+}
+
+#[test]
+fn bad_tls_versions() {
+    Server::builder().args(["--tls-versions", "1.1"]).run_to_exit().assert_startup_error(&["\"1.1\""]);
+    Server::builder().args(["--tls-versions", ""]).run_to_exit().assert_startup_error(&["tls_versions"]);
+}
+
+#[test]
+fn bad_cipher_suite() {
+    Server::builder()
+        .args(["--cipher-suites", "TLS_AES_128_GCM_SHA256,RC4-MD5"])
+        .run_to_exit()
+        .assert_startup_error(&["\"RC4-MD5\""]);
+}
+
+#[test]
+fn suites_and_versions_leaving_nothing() {
+    Server::builder()
+        .args(["--cipher-suites", "TLS_AES_128_GCM_SHA256", "--tls-versions", "1.2"])
+        .run_to_exit()
+        .assert_startup_error(&["cipher_suites", "tls_versions"]);
+}
+
+#[test]
+fn bad_numbers() {
+    Server::builder().workers(Some(0)).run_to_exit().assert_startup_error(&["workers"]);
+    Server::builder().args(["--idle-timeout", "0"]).run_to_exit().assert_startup_error(&["idle_timeout"]);
+    Server::builder().args(["--send-timeout=-1"]).run_to_exit().assert_startup_error(&["send_timeout"]);
+    Server::builder().args(["--header-timeout", "NaN"]).run_to_exit().assert_startup_error(&["header_timeout"]);
+    Server::builder().args(["--max-header-bytes", "10"]).run_to_exit().assert_startup_error(&["max_header_bytes", "10"]);
+    Server::builder().args(["--tcp-notsent-lowat", "0"]).run_to_exit().assert_startup_error(&["tcp_notsent_lowat"]);
+}
+
+#[test]
+fn bad_tcp_congestion() {
+    Server::builder()
+        .args(["--tcp-congestion", "no-such-cc"])
+        .run_to_exit()
+        .assert_startup_error(&["\"no-such-cc\""]);
+}
+
+#[test]
+fn good_tcp_options_start() {
+    let srv = Server::builder()
+        .file("a.txt", b"a")
+        .args(["--tcp-notsent-lowat", "16384", "--tcp-congestion", "cubic"])
+        .start();
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
+}
+
+#[test]
+fn access_log_in_missing_directory() {
+    let b = Server::builder().no_access_log();
+    let path = b.dir().join("no/such/dir/access.log");
+    let p = path.to_str().unwrap().to_string();
+    b.arg("--access-log").arg(&path).run_to_exit().assert_startup_error(&["access log", &p]);
+}
+
+// ---------------------------------------------------------------------------
+// The configuration file.
+// ---------------------------------------------------------------------------
+
+fn write_config(b: &ServerBuilder, text: &str) -> std::path::PathBuf {
+    let p = b.dir().join("ktlsd.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn config_unknown_key() {
+    let b = Server::builder();
+    let cfg = write_config(&b, "listen = [\"127.0.0.1:0\"]\ncolour = \"blue\"\n");
+    let c = cfg.to_str().unwrap().to_string();
+    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "colour"]);
+}
+
+#[test]
+fn config_missing_file() {
+    let b = Server::builder();
+    let cfg = b.dir().join("absent.toml");
+    let c = cfg.to_str().unwrap().to_string();
+    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c]);
+}
+
+#[test]
+fn config_not_toml() {
+    let b = Server::builder();
+    let cfg = write_config(&b, "listen = [127.0.0.1:0\n");
+    let c = cfg.to_str().unwrap().to_string();
+    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c]);
+}
+
+#[test]
+fn config_wrong_type() {
+    let b = Server::builder();
+    let cfg = write_config(&b, "workers = \"two\"\n");
+    let c = cfg.to_str().unwrap().to_string();
+    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "\"two\""]);
+}
+
+#[test]
+fn config_bad_value_is_named() {
+    let b = Server::builder();
+    let cfg = write_config(&b, "record_size = \"static:0\"\n");
+    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["\"static:0\""]);
+}
+
+#[test]
+fn config_sets_listen_and_root() {
+    let b = Server::builder().no_root_arg().listen(&[]).file("a.txt", b"from-root");
+    std::fs::create_dir(b.dir().join("site")).unwrap();
+    std::fs::write(b.dir().join("site/a.txt"), b"from-site").unwrap();
+    // Relative root: relative to the config file's directory.
+    let cfg = write_config(&b, "listen = [\"[::1]:0\"]\nroot = \"site\"\n");
+    let srv = b.arg("--config").arg(&cfg).start();
+    assert!(srv.addr().is_ipv6(), "config listen not used: {:?}", srv.addrs());
+    let r = fetch(&srv.url("/a.txt"), &["-g"]);
+    assert_eq!(r.body, b"from-site");
+}
+
+#[test]
+fn cli_overrides_config() {
+    let b = Server::builder().file("a.txt", b"from-root");
+    std::fs::create_dir(b.dir().join("site")).unwrap();
+    std::fs::write(b.dir().join("site/a.txt"), b"from-site").unwrap();
+    let cfg = write_config(
+        &b,
+        "listen = [\"[::1]:0\"]\nroot = \"site\"\ntls_versions = [\"1.2\"]\nrecord_size = \"static:2k\"\n",
+    );
+    // ROOT and --listen on the command line (the builder passes them), and
+    // --record-size; tls_versions stays from the file.
+    let srv = b.arg("--config").arg(&cfg).args(["--record-size", "static:8k"]).start();
+    assert!(srv.addr().is_ipv4(), "--listen did not override: {:?}", srv.addrs());
+    assert_eq!(srv.addrs().len(), 1);
+    assert!(srv.stderr().contains("record size static:8192"), "{}", srv.stderr());
+    let r = fetch(&srv.url("/a.txt"), &[]);
+    assert_eq!(r.body, b"from-root");
+    assert!(!curl(&["--tlsv1.3".to_string(), srv.url("/a.txt")]).status.success(), "tls_versions from the file ignored");
+    let r = fetch(&srv.url("/a.txt"), &["--tls-max", "1.2"]);
+    assert_eq!(r.body, b"from-root");
+}
+
+#[test]
+fn config_accepts_every_key() {
+    let b = Server::builder().no_root_arg().listen(&[]).workers(None).no_access_log().file("a.txt", b"a");
+    let (cert, key) = make_cert(b.dir(), "c", "ec");
+    let log = b.dir().join("from-config.log");
+    let text = format!(
+        r#"
+root = "root"
+listen = ["127.0.0.1:0"]
+cert = "{cert}"
+key = "{key}"
+workers = 2
+ktls = "auto"
+tls_versions = ["1.2", "1.3"]
+cipher_suites = ["TLS_AES_128_GCM_SHA256", "ECDHE-ECDSA-AES128-GCM-SHA256"]
+record_size = "dynamic"
+tcp_notsent_lowat = 131072
+tcp_congestion = "cubic"
+autoindex = true
+dotfiles = true
+access_log = "{log}"
+handshake_timeout = 5
+header_timeout = 5
+idle_timeout = 30
+send_timeout = 30
+shutdown_timeout = 5
+max_header_bytes = 8192
+max_body_bytes = 4096
+"#,
+        cert = cert.display(),
+        key = key.display(),
+        log = log.display()
+    );
+    let cfg = write_config(&b, &text);
+    std::fs::write(b.root().join(".dot"), b"dotted").unwrap();
+    std::fs::create_dir(b.root().join("d")).unwrap();
+    std::fs::write(b.root().join("d/x.txt"), b"x").unwrap();
+    let srv = b.arg("--config").arg(&cfg).start();
+    let line = srv.wait_stderr(" serving ", Duration::from_secs(1)).unwrap();
+    assert!(line.contains("with 2 workers") && line.contains("(loaded)") && line.contains("record size dynamic"), "{line}");
+    assert_eq!(fetch(&srv.url("/.dot"), &[]).body, b"dotted", "dotfiles from the config");
+    assert!(fetch(&srv.url("/d/"), &[]).body_str().contains("x.txt"), "autoindex from the config");
+    let r = fetch(&srv.url("/a.txt"), &["-v", "--tlsv1.3"]);
+    assert!(r.stderr.contains("TLS_AES_128_GCM_SHA256"), "{}", r.stderr);
+    let req = format!("GET /a.txt HTTP/1.1\r\nHost: x\r\nX: {}\r\n\r\n", "y".repeat(9000));
+    let mut c = TlsClient::connect(srv.addr());
+    c.send(req.as_bytes());
+    assert_eq!(c.read_response().status, 431, "max_header_bytes from the config");
+    let st = srv.stop();
+    st.assert_clean_exit();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(logged.lines().count(), 4, "access_log from the config: {logged}");
+}

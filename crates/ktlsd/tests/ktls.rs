@@ -1,0 +1,1396 @@
+//! Kernel TLS (kTLS) integration suite: the real `ktlsd` binary, its record
+//! layer in the kernel, driven by `curl`, `openssl s_client` and an in-process
+//! rustls client.
+//!
+//! Every test needs a kernel with kTLS, so all of them are `#[ignore]`d and run
+//! inside throw-away VMs on real Debian kernels by `tests/ktls-vm`:
+//!
+//! ```text
+//! tests/ktls-vm                  # both kernels (6.1 and backports)
+//! tests/ktls-vm --kernel 6.1     # one kernel
+//! tests/ktls-vm -- matrix_tls12  # a subset (test-name filter)
+//! ```
+//!
+//! A test fails unless kTLS really carried its connections:
+//! - `/proc/net/tls_stat`: `TlsTxSw` and `TlsRxSw` rose by one per connection,
+//!   `TlsDecryptError` did not rise, and the `TlsCurr*` gauges went back to
+//!   where they were once the server stopped;
+//! - the server's own view: every access log line ends in `tls=ktls`, and the
+//!   shutdown line reports `ktls=N userspace=0`.
+//!
+//! The counters are machine-wide, so run the binary with `--test-threads=1`.
+//! Each test prints one `[tls_stat]` summary line of what changed.
+//!
+//! Environment: `KTLSD_BIN` (the server binary; default: the one cargo
+//! built), `KTLSD_VM_FLAVOR` (set by the VM harness: `6.1` or `backports`,
+//! cross-checked against what the kernel reports).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kernel_tls::TlsStat;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{aws_lc_rs, CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, SupportedCipherSuite};
+use sha2::{Digest, Sha256};
+
+// ============================================================== test data
+
+const MIB: usize = 1024 * 1024;
+const BIG: usize = 5 * MIB;
+
+/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
+fn content(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares bodies by length and SHA-256 (never dumps megabytes into a panic).
+#[track_caller]
+fn assert_body(what: &str, got: &[u8], want: &[u8]) {
+    if got != want {
+        let first_diff = got.iter().zip(want).position(|(a, b)| a != b);
+        panic!(
+            "{what}: body differs: got {} bytes sha256 {}, want {} bytes sha256 {} (first difference at {:?})",
+            got.len(),
+            sha256(got),
+            want.len(),
+            sha256(want),
+            first_diff
+        );
+    }
+}
+
+/// The standard file set: the sizes around a record boundary, and one large file.
+fn standard_files() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("empty", Vec::new()),
+        ("one", content(1, 1)),
+        ("r16384", content(16384, 2)),
+        ("r16385", content(16385, 3)),
+        ("big", content(BIG, 4)),
+    ]
+}
+
+// ============================================================== tls_stat
+
+fn read_tls_stat() -> TlsStat {
+    match TlsStat::read() {
+        Ok(s) => s,
+        Err(e) => panic!(
+            "{e}\nthis suite needs a kernel with kTLS: run it with tests/ktls-vm (it boots VMs on real kernels)"
+        ),
+    }
+}
+
+/// Whether the running kernel can re-key kTLS sockets (TLS 1.3 KeyUpdate):
+/// kernels that can also count it in tls_stat.
+fn kernel_can_rekey() -> bool {
+    let can = read_tls_stat().get("TlsRxRekeyOk").is_some();
+    match std::env::var("KTLSD_VM_FLAVOR").as_deref() {
+        Ok("backports") => assert!(can, "the backports kernel should have kTLS re-keying (TlsRxRekeyOk in tls_stat)"),
+        Ok("6.1") => assert!(!can, "Linux 6.1 should not have kTLS re-keying, yet tls_stat lists TlsRxRekeyOk"),
+        _ => {}
+    }
+    can
+}
+
+/// Counter changes between two snapshots.
+struct StatDelta {
+    before: TlsStat,
+    after: TlsStat,
+}
+
+impl StatDelta {
+    fn get(&self, name: &str) -> i64 {
+        let a = self.after.get(name).unwrap_or(0) as i64;
+        let b = self.before.get(name).unwrap_or(0) as i64;
+        a - b
+    }
+
+    fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        for (name, _) in self.after.iter() {
+            let d = self.get(name);
+            let always = matches!(name, "TlsTxSw" | "TlsRxSw" | "TlsDecryptError");
+            if d != 0 || always {
+                parts.push(format!("{name} {d:+}"));
+            }
+        }
+        parts.join(" ")
+    }
+}
+
+// ============================================================== processes
+
+fn ktlsd_bin() -> PathBuf {
+    match std::env::var_os("KTLSD_BIN") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_ktlsd")),
+    }
+}
+
+/// Runs a command to completion with `stdin` fed and a time limit.
+fn run_with_timeout(cmd: &mut Command, stdin: Option<&[u8]>, timeout: Duration) -> Output {
+    let desc = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
+    let feeder = stdin.map(|data| {
+        let mut pipe = child.stdin.take().unwrap();
+        let data = data.to_vec();
+        thread::spawn(move || {
+            let _ = pipe.write_all(&data);
+        })
+    });
+    let out = collect(child.stdout.take().unwrap());
+    let err = collect(child.stderr.take().unwrap());
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{desc} still running after {timeout:?}; stderr: {}",
+                String::from_utf8_lossy(&err.lock().unwrap())
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    if let Some(f) = feeder {
+        let _ = f.join();
+    }
+    // The readers finish once the pipes close.
+    let stdout = wait_reader(&out);
+    let stderr = wait_reader(&err);
+    Output { status, stdout, stderr }
+}
+
+/// Reads a pipe to its end on a thread; the buffer fills as data arrives.
+fn collect<R: Read + Send + 'static>(mut r: R) -> Arc<Mutex<Vec<u8>>> {
+    let buf = Arc::new(Mutex::new(Vec::new()));
+    let b = buf.clone();
+    thread::spawn(move || {
+        let mut chunk = [0u8; 65536];
+        loop {
+            match r.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => b.lock().unwrap().extend_from_slice(&chunk[..n]),
+            }
+        }
+        // Marks the end: a second owner disappears when the thread ends.
+        drop(b);
+    });
+    buf
+}
+
+fn wait_reader(buf: &Arc<Mutex<Vec<u8>>>) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Arc::strong_count(buf) > 1 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    buf.lock().unwrap().clone()
+}
+
+// ============================================================== the server
+
+struct Server {
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+    port: u16,
+    stderr_path: PathBuf,
+    log_path: PathBuf,
+    /// tls_stat once the server listens (after its start-up probe, which
+    /// installs keys on loopback sockets of its own).
+    base: TlsStat,
+}
+
+/// What a stopped server left behind.
+struct Stopped {
+    exit: ExitStatus,
+    stderr: String,
+    stats: HashMap<String, u64>,
+    log: Vec<String>,
+    tls: StatDelta,
+}
+
+impl Stopped {
+    fn stat(&self, name: &str) -> u64 {
+        *self.stats.get(name).unwrap_or_else(|| panic!("no {name}= in the stats line; stderr:\n{}", self.stderr))
+    }
+}
+
+impl Server {
+    /// Starts `ktlsd serve ROOT` with `files` in ROOT and `args` appended.
+    fn start(files: &[(&str, Vec<u8>)], args: &[&str]) -> Server {
+        let dir = tempfile::Builder::new().prefix("ktls-suite-").tempdir_in(std::env::temp_dir()).unwrap();
+        let root = dir.path().join("www");
+        fs::create_dir(&root).unwrap();
+        for (name, data) in files {
+            fs::write(root.join(name), data).unwrap();
+        }
+        let stderr_path = dir.path().join("stderr.log");
+        let log_path = dir.path().join("access.log");
+        let stderr_file = fs::File::create(&stderr_path).unwrap();
+        let bin = ktlsd_bin();
+        let child = Command::new(&bin)
+            .arg("serve")
+            .arg(&root)
+            .args(["--listen", "127.0.0.1:0", "--workers", "1", "--ktls", "on"])
+            .arg("--access-log")
+            .arg(&log_path)
+            .args(args)
+            .env("KTLSD_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let mut server =
+            Server { child: Some(child), _dir: dir, port: 0, stderr_path, log_path, base: TlsStat::default() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let err = server.stderr();
+            if let Some(i) = err.find("listening on https://127.0.0.1:") {
+                let rest = &err[i + "listening on https://127.0.0.1:".len()..];
+                let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+                server.port = digits.parse().unwrap();
+                assert!(
+                    err.contains("kernel TLS: TX+RX for"),
+                    "the server started without announcing kernel TLS:\n{err}"
+                );
+                break;
+            }
+            if let Some(status) = server.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("ktlsd exited at start-up ({status}):\n{err}");
+            }
+            assert!(Instant::now() < deadline, "ktlsd did not start listening within 30s:\n{err}");
+            thread::sleep(Duration::from_millis(20));
+        }
+        server.base = read_tls_stat();
+        server
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// SIGTERM, wait for the exit, collect counters, log and tls_stat delta.
+    fn stop(mut self) -> Stopped {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let exit = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("ktlsd did not stop within 30s of SIGTERM:\n{}", self.stderr());
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let stderr = self.stderr();
+        let stats = stderr
+            .lines()
+            .rev()
+            .find_map(|l| l.split_once("stopped: ").map(|(_, s)| s.to_owned()))
+            .map(|s| {
+                s.split_whitespace()
+                    .filter_map(|kv| kv.split_once('='))
+                    .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let log = fs::read_to_string(&self.log_path).unwrap_or_default().lines().map(String::from).collect();
+        // Closing a kTLS socket drops the TlsCurr* gauges synchronously, but
+        // give the kernel a moment anyway before calling a leak a leak.
+        let mut after = read_tls_stat();
+        let settle = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < settle && !gauges_back(&self.base, &after) {
+            thread::sleep(Duration::from_millis(50));
+            after = read_tls_stat();
+        }
+        let base = std::mem::take(&mut self.base);
+        Stopped { exit, stderr, stats, log, tls: StatDelta { before: base, after } }
+    }
+}
+
+fn gauges_back(before: &TlsStat, after: &TlsStat) -> bool {
+    before.iter().filter(|(n, _)| n.starts_with("TlsCurr")).all(|(n, v)| after.get(n) == Some(v))
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What a test expects of the server's kTLS use.
+struct Expect {
+    /// Connections the server accepted (all must have run in the kernel).
+    connections: u64,
+    /// Access log lines (requests answered).
+    requests: usize,
+    /// Records the kernel must have failed to decrypt (normally 0).
+    decrypt_errors: i64,
+    /// Whether the connections' TX/RX key installs must equal `connections`
+    /// exactly (key updates add installs on some kernels).
+    exact_installs: bool,
+}
+
+impl Expect {
+    fn conns(connections: u64, requests: usize) -> Expect {
+        Expect { connections, requests, decrypt_errors: 0, exact_installs: true }
+    }
+}
+
+/// The checks every test makes: kTLS carried every connection, in both
+/// directions, and nothing failed to decrypt.
+#[track_caller]
+fn assert_ktls(test: &str, s: &Stopped, want: &Expect) {
+    let server_line = ["connections", "ktls", "userspace", "ktls_install_failures", "ktls_record_errors", "rekey_unsupported", "key_updates", "errors", "timeouts"]
+        .iter()
+        .filter_map(|k| s.stats.get(*k).map(|v| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    println!("[tls_stat] {test}: {} | server: {server_line}", s.tls.summary());
+
+    let ctx = || format!("\n--- server stderr:\n{}\n--- access log:\n{}", s.stderr, s.log.join("\n"));
+    assert!(s.exit.success(), "ktlsd exited with {} after SIGTERM{}", s.exit, ctx());
+    assert!(!s.stats.is_empty(), "no `stopped:` stats line on stderr{}", ctx());
+    assert_eq!(s.stat("userspace"), 0, "connections ran in user space instead of the kernel{}", ctx());
+    assert_eq!(s.stat("ktls_install_failures"), 0, "the kernel refused keys{}", ctx());
+    assert_eq!(s.stat("connections"), want.connections, "connections accepted{}", ctx());
+    assert_eq!(s.stat("ktls"), want.connections, "connections on kTLS (ktls=N){}", ctx());
+
+    let (tx, rx) = (s.tls.get("TlsTxSw"), s.tls.get("TlsRxSw"));
+    let n = want.connections as i64;
+    if want.exact_installs {
+        assert_eq!(tx, n, "TlsTxSw rose by {tx}, want one kernel TX install per connection ({n}); {}", s.tls.summary());
+        assert_eq!(rx, n, "TlsRxSw rose by {rx}, want one kernel RX install per connection ({n}); {}", s.tls.summary());
+    } else {
+        assert!(tx >= n && n > 0, "TlsTxSw rose by {tx}, want >= {n}; {}", s.tls.summary());
+        assert!(rx >= n && n > 0, "TlsRxSw rose by {rx}, want >= {n}; {}", s.tls.summary());
+    }
+    assert_eq!(
+        s.tls.get("TlsDecryptError"),
+        want.decrypt_errors,
+        "TlsDecryptError changed unexpectedly; {}",
+        s.tls.summary()
+    );
+    for gauge in ["TlsCurrTxSw", "TlsCurrRxSw"] {
+        assert_eq!(s.tls.get(gauge), 0, "{gauge} did not return to its value before the test (leaked kTLS socket?); {}", s.tls.summary());
+    }
+
+    assert_eq!(s.log.len(), want.requests, "access log lines{}", ctx());
+    for line in &s.log {
+        assert!(line.ends_with(" tls=ktls"), "access log line not served by kTLS: {line}{}", ctx());
+    }
+}
+
+/// The byte count an access log line reports for `GET path`, in log order.
+fn logged(s: &Stopped, path: &str) -> Vec<(u16, u64)> {
+    let needle = format!("\"GET {path} HTTP/1.1\" ");
+    s.log
+        .iter()
+        .filter_map(|l| {
+            let rest = &l[l.find(&needle)? + needle.len()..];
+            let mut f = rest.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+// ============================================================== HTTP
+
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Parses one response from the front of `buf` if it is complete; returns it
+/// and the bytes it used. `head_only`: a response to HEAD (no body).
+fn parse_response(buf: &[u8], head_only: bool) -> Option<(Response, usize)> {
+    let end = find(buf, b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let status: u16 = status_line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        panic!("not an HTTP response: {:?}", String::from_utf8_lossy(&buf[..buf.len().min(200)]))
+    });
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let len: usize = if head_only {
+        0
+    } else {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap_or(0)
+    };
+    let body_start = end + 4;
+    if buf.len() < body_start + len {
+        return None;
+    }
+    Some((Response { status, headers, body: buf[body_start..body_start + len].to_vec() }, body_start + len))
+}
+
+fn get_request(path: &str, close: bool, extra: &str) -> Vec<u8> {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}{}\r\n",
+        if close { "Connection: close\r\n" } else { "" }
+    )
+    .into_bytes()
+}
+
+// ============================================================== TLS versions and suites
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum V {
+    Tls12,
+    Tls13,
+}
+
+impl V {
+    fn server_arg(self) -> &'static str {
+        match self {
+            V::Tls12 => "1.2",
+            V::Tls13 => "1.3",
+        }
+    }
+
+    fn rustls(self) -> &'static rustls::SupportedProtocolVersion {
+        match self {
+            V::Tls12 => &rustls::version::TLS12,
+            V::Tls13 => &rustls::version::TLS13,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Cipher {
+    Aes128Gcm,
+    Aes256Gcm,
+    Chacha20,
+}
+
+/// The OpenSSL name of a suite (the names curl and s_client take; ktlsd
+/// takes them too). TLS 1.2 suites are the ECDSA ones: the generated
+/// certificate is ECDSA.
+fn openssl_name(v: V, c: Cipher) -> &'static str {
+    match (v, c) {
+        (V::Tls12, Cipher::Aes128Gcm) => "ECDHE-ECDSA-AES128-GCM-SHA256",
+        (V::Tls12, Cipher::Aes256Gcm) => "ECDHE-ECDSA-AES256-GCM-SHA384",
+        (V::Tls12, Cipher::Chacha20) => "ECDHE-ECDSA-CHACHA20-POLY1305",
+        (V::Tls13, Cipher::Aes128Gcm) => "TLS_AES_128_GCM_SHA256",
+        (V::Tls13, Cipher::Aes256Gcm) => "TLS_AES_256_GCM_SHA384",
+        (V::Tls13, Cipher::Chacha20) => "TLS_CHACHA20_POLY1305_SHA256",
+    }
+}
+
+fn rustls_suite(v: V, c: Cipher) -> SupportedCipherSuite {
+    use aws_lc_rs::cipher_suite as cs;
+    match (v, c) {
+        (V::Tls12, Cipher::Aes128Gcm) => cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+        (V::Tls12, Cipher::Aes256Gcm) => cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        (V::Tls12, Cipher::Chacha20) => cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+        (V::Tls13, Cipher::Aes128Gcm) => cs::TLS13_AES_128_GCM_SHA256,
+        (V::Tls13, Cipher::Aes256Gcm) => cs::TLS13_AES_256_GCM_SHA384,
+        (V::Tls13, Cipher::Chacha20) => cs::TLS13_CHACHA20_POLY1305_SHA256,
+    }
+}
+
+// ============================================================== curl and s_client
+
+fn curl_tls_args(v: V, c: Cipher) -> Vec<String> {
+    let name = openssl_name(v, c).to_owned();
+    match v {
+        V::Tls12 => vec!["--tlsv1.2".into(), "--tls-max".into(), "1.2".into(), "--ciphers".into(), name],
+        V::Tls13 => vec!["--tlsv1.3".into(), "--tls-max".into(), "1.3".into(), "--tls13-ciphers".into(), name],
+    }
+}
+
+/// `curl` one URL on a fresh connection; returns (status, body).
+fn curl_get(url: &str, tls: &[String], extra: &[&str], out: &Path) -> (u16, Vec<u8>) {
+    let _ = fs::remove_file(out);
+    let o = run_with_timeout(
+        Command::new("curl")
+            .args(["-sS", "-k", "--http1.1", "--max-time", "90", "-w", "%{http_code}", "-o"])
+            .arg(out)
+            .args(tls)
+            .args(extra)
+            .arg(url),
+        None,
+        Duration::from_secs(100),
+    );
+    assert!(
+        o.status.success(),
+        "curl {url} {extra:?} failed ({}): {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let code = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap_or(0);
+    (code, fs::read(out).unwrap_or_default())
+}
+
+fn s_client_tls_args(v: V, c: Cipher) -> Vec<String> {
+    let name = openssl_name(v, c).to_owned();
+    match v {
+        V::Tls12 => vec!["-tls1_2".into(), "-cipher".into(), name],
+        V::Tls13 => vec!["-tls1_3".into(), "-ciphersuites".into(), name],
+    }
+}
+
+/// One request through `openssl s_client -quiet` (which implies -ign_eof:
+/// it reads until the server closes); returns the parsed response.
+fn s_client_get(addr: &str, tls: &[String], request: &[u8]) -> Response {
+    let o = run_with_timeout(
+        Command::new("openssl")
+            .args(["s_client", "-connect", addr, "-servername", "localhost", "-quiet"])
+            .args(tls),
+        Some(request),
+        Duration::from_secs(100),
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "openssl s_client failed ({}): {err}", o.status);
+    match parse_response(&o.stdout, false) {
+        Some((r, used)) => {
+            assert_eq!(used, o.stdout.len(), "s_client: bytes after the response; stderr: {err}");
+            r
+        }
+        None => panic!(
+            "s_client: incomplete response ({} bytes: {:?}...); stderr: {err}",
+            o.stdout.len(),
+            String::from_utf8_lossy(&o.stdout[..o.stdout.len().min(300)])
+        ),
+    }
+}
+
+// ============================================================== rustls client
+
+/// Accepts the server's self-signed certificate; signatures are still checked.
+#[derive(Debug)]
+struct AnyCert(WebPkiSupportedAlgorithms);
+
+impl ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_schemes()
+    }
+}
+
+fn client_config(v: V, suite: Option<SupportedCipherSuite>) -> Arc<ClientConfig> {
+    let mut provider = aws_lc_rs::default_provider();
+    if let Some(s) = suite {
+        provider.cipher_suites = vec![s];
+    }
+    let algs = provider.signature_verification_algorithms;
+    let provider: Arc<CryptoProvider> = Arc::new(provider);
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[v.rustls()])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(algs)))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(cfg)
+}
+
+/// How a connection ended, seen from the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Close {
+    /// The server sent close_notify (then TCP EOF).
+    Notify,
+    /// TCP EOF without close_notify.
+    Eof,
+    /// TCP reset or another socket error.
+    Reset(String),
+    /// A TLS error: a fatal alert from the server, or a record rustls rejected.
+    Tls(String),
+}
+
+/// A blocking rustls client whose socket writes are explicit: everything
+/// rustls has to send leaves in ONE `write` per [`TlsClient::flush`].
+struct TlsClient {
+    sock: TcpStream,
+    conn: ClientConnection,
+    /// Decrypted bytes not yet consumed as responses.
+    plain: Vec<u8>,
+    /// Raw bytes received from the server, if kept.
+    raw: Option<Vec<u8>>,
+    closed: Option<Close>,
+    /// Bytes of the last `flush`, all written by one `write_all`.
+    last_flush: usize,
+}
+
+impl TlsClient {
+    /// TCP connection and a fresh TLS client; no handshake yet.
+    fn start(addr: &str, cfg: &Arc<ClientConfig>) -> TlsClient {
+        let sock = TcpStream::connect(addr).unwrap();
+        sock.set_nodelay(true).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        sock.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+        let conn = ClientConnection::new(cfg.clone(), ServerName::try_from("localhost").unwrap()).unwrap();
+        TlsClient { sock, conn, plain: Vec::new(), raw: None, closed: None, last_flush: 0 }
+    }
+
+    /// Connects and completes the handshake.
+    fn connect(addr: &str, cfg: &Arc<ClientConfig>) -> TlsClient {
+        let mut c = TlsClient::start(addr, cfg);
+        c.handshake();
+        c
+    }
+
+    fn handshake(&mut self) {
+        loop {
+            self.flush();
+            if !self.conn.is_handshaking() {
+                return;
+            }
+            if !self.pump() {
+                panic!("connection ended during the handshake: {:?}", self.closed);
+            }
+        }
+    }
+
+    /// Sends everything rustls has queued in a single `write_all` call;
+    /// returns the byte count.
+    fn flush(&mut self) -> usize {
+        let mut out = Vec::new();
+        while self.conn.wants_write() {
+            self.conn.write_tls(&mut out).unwrap();
+        }
+        self.last_flush = out.len();
+        if !out.is_empty() {
+            if let Err(e) = self.sock.write_all(&out) {
+                self.closed.get_or_insert(Close::Reset(e.to_string()));
+            }
+        }
+        out.len()
+    }
+
+    /// One socket read, fed through rustls; plaintext goes to `self.plain`.
+    /// Returns false once the connection has ended (see `self.closed`).
+    fn pump(&mut self) -> bool {
+        if self.closed.is_some() {
+            return false;
+        }
+        let mut buf = vec![0u8; 65536];
+        let n = match self.sock.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut => {
+                panic!("no data from the server within the read timeout (60s)")
+            }
+            Err(e) => {
+                self.closed = Some(Close::Reset(e.to_string()));
+                return false;
+            }
+        };
+        if let Some(raw) = &mut self.raw {
+            raw.extend_from_slice(&buf[..n]);
+        }
+        let mut slice = &buf[..n];
+        loop {
+            // read_tls takes at most its buffer's room per call.
+            match self.conn.read_tls(&mut slice) {
+                Ok(_) => {}
+                Err(e) => {
+                    self.closed = Some(Close::Tls(e.to_string()));
+                    return false;
+                }
+            }
+            if let Err(e) = self.conn.process_new_packets() {
+                self.flush();
+                self.closed = Some(Close::Tls(e.to_string()));
+                return false;
+            }
+            if slice.is_empty() {
+                break;
+            }
+        }
+        let mut tmp = [0u8; 65536];
+        loop {
+            match self.conn.reader().read(&mut tmp) {
+                Ok(0) => {
+                    self.closed = Some(Close::Notify);
+                    break;
+                }
+                Ok(k) => self.plain.extend_from_slice(&tmp[..k]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    self.closed = Some(Close::Eof);
+                    break;
+                }
+                Err(e) => {
+                    self.closed = Some(Close::Tls(e.to_string()));
+                    break;
+                }
+            }
+        }
+        // KeyUpdate answers and the like.
+        self.flush();
+        if n == 0 && self.closed.is_none() {
+            self.closed = Some(Close::Eof);
+        }
+        self.closed.is_none()
+    }
+
+    fn queue(&mut self, data: &[u8]) {
+        self.conn.writer().write_all(data).unwrap();
+    }
+
+    fn send(&mut self, data: &[u8]) {
+        self.queue(data);
+        self.flush();
+    }
+
+    /// The next complete response.
+    fn response(&mut self, head_only: bool) -> Response {
+        loop {
+            if let Some((r, used)) = parse_response(&self.plain, head_only) {
+                self.plain.drain(..used);
+                return r;
+            }
+            if !self.pump() {
+                // Whatever arrived before the end may still hold a response.
+                if let Some((r, used)) = parse_response(&self.plain, head_only) {
+                    self.plain.drain(..used);
+                    return r;
+                }
+                panic!(
+                    "connection ended ({:?}) before a complete response ({} bytes buffered)",
+                    self.closed,
+                    self.plain.len()
+                );
+            }
+        }
+    }
+
+    fn get(&mut self, path: &str) -> Response {
+        self.send(&get_request(path, false, ""));
+        self.response(false)
+    }
+
+    /// Reads until the connection ends; returns how, and any stray plaintext.
+    fn until_closed(&mut self) -> (Close, Vec<u8>) {
+        while self.pump() {}
+        (self.closed.clone().unwrap(), std::mem::take(&mut self.plain))
+    }
+}
+
+// ============================================================== tests: doctor
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn doctor_reports_ktls_usable() {
+    let before = read_tls_stat();
+    let o = run_with_timeout(Command::new(ktlsd_bin()).args(["doctor", "--json"]), None, Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "ktlsd doctor --json: {}\n{text}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("doctor JSON: {e}\n{text}"));
+    assert_eq!(j["ktls"]["usable"], true, "doctor says kTLS is not usable:\n{text}");
+    let suites = j["suites"].as_array().expect("suites array");
+    assert_eq!(suites.len(), 6, "{text}");
+    for s in suites {
+        assert!(s["tx"] == true && s["rx"] == true, "suite not usable in both directions: {s}");
+    }
+    assert_eq!(j["rekey"]["tested"], true, "{text}");
+    let rekey = kernel_can_rekey();
+    assert_eq!(j["rekey"]["supported"], rekey, "doctor's key-update verdict disagrees with tls_stat:\n{text}");
+    assert_eq!(j["tls_stat"]["available"], true, "{text}");
+
+    // The human report says the same.
+    let o = run_with_timeout(Command::new(ktlsd_bin()).arg("doctor"), None, Duration::from_secs(60));
+    let human = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "ktlsd doctor: {}\n{human}", o.status);
+    assert!(human.contains("usable") && !human.contains("NOT usable"), "{human}");
+    let after = read_tls_stat();
+    println!("[tls_stat] doctor_reports_ktls_usable: {} | rekey supported: {rekey}", StatDelta { before, after }.summary());
+}
+
+// ============================================================== tests: matrix
+
+/// One server restricted to one version and suite; every file size through
+/// both clients, plus range requests; every body checked byte for byte.
+fn matrix(test: &str, v: V, c: Cipher) {
+    let files = standard_files();
+    let server = Server::start(&files, &["--tls-versions", v.server_arg(), "--cipher-suites", openssl_name(v, c)]);
+    let out = server._dir.path().join("curl.out");
+    let curl_tls = curl_tls_args(v, c);
+    let ossl_tls = s_client_tls_args(v, c);
+    let mut expected_log: Vec<(String, u16, u64)> = Vec::new();
+
+    for (name, data) in &files {
+        let path = format!("/{name}");
+        let (code, body) = curl_get(&server.url(&path), &curl_tls, &[], &out);
+        assert_eq!(code, 200, "curl {path}");
+        assert_body(&format!("curl {path} ({test})"), &body, data);
+        expected_log.push((path, 200, data.len() as u64));
+    }
+    for (name, data) in &files {
+        let path = format!("/{name}");
+        let r = s_client_get(&server.addr(), &ossl_tls, &get_request(&path, true, ""));
+        assert_eq!(r.status, 200, "s_client {path}");
+        assert_body(&format!("s_client {path} ({test})"), &r.body, data);
+        expected_log.push((path, 200, data.len() as u64));
+    }
+
+    // Ranges: a large one inside the big file (several full records plus
+    // partial ones) and a small one across the 16 KiB record boundary.
+    let big = &files[4].1;
+    let (code, body) = curl_get(&server.url("/big"), &curl_tls, &["-r", "1000000-3499999"], &out);
+    assert_eq!(code, 206, "curl range");
+    assert_body(&format!("curl range ({test})"), &body, &big[1_000_000..3_500_000]);
+    expected_log.push(("/big".into(), 206, 2_500_000));
+    let r16385 = &files[3].1;
+    let r = s_client_get(&server.addr(), &ossl_tls, &get_request("/r16385", true, "Range: bytes=16000-16384\r\n"));
+    assert_eq!(r.status, 206, "s_client range");
+    assert_eq!(r.header("Content-Range"), Some("bytes 16000-16384/16385"));
+    assert_body(&format!("s_client range ({test})"), &r.body, &r16385[16000..]);
+    expected_log.push(("/r16385".into(), 206, 385));
+
+    let s = server.stop();
+    assert_ktls(test, &s, &Expect::conns(expected_log.len() as u64, expected_log.len()));
+    assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
+    // The server's own account of each body (catches a short body that a
+    // client might not notice).
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (path, status, bytes) in &expected_log {
+        let i = seen.entry(path.clone()).or_default();
+        let entries = logged(&s, path);
+        let (st, b) = entries.get(*i).copied().unwrap_or_else(|| panic!("no log line #{i} for {path}: {:?}", s.log));
+        let _ = (status, st);
+        assert_eq!(b, *bytes, "access log bytes for GET {path} (#{i}): {:?}", s.log);
+        *i += 1;
+    }
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn matrix_tls12_aes128gcm() {
+    matrix("matrix_tls12_aes128gcm", V::Tls12, Cipher::Aes128Gcm);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn matrix_tls12_aes256gcm() {
+    matrix("matrix_tls12_aes256gcm", V::Tls12, Cipher::Aes256Gcm);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn matrix_tls12_chacha20() {
+    matrix("matrix_tls12_chacha20", V::Tls12, Cipher::Chacha20);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn matrix_tls13_aes128gcm() {
+    matrix("matrix_tls13_aes128gcm", V::Tls13, Cipher::Aes128Gcm);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn matrix_tls13_aes256gcm() {
+    matrix("matrix_tls13_aes256gcm", V::Tls13, Cipher::Aes256Gcm);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn matrix_tls13_chacha20() {
+    matrix("matrix_tls13_chacha20", V::Tls13, Cipher::Chacha20);
+}
+
+// ============================================================== tests: connection life
+
+/// Several requests on one kTLS connection, then the client's close_notify:
+/// the server answers with its own and closes. Then a resumed session whose
+/// last request and close_notify arrive in one write.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn keepalive_requests_then_client_close_notify() {
+    let files = standard_files();
+    let data = |n: &str| files.iter().find(|(f, _)| *f == n).unwrap().1.clone();
+    let server = Server::start(&files, &[]);
+    let mut requests = 0;
+    for v in [V::Tls13, V::Tls12] {
+        let cfg = client_config(v, None);
+        let mut c = TlsClient::connect(&server.addr(), &cfg);
+        for name in ["one", "r16385", "big", "empty", "r16384"] {
+            let r = c.get(&format!("/{name}"));
+            assert_eq!(r.status, 200, "{v:?} /{name}");
+            assert_body(&format!("{v:?} keep-alive /{name}"), &r.body, &data(name));
+            requests += 1;
+        }
+        // HEAD: a head without body on the same connection.
+        c.send(b"HEAD /big HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        let r = c.response(true);
+        assert_eq!((r.status, r.header("Content-Length")), (200, Some("5242880")), "{v:?} HEAD");
+        requests += 1;
+        c.conn.send_close_notify();
+        c.flush();
+        let (how, stray) = c.until_closed();
+        assert_eq!(how, Close::Notify, "{v:?}: the server should answer close_notify with close_notify");
+        assert!(stray.is_empty(), "{v:?}: unexpected data after the last response: {stray:?}");
+
+        // Resumption (a ticket from the first connection), and a request
+        // whose close_notify follows in the same segment.
+        let mut c = TlsClient::start(&server.addr(), &cfg);
+        c.handshake();
+        assert_eq!(c.conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed), "{v:?}: session not resumed");
+        c.queue(&get_request("/r16385", false, ""));
+        c.conn.send_close_notify();
+        c.flush();
+        let r = c.response(false);
+        assert_eq!(r.status, 200);
+        assert_body(&format!("{v:?} resumed /r16385"), &r.body, &data("r16385"));
+        requests += 1;
+        let (how, _) = c.until_closed();
+        assert_eq!(how, Close::Notify, "{v:?}: resumed connection: close_notify expected after the response");
+    }
+    let s = server.stop();
+    assert_ktls("keepalive_requests_then_client_close_notify", &s, &Expect::conns(4, requests));
+    assert_eq!((s.stat("errors"), s.stat("timeouts")), (0, 0), "{}", s.stderr);
+}
+
+/// Requests written before the handshake completes: rustls sends them right
+/// after the client Finished. With TLS 1.3 they leave in the same write (and
+/// TCP segment) as the Finished, so they sit in the socket when the kernel
+/// takes over the record layer.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn pipelined_requests_in_the_finished_segment() {
+    let files = standard_files();
+    let data = |n: &str| files.iter().find(|(f, _)| *f == n).unwrap().1.clone();
+    let server = Server::start(&files, &[]);
+    let order = ["one", "r16385", "empty", "r16384", "one", "big", "one"];
+    let mut requests = 0;
+    for v in [V::Tls13, V::Tls12] {
+        let mut c = TlsClient::start(&server.addr(), &client_config(v, None));
+        let mut app_bytes = 0;
+        for (i, name) in order.iter().enumerate() {
+            // One writer call per request: one record each.
+            let req = get_request(&format!("/{name}"), i + 1 == order.len(), "");
+            app_bytes += req.len();
+            c.queue(&req);
+        }
+        // Drive the handshake by hand. pump() ends with a flush, so the pump
+        // that completes the handshake also makes the write that carries the
+        // client Finished (TLS 1.3) or the first requests (TLS 1.2).
+        c.flush();
+        while c.conn.is_handshaking() {
+            assert!(c.pump(), "{v:?}: connection ended during the handshake: {:?}", c.closed);
+        }
+        let n = c.last_flush;
+        if v == V::Tls13 {
+            // Finished (~58 bytes) plus one record per request, in one write.
+            assert!(
+                n >= app_bytes + 50 + order.len() * 22,
+                "TLS 1.3: the write with the client Finished carried {n} bytes; requests alone are {app_bytes}"
+            );
+        }
+        for name in order {
+            let r = c.response(false);
+            assert_eq!(r.status, 200, "{v:?} pipelined /{name}");
+            assert_body(&format!("{v:?} pipelined /{name}"), &r.body, &data(name));
+            requests += 1;
+        }
+        let (how, stray) = c.until_closed();
+        assert_eq!(how, Close::Notify, "{v:?}: after `Connection: close` the server sends close_notify");
+        assert!(stray.is_empty(), "{v:?}: {} stray bytes", stray.len());
+    }
+    let s = server.stop();
+    assert_ktls("pipelined_requests_in_the_finished_segment", &s, &Expect::conns(2, requests));
+    assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
+}
+
+/// A client resets its connection in the middle of a 5 MiB sendfile; another
+/// connection, open all along, and new ones are served normally.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn client_reset_mid_sendfile_keeps_serving() {
+    let files = standard_files();
+    let big = files[4].1.clone();
+    let server = Server::start(&files, &[]);
+    let cfg = client_config(V::Tls13, None);
+
+    let mut bystander = TlsClient::connect(&server.addr(), &cfg);
+    assert_eq!(bystander.get("/one").status, 200);
+
+    for v in [V::Tls13, V::Tls12] {
+        let mut victim = TlsClient::connect(&server.addr(), &client_config(v, None));
+        victim.send(&get_request("/big", false, ""));
+        while victim.plain.len() < 256 * 1024 {
+            assert!(victim.pump(), "{v:?}: connection ended early: {:?}", victim.closed);
+        }
+        // SO_LINGER 0: close() sends RST instead of FIN.
+        socket2::SockRef::from(&victim.sock).set_linger(Some(Duration::ZERO)).unwrap();
+        drop(victim);
+    }
+    // Give the server a moment to hit the reset.
+    thread::sleep(Duration::from_millis(300));
+
+    let r = bystander.get("/big");
+    assert_eq!(r.status, 200);
+    assert_body("bystander /big after the resets", &r.body, &big);
+    let out = server._dir.path().join("curl.out");
+    let (code, body) = curl_get(&server.url("/big"), &[], &[], &out);
+    assert_eq!(code, 200);
+    assert_body("new connection /big after the resets", &body, &big);
+    bystander.conn.send_close_notify();
+    bystander.flush();
+    assert_eq!(bystander.until_closed().0, Close::Notify);
+
+    let s = server.stop();
+    // The two reset responses never complete, so they are not logged.
+    assert_ktls("client_reset_mid_sendfile_keeps_serving", &s, &Expect::conns(4, 3));
+    assert_eq!(s.stat("errors"), 2, "both resets count as connection errors\n{}", s.stderr);
+}
+
+// ============================================================== tests: key update
+
+/// TLS 1.3 KeyUpdate(update_requested) from a rustls client. Kernels that can
+/// re-key keep the connection going; older ones close it cleanly, and the
+/// server keeps serving.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn key_update_from_rustls_client() {
+    let test = "key_update_from_rustls_client";
+    let files = standard_files();
+    let data = |n: &str| files.iter().find(|(f, _)| *f == n).unwrap().1.clone();
+    let rekey = kernel_can_rekey();
+    let server = Server::start(&files, &[]);
+    let cfg = client_config(V::Tls13, None);
+    let mut c = TlsClient::connect(&server.addr(), &cfg);
+    assert_body("before KeyUpdate", &c.get("/r16385").body, &data("r16385"));
+
+    c.conn.refresh_traffic_keys().unwrap();
+    c.flush();
+    if rekey {
+        // The request follows the KeyUpdate at once, under the new key.
+        let r = c.get("/big");
+        assert_eq!(r.status, 200);
+        assert_body("after the first KeyUpdate", &r.body, &data("big"));
+        c.conn.refresh_traffic_keys().unwrap();
+        c.flush();
+        let r = c.get("/r16384");
+        assert_body("after the second KeyUpdate", &r.body, &data("r16384"));
+        c.conn.send_close_notify();
+        c.flush();
+        assert_eq!(c.until_closed().0, Close::Notify);
+
+        let s = server.stop();
+        assert_ktls(test, &s, &Expect { exact_installs: false, ..Expect::conns(1, 3) });
+        assert_eq!(s.stat("key_updates"), 2, "{}", s.stderr);
+        assert_eq!(s.stat("rekey_unsupported"), 0);
+        assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
+        for (name, want) in [("TlsRxRekeyOk", 2), ("TlsTxRekeyOk", 2), ("TlsRxRekeyError", 0), ("TlsTxRekeyError", 0)] {
+            assert_eq!(s.tls.get(name), want, "{name}; {}", s.tls.summary());
+        }
+    } else {
+        // Nothing more is sent: the server must end the connection by itself.
+        let (how, stray) = c.until_closed();
+        assert!(stray.is_empty(), "data after KeyUpdate on a kernel that cannot re-key: {stray:?}");
+        assert_eq!(how, Close::Notify, "the server should close cleanly (close_notify) when the kernel cannot re-key");
+        // Another connection works.
+        let mut other = TlsClient::connect(&server.addr(), &cfg);
+        assert_body("a new connection after the refused KeyUpdate", &other.get("/r16385").body, &data("r16385"));
+        other.conn.send_close_notify();
+        other.flush();
+        assert_eq!(other.until_closed().0, Close::Notify);
+
+        let s = server.stop();
+        assert_ktls(test, &s, &Expect::conns(2, 2));
+        assert_eq!(s.stat("rekey_unsupported"), 1, "{}", s.stderr);
+        assert_eq!(s.stat("key_updates"), 0);
+    }
+}
+
+/// Reads `buf` until `pred` holds, or panics after `timeout`.
+fn wait_for(buf: &Arc<Mutex<Vec<u8>>>, what: &str, timeout: Duration, pred: impl Fn(&[u8]) -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if pred(&buf.lock().unwrap()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn count(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len()).filter(|w| *w == needle).count()
+}
+
+/// TLS 1.3 KeyUpdate typed into an interactive `openssl s_client`: `k`
+/// (update not requested), then `K` (update requested).
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn key_update_from_openssl_s_client() {
+    let test = "key_update_from_openssl_s_client";
+    let rekey = kernel_can_rekey();
+    let bodies: Vec<(String, Vec<u8>)> =
+        (1..=3).map(|i| (format!("ku{i}.txt"), format!("key-update-body-{i}-{}\n", sha256(&[i])).into_bytes())).collect();
+    let files: Vec<(&str, Vec<u8>)> = bodies.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
+    let server = Server::start(&files, &[]);
+
+    // Not -quiet (nor -ign_eof): s_client only takes `k`/`K` commands without
+    // them. Each command must arrive as its own read from stdin.
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-connect", &server.addr(), "-servername", "localhost", "-tls1_3", "-msg"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl s_client");
+    let mut stdin = child.stdin.take().unwrap();
+    let out = collect(child.stdout.take().unwrap());
+    let err = collect(child.stderr.take().unwrap());
+    let t = Duration::from_secs(30);
+    let diag = |out: &Arc<Mutex<Vec<u8>>>, err: &Arc<Mutex<Vec<u8>>>| {
+        format!(
+            "\n--- s_client stdout (tail):\n{}\n--- stderr:\n{}",
+            String::from_utf8_lossy(&out.lock().unwrap()).chars().rev().take(3000).collect::<String>().chars().rev().collect::<String>(),
+            String::from_utf8_lossy(&err.lock().unwrap())
+        )
+    };
+
+    let request = |stdin: &mut std::process::ChildStdin, i: usize| {
+        let req = get_request(&format!("/{}", bodies[i].0), false, "");
+        stdin.write_all(&req).and_then(|()| stdin.flush())
+    };
+    request(&mut stdin, 0).unwrap();
+    wait_for(&out, "the first response", t, |b| find(b, &bodies[0].1).is_some());
+
+    stdin.write_all(b"k\n").unwrap();
+    wait_for(&err, "s_client to announce KEYUPDATE", t, |b| count(b, b"KEYUPDATE") >= 1);
+    let mut served = 1;
+    if rekey {
+        request(&mut stdin, 1).unwrap();
+        wait_for(&out, "the response after `k`", t, |b| find(b, &bodies[1].1).is_some());
+        stdin.write_all(b"K\n").unwrap();
+        wait_for(&err, "the second KEYUPDATE", t, |b| count(b, b"KEYUPDATE") >= 2);
+        request(&mut stdin, 2).unwrap();
+        wait_for(&out, "the response after `K`", t, |b| find(b, &bodies[2].1).is_some());
+        served = 3;
+        // EOF on stdin: s_client sends close_notify and exits.
+        drop(stdin);
+    } else {
+        // s_client sends the KeyUpdate at once; the server must end the
+        // connection by itself, and s_client exits when it does.
+    }
+    let deadline = Instant::now() + t;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("s_client did not exit (rekey={rekey}){}", diag(&out, &err));
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = wait_reader(&out);
+    let stderr = String::from_utf8_lossy(&wait_reader(&err)).into_owned();
+    let stdout_text = String::from_utf8_lossy(&stdout);
+    // -msg shows the KeyUpdate messages themselves.
+    let sent_updates = stdout_text.matches(">>> TLS 1.3, Handshake [length 0005], KeyUpdate").count();
+    let got_updates = stdout_text.matches("<<< TLS 1.3, Handshake [length 0005], KeyUpdate").count();
+
+    let s = server.stop();
+    if rekey {
+        assert!(status.success(), "s_client: {status}{}", diag(&out, &err));
+        assert_eq!(sent_updates, 2, "KeyUpdates s_client sent{}", diag(&out, &err));
+        assert_eq!(got_updates, 1, "the server answers `K` (update requested) with its own KeyUpdate{}", diag(&out, &err));
+        assert_ktls(test, &s, &Expect { exact_installs: false, ..Expect::conns(1, served) });
+        assert_eq!(s.stat("key_updates"), 2, "{}", s.stderr);
+        assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
+        assert!(s.tls.get("TlsRxRekeyOk") == 2 && s.tls.get("TlsTxRekeyOk") == 1, "{}", s.tls.summary());
+    } else {
+        assert_eq!(sent_updates, 1, "KeyUpdates s_client sent{}", diag(&out, &err));
+        assert!(
+            stdout_text.contains("<<< TLS 1.3, Alert [length 0002], warning close_notify"),
+            "the server should close cleanly (close_notify) when the kernel cannot re-key{}",
+            diag(&out, &err)
+        );
+        let _ = stderr;
+        assert_ktls(test, &s, &Expect::conns(1, served));
+        assert_eq!(s.stat("rekey_unsupported"), 1, "{}", s.stderr);
+    }
+}
+
+// ============================================================== tests: records
+
+/// TLS 1.2 AES-GCM records carry an explicit nonce: the kernel must not
+/// repeat one that rustls used for the server's Finished (same key), nor any
+/// other. Checked on the wire, for both GCM suites.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn tls12_gcm_explicit_nonces_never_repeat() {
+    let files = standard_files();
+    let server = Server::start(&files, &["--tls-versions", "1.2"]);
+    let mut requests = 0;
+    for c in [Cipher::Aes128Gcm, Cipher::Aes256Gcm] {
+        let mut client = TlsClient::start(&server.addr(), &client_config(V::Tls12, Some(rustls_suite(V::Tls12, c))));
+        client.raw = Some(Vec::new());
+        client.handshake();
+        for name in ["one", "r16385", "empty", "big"] {
+            assert_eq!(client.get(&format!("/{name}")).status, 200);
+            requests += 1;
+        }
+        client.conn.send_close_notify();
+        client.flush();
+        assert_eq!(client.until_closed().0, Close::Notify);
+
+        let raw = client.raw.take().unwrap();
+        let mut pos = 0;
+        let mut encrypted = false;
+        let mut nonces: HashMap<[u8; 8], usize> = HashMap::new();
+        let mut records = 0;
+        while pos + 5 <= raw.len() {
+            let typ = raw[pos];
+            let len = u16::from_be_bytes([raw[pos + 3], raw[pos + 4]]) as usize;
+            let payload = &raw[pos + 5..(pos + 5 + len).min(raw.len())];
+            assert!(len <= 16384 + 8 + 16, "{c:?}: record #{records} of {len} bytes exceeds the TLS 1.2 GCM limit");
+            if encrypted {
+                let nonce: [u8; 8] = payload[..8].try_into().unwrap();
+                if let Some(first) = nonces.insert(nonce, records) {
+                    panic!("{c:?}: explicit nonce {nonce:02x?} of record #{records} repeats record #{first}'s (AES-GCM nonce reuse)");
+                }
+            }
+            if typ == 20 {
+                encrypted = true; // ChangeCipherSpec: everything after is protected
+            }
+            pos += 5 + len;
+            records += 1;
+        }
+        assert_eq!(pos, raw.len(), "{c:?}: trailing partial record");
+        assert!(nonces.len() > 5, "{c:?}: only {} protected records seen", nonces.len());
+    }
+    let s = server.stop();
+    assert_ktls("tls12_gcm_explicit_nonces_never_repeat", &s, &Expect::conns(2, requests));
+}
+
+/// A record that fails authentication: the kernel refuses it (EBADMSG), the
+/// server answers bad_record_mac and drops the connection, and goes on serving.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn corrupted_record_gets_bad_record_mac() {
+    let files = standard_files();
+    let server = Server::start(&files, &[]);
+    let mut requests = 0;
+    for v in [V::Tls13, V::Tls12] {
+        let mut c = TlsClient::connect(&server.addr(), &client_config(v, None));
+        assert_eq!(c.get("/one").status, 200);
+        requests += 1;
+        // A well-formed application-data record whose contents are garbage.
+        let mut rec = vec![23u8, 3, 3, 0, 64];
+        rec.extend_from_slice(&content(64, 99));
+        c.sock.write_all(&rec).unwrap();
+        let (how, stray) = c.until_closed();
+        assert!(stray.is_empty());
+        // The server answers bad_record_mac; a kernel that has put the
+        // socket in an error state may refuse to send it (then: EOF/reset).
+        println!("[corrupted_record_gets_bad_record_mac] {v:?}: the client saw {how:?}");
+        if let Close::Tls(e) = &how {
+            assert!(e.to_lowercase().contains("badrecordmac"), "{v:?}: expected a bad_record_mac alert, got: {e}");
+        }
+        assert_ne!(how, Close::Notify, "{v:?}: a connection cut for a forged record must not end with close_notify");
+    }
+    let out = server._dir.path().join("curl.out");
+    let (code, body) = curl_get(&server.url("/r16385"), &[], &[], &out);
+    assert_eq!(code, 200);
+    assert_body("after the corrupted records", &body, &files[3].1);
+    requests += 1;
+    let s = server.stop();
+    assert_ktls(
+        "corrupted_record_gets_bad_record_mac",
+        &s,
+        &Expect { decrypt_errors: 2, ..Expect::conns(3, requests) },
+    );
+    assert_eq!(s.stat("ktls_record_errors"), 2, "{}", s.stderr);
+}
