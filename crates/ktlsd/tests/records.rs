@@ -31,10 +31,21 @@ struct WireClient {
 
 impl WireClient {
     fn connect(server: &Server) -> WireClient {
+        Self::connect_mss(server, None)
+    }
+
+    /// With `mss`, the client advertises that segment size, as a client behind a
+    /// 1500-byte MTU would (loopback's own segments are 64 KiB).
+    fn connect_mss(server: &Server, mss: Option<u32>) -> WireClient {
         let cfg = client_config(&[&rustls::version::TLS12]);
         let name = "localhost".try_into().unwrap();
         let tls = rustls::ClientConnection::new(cfg, name).unwrap();
-        let tcp = TcpStream::connect(server.addr()).unwrap();
+        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        if let Some(mss) = mss {
+            sock.set_tcp_mss(mss).unwrap();
+        }
+        sock.connect(&server.addr().into()).unwrap();
+        let tcp: TcpStream = sock.into();
         tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut c = WireClient { tcp, tls, wire: Vec::new(), plain: Vec::new() };
         while c.tls.is_handshaking() {
@@ -91,10 +102,10 @@ impl WireClient {
 }
 
 /// Serves `size` bytes under the policy and returns (head length, record plaintext lengths).
-fn one_response(policy: &str, size: usize, extra: &[&str]) -> (usize, Vec<usize>) {
+fn one_response(policy: &str, size: usize, mss: Option<u32>) -> (usize, Vec<usize>) {
     let body = pattern(size, 7);
-    let server = Server::builder().file("f.bin", &body).arg("--record-size").arg(policy).args(extra.iter().copied()).start();
-    let mut c = WireClient::connect(&server);
+    let server = Server::builder().file("f.bin", &body).arg("--record-size").arg(policy).start();
+    let mut c = WireClient::connect_mss(&server, mss);
     c.get("/f.bin");
     let head_len = head_len_of(&mut c, size);
     assert_eq!(&c.plain[head_len..], &body[..], "body differs");
@@ -124,20 +135,20 @@ fn assert_static(lens: &[usize], size: usize, total: usize) {
 
 #[test]
 fn static_16k_records_are_full_size() {
-    let (head, lens) = one_response("static:16k", 200_000, &[]);
+    let (head, lens) = one_response("static:16k", 200_000, None);
     assert_static(&lens, 16384, head + 200_000);
     assert_eq!(lens.len(), (head + 200_000).div_ceil(16384));
 }
 
 #[test]
 fn static_4k_records_are_4096_bytes() {
-    let (head, lens) = one_response("static:4k", 100_000, &[]);
+    let (head, lens) = one_response("static:4k", 100_000, None);
     assert_static(&lens, 4096, head + 100_000);
 }
 
 #[test]
 fn dynamic_records_ramp_in_stages() {
-    let (head, lens) = one_response("dynamic", 400_000, &[]);
+    let (head, lens) = one_response("dynamic", 400_000, None);
     assert_eq!(lens.iter().sum::<usize>(), head + 400_000);
     assert!(lens[..40].iter().all(|&l| l == 1369), "{lens:?}");
     assert!(lens[40..80].iter().all(|&l| l == 4229), "{lens:?}");
@@ -180,10 +191,12 @@ fn dynamic_records_start_small_again_after_idle() {
 
 #[test]
 fn adaptive_records_grow_with_the_window() {
-    let (head, lens) = one_response("adaptive", 3_000_000, &[]);
+    let (head, lens) = one_response("adaptive", 3_000_000, Some(1400));
     assert_eq!(lens.iter().sum::<usize>(), head + 3_000_000);
-    // A fresh connection starts below full size and reaches 16 KiB records.
-    assert!(lens[0] < 16384, "first record {} is already full size: {:?}", lens[0], &lens[..10]);
+    // A fresh connection (initial window: 10 segments) starts with one-segment records...
+    let segment = lens[0];
+    assert!(segment < 1400, "first record {segment} is larger than a segment: {:?}", &lens[..10]);
+    // ...and reaches 16 KiB records as the window opens.
     assert!(lens.iter().any(|&l| l == 16384), "never reached full records: {:?}", &lens[..20]);
     // Growth, not noise: the first records are never larger than the last full ones.
     let first_full = lens.iter().position(|&l| l == 16384).unwrap();
@@ -198,7 +211,7 @@ mod kernel {
     fn one_ktls_response(policy: &str, size: usize) -> (usize, Vec<usize>) {
         let body = pattern(size, 11);
         let server = Server::builder().file("f.bin", &body).args(["--ktls", "on", "--record-size", policy]).start();
-        let mut c = WireClient::connect(&server);
+        let mut c = WireClient::connect_mss(&server, Some(1400));
         c.get("/f.bin");
         let head = head_len_of(&mut c, size);
         assert_eq!(&c.plain[head..], &body[..], "body differs");
@@ -237,7 +250,7 @@ mod kernel {
     fn ktls_adaptive_growth() {
         let (head, lens) = one_ktls_response("adaptive", 2_000_000);
         assert_eq!(lens.iter().sum::<usize>(), head + 2_000_000);
-        assert!(lens[0] < 16384, "first record already full: {:?}", &lens[..10]);
+        assert!(lens[0] < 1400, "first record larger than a segment: {:?}", &lens[..10]);
         assert!(lens.iter().any(|&l| l == 16384), "never reached full records: {:?}", &lens[..20]);
     }
 }

@@ -195,7 +195,7 @@ impl RecordSizer {
 /// shrinks the window, and the records with it; while the connection is recovering
 /// they are halved again.
 fn adaptive_len(t: &TcpState) -> usize {
-    let mss = t.mss.clamp(536, 9000) as usize;
+    let mss = (t.mss as usize).max(536);
     // Payload per segment after the record's own expansion (header, nonce, tag).
     let per_segment = mss - super::RECORD_EXPANSION;
     let mut segments = (t.cwnd as usize / 8).max(1);
