@@ -47,7 +47,8 @@ fn sigterm_lets_an_inflight_download_finish() {
     let st = srv.wait_exit(Duration::from_secs(25));
     st.assert_clean_exit();
     assert!(st.stderr.contains("stopped: "), "{}", st.stderr);
-    assert_eq!(st.stat("connections"), 1);
+    // (Probes of the listener may have been accepted in the moment before it closed.)
+    assert!(st.stat("connections") >= 1);
     assert_eq!(st.stat("errors"), 0);
     assert!(!st.stderr.contains("still busy"), "{}", st.stderr);
 }
