@@ -280,3 +280,15 @@ fn special_file_via_symlink_is_refused() {
     assert_eq!(r.status, 403);
     assert_still_serving(&srv);
 }
+
+#[test]
+fn redirect_location_stays_on_this_host() {
+    // A directory asked for without its slash is redirected; a Location starting
+    // with `//` would be a network-path reference to another host (an open redirect).
+    let srv = setup().start();
+    for p in ["//sub", "///sub", "//evil.example/../sub", "//evil.example/%2e%2e/sub"] {
+        let r = get_as_is(&srv, p, 301);
+        let loc = r.header("location").unwrap_or("");
+        assert!(loc.starts_with('/') && !loc.starts_with("//"), "GET {p} -> Location {loc:?} leaves this host");
+    }
+}

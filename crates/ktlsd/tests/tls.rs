@@ -496,3 +496,40 @@ fn silent_client_hits_handshake_timeout() {
     st.assert_clean_exit();
     assert_eq!(st.stat("handshake_timeouts"), 1, "{}", st.stderr);
 }
+
+// ---------------------------------------------------------------------------
+// Key updates and long connections.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn tls13_client_key_update_mid_connection() {
+    let srv = ecdsa_server(&[]);
+    let mut c = TlsClient::connect_with(srv.addr(), client_config(&[&rustls::version::TLS13])).unwrap();
+    assert_eq!(c.get("/f.txt").body, F_TXT.as_bytes());
+    for _ in 0..3 {
+        // Our sending keys change, and we ask the server to change its own.
+        c.tls.conn.refresh_traffic_keys().expect("KeyUpdate");
+        let r = c.get("/f.txt");
+        assert_eq!((r.status, r.body.as_slice()), (200, F_TXT.as_bytes()));
+    }
+    let st = srv.stop();
+    st.assert_clean_exit();
+    assert_eq!(st.stat("errors"), 0, "{}", st.stderr);
+}
+
+#[test]
+fn many_requests_on_one_connection() {
+    let data = pattern(40_000, 31);
+    let srv = Server::builder().file("d.bin", &data).start();
+    for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        let mut c = TlsClient::connect_with(srv.addr(), client_config(&[version])).unwrap();
+        for i in 0..200 {
+            let r = c.get("/d.bin");
+            assert_eq!(r.status, 200, "request {i}");
+            assert!(r.body == data, "request {i} body differs over {:?}", version.version);
+        }
+    }
+    let st = srv.stop();
+    st.assert_clean_exit();
+    assert_eq!(st.stat("connections"), 2);
+}
