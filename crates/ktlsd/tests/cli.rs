@@ -521,3 +521,29 @@ max_body_bytes = 4096
     let logged = std::fs::read_to_string(&log).unwrap();
     assert_eq!(logged.lines().count(), 4, "access_log from the config: {logged}");
 }
+
+#[test]
+fn default_workers_is_one_per_cpu() {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let srv = Server::builder().workers(None).start();
+    let want = if cpus == 1 { "with 1 worker,".to_string() } else { format!("with {cpus} workers,") };
+    assert!(srv.stderr().contains(&want), "expected {want:?}:\n{}", srv.stderr());
+}
+
+#[test]
+fn config_empty_listen_list() {
+    let b = Server::builder().listen(&[]);
+    let cfg = write_config(&b, "listen = []\n");
+    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["listen"]);
+}
+
+#[test]
+fn listen_twice_on_the_same_address() {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap().to_string();
+    drop(probe);
+    Server::builder()
+        .listen(&[&addr, &addr])
+        .run_to_exit()
+        .assert_startup_error(&[&addr, "twice"]);
+}

@@ -618,3 +618,20 @@ fn several_workers_serve() {
     assert_eq!(st.stat("connections"), 6);
     assert!(st.stderr.contains("with 2 workers"), "{}", st.stderr);
 }
+
+#[test]
+fn access_log_defaults_to_stdout() {
+    let srv = Server::builder().file("a.txt", HELLO).no_access_log().start();
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).status, 200);
+    let line = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
+    assert_access_line(&line, "GET", "/a.txt", "HTTP/1.1", 200, 6);
+    assert!(!srv.stderr().contains("\"GET /a.txt HTTP/1.1\" 200"), "access log leaked to stderr");
+}
+
+#[test]
+fn access_log_dash_is_stdout() {
+    let srv = Server::builder().file("a.txt", HELLO).no_access_log().args(["--access-log", "-"]).start();
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).status, 200);
+    let line = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
+    assert_access_line(&line, "GET", "/a.txt", "HTTP/1.1", 200, 6);
+}

@@ -439,3 +439,11 @@ fn concurrent_clients_are_all_served() {
     assert_eq!(st.stat("connections"), 16);
     assert_eq!(st.stat("errors"), 0);
 }
+
+#[test]
+fn content_length_with_sign_is_400() {
+    // Content-Length = 1*DIGIT (RFC 9110 8.6): a sign is not a digit, and accepting
+    // it lets this server and a proxy in front of it disagree on framing.
+    let srv = server(&[]);
+    refused_then_closed(&srv, b"GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: +4\r\n\r\nabcd", 400);
+}

@@ -227,9 +227,10 @@ impl ServerBuilder {
     /// Starts the server; `Err` describes why it did not get to serving.
     pub fn try_start(self) -> Result<Server, String> {
         let mut cmd = self.command();
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(|e| format!("cannot run {BIN}: {e}"))?;
         let (stderr, reader) = LineLog::spawn(child.stderr.take().unwrap());
+        let (stdout, _) = LineLog::spawn(child.stdout.take().unwrap());
         let ready = stderr.wait_for(START_TIMEOUT, |l| l.contains(" serving "));
         if ready.is_none() {
             let _ = child.kill();
@@ -253,6 +254,7 @@ impl ServerBuilder {
             child: Some(child),
             reader: Some(reader),
             stderr,
+            stdout,
             addrs,
             access_log: self.access_log_path(),
             root: self.root,
@@ -312,6 +314,7 @@ pub struct Server {
     child: Option<Child>,
     reader: Option<JoinHandle<()>>,
     stderr: Arc<LineLog>,
+    stdout: Arc<LineLog>,
     addrs: Vec<SocketAddr>,
     access_log: PathBuf,
     root: PathBuf,
@@ -407,6 +410,16 @@ impl Server {
     /// Everything the server has printed on stderr so far.
     pub fn stderr(&self) -> String {
         self.stderr.text()
+    }
+
+    /// Lines the server has printed on stdout so far (the access log by default).
+    pub fn stdout_lines(&self) -> Vec<String> {
+        self.stdout.state.lock().unwrap().0.clone()
+    }
+
+    /// Waits for a stdout line containing `needle`.
+    pub fn wait_stdout(&self, needle: &str, timeout: Duration) -> Option<String> {
+        self.stdout.wait_for(timeout, |l| l.contains(needle))
     }
 
     /// Waits for a stderr line containing `needle`.
