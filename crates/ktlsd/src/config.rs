@@ -134,11 +134,19 @@ impl FileConfig {
         let mut file: FileConfig = match toml::from_str(&text) {
             Ok(f) => f,
             Err(e) => {
+                // One line: where, then what (toml's own rendering spans several lines).
+                let at = e.span().map(|s| {
+                    let before = &text[..s.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                    format!(" line {line}, column {col}:")
+                });
                 return err(format!(
-                    "config file {}: {}",
+                    "config file {}:{} {}",
                     path.display(),
-                    e.to_string().trim()
-                ))
+                    at.unwrap_or_default(),
+                    e.message().trim().replace('\n', " ")
+                ));
             }
         };
         // Relative paths in the file are relative to the file, as in nginx.

@@ -6,6 +6,7 @@
 //! and the open itself confined to ROOT by the kernel (`openat2` with
 //! `RESOLVE_BENEATH`), so no symlink can lead outside it.
 
+mod cache;
 mod open;
 
 use std::ffi::OsStr;
@@ -13,7 +14,8 @@ use std::fs::{File, Metadata};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::rc::Rc;
+use std::time::{Instant, SystemTime};
 
 pub use open::Root;
 
@@ -61,7 +63,7 @@ impl Refusal {
 
 /// A file ready to be served.
 pub struct Found {
-    pub file: File,
+    pub file: Rc<File>,
     pub meta: Metadata,
     /// Path relative to ROOT, for the Content-Type.
     pub rel: PathBuf,
@@ -138,8 +140,24 @@ fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
     Ok(out)
 }
 
-/// Resolves a request path to a file (or directory listing) under `root`.
+/// Resolves a request path to a file (or directory listing) under `root`,
+/// through the worker's open-file cache.
 pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
+    let now = Instant::now();
+    if let Some((file, rel)) = cache::get(path, now) {
+        // The binding is cached; the file's size and times are not.
+        if let Ok(meta) = file.metadata() {
+            return Ok(Resolved::File(Found { file, meta, rel }));
+        }
+    }
+    let resolved = resolve_uncached(root, path, opts)?;
+    if let Resolved::File(found) = &resolved {
+        cache::put(path, found.file.clone(), found.rel.clone(), now);
+    }
+    Ok(resolved)
+}
+
+fn resolve_uncached(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
     let (segments, trailing_slash) = normalize(path, opts)?;
     let mut rel = PathBuf::new();
     for s in &segments {
@@ -147,7 +165,7 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
     }
     let (file, meta) = root.open(&rel)?;
     if meta.is_file() {
-        return Ok(Resolved::File(Found { file, meta, rel }));
+        return Ok(Resolved::File(Found { file: Rc::new(file), meta, rel }));
     }
     if !meta.is_dir() {
         return Err(Refusal::Forbidden("not a regular file"));
@@ -158,7 +176,7 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
     }
     let index = rel.join("index.html");
     match root.open(&index) {
-        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found { file, meta, rel: index })),
+        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found { file: Rc::new(file), meta, rel: index })),
         Err(Refusal::NotFound) | Ok(_) if opts.autoindex => {
             Ok(Resolved::Directory(Listing { dir: file, url_path: path.to_string() }))
         }
