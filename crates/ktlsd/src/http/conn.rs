@@ -22,7 +22,7 @@ use crate::tls::Session;
 pub enum End {
     /// Client closed, or we closed after `Connection: close` / a final error response.
     Done,
-    /// Idle keep-alive or slow request head timed out.
+    /// Idle keep-alive, slow request head, or a client that stopped reading (send timeout).
     Timeout,
     /// Socket or TLS error mid-connection.
     Error,
@@ -133,6 +133,8 @@ pub async fn serve(
             Ok(b) => b,
             // The response could not be completed; the connection is cut without
             // close_notify so the client cannot take a partial body for a whole one.
+            // A client that stopped reading (send timeout) counts as a timeout.
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return End::Timeout,
             Err(_) => return End::Error,
         };
 

@@ -126,6 +126,10 @@ pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, Ba
             }
         } else if name.eq_ignore_ascii_case("content-length") {
             let v = value();
+            // 1*DIGIT only: u64's parser would also take a leading '+'.
+            if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(Status::BAD_REQUEST, "invalid Content-Length"));
+            }
             let n: u64 = v.parse().map_err(|_| bad(Status::BAD_REQUEST, "invalid Content-Length"))?;
             if content_length.is_some_and(|c| c != n) {
                 return Err(bad(Status::BAD_REQUEST, "conflicting Content-Length headers"));
