@@ -635,3 +635,49 @@ fn access_log_dash_is_stdout() {
     let line = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
     assert_access_line(&line, "GET", "/a.txt", "HTTP/1.1", 200, 6);
 }
+
+/// Polls `path` until its body is `want` (or the status is `status`), for up to 3 s.
+fn eventually(srv: &Server, path: &str, status: u16, want: Option<&[u8]>) -> Duration {
+    let t = std::time::Instant::now();
+    loop {
+        let mut c = TlsClient::connect(srv.addr());
+        let r = c.get(path);
+        if r.status == status && want.is_none_or(|w| r.body == w) {
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < Duration::from_secs(3), "{path}: still {} {:?} after 3 s", r.status, r.body_str());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn in_place_rewrite_is_seen_at_once() {
+    let srv = hello_server(&[]);
+    let mut c = TlsClient::connect(srv.addr());
+    assert_eq!(c.get("/a.txt").body, HELLO);
+    srv.write("a.txt", b"rewritten in place, longer than before\n");
+    let r = c.get("/a.txt");
+    assert_eq!(r.body, b"rewritten in place, longer than before\n");
+    assert_eq!(r.content_length(), Some(39));
+}
+
+#[test]
+fn replaced_or_deleted_file_is_noticed() {
+    let srv = hello_server(&[]);
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, HELLO);
+    // Replaced by rename (a new inode), as deploy tools do.
+    let tmp = srv.root().join(".a.txt.new");
+    std::fs::write(&tmp, b"new version\n").unwrap();
+    std::fs::rename(&tmp, srv.root().join("a.txt")).unwrap();
+    eventually(&srv, "/a.txt", 200, Some(b"new version\n"));
+    // Deleted.
+    std::fs::remove_file(srv.root().join("a.txt")).unwrap();
+    eventually(&srv, "/a.txt", 404, None);
+    // Replaced by a symlink leading out of ROOT.
+    std::fs::write(srv.dir().join("outside.txt"), b"outside").unwrap();
+    srv.write("b.txt", b"bee");
+    assert_eq!(fetch(&srv.url("/b.txt"), &[]).body, b"bee");
+    std::fs::remove_file(srv.root().join("b.txt")).unwrap();
+    std::os::unix::fs::symlink(srv.dir().join("outside.txt"), srv.root().join("b.txt")).unwrap();
+    eventually(&srv, "/b.txt", 403, None);
+}
