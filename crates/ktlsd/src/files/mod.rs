@@ -87,6 +87,10 @@ pub struct Options {
     pub autoindex: bool,
 }
 
+/// Bytes escaped when a path segment is written back into a URL.
+const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ').add(b'"').add(b'#').add(b'%').add(b'/').add(b'<').add(b'>').add(b'?').add(b'`').add(b'{').add(b'}').add(b'\\');
+
 /// Decodes and normalises the path part of a request target (no query). Returns the
 /// segments relative to ROOT and whether the target ended with a slash.
 pub fn normalize(path: &str, opts: Options) -> Result<(Vec<Vec<u8>>, bool), Refusal> {
@@ -171,8 +175,15 @@ fn resolve_uncached(root: &Root, path: &str, opts: Options) -> Result<Resolved, 
         return Err(Refusal::Forbidden("not a regular file"));
     }
     if !trailing_slash {
-        let query_free = path.split(['?', '#']).next().unwrap_or(path);
-        return Err(Refusal::AddSlash(format!("{query_free}/")));
+        // Built from the normalised segments: the raw path could start with `//`,
+        // which a browser would read as another host.
+        let mut location = String::new();
+        for s in &segments {
+            location.push('/');
+            location.extend(percent_encoding::percent_encode(s, PATH_SEGMENT));
+        }
+        location.push('/');
+        return Err(Refusal::AddSlash(location));
     }
     let index = rel.join("index.html");
     match root.open(&index) {

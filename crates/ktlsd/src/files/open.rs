@@ -40,11 +40,22 @@ impl Root {
                     OPENAT2_MISSING.store(true, Ordering::Relaxed);
                     self.open_checked(target)
                 }
+                // RESOLVE_BENEATH refuses every absolute symlink, even one whose target
+                // lies inside ROOT: resolve it, then open the symlink-free path beneath ROOT.
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => self.open_canonical_beneath(target),
                 other => other.map_err(refusal),
             }
         }?;
         let meta = file.metadata().map_err(refusal)?;
         Ok((file, meta))
+    }
+
+    fn open_canonical_beneath(&self, rel: &Path) -> Result<File, Refusal> {
+        let canonical = self.path.join(rel).canonicalize().map_err(refusal)?;
+        let inside = canonical.strip_prefix(&self.path).map_err(|_| Refusal::OutsideRoot)?;
+        let inside = if inside.as_os_str().is_empty() { Path::new(".") } else { inside };
+        let c = CString::new(inside.as_os_str().as_bytes()).map_err(|_| Refusal::BadPath("NUL byte"))?;
+        openat2_beneath(&self.dir, &c).map_err(refusal)
     }
 
     fn open_checked(&self, rel: &Path) -> Result<File, Refusal> {
