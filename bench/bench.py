@@ -294,6 +294,11 @@ def scenario_tail(args, work):
         servers.append(Ktlsd(name, args.ktlsd, root, port, work, ["--ktls", args.tail_ktls, *extra]))
         port += 1
     servers.append(Nginx("nginx-16k", root, port, work, ktls=args.tail_ktls != "off", buffer="16k"))
+    # Loopback's 64 KiB MTU and segmentation offloads would hand netem one
+    # 64 KiB packet where a real link carries 45: give lo a 1500-byte MTU and
+    # no offloads, so delay and loss act per real-sized segment.
+    sh(["ip", "link", "set", "lo", "mtu", "1500"])
+    subprocess.run(["ethtool", "-K", "lo", "tso", "off", "gso", "off", "gro", "off"], capture_output=True)
     subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
     sh(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "50ms", "loss", "1%"])
     plan = [(s, size) for s in servers for size in sizes for _ in range(args.n)]
@@ -311,6 +316,7 @@ def scenario_tail(args, work):
                 log(f"  {i + 1}/{len(plan)} connections")
     finally:
         subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+        subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], capture_output=True)
         for s in servers:
             s.stop()
     with open(os.path.join(args.out, "tail.csv"), "w", newline="") as f:
