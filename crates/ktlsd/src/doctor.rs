@@ -190,8 +190,8 @@ impl Report {
         };
         if caps.unavailable.is_none() && !record_size_cap.supported {
             advice.push(
-                "record size cap: this kernel lacks TLS_TX_MAX_PAYLOAD_LEN, so kernel TLS records \
-                 are always up to 16 KiB; a peer's smaller record_size_limit needs a newer kernel"
+                "record size cap: this kernel lacks TLS_TX_MAX_PAYLOAD_LEN; ktlsd sizes kernel TLS \
+                 records by the length of each send/sendfile instead (one call per record)"
                     .to_owned(),
             );
         }
@@ -295,7 +295,9 @@ impl Report {
         };
         row(out, "TLS 1.3 key update", &rekey)?;
         let cap = match (self.record_size_cap.tested, self.record_size_cap.default) {
-            (_, Some(v)) => format!("yes (TLS_TX_MAX_PAYLOAD_LEN, default {v})"),
+            (_, Some(v)) => format!(
+                "yes (TLS_TX_MAX_PAYLOAD_LEN, default {v}); ktlsd uses it for --record-size static:SIZE below 16k"
+            ),
             (true, None) => "no (kernel lacks TLS_TX_MAX_PAYLOAD_LEN)".to_owned(),
             (false, None) => "not tested (kernel TLS unavailable)".to_owned(),
         };

@@ -57,8 +57,9 @@ pub async fn send(
             Some(room) => room,
             None => record_len(sizer, stream, now),
         };
-        // Full records: let the kernel cut them from one large call.
-        let chunk = if want >= MAX_RECORD { MAX_SENDFILE } else { want };
+        // Full records, or a size the kernel enforces itself: let the kernel cut
+        // them from one large call.
+        let chunk = if want >= MAX_RECORD || tls.kernel_cuts_records() { MAX_SENDFILE } else { want };
         let chunk = chunk.min(usize::try_from(end - offset).unwrap_or(usize::MAX));
         // One record may take several calls when the socket buffer fills;
         // the kernel keeps the record open between them.

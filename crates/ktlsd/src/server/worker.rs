@@ -164,7 +164,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, stop: 
     let conn = established.conn;
     let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s));
     let mut session = if kernel_can {
-        match KernelTls::install(&stream, conn) {
+        let cap = shared.ktls.as_ref().and_then(|k| k.record_cap(cfg.record_policy));
+        match KernelTls::install(&stream, conn, cap) {
             Ok(k) => {
                 Stats::bump(&stats.ktls);
                 Session::kernel(stream, k, sizer, cfg.timeouts.send)

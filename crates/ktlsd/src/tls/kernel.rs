@@ -14,6 +14,7 @@ use rustls::SupportedCipherSuite;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+use crate::body::{RecordPolicy, MAX_RECORD};
 use crate::net;
 use crate::server::stats::Stats;
 
@@ -56,6 +57,16 @@ impl Support {
         )
     }
 
+    /// The record cap to ask the kernel for (`TLS_TX_MAX_PAYLOAD_LEN`), when it has
+    /// the option and the policy is a fixed size below the maximum: the kernel then
+    /// cuts records itself and the body writer can hand it large `sendfile`s.
+    pub fn record_cap(&self, policy: RecordPolicy) -> Option<u16> {
+        match policy {
+            RecordPolicy::Static(n) if n < MAX_RECORD && self.caps.record_size_cap() => u16::try_from(n).ok(),
+            _ => None,
+        }
+    }
+
     /// Whether a connection with this suite can run entirely in the kernel.
     pub fn supports_both(&self, suite: SupportedCipherSuite) -> bool {
         self.caps.supports_suite(suite) == (true, true)
@@ -76,6 +87,8 @@ const RX_BUF: usize = 16 * 1024 + 256;
 /// A connection whose records the kernel protects.
 pub struct KernelTls {
     conn: KtlsConnection,
+    /// The kernel cuts records at the policy's size (`TLS_TX_MAX_PAYLOAD_LEN` is set).
+    kernel_cuts_records: bool,
     rx: Box<[u8]>,
     counters: Counters,
 }
@@ -83,9 +96,26 @@ pub struct KernelTls {
 impl KernelTls {
     /// Hands the finished handshake to the kernel. On error the connection cannot
     /// continue (its rustls state is consumed) and must be closed.
-    pub fn install(stream: &TcpStream, conn: UnbufferedServerConnection) -> Result<KernelTls, kernel_tls::Error> {
+    pub fn install(
+        stream: &TcpStream,
+        conn: UnbufferedServerConnection,
+        record_cap: Option<u16>,
+    ) -> Result<KernelTls, kernel_tls::Error> {
         let conn = KtlsConnection::install(stream.as_fd(), conn)?;
-        Ok(KernelTls { conn, rx: vec![0u8; RX_BUF].into_boxed_slice(), counters: Counters::default() })
+        // Set before any data, while no record is open (the kernel ignores it otherwise).
+        let kernel_cuts_records =
+            record_cap.is_some_and(|cap| kernel_tls::set_tx_max_payload_len(stream.as_fd(), cap).is_ok());
+        Ok(KernelTls {
+            conn,
+            kernel_cuts_records,
+            rx: vec![0u8; RX_BUF].into_boxed_slice(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Whether the kernel cuts records at the policy's size by itself.
+    pub fn kernel_cuts_records(&self) -> bool {
+        self.kernel_cuts_records
     }
 
     /// Appends decrypted application data to `out`; 0 once the peer has closed.
@@ -190,6 +220,11 @@ impl KernelTls {
     fn control_error(&mut self, stream: &TcpStream, e: kernel_tls::Error) -> io::Error {
         if let Some(alert) = e.alert() {
             let _ = kernel_tls::send_alert(stream.as_fd(), alert);
+        }
+        // The kernel refused the peer's new RX key before our TX key changed:
+        // the peer still reads our current key, so close cleanly.
+        if matches!(e, kernel_tls::Error::RekeyUnsupported { direction: kernel_tls::Direction::Rx, .. }) {
+            let _ = kernel_tls::send_close_notify(stream.as_fd());
         }
         let e = into_io(e);
         self.note_rekey_failure(e)
