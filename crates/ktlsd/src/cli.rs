@@ -24,6 +24,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start-up
 pub enum Command {
     /// Serve a directory over HTTPS.
     Serve(ServeArgs),

@@ -197,7 +197,7 @@ fn adaptive_records_grow_with_the_window() {
     let segment = lens[0];
     assert!(segment < 1400, "first record {segment} is larger than a segment: {:?}", &lens[..10]);
     // ...and reaches 16 KiB records as the window opens.
-    assert!(lens.iter().any(|&l| l == 16384), "never reached full records: {:?}", &lens[..20]);
+    assert!(lens.contains(&16384), "never reached full records: {:?}", &lens[..20]);
     // Growth, not noise: the first records are never larger than the last full ones.
     let first_full = lens.iter().position(|&l| l == 16384).unwrap();
     assert!(lens[..first_full].iter().all(|&l| l < 16384));
@@ -251,6 +251,6 @@ mod kernel {
         let (head, lens) = one_ktls_response("adaptive", 2_000_000);
         assert_eq!(lens.iter().sum::<usize>(), head + 2_000_000);
         assert!(lens[0] < 1400, "first record larger than a segment: {:?}", &lens[..10]);
-        assert!(lens.iter().any(|&l| l == 16384), "never reached full records: {:?}", &lens[..20]);
+        assert!(lens.contains(&16384), "never reached full records: {:?}", &lens[..20]);
     }
 }

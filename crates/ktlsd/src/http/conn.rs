@@ -29,6 +29,7 @@ pub enum End {
 }
 
 /// What the body phase decided.
+#[allow(clippy::large_enum_variant)] // lives on the stack for one request
 enum Answer {
     /// Head plus optional file range.
     File { head: Vec<u8>, found: files::Found, range: Option<(u64, u64)>, status: Status },

@@ -158,7 +158,7 @@ async fn write_before(stream: &TcpStream, buf: &[u8], deadline: Instant) -> Resu
 /// After a failed handshake rustls has queued a fatal alert; send it, best effort,
 /// so the client learns why instead of seeing a bare reset.
 async fn send_pending_alert(stream: &TcpStream, conn: &mut UnbufferedServerConnection) {
-    let mut out = vec![0u8; 64];
+    let mut out = [0u8; 64];
     let mut len = 0;
     for _ in 0..4 {
         let status = conn.process_tls_records(&mut []);

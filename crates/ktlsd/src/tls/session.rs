@@ -28,8 +28,9 @@ impl fmt::Display for TlsMode {
 }
 
 enum RecordLayer {
-    Userspace(UserspaceTls, body::userspace::Buffers),
-    Kernel(KernelTls),
+    // Boxed: a connection holds one or the other for its whole life.
+    Userspace(Box<(UserspaceTls, body::userspace::Buffers)>),
+    Kernel(Box<KernelTls>),
 }
 
 /// An established TLS connection, ready for application data.
@@ -42,11 +43,11 @@ pub struct Session {
 
 impl Session {
     pub fn userspace(stream: TcpStream, tls: UserspaceTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer: RecordLayer::Userspace(tls, Default::default()), sizer, send_timeout }
+        Session { stream, layer: RecordLayer::Userspace(Box::new((tls, Default::default()))), sizer, send_timeout }
     }
 
     pub fn kernel(stream: TcpStream, tls: KernelTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer: RecordLayer::Kernel(tls), sizer, send_timeout }
+        Session { stream, layer: RecordLayer::Kernel(Box::new(tls)), sizer, send_timeout }
     }
 
     pub fn mode(&self) -> TlsMode {
@@ -60,7 +61,7 @@ impl Session {
     /// Returns 0 when the peer has closed (close_notify or end of stream).
     pub async fn read(&mut self, out: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
         match &mut self.layer {
-            RecordLayer::Userspace(tls, _) => tls.read(&self.stream, out, timeout).await,
+            RecordLayer::Userspace(u) => u.0.read(&self.stream, out, timeout).await,
             RecordLayer::Kernel(tls) => tls.read(&self.stream, out, timeout).await,
         }
     }
@@ -68,7 +69,8 @@ impl Session {
     /// Sends a response head followed by an optional file range; returns body bytes sent.
     pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> io::Result<u64> {
         match &mut self.layer {
-            RecordLayer::Userspace(tls, bufs) => {
+            RecordLayer::Userspace(u) => {
+                let (tls, bufs) = &mut **u;
                 body::userspace::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await
             }
             RecordLayer::Kernel(tls) => {
@@ -88,7 +90,8 @@ impl Session {
     pub async fn close(mut self) {
         let t = self.send_timeout.min(Duration::from_secs(1));
         match &mut self.layer {
-            RecordLayer::Userspace(tls, _) => {
+            RecordLayer::Userspace(u) => {
+                let tls = &mut u.0;
                 if tls.queue_close_notify().is_ok() {
                     let _ = tls.flush(&self.stream, t).await;
                 }
