@@ -46,6 +46,8 @@ use sha2::{Digest, Sha256};
 
 const MIB: usize = 1024 * 1024;
 const BIG: usize = 5 * MIB;
+/// A large size that is not a multiple of the 16 KiB record size.
+const ODD: usize = 3_000_000;
 
 /// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
 fn content(len: usize, seed: u64) -> Vec<u8> {
@@ -89,7 +91,12 @@ fn standard_files() -> Vec<(&'static str, Vec<u8>)> {
         ("r16384", content(16384, 2)),
         ("r16385", content(16385, 3)),
         ("big", content(BIG, 4)),
+        ("odd", content(ODD, 5)),
     ]
+}
+
+fn file<'a>(files: &'a [(&str, Vec<u8>)], name: &str) -> &'a [u8] {
+    &files.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("no test file {name}")).1
 }
 
 // ============================================================== tls_stat
@@ -222,7 +229,7 @@ fn wait_reader(buf: &Arc<Mutex<Vec<u8>>>) -> Vec<u8> {
 
 struct Server {
     child: Option<Child>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     port: u16,
     stderr_path: PathBuf,
     log_path: PathBuf,
@@ -273,7 +280,7 @@ impl Server {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
         let mut server =
-            Server { child: Some(child), _dir: dir, port: 0, stderr_path, log_path, base: TlsStat::default() };
+            Server { child: Some(child), dir, port: 0, stderr_path, log_path, base: TlsStat::default() };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let err = server.stderr();
@@ -359,8 +366,18 @@ fn gauges_back(before: &TlsStat, after: &TlsStat) -> bool {
 impl Drop for Server {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on the pid of a child we own and have not reaped.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if thread::panicking() {
+            println!("--- ktlsd stderr (test failed):\n{}", self.stderr());
+            println!("--- access log:\n{}", fs::read_to_string(&self.log_path).unwrap_or_default());
         }
     }
 }
@@ -773,41 +790,39 @@ impl TlsClient {
             raw.extend_from_slice(&buf[..n]);
         }
         let mut slice = &buf[..n];
+        let mut tmp = vec![0u8; 65536];
         loop {
-            // read_tls takes at most its buffer's room per call.
-            match self.conn.read_tls(&mut slice) {
-                Ok(_) => {}
-                Err(e) => {
-                    self.closed = Some(Close::Tls(e.to_string()));
-                    return false;
-                }
+            // read_tls takes at most its buffer's room per call, and refuses
+            // more while decrypted data waits: drain it every round.
+            if let Err(e) = self.conn.read_tls(&mut slice) {
+                self.closed = Some(Close::Tls(e.to_string()));
+                return false;
             }
             if let Err(e) = self.conn.process_new_packets() {
                 self.flush();
                 self.closed = Some(Close::Tls(e.to_string()));
                 return false;
             }
-            if slice.is_empty() {
-                break;
+            loop {
+                match self.conn.reader().read(&mut tmp) {
+                    Ok(0) => {
+                        self.closed = Some(Close::Notify);
+                        break;
+                    }
+                    Ok(k) => self.plain.extend_from_slice(&tmp[..k]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                        self.closed = Some(Close::Eof);
+                        break;
+                    }
+                    Err(e) => {
+                        self.closed = Some(Close::Tls(e.to_string()));
+                        break;
+                    }
+                }
             }
-        }
-        let mut tmp = [0u8; 65536];
-        loop {
-            match self.conn.reader().read(&mut tmp) {
-                Ok(0) => {
-                    self.closed = Some(Close::Notify);
-                    break;
-                }
-                Ok(k) => self.plain.extend_from_slice(&tmp[..k]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    self.closed = Some(Close::Eof);
-                    break;
-                }
-                Err(e) => {
-                    self.closed = Some(Close::Tls(e.to_string()));
-                    break;
-                }
+            if slice.is_empty() || self.closed.is_some() {
+                break;
             }
         }
         // KeyUpdate answers and the like.
@@ -898,7 +913,7 @@ fn doctor_reports_ktls_usable() {
 fn matrix(test: &str, v: V, c: Cipher) {
     let files = standard_files();
     let server = Server::start(&files, &["--tls-versions", v.server_arg(), "--cipher-suites", openssl_name(v, c)]);
-    let out = server._dir.path().join("curl.out");
+    let out = server.dir.path().join("curl.out");
     let curl_tls = curl_tls_args(v, c);
     let ossl_tls = s_client_tls_args(v, c);
     let mut expected_log: Vec<(String, u16, u64)> = Vec::new();
@@ -920,12 +935,12 @@ fn matrix(test: &str, v: V, c: Cipher) {
 
     // Ranges: a large one inside the big file (several full records plus
     // partial ones) and a small one across the 16 KiB record boundary.
-    let big = &files[4].1;
+    let big = file(&files, "big");
     let (code, body) = curl_get(&server.url("/big"), &curl_tls, &["-r", "1000000-3499999"], &out);
     assert_eq!(code, 206, "curl range");
     assert_body(&format!("curl range ({test})"), &body, &big[1_000_000..3_500_000]);
     expected_log.push(("/big".into(), 206, 2_500_000));
-    let r16385 = &files[3].1;
+    let r16385 = file(&files, "r16385");
     let r = s_client_get(&server.addr(), &ossl_tls, &get_request("/r16385", true, "Range: bytes=16000-16384\r\n"));
     assert_eq!(r.status, 206, "s_client range");
     assert_eq!(r.header("Content-Range"), Some("bytes 16000-16384/16385"));
@@ -942,7 +957,7 @@ fn matrix(test: &str, v: V, c: Cipher) {
         let i = seen.entry(path.clone()).or_default();
         let entries = logged(&s, path);
         let (st, b) = entries.get(*i).copied().unwrap_or_else(|| panic!("no log line #{i} for {path}: {:?}", s.log));
-        let _ = (status, st);
+        assert_eq!(st, *status, "access log status for GET {path} (#{i}): {:?}", s.log);
         assert_eq!(b, *bytes, "access log bytes for GET {path} (#{i}): {:?}", s.log);
         *i += 1;
     }
@@ -1093,7 +1108,7 @@ fn pipelined_requests_in_the_finished_segment() {
 #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
 fn client_reset_mid_sendfile_keeps_serving() {
     let files = standard_files();
-    let big = files[4].1.clone();
+    let big = file(&files, "big").to_vec();
     let server = Server::start(&files, &[]);
     let cfg = client_config(V::Tls13, None);
 
@@ -1116,7 +1131,7 @@ fn client_reset_mid_sendfile_keeps_serving() {
     let r = bystander.get("/big");
     assert_eq!(r.status, 200);
     assert_body("bystander /big after the resets", &r.body, &big);
-    let out = server._dir.path().join("curl.out");
+    let out = server.dir.path().join("curl.out");
     let (code, body) = curl_get(&server.url("/big"), &[], &[], &out);
     assert_eq!(code, 200);
     assert_body("new connection /big after the resets", &body, &big);
@@ -1258,10 +1273,9 @@ fn key_update_from_openssl_s_client() {
         served = 3;
         // EOF on stdin: s_client sends close_notify and exits.
         drop(stdin);
-    } else {
-        // s_client sends the KeyUpdate at once; the server must end the
-        // connection by itself, and s_client exits when it does.
     }
+    // Without re-keying, s_client has sent the KeyUpdate at once: the server
+    // must end the connection by itself, and s_client exits when it does.
     let deadline = Instant::now() + t;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -1275,7 +1289,7 @@ fn key_update_from_openssl_s_client() {
         thread::sleep(Duration::from_millis(20));
     };
     let stdout = wait_reader(&out);
-    let stderr = String::from_utf8_lossy(&wait_reader(&err)).into_owned();
+    let _ = wait_reader(&err);
     let stdout_text = String::from_utf8_lossy(&stdout);
     // -msg shows the KeyUpdate messages themselves.
     let sent_updates = stdout_text.matches(">>> TLS 1.3, Handshake [length 0005], KeyUpdate").count();
@@ -1297,7 +1311,6 @@ fn key_update_from_openssl_s_client() {
             "the server should close cleanly (close_notify) when the kernel cannot re-key{}",
             diag(&out, &err)
         );
-        let _ = stderr;
         assert_ktls(test, &s, &Expect::conns(1, served));
         assert_eq!(s.stat("rekey_unsupported"), 1, "{}", s.stderr);
     }
@@ -1355,6 +1368,103 @@ fn tls12_gcm_explicit_nonces_never_repeat() {
     assert_ktls("tls12_gcm_explicit_nonces_never_repeat", &s, &Expect::conns(2, requests));
 }
 
+/// Complete TLS records in `raw`: (offset, content type, length of the
+/// protected payload).
+fn records(raw: &[u8]) -> Vec<(usize, u8, usize)> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos + 5 <= raw.len() {
+        let len = u16::from_be_bytes([raw[pos + 3], raw[pos + 4]]) as usize;
+        if pos + 5 + len > raw.len() {
+            break;
+        }
+        out.push((pos, raw[pos], len));
+        pos += 5 + len;
+    }
+    out
+}
+
+/// The record size policies on the kernel path: every body intact, and the
+/// records on the wire as long as the policy says (`static` below 16 KiB is
+/// enforced by the kernel itself where it has TLS_TX_MAX_PAYLOAD_LEN, by one
+/// `sendfile` per record elsewhere). `adaptive` sets TCP_NOTSENT_LOWAT
+/// (16 KiB); full records with the same low-water mark set by hand, too.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn record_size_policies() {
+    let files = standard_files();
+    let odd = file(&files, "odd");
+    let cases: [(&str, &[&str]); 4] = [
+        ("static:4k", &[]),
+        ("dynamic", &[]),
+        ("adaptive", &[]),
+        ("static:16k", &["--tcp-notsent-lowat", "16384"]),
+    ];
+    for (policy, extra) in cases {
+        // A stall shows as the send timeout cutting the connection.
+        let mut args = vec!["--send-timeout", "20", "--record-size", policy];
+        args.extend_from_slice(extra);
+        let server = Server::start(&files, &args);
+        let out = server.dir.path().join("curl.out");
+        for v in [V::Tls13, V::Tls12] {
+            // AES-128-GCM: 17 bytes of expansion per TLS 1.3 record, 24 per TLS 1.2 one.
+            let expansion = if v == V::Tls13 { 17 } else { 24 };
+            let mut c = TlsClient::start(&server.addr(), &client_config(v, Some(rustls_suite(v, Cipher::Aes128Gcm))));
+            c.raw = Some(Vec::new());
+            c.handshake();
+            // A first response, so that session tickets are behind us.
+            assert_eq!(c.get("/one").status, 200);
+            let mark = c.raw.as_ref().unwrap().len();
+            let r = c.get("/odd");
+            assert_eq!(r.status, 200);
+            assert_body(&format!("{policy} {v:?} /odd (rustls)"), &r.body, odd);
+            c.conn.send_close_notify();
+            c.flush();
+            assert_eq!(c.until_closed().0, Close::Notify);
+
+            let raw = c.raw.take().unwrap();
+            let sizes: Vec<usize> = records(&raw)
+                .into_iter()
+                .filter(|&(off, typ, _)| off >= mark && typ == 23)
+                .map(|(_, _, len)| len - expansion)
+                .collect();
+            // The last one or two may be the close_notify alert (TLS 1.3 hides its type).
+            let body_records: Vec<usize> = sizes.iter().copied().filter(|&n| n > 2).collect();
+            let total: usize = body_records.iter().sum();
+            assert!(total >= ODD && total < ODD + 1024, "{policy} {v:?}: {total} plaintext bytes in the response records");
+            let max = body_records.iter().copied().max().unwrap_or(0);
+            println!(
+                "[record_size_policies] {policy} {v:?}: {} records, max {max}, first {:?}",
+                body_records.len(),
+                &body_records[..body_records.len().min(6)]
+            );
+            match policy {
+                "static:4k" => {
+                    assert!(max <= 4096, "{policy} {v:?}: a record of {max} bytes");
+                    let full = body_records.iter().filter(|&&n| n == 4096).count();
+                    assert!(full + 2 >= ODD / 4096, "{policy} {v:?}: only {full} records of 4096 bytes");
+                }
+                "dynamic" => {
+                    // lo=1369 for 40 records, hi=4229 for 40 more, then full;
+                    // the request for /one used the first.
+                    assert!(body_records.len() > 80, "{policy} {v:?}: {} records", body_records.len());
+                    assert!(body_records[..38].iter().all(|&n| n <= 1369), "{policy} {v:?}: {:?}", &body_records[..40]);
+                    assert!(body_records[40..78].iter().all(|&n| n <= 4229 && n > 1369), "{policy} {v:?}: {:?}", &body_records[38..80]);
+                    assert_eq!(max, 16384, "{policy} {v:?}: full records after the ramp");
+                }
+                _ => assert!(max <= 16384, "{policy} {v:?}: a record of {max} bytes"),
+            }
+
+            let (code, body) = curl_get(&server.url("/odd"), &curl_tls_args(v, Cipher::Aes128Gcm), &[], &out);
+            assert_eq!(code, 200);
+            assert_body(&format!("{policy} {v:?} /odd (curl)"), &body, odd);
+        }
+        let s = server.stop();
+        assert_ktls(&format!("record_size_policies[{}]", args.join(" ")), &s, &Expect::conns(4, 6));
+        assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
+    }
+}
+
 /// A record that fails authentication: the kernel refuses it (EBADMSG), the
 /// server answers bad_record_mac and drops the connection, and goes on serving.
 #[test]
@@ -1381,10 +1491,10 @@ fn corrupted_record_gets_bad_record_mac() {
         }
         assert_ne!(how, Close::Notify, "{v:?}: a connection cut for a forged record must not end with close_notify");
     }
-    let out = server._dir.path().join("curl.out");
+    let out = server.dir.path().join("curl.out");
     let (code, body) = curl_get(&server.url("/r16385"), &[], &[], &out);
     assert_eq!(code, 200);
-    assert_body("after the corrupted records", &body, &files[3].1);
+    assert_body("after the corrupted records", &body, file(&files, "r16385"));
     requests += 1;
     let s = server.stop();
     assert_ktls(
