@@ -214,8 +214,10 @@ fn try_install(sock: &TcpStream, version: TlsVersion, cipher: Cipher, dir: Insta
 fn probe_rekey(listener: &Loopback) -> RekeySupport {
     let mut r = RekeySupport::default();
     let (v, c) = (TlsVersion::Tls13, Cipher::Aes128Gcm);
-    let sock = match listener.pair() {
-        Ok((a, _b)) => a,
+    // Both ends stay open: the ULP only attaches to an ESTABLISHED socket,
+    // and a dropped peer would leave `sock` in CLOSE_WAIT.
+    let (sock, _peer) = match listener.pair() {
+        Ok(pair) => pair,
         Err(e) => {
             r.detail = Some(format!("loopback TCP connection failed: {e}"));
             return r;
