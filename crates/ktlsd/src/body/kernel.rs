@@ -67,7 +67,16 @@ pub async fn send(
         while offset < target {
             let left = (target - offset) as usize;
             let n = net::retry(stream, Interest::WRITABLE, timeout, || {
-                kernel_tls::sendfile(stream.as_fd(), range.file.as_fd(), &mut offset, left)
+                let r = kernel_tls::sendfile(stream.as_fd(), range.file.as_fd(), &mut offset, left);
+                if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+                    // Inside a sendfile the kernel hands each finished record to TCP
+                    // with MSG_MORE, so TCP may hold the last one back (corked) for
+                    // data that now waits on us; with TCP_NOTSENT_LOWAT those unsent
+                    // bytes keep the socket unwritable and nothing moves. Setting
+                    // TCP_NODELAY pushes them out.
+                    let _ = stream.set_nodelay(true);
+                }
+                r
             })
             .await?;
             if n == 0 {
