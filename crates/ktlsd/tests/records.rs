@@ -6,8 +6,8 @@
 //! handshake is response data, and its plaintext is the record length minus the
 //! AES-GCM expansion (8 nonce + 16 tag bytes). Bodies are checked too.
 //!
-//! The userspace tests run here; the `ktls_` ones need a kernel with kTLS and are
-//! run by `tests/ktls-vm` (the same policies, applied through sendfile).
+//! These run on the userspace record layer; `record_size_policies` in `ktls.rs`
+//! checks the same policies on the kernel's, in the VM suite.
 
 mod common;
 
@@ -203,54 +203,3 @@ fn adaptive_records_grow_with_the_window() {
     assert!(lens[..first_full].iter().all(|&l| l < 16384));
 }
 
-/// The same policies on the kernel record layer: each record is one `sendfile`
-/// (or, for full records, the kernel's own 16 KiB cut).
-mod kernel {
-    use super::*;
-
-    fn one_ktls_response(policy: &str, size: usize) -> (usize, Vec<usize>) {
-        let body = pattern(size, 11);
-        let server = Server::builder().file("f.bin", &body).args(["--ktls", "on", "--record-size", policy]).start();
-        let mut c = WireClient::connect_mss(&server, Some(1400));
-        c.get("/f.bin");
-        let head = head_len_of(&mut c, size);
-        assert_eq!(&c.plain[head..], &body[..], "body differs");
-        let log = server.wait_access_log(1, Duration::from_secs(5));
-        assert!(log[0].ends_with("tls=ktls"), "not served by kTLS: {}", log[0]);
-        (head, c.record_lengths())
-    }
-
-    #[test]
-    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
-    fn ktls_static_16k() {
-        let (head, lens) = one_ktls_response("static:16k", 200_000);
-        assert_static(&lens, 16384, head + 200_000);
-    }
-
-    #[test]
-    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
-    fn ktls_static_4k() {
-        let (head, lens) = one_ktls_response("static:4k", 100_000);
-        assert_static(&lens, 4096, head + 100_000);
-    }
-
-    #[test]
-    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
-    fn ktls_dynamic_ramp() {
-        let (head, lens) = one_ktls_response("dynamic", 400_000);
-        assert_eq!(lens.iter().sum::<usize>(), head + 400_000);
-        assert!(lens[..40].iter().all(|&l| l == 1369), "{lens:?}");
-        assert!(lens[40..80].iter().all(|&l| l == 4229), "{lens:?}");
-        let (_, rest) = lens[80..].split_last().unwrap();
-        assert!(rest.iter().all(|&l| l == 16384), "{lens:?}");
-    }
-
-    #[test]
-    #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
-    fn ktls_adaptive_growth() {
-        let (head, lens) = one_ktls_response("adaptive", 2_000_000);
-        assert_eq!(lens.iter().sum::<usize>(), head + 2_000_000);
-        assert!(lens[0] < 1400, "first record larger than a segment: {:?}", &lens[..10]);
-        assert!(lens.contains(&16384), "never reached full records: {:?}", &lens[..20]);
-    }
-}
