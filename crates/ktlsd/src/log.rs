@@ -74,14 +74,26 @@ impl AccessLog {
     }
 }
 
+thread_local! {
+    /// The common-log-format timestamp, formatted at most once a second per worker.
+    static CLF_NOW: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
 /// The current time in common log format, UTC: `22/Nov/2026:10:00:00 +0000`.
 fn clf_now() -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    // RFC 7231 date "Sun, 22 Nov 2026 10:00:00 GMT" rearranged.
-    let http = httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(secs));
-    let parts: Vec<&str> = http.split(' ').collect();
-    match parts.as_slice() {
-        [_, day, mon, year, time, _] => format!("{day}/{mon}/{year}:{time} +0000"),
-        _ => http,
-    }
+    CLF_NOW.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != secs {
+            // "Sun, 22 Nov 2026 10:00:00 GMT" rearranged.
+            let http = httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(secs));
+            let parts: Vec<&str> = http.split(' ').collect();
+            let clf = match parts.as_slice() {
+                [_, day, mon, year, time, _] => format!("{day}/{mon}/{year}:{time} +0000"),
+                _ => http.clone(),
+            };
+            *c = (secs, clf);
+        }
+        c.1.clone()
+    })
 }

@@ -15,12 +15,12 @@ use crate::tls::userspace::UserspaceTls;
 /// File bytes read per `pread`.
 const READ_AHEAD: usize = 64 * 1024;
 
-/// Per-connection buffers, kept between responses.
+/// Per-connection plaintext buffer, kept between responses: the head and the
+/// file bytes that follow it are laid out in it back to back, so every record,
+/// the first (head and body) included, is encrypted straight from it.
 #[derive(Default)]
 pub struct Buffers {
-    read_ahead: Vec<u8>,
-    /// Assembles a record that starts with the head and continues with file bytes.
-    first: Vec<u8>,
+    plain: Vec<u8>,
 }
 
 /// Sends `head` then `body`; returns the body bytes sent.
@@ -29,75 +29,53 @@ pub async fn send(
     stream: &TcpStream,
     sizer: &mut RecordSizer,
     bufs: &mut Buffers,
-    mut head: &[u8],
+    head: &[u8],
     body: Option<FileRange<'_>>,
     timeout: Duration,
 ) -> io::Result<u64> {
-    let (file, mut offset, mut left) = match body {
-        Some(r) => (Some(r.file), r.offset, r.len),
-        None => (None, 0, 0),
-    };
-    if file.is_some() && bufs.read_ahead.len() < READ_AHEAD {
-        bufs.read_ahead.resize(READ_AHEAD, 0);
+    let (mut offset, mut left) = body.map_or((0, 0), |r| (r.offset, r.len));
+    let capacity = head.len() + if body.is_some() { READ_AHEAD } else { 0 };
+    let plain = &mut bufs.plain;
+    if plain.len() < capacity {
+        plain.resize(capacity, 0);
     }
-    // File bytes read but not yet encrypted: read_ahead[start..end].
-    let (mut start, mut end) = (0usize, 0usize);
-    let mut sent = 0u64;
+    plain[..head.len()].copy_from_slice(head);
+    // Bytes ready to encrypt: plain[start..end].
+    let (mut start, mut end) = (0usize, head.len());
 
     loop {
         let now = Instant::now();
         let tcp = if sizer.wants_tcp_state() { TcpState::read(stream.as_fd()).ok() } else { None };
         let want = sizer.next_len(now, tcp.as_ref()).clamp(1, MAX_RECORD);
 
-        if let Some(file) = file {
+        if let Some(range) = body {
             if end - start < want && left > 0 {
-                bufs.read_ahead.copy_within(start..end, 0);
+                plain.copy_within(start..end, 0);
                 end -= start;
                 start = 0;
-                let n = (bufs.read_ahead.len() - end).min(usize::try_from(left).unwrap_or(usize::MAX));
-                read_exact_at(file, &mut bufs.read_ahead[end..end + n], offset)?;
+                let n = (plain.len() - end).min(usize::try_from(left).unwrap_or(usize::MAX));
+                read_exact_at(range.file, &mut plain[end..end + n], offset)?;
                 end += n;
                 offset += n as u64;
                 left -= n as u64;
             }
         }
-
-        let record_len = if !head.is_empty() {
-            if head.len() >= want || end == start {
-                let n = head.len().min(want);
-                tls.encrypt_record(&head[..n])?;
-                head = &head[n..];
-                n
-            } else {
-                let from_file = (want - head.len()).min(end - start);
-                bufs.first.clear();
-                bufs.first.extend_from_slice(head);
-                bufs.first.extend_from_slice(&bufs.read_ahead[start..start + from_file]);
-                tls.encrypt_record(&bufs.first)?;
-                start += from_file;
-                sent += from_file as u64;
-                head = &[];
-                bufs.first.len()
-            }
-        } else if end > start {
-            let n = want.min(end - start);
-            tls.encrypt_record(&bufs.read_ahead[start..start + n])?;
-            start += n;
-            sent += n as u64;
-            n
-        } else {
+        if start == end {
             break;
-        };
+        }
+        let n = want.min(end - start);
+        tls.encrypt_record(&plain[start..start + n])?;
+        start += n;
         sizer.sent(now);
 
         // Small records are a decision about the wire right now: send them at once.
         // Full records batch up to the output buffer's size.
-        if record_len < MAX_RECORD || tls.spare_plaintext() < MAX_RECORD {
+        if n < MAX_RECORD || tls.spare_plaintext() < MAX_RECORD {
             tls.flush(stream, timeout).await?;
         }
     }
     tls.flush(stream, timeout).await?;
-    Ok(sent)
+    Ok(body.map_or(0, |r| r.len))
 }
 
 fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
