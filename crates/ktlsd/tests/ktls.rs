@@ -24,23 +24,30 @@
 //! Environment: `KTLSD_BIN` (the server binary; default: the one cargo
 //! built), `KTLSD_VM_FLAVOR` (set by the VM harness: `6.1` or `backports`,
 //! cross-checked against what the kernel reports).
+//!
+//! The server process, curl, s_client and the rustls client configuration
+//! come from the shared harness (`tests/common`); this file keeps what is
+//! kTLS-specific.
+
+mod common;
 
 use std::collections::HashMap;
-use std::fs;
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::net::{SocketAddr, TcpStream};
+use std::ops::Deref;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::{
+    assert_body, bin_from_env, client_config_with, fetch, get_request, get_request_with, parse_response,
+    pattern, run_with_timeout, s_client_output, sha256, LineLog, RawResponse, Server, Stopped,
+};
 use kernel_tls::TlsStat;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{aws_lc_rs, CryptoProvider, WebPkiSupportedAlgorithms};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, SupportedCipherSuite};
-use sha2::{Digest, Sha256};
+use rustls::crypto::aws_lc_rs;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection, SupportedCipherSuite};
 
 // ============================================================== test data
 
@@ -49,49 +56,15 @@ const BIG: usize = 5 * MIB;
 /// A large size that is not a multiple of the 16 KiB record size.
 const ODD: usize = 3_000_000;
 
-/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
-fn content(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Compares bodies by length and SHA-256 (never dumps megabytes into a panic).
-#[track_caller]
-fn assert_body(what: &str, got: &[u8], want: &[u8]) {
-    if got != want {
-        let first_diff = got.iter().zip(want).position(|(a, b)| a != b);
-        panic!(
-            "{what}: body differs: got {} bytes sha256 {}, want {} bytes sha256 {} (first difference at {:?})",
-            got.len(),
-            sha256(got),
-            want.len(),
-            sha256(want),
-            first_diff
-        );
-    }
-}
-
 /// The standard file set: the sizes around a record boundary, and one large file.
 fn standard_files() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("empty", Vec::new()),
-        ("one", content(1, 1)),
-        ("r16384", content(16384, 2)),
-        ("r16385", content(16385, 3)),
-        ("big", content(BIG, 4)),
-        ("odd", content(ODD, 5)),
+        ("one", pattern(1, 1)),
+        ("r16384", pattern(16384, 2)),
+        ("r16385", pattern(16385, 3)),
+        ("big", pattern(BIG, 4)),
+        ("odd", pattern(ODD, 5)),
     ]
 }
 
@@ -148,204 +121,52 @@ impl StatDelta {
     }
 }
 
-// ============================================================== processes
-
-fn ktlsd_bin() -> PathBuf {
-    match std::env::var_os("KTLSD_BIN") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(env!("CARGO_BIN_EXE_ktlsd")),
-    }
-}
-
-/// Runs a command to completion with `stdin` fed and a time limit.
-fn run_with_timeout(cmd: &mut Command, stdin: Option<&[u8]>, timeout: Duration) -> Output {
-    let desc = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {desc}: {e}"));
-    let feeder = stdin.map(|data| {
-        let mut pipe = child.stdin.take().unwrap();
-        let data = data.to_vec();
-        thread::spawn(move || {
-            let _ = pipe.write_all(&data);
-        })
-    });
-    let out = collect(child.stdout.take().unwrap());
-    let err = collect(child.stderr.take().unwrap());
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{desc} still running after {timeout:?}; stderr: {}",
-                String::from_utf8_lossy(&err.lock().unwrap())
-            );
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    if let Some(f) = feeder {
-        let _ = f.join();
-    }
-    // The readers finish once the pipes close.
-    let stdout = wait_reader(&out);
-    let stderr = wait_reader(&err);
-    Output { status, stdout, stderr }
-}
-
-/// Reads a pipe to its end on a thread; the buffer fills as data arrives.
-fn collect<R: Read + Send + 'static>(mut r: R) -> Arc<Mutex<Vec<u8>>> {
-    let buf = Arc::new(Mutex::new(Vec::new()));
-    let b = buf.clone();
-    thread::spawn(move || {
-        let mut chunk = [0u8; 65536];
-        loop {
-            match r.read(&mut chunk) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => b.lock().unwrap().extend_from_slice(&chunk[..n]),
-            }
-        }
-        // Marks the end: a second owner disappears when the thread ends.
-        drop(b);
-    });
-    buf
-}
-
-fn wait_reader(buf: &Arc<Mutex<Vec<u8>>>) -> Vec<u8> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Arc::strong_count(buf) > 1 && Instant::now() < deadline {
-        thread::sleep(Duration::from_millis(5));
-    }
-    buf.lock().unwrap().clone()
-}
-
 // ============================================================== the server
 
-struct Server {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    port: u16,
-    stderr_path: PathBuf,
-    log_path: PathBuf,
-    /// tls_stat once the server listens (after its start-up probe, which
-    /// installs keys on loopback sockets of its own).
+/// `ktlsd serve --ktls on` (the harness's [`Server`], binary from `KTLSD_BIN`)
+/// and tls_stat once it listens (after its start-up probe, which installs keys
+/// on loopback sockets of its own).
+struct KtlsServer {
+    server: Option<Server>,
     base: TlsStat,
 }
 
-/// What a stopped server left behind.
-struct Stopped {
-    exit: ExitStatus,
-    stderr: String,
-    stats: HashMap<String, u64>,
-    log: Vec<String>,
+/// What a stopped server left behind, and what changed in tls_stat.
+struct KtlsStopped {
+    stopped: Stopped,
     tls: StatDelta,
 }
 
-impl Stopped {
-    fn stat(&self, name: &str) -> u64 {
-        *self.stats.get(name).unwrap_or_else(|| panic!("no {name}= in the stats line; stderr:\n{}", self.stderr))
+impl Deref for KtlsServer {
+    type Target = Server;
+    fn deref(&self) -> &Server {
+        self.server.as_ref().expect("running")
     }
 }
 
-impl Server {
-    /// Starts `ktlsd serve ROOT` with `files` in ROOT and `args` appended.
-    fn start(files: &[(&str, Vec<u8>)], args: &[&str]) -> Server {
-        let dir = tempfile::Builder::new().prefix("ktls-suite-").tempdir_in(std::env::temp_dir()).unwrap();
-        let root = dir.path().join("www");
-        fs::create_dir(&root).unwrap();
+impl Deref for KtlsStopped {
+    type Target = Stopped;
+    fn deref(&self) -> &Stopped {
+        &self.stopped
+    }
+}
+
+impl KtlsServer {
+    /// Starts `ktlsd serve ROOT --ktls on` with `files` in ROOT and `args` appended.
+    fn start(files: &[(&str, Vec<u8>)], args: &[&str]) -> KtlsServer {
+        let mut b = Server::builder().bin_from_env().args(["--ktls", "on"]).args(args);
         for (name, data) in files {
-            fs::write(root.join(name), data).unwrap();
+            b = b.file(name, data);
         }
-        let stderr_path = dir.path().join("stderr.log");
-        let log_path = dir.path().join("access.log");
-        let stderr_file = fs::File::create(&stderr_path).unwrap();
-        let bin = ktlsd_bin();
-        let child = Command::new(&bin)
-            .arg("serve")
-            .arg(&root)
-            .args(["--listen", "127.0.0.1:0", "--workers", "1", "--ktls", "on"])
-            .arg("--access-log")
-            .arg(&log_path)
-            .args(args)
-            .env("KTLSD_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr_file)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut server =
-            Server { child: Some(child), dir, port: 0, stderr_path, log_path, base: TlsStat::default() };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let err = server.stderr();
-            if let Some(i) = err.find("listening on https://127.0.0.1:") {
-                let rest = &err[i + "listening on https://127.0.0.1:".len()..];
-                let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-                server.port = digits.parse().unwrap();
-                assert!(
-                    err.contains("kernel TLS: TX+RX for"),
-                    "the server started without announcing kernel TLS:\n{err}"
-                );
-                break;
-            }
-            if let Some(status) = server.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("ktlsd exited at start-up ({status}):\n{err}");
-            }
-            assert!(Instant::now() < deadline, "ktlsd did not start listening within 30s:\n{err}");
-            thread::sleep(Duration::from_millis(20));
-        }
-        server.base = read_tls_stat();
-        server
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("https://127.0.0.1:{}{path}", self.port)
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(&self.stderr_path).unwrap_or_default()
+        let server = b.start();
+        let err = server.stderr();
+        assert!(err.contains("kernel TLS: TX+RX for"), "the server started without announcing kernel TLS:\n{err}");
+        KtlsServer { server: Some(server), base: read_tls_stat() }
     }
 
     /// SIGTERM, wait for the exit, collect counters, log and tls_stat delta.
-    fn stop(mut self) -> Stopped {
-        let mut child = self.child.take().unwrap();
-        // SAFETY: kill(2) on the pid of a child we own and have not reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let exit = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("ktlsd did not stop within 30s of SIGTERM:\n{}", self.stderr());
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        let stderr = self.stderr();
-        let stats = stderr
-            .lines()
-            .rev()
-            .find_map(|l| l.split_once("stopped: ").map(|(_, s)| s.to_owned()))
-            .map(|s| {
-                s.split_whitespace()
-                    .filter_map(|kv| kv.split_once('='))
-                    .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let log = fs::read_to_string(&self.log_path).unwrap_or_default().lines().map(String::from).collect();
+    fn stop(mut self) -> KtlsStopped {
+        let stopped = self.server.take().expect("running").stop();
         // Closing a kTLS socket drops the TlsCurr* gauges synchronously, but
         // give the kernel a moment anyway before calling a leak a leak.
         let mut after = read_tls_stat();
@@ -355,7 +176,7 @@ impl Server {
             after = read_tls_stat();
         }
         let base = std::mem::take(&mut self.base);
-        Stopped { exit, stderr, stats, log, tls: StatDelta { before: base, after } }
+        KtlsStopped { stopped, tls: StatDelta { before: base, after } }
     }
 }
 
@@ -363,21 +184,13 @@ fn gauges_back(before: &TlsStat, after: &TlsStat) -> bool {
     before.iter().filter(|(n, _)| n.starts_with("TlsCurr")).all(|(n, v)| after.get(n) == Some(v))
 }
 
-impl Drop for Server {
+impl Drop for KtlsServer {
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on the pid of a child we own and have not reaped.
-            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(20));
+        if let Some(server) = &self.server {
+            if thread::panicking() {
+                println!("--- ktlsd stderr (test failed):\n{}", server.stderr());
+                println!("--- access log:\n{}", server.access_log().join("\n"));
             }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if thread::panicking() {
-            println!("--- ktlsd stderr (test failed):\n{}", self.stderr());
-            println!("--- access log:\n{}", fs::read_to_string(&self.log_path).unwrap_or_default());
         }
     }
 }
@@ -404,7 +217,7 @@ impl Expect {
 /// The checks every test makes: kTLS carried every connection, in both
 /// directions, and nothing failed to decrypt.
 #[track_caller]
-fn assert_ktls(test: &str, s: &Stopped, want: &Expect) {
+fn assert_ktls(test: &str, s: &KtlsStopped, want: &Expect) {
     let server_line = ["connections", "ktls", "userspace", "ktls_install_failures", "ktls_record_errors", "rekey_unsupported", "key_updates", "errors", "timeouts"]
         .iter()
         .filter_map(|k| s.stats.get(*k).map(|v| format!("{k}={v}")))
@@ -412,8 +225,8 @@ fn assert_ktls(test: &str, s: &Stopped, want: &Expect) {
         .join(" ");
     println!("[tls_stat] {test}: {} | server: {server_line}", s.tls.summary());
 
-    let ctx = || format!("\n--- server stderr:\n{}\n--- access log:\n{}", s.stderr, s.log.join("\n"));
-    assert!(s.exit.success(), "ktlsd exited with {} after SIGTERM{}", s.exit, ctx());
+    let ctx = || format!("\n--- server stderr:\n{}\n--- access log:\n{}", s.stderr, s.access_log.join("\n"));
+    assert!(s.status.success(), "ktlsd exited with {} after SIGTERM{}", s.status, ctx());
     assert!(!s.stats.is_empty(), "no `stopped:` stats line on stderr{}", ctx());
     assert_eq!(s.stat("userspace"), 0, "connections ran in user space instead of the kernel{}", ctx());
     assert_eq!(s.stat("ktls_install_failures"), 0, "the kernel refused keys{}", ctx());
@@ -439,8 +252,8 @@ fn assert_ktls(test: &str, s: &Stopped, want: &Expect) {
         assert_eq!(s.tls.get(gauge), 0, "{gauge} did not return to its value before the test (leaked kTLS socket?); {}", s.tls.summary());
     }
 
-    assert_eq!(s.log.len(), want.requests, "access log lines{}", ctx());
-    for line in &s.log {
+    assert_eq!(s.access_log.len(), want.requests, "access log lines{}", ctx());
+    for line in &s.access_log {
         assert!(line.ends_with(" tls=ktls"), "access log line not served by kTLS: {line}{}", ctx());
     }
 }
@@ -448,7 +261,7 @@ fn assert_ktls(test: &str, s: &Stopped, want: &Expect) {
 /// The byte count an access log line reports for `GET path`, in log order.
 fn logged(s: &Stopped, path: &str) -> Vec<(u16, u64)> {
     let needle = format!("\"GET {path} HTTP/1.1\" ");
-    s.log
+    s.access_log
         .iter()
         .filter_map(|l| {
             let rest = &l[l.find(&needle)? + needle.len()..];
@@ -456,63 +269,6 @@ fn logged(s: &Stopped, path: &str) -> Vec<(u16, u64)> {
             Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
         })
         .collect()
-}
-
-// ============================================================== HTTP
-
-#[derive(Debug)]
-struct Response {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Response {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Parses one response from the front of `buf` if it is complete; returns it
-/// and the bytes it used. `head_only`: a response to HEAD (no body).
-fn parse_response(buf: &[u8], head_only: bool) -> Option<(Response, usize)> {
-    let end = find(buf, b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or("");
-    let status: u16 = status_line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        panic!("not an HTTP response: {:?}", String::from_utf8_lossy(&buf[..buf.len().min(200)]))
-    });
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect();
-    let len: usize = if head_only {
-        0
-    } else {
-        headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-            .map(|(_, v)| v.parse().unwrap())
-            .unwrap_or(0)
-    };
-    let body_start = end + 4;
-    if buf.len() < body_start + len {
-        return None;
-    }
-    Some((Response { status, headers, body: buf[body_start..body_start + len].to_vec() }, body_start + len))
-}
-
-fn get_request(path: &str, close: bool, extra: &str) -> Vec<u8> {
-    format!(
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}{}\r\n",
-        if close { "Connection: close\r\n" } else { "" }
-    )
-    .into_bytes()
 }
 
 // ============================================================== TLS versions and suites
@@ -582,27 +338,13 @@ fn curl_tls_args(v: V, c: Cipher) -> Vec<String> {
     }
 }
 
-/// `curl` one URL on a fresh connection; returns (status, body).
-fn curl_get(url: &str, tls: &[String], extra: &[&str], out: &Path) -> (u16, Vec<u8>) {
-    let _ = fs::remove_file(out);
-    let o = run_with_timeout(
-        Command::new("curl")
-            .args(["-sS", "-k", "--http1.1", "--max-time", "90", "-w", "%{http_code}", "-o"])
-            .arg(out)
-            .args(tls)
-            .args(extra)
-            .arg(url),
-        None,
-        Duration::from_secs(100),
-    );
-    assert!(
-        o.status.success(),
-        "curl {url} {extra:?} failed ({}): {}",
-        o.status,
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let code = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap_or(0);
-    (code, fs::read(out).unwrap_or_default())
+/// `curl` one URL over HTTP/1.1 on a fresh connection; returns (status, body).
+fn curl_get(url: &str, tls: &[String], extra: &[&str]) -> (u16, Vec<u8>) {
+    let mut args = vec!["--http1.1", "--max-time", "90"];
+    args.extend(tls.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    let r = fetch(url, &args);
+    (r.status, r.body)
 }
 
 fn s_client_tls_args(v: V, c: Cipher) -> Vec<String> {
@@ -613,16 +355,12 @@ fn s_client_tls_args(v: V, c: Cipher) -> Vec<String> {
     }
 }
 
-/// One request through `openssl s_client -quiet` (which implies -ign_eof:
-/// it reads until the server closes); returns the parsed response.
-fn s_client_get(addr: &str, tls: &[String], request: &[u8]) -> Response {
-    let o = run_with_timeout(
-        Command::new("openssl")
-            .args(["s_client", "-connect", addr, "-servername", "localhost", "-quiet"])
-            .args(tls),
-        Some(request),
-        Duration::from_secs(100),
-    );
+/// One request through `openssl s_client -quiet` (it reads until the server
+/// closes); returns the parsed response.
+fn s_client_get(addr: SocketAddr, tls: &[String], request: &str) -> RawResponse {
+    let mut args = vec!["-quiet"];
+    args.extend(tls.iter().map(String::as_str));
+    let o = s_client_output(addr, &args, request.as_bytes(), Duration::from_secs(100));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "openssl s_client failed ({}): {err}", o.status);
     match parse_response(&o.stdout, false) {
@@ -640,60 +378,8 @@ fn s_client_get(addr: &str, tls: &[String], request: &[u8]) -> Response {
 
 // ============================================================== rustls client
 
-/// Accepts the server's self-signed certificate; signatures are still checked.
-#[derive(Debug)]
-struct AnyCert(WebPkiSupportedAlgorithms);
-
-impl ServerCertVerifier for AnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_schemes()
-    }
-}
-
 fn client_config(v: V, suite: Option<SupportedCipherSuite>) -> Arc<ClientConfig> {
-    let mut provider = aws_lc_rs::default_provider();
-    if let Some(s) = suite {
-        provider.cipher_suites = vec![s];
-    }
-    let algs = provider.signature_verification_algorithms;
-    let provider: Arc<CryptoProvider> = Arc::new(provider);
-    let mut cfg = ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[v.rustls()])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCert(algs)))
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(cfg)
+    client_config_with(&[v.rustls()], suite)
 }
 
 /// How a connection ended, seen from the client.
@@ -725,7 +411,7 @@ struct TlsClient {
 
 impl TlsClient {
     /// TCP connection and a fresh TLS client; no handshake yet.
-    fn start(addr: &str, cfg: &Arc<ClientConfig>) -> TlsClient {
+    fn start(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> TlsClient {
         let sock = TcpStream::connect(addr).unwrap();
         sock.set_nodelay(true).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -735,7 +421,7 @@ impl TlsClient {
     }
 
     /// Connects and completes the handshake.
-    fn connect(addr: &str, cfg: &Arc<ClientConfig>) -> TlsClient {
+    fn connect(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> TlsClient {
         let mut c = TlsClient::start(addr, cfg);
         c.handshake();
         c
@@ -843,7 +529,7 @@ impl TlsClient {
     }
 
     /// The next complete response.
-    fn response(&mut self, head_only: bool) -> Response {
+    fn response(&mut self, head_only: bool) -> RawResponse {
         loop {
             if let Some((r, used)) = parse_response(&self.plain, head_only) {
                 self.plain.drain(..used);
@@ -864,8 +550,8 @@ impl TlsClient {
         }
     }
 
-    fn get(&mut self, path: &str) -> Response {
-        self.send(&get_request(path, false, ""));
+    fn get(&mut self, path: &str) -> RawResponse {
+        self.send(get_request(path).as_bytes());
         self.response(false)
     }
 
@@ -882,7 +568,7 @@ impl TlsClient {
 #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
 fn doctor_reports_ktls_usable() {
     let before = read_tls_stat();
-    let o = run_with_timeout(Command::new(ktlsd_bin()).args(["doctor", "--json"]), None, Duration::from_secs(60));
+    let o = run_with_timeout(Command::new(bin_from_env()).args(["doctor", "--json"]), None, Duration::from_secs(60));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "ktlsd doctor --json: {}\n{text}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
     let j: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("doctor JSON: {e}\n{text}"));
@@ -898,7 +584,7 @@ fn doctor_reports_ktls_usable() {
     assert_eq!(j["tls_stat"]["available"], true, "{text}");
 
     // The human report says the same.
-    let o = run_with_timeout(Command::new(ktlsd_bin()).arg("doctor"), None, Duration::from_secs(60));
+    let o = run_with_timeout(Command::new(bin_from_env()).arg("doctor"), None, Duration::from_secs(60));
     let human = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "ktlsd doctor: {}\n{human}", o.status);
     assert!(human.contains("usable") && !human.contains("NOT usable"), "{human}");
@@ -912,22 +598,21 @@ fn doctor_reports_ktls_usable() {
 /// both clients, plus range requests; every body checked byte for byte.
 fn matrix(test: &str, v: V, c: Cipher) {
     let files = standard_files();
-    let server = Server::start(&files, &["--tls-versions", v.server_arg(), "--cipher-suites", openssl_name(v, c)]);
-    let out = server.dir.path().join("curl.out");
+    let server = KtlsServer::start(&files, &["--tls-versions", v.server_arg(), "--cipher-suites", openssl_name(v, c)]);
     let curl_tls = curl_tls_args(v, c);
     let ossl_tls = s_client_tls_args(v, c);
     let mut expected_log: Vec<(String, u16, u64)> = Vec::new();
 
     for (name, data) in &files {
         let path = format!("/{name}");
-        let (code, body) = curl_get(&server.url(&path), &curl_tls, &[], &out);
+        let (code, body) = curl_get(&server.url(&path), &curl_tls, &[]);
         assert_eq!(code, 200, "curl {path}");
         assert_body(&format!("curl {path} ({test})"), &body, data);
         expected_log.push((path, 200, data.len() as u64));
     }
     for (name, data) in &files {
         let path = format!("/{name}");
-        let r = s_client_get(&server.addr(), &ossl_tls, &get_request(&path, true, ""));
+        let r = s_client_get(server.addr(), &ossl_tls, &get_request_with(&path, "Connection: close\r\n"));
         assert_eq!(r.status, 200, "s_client {path}");
         assert_body(&format!("s_client {path} ({test})"), &r.body, data);
         expected_log.push((path, 200, data.len() as u64));
@@ -936,12 +621,12 @@ fn matrix(test: &str, v: V, c: Cipher) {
     // Ranges: a large one inside the big file (several full records plus
     // partial ones) and a small one across the 16 KiB record boundary.
     let big = file(&files, "big");
-    let (code, body) = curl_get(&server.url("/big"), &curl_tls, &["-r", "1000000-3499999"], &out);
+    let (code, body) = curl_get(&server.url("/big"), &curl_tls, &["-r", "1000000-3499999"]);
     assert_eq!(code, 206, "curl range");
     assert_body(&format!("curl range ({test})"), &body, &big[1_000_000..3_500_000]);
     expected_log.push(("/big".into(), 206, 2_500_000));
     let r16385 = file(&files, "r16385");
-    let r = s_client_get(&server.addr(), &ossl_tls, &get_request("/r16385", true, "Range: bytes=16000-16384\r\n"));
+    let r = s_client_get(server.addr(), &ossl_tls, &get_request_with("/r16385", "Range: bytes=16000-16384\r\nConnection: close\r\n"));
     assert_eq!(r.status, 206, "s_client range");
     assert_eq!(r.header("Content-Range"), Some("bytes 16000-16384/16385"));
     assert_body(&format!("s_client range ({test})"), &r.body, &r16385[16000..]);
@@ -956,9 +641,9 @@ fn matrix(test: &str, v: V, c: Cipher) {
     for (path, status, bytes) in &expected_log {
         let i = seen.entry(path.clone()).or_default();
         let entries = logged(&s, path);
-        let (st, b) = entries.get(*i).copied().unwrap_or_else(|| panic!("no log line #{i} for {path}: {:?}", s.log));
-        assert_eq!(st, *status, "access log status for GET {path} (#{i}): {:?}", s.log);
-        assert_eq!(b, *bytes, "access log bytes for GET {path} (#{i}): {:?}", s.log);
+        let (st, b) = entries.get(*i).copied().unwrap_or_else(|| panic!("no log line #{i} for {path}: {:?}", s.access_log));
+        assert_eq!(st, *status, "access log status for GET {path} (#{i}): {:?}", s.access_log);
+        assert_eq!(b, *bytes, "access log bytes for GET {path} (#{i}): {:?}", s.access_log);
         *i += 1;
     }
 }
@@ -1008,16 +693,15 @@ fn matrix_tls13_chacha20() {
 #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
 fn keepalive_requests_then_client_close_notify() {
     let files = standard_files();
-    let data = |n: &str| files.iter().find(|(f, _)| *f == n).unwrap().1.clone();
-    let server = Server::start(&files, &[]);
+    let server = KtlsServer::start(&files, &[]);
     let mut requests = 0;
     for v in [V::Tls13, V::Tls12] {
         let cfg = client_config(v, None);
-        let mut c = TlsClient::connect(&server.addr(), &cfg);
+        let mut c = TlsClient::connect(server.addr(), &cfg);
         for name in ["one", "r16385", "big", "empty", "r16384"] {
             let r = c.get(&format!("/{name}"));
             assert_eq!(r.status, 200, "{v:?} /{name}");
-            assert_body(&format!("{v:?} keep-alive /{name}"), &r.body, &data(name));
+            assert_body(&format!("{v:?} keep-alive /{name}"), &r.body, file(&files, name));
             requests += 1;
         }
         // HEAD: a head without body on the same connection.
@@ -1033,15 +717,15 @@ fn keepalive_requests_then_client_close_notify() {
 
         // Resumption (a ticket from the first connection), and a request
         // whose close_notify follows in the same segment.
-        let mut c = TlsClient::start(&server.addr(), &cfg);
+        let mut c = TlsClient::start(server.addr(), &cfg);
         c.handshake();
         assert_eq!(c.conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed), "{v:?}: session not resumed");
-        c.queue(&get_request("/r16385", false, ""));
+        c.queue(get_request("/r16385").as_bytes());
         c.conn.send_close_notify();
         c.flush();
         let r = c.response(false);
         assert_eq!(r.status, 200);
-        assert_body(&format!("{v:?} resumed /r16385"), &r.body, &data("r16385"));
+        assert_body(&format!("{v:?} resumed /r16385"), &r.body, file(&files, "r16385"));
         requests += 1;
         let (how, _) = c.until_closed();
         assert_eq!(how, Close::Notify, "{v:?}: resumed connection: close_notify expected after the response");
@@ -1059,18 +743,18 @@ fn keepalive_requests_then_client_close_notify() {
 #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
 fn pipelined_requests_in_the_finished_segment() {
     let files = standard_files();
-    let data = |n: &str| files.iter().find(|(f, _)| *f == n).unwrap().1.clone();
-    let server = Server::start(&files, &[]);
+    let server = KtlsServer::start(&files, &[]);
     let order = ["one", "r16385", "empty", "r16384", "one", "big", "one"];
     let mut requests = 0;
     for v in [V::Tls13, V::Tls12] {
-        let mut c = TlsClient::start(&server.addr(), &client_config(v, None));
+        let mut c = TlsClient::start(server.addr(), &client_config(v, None));
         let mut app_bytes = 0;
         for (i, name) in order.iter().enumerate() {
             // One writer call per request: one record each.
-            let req = get_request(&format!("/{name}"), i + 1 == order.len(), "");
+            let close = if i + 1 == order.len() { "Connection: close\r\n" } else { "" };
+            let req = get_request_with(&format!("/{name}"), close);
             app_bytes += req.len();
-            c.queue(&req);
+            c.queue(req.as_bytes());
         }
         // Drive the handshake by hand. pump() ends with a flush, so the pump
         // that completes the handshake also makes the write that carries the
@@ -1090,7 +774,7 @@ fn pipelined_requests_in_the_finished_segment() {
         for name in order {
             let r = c.response(false);
             assert_eq!(r.status, 200, "{v:?} pipelined /{name}");
-            assert_body(&format!("{v:?} pipelined /{name}"), &r.body, &data(name));
+            assert_body(&format!("{v:?} pipelined /{name}"), &r.body, file(&files, name));
             requests += 1;
         }
         let (how, stray) = c.until_closed();
@@ -1109,15 +793,15 @@ fn pipelined_requests_in_the_finished_segment() {
 fn client_reset_mid_sendfile_keeps_serving() {
     let files = standard_files();
     let big = file(&files, "big").to_vec();
-    let server = Server::start(&files, &[]);
+    let server = KtlsServer::start(&files, &[]);
     let cfg = client_config(V::Tls13, None);
 
-    let mut bystander = TlsClient::connect(&server.addr(), &cfg);
+    let mut bystander = TlsClient::connect(server.addr(), &cfg);
     assert_eq!(bystander.get("/one").status, 200);
 
     for v in [V::Tls13, V::Tls12] {
-        let mut victim = TlsClient::connect(&server.addr(), &client_config(v, None));
-        victim.send(&get_request("/big", false, ""));
+        let mut victim = TlsClient::connect(server.addr(), &client_config(v, None));
+        victim.send(get_request("/big").as_bytes());
         while victim.plain.len() < 256 * 1024 {
             assert!(victim.pump(), "{v:?}: connection ended early: {:?}", victim.closed);
         }
@@ -1131,8 +815,7 @@ fn client_reset_mid_sendfile_keeps_serving() {
     let r = bystander.get("/big");
     assert_eq!(r.status, 200);
     assert_body("bystander /big after the resets", &r.body, &big);
-    let out = server.dir.path().join("curl.out");
-    let (code, body) = curl_get(&server.url("/big"), &[], &[], &out);
+    let (code, body) = curl_get(&server.url("/big"), &[], &[]);
     assert_eq!(code, 200);
     assert_body("new connection /big after the resets", &body, &big);
     bystander.conn.send_close_notify();
@@ -1155,12 +838,11 @@ fn client_reset_mid_sendfile_keeps_serving() {
 fn key_update_from_rustls_client() {
     let test = "key_update_from_rustls_client";
     let files = standard_files();
-    let data = |n: &str| files.iter().find(|(f, _)| *f == n).unwrap().1.clone();
     let rekey = kernel_can_rekey();
-    let server = Server::start(&files, &[]);
+    let server = KtlsServer::start(&files, &[]);
     let cfg = client_config(V::Tls13, None);
-    let mut c = TlsClient::connect(&server.addr(), &cfg);
-    assert_body("before KeyUpdate", &c.get("/r16385").body, &data("r16385"));
+    let mut c = TlsClient::connect(server.addr(), &cfg);
+    assert_body("before KeyUpdate", &c.get("/r16385").body, file(&files, "r16385"));
 
     c.conn.refresh_traffic_keys().unwrap();
     c.flush();
@@ -1168,11 +850,11 @@ fn key_update_from_rustls_client() {
         // The request follows the KeyUpdate at once, under the new key.
         let r = c.get("/big");
         assert_eq!(r.status, 200);
-        assert_body("after the first KeyUpdate", &r.body, &data("big"));
+        assert_body("after the first KeyUpdate", &r.body, file(&files, "big"));
         c.conn.refresh_traffic_keys().unwrap();
         c.flush();
         let r = c.get("/r16384");
-        assert_body("after the second KeyUpdate", &r.body, &data("r16384"));
+        assert_body("after the second KeyUpdate", &r.body, file(&files, "r16384"));
         c.conn.send_close_notify();
         c.flush();
         assert_eq!(c.until_closed().0, Close::Notify);
@@ -1191,8 +873,8 @@ fn key_update_from_rustls_client() {
         assert!(stray.is_empty(), "data after KeyUpdate on a kernel that cannot re-key: {stray:?}");
         assert_eq!(how, Close::Notify, "the server should close cleanly (close_notify) when the kernel cannot re-key");
         // Another connection works.
-        let mut other = TlsClient::connect(&server.addr(), &cfg);
-        assert_body("a new connection after the refused KeyUpdate", &other.get("/r16385").body, &data("r16385"));
+        let mut other = TlsClient::connect(server.addr(), &cfg);
+        assert_body("a new connection after the refused KeyUpdate", &other.get("/r16385").body, file(&files, "r16385"));
         other.conn.send_close_notify();
         other.flush();
         assert_eq!(other.until_closed().0, Close::Notify);
@@ -1202,22 +884,6 @@ fn key_update_from_rustls_client() {
         assert_eq!(s.stat("rekey_unsupported"), 1, "{}", s.stderr);
         assert_eq!(s.stat("key_updates"), 0);
     }
-}
-
-/// Reads `buf` until `pred` holds, or panics after `timeout`.
-fn wait_for(buf: &Arc<Mutex<Vec<u8>>>, what: &str, timeout: Duration, pred: impl Fn(&[u8]) -> bool) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if pred(&buf.lock().unwrap()) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn count(hay: &[u8], needle: &[u8]) -> usize {
-    hay.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
 /// TLS 1.3 KeyUpdate typed into an interactive `openssl s_client`: `k`
@@ -1230,46 +896,53 @@ fn key_update_from_openssl_s_client() {
     let bodies: Vec<(String, Vec<u8>)> =
         (1..=3).map(|i| (format!("ku{i}.txt"), format!("key-update-body-{i}-{}\n", sha256(&[i])).into_bytes())).collect();
     let files: Vec<(&str, Vec<u8>)> = bodies.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
-    let server = Server::start(&files, &[]);
+    let server = KtlsServer::start(&files, &[]);
 
     // Not -quiet (nor -ign_eof): s_client only takes `k`/`K` commands without
     // them. Each command must arrive as its own read from stdin.
     let mut child = Command::new("openssl")
-        .args(["s_client", "-connect", &server.addr(), "-servername", "localhost", "-tls1_3", "-msg"])
+        .args(["s_client", "-connect", &server.addr().to_string(), "-servername", "localhost", "-tls1_3", "-msg"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("openssl s_client");
     let mut stdin = child.stdin.take().unwrap();
-    let out = collect(child.stdout.take().unwrap());
-    let err = collect(child.stderr.take().unwrap());
+    let (out, out_reader) = LineLog::spawn(child.stdout.take().unwrap());
+    let (err, err_reader) = LineLog::spawn(child.stderr.take().unwrap());
     let t = Duration::from_secs(30);
-    let diag = |out: &Arc<Mutex<Vec<u8>>>, err: &Arc<Mutex<Vec<u8>>>| {
-        format!(
-            "\n--- s_client stdout (tail):\n{}\n--- stderr:\n{}",
-            String::from_utf8_lossy(&out.lock().unwrap()).chars().rev().take(3000).collect::<String>().chars().rev().collect::<String>(),
-            String::from_utf8_lossy(&err.lock().unwrap())
-        )
+    let diag = |out: &LineLog, err: &LineLog| {
+        let out = out.text();
+        let tail = out.chars().rev().take(3000).collect::<String>().chars().rev().collect::<String>();
+        format!("\n--- s_client stdout (tail):\n{tail}\n--- stderr:\n{}", err.text())
     };
+    let wait_for = |log: &LineLog, what: &str, pred: &dyn Fn(&[String]) -> bool| {
+        assert!(log.wait_until(t, pred), "timed out waiting for {what}{}", diag(&out, &err));
+    };
+    // Body `i` (one line) shows up on s_client's stdout.
+    let body_seen = |i: usize| {
+        let line = String::from_utf8_lossy(&bodies[i].1).trim_end().to_owned();
+        move |lines: &[String]| lines.iter().any(|l| l.contains(&line))
+    };
+    let keyupdates = |lines: &[String]| lines.iter().map(|l| l.matches("KEYUPDATE").count()).sum::<usize>();
 
     let request = |stdin: &mut std::process::ChildStdin, i: usize| {
-        let req = get_request(&format!("/{}", bodies[i].0), false, "");
-        stdin.write_all(&req).and_then(|()| stdin.flush())
+        let req = get_request(&format!("/{}", bodies[i].0));
+        stdin.write_all(req.as_bytes()).and_then(|()| stdin.flush())
     };
     request(&mut stdin, 0).unwrap();
-    wait_for(&out, "the first response", t, |b| find(b, &bodies[0].1).is_some());
+    wait_for(&out, "the first response", &body_seen(0));
 
     stdin.write_all(b"k\n").unwrap();
-    wait_for(&err, "s_client to announce KEYUPDATE", t, |b| count(b, b"KEYUPDATE") >= 1);
+    wait_for(&err, "s_client to announce KEYUPDATE", &|l| keyupdates(l) >= 1);
     let mut served = 1;
     if rekey {
         request(&mut stdin, 1).unwrap();
-        wait_for(&out, "the response after `k`", t, |b| find(b, &bodies[1].1).is_some());
+        wait_for(&out, "the response after `k`", &body_seen(1));
         stdin.write_all(b"K\n").unwrap();
-        wait_for(&err, "the second KEYUPDATE", t, |b| count(b, b"KEYUPDATE") >= 2);
+        wait_for(&err, "the second KEYUPDATE", &|l| keyupdates(l) >= 2);
         request(&mut stdin, 2).unwrap();
-        wait_for(&out, "the response after `K`", t, |b| find(b, &bodies[2].1).is_some());
+        wait_for(&out, "the response after `K`", &body_seen(2));
         served = 3;
         // EOF on stdin: s_client sends close_notify and exits.
         drop(stdin);
@@ -1288,9 +961,10 @@ fn key_update_from_openssl_s_client() {
         }
         thread::sleep(Duration::from_millis(20));
     };
-    let stdout = wait_reader(&out);
-    let _ = wait_reader(&err);
-    let stdout_text = String::from_utf8_lossy(&stdout);
+    // The readers finish once the pipes close.
+    let _ = out_reader.join();
+    let _ = err_reader.join();
+    let stdout_text = out.text();
     // -msg shows the KeyUpdate messages themselves.
     let sent_updates = stdout_text.matches(">>> TLS 1.3, Handshake [length 0005], KeyUpdate").count();
     let got_updates = stdout_text.matches("<<< TLS 1.3, Handshake [length 0005], KeyUpdate").count();
@@ -1325,10 +999,10 @@ fn key_update_from_openssl_s_client() {
 #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
 fn tls12_gcm_explicit_nonces_never_repeat() {
     let files = standard_files();
-    let server = Server::start(&files, &["--tls-versions", "1.2"]);
+    let server = KtlsServer::start(&files, &["--tls-versions", "1.2"]);
     let mut requests = 0;
     for c in [Cipher::Aes128Gcm, Cipher::Aes256Gcm] {
-        let mut client = TlsClient::start(&server.addr(), &client_config(V::Tls12, Some(rustls_suite(V::Tls12, c))));
+        let mut client = TlsClient::start(server.addr(), &client_config(V::Tls12, Some(rustls_suite(V::Tls12, c))));
         client.raw = Some(Vec::new());
         client.handshake();
         for name in ["one", "r16385", "empty", "big"] {
@@ -1404,12 +1078,11 @@ fn record_size_policies() {
         // A stall shows as the send timeout cutting the connection.
         let mut args = vec!["--send-timeout", "20", "--record-size", policy];
         args.extend_from_slice(extra);
-        let server = Server::start(&files, &args);
-        let out = server.dir.path().join("curl.out");
-        for v in [V::Tls13, V::Tls12] {
+        let server = KtlsServer::start(&files, &args);
+            for v in [V::Tls13, V::Tls12] {
             // AES-128-GCM: 17 bytes of expansion per TLS 1.3 record, 24 per TLS 1.2 one.
             let expansion = if v == V::Tls13 { 17 } else { 24 };
-            let mut c = TlsClient::start(&server.addr(), &client_config(v, Some(rustls_suite(v, Cipher::Aes128Gcm))));
+            let mut c = TlsClient::start(server.addr(), &client_config(v, Some(rustls_suite(v, Cipher::Aes128Gcm))));
             c.raw = Some(Vec::new());
             c.handshake();
             // A first response, so that session tickets are behind us.
@@ -1455,7 +1128,7 @@ fn record_size_policies() {
                 _ => assert!(max <= 16384, "{policy} {v:?}: a record of {max} bytes"),
             }
 
-            let (code, body) = curl_get(&server.url("/odd"), &curl_tls_args(v, Cipher::Aes128Gcm), &[], &out);
+            let (code, body) = curl_get(&server.url("/odd"), &curl_tls_args(v, Cipher::Aes128Gcm), &[]);
             assert_eq!(code, 200);
             assert_body(&format!("{policy} {v:?} /odd (curl)"), &body, odd);
         }
@@ -1471,15 +1144,15 @@ fn record_size_policies() {
 #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
 fn corrupted_record_gets_bad_record_mac() {
     let files = standard_files();
-    let server = Server::start(&files, &[]);
+    let server = KtlsServer::start(&files, &[]);
     let mut requests = 0;
     for v in [V::Tls13, V::Tls12] {
-        let mut c = TlsClient::connect(&server.addr(), &client_config(v, None));
+        let mut c = TlsClient::connect(server.addr(), &client_config(v, None));
         assert_eq!(c.get("/one").status, 200);
         requests += 1;
         // A well-formed application-data record whose contents are garbage.
         let mut rec = vec![23u8, 3, 3, 0, 64];
-        rec.extend_from_slice(&content(64, 99));
+        rec.extend_from_slice(&pattern(64, 99));
         c.sock.write_all(&rec).unwrap();
         let (how, stray) = c.until_closed();
         assert!(stray.is_empty());
@@ -1491,8 +1164,7 @@ fn corrupted_record_gets_bad_record_mac() {
         }
         assert_ne!(how, Close::Notify, "{v:?}: a connection cut for a forged record must not end with close_notify");
     }
-    let out = server.dir.path().join("curl.out");
-    let (code, body) = curl_get(&server.url("/r16385"), &[], &[], &out);
+    let (code, body) = curl_get(&server.url("/r16385"), &[], &[]);
     assert_eq!(code, 200);
     assert_body("after the corrupted records", &body, file(&files, "r16385"));
     requests += 1;

@@ -22,6 +22,15 @@ use sha2::{Digest, Sha256};
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
+/// The server binary named by `KTLSD_BIN` when it is set (the VM suite runs a
+/// host-built release binary), else [`BIN`].
+pub fn bin_from_env() -> PathBuf {
+    match std::env::var_os("KTLSD_BIN") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(BIN),
+    }
+}
+
 /// How long a server may take to print its `serving` line (generous: the machine
 /// may be busy compiling).
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,14 +43,16 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 // Captured output of a child process, line by line, with waiting.
 // ---------------------------------------------------------------------------
 
+/// The lines read so far from a pipe (a thread reads it to its end), with waiting.
 #[derive(Default)]
-struct LineLog {
+pub struct LineLog {
     state: Mutex<(Vec<String>, bool)>,
     cv: Condvar,
 }
 
 impl LineLog {
-    fn spawn(reader: impl Read + Send + 'static) -> (Arc<LineLog>, JoinHandle<()>) {
+    /// Starts reading `reader`; the handle finishes at its end.
+    pub fn spawn(reader: impl Read + Send + 'static) -> (Arc<LineLog>, JoinHandle<()>) {
         let log = Arc::new(LineLog::default());
         let l = log.clone();
         let handle = std::thread::spawn(move || {
@@ -66,13 +77,14 @@ impl LineLog {
         (log, handle)
     }
 
-    /// Waits for a line satisfying `pred`; `None` on timeout or end of stream.
-    fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
+    /// Waits until `check` of all lines so far gives `Some`; `None` on timeout or
+    /// end of stream.
+    fn wait_map<T>(&self, timeout: Duration, check: impl Fn(&[String]) -> Option<T>) -> Option<T> {
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock().unwrap();
         loop {
-            if let Some(l) = st.0.iter().find(|l| pred(l)) {
-                return Some(l.clone());
+            if let Some(t) = check(&st.0) {
+                return Some(t);
             }
             if st.1 {
                 return None;
@@ -85,7 +97,18 @@ impl LineLog {
         }
     }
 
-    fn text(&self) -> String {
+    /// Waits for a line satisfying `pred`; `None` on timeout or end of stream.
+    pub fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
+        self.wait_map(timeout, |lines| lines.iter().find(|l| pred(l)).cloned())
+    }
+
+    /// Waits until `pred` holds for all the lines so far; false on timeout or end of stream.
+    pub fn wait_until(&self, timeout: Duration, pred: impl Fn(&[String]) -> bool) -> bool {
+        self.wait_map(timeout, |lines| pred(lines).then_some(())).is_some()
+    }
+
+    /// Everything so far, one `\n` after each line.
+    pub fn text(&self) -> String {
         let st = self.state.lock().unwrap();
         let mut s = st.0.join("\n");
         s.push('\n');
@@ -100,6 +123,7 @@ impl LineLog {
 /// Builds a `ktlsd serve` command line over a temporary directory:
 /// `DIR/root` is the served ROOT, `DIR/access.log` the access log.
 pub struct ServerBuilder {
+    bin: PathBuf,
     dir: tempfile::TempDir,
     root: PathBuf,
     args: Vec<OsString>,
@@ -121,6 +145,7 @@ impl ServerBuilder {
         let root = dir.path().join("root");
         std::fs::create_dir(&root).expect("create root");
         ServerBuilder {
+            bin: PathBuf::from(BIN),
             dir,
             root,
             args: Vec::new(),
@@ -173,6 +198,17 @@ impl ServerBuilder {
         self
     }
 
+    /// Runs `bin` instead of [`BIN`].
+    pub fn bin(mut self, bin: impl Into<PathBuf>) -> Self {
+        self.bin = bin.into();
+        self
+    }
+
+    /// Runs the binary named by `KTLSD_BIN`, if set (see [`bin_from_env`]).
+    pub fn bin_from_env(self) -> Self {
+        self.bin(bin_from_env())
+    }
+
     /// Do not pass ROOT on the command line (e.g. it comes from a config file).
     pub fn no_root_arg(mut self) -> Self {
         self.pass_root = false;
@@ -212,7 +248,7 @@ impl ServerBuilder {
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(&self.bin);
         c.args(self.argv());
         c.env_remove("KTLSD_LOG");
         c.current_dir(self.dir.path());
@@ -228,7 +264,7 @@ impl ServerBuilder {
     pub fn try_start(self) -> Result<Server, String> {
         let mut cmd = self.command();
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|e| format!("cannot run {BIN}: {e}"))?;
+        let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", self.bin.display()))?;
         let (stderr, reader) = LineLog::spawn(child.stderr.take().unwrap());
         let (stdout, _) = LineLog::spawn(child.stdout.take().unwrap());
         let ready = stderr.wait_for(START_TIMEOUT, |l| l.contains(" serving "));
@@ -329,6 +365,8 @@ pub struct Stopped {
     pub stats: HashMap<String, u64>,
     /// Time from SIGTERM to exit.
     pub took: Duration,
+    /// The access log's lines once the server had exited.
+    pub access_log: Vec<String>,
     /// The server's temporary directory, kept until this is dropped.
     pub dir: Option<tempfile::TempDir>,
 }
@@ -484,7 +522,8 @@ impl Server {
             let _ = r.join();
         }
         let stderr = self.stderr.text();
-        Stopped { status, stats: parse_stats(&stderr), stderr, took, dir: self.dir.take() }
+        let access_log = self.access_log();
+        Stopped { status, stats: parse_stats(&stderr), stderr, took, access_log, dir: self.dir.take() }
     }
 
     /// SIGTERM, then wait (bounded) for the exit.
@@ -672,6 +711,22 @@ pub fn sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+/// Compares bodies by length and SHA-256 (never dumps megabytes into a panic).
+#[track_caller]
+pub fn assert_body(what: &str, got: &[u8], want: &[u8]) {
+    if got != want {
+        let first_diff = got.iter().zip(want).position(|(a, b)| a != b);
+        panic!(
+            "{what}: body differs: got {} bytes sha256 {}, want {} bytes sha256 {} (first difference at {:?})",
+            got.len(),
+            sha256(got),
+            want.len(),
+            sha256(want),
+            first_diff
+        );
+    }
+}
+
 /// SHA-256 of a file: `sha256sum` when it is installed (fast even for 100 MiB),
 /// otherwise in-process.
 pub fn sha256_file(path: &Path) -> String {
@@ -740,12 +795,14 @@ pub fn write_big_file(path: &Path, len: u64) -> String {
 
 mod no_verify {
     use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::WebPkiSupportedAlgorithms;
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
     use rustls::{DigitallySignedStruct, SignatureScheme};
 
-    /// Accepts any certificate: the tests check the server's HTTP, not its PKI.
+    /// Accepts any certificate (the tests check the server's HTTP, not its PKI);
+    /// the handshake signatures are still verified against it.
     #[derive(Debug)]
-    pub struct NoVerify(pub Vec<SignatureScheme>);
+    pub struct NoVerify(pub WebPkiSupportedAlgorithms);
 
     impl ServerCertVerifier for NoVerify {
         fn verify_server_cert(
@@ -761,37 +818,48 @@ mod no_verify {
 
         fn verify_tls12_signature(
             &self,
-            _message: &[u8],
-            _cert: &CertificateDer<'_>,
-            _dss: &DigitallySignedStruct,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
+            rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0)
         }
 
         fn verify_tls13_signature(
             &self,
-            _message: &[u8],
-            _cert: &CertificateDer<'_>,
-            _dss: &DigitallySignedStruct,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
         ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            Ok(HandshakeSignatureValid::assertion())
+            rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0)
         }
 
         fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.clone()
+            self.0.supported_schemes()
         }
     }
 }
 
 /// A client configuration that trusts any certificate, for the given versions.
 pub fn client_config(versions: &[&'static rustls::SupportedProtocolVersion]) -> Arc<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let schemes = provider.signature_verification_algorithms.supported_schemes();
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+    client_config_with(versions, None)
+}
+
+/// [`client_config`], offering only `suite` when given.
+pub fn client_config_with(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    suite: Option<rustls::SupportedCipherSuite>,
+) -> Arc<rustls::ClientConfig> {
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    if let Some(s) = suite {
+        provider.cipher_suites = vec![s];
+    }
+    let algs = provider.signature_verification_algorithms;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(versions)
         .expect("client protocol versions")
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(no_verify::NoVerify(schemes)))
+        .with_custom_certificate_verifier(Arc::new(no_verify::NoVerify(algs)))
         .with_no_client_auth();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Arc::new(cfg)
@@ -845,6 +913,25 @@ impl RawResponse {
     pub fn body_str(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+}
+
+/// Parses one response off the front of `buf` once it is complete: the response
+/// and the bytes it took; `None` while incomplete. `head`: the answer to a HEAD.
+pub fn parse_response(buf: &[u8], head: bool) -> Option<(RawResponse, usize)> {
+    let end = find(buf, b"\r\n\r\n")? + 4;
+    let head_text = String::from_utf8_lossy(&buf[..end]);
+    let (version, status, headers) = parse_head(&head_text);
+    let mut resp = RawResponse { version, status, headers, body: Vec::new() };
+    let len = if head || status == 304 || status == 204 || (100..200).contains(&status) {
+        0
+    } else {
+        resp.content_length().unwrap_or_else(|| panic!("response without Content-Length: {head_text}")) as usize
+    };
+    if buf.len() < end + len {
+        return None;
+    }
+    resp.body = buf[end..end + len].to_vec();
+    Some((resp, end + len))
 }
 
 /// A TLS connection to the server over a std `TcpStream`, speaking raw bytes.
@@ -928,36 +1015,26 @@ impl TlsClient {
 
     /// Reads one response to a GET (or to a HEAD when `head` is true).
     pub fn try_read_response(&mut self, head: bool) -> io::Result<RawResponse> {
-        let end = loop {
-            if let Some(i) = find(&self.pending, b"\r\n\r\n") {
-                break i + 4;
+        loop {
+            if let Some((resp, used)) = parse_response(&self.pending, head) {
+                self.pending.drain(..used);
+                return Ok(resp);
             }
             if self.fill()? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("closed before a complete response head; got {:?}", String::from_utf8_lossy(&self.pending)),
-                ));
-            }
-        };
-        let head_text = String::from_utf8_lossy(&self.pending[..end]).into_owned();
-        let (version, status, headers) = parse_head(&head_text);
-        self.pending.drain(..end);
-        let mut resp = RawResponse { version, status, headers, body: Vec::new() };
-        let len = if head || status == 304 || status == 204 || (100..200).contains(&status) {
-            0
-        } else {
-            resp.content_length().unwrap_or_else(|| panic!("response without Content-Length: {head_text}")) as usize
-        };
-        while self.pending.len() < len {
-            if self.fill()? == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("closed after {} of {len} body bytes", self.pending.len()),
-                ));
+                let why = match find(&self.pending, b"\r\n\r\n") {
+                    None => format!(
+                        "closed before a complete response head; got {:?}",
+                        String::from_utf8_lossy(&self.pending)
+                    ),
+                    Some(i) => format!(
+                        "closed after {} body bytes; head {:?}",
+                        self.pending.len() - (i + 4),
+                        String::from_utf8_lossy(&self.pending[..i])
+                    ),
+                };
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, why));
             }
         }
-        resp.body = self.pending.drain(..len).collect();
-        Ok(resp)
     }
 
     pub fn read_response(&mut self) -> RawResponse {
@@ -1014,7 +1091,12 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 pub fn get_request(path: &str) -> String {
-    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    get_request_with(path, "")
+}
+
+/// A GET for `path` with `headers` (each ending in CRLF) after `Host`.
+pub fn get_request_with(path: &str, headers: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{headers}\r\n")
 }
 
 /// Waits until a plain TCP connect to `addr` is refused; false if it kept being accepted.
@@ -1045,21 +1127,20 @@ pub fn openssl<S: AsRef<OsStr>>(args: &[S], stdin: Option<&[u8]>) -> Output {
 
 /// `openssl s_client -connect ADDR ARGS...` sending `request` and waiting for the server to close.
 pub fn s_client(addr: SocketAddr, args: &[&str], request: &str) -> (bool, String, String) {
-    let mut all: Vec<String> = vec![
-        "s_client".into(),
-        "-connect".into(),
-        addr.to_string(),
-        "-servername".into(),
-        "localhost".into(),
-        "-ign_eof".into(),
-    ];
-    all.extend(args.iter().map(|s| s.to_string()));
-    let out = openssl(&all, Some(request.as_bytes()));
+    let out = s_client_output(addr, args, request.as_bytes(), Duration::from_secs(60));
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// [`s_client`]'s raw output (byte-exact with `-quiet`), with a time limit.
+pub fn s_client_output(addr: SocketAddr, args: &[&str], request: &[u8], timeout: Duration) -> Output {
+    let mut cmd = Command::new("openssl");
+    cmd.args(["s_client", "-connect", &addr.to_string(), "-servername", "localhost", "-ign_eof"]);
+    cmd.args(args);
+    run_with_timeout(&mut cmd, Some(request), timeout)
 }
 
 /// A self-signed certificate and key made by `openssl req` in `dir`.
