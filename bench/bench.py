@@ -304,6 +304,10 @@ def scenario_tail(args, work):
     plan = [(s, size) for s in servers for size in sizes for _ in range(args.n)]
     random.shuffle(plan)
     rows = []
+    # Rows are written as they come, so an interrupted run still leaves its data.
+    raw = open(os.path.join(args.out, "tail.csv"), "w", newline="")
+    out = csv.writer(raw)
+    out.writerow(["condition", "size", "ttfb_ms", "total_ms"])
     try:
         for i, (s, size) in enumerate(plan):
             got, _, ttfb, total = curl_download(
@@ -312,17 +316,16 @@ def scenario_tail(args, work):
             if got != sizes[size]:
                 raise RuntimeError(f"{s.name} {size}: got {got} bytes")
             rows.append((s.name, size, ttfb * 1000, total * 1000))
+            out.writerow(rows[-1])
+            raw.flush()
             if (i + 1) % 100 == 0:
                 log(f"  {i + 1}/{len(plan)} connections")
     finally:
+        raw.close()
         subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
         subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], capture_output=True)
         for s in servers:
             s.stop()
-    with open(os.path.join(args.out, "tail.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["condition", "size", "ttfb_ms", "total_ms"])
-        w.writerows(rows)
     names = [s.name for s in servers]
     table = ["| size | condition | TTFB p50 | TTFB p95 | TTFB p99 | total p50 | total p95 |",
              "|---|---|---|---|---|---|---|"]
