@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::server::UnbufferedServerConnection;
-use rustls::unbuffered::{ConnectionState, EncodeError};
+use rustls::unbuffered::ConnectionState;
 use rustls::ServerConfig;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -70,18 +70,7 @@ pub async fn accept(
         // Handle the state first: it borrows `conn` and `incoming`.
         let waiting = match state {
             ConnectionState::EncodeTlsData(mut enc) => {
-                loop {
-                    match enc.encode(&mut outgoing[out_len..]) {
-                        Ok(n) => {
-                            out_len += n;
-                            break;
-                        }
-                        Err(EncodeError::InsufficientSize(e)) => {
-                            outgoing.resize(out_len + e.required_size, 0)
-                        }
-                        Err(EncodeError::AlreadyEncoded) => break,
-                    }
-                }
+                super::encode_into(&mut enc, &mut outgoing, &mut out_len);
                 false
             }
             ConnectionState::TransmitTlsData(tx) => {

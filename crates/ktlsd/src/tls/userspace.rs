@@ -9,7 +9,7 @@ use std::io;
 use std::time::Duration;
 
 use rustls::server::UnbufferedServerConnection;
-use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError};
+use rustls::unbuffered::{ConnectionState, EncryptError};
 use tokio::net::TcpStream;
 
 use crate::net;
@@ -92,18 +92,9 @@ impl UserspaceTls {
                         out.extend_from_slice(rec.payload);
                     }
                 }
-                ConnectionState::EncodeTlsData(mut enc) => loop {
-                    match enc.encode(&mut self.outgoing[self.out_len..]) {
-                        Ok(n) => {
-                            self.out_len += n;
-                            break;
-                        }
-                        Err(EncodeError::InsufficientSize(e)) => {
-                            self.outgoing.resize(self.out_len + e.required_size, 0)
-                        }
-                        Err(EncodeError::AlreadyEncoded) => break,
-                    }
-                },
+                ConnectionState::EncodeTlsData(mut enc) => {
+                    super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len)
+                }
                 // Queued bytes leave with the next flush, in order.
                 ConnectionState::TransmitTlsData(tx) => tx.done(),
                 ConnectionState::PeerClosed | ConnectionState::Closed => {
@@ -156,12 +147,11 @@ impl UserspaceTls {
                     false
                 }
                 ConnectionState::EncodeTlsData(mut enc) => {
-                    match enc.encode(&mut self.outgoing[self.out_len..]) {
-                        Ok(n) => self.out_len += n,
-                        Err(EncodeError::InsufficientSize(e)) => {
-                            self.outgoing.resize(self.out_len + e.required_size + data.len() + RECORD_OVERHEAD, 0)
-                        }
-                        Err(EncodeError::AlreadyEncoded) => {}
+                    super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len);
+                    // Keep room for the record being encrypted after it.
+                    let needed = self.out_len + data.len() + RECORD_OVERHEAD;
+                    if self.outgoing.len() < needed {
+                        self.outgoing.resize(needed, 0);
                     }
                     false
                 }
