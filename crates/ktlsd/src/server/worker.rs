@@ -162,7 +162,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, stop: 
 
     let sizer = RecordSizer::new(cfg.record_policy);
     let conn = established.conn;
-    let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s));
+    let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s))
+        // Attaching the ULP can still fail for this socket (e.g. the client already
+        // sent FIN); then the connection simply stays in user space.
+        && KernelTls::prepare(&stream, &conn).inspect_err(|e| tracing::debug!("kTLS not used for {peer}: {e}")).is_ok();
     let mut session = if kernel_can {
         let cap = shared.ktls.as_ref().and_then(|k| k.record_cap(cfg.record_policy));
         match KernelTls::install(&stream, conn, cap) {

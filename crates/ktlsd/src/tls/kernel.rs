@@ -94,6 +94,12 @@ pub struct KernelTls {
 }
 
 impl KernelTls {
+    /// Checks that this connection can move into the kernel and attaches the `tls`
+    /// ULP, without consuming the rustls state: on error it can carry on in user space.
+    pub fn prepare(stream: &TcpStream, conn: &UnbufferedServerConnection) -> Result<(), kernel_tls::Error> {
+        KtlsConnection::prepare(stream.as_fd(), conn)
+    }
+
     /// Hands the finished handshake to the kernel. On error the connection cannot
     /// continue (its rustls state is consumed) and must be closed.
     pub fn install(
