@@ -326,8 +326,14 @@ def scenario_tail(args, work):
         subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], capture_output=True)
         for s in servers:
             s.stop()
-    names = [s.name for s in servers]
-    table = ["| size | condition | TTFB p50 | TTFB p95 | TTFB p99 | total p50 | total p95 |",
+    return tail_report(rows, sizes, [s.name for s in servers], args.out)
+
+
+def tail_report(rows, sizes, names, out):
+    """The tail table and chart from (condition, size, ttfb_ms, total_ms) rows."""
+    counts = [sum(1 for r in rows if r[0] == n and r[1] == size) for n in names for size in sizes]
+    table = [f"connections per size x condition: {min(counts)} to {max(counts)}", "",
+             "| size | condition | TTFB p50 | TTFB p95 | TTFB p99 | total p50 | total p95 |",
              "|---|---|---|---|---|---|---|"]
     stats = {}
     for size in sizes:
@@ -342,7 +348,7 @@ def scenario_tail(args, work):
     r10 = stats[("10KB", ad)][1] / stats[("10KB", base)][1]
     table += ["", f"adaptive vs static:16k: 100 KB p95 TTFB {r100:.2f}x (goal <= 0.72x); "
               f"1 MB p95 total {r1m:.2f}x (goal <= 1.0x); 10 KB p95 TTFB {r10:.2f}x (goal <= 1.05x)"]
-    chart(stats, sizes, names, os.path.join(args.out, "tail.png"))
+    chart(stats, sizes, names, os.path.join(out, "tail.png"))
     return "\n".join(table), {"stats": {f"{k[0]} {k[1]}": v for k, v in stats.items()}}
 
 
@@ -378,11 +384,20 @@ def main():
     p.add_argument("--n", type=int, default=200, help="tail: connections per size x condition")
     p.add_argument("--tail-ktls", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--quick", action="store_true", help="throughput: 64 MiB instead of 1 GiB")
+    p.add_argument("--report-only", action="store_true",
+                   help="tail: rebuild the table and chart from an existing results/tail.csv")
     p.add_argument("--out", default=os.path.join(REPO, "bench/results"))
     args = p.parse_args()
     global WORKERS
     WORKERS = args.workers
     os.makedirs(args.out, exist_ok=True)
+    if args.report_only:
+        with open(os.path.join(args.out, "tail.csv")) as f:
+            rows = [(r["condition"], r["size"], float(r["ttfb_ms"]), float(r["total_ms"])) for r in csv.DictReader(f)]
+        names = [n for n, _ in TAIL_CONDITIONS] + ["nginx-16k"]
+        table, _ = tail_report(rows, {"10KB": 0, "100KB": 0, "1MB": 0}, names, args.out)
+        print(table)
+        return
     work = tempfile.mkdtemp(prefix="ktlsd-bench-")
     try:
         make_cert(work)
