@@ -243,7 +243,7 @@ mod tests {
     #[test]
     fn adaptive_grows_with_the_window() {
         let seg = 1448 - crate::body::RECORD_EXPANSION;
-        let at = |cwnd, recent_loss| adaptive_len(&TcpState { mss: 1448, cwnd, in_flight: 0, unsent: 0, recent_loss });
+        let at = |cwnd, recent_loss| adaptive_len(&TcpState { mss: 1448, cwnd, recent_loss });
         assert_eq!(at(10, false), seg);
         assert_eq!(at(20, false), 2 * seg);
         assert_eq!(at(40, false), 5 * seg);

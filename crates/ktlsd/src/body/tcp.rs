@@ -11,10 +11,6 @@ pub struct TcpState {
     pub mss: u32,
     /// Congestion window, segments.
     pub cwnd: u32,
-    /// Segments sent and not yet acknowledged.
-    pub in_flight: u32,
-    /// Bytes written but not yet sent.
-    pub unsent: u32,
     /// The connection is recovering from a loss (or its window was cut by one).
     pub recent_loss: bool,
 }
@@ -43,16 +39,9 @@ impl TcpState {
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
-        let in_flight = info
-            .tcpi_unacked
-            .saturating_sub(info.tcpi_sacked)
-            .saturating_sub(info.tcpi_lost)
-            .saturating_add(info.tcpi_retrans);
         Ok(TcpState {
             mss: info.tcpi_snd_mss,
             cwnd: info.tcpi_snd_cwnd,
-            in_flight,
-            unsent: info.tcpi_notsent_bytes,
             recent_loss: info.tcpi_ca_state > TCP_CA_DISORDER
                 || (info.tcpi_ca_state != TCP_CA_OPEN && info.tcpi_retrans > 0),
         })
@@ -68,13 +57,6 @@ pub fn set_notsent_lowat(fd: BorrowedFd<'_>, bytes: u32) -> io::Result<()> {
 /// Sets the congestion control algorithm (`TCP_CONGESTION`), e.g. `bbr`.
 pub fn set_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
     setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_bytes())
-}
-
-/// Congestion control algorithms the running kernel offers.
-pub fn available_congestion_controls() -> Vec<String> {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-        .map(|s| s.split_whitespace().map(String::from).collect())
-        .unwrap_or_default()
 }
 
 fn setsockopt(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &[u8]) -> io::Result<()> {

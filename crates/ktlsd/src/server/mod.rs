@@ -120,7 +120,7 @@ fn choose_ktls(config: &Config) -> anyhow::Result<Option<crate::tls::kernel::Sup
 
 fn check_tcp_options(config: &Config) -> anyhow::Result<()> {
     if let Some(cc) = &config.tcp.congestion {
-        let available = crate::body::tcp::available_congestion_controls();
+        let available = kernel_tls::available_congestion_control().unwrap_or_default();
         if !available.iter().any(|a| a == cc) {
             return Err(anyhow!(
                 "tcp_congestion {cc:?} is not offered by this kernel (available: {}); try `modprobe tcp_{cc}`",
