@@ -12,6 +12,7 @@ Scenarios:
 Run through bench/run, which installs what is needed and boots a VM for the VM scenarios.
 """
 import argparse
+import concurrent.futures
 import csv
 import json
 import os
@@ -283,50 +284,96 @@ TAIL_CONDITIONS = [
 ]
 
 
+TAIL_SIZES = {"10KB": 10_000, "100KB": 100_000, "1MB": 1_000_000}
+CURL_FIELDS = "%{http_code} %{size_download} %{num_connects} %{time_starttransfer} %{time_total}\\n"
+
+
+def tail_batch(jobs, resolve):
+    """One curl process fetches `jobs` [(server, size)] in order, each on a new
+    connection with a full handshake (`Connection: close`, no TLS session reuse),
+    so a batch costs one process start instead of one per connection."""
+    cmd = ["curl", "-sk", "--no-sessionid", "-H", "Connection: close", "--max-time", "60",
+           "-w", CURL_FIELDS, *resolve]
+    for s, size in jobs:
+        cmd += ["-o", "/dev/null", f"https://localhost:{s.port}/{size}"]
+    out = subprocess.run(cmd, text=True, capture_output=True).stdout.splitlines()
+    if len(out) != len(jobs):
+        raise RuntimeError(f"curl reported {len(out)} of {len(jobs)} transfers")
+    rows = []
+    for (s, size), line in zip(jobs, out):
+        code, got, connects, ttfb, total = line.split()
+        if code != "200" or int(got) != TAIL_SIZES[size] or connects != "1":
+            raise RuntimeError(f"{s.name} {size}: HTTP {code}, {got} bytes, {connects} new connections")
+        rows.append((s.name, size, float(ttfb) * 1000, float(total) * 1000))
+    return rows
+
+
+def tcp_retransmits():
+    with open("/proc/net/snmp") as f:
+        names, values = [l.split() for l in f if l.startswith("Tcp:")][:2]
+    return int(values[names.index("RetransSegs")])
+
+
+def backlog_drops():
+    """Packets dropped because a CPU's receive backlog was full (softnet_stat, 2nd column)."""
+    with open("/proc/net/softnet_stat") as f:
+        return sum(int(l.split()[1], 16) for l in f)
+
+
 def scenario_tail(args, work):
     root = os.path.join(work, "www")
     os.makedirs(root)
-    sizes = {"10KB": 10_000, "100KB": 100_000, "1MB": 1_000_000}
-    for name, n in sizes.items():
+    for name, n in TAIL_SIZES.items():
         make_file(os.path.join(root, name), n)
     servers, port = [], 18450
     for name, extra in TAIL_CONDITIONS:
         servers.append(Ktlsd(name, args.ktlsd, root, port, work, ["--ktls", args.tail_ktls, *extra]))
         port += 1
     servers.append(Nginx("nginx-16k", root, port, work, ktls=args.tail_ktls != "off", buffer="16k"))
+    resolve = [a for s in servers for a in ("--resolve", f"localhost:{s.port}:127.0.0.1")]
     # Loopback's 64 KiB MTU and segmentation offloads would hand netem one
     # 64 KiB packet where a real link carries 45: give lo a 1500-byte MTU and
     # no offloads, so delay and loss act per real-sized segment.
     sh(["ip", "link", "set", "lo", "mtu", "1500"])
     subprocess.run(["ethtool", "-K", "lo", "tso", "off", "gso", "off", "gro", "off"], capture_output=True)
+    # Cold means cold: no ssthresh or RTT carried over from earlier connections.
+    # netem releases each delayed burst at once; a longer backlog keeps the
+    # receive side from dropping any of it, so netem's loss is the only loss.
+    sh(["sysctl", "-qw", "net.ipv4.tcp_no_metrics_save=1", "net.core.netdev_max_backlog=100000"])
     subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
-    sh(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "50ms", "loss", "1%"])
-    plan = [(s, size) for s in servers for size in sizes for _ in range(args.n)]
+    # netem holds every packet of the delay line in its queue; its default limit of
+    # 1000 packets would add drops of its own once a few 1 MB transfers overlap.
+    sh(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", args.delay, "loss", args.loss,
+        "limit", "100000"])
+    plan = [(s, size) for s in servers for size in TAIL_SIZES for _ in range(args.n)]
     random.shuffle(plan)
+    batches = [plan[i:i + 40] for i in range(0, len(plan), 40)]
     rows = []
     # Rows are written as they come, so an interrupted run still leaves its data.
     raw = open(os.path.join(args.out, "tail.csv"), "w", newline="")
     out = csv.writer(raw)
     out.writerow(["condition", "size", "ttfb_ms", "total_ms"])
+    started, retrans0, backlog0 = time.monotonic(), tcp_retransmits(), backlog_drops()
     try:
-        for i, (s, size) in enumerate(plan):
-            got, _, ttfb, total = curl_download(
-                f"https://localhost:{s.port}/{size}",
-                ["--resolve", f"localhost:{s.port}:127.0.0.1", "--max-time", "60"])
-            if got != sizes[size]:
-                raise RuntimeError(f"{s.name} {size}: got {got} bytes")
-            rows.append((s.name, size, ttfb * 1000, total * 1000))
-            out.writerow(rows[-1])
-            raw.flush()
-            if (i + 1) % 100 == 0:
-                log(f"  {i + 1}/{len(plan)} connections")
+        # A few clients at once: each connection mostly waits on the 100 ms round
+        # trips, and every condition shares the same concurrency.
+        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+            for got in pool.map(lambda b: tail_batch(b, resolve), batches):
+                rows += got
+                out.writerows(got)
+                raw.flush()
+                log(f"  {len(rows)}/{len(plan)} connections, {time.monotonic() - started:.0f} s")
+        # Every drop should be netem's: report the retransmits it caused and any drop it did not.
+        netem = re.search(r"dropped (\d+)", sh(["tc", "-s", "qdisc", "show", "dev", "lo"]))
+        log(f"  segments retransmitted: {tcp_retransmits() - retrans0}; netem drops: "
+            f"{netem.group(1) if netem else '?'}; receive backlog drops: {backlog_drops() - backlog0}")
     finally:
         raw.close()
         subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
         subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], capture_output=True)
         for s in servers:
             s.stop()
-    return tail_report(rows, sizes, [s.name for s in servers], args.out)
+    return tail_report(rows, TAIL_SIZES, [s.name for s in servers], args.out)
 
 
 def tail_report(rows, sizes, names, out):
@@ -342,18 +389,27 @@ def tail_report(rows, sizes, names, out):
             tot = [r[3] for r in rows if r[0] == n and r[1] == size]
             stats[(size, n)] = (pct(t, 50), pct(t, 95), pct(t, 99), pct(tot, 50), pct(tot, 95))
             table.append(f"| {size} | {n} | " + " | ".join(f"{v:.0f}" for v in stats[(size, n)]) + " |")
-    base, ad = "static:16k", "adaptive"
-    r100 = stats[("100KB", ad)][1] / stats[("100KB", base)][1]
-    r1m = stats[("1MB", ad)][4] / stats[("1MB", base)][4]
-    r10 = stats[("10KB", ad)][1] / stats[("10KB", base)][1]
-    table += ["", f"adaptive vs static:16k: 100 KB p95 TTFB {r100:.2f}x (goal <= 0.72x); "
-              f"1 MB p95 total {r1m:.2f}x (goal <= 1.0x); 10 KB p95 TTFB {r10:.2f}x (goal <= 1.05x)"]
+    cell = lambda n, size, col: [r[col] for r in rows if r[0] == n and r[1] == size]
+    goals = [("100KB", "TTFB", 2, 95, 0.72), ("1MB", "total", 3, 95, 1.0), ("10KB", "TTFB", 2, 95, 1.05)]
+    table += ["", "adaptive vs static:16k, with a 95% bootstrap interval:"]
+    for size, what, col, p, goal in goals:
+        r, lo, hi = ratio_ci(cell("adaptive", size, col), cell("static:16k", size, col), p)
+        table.append(f"- {size} p{p} {what}: {r:.2f}x [{lo:.2f}, {hi:.2f}] (goal <= {goal}x)")
     chart(stats, sizes, names, os.path.join(out, "tail.png"))
     return "\n".join(table), {"stats": {f"{k[0]} {k[1]}": v for k, v in stats.items()}}
 
 
+def ratio_ci(a, b, p, rounds=2000):
+    """pct(a, p) / pct(b, p), and the 2.5th and 97.5th percentiles of that ratio
+    over `rounds` bootstrap resamples of both samples."""
+    rng = random.Random(1)
+    boot = sorted(pct(rng.choices(a, k=len(a)), p) / pct(rng.choices(b, k=len(b)), p) for _ in range(rounds))
+    return pct(a, p) / pct(b, p), pct(boot, 2.5), pct(boot, 97.5)
+
+
 def chart(stats, sizes, names, path):
     try:
+        os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), "ktlsd-bench-mpl"))
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -383,6 +439,9 @@ def main():
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--n", type=int, default=200, help="tail: connections per size x condition")
     p.add_argument("--tail-ktls", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--clients", type=int, default=3, help="tail: curl processes running at once")
+    p.add_argument("--delay", default="50ms", help="tail: netem delay, each direction")
+    p.add_argument("--loss", default="1%%", help="tail: netem loss, each direction")
     p.add_argument("--quick", action="store_true", help="throughput: 64 MiB instead of 1 GiB")
     p.add_argument("--report-only", action="store_true",
                    help="tail: rebuild the table and chart from an existing results/tail.csv")
@@ -395,7 +454,7 @@ def main():
         with open(os.path.join(args.out, "tail.csv")) as f:
             rows = [(r["condition"], r["size"], float(r["ttfb_ms"]), float(r["total_ms"])) for r in csv.DictReader(f)]
         names = [n for n, _ in TAIL_CONDITIONS] + ["nginx-16k"]
-        table, _ = tail_report(rows, {"10KB": 0, "100KB": 0, "1MB": 0}, names, args.out)
+        table, _ = tail_report(rows, TAIL_SIZES, names, args.out)
         print(table)
         return
     work = tempfile.mkdtemp(prefix="ktlsd-bench-")

@@ -15,10 +15,6 @@ use std::fs::File;
 
 pub use policy::{RecordPolicy, RecordSizer, MAX_RECORD};
 
-/// Bytes a TLS record adds around its payload in the worst case we negotiate
-/// (TLS 1.2 AES-GCM: 5 header + 8 explicit nonce + 16 tag).
-pub const RECORD_EXPANSION: usize = 29;
-
 /// A byte range of an open file, sent as a response body.
 #[derive(Debug, Clone, Copy)]
 pub struct FileRange<'a> {

@@ -145,11 +145,13 @@ pub struct RecordSizer {
     /// Records sent since the dynamic policy last started over.
     records: u32,
     last_send: Option<Instant>,
+    /// What a record adds to its payload on the wire, for this connection's suite.
+    expansion: usize,
 }
 
 impl RecordSizer {
-    pub fn new(policy: RecordPolicy) -> Self {
-        RecordSizer { policy, records: 0, last_send: None }
+    pub fn new(policy: RecordPolicy, expansion: usize) -> Self {
+        RecordSizer { policy, records: 0, last_send: None, expansion }
     }
 
     /// Whether this policy needs the TCP state before each record.
@@ -173,7 +175,7 @@ impl RecordSizer {
                     MAX_RECORD
                 }
             }
-            RecordPolicy::Adaptive => tcp.map_or(MAX_RECORD, adaptive_len),
+            RecordPolicy::Adaptive => tcp.map_or(MAX_RECORD, |t| adaptive_len(t, self.expansion)),
         }
     }
 
@@ -194,10 +196,10 @@ impl RecordSizer {
 /// per-record CPU and byte cost of large transfers at the static:16k level. A loss
 /// shrinks the window, and the records with it; while the connection is recovering
 /// they are halved again.
-fn adaptive_len(t: &TcpState) -> usize {
+fn adaptive_len(t: &TcpState, expansion: usize) -> usize {
     let mss = (t.mss as usize).max(536);
-    // Payload per segment after the record's own expansion (header, nonce, tag).
-    let per_segment = mss - super::RECORD_EXPANSION;
+    // A one-segment record carries exactly one segment on the wire.
+    let per_segment = mss - expansion;
     let mut segments = (t.cwnd as usize / 8).max(1);
     if t.recent_loss {
         segments = (segments / 2).max(1);
@@ -229,7 +231,7 @@ mod tests {
     #[test]
     fn dynamic_ramps_and_resets_after_idle() {
         let p = DynamicParams { threshold: 2, ..Default::default() };
-        let mut s = RecordSizer::new(RecordPolicy::Dynamic(p));
+        let mut s = RecordSizer::new(RecordPolicy::Dynamic(p), 22);
         let t0 = Instant::now();
         let mut lens = Vec::new();
         for _ in 0..5 {
@@ -242,8 +244,8 @@ mod tests {
 
     #[test]
     fn adaptive_grows_with_the_window() {
-        let seg = 1448 - crate::body::RECORD_EXPANSION;
-        let at = |cwnd, recent_loss| adaptive_len(&TcpState { mss: 1448, cwnd, recent_loss });
+        let seg = 1448 - 22;
+        let at = |cwnd, recent_loss| adaptive_len(&TcpState { mss: 1448, cwnd, recent_loss }, 22);
         assert_eq!(at(10, false), seg);
         assert_eq!(at(20, false), 2 * seg);
         assert_eq!(at(40, false), 5 * seg);

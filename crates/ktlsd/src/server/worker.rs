@@ -24,7 +24,7 @@ use crate::log::AccessLog;
 use crate::tls::handshake::{self, HandshakeError};
 use crate::tls::kernel::KernelTls;
 use crate::tls::userspace::UserspaceTls;
-use crate::tls::Session;
+use crate::tls::{self, Session};
 
 /// Everything a connection task borrows from its worker.
 struct Worker {
@@ -160,8 +160,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, stop: 
         }
     };
 
-    let sizer = RecordSizer::new(cfg.record_policy);
     let conn = established.conn;
+    let sizer = RecordSizer::new(cfg.record_policy, tls::record_expansion(&conn));
     let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s))
         // Attaching the ULP can still fail for this socket (e.g. the client already
         // sent FIN); then the connection simply stays in user space.

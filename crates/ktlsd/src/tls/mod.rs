@@ -9,7 +9,25 @@ pub mod userspace;
 
 pub use session::{Session, TlsMode};
 
+use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{EncodeError, EncodeTlsData};
+use rustls::{CipherSuite, ProtocolVersion};
+
+/// Bytes each application-data record adds to its payload on this connection:
+/// header (5) and tag (16), plus the inner content type (1) in TLS 1.3, or the
+/// explicit nonce (8) of TLS 1.2 AES-GCM. Record sizing uses it to fill segments
+/// exactly.
+pub fn record_expansion(conn: &UnbufferedServerConnection) -> usize {
+    let chacha = matches!(
+        conn.negotiated_cipher_suite().map(|s| s.suite()),
+        Some(CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256)
+    );
+    match conn.protocol_version() {
+        Some(ProtocolVersion::TLSv1_3) => 5 + 16 + 1,
+        _ if chacha => 5 + 16,
+        _ => 5 + 8 + 16,
+    }
+}
 
 /// Appends the handshake record rustls wants sent to `out[..*used]`, growing `out` as needed.
 fn encode_into<Data>(enc: &mut EncodeTlsData<'_, Data>, out: &mut Vec<u8>, used: &mut usize) {
