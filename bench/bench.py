@@ -314,6 +314,13 @@ def tcp_retransmits():
     return int(values[names.index("RetransSegs")])
 
 
+def tcp_ext():
+    """TcpExt counters (/proc/net/netstat) by name."""
+    with open("/proc/net/netstat") as f:
+        names, values = [l.split()[1:] for l in f if l.startswith("TcpExt:")][:2]
+    return dict(zip(names, map(int, values)))
+
+
 def backlog_drops():
     """Packets dropped because a CPU's receive backlog was full (softnet_stat, 2nd column)."""
     with open("/proc/net/softnet_stat") as f:
@@ -353,7 +360,7 @@ def scenario_tail(args, work):
     raw = open(os.path.join(args.out, "tail.csv"), "w", newline="")
     out = csv.writer(raw)
     out.writerow(["condition", "size", "ttfb_ms", "total_ms"])
-    started, retrans0, backlog0 = time.monotonic(), tcp_retransmits(), backlog_drops()
+    started, retrans0, backlog0, ext0 = time.monotonic(), tcp_retransmits(), backlog_drops(), tcp_ext()
     try:
         # A few clients at once: each connection mostly waits on the 100 ms round
         # trips, and every condition shares the same concurrency.
@@ -367,6 +374,9 @@ def scenario_tail(args, work):
         netem = re.search(r"dropped (\d+)", sh(["tc", "-s", "qdisc", "show", "dev", "lo"]))
         log(f"  segments retransmitted: {tcp_retransmits() - retrans0}; netem drops: "
             f"{netem.group(1) if netem else '?'}; receive backlog drops: {backlog_drops() - backlog0}")
+        ext = {k: v - ext0.get(k, 0) for k, v in tcp_ext().items()}
+        log("  TcpExt: " + " ".join(f"{k}={v}" for k, v in ext.items()
+                                    if v and re.search("Drop|Spurious|Timeout|LossProbe|Retrans|Prune|Recover", k)))
     finally:
         raw.close()
         subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
@@ -439,9 +449,9 @@ def main():
     p.add_argument("--workers", type=int, default=os.cpu_count())
     p.add_argument("--n", type=int, default=200, help="tail: connections per size x condition")
     p.add_argument("--tail-ktls", default="auto", choices=["auto", "on", "off"])
-    p.add_argument("--clients", type=int, default=3, help="tail: curl processes running at once")
+    p.add_argument("--clients", type=int, default=2, help="tail: curl processes running at once")
     p.add_argument("--delay", default="50ms", help="tail: netem delay, each direction")
-    p.add_argument("--loss", default="1%%", help="tail: netem loss, each direction")
+    p.add_argument("--loss", default="1%", help="tail: netem loss, each direction (%%)")
     p.add_argument("--quick", action="store_true", help="throughput: 64 MiB instead of 1 GiB")
     p.add_argument("--report-only", action="store_true",
                    help="tail: rebuild the table and chart from an existing results/tail.csv")
