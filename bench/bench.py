@@ -213,7 +213,8 @@ def scenario_throughput(args, work):
     big = 1 << 30 if not args.quick else 64 << 20
     make_file(os.path.join(root, "big.bin"), big)
     make_file(os.path.join(root, "10k.bin"), 10 * 1024)
-    servers = [Ktlsd("ktlsd", args.ktlsd, root, 18443, work), Nginx("nginx", root, 18444, work)]
+    extra = ["--record-size", args.record_size] if args.record_size else []
+    servers = [Ktlsd("ktlsd", args.ktlsd, root, 18443, work, extra), Nginx("nginx", root, 18444, work)]
     try:
         log(f"download: {big >> 20} MiB x {args.runs} runs each, interleaved")
         dl = download_runs(servers, "big.bin", big, args.runs)
@@ -453,6 +454,7 @@ def main():
     p.add_argument("--delay", default="50ms", help="tail: netem delay, each direction")
     p.add_argument("--loss", default="1%", help="tail: netem loss, each direction (%%)")
     p.add_argument("--quick", action="store_true", help="throughput: 64 MiB instead of 1 GiB")
+    p.add_argument("--record-size", help="throughput: ktlsd's --record-size (default: ktlsd's default)")
     p.add_argument("--report-only", action="store_true",
                    help="tail: rebuild the table and chart from an existing results/tail.csv")
     p.add_argument("--out", default=os.path.join(REPO, "bench/results"))
