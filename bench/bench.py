@@ -247,6 +247,15 @@ def scenario_throughput(args, work):
     return "\n".join(table), {"download": dl, "wrk": rps}
 
 
+def require_ktls(work, names):
+    """Fails unless every response in these ktlsd servers' access logs went out over kTLS."""
+    for name in names:
+        with open(os.path.join(work, f"{name}.access")) as f:
+            modes = {l.rsplit("tls=", 1)[-1].strip() for l in f if "tls=" in l}
+        if modes != {"ktls"}:
+            raise RuntimeError(f"{name} connections ran in modes {modes}, expected only ktls")
+
+
 def scenario_ktls(args, work):
     root = os.path.join(work, "www")
     os.makedirs(root)
@@ -263,10 +272,7 @@ def scenario_ktls(args, work):
     finally:
         for s in servers:
             s.stop()
-    with open(os.path.join(work, "ktlsd-ktls.access")) as f:
-        modes = {l.rsplit("tls=", 1)[-1].strip() for l in f if "tls=" in l}
-    if modes != {"ktls"}:
-        raise RuntimeError(f"ktlsd-ktls connections ran in modes {modes}, expected only ktls")
+    require_ktls(work, ["ktlsd-ktls"])
     cpu = {n: median(v["cpu_per_gib"]) for n, v in dl.items()}
     spd = {n: median(v["speed"]) for n, v in dl.items()}
     table = ["| server | download MB/s (median) | server CPU s/GiB (median) |", "|---|---|---|"]
@@ -384,6 +390,8 @@ def scenario_tail(args, work):
         subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], capture_output=True)
         for s in servers:
             s.stop()
+    if args.tail_ktls != "off":
+        require_ktls(work, [name for name, _ in TAIL_CONDITIONS])
     return tail_report(rows, TAIL_SIZES, [s.name for s in servers], args.out)
 
 
@@ -420,7 +428,8 @@ def ratio_ci(a, b, p, rounds=2000):
 
 def chart(stats, sizes, names, path):
     try:
-        os.environ.setdefault("MPLCONFIGDIR", os.path.join(tempfile.gettempdir(), "ktlsd-bench-mpl"))
+        # Kept beside the results, so its font cache is built once, not in every VM.
+        os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.dirname(path), ".matplotlib"))
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
