@@ -414,7 +414,7 @@ def tail_report(rows, sizes, names, out):
     for size, what, col, p, goal in goals:
         r, lo, hi = ratio_ci(cell("adaptive", size, col), cell("static:16k", size, col), p)
         table.append(f"- {size} p{p} {what}: {r:.2f}x [{lo:.2f}, {hi:.2f}] (goal <= {goal}x)")
-    chart(stats, sizes, names, os.path.join(out, "tail.png"))
+    chart(stats, rows, sizes, names, os.path.join(out, "tail.png"))
     return "\n".join(table), {"stats": {f"{k[0]} {k[1]}": v for k, v in stats.items()}}
 
 
@@ -426,7 +426,7 @@ def ratio_ci(a, b, p, rounds=2000):
     return pct(a, p) / pct(b, p), pct(boot, 2.5), pct(boot, 97.5)
 
 
-def chart(stats, sizes, names, path):
+def chart(stats, rows, sizes, names, path):
     try:
         # Kept beside the results, so its font cache is built once, not in every VM.
         os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.dirname(path), ".matplotlib"))
@@ -436,8 +436,11 @@ def chart(stats, sizes, names, path):
     except ImportError:
         log("matplotlib missing: no chart")
         return
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4))
-    for ax, size in zip(axes, sizes):
+    # Top: p50 and p95 per condition. Bottom: the whole TTFB distribution, where
+    # the loss-delayed share (and so where a p95 lands) can be read off.
+    fig, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 8))
+    for col, size in enumerate(sizes):
+        ax = axes[0][col]
         p50 = [stats[(size, n)][0] for n in names]
         p95 = [stats[(size, n)][1] for n in names]
         x = range(len(names))
@@ -445,7 +448,17 @@ def chart(stats, sizes, names, path):
         ax.bar([i + 0.2 for i in x], p95, 0.4, label="TTFB p95")
         ax.set_xticks(list(x), names, rotation=40, ha="right")
         ax.set_title(f"{size}: time to first byte (ms)")
-        ax.legend()
+        ax.legend(loc="upper left", fontsize="small")
+        ax = axes[1][col]
+        for n in names:
+            t = sorted(r[2] for r in rows if r[0] == n and r[1] == size)
+            ax.step(t, [(i + 1) / len(t) for i in range(len(t))], where="post", label=n)
+        ax.axhline(0.95, color="grey", lw=0.5, ls="--")
+        ax.set_xlim(250, 1600)
+        ax.set_ylim(0.5, 1.0)
+        ax.set_xlabel("TTFB (ms)")
+        ax.set_ylabel("fraction of connections")
+        ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
