@@ -315,17 +315,19 @@ def tail_batch(jobs, resolve):
     return rows
 
 
+def proc_counters(path, prefix):
+    """Counters by name from a /proc/net/{snmp,netstat} table (a names line, then a values line)."""
+    with open(path) as f:
+        names, values = [l.split()[1:] for l in f if l.startswith(prefix)][:2]
+    return dict(zip(names, map(int, values)))
+
+
 def tcp_retransmits():
-    with open("/proc/net/snmp") as f:
-        names, values = [l.split() for l in f if l.startswith("Tcp:")][:2]
-    return int(values[names.index("RetransSegs")])
+    return proc_counters("/proc/net/snmp", "Tcp:")["RetransSegs"]
 
 
 def tcp_ext():
-    """TcpExt counters (/proc/net/netstat) by name."""
-    with open("/proc/net/netstat") as f:
-        names, values = [l.split()[1:] for l in f if l.startswith("TcpExt:")][:2]
-    return dict(zip(names, map(int, values)))
+    return proc_counters("/proc/net/netstat", "TcpExt:")
 
 
 def backlog_drops():
