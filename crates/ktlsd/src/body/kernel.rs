@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::tcp::TcpState;
 use super::{truncated, FileRange, RecordSizer, MAX_RECORD};
 use crate::net;
 use crate::tls::kernel::KernelTls;
@@ -41,7 +40,7 @@ pub async fn send(
     // The head shares the first record with the body unless it alone fills a record.
     let mut first_record_room = None;
     let now = Instant::now();
-    let first = record_len(sizer, stream, now);
+    let first = sizer.next_record(stream.as_fd(), now);
     if head.len() < first {
         send_all(stream, head, true, timeout).await?;
         first_record_room = Some(first - head.len());
@@ -55,7 +54,7 @@ pub async fn send(
         let now = Instant::now();
         let want = match first_record_room.take() {
             Some(room) => room,
-            None => record_len(sizer, stream, now),
+            None => sizer.next_record(stream.as_fd(), now),
         };
         // Full records, or a size the kernel enforces itself: let the kernel cut
         // them from one large call.
@@ -87,11 +86,6 @@ pub async fn send(
     }
     tls.note_sent(head.len() as u64 + range.len);
     Ok(range.len)
-}
-
-fn record_len(sizer: &mut RecordSizer, stream: &TcpStream, now: Instant) -> usize {
-    let tcp = if sizer.wants_tcp_state() { TcpState::read(stream.as_fd()).ok() } else { None };
-    sizer.next_len(now, tcp.as_ref()).clamp(1, MAX_RECORD)
 }
 
 async fn send_all(stream: &TcpStream, mut data: &[u8], more: bool, timeout: Duration) -> io::Result<()> {

@@ -1,10 +1,11 @@
 //! TLS record-size policies, and the per-connection sizer that applies them.
 //!
 //! This is the one place that decides where records end, for both record layers:
-//! the userspace writer encrypts one record per [`RecordSizer::next_len`], the kernel
+//! the userspace writer encrypts one record per [`RecordSizer::next_record`], the kernel
 //! writer hands the kernel one `send`/`sendfile` of that length.
 
 use std::fmt;
+use std::os::fd::BorrowedFd;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
@@ -154,13 +155,18 @@ impl RecordSizer {
         RecordSizer { policy, records: 0, last_send: None, expansion }
     }
 
-    /// Whether this policy needs the TCP state before each record.
-    pub fn wants_tcp_state(&self) -> bool {
-        matches!(self.policy, RecordPolicy::Adaptive)
+    /// Payload length of the next record on `socket`, reading its TCP state
+    /// when the policy sizes records from it.
+    pub fn next_record(&mut self, socket: BorrowedFd<'_>, now: Instant) -> usize {
+        let tcp = match self.policy {
+            RecordPolicy::Adaptive => TcpState::read(socket).ok(),
+            _ => None,
+        };
+        self.next_len(now, tcp.as_ref()).clamp(1, MAX_RECORD)
     }
 
-    /// Payload length of the next record.
-    pub fn next_len(&mut self, now: Instant, tcp: Option<&TcpState>) -> usize {
+    /// Payload length of the next record, given the TCP state if the policy uses it.
+    fn next_len(&mut self, now: Instant, tcp: Option<&TcpState>) -> usize {
         match self.policy {
             RecordPolicy::Static(n) => n,
             RecordPolicy::Dynamic(p) => {

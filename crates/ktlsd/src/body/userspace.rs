@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use super::tcp::TcpState;
 use super::{truncated, FileRange, RecordSizer, MAX_RECORD};
 use crate::tls::userspace::UserspaceTls;
 
@@ -45,8 +44,7 @@ pub async fn send(
 
     loop {
         let now = Instant::now();
-        let tcp = if sizer.wants_tcp_state() { TcpState::read(stream.as_fd()).ok() } else { None };
-        let want = sizer.next_len(now, tcp.as_ref()).clamp(1, MAX_RECORD);
+        let want = sizer.next_record(stream.as_fd(), now);
 
         if let Some(range) = body {
             if end - start < want && left > 0 {
