@@ -33,8 +33,12 @@ macro_rules! counters {
 
 counters! {
     connections: "Accepted connections.",
-    handshake_failures: "Handshakes that failed (TLS errors, garbage, resets).",
+    handshake_failures: "Handshakes that failed, for any of the reasons below.",
     handshake_timeouts: "Handshakes that took longer than handshake_timeout.",
+    handshake_protocol_errors: "Handshakes refused for a TLS protocol error (an alert was sent when rustls had one).",
+    handshake_client_alerts: "Handshakes the client ended with a fatal alert.",
+    handshake_resets: "Handshakes cut by the client closing or resetting the connection, or by a socket error.",
+    handshake_plain_http: "Connections that sent plain HTTP to the TLS port (answered 400).",
     ktls: "Connections whose record layer ran in the kernel.",
     userspace: "Connections whose record layer ran in user space.",
     ktls_install_failures: "Connections lost because the kernel refused the keys.",
@@ -43,6 +47,7 @@ counters! {
     key_updates: "TLS 1.3 KeyUpdates installed in the kernel.",
     timeouts: "Connections closed on an idle, header or send timeout.",
     errors: "Connections cut by socket or TLS errors after the handshake.",
+    panics: "Connection tasks that panicked (a bug; each is logged with its peer).",
 }
 
 impl Stats {

@@ -1,6 +1,11 @@
 //! A worker: one thread, one single-threaded event loop, its own listeners, access
 //! log and counters. Each accepted connection runs as a local task through
 //! handshake -> record layer choice -> HTTP.
+//!
+//! A connection task is counted as active from accept to its end however it
+//! ends, a panic included (a guard uncounts it while unwinding), so shutdown
+//! never waits for a task that is gone. Failed handshakes are counted by reason
+//! and logged, at most [`HANDSHAKE_LOG_LINES`] lines per second per worker.
 
 use std::cell::Cell;
 use std::fs::File;
@@ -9,7 +14,7 @@ use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::net::{TcpListener, TcpStream};
@@ -21,7 +26,7 @@ use super::Shared;
 use crate::body::{tcp, RecordSizer};
 use crate::http::conn::{self, End};
 use crate::log::AccessLog;
-use crate::tls::handshake::{self, HandshakeError};
+use crate::tls::handshake::{self, FailureKind};
 use crate::tls::kernel::KernelTls;
 use crate::tls::userspace::UserspaceTls;
 use crate::tls::{self, Session};
@@ -31,8 +36,101 @@ struct Worker {
     shared: Arc<Shared>,
     log: AccessLog,
     stats: Stats,
+    tasks: Rc<Tasks>,
+    handshake_log: RateLimit,
+}
+
+/// The worker's connection tasks: how many are running, a wake-up for when none
+/// is, and how many panicked.
+#[derive(Default)]
+struct Tasks {
     active: Cell<usize>,
     idle: Notify,
+    panics: Cell<u64>,
+}
+
+/// Most failed-handshake lines a worker logs per second; a client that fails
+/// handshakes in a loop must not flood the log.
+const HANDSHAKE_LOG_LINES: u32 = 10;
+
+/// Counts a connection task as active until it is dropped: when it returns,
+/// when it is aborted, and when it panics (then the panic is counted and logged).
+struct Active {
+    tasks: Rc<Tasks>,
+    peer: SocketAddr,
+}
+
+impl Active {
+    fn new(tasks: Rc<Tasks>, peer: SocketAddr) -> Active {
+        tasks.active.set(tasks.active.get() + 1);
+        Active { tasks, peer }
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        let t = &self.tasks;
+        if std::thread::panicking() {
+            Stats::bump(&t.panics);
+            tracing::error!(
+                "connection task for {} panicked (message above); the connection was dropped, the server goes on",
+                self.peer
+            );
+        }
+        t.active.set(t.active.get().saturating_sub(1));
+        if t.active.get() == 0 {
+            t.idle.notify_waiters();
+        }
+    }
+}
+
+/// Lets through at most `limit` events per one-second window and counts the rest,
+/// to be reported in one line when the window is over.
+struct RateLimit {
+    limit: u32,
+    window: Cell<Instant>,
+    passed: Cell<u32>,
+    suppressed: Cell<u64>,
+}
+
+impl RateLimit {
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    fn new(limit: u32) -> RateLimit {
+        RateLimit { limit, window: Cell::new(Instant::now()), passed: Cell::new(0), suppressed: Cell::new(0) }
+    }
+
+    /// Whether an event at `now` may be logged. Returns, too, how many events the
+    /// window that just ended suppressed (to be reported first).
+    fn check(&self, now: Instant) -> (bool, u64) {
+        let ended = self.roll(now);
+        if self.passed.get() < self.limit {
+            self.passed.set(self.passed.get() + 1);
+            (true, ended)
+        } else {
+            self.suppressed.set(self.suppressed.get() + 1);
+            (false, ended)
+        }
+    }
+
+    /// Starts a new window when the current one is over; returns how many events
+    /// the ended window suppressed.
+    fn roll(&self, now: Instant) -> u64 {
+        if now.saturating_duration_since(self.window.get()) < Self::WINDOW {
+            return 0;
+        }
+        self.window.set(now);
+        self.passed.set(0);
+        self.suppressed.replace(0)
+    }
+}
+
+fn log_suppressed_handshakes(n: u64) {
+    if n > 0 {
+        tracing::info!(
+            "{n} more failed handshake(s) not logged (at most {HANDSHAKE_LOG_LINES} lines per second per worker; the counters have them all)"
+        );
+    }
 }
 
 pub fn spawn(
@@ -61,8 +159,8 @@ fn run(listeners: Vec<StdListener>, shared: Arc<Shared>, stop: watch::Receiver<b
         shared,
         log: AccessLog::new(log_out),
         stats: Stats::default(),
-        active: Cell::new(0),
-        idle: Notify::new(),
+        tasks: Rc::default(),
+        handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
     });
     let local = LocalSet::new();
     local.block_on(&rt, {
@@ -82,6 +180,7 @@ fn run(listeners: Vec<StdListener>, shared: Arc<Shared>, stop: watch::Receiver<b
                     loop {
                         tick.tick().await;
                         worker.log.flush();
+                        log_suppressed_handshakes(worker.handshake_log.roll(Instant::now()));
                     }
                 }
             });
@@ -93,21 +192,23 @@ fn run(listeners: Vec<StdListener>, shared: Arc<Shared>, stop: watch::Receiver<b
             }
             // In-flight connections finish their current response, bounded in time.
             let drained = tokio::time::timeout(shutdown_timeout, async {
-                while worker.active.get() > 0 {
-                    worker.idle.notified().await;
+                while worker.tasks.active.get() > 0 {
+                    worker.tasks.idle.notified().await;
                 }
             })
             .await;
             if drained.is_err() {
-                tracing::warn!("{} connection(s) still busy after the shutdown timeout; closing them", worker.active.get());
+                tracing::warn!("{} connection(s) still busy after the shutdown timeout; closing them", worker.tasks.active.get());
             }
             flusher.abort();
+            log_suppressed_handshakes(worker.handshake_log.roll(Instant::now() + RateLimit::WINDOW));
         }
     });
     drop(local);
     worker.log.flush();
     let total = Stats::default();
     total.add(&worker.stats);
+    total.panics.set(total.panics.get() + worker.tasks.panics.get());
     total
 }
 
@@ -116,15 +217,12 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
         match listener.accept().await {
             Ok((stream, peer)) => {
                 Stats::bump(&worker.stats.connections);
-                worker.active.set(worker.active.get() + 1);
+                let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
                 let stop = stop.clone();
                 tokio::task::spawn_local(async move {
+                    let _active = active;
                     connection(stream, peer, &w, stop).await;
-                    w.active.set(w.active.get() - 1);
-                    if w.active.get() == 0 {
-                        w.idle.notify_waiters();
-                    }
                 });
             }
             Err(e) => {
@@ -151,11 +249,20 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, stop: 
     let established = match handshake::accept(&stream, shared.tls.clone(), cfg.timeouts.handshake).await {
         Ok(e) => e,
         Err(e) => {
-            match e {
-                HandshakeError::Timeout => Stats::bump(&stats.handshake_timeouts),
-                _ => Stats::bump(&stats.handshake_failures),
+            let kind = e.kind();
+            Stats::bump(&stats.handshake_failures);
+            Stats::bump(match kind {
+                FailureKind::Timeout => &stats.handshake_timeouts,
+                FailureKind::Protocol => &stats.handshake_protocol_errors,
+                FailureKind::ClientAlert => &stats.handshake_client_alerts,
+                FailureKind::Reset => &stats.handshake_resets,
+                FailureKind::PlainHttp => &stats.handshake_plain_http,
+            });
+            let (log, suppressed) = worker.handshake_log.check(Instant::now());
+            log_suppressed_handshakes(suppressed);
+            if log {
+                tracing::info!("handshake with {peer} failed ({kind}): {e}");
             }
-            tracing::debug!("handshake with {peer} failed: {e}");
             return;
         }
     };
@@ -191,5 +298,67 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, stop: 
         End::Done => session.close().await,
         End::Timeout => Stats::bump(&stats.timeouts),
         End::Error => Stats::bump(&stats.errors),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task that panics is uncounted, its panic counted, and a shutdown waiting
+    /// for the worker to go idle is woken.
+    #[test]
+    fn panicking_task_is_uncounted() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let tasks = Rc::new(Tasks::default());
+        let peer: SocketAddr = "192.0.2.1:4433".parse().unwrap();
+        LocalSet::new().block_on(&rt, async {
+            let (ok, panics) = (Active::new(tasks.clone(), peer), Active::new(tasks.clone(), peer));
+            assert_eq!(tasks.active.get(), 2);
+            let a = tokio::task::spawn_local(async move {
+                let _active = ok;
+                tokio::task::yield_now().await;
+            });
+            let b = tokio::task::spawn_local(async move {
+                let _active = panics;
+                tokio::task::yield_now().await;
+                panic!("a bug in a connection task");
+            });
+            let idle = tokio::time::timeout(Duration::from_secs(5), async {
+                while tasks.active.get() > 0 {
+                    tasks.idle.notified().await;
+                }
+            });
+            assert!(idle.await.is_ok(), "still {} active task(s)", tasks.active.get());
+            assert!(a.await.is_ok());
+            assert!(b.await.unwrap_err().is_panic());
+        });
+        assert_eq!((tasks.active.get(), tasks.panics.get()), (0, 1));
+    }
+
+    #[test]
+    fn rate_limit_table() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let rl = RateLimit { limit: 3, window: Cell::new(t0), passed: Cell::new(0), suppressed: Cell::new(0) };
+        // (time in ms, logged, suppressed count reported)
+        let steps = [
+            (0, true, 0),
+            (10, true, 0),
+            (20, true, 0),
+            (30, false, 0),
+            (999, false, 0),
+            (1000, true, 2),
+            (1001, true, 0),
+            (3000, true, 0),
+        ];
+        for (ms, log, reported) in steps {
+            assert_eq!(rl.check(at(ms)), (log, reported), "at {ms} ms");
+        }
+        for _ in 0..5 {
+            rl.check(at(3100));
+        }
+        assert_eq!(rl.roll(at(3500)), 0, "window still open");
+        assert_eq!(rl.roll(at(4000)), 3, "3 of 5 over the limit of 3 (one already passed at 3000)");
     }
 }

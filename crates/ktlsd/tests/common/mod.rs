@@ -1179,3 +1179,50 @@ pub fn make_cert(dir: &Path, name: &str, kind: &str) -> (PathBuf, PathBuf) {
     assert!(out.status.success(), "openssl req failed: {}", String::from_utf8_lossy(&out.stderr));
     (cert, key)
 }
+
+// ---------------------------------------------------------------------------
+// Raw handshake bytes.
+// ---------------------------------------------------------------------------
+
+/// The ClientHello (its records, as they go on the wire) the rustls client
+/// sends first with `cfg`.
+pub fn client_hello(cfg: Arc<rustls::ClientConfig>) -> Vec<u8> {
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut conn = rustls::ClientConnection::new(cfg, name).expect("rustls client");
+    let mut out = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut out).expect("write_tls to a Vec");
+    }
+    out
+}
+
+/// Reads a raw socket until the peer closes (true; a reset counts as closed) or
+/// `limit` passes without data (false). Returns what arrived.
+pub fn read_raw_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    s.set_read_timeout(Some(limit)).expect("set_read_timeout");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (got, true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return (got, true),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+/// The TLS records in `bytes`: (content type, body). Stops at an incomplete record.
+pub fn tls_records(bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 5 <= bytes.len() {
+        let len = u16::from_be_bytes([bytes[at + 3], bytes[at + 4]]) as usize;
+        if at + 5 + len > bytes.len() {
+            break;
+        }
+        out.push((bytes[at], bytes[at + 5..at + 5 + len].to_vec()));
+        at += 5 + len;
+    }
+    out
+}
