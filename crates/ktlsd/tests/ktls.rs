@@ -1192,19 +1192,27 @@ fn lingering_close_delivers_whole_responses() {
     files.push(("mib", pattern(MIB, 7)));
     let mib = file(&files, "mib").to_vec();
     let server = KtlsServer::start(&files, &[]);
-    let cases: [(&str, &[u16]); 3] = [
-        ("GET /mib HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", &[200]),
-        ("GET /mib HTTP/1.0\r\n\r\n", &[200]),
-        ("GET /mib HTTP/1.1\r\nHost: localhost\r\n\r\nGET /one HTTP/1.1\r\nHost x\r\n\r\n", &[200, 400]),
+    // (request, statuses, whether the extra bytes follow only once the server has
+    // answered and closed: a socket already closed would answer them with a reset).
+    let cases: [(&str, &[u16], bool); 4] = [
+        ("GET /mib HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", &[200], false),
+        ("GET /mib HTTP/1.0\r\n\r\n", &[200], false),
+        ("GET /mib HTTP/1.1\r\nHost: localhost\r\n\r\nGET /one HTTP/1.1\r\nHost x\r\n\r\n", &[200, 400], false),
+        ("GET /mib HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", &[200], true),
     ];
     let (mut connections, mut requests) = (0, 0);
     for v in [V::Tls13, V::Tls12] {
-        for (request, statuses) in cases {
-            let what = format!("{v:?} {:?}", request.lines().next().unwrap_or(""));
+        for (request, statuses, later) in cases {
+            let what = format!("{v:?} {:?} (extra bytes later: {later})", request.lines().next().unwrap_or(""));
             let mut c = TlsClient::connect(server.addr(), &client_config(v, None));
-            let mut bytes = request.as_bytes().to_vec();
-            bytes.extend(std::iter::repeat_n(b'z', 20_000));
-            c.send(&bytes);
+            let extra = vec![b'z'; 20_000];
+            if later {
+                c.send(request.as_bytes());
+                thread::sleep(Duration::from_millis(500));
+                c.send(&extra);
+            } else {
+                c.send(&[request.as_bytes(), &extra].concat());
+            }
             // Let the server write its answer and close before anything is read.
             thread::sleep(Duration::from_millis(500));
             for status in statuses {

@@ -114,14 +114,24 @@ fn open_file_cache_never_exhausts_a_low_fd_limit() {
 // ---------------------------------------------------------------------------
 
 /// Sends `request` followed by 20 kB of bytes the server never reads, in one
-/// write, waits until the server has closed its side, then reads everything.
+/// write (or, when `later`, once the server has answered), waits until the
+/// server has closed its side, then reads everything.
 fn lingering_case(request: &str, want: &[(u16, Option<&[u8]>)]) {
+    lingering_case_with(request, want, false)
+}
+
+fn lingering_case_with(request: &str, want: &[(u16, Option<&[u8]>)], later: bool) {
     let big = pattern(MIB, 9);
     let srv = Server::builder().file("big", &big).file("a.txt", A_TXT).start();
     let mut c = TlsClient::connect(srv.addr());
-    let mut bytes = request.as_bytes().to_vec();
-    bytes.extend(std::iter::repeat_n(b'z', 20_000));
-    c.send(&bytes);
+    let extra = vec![b'z'; 20_000];
+    if later {
+        c.send(request.as_bytes());
+        std::thread::sleep(Duration::from_millis(500));
+        c.send(&extra);
+    } else {
+        c.send(&[request.as_bytes(), &extra].concat());
+    }
     // The server writes, closes, and (before lingering close) reset the
     // connection while this client had not read yet.
     std::thread::sleep(Duration::from_millis(500));
@@ -154,6 +164,13 @@ fn lingering_close_after_http10() {
 fn lingering_close_after_error_on_pipelined_request() {
     let big = pattern(MIB, 9);
     lingering_case("GET /big HTTP/1.1\r\nHost: x\r\n\r\nGET /a.txt HTTP/1.1\r\nHost x\r\n\r\n", &[(200, Some(&big)), (400, None)]);
+}
+
+#[test]
+fn lingering_close_when_extra_bytes_arrive_after_the_response() {
+    // A socket already closed would answer the late bytes with a reset.
+    let big = pattern(MIB, 9);
+    lingering_case_with("GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &[(200, Some(&big))], true);
 }
 
 #[test]
