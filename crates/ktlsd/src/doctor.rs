@@ -308,6 +308,16 @@ impl Report {
             self.congestion_control.join(" ")
         };
         row(out, "congestion control", &cc)?;
+        let fds = match crate::server::FdBudget::read() {
+            Ok(b) => format!(
+                "soft {}, hard {}: ktlsd serves with {} (its open-file cache takes at most a quarter)",
+                b.before,
+                b.hard,
+                b.target()
+            ),
+            Err(e) => format!("unknown ({e})"),
+        };
+        row(out, "file descriptors", &fds)?;
         writeln!(out)?;
 
         if self.tls_stat.available {

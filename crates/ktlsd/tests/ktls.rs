@@ -1305,3 +1305,60 @@ fn refused_handshake_alert_is_complete_then_ktls() {
     assert_eq!(s.stat("handshake_protocol_errors"), 2, "{}", s.stderr);
     assert_eq!(s.stat("handshake_client_alerts"), 1, "{}", s.stderr);
 }
+
+// ============================================================== tests: lingering close
+
+/// The server ends a connection while the client has sent bytes it has not
+/// read (after `Connection: close`, after an HTTP/1.0 request, and after an
+/// error on a pipelined request). Closing with unread input would make the
+/// kernel reset the connection and drop the tail of the response; the server
+/// shuts down its write side and drains the kTLS socket instead, so the 1 MiB
+/// response arrives whole, followed by close_notify.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn lingering_close_delivers_whole_responses() {
+    let mut files = standard_files();
+    files.push(("mib", pattern(MIB, 7)));
+    let mib = file(&files, "mib").to_vec();
+    let server = KtlsServer::start(&files, &[]);
+    // (request, statuses, whether the extra bytes follow only once the server has
+    // answered and closed: a socket already closed would answer them with a reset).
+    let cases: [(&str, &[u16], bool); 4] = [
+        ("GET /mib HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", &[200], false),
+        ("GET /mib HTTP/1.0\r\n\r\n", &[200], false),
+        ("GET /mib HTTP/1.1\r\nHost: localhost\r\n\r\nGET /one HTTP/1.1\r\nHost x\r\n\r\n", &[200, 400], false),
+        ("GET /mib HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", &[200], true),
+    ];
+    let (mut connections, mut requests) = (0, 0);
+    for v in [V::Tls13, V::Tls12] {
+        for (request, statuses, later) in cases {
+            let what = format!("{v:?} {:?} (extra bytes later: {later})", request.lines().next().unwrap_or(""));
+            let mut c = TlsClient::connect(server.addr(), &client_config(v, None));
+            let extra = vec![b'z'; 20_000];
+            if later {
+                c.send(request.as_bytes());
+                thread::sleep(Duration::from_millis(500));
+                c.send(&extra);
+            } else {
+                c.send(&[request.as_bytes(), &extra].concat());
+            }
+            // Let the server write its answer and close before anything is read.
+            thread::sleep(Duration::from_millis(500));
+            for status in statuses {
+                let r = c.response(false);
+                assert_eq!(r.status, *status, "{what}");
+                if *status == 200 {
+                    assert_eq!(sha256(&r.body), sha256(&mib), "{what}: {} of {} bytes", r.body.len(), mib.len());
+                }
+            }
+            let (how, stray) = c.until_closed();
+            assert_eq!(how, Close::Notify, "{what}: close_notify expected after the response");
+            assert!(stray.is_empty(), "{what}: {} stray bytes", stray.len());
+            connections += 1;
+            requests += statuses.len();
+        }
+    }
+    let s = server.stop();
+    assert_ktls("lingering_close_delivers_whole_responses", &s, &Expect::conns(connections, requests));
+    assert_eq!((s.stat("errors"), s.stat("timeouts")), (0, 0), "{}", s.stderr);
+}

@@ -36,6 +36,9 @@ pub enum Refusal {
     Forbidden(&'static str),
     /// A directory asked for without its trailing slash (301 to `location`).
     AddSlash(String),
+    /// The process is out of file descriptors even after closing every cached one
+    /// (500, as nginx answers).
+    NoDescriptors,
 }
 
 impl Refusal {
@@ -45,6 +48,7 @@ impl Refusal {
             Refusal::Hidden | Refusal::NotFound => 404,
             Refusal::OutsideRoot | Refusal::Forbidden(_) => 403,
             Refusal::AddSlash(_) => 301,
+            Refusal::NoDescriptors => 500,
         }
     }
 
@@ -57,6 +61,9 @@ impl Refusal {
             Refusal::OutsideRoot => "symlink leads outside the root".into(),
             Refusal::Forbidden(why) => (*why).into(),
             Refusal::AddSlash(_) => "directory without trailing slash".into(),
+            Refusal::NoDescriptors => {
+                "out of file descriptors (raise the hard RLIMIT_NOFILE, e.g. LimitNOFILE= or ulimit -Hn)".into()
+            }
         }
     }
 }
@@ -85,6 +92,8 @@ pub enum Resolved {
 pub struct Options {
     pub dotfiles: bool,
     pub autoindex: bool,
+    /// Most open files each worker's cache keeps (its share of the fd budget; 0: none).
+    pub cache_entries: usize,
 }
 
 /// Bytes escaped when a path segment is written back into a URL.
@@ -148,27 +157,59 @@ fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
 /// through the worker's open-file cache.
 pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
     let now = Instant::now();
-    if let Some((file, rel)) = cache::get(path, now) {
+    let (segments, trailing_slash) = normalize(path, opts)?;
+    let key = cache_key(&segments, trailing_slash);
+    if let Some((file, rel)) = cache::get(&key, now) {
         // The binding is cached; the file's size and times are not.
         if let Ok(meta) = file.metadata() {
             return Ok(Resolved::File(Found { file, meta, rel }));
         }
     }
-    let resolved = resolve_uncached(root, path, opts)?;
+    let resolved = match resolve_uncached(root, path, &segments, trailing_slash, opts) {
+        // Out of descriptors: give back the cached ones and try once more.
+        Err(Refusal::NoDescriptors) => {
+            cache::clear();
+            resolve_uncached(root, path, &segments, trailing_slash, opts)?
+        }
+        other => other?,
+    };
     if let Resolved::File(found) = &resolved {
-        cache::put(path, found.file.clone(), found.rel.clone(), now);
+        cache::put(&key, found.file.clone(), found.rel.clone(), now, opts.cache_entries);
     }
     Ok(resolved)
 }
 
-fn resolve_uncached(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
-    let (segments, trailing_slash) = normalize(path, opts)?;
+/// The cache key of a normalised path: its segments joined by `/` (no segment holds
+/// a `/` or NUL, so the join is unambiguous), and a final `/` when the request had one.
+fn cache_key(segments: &[Vec<u8>], trailing_slash: bool) -> Vec<u8> {
+    let mut key = Vec::with_capacity(segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
+    for s in segments {
+        key.push(b'/');
+        key.extend_from_slice(s);
+    }
+    if trailing_slash {
+        key.push(b'/');
+    }
+    key
+}
+
+fn resolve_uncached(
+    root: &Root,
+    path: &str,
+    segments: &[Vec<u8>],
+    trailing_slash: bool,
+    opts: Options,
+) -> Result<Resolved, Refusal> {
     let mut rel = PathBuf::new();
-    for s in &segments {
+    for s in segments {
         rel.push(OsStr::from_bytes(s));
     }
     let (file, meta) = root.open(&rel)?;
     if meta.is_file() {
+        // `/file.txt/` names a directory that does not exist (nginx: 404).
+        if trailing_slash && !segments.is_empty() {
+            return Err(Refusal::NotFound);
+        }
         return Ok(Resolved::File(Found { file: Rc::new(file), meta, rel }));
     }
     if !meta.is_dir() {
@@ -178,7 +219,7 @@ fn resolve_uncached(root: &Root, path: &str, opts: Options) -> Result<Resolved, 
         // Built from the normalised segments: the raw path could start with `//`,
         // which a browser would read as another host.
         let mut location = String::new();
-        for s in &segments {
+        for s in segments {
             location.push('/');
             location.extend(percent_encoding::percent_encode(s, PATH_SEGMENT));
         }
@@ -251,7 +292,7 @@ fn html_escape(s: &str) -> String {
 mod tests {
     use super::*;
 
-    const OPTS: Options = Options { dotfiles: false, autoindex: false };
+    const OPTS: Options = Options { dotfiles: false, autoindex: false, cache_entries: 16 };
 
     fn segs(p: &str) -> Result<Vec<String>, Refusal> {
         normalize(p, OPTS).map(|(s, _)| s.into_iter().map(|s| String::from_utf8(s).unwrap()).collect())
@@ -263,6 +304,22 @@ mod tests {
         assert_eq!(segs("/a%20b").unwrap(), ["a b"]);
         assert_eq!(segs("/a%2Fb").unwrap(), ["a", "b"]);
         assert_eq!(segs("//a//").unwrap(), ["a"]);
+    }
+
+    #[test]
+    fn spellings_of_one_path_share_a_cache_key() {
+        let key = |p: &str| {
+            let (s, slash) = normalize(p, OPTS).unwrap();
+            cache_key(&s, slash)
+        };
+        for p in ["/x", "/./x", "/%78", "//x", "/a/../x", "/./././%2E/x"] {
+            assert_eq!(key(p), b"/x", "{p}");
+        }
+        assert_eq!(key("/x/"), b"/x/");
+        assert_eq!(key("/d/e"), b"/d/e");
+        assert_eq!(key("/d%2Fe"), b"/d/e");
+        assert_eq!(key("/"), b"/");
+        assert_eq!(key("/a/.."), b"/");
     }
 
     #[test]

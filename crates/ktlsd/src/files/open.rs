@@ -78,6 +78,7 @@ fn refusal(e: io::Error) -> Refusal {
         Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ENAMETOOLONG) => Refusal::NotFound,
         Some(libc::EXDEV) | Some(libc::ELOOP) => Refusal::OutsideRoot,
         Some(libc::EACCES) | Some(libc::EPERM) => Refusal::Forbidden("permission denied"),
+        Some(libc::EMFILE) | Some(libc::ENFILE) => Refusal::NoDescriptors,
         _ => Refusal::Forbidden("cannot open"),
     }
 }

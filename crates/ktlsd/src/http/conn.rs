@@ -76,7 +76,7 @@ pub async fn serve(
                         return End::Timeout;
                     }
                     let bad = BadRequest { status: Status::REQUEST_TIMEOUT, reason: "request head not received in time" };
-                    refuse_and_close(session, log, peer, &Request::default(), &bad).await;
+                    refuse_and_close(session, log, peer, &Request::default(), request::is_head(&buf), &bad).await;
                     return End::Timeout;
                 }
                 Err(_) => return End::Error,
@@ -86,21 +86,40 @@ pub async fn serve(
         let (req, used) = match parsed {
             Ok(r) => r,
             Err(bad) => {
-                refuse_and_close(session, log, peer, &Request::default(), &bad).await;
+                refuse_and_close(session, log, peer, &Request::default(), request::is_head(&buf), &bad).await;
+                session.linger_on_close(shutdown.clone());
                 return End::Done;
             }
         };
         buf.drain(..used);
         let version = req.version.unwrap_or(Version::Http11);
         let mut keep_alive = req.keep_alive && !*shutdown.borrow();
+        let head_only = req.method == "HEAD";
+        let method_allowed = req.method == "GET" || head_only;
 
-        // Phase 2: a request body is read and thrown away, within limits.
+        // Phase 2: a request body is read and thrown away, within limits. A client
+        // that waits for `100 Continue` gets the final answer at once instead when
+        // the body would not be read: too large, or a method we refuse.
         if req.content_length > cfg.limits.max_body_bytes {
             let bad = BadRequest { status: Status::PAYLOAD_TOO_LARGE, reason: "request body exceeds max_body_bytes" };
-            refuse_and_close(session, log, peer, &req, &bad).await;
+            refuse_and_close(session, log, peer, &req, head_only, &bad).await;
+            session.linger_on_close(shutdown.clone());
+            return End::Done;
+        }
+        if req.content_length > 0 && req.expect_continue && !method_allowed {
+            refused(&req, Status::METHOD_NOT_ALLOWED, "method not allowed (body not read)", peer);
+            let bytes = method_not_allowed(version, false);
+            let _ = session.send_response(&bytes, None).await;
+            log.write(&AccessEntry { peer, line: &req.line, status: 405, bytes: 0, started: t0, mode: session.mode() });
+            session.linger_on_close(shutdown.clone());
             return End::Done;
         }
         if req.content_length > 0 {
+            // The client may already have sent the body; RFC 9110 section 10.1.1 lets
+            // the server send 100 anyway, and nginx does.
+            if req.expect_continue && session.send_response(response::CONTINUE, None).await.is_err() {
+                return End::Error;
+            }
             match discard_body(session, &mut buf, req.content_length, cfg.timeouts.header).await {
                 Ok(()) => {}
                 Err(_) => return End::Error,
@@ -108,11 +127,9 @@ pub async fn serve(
         }
 
         // Phases 3-5: method, file, preconditions, range.
-        let head_only = req.method == "HEAD";
-        let answer = if req.method != "GET" && !head_only {
+        let answer = if !method_allowed {
             refused(&req, Status::METHOD_NOT_ALLOWED, "method not allowed", peer);
-            let extra = [("Allow", "GET, HEAD".to_string())];
-            Answer::Small { bytes: response::simple(version, Status::METHOD_NOT_ALLOWED, &extra, keep_alive, head_only), status: Status::METHOD_NOT_ALLOWED }
+            Answer::Small { bytes: method_not_allowed(version, keep_alive), status: Status::METHOD_NOT_ALLOWED }
         } else {
             answer(&req, shared, version, keep_alive, head_only, peer)
         };
@@ -146,20 +163,34 @@ pub async fn serve(
             keep_alive = false;
         }
         if !keep_alive {
+            session.linger_on_close(shutdown.clone());
             return End::Done;
         }
     }
+}
+
+fn method_not_allowed(version: Version, keep_alive: bool) -> Vec<u8> {
+    let extra = [("Allow", "GET, HEAD".to_string())];
+    response::simple(version, Status::METHOD_NOT_ALLOWED, &extra, keep_alive, false)
 }
 
 fn refused(req: &Request, status: Status, why: &str, peer: SocketAddr) {
     tracing::info!("refused {peer} \"{}\": {} {}", req.line, status.0, why);
 }
 
-/// Answers a request that cannot be served, then ends the connection.
-async fn refuse_and_close(session: &mut Session, log: &AccessLog, peer: SocketAddr, req: &Request, bad: &BadRequest) {
+/// Answers a request that cannot be served, then ends the connection. `head_only`:
+/// the request is a HEAD, whose answer has no body.
+async fn refuse_and_close(
+    session: &mut Session,
+    log: &AccessLog,
+    peer: SocketAddr,
+    req: &Request,
+    head_only: bool,
+    bad: &BadRequest,
+) {
     refused(req, bad.status, bad.reason, peer);
     let version = req.version.unwrap_or(Version::Http11);
-    let bytes = response::simple(version, bad.status, &[], false, false);
+    let bytes = response::simple(version, bad.status, &[], false, head_only);
     let _ = session.send_response(&bytes, None).await;
     let line = if req.line.is_empty() { "-" } else { req.line.as_str() };
     log.write(&AccessEntry { peer, line, status: bad.status.0, bytes: 0, started: Instant::now(), mode: session.mode() });
@@ -190,7 +221,7 @@ fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, he
         Ok(Resolved::Directory(listing)) => {
             return match files::listing_html(&listing, shared.file_options) {
                 Ok(html) => {
-                    let mut bytes = Head::new(version, Status::OK)
+                    let mut bytes = Head::new(Status::OK)
                         .header("Content-Type", "text/html; charset=utf-8")
                         .header("Content-Length", html.len())
                         .finish(version, keep_alive);
@@ -205,7 +236,14 @@ fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, he
                 }
             };
         }
-        Err(Refusal::AddSlash(location)) => return small(Status::MOVED_PERMANENTLY, &[("Location", location)]),
+        Err(Refusal::AddSlash(mut location)) => {
+            // The query goes along, as nginx keeps it (`$args`).
+            if let Some(q) = &req.query {
+                location.push('?');
+                location.push_str(q);
+            }
+            return small(Status::MOVED_PERMANENTLY, &[("Location", location)]);
+        }
         Err(refusal) => {
             let status = Status(refusal.status());
             refused(req, status, &refusal.reason(), peer);
@@ -222,7 +260,7 @@ fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, he
     match preconditions::evaluate(req, &validators) {
         Outcome::Proceed => {}
         Outcome::NotModified => {
-            let head = Head::new(version, Status::NOT_MODIFIED)
+            let head = Head::new(Status::NOT_MODIFIED)
                 .header("Last-Modified", &last_modified)
                 .header("ETag", &etag)
                 .finish(version, keep_alive);
@@ -245,7 +283,7 @@ fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, he
             return small(Status::RANGE_NOT_SATISFIABLE, &[("Content-Range", format!("bytes */{size}"))]);
         }
     };
-    let mut head = Head::new(version, status)
+    let mut head = Head::new(status)
         .header("Content-Type", content_type)
         .header("Content-Length", end - start)
         .header("Last-Modified", last_modified)

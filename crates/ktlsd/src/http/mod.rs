@@ -24,11 +24,14 @@ impl Status {
     pub const PAYLOAD_TOO_LARGE: Status = Status(413);
     pub const URI_TOO_LONG: Status = Status(414);
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
+    pub const EXPECTATION_FAILED: Status = Status(417);
     pub const HEADERS_TOO_LARGE: Status = Status(431);
+    pub const NOT_IMPLEMENTED: Status = Status(501);
     pub const VERSION_NOT_SUPPORTED: Status = Status(505);
 
     pub fn reason(self) -> &'static str {
         match self.0 {
+            100 => "Continue",
             200 => "OK",
             206 => "Partial Content",
             301 => "Moved Permanently",
@@ -43,8 +46,10 @@ impl Status {
             413 => "Content Too Large",
             414 => "URI Too Long",
             416 => "Range Not Satisfiable",
+            417 => "Expectation Failed",
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",
+            501 => "Not Implemented",
             503 => "Service Unavailable",
             505 => "HTTP Version Not Supported",
             _ => "",

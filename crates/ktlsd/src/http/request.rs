@@ -25,12 +25,17 @@ pub struct Request {
     pub method: String,
     /// Path part of the target, still percent-encoded, without query or fragment.
     pub path: String,
+    /// Query part of the target (after `?`, without the fragment), still encoded.
+    pub query: Option<String>,
     /// The request line as received (for the access log).
     pub line: String,
     pub version: Option<Version>,
     pub keep_alive: bool,
     pub content_length: u64,
+    /// `Expect: 100-continue` on an HTTP/1.1 request.
+    pub expect_continue: bool,
     pub range: Option<String>,
+    /// Repeated field lines are joined into one list (RFC 9110 section 5.3).
     pub if_none_match: Option<String>,
     pub if_modified_since: Option<String>,
     pub if_match: Option<String>,
@@ -53,14 +58,90 @@ fn bad(status: Status, reason: &'static str) -> BadRequest {
 
 const MAX_HEADERS: usize = 100;
 
+/// Whether the (possibly incomplete) request at the front of `buf` is a HEAD:
+/// its error responses then carry no body either.
+pub fn is_head(buf: &[u8]) -> bool {
+    let start = buf.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(buf.len());
+    buf[start..].starts_with(b"HEAD ")
+}
+
+/// What the version token of a complete request line says.
+#[derive(Debug, PartialEq, Eq)]
+enum LineVersion {
+    /// `HTTP/1.0`, `HTTP/1.1`, or no complete line yet: httparse reads it as it is.
+    AsIs,
+    /// Another spelling of HTTP/1.x (`HTTP/1.2`, `HTTP/1.10`, `HTTP/01.1`): read as
+    /// `version`, 1.1 for every minor version above 0, as nginx does. The token spans
+    /// `start..end` of the buffer.
+    Rewrite { start: usize, end: usize, version: Version },
+}
+
+/// Checks the request line's version before httparse, which knows only 1.0 and 1.1.
+/// `HTTP/<major>[.<minor>]` with a major other than 1 is 505; a token that is not of
+/// that form is 400.
+fn line_version(window: &[u8]) -> Result<LineVersion, BadRequest> {
+    let start = window.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(window.len());
+    let Some(nl) = window[start..].iter().position(|&b| b == b'\n') else { return Ok(LineVersion::AsIs) };
+    let mut line = &window[start..start + nl];
+    if let [rest @ .., b'\r'] = line {
+        line = rest;
+    }
+    // Fewer than three parts: httparse answers it.
+    if line.iter().filter(|&&b| b == b' ').count() < 2 {
+        return Ok(LineVersion::AsIs);
+    }
+    let Some(sp) = line.iter().rposition(|&b| b == b' ') else { return Ok(LineVersion::AsIs) };
+    let token = &line[sp + 1..];
+    if token == b"HTTP/1.1" || token == b"HTTP/1.0" {
+        return Ok(LineVersion::AsIs);
+    }
+    let digits = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_digit);
+    let invalid = bad(Status::BAD_REQUEST, "malformed HTTP version");
+    let rest = token.strip_prefix(b"HTTP/").ok_or(invalid.clone())?;
+    let (major, minor) = match rest.iter().position(|&b| b == b'.') {
+        Some(dot) => (&rest[..dot], Some(&rest[dot + 1..])),
+        None => (rest, None),
+    };
+    if !digits(major) || minor.is_some_and(|m| !digits(m)) {
+        return Err(invalid);
+    }
+    let is = |digits: &[u8], n: u8| digits.iter().skip_while(|&&d| d == b'0').eq([b'0' + n].iter());
+    let is_zero = |digits: &[u8]| digits.iter().all(|&d| d == b'0');
+    if !is(major, 1) {
+        return Err(bad(Status::VERSION_NOT_SUPPORTED, "HTTP version not supported"));
+    }
+    let Some(minor) = minor else { return Err(invalid) };
+    let at = start + sp + 1;
+    let version = if is_zero(minor) { Version::Http10 } else { Version::Http11 };
+    Ok(LineVersion::Rewrite { start: at, end: at + token.len(), version })
+}
+
 /// Parses one request head from the front of `buf`.
 ///
 /// `Ok(None)`: incomplete, read more (unless `buf` already holds `max_head` bytes, which is
 /// answered here with 414 or 431). `Ok(Some((request, used)))`: `used` bytes form the head.
 pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, BadRequest> {
+    let window = &buf[..buf.len().min(max_head)];
+    match line_version(window)? {
+        LineVersion::AsIs => parse_head(window, max_head),
+        LineVersion::Rewrite { start, end, version } => {
+            // The same head with the version token in its plain spelling.
+            let plain = version.as_str().as_bytes();
+            let mut copy = Vec::with_capacity(window.len());
+            copy.extend_from_slice(&window[..start]);
+            copy.extend_from_slice(plain);
+            copy.extend_from_slice(&window[end..]);
+            // The token is never shorter than its plain spelling (`HTTP/1.x` has 8 bytes).
+            let shrunk = (end - start).saturating_sub(plain.len());
+            let r = parse_head(&copy, max_head.saturating_sub(shrunk))?;
+            Ok(r.map(|(req, used)| (req, used + shrunk)))
+        }
+    }
+}
+
+fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, BadRequest> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
-    let window = &buf[..buf.len().min(max_head)];
     let used = match req.parse(window) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
@@ -97,24 +178,34 @@ pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, Ba
         ..Request::default()
     };
 
-    // Absolute-form targets carry their own authority; only the path matters here.
-    let path_and_query = if let Some(rest) = target.strip_prefix("https://").or_else(|| target.strip_prefix("http://")) {
-        rest.find('/').map_or("/", |i| &rest[i..])
-    } else {
-        target
+    let path_and_query = origin_form(target)?;
+    let without_fragment = path_and_query.split('#').next().unwrap_or("");
+    let (path, query) = match without_fragment.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (without_fragment, None),
     };
-    r.path = path_and_query.split(['?', '#']).next().unwrap_or("").to_string();
+    // `https://host?q` has an empty path, which stands for `/`.
+    r.path = if path.is_empty() && path_and_query.len() < target.len() { "/".to_string() } else { path.to_string() };
+    r.query = query.map(str::to_string);
 
-    let mut host_seen = false;
+    let mut hosts = 0;
     let mut content_length: Option<u64> = None;
+    let mut transfer_codings: Option<String> = None;
     for h in req.headers.iter() {
         let name = h.name;
         let value = || String::from_utf8_lossy(h.value).trim().to_string();
         if name.eq_ignore_ascii_case("host") {
-            if host_seen {
+            hosts += 1;
+            if hosts > 1 {
                 return Err(bad(Status::BAD_REQUEST, "more than one Host header"));
             }
-            host_seen = true;
+            let v = value();
+            if v.is_empty() && version == Version::Http11 {
+                return Err(bad(Status::BAD_REQUEST, "empty Host in an HTTP/1.1 request"));
+            }
+            if !v.is_empty() && !valid_host(v.as_bytes()) {
+                return Err(bad(Status::BAD_REQUEST, "invalid Host"));
+            }
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value().split(',') {
                 let t = token.trim();
@@ -136,28 +227,52 @@ pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, Ba
             }
             content_length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // A body whose length we would have to decode; refusing it keeps request
-            // framing unambiguous (no smuggling through TE/CL disagreement).
-            return Err(bad(Status::LENGTH_REQUIRED, "Transfer-Encoding request bodies are not accepted"));
+            join(&mut transfer_codings, value());
+        } else if name.eq_ignore_ascii_case("expect") {
+            // An HTTP/1.0 client cannot read a 100 response: its expectations are ignored
+            // (RFC 9110 section 10.1.1).
+            if version == Version::Http11 {
+                if value().eq_ignore_ascii_case("100-continue") {
+                    r.expect_continue = true;
+                } else {
+                    return Err(bad(Status::EXPECTATION_FAILED, "unsupported expectation (only 100-continue)"));
+                }
+            }
         } else if name.eq_ignore_ascii_case("range") {
             r.range = Some(value());
         } else if name.eq_ignore_ascii_case("if-none-match") {
-            r.if_none_match = Some(value());
+            join(&mut r.if_none_match, value());
         } else if name.eq_ignore_ascii_case("if-modified-since") {
             r.if_modified_since = Some(value());
         } else if name.eq_ignore_ascii_case("if-match") {
-            r.if_match = Some(value());
+            join(&mut r.if_match, value());
         } else if name.eq_ignore_ascii_case("if-unmodified-since") {
             r.if_unmodified_since = Some(value());
         } else if name.eq_ignore_ascii_case("if-range") {
-            r.if_range = Some(value());
+            // Several lines make a list, which is no single validator: the condition fails.
+            join(&mut r.if_range, value());
         } else if name.eq_ignore_ascii_case("user-agent") {
             r.user_agent = Some(value());
         } else if name.eq_ignore_ascii_case("referer") {
             r.referer = Some(value());
         }
     }
-    if version == Version::Http11 && !host_seen {
+    if let Some(te) = transfer_codings {
+        // A body whose length we would have to decode; refusing it keeps request
+        // framing unambiguous (no smuggling through TE/CL disagreement). Codings we
+        // do not know at all are 501 (RFC 9112 section 6.1), as nginx answers.
+        let known = te
+            .split(',')
+            .map(|c| c.split(';').next().unwrap_or("").trim())
+            .filter(|c| !c.is_empty())
+            .all(|c| c.eq_ignore_ascii_case("chunked"));
+        return Err(if known {
+            bad(Status::LENGTH_REQUIRED, "Transfer-Encoding request bodies are not accepted")
+        } else {
+            bad(Status::NOT_IMPLEMENTED, "unknown transfer coding")
+        });
+    }
+    if version == Version::Http11 && hosts == 0 {
         return Err(bad(Status::BAD_REQUEST, "HTTP/1.1 request without Host"));
     }
     if r.path.is_empty() || target == "*" {
@@ -165,6 +280,64 @@ pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, Ba
     }
     r.content_length = content_length.unwrap_or(0);
     Ok(Some((r, used)))
+}
+
+/// Appends one field line's value to a list field (`a, b`).
+fn join(field: &mut Option<String>, value: String) {
+    match field {
+        Some(list) => {
+            list.push_str(", ");
+            list.push_str(&value);
+        }
+        None => *field = Some(value),
+    }
+}
+
+/// The path and query of a request target. Absolute-form targets carry their own
+/// authority, of which only the path matters here; the scheme is case-insensitive
+/// and userinfo is refused (RFC 9110 section 4.2.4).
+fn origin_form(target: &str) -> Result<&str, BadRequest> {
+    let scheme_len = ["https://", "http://"]
+        .iter()
+        .find(|s| target.get(..s.len()).is_some_and(|p| p.eq_ignore_ascii_case(s)))
+        .map(|s| s.len());
+    let Some(n) = scheme_len else { return Ok(target) };
+    let rest = &target[n..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    if authority.contains('@') {
+        return Err(bad(Status::BAD_REQUEST, "userinfo in the request target"));
+    }
+    if authority.is_empty() || !valid_host(authority.as_bytes()) {
+        return Err(bad(Status::BAD_REQUEST, "invalid authority in the request target"));
+    }
+    Ok(&rest[end..])
+}
+
+/// `uri-host [ ":" port ]` (RFC 9110 section 7.2): a bracketed IP literal or a
+/// reg-name/IPv4 address of unreserved, sub-delims and percent-escapes, and digits after
+/// the colon. Spaces, slashes, `@` and controls are refused.
+fn valid_host(host: &[u8]) -> bool {
+    let (name, port) = if host.first() == Some(&b'[') {
+        let Some(close) = host.iter().position(|&b| b == b']') else { return false };
+        let literal = &host[1..close];
+        if literal.is_empty() || !literal.iter().all(|&b| b.is_ascii_alphanumeric() || b == b':' || b == b'.') {
+            return false;
+        }
+        match &host[close + 1..] {
+            [] => (&host[..0], None),
+            [b':', port @ ..] => (&host[..0], Some(port)),
+            _ => return false,
+        }
+    } else {
+        match host.iter().position(|&b| b == b':') {
+            Some(colon) => (&host[..colon], Some(&host[colon + 1..])),
+            None => (host, None),
+        }
+    };
+    let name_ok = name.iter().all(|&b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b));
+    let port_ok = port.is_none_or(|p| p.iter().all(u8::is_ascii_digit));
+    name_ok && port_ok
 }
 
 #[cfg(test)]
@@ -199,5 +372,123 @@ mod tests {
         assert!(parse(b"GET / HTTP/1.1\r\nHost: x\r\n", 1024).unwrap().is_none());
         let cl = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n";
         assert_eq!(parse(cl, 1024).unwrap_err().status, Status::BAD_REQUEST);
+    }
+
+    fn status(head: &str) -> Result<Request, u16> {
+        parse(head.as_bytes(), 16384).map(|r| r.expect("complete head").0).map_err(|e| e.status.0)
+    }
+
+    #[test]
+    fn versions() {
+        for (line, want) in [
+            ("GET / HTTP/1.2", Ok(Version::Http11)),
+            ("GET / HTTP/1.10", Ok(Version::Http11)),
+            ("GET / HTTP/1.999", Ok(Version::Http11)),
+            ("GET / HTTP/01.1", Ok(Version::Http11)),
+            ("GET / HTTP/1.00", Ok(Version::Http10)),
+            ("GET / HTTP/2.0", Err(505)),
+            ("GET / HTTP/2", Err(505)),
+            ("GET / HTTP/3", Err(505)),
+            ("GET / HTTP/0.9", Err(505)),
+            ("GET / HTTP/1", Err(400)),
+            ("GET / HTTP/1.", Err(400)),
+            ("GET / HTTP/x.1", Err(400)),
+            ("GET / HTTZ/1.1", Err(400)),
+            ("GET / http/1.1", Err(400)),
+        ] {
+            let got = status(&format!("{line}\r\nHost: x\r\n\r\n")).map(|r| r.version.unwrap());
+            assert_eq!(got, want, "{line}");
+        }
+        // The rewritten head's length is the original's.
+        let head = b"GET /a HTTP/1.123\r\nHost: x\r\n\r\nGET";
+        let (r, used) = parse(head, 16384).unwrap().unwrap();
+        assert_eq!((used, r.keep_alive), (head.len() - 3, true));
+        assert_eq!(r.line, "GET /a HTTP/1.1");
+        assert!(parse(b"GET / HTTP/1.2\r\nHost: x\r\n", 16384).unwrap().is_none());
+    }
+
+    #[test]
+    fn hosts() {
+        for (host, ok) in [
+            ("Host: localhost", true),
+            ("Host: localhost:8443", true),
+            ("Host: [::1]:8443", true),
+            ("Host: [::1]", true),
+            ("Host: 127.0.0.1", true),
+            ("Host: xn--bcher-kva.example.", true),
+            ("Host: a b", false),
+            ("Host: a/b", false),
+            ("Host: a\\b", false),
+            ("Host: u@h", false),
+            ("Host: h:8x", false),
+            ("Host: [::1", false),
+            ("Host: [::1]x", false),
+            ("Host:", false),
+            ("Host: a\r\nHost: a", false),
+        ] {
+            let got = status(&format!("GET / HTTP/1.1\r\n{host}\r\n\r\n")).map(drop);
+            assert_eq!(got.is_ok(), ok, "{host:?}: {got:?}");
+        }
+        assert!(status("GET / HTTP/1.0\r\nHost:\r\n\r\n").is_ok());
+        assert!(status("GET / HTTP/1.0\r\n\r\n").is_ok());
+    }
+
+    #[test]
+    fn targets() {
+        for (target, want) in [
+            ("/a?x=1#f", Ok(("/a", Some("x=1")))),
+            ("/a#f?x", Ok(("/a", None))),
+            ("HTTPS://h/a?q", Ok(("/a", Some("q")))),
+            ("Http://h:1/a", Ok(("/a", None))),
+            ("https://h", Ok(("/", None))),
+            ("https://h?q", Ok(("/", Some("q")))),
+            ("https://u@h/a", Err(400)),
+            ("https://u:p@h/a", Err(400)),
+            ("https:///a", Err(400)),
+            ("https://h/u@x", Ok(("/u@x", None))),
+            ("ftp://h/a", Ok(("ftp://h/a", None))),
+        ] {
+            let got = status(&format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n"));
+            let got = got.as_ref().map(|r| (r.path.as_str(), r.query.as_deref())).map_err(|e| *e);
+            assert_eq!(got, want, "{target}");
+        }
+    }
+
+    #[test]
+    fn transfer_codings_and_expectations() {
+        for (headers, want) in [
+            ("Transfer-Encoding: chunked", Err(411)),
+            ("Transfer-Encoding: Chunked", Err(411)),
+            ("Transfer-Encoding: gzip", Err(501)),
+            ("Transfer-Encoding: gzip, chunked", Err(501)),
+            ("Transfer-Encoding: chunked\r\nTransfer-Encoding: br", Err(501)),
+            ("Expect: 100-continue", Ok(true)),
+            ("Expect: 100-Continue", Ok(true)),
+            ("Expect: 200-ok", Err(417)),
+            ("Expect: 100-continue, x", Err(417)),
+            ("X: y", Ok(false)),
+        ] {
+            let got = status(&format!("POST / HTTP/1.1\r\nHost: h\r\n{headers}\r\n\r\n")).map(|r| r.expect_continue);
+            assert_eq!(got, want, "{headers:?}");
+        }
+        // HTTP/1.0 expectations are ignored.
+        assert_eq!(status("GET / HTTP/1.0\r\nExpect: 100-continue\r\n\r\n").map(|r| r.expect_continue), Ok(false));
+        assert_eq!(status("GET / HTTP/1.0\r\nExpect: x\r\n\r\n").map(|r| r.expect_continue), Ok(false));
+    }
+
+    #[test]
+    fn repeated_list_fields_are_joined() {
+        let r = status("GET / HTTP/1.1\r\nHost: h\r\nIf-None-Match: \"a\"\r\nIf-Match: \"c\"\r\nIf-None-Match: \"b\"\r\nIf-Range: \"d\"\r\nIf-Range: \"e\"\r\n\r\n").unwrap();
+        assert_eq!(r.if_none_match.as_deref(), Some("\"a\", \"b\""));
+        assert_eq!(r.if_match.as_deref(), Some("\"c\""));
+        assert_eq!(r.if_range.as_deref(), Some("\"d\", \"e\""));
+    }
+
+    #[test]
+    fn head_requests_are_recognised_before_parsing() {
+        assert!(is_head(b"HEAD / HTTP/1.1\r\n"));
+        assert!(is_head(b"\r\nHEAD /aaaa"));
+        assert!(!is_head(b"GET / HTTP/1.1\r\n"));
+        assert!(!is_head(b"HEADX / HTTP/1.1\r\n"));
     }
 }

@@ -30,10 +30,12 @@ pub struct Head {
 }
 
 impl Head {
-    pub fn new(version: Version, status: Status) -> Head {
+    /// The status line always says HTTP/1.1, the version the server implements, for
+    /// 1.0 requests too (RFC 9110 section 6.2; nginx answers the same); `finish`
+    /// decides the connection's fate by the request's version.
+    pub fn new(status: Status) -> Head {
         let mut buf = String::with_capacity(256);
-        // A 1.0 client gets a 1.0 status line, as nginx answers.
-        let _ = write!(buf, "{} {} {}\r\nServer: ktlsd\r\nDate: {}\r\n", version.as_str(), status.0, status.reason(), http_date_now());
+        let _ = write!(buf, "HTTP/1.1 {} {}\r\nServer: ktlsd\r\nDate: {}\r\n", status.0, status.reason(), http_date_now());
         Head { buf }
     }
 
@@ -55,14 +57,15 @@ impl Head {
 }
 
 /// A complete small response with an HTML body naming the status.
-/// `extra` headers (e.g. Allow, Location, Content-Range) go before the body.
+/// `extra` headers (e.g. Allow, Location, Content-Range) go before the body. The
+/// answer to a HEAD (`head_only`) has the same head, Content-Length included, and no body.
 pub fn simple(version: Version, status: Status, extra: &[(&str, String)], keep_alive: bool, head_only: bool) -> Vec<u8> {
     let body = format!(
         "<html><head><title>{code} {reason}</title></head><body><h1>{code} {reason}</h1></body></html>\n",
         code = status.0,
         reason = status.reason()
     );
-    let mut head = Head::new(version, status)
+    let mut head = Head::new(status)
         .header("Content-Type", "text/html; charset=utf-8")
         .header("Content-Length", body.len());
     for (name, value) in extra {
@@ -74,3 +77,6 @@ pub fn simple(version: Version, status: Status, extra: &[(&str, String)], keep_a
     }
     out
 }
+
+/// The interim response that invites the body of an `Expect: 100-continue` request.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";

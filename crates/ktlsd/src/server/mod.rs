@@ -52,10 +52,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         ),
     };
 
+    let fds = FdBudget::raise();
+    let cache_entries = fds.cache_entries_per_worker(config.workers);
+    tracing::info!("{}; open-file cache up to {cache_entries} per worker", fds.describe());
+
     let (listeners, bound) = listener::bind_all(&config.listen, config.workers).map_err(|e| anyhow!(e))?;
     let workers = config.workers;
     let shared = Arc::new(Shared {
-        file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex },
+        file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },
         config,
         root,
         tls,
@@ -98,6 +102,89 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     }
     tracing::info!("stopped: {total}");
     Ok(())
+}
+
+/// The process's file-descriptor budget: `RLIMIT_NOFILE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdBudget {
+    /// The soft limit found at start.
+    pub before: u64,
+    /// The hard limit.
+    pub hard: u64,
+    /// The soft limit in force now: the budget.
+    pub limit: u64,
+}
+
+/// Largest open-file cache per worker, however large the budget.
+const MAX_CACHE_ENTRIES: u64 = 1024;
+
+impl FdBudget {
+    /// The limits as they are, without changing anything.
+    pub fn read() -> std::io::Result<FdBudget> {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes one rlimit into `r`, which we own.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(FdBudget { before: r.rlim_cur, hard: r.rlim_max, limit: r.rlim_cur })
+    }
+
+    /// The soft limit the server raises itself to: the hard limit, or the kernel's
+    /// per-process ceiling (`fs.nr_open`) when the hard limit is unlimited.
+    pub fn target(&self) -> u64 {
+        if self.hard == libc::RLIM_INFINITY {
+            std::fs::read_to_string("/proc/sys/fs/nr_open")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(1 << 20)
+        } else {
+            self.hard
+        }
+    }
+
+    /// Raises the soft limit to [`FdBudget::target`], as nginx's `worker_rlimit_nofile`
+    /// does: a busy server needs a descriptor per connection and per cached file,
+    /// and the common default soft limit of 1024 is soon spent. On failure the
+    /// budget stays what it was, with a warning.
+    pub fn raise() -> FdBudget {
+        let mut b = match FdBudget::read() {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("cannot read the file descriptor limit (RLIMIT_NOFILE): {e}; assuming 1024");
+                return FdBudget { before: 1024, hard: 1024, limit: 1024 };
+            }
+        };
+        let target = b.target();
+        if target > b.before {
+            let r = libc::rlimit { rlim_cur: target, rlim_max: b.hard };
+            // SAFETY: setrlimit reads one fully initialised rlimit.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } == 0 {
+                b.limit = target;
+            } else {
+                let e = std::io::Error::last_os_error();
+                tracing::warn!("cannot raise the file descriptor limit from {} to {target}: {e}", b.before);
+            }
+        }
+        b
+    }
+
+    /// Each worker's open-file cache: a quarter of the budget shared among the
+    /// workers, so most descriptors stay for connections; at most 1024.
+    pub fn cache_entries_per_worker(&self, workers: usize) -> usize {
+        let share = self.limit / 4 / (workers.max(1) as u64);
+        share.min(MAX_CACHE_ENTRIES) as usize
+    }
+
+    /// One line for the start-up log.
+    pub fn describe(&self) -> String {
+        if self.limit > self.before {
+            format!("file descriptors: limit {} (soft limit raised from {} to the hard limit)", self.limit, self.before)
+        } else if self.limit < self.hard {
+            format!("file descriptors: limit {} (hard limit {}; raising failed)", self.limit, self.hard)
+        } else {
+            format!("file descriptors: limit {} (the hard limit)", self.limit)
+        }
+    }
 }
 
 fn choose_ktls(config: &Config) -> anyhow::Result<Option<crate::tls::kernel::Support>> {
@@ -163,5 +250,20 @@ impl Signals {
             }
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FdBudget;
+
+    #[test]
+    fn cache_share_of_the_fd_budget() {
+        let b = |limit| FdBudget { before: limit, hard: limit, limit };
+        assert_eq!(b(256).cache_entries_per_worker(1), 64);
+        assert_eq!(b(1024).cache_entries_per_worker(2), 128);
+        assert_eq!(b(1 << 20).cache_entries_per_worker(2), 1024);
+        assert_eq!(b(7).cache_entries_per_worker(4), 0);
+        assert_eq!(b(100).cache_entries_per_worker(0), 25);
     }
 }

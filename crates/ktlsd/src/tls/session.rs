@@ -3,9 +3,10 @@
 
 use std::fmt;
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 
 use super::kernel::KernelTls;
 use super::userspace::UserspaceTls;
@@ -39,15 +40,29 @@ pub struct Session {
     layer: RecordLayer,
     sizer: RecordSizer,
     send_timeout: Duration,
+    /// Set when the server ends the connection while the client may still be
+    /// sending: `close` then lingers (see [`Session::linger_on_close`]).
+    linger: Option<watch::Receiver<bool>>,
 }
+
+/// Longest a closing connection's input is drained (nginx's `lingering_time`).
+pub const LINGERING_TIME: Duration = Duration::from_secs(30);
+/// Longest wait for the next input while draining (nginx's `lingering_timeout`).
+pub const LINGERING_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Session {
     pub fn userspace(stream: TcpStream, tls: UserspaceTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer: RecordLayer::Userspace(Box::new((tls, Default::default()))), sizer, send_timeout }
+        Session {
+            stream,
+            layer: RecordLayer::Userspace(Box::new((tls, Default::default()))),
+            sizer,
+            send_timeout,
+            linger: None,
+        }
     }
 
     pub fn kernel(stream: TcpStream, tls: KernelTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer: RecordLayer::Kernel(Box::new(tls)), sizer, send_timeout }
+        Session { stream, layer: RecordLayer::Kernel(Box::new(tls)), sizer, send_timeout, linger: None }
     }
 
     pub fn mode(&self) -> TlsMode {
@@ -86,18 +101,61 @@ impl Session {
         }
     }
 
-    /// Ends the connection cleanly: close_notify, then the socket closes on drop.
+    /// Asks `close` to linger, as nginx's `lingering_close` does: the server is ending
+    /// the connection while the client may have sent bytes it has not read (after
+    /// `Connection: close`, HTTP/1.0, or an error). Closing a socket with unread input
+    /// makes the kernel send a reset, which discards the tail of the response still
+    /// on its way; draining the input first lets the response arrive whole. Lingering
+    /// stops at once when `stop` turns true (server shutdown).
+    pub fn linger_on_close(&mut self, stop: watch::Receiver<bool>) {
+        self.linger = Some(stop);
+    }
+
+    /// Ends the connection cleanly: close_notify, then (when asked to linger) the
+    /// write side is shut down and input drained and dropped for a bounded time;
+    /// the socket closes on drop.
     pub async fn close(mut self) {
         let t = self.send_timeout.min(Duration::from_secs(1));
-        match &mut self.layer {
+        let sent = match &mut self.layer {
             RecordLayer::Userspace(u) => {
                 let tls = &mut u.0;
-                if tls.queue_close_notify().is_ok() {
-                    let _ = tls.flush(&self.stream, t).await;
+                match tls.queue_close_notify() {
+                    Ok(()) => tls.flush(&self.stream, t).await,
+                    Err(e) => Err(e),
                 }
             }
-            RecordLayer::Kernel(tls) => {
-                let _ = tls.close_notify(&self.stream, t).await;
+            RecordLayer::Kernel(tls) => tls.close_notify(&self.stream, t).await,
+        };
+        if let (Some(stop), Ok(())) = (self.linger.take(), sent) {
+            self.drain_input(stop).await;
+        }
+    }
+
+    /// Sends FIN after the queued response, then reads and discards whatever the
+    /// client still sends until it closes, fails, stays silent for
+    /// [`LINGERING_TIMEOUT`], [`LINGERING_TIME`] has passed, or the server stops.
+    ///
+    /// Plain `recv` serves both record layers: userspace gets raw records, which
+    /// nobody needs now; a kTLS socket gives decrypted data, and an error (EIO) at
+    /// a control record such as the client's close_notify, which ends the drain too.
+    async fn drain_input(&mut self, mut stop: watch::Receiver<bool>) {
+        if socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Write).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + LINGERING_TIME;
+        let mut scratch = vec![0u8; 16 * 1024];
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now()).min(LINGERING_TIMEOUT);
+            if wait.is_zero() {
+                return;
+            }
+            let read = tokio::select! {
+                r = crate::net::read_some(&self.stream, &mut scratch, wait) => r,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match read {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
             }
         }
     }
