@@ -71,3 +71,36 @@ fn bad_records_get_their_alert_at_once() {
     let mut c = ForgingClient::connect(server.addr(), &rustls::version::TLS13, None);
     assert_eq!(c.get("/index.html").status, 200);
 }
+
+/// A bad record that arrives while a large response is on its way: the
+/// response (already read from the peer as a request) is finished, then the
+/// next read finds the record and the alert follows at once.
+#[test]
+fn bad_record_during_a_response_gets_its_alert_after_it() {
+    let big = common::pattern(8 << 20, 7);
+    let server = Server::builder()
+        .file("big", &big)
+        .args(["--ktls", "off", "--idle-timeout", IDLE])
+        .start();
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let v = version.version;
+        let mut c = ForgingClient::connect(server.addr(), version, None);
+        c.send_data(common::get_request("/big").as_bytes());
+        // Unread, the response fills the socket buffers and the server waits to write more.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut bad = c.seal(23, b"GET / HTTP/1.1\r\n\r\n", 0);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        c.send_raw(&bad);
+        let end = c.read_until_end(Duration::from_secs(20));
+        let data = end.data();
+        println!("[{v:?}] {} response bytes, then {:?}, {:?} after {:?}", data.len(), end.alerts(), end.how, end.elapsed);
+        let (resp, used) = common::parse_response(&data, false).unwrap_or_else(|| panic!("{v:?}: no complete response"));
+        assert_eq!(resp.status, 200, "{v:?}");
+        common::assert_body("/big before the bad record's alert", &resp.body, &big);
+        assert_eq!(used, data.len(), "{v:?}: data after the response");
+        assert_eq!(end.records.last().map(|(t, p)| (*t, p.clone())), Some((21, vec![2, 20])), "{v:?}: the last record must be bad_record_mac");
+        assert_eq!(end.how, Closing::Eof, "{v:?}");
+        assert!(end.elapsed < PROMPT, "{v:?}: ended after {:?}", end.elapsed);
+    }
+}

@@ -71,12 +71,7 @@ impl Session {
         match &mut self.layer {
             RecordLayer::Userspace(u) => {
                 let (tls, bufs) = &mut **u;
-                let sent = body::userspace::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await;
-                if sent.is_err() {
-                    // Pipelined input may have broken the protocol mid-response: its alert goes out.
-                    tls.send_alert(&self.stream, self.send_timeout).await;
-                }
-                sent
+                body::userspace::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await
             }
             RecordLayer::Kernel(tls) => {
                 body::kernel::send(tls, &self.stream, &mut self.sizer, head, body, self.send_timeout).await

@@ -7,8 +7,11 @@
 //!
 //! When the peer breaks the protocol after the handshake (a record that fails
 //! authentication, an oversized record, a malformed KeyUpdate, ...), rustls
-//! queues the fatal alert RFC 8446 prescribes; this layer sends it before the
-//! error reaches the caller, so the peer learns why the connection ended.
+//! queues the fatal alert for it; this layer sends that alert and a FIN before
+//! the error reaches the caller, so the peer learns at once why the connection
+//! ended. (For the few errors rustls queues no alert for, such as a TLS 1.3
+//! record without a content type, only the FIN is sent: once rustls has failed,
+//! nothing can encrypt one.)
 
 use std::io;
 use std::time::Duration;
@@ -169,7 +172,7 @@ impl UserspaceTls {
     /// After a failure: sends what is buffered, which ends with the fatal alert,
     /// and shuts the write side so the peer sees the end at once. Best effort,
     /// within a short bound: the connection is being dropped anyway.
-    pub async fn send_alert(&mut self, stream: &TcpStream, timeout: Duration) {
+    async fn send_alert(&mut self, stream: &TcpStream, timeout: Duration) {
         if !self.failed {
             return;
         }
@@ -197,8 +200,9 @@ impl UserspaceTls {
             let discard = status.discard;
             let state = match status.state {
                 Ok(state) => state,
-                // Pipelined input broke the protocol: the response is cut here,
-                // and the alert follows the records already buffered.
+                // Only input `read` left incomplete is looked at here (it processes
+                // every complete record); should it break the protocol, the
+                // response ends with the error.
                 Err(e) => {
                     self.discard(discard);
                     return Err(self.fail(e));
