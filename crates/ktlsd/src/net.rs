@@ -52,6 +52,30 @@ pub async fn retry<T>(
     }
 }
 
+/// [`retry`] for a receive operation that must also see socket errors raised
+/// alone. A kTLS socket whose record parser rejected a record may signal only
+/// EPOLLERR (Linux 7.x sets the socket error without making it readable), and
+/// tokio's READABLE readiness does not include errors: such a wait would last
+/// until the timeout. So the wait includes ERROR, and an error-only wakeup
+/// runs `op` under ERROR readiness, where the socket error is reported (and a
+/// spurious one is cleared). Each readiness is tried on its own because tokio
+/// attempts nothing for a combined interest.
+pub async fn retry_recv<T>(
+    stream: &TcpStream,
+    timeout: Duration,
+    mut op: impl FnMut() -> io::Result<T>,
+) -> io::Result<T> {
+    loop {
+        for interest in [Interest::READABLE, Interest::ERROR] {
+            match stream.try_io(interest, &mut op) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                other => return other,
+            }
+        }
+        ready(stream, Interest::READABLE | Interest::ERROR, timeout).await?;
+    }
+}
+
 async fn ready(stream: &TcpStream, interest: Interest, timeout: Duration) -> io::Result<()> {
     match tokio::time::timeout(timeout, stream.ready(interest)).await {
         Ok(r) => r.map(drop),

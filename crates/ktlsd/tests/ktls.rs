@@ -1362,3 +1362,80 @@ fn lingering_close_delivers_whole_responses() {
     assert_ktls("lingering_close_delivers_whole_responses", &s, &Expect::conns(connections, requests));
     assert_eq!((s.stat("errors"), s.stat("timeouts")), (0, 0), "{}", s.stderr);
 }
+
+
+// ============================================================== tests: bad records
+
+/// The bad-record table of `records_bad.rs` (tests/common `bad_records`) on the
+/// kernel record layer: after a real handshake, each record that breaks the
+/// protocol gets the kernel path's fatal alert within a couple of seconds,
+/// although the idle timeout is 60 s, and the server goes on serving. A record
+/// that fails authentication ends its connection with a FIN only: the kernel
+/// then refuses to send the alert.
+fn bad_records_on_ktls(test: &str, v: V, c: Cipher) {
+    let files = standard_files();
+    let server = KtlsServer::start(&files, &["--idle-timeout", "60"]);
+    let prompt = Duration::from_secs(3);
+    let mut failures = Vec::new();
+    let (mut conns, mut requests) = (0, 0);
+    for case in common::bad_records() {
+        match case.versions {
+            common::Versions::Tls13 if v != V::Tls13 => continue,
+            common::Versions::Tls12 if v != V::Tls12 => continue,
+            _ => {}
+        }
+        let mut client = common::ForgingClient::connect(server.addr(), v.rustls(), Some(rustls_suite(v, c)));
+        conns += 1;
+        assert_eq!(client.get("/one").status, 200, "{v:?} {c:?}: request before `{}`", case.name);
+        requests += 1;
+        let bad = (case.forge)(&mut client);
+        client.send_raw(&bad);
+        let end = client.read_until_end(Duration::from_secs(70));
+        let alerts = end.alerts();
+        println!("[{test}] {}: alerts {alerts:?}, {:?} after {:?}", case.name, end.how, end.elapsed);
+        let want: Vec<(u8, u8)> = case.kernel.map(|d| (2, d)).into_iter().collect();
+        if alerts != want {
+            failures.push(format!("{}: alerts {alerts:?}, want {want:?} ({:?})", case.name, end.how));
+        }
+        if end.elapsed > prompt {
+            failures.push(format!("{}: the connection ended {:?} after {:?}", case.name, end.how, end.elapsed));
+        }
+    }
+    let (code, body) = curl_get(&server.url("/r16385"), &curl_tls_args(v, c), &[]);
+    assert_eq!(code, 200);
+    assert_body("after the bad records", &body, file(&files, "r16385"));
+    conns += 1;
+    requests += 1;
+    let s = server.stop();
+    assert!(failures.is_empty(), "{test}: {} cases failed:\n{}\n{}", failures.len(), failures.join("\n"), s.stderr);
+    // Only the record whose tag does not authenticate counts as a decrypt
+    // error; one without a content type is refused after decryption, the
+    // others for their length or contents.
+    let decrypt_errors = s.tls.get("TlsDecryptError");
+    assert_eq!(decrypt_errors, 1, "{test}: TlsDecryptError; {}", s.tls.summary());
+    assert_ktls(test, &s, &Expect { decrypt_errors, ..Expect::conns(conns, requests) });
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn bad_records_tls13_aes128gcm() {
+    bad_records_on_ktls("bad_records_tls13_aes128gcm", V::Tls13, Cipher::Aes128Gcm);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn bad_records_tls13_chacha20() {
+    bad_records_on_ktls("bad_records_tls13_chacha20", V::Tls13, Cipher::Chacha20);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn bad_records_tls12_aes128gcm() {
+    bad_records_on_ktls("bad_records_tls12_aes128gcm", V::Tls12, Cipher::Aes128Gcm);
+}
+
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn bad_records_tls12_chacha20() {
+    bad_records_on_ktls("bad_records_tls12_chacha20", V::Tls12, Cipher::Chacha20);
+}

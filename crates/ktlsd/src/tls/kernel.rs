@@ -128,7 +128,7 @@ impl KernelTls {
     pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
         loop {
             let rx = &mut self.rx;
-            let got = net::retry(stream, Interest::READABLE, timeout, || {
+            let got = net::retry_recv(stream, timeout, || {
                 kernel_tls::recv_record(stream.as_fd(), rx)
             })
             .await;
@@ -142,7 +142,7 @@ impl KernelTls {
                     if let Some(alert) = class.alert() {
                         self.counters.record_errors += 1;
                         tracing::info!("kTLS connection closed: kernel rejected a record ({})", class.name());
-                        let _ = kernel_tls::send_alert(stream.as_fd(), alert);
+                        send_fatal_alert(stream, alert);
                     }
                     return Err(e);
                 }
@@ -225,7 +225,7 @@ impl KernelTls {
 
     fn control_error(&mut self, stream: &TcpStream, e: kernel_tls::Error) -> io::Error {
         if let Some(alert) = e.alert() {
-            let _ = kernel_tls::send_alert(stream.as_fd(), alert);
+            send_fatal_alert(stream, alert);
         }
         // The kernel refused the peer's new RX key before our TX key changed:
         // the peer still reads our current key, so close cleanly.
@@ -235,6 +235,18 @@ impl KernelTls {
         let e = into_io(e);
         self.note_rekey_failure(e)
     }
+}
+
+/// Sends a fatal alert before the connection is dropped, then FIN, so the peer
+/// sees the end at once whatever the later close() does (with unread input
+/// left, it sends a reset). Best effort: a socket in an error state may refuse.
+fn send_fatal_alert(stream: &TcpStream, alert: rustls::AlertDescription) {
+    // After a record failed authentication the kernel refuses every send
+    // (EBADMSG); the FIN below still ends the connection at once.
+    if let Err(e) = kernel_tls::send_alert(stream.as_fd(), alert) {
+        tracing::debug!("kTLS: the {alert:?} alert was not sent: {e}");
+    }
+    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
 }
 
 /// Marks an `io::Error` that came from `Error::RekeyUnsupported`.

@@ -4,6 +4,14 @@
 //! Each `encrypt` call produces exactly one record into the connection's output
 //! buffer, so the body writer alone decides record boundaries; several records
 //! then leave in one `write`.
+//!
+//! When the peer breaks the protocol after the handshake (a record that fails
+//! authentication, an oversized record, a malformed KeyUpdate, ...), rustls
+//! queues the fatal alert for it; this layer sends that alert and a FIN before
+//! the error reaches the caller, so the peer learns at once why the connection
+//! ended. (For the few errors rustls queues no alert for, such as a TLS 1.3
+//! record without a content type, only the FIN is sent: once rustls has failed,
+//! nothing can encrypt one.)
 
 use std::io;
 use std::time::Duration;
@@ -21,6 +29,8 @@ pub const MAX_PLAINTEXT: usize = 16 * 1024;
 /// Output buffered before a `write`: four full records.
 const OUT_CAPACITY: usize = 4 * (MAX_PLAINTEXT + RECORD_OVERHEAD);
 const IN_CAPACITY: usize = 5 + MAX_PLAINTEXT + 2048;
+/// How long a fatal alert may wait for room in the socket before the connection is dropped without it.
+const ALERT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A connection whose records are protected by rustls in user space.
 pub struct UserspaceTls {
@@ -32,6 +42,9 @@ pub struct UserspaceTls {
     peer_closed: bool,
     /// Plaintext decrypted while looking for a writable state, handed out by the next read.
     stash: Vec<u8>,
+    /// rustls rejected the peer's input: the connection is over, and the fatal
+    /// alert rustls queued for it (if any) is in the output buffer.
+    failed: bool,
 }
 
 impl UserspaceTls {
@@ -44,6 +57,7 @@ impl UserspaceTls {
             out_len: 0,
             peer_closed: false,
             stash: Vec::new(),
+            failed: false,
         }
     }
 
@@ -56,7 +70,13 @@ impl UserspaceTls {
             return Ok(n);
         }
         loop {
-            let got = self.process(out)?;
+            let got = match self.process(out) {
+                Ok(got) => got,
+                Err(e) => {
+                    self.send_alert(stream, timeout).await;
+                    return Err(e);
+                }
+            };
             if got > 0 || self.peer_closed {
                 return Ok(got);
             }
@@ -84,10 +104,17 @@ impl UserspaceTls {
             let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
             let discard = status.discard;
             let mut progressed = true;
-            match status.state.map_err(tls_error)? {
+            let state = match status.state {
+                Ok(state) => state,
+                Err(e) => {
+                    self.discard(discard);
+                    return Err(self.fail(e));
+                }
+            };
+            match state {
                 ConnectionState::ReadTraffic(mut r) => {
-                    while let Some(rec) = r.next_record() {
-                        let rec = rec.map_err(tls_error)?;
+                    // `next_record` only hands out records rustls already decrypted.
+                    while let Some(Ok(rec)) = r.next_record() {
                         got += rec.payload.len();
                         out.extend_from_slice(rec.payload);
                     }
@@ -103,14 +130,57 @@ impl UserspaceTls {
                 }
                 _ => progressed = false,
             }
-            if discard > 0 {
-                self.incoming.copy_within(discard..self.in_len, 0);
-                self.in_len -= discard;
-            }
+            self.discard(discard);
             if !progressed {
                 return Ok(got);
             }
         }
+    }
+
+    /// Drops the first `n` input bytes, which rustls has consumed.
+    fn discard(&mut self, n: usize) {
+        if n > 0 {
+            self.incoming.copy_within(n..self.in_len, 0);
+            self.in_len -= n;
+        }
+    }
+
+    /// rustls rejected the peer's input with `e`. It has queued the fatal alert
+    /// for it, handed out by the next `process_tls_records` call(s) as
+    /// `EncodeTlsData`: encode it into the output buffer, and describe `e`.
+    fn fail(&mut self, e: rustls::Error) -> io::Error {
+        self.failed = true;
+        // Bounded: rustls queues one alert; more rounds would only see its error again.
+        for _ in 0..4 {
+            let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
+            let discard = status.discard;
+            let encoded = match status.state {
+                Ok(ConnectionState::EncodeTlsData(mut enc)) => {
+                    super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len);
+                    true
+                }
+                _ => false,
+            };
+            self.discard(discard);
+            if !encoded {
+                break;
+            }
+        }
+        tls_error(e)
+    }
+
+    /// After a failure: sends what is buffered, which ends with the fatal alert,
+    /// and shuts the write side so the peer sees the end at once. Best effort,
+    /// within a short bound: the connection is being dropped anyway.
+    async fn send_alert(&mut self, stream: &TcpStream, timeout: Duration) {
+        if !self.failed {
+            return;
+        }
+        let _ = self.flush(stream, timeout.min(ALERT_TIMEOUT)).await;
+        self.out_len = 0;
+        // FIN right after the alert, so the peer sees the end at once, whatever
+        // the later close() does (with unread input left, it sends a reset).
+        let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
     }
 
     /// Room left in the output buffer for plaintext of whole records.
@@ -128,7 +198,17 @@ impl UserspaceTls {
         loop {
             let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
             let discard = status.discard;
-            let done = match status.state.map_err(tls_error)? {
+            let state = match status.state {
+                Ok(state) => state,
+                // Only input `read` left incomplete is looked at here (it processes
+                // every complete record); should it break the protocol, the
+                // response ends with the error.
+                Err(e) => {
+                    self.discard(discard);
+                    return Err(self.fail(e));
+                }
+            };
+            let done = match state {
                 ConnectionState::WriteTraffic(mut w) => {
                     match w.encrypt(data, &mut self.outgoing[self.out_len..]) {
                         Ok(n) => self.out_len += n,
@@ -141,8 +221,8 @@ impl UserspaceTls {
                 }
                 // Pipelined input decrypted on the way: keep it for the next read.
                 ConnectionState::ReadTraffic(mut r) => {
-                    while let Some(rec) = r.next_record() {
-                        self.stash.extend_from_slice(rec.map_err(tls_error)?.payload);
+                    while let Some(Ok(rec)) = r.next_record() {
+                        self.stash.extend_from_slice(rec.payload);
                     }
                     false
                 }
@@ -170,10 +250,7 @@ impl UserspaceTls {
                     ))
                 }
             };
-            if discard > 0 {
-                self.incoming.copy_within(discard..self.in_len, 0);
-                self.in_len -= discard;
-            }
+            self.discard(discard);
             if done {
                 return Ok(());
             }
