@@ -35,10 +35,25 @@ struct Worker {
     /// The configuration new connections start with; replaced on reload. Each
     /// connection keeps its own `Arc` to the end.
     shared: RefCell<Arc<Shared>>,
+    /// Where a new configuration or access log arrives from.
+    current: RefCell<watch::Receiver<Current>>,
     log: AccessLog,
     stats: Stats,
     tasks: Rc<Tasks>,
     handshake_log: RateLimit,
+}
+
+impl Worker {
+    /// Takes a new configuration or access log if one was sent since the last look
+    /// (one atomic load when nothing changed).
+    fn refresh(&self) {
+        let mut rx = self.current.borrow_mut();
+        if rx.has_changed().unwrap_or(false) {
+            let Current { shared, log } = rx.borrow_and_update().clone();
+            *self.shared.borrow_mut() = shared;
+            self.log.switch(log);
+        }
+    }
 }
 
 /// The worker's connection tasks: how many are running, a wake-up for when none
@@ -157,6 +172,7 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
     let Current { shared, log } = current.borrow_and_update().clone();
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
+        current: RefCell::new(current.clone()),
         log: AccessLog::new(log),
         stats: Stats::default(),
         tasks: Rc::default(),
@@ -191,9 +207,9 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
                 let worker = worker.clone();
                 async move {
                     while current.changed().await.is_ok() {
-                        let Current { shared, log } = current.borrow_and_update().clone();
-                        *worker.shared.borrow_mut() = shared;
-                        worker.log.switch(log);
+                        // Marks this receiver as up to date; `refresh` reads the worker's own.
+                        drop(current.borrow_and_update());
+                        worker.refresh();
                     }
                 }
             });
@@ -232,6 +248,9 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
         match listener.accept().await {
             Ok((stream, peer)) => {
                 Stats::bump(&worker.stats.connections);
+                // A connection accepted after a reload was sent gets it, even if
+                // the update task has not run yet.
+                worker.refresh();
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
                 let stop = stop.clone();
