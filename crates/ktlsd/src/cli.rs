@@ -1,4 +1,4 @@
-//! Command-line interface: `ktlsd serve` and `ktlsd doctor`.
+//! Command-line interface: `ktlsd serve`, `ktlsd check` and `ktlsd doctor`.
 //!
 //! Every `serve` flag is optional here so that it can be merged over the
 //! configuration file (CLI wins); defaults live in [`crate::config`].
@@ -28,6 +28,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve a directory over HTTPS.
     Serve(ServeArgs),
+    /// Validate everything `serve` would (configuration, certificate and key, ROOT, ports) without serving.
+    Check(ServeArgs),
     /// Report what this machine's kernel offers for kernel TLS, and what to do about gaps.
     Doctor {
         /// Print one JSON object instead of the human report.
@@ -36,7 +38,7 @@ pub enum Command {
     },
 }
 
-#[derive(Debug, Default, Args)]
+#[derive(Debug, Default, Clone, Args)]
 pub struct ServeArgs {
     /// Directory to serve [default: the current directory]
     pub root: Option<PathBuf>,

@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::tls::TlsMode;
@@ -28,18 +29,34 @@ const FLUSH_AT: usize = 32 * 1024;
 
 /// A worker's access log.
 pub struct AccessLog {
-    out: Option<RefCell<File>>,
+    /// Shared by all workers: each writes whole-line batches to the same
+    /// append-mode file.
+    out: RefCell<Option<Arc<File>>>,
     buf: RefCell<Vec<u8>>,
 }
 
 impl AccessLog {
     /// `out` is the destination (a dup of stdout or the log file), `None` when logging is off.
-    pub fn new(out: Option<File>) -> AccessLog {
-        AccessLog { out: out.map(RefCell::new), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)) }
+    pub fn new(out: Option<Arc<File>>) -> AccessLog {
+        AccessLog { out: RefCell::new(out), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)) }
+    }
+
+    /// Writes out the buffered lines to the current destination, then sends
+    /// later lines to `out` (a reopened or reconfigured log).
+    pub fn switch(&self, out: Option<Arc<File>>) {
+        let same = match (&*self.out.borrow(), &out) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            self.flush();
+            *self.out.borrow_mut() = out;
+        }
     }
 
     pub fn write(&self, e: &AccessEntry<'_>) {
-        if self.out.is_none() {
+        if self.out.borrow().is_none() {
             return;
         }
         let rt = e.started.elapsed().as_secs_f64();
@@ -63,11 +80,14 @@ impl AccessLog {
     }
 
     pub fn flush(&self) {
-        let (Some(out), Ok(mut buf)) = (&self.out, self.buf.try_borrow_mut()) else { return };
+        let (Ok(out), Ok(mut buf)) = (self.out.try_borrow(), self.buf.try_borrow_mut()) else { return };
+        let Some(out) = out.as_deref() else { return };
         if buf.is_empty() {
             return;
         }
-        if let Err(e) = out.borrow_mut().write_all(&buf) {
+        // `&File` writes: one write per batch on an O_APPEND file keeps the
+        // workers' batches whole.
+        if let Err(e) = (&*out).write_all(&buf) {
             tracing::warn!("access log write failed: {e}");
         }
         buf.clear();

@@ -23,9 +23,8 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     init_tracing();
     let result = match cli.command {
-        cli::Command::Serve(args) => config::Config::from_args(args)
-            .map_err(anyhow::Error::from)
-            .and_then(server::run),
+        cli::Command::Serve(args) => server::run(args),
+        cli::Command::Check(args) => server::check(args),
         cli::Command::Doctor { json } => doctor::run(json),
     };
     match result {

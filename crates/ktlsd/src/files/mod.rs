@@ -158,7 +158,7 @@ fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
 pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
     let now = Instant::now();
     let (segments, trailing_slash) = normalize(path, opts)?;
-    let key = cache_key(&segments, trailing_slash);
+    let key = cache_key(root.id(), &segments, trailing_slash);
     if let Some((file, rel)) = cache::get(&key, now) {
         // The binding is cached; the file's size and times are not.
         if let Ok(meta) = file.metadata() {
@@ -181,8 +181,10 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
 
 /// The cache key of a normalised path: its segments joined by `/` (no segment holds
 /// a `/` or NUL, so the join is unambiguous), and a final `/` when the request had one.
-fn cache_key(segments: &[Vec<u8>], trailing_slash: bool) -> Vec<u8> {
-    let mut key = Vec::with_capacity(segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
+/// The cache key: the ROOT's id (a reload opens a new one), then the normalised path.
+fn cache_key(root: u64, segments: &[Vec<u8>], trailing_slash: bool) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
+    key.extend_from_slice(&root.to_be_bytes());
     for s in segments {
         key.push(b'/');
         key.extend_from_slice(s);
@@ -310,7 +312,9 @@ mod tests {
     fn spellings_of_one_path_share_a_cache_key() {
         let key = |p: &str| {
             let (s, slash) = normalize(p, OPTS).unwrap();
-            cache_key(&s, slash)
+            let k = cache_key(7, &s, slash);
+            assert_eq!(k[..8], 7u64.to_be_bytes(), "the key starts with the ROOT's id");
+            k[8..].to_vec()
         };
         for p in ["/x", "/./x", "/%78", "//x", "/a/../x", "/./././%2E/x"] {
             assert_eq!(key(p), b"/x", "{p}");

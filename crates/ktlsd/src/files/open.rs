@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::Refusal;
 
@@ -18,14 +18,23 @@ use super::Refusal;
 pub struct Root {
     dir: File,
     path: PathBuf,
+    /// Unique per `Root` opened by this process: the open-file cache keys entries
+    /// by it, so after a reload no file bound under the previous ROOT is served.
+    id: u64,
 }
+
+static NEXT_ROOT_ID: AtomicU64 = AtomicU64::new(0);
 
 static OPENAT2_MISSING: AtomicBool = AtomicBool::new(false);
 
 impl Root {
     pub fn new(path: &Path) -> io::Result<Root> {
         let dir = File::open(path)?;
-        Ok(Root { dir, path: path.to_path_buf() })
+        Ok(Root { dir, path: path.to_path_buf(), id: NEXT_ROOT_ID.fetch_add(1, Ordering::Relaxed) })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Opens `rel` (relative, already normalised) read-only and returns it with its metadata.

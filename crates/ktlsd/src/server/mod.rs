@@ -1,5 +1,5 @@
-//! The server: validated configuration in, listening workers out, and an orderly
-//! stop on SIGTERM/SIGINT.
+//! The server: validated configuration in, listening workers out; reload on
+//! SIGHUP, access-log reopening on SIGUSR1, and an orderly stop on SIGTERM/SIGINT.
 //!
 //! Like nginx, a fixed set of workers (one per CPU by default) each runs its own
 //! single-threaded event loop over its own `SO_REUSEPORT` listeners; nothing is
@@ -10,87 +10,88 @@ pub mod stats;
 mod worker;
 
 use std::fs::File;
+use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, Context};
 use rustls::ServerConfig;
 
+use tokio::signal::unix::Signal;
+
+use crate::cli::ServeArgs;
 use crate::config::{AccessLog, Config, KtlsMode};
 use crate::files::{self, Root};
 use crate::tls::config::{server_config, Identity};
 use stats::Stats;
 
-/// What every worker reads and nobody writes.
+/// What every worker reads and nobody writes. A reload builds a new one; each
+/// connection holds the `Arc` it started with, so in-flight connections finish
+/// on the configuration they began with.
 pub struct Shared {
     pub config: Config,
     pub root: Root,
     pub file_options: files::Options,
     pub tls: Arc<ServerConfig>,
     /// The kernel's kTLS abilities, when kTLS is to be used.
-    pub ktls: Option<crate::tls::kernel::Support>,
+    pub ktls: Option<Arc<crate::tls::kernel::Support>>,
+}
+
+/// What the workers serve with now: sent to every worker on reload and on
+/// access-log reopening.
+#[derive(Clone)]
+pub struct Current {
+    pub shared: Arc<Shared>,
+    /// Where access-log lines go; `None` when logging is off.
+    pub log: Option<Arc<File>>,
 }
 
 /// Starts the server and blocks until it has stopped.
-pub fn run(config: Config) -> anyhow::Result<()> {
-    let identity = Identity::load(&config)?;
-    let fingerprint = identity.fingerprint();
-    let generated = identity.generated;
-    let tls = server_config(&config, identity)?;
-    let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
-    let ktls = choose_ktls(&config)?;
-    check_tcp_options(&config)?;
-
-    let access_out: Option<File> = match &config.access_log {
-        AccessLog::Off => None,
-        AccessLog::Stdout => Some(dup_stdout()?),
-        AccessLog::File(p) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .with_context(|| format!("cannot open access log {}", p.display()))?,
-        ),
-    };
-
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::from_args(args.clone())?;
+    // Caught before anything else so that no signal sent during start-up kills the server.
+    let mut signals = Signals::install()?;
     let fds = FdBudget::raise();
     let cache_entries = fds.cache_entries_per_worker(config.workers);
     tracing::info!("{}; open-file cache up to {cache_entries} per worker", fds.describe());
+    let prepared = prepare(config, None, cache_entries)?;
+    let access_out = open_access_log(&prepared.shared.config.access_log)?;
+    let config = &prepared.shared.config;
 
     let (listeners, bound) = listener::bind_all(&config.listen, config.workers).map_err(|e| anyhow!(e))?;
     let workers = config.workers;
-    let shared = Arc::new(Shared {
-        file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },
-        config,
-        root,
-        tls,
-        ktls,
-    });
+    let shared = Arc::new(prepared.shared);
 
-    let signals = Signals::install()?;
     for addr in &bound {
         tracing::info!("listening on https://{addr}");
     }
-    let cert_note = if generated { "self-signed, generated at start-up" } else { "loaded" };
+    let cert_note = if prepared.generated { "self-signed, generated at start-up" } else { "loaded" };
     tracing::info!(
-        "serving {} with {} worker{}, certificate ({cert_note}) SHA-256 fingerprint {fingerprint}, record size {}",
+        "serving {} with {} worker{}, certificate ({cert_note}) SHA-256 fingerprint {}, record size {}",
         shared.config.root.display(),
         workers,
         if workers == 1 { "" } else { "s" },
+        prepared.fingerprint,
         shared.config.record_policy,
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (current_tx, current_rx) = tokio::sync::watch::channel(Current { shared, log: access_out });
     let mut handles = Vec::new();
     for (id, ls) in listeners.into_iter().enumerate() {
-        let out = match &access_out {
-            Some(f) => Some(f.try_clone().context("cannot duplicate the access log descriptor")?),
-            None => None,
-        };
-        handles.push(worker::spawn(id, ls, shared.clone(), stop_rx.clone(), out)?);
+        handles.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone())?);
     }
 
-    signals.wait()?;
-    tracing::info!("stopping: no new connections; in-flight responses get {:?}", shared.config.timeouts.shutdown);
+    loop {
+        match signals.next() {
+            Event::Stop => break,
+            Event::Reload => reload(&args, &current_tx),
+            Event::Reopen => reopen_access_log(&current_tx),
+        }
+    }
+    let shutdown = current_tx.borrow().shared.config.timeouts.shutdown;
+    tracing::info!("stopping: no new connections; in-flight responses get {shutdown:?}");
     let _ = stop_tx.send(true);
 
     let total = Stats::default();
@@ -104,6 +105,108 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `ktlsd check`: everything `serve` validates before it serves (configuration,
+/// certificate and key, ROOT, kTLS mode, TCP options, access log, free ports),
+/// without serving.
+pub fn check(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::from_args(args)?;
+    let prepared = prepare(config, None, 0)?;
+    let config = &prepared.shared.config;
+    check_access_log(&config.access_log)?;
+    listener::check_free(&config.listen).map_err(|e| anyhow!(e))?;
+    println!("configuration OK");
+    Ok(())
+}
+
+/// A configuration turned into what workers serve with.
+struct Prepared {
+    shared: Shared,
+    fingerprint: String,
+    generated: bool,
+}
+
+/// Loads the certificate and key, builds the TLS configuration, opens ROOT and
+/// checks the kTLS mode and TCP options. `previous` lends its kTLS probe when
+/// the kTLS mode is unchanged (a reload), so the kernel is probed once.
+fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize) -> anyhow::Result<Prepared> {
+    let identity = Identity::load(&config)?;
+    let fingerprint = identity.fingerprint();
+    let generated = identity.generated;
+    if let Some(leaf) = identity.chain.first() {
+        let name = config.cert.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+        if let Some(warning) = expiry_warning(&name, leaf.as_ref(), SystemTime::now()) {
+            tracing::warn!("{warning}");
+        }
+    }
+    let tls = server_config(&config, identity)?;
+    let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
+    let ktls = match previous {
+        Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),
+        _ => choose_ktls(&config)?.map(Arc::new),
+    };
+    check_tcp_options(&config)?;
+    let shared = Shared {
+        file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },
+        config,
+        root,
+        tls,
+        ktls,
+    };
+    Ok(Prepared { shared, fingerprint, generated })
+}
+
+/// SIGHUP: re-reads the configuration file and the certificate and key, and
+/// hands the result to the workers. On any error the running configuration stays.
+fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
+    let source = match &args.config {
+        Some(p) => format!("{} and the command line", p.display()),
+        None => "the command line".to_string(),
+    };
+    let old = current.borrow().clone();
+    let result = (|| -> anyhow::Result<(Current, String, bool)> {
+        let mut config = Config::from_args(args.clone())?;
+        let running = &old.shared.config;
+        // Listeners are bound once, at start-up; changing them needs a restart.
+        if config.listen != running.listen {
+            tracing::warn!(
+                "reload: listen addresses changed ({} -> {}); they take effect only after a restart; keeping {}",
+                join(&running.listen),
+                join(&config.listen),
+                join(&running.listen)
+            );
+            config.listen = running.listen.clone();
+        }
+        if config.workers != running.workers {
+            tracing::warn!(
+                "reload: workers changed ({} -> {}); this takes effect only after a restart; keeping {}",
+                running.workers,
+                config.workers,
+                running.workers
+            );
+            config.workers = running.workers;
+        }
+        let log = open_access_log(&config.access_log)?;
+        let Prepared { shared, fingerprint, generated } = prepare(config, Some(&old.shared), old.shared.file_options.cache_entries)?;
+        Ok((Current { shared: Arc::new(shared), log }, fingerprint, generated))
+    })();
+    match result {
+        Ok((next, fingerprint, generated)) => {
+            current.send_replace(next);
+            tracing::info!(
+                "reloaded configuration from {source}: certificate ({}) SHA-256 fingerprint {fingerprint}, record size {}",
+                if generated { "self-signed, generated" } else { "loaded" },
+                current.borrow().shared.config.record_policy,
+            );
+        }
+        Err(e) => {
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            tracing::error!(
+                "reload failed, still serving the previous configuration: {} (fix it and send SIGHUP again)",
+                chain.join(": ")
+            );
+        }
+    }
+}
 /// The process's file-descriptor budget: `RLIMIT_NOFILE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FdBudget {
@@ -218,44 +321,204 @@ fn check_tcp_options(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn join(addrs: &[SocketAddr]) -> String {
+    addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+}
+
+fn open_access_log(dest: &AccessLog) -> anyhow::Result<Option<Arc<File>>> {
+    Ok(match dest {
+        AccessLog::Off => None,
+        AccessLog::Stdout => Some(Arc::new(dup_stdout()?)),
+        AccessLog::File(p) => Some(Arc::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("cannot open access log {}", p.display()))?,
+        )),
+    })
+}
+
+/// What `check` can say about the access log without creating it: an existing
+/// file must open for appending, a new one needs its directory.
+fn check_access_log(dest: &AccessLog) -> anyhow::Result<()> {
+    let AccessLog::File(p) = dest else { return Ok(()) };
+    if p.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(p)
+            .with_context(|| format!("cannot open access log {}", p.display()))?;
+        return Ok(());
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(anyhow!("cannot create access log {}: {} is not a directory", p.display(), dir.display()));
+    }
+    Ok(())
+}
+
+/// SIGUSR1: opens the access log file anew at its configured path (after it was
+/// renamed by log rotation). Each worker writes out the lines it holds to the
+/// old file before it switches.
+fn reopen_access_log(current: &tokio::sync::watch::Sender<Current>) {
+    let now = current.borrow().clone();
+    let AccessLog::File(path) = &now.shared.config.access_log else {
+        tracing::info!("SIGUSR1: the access log is not a file; nothing to reopen");
+        return;
+    };
+    match open_access_log(&now.shared.config.access_log) {
+        Ok(log) => {
+            current.send_replace(Current { shared: now.shared.clone(), log });
+            tracing::info!("reopened access log {}", path.display());
+        }
+        Err(e) => tracing::error!(
+            "cannot reopen access log {}: {}; lines keep going to the previous file",
+            path.display(),
+            e.root_cause()
+        ),
+    }
+}
+
+/// Days before a certificate's end from which start-up, reload and `check` warn.
+const EXPIRY_WARNING_DAYS: i64 = 14;
+
+/// A warning when the leaf certificate (DER) has expired or expires within
+/// [`EXPIRY_WARNING_DAYS`] of `now`; `None` when it is good for longer (or
+/// cannot be parsed here: rustls has accepted it, and the server goes on).
+fn expiry_warning(name: &str, leaf: &[u8], now: SystemTime) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+    let not_after = cert.validity().not_after.timestamp();
+    let now = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let name = if name.is_empty() { "the certificate".to_string() } else { format!("certificate {name}") };
+    let when = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(not_after.max(0) as u64));
+    let left = not_after - now;
+    if left <= 0 {
+        Some(format!("{name} has expired (not valid after {when}); clients will refuse it: renew it and send SIGHUP"))
+    } else if left < EXPIRY_WARNING_DAYS * 86_400 {
+        Some(format!(
+            "{name} expires in {} day(s) ({when}); renew it and send SIGHUP",
+            left / 86_400
+        ))
+    } else {
+        None
+    }
+}
+
 fn dup_stdout() -> anyhow::Result<File> {
     use std::os::fd::AsFd;
     let owned = std::io::stdout().as_fd().try_clone_to_owned().context("cannot duplicate standard output")?;
     Ok(File::from(owned))
 }
 
-/// SIGTERM and SIGINT, caught from before the first connection is accepted.
+/// What the main thread does on a signal.
+enum Event {
+    /// SIGTERM, SIGINT.
+    Stop,
+    /// SIGHUP.
+    Reload,
+    /// SIGUSR1.
+    Reopen,
+}
+
+/// The signals ktlsd acts on, and those commonly sent that must not kill it
+/// (SIGUSR2, SIGWINCH: ignored, logged the first time). SIGPIPE stays ignored
+/// as the Rust runtime set it up: writes to a closed socket fail with EPIPE.
+/// All are caught from before the first connection is accepted.
 struct Signals {
     rt: tokio::runtime::Runtime,
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+    usr1: Signal,
+    usr2: Signal,
+    winch: Signal,
+    logged_usr2: bool,
+    logged_winch: bool,
 }
 
 impl Signals {
     fn install() -> anyhow::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let (term, int) = rt.block_on(async {
-            Ok::<_, std::io::Error>((signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?))
-        })?;
-        Ok(Signals { rt, term, int })
+        let all = rt.block_on(async {
+            Ok::<_, std::io::Error>([
+                signal(SignalKind::terminate())?,
+                signal(SignalKind::interrupt())?,
+                signal(SignalKind::hangup())?,
+                signal(SignalKind::user_defined1())?,
+                signal(SignalKind::user_defined2())?,
+                signal(SignalKind::window_change())?,
+            ])
+        });
+        let [term, int, hup, usr1, usr2, winch] = all.context("cannot install signal handlers")?;
+        Ok(Signals { rt, term, int, hup, usr1, usr2, winch, logged_usr2: false, logged_winch: false })
     }
 
-    /// Blocks until one of the signals arrives.
-    fn wait(mut self) -> anyhow::Result<()> {
-        self.rt.block_on(async {
-            tokio::select! {
-                _ = self.term.recv() => {}
-                _ = self.int.recv() => {}
+    /// Blocks until a signal that calls for an action arrives.
+    fn next(&mut self) -> Event {
+        loop {
+            let got = self.rt.block_on(async {
+                tokio::select! {
+                    _ = self.term.recv() => Some(Event::Stop),
+                    _ = self.int.recv() => Some(Event::Stop),
+                    _ = self.hup.recv() => Some(Event::Reload),
+                    _ = self.usr1.recv() => Some(Event::Reopen),
+                    _ = self.usr2.recv() => {
+                        if !std::mem::replace(&mut self.logged_usr2, true) {
+                            tracing::info!("SIGUSR2 ignored (ktlsd has no action for it; this is logged once)");
+                        }
+                        None
+                    }
+                    _ = self.winch.recv() => {
+                        if !std::mem::replace(&mut self.logged_winch, true) {
+                            tracing::info!("SIGWINCH ignored (ktlsd has no action for it; this is logged once)");
+                        }
+                        None
+                    }
+                }
+            });
+            if let Some(e) = got {
+                return e;
             }
-        });
-        Ok(())
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::FdBudget;
+    use super::*;
+
+    fn cert_ending(not_after: SystemTime) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = not_after.into();
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn expiry_warning_table() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+        let day = Duration::from_secs(86_400);
+        // (certificate ends at, warning expected containing)
+        let table: [(SystemTime, Option<&str>); 5] = [
+            (now + day * 90, None),
+            (now + day * 15, None),
+            (now + day * 13 + Duration::from_secs(60), Some("expires in 13 day(s)")),
+            (now + Duration::from_secs(3600), Some("expires in 0 day(s)")),
+            (now - day, Some("has expired")),
+        ];
+        for (end, want) in table {
+            let got = expiry_warning("c.pem", &cert_ending(end), now);
+            match want {
+                None => assert_eq!(got, None, "ends {end:?}"),
+                Some(w) => assert!(got.as_deref().is_some_and(|g| g.contains(w) && g.contains("c.pem")), "ends {end:?}: {got:?}"),
+            }
+        }
+    }
 
     #[test]
     fn cache_share_of_the_fd_budget() {

@@ -7,8 +7,7 @@
 //! never waits for a task that is gone. Failed handshakes are counted by reason
 //! and logged, at most [`HANDSHAKE_LOG_LINES`] lines per second per worker.
 
-use std::cell::Cell;
-use std::fs::File;
+use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::fd::AsFd;
 use std::rc::Rc;
@@ -22,7 +21,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
 use super::stats::Stats;
-use super::Shared;
+use super::{Current, Shared};
 use crate::body::{tcp, RecordSizer};
 use crate::http::conn::{self, End};
 use crate::log::AccessLog;
@@ -33,11 +32,28 @@ use crate::tls::{self, Session};
 
 /// Everything a connection task borrows from its worker.
 struct Worker {
-    shared: Arc<Shared>,
+    /// The configuration new connections start with; replaced on reload. Each
+    /// connection keeps its own `Arc` to the end.
+    shared: RefCell<Arc<Shared>>,
+    /// Where a new configuration or access log arrives from.
+    current: RefCell<watch::Receiver<Current>>,
     log: AccessLog,
     stats: Stats,
     tasks: Rc<Tasks>,
     handshake_log: RateLimit,
+}
+
+impl Worker {
+    /// Takes a new configuration or access log if one was sent since the last look
+    /// (one atomic load when nothing changed).
+    fn refresh(&self) {
+        let mut rx = self.current.borrow_mut();
+        if rx.has_changed().unwrap_or(false) {
+            let Current { shared, log } = rx.borrow_and_update().clone();
+            *self.shared.borrow_mut() = shared;
+            self.log.switch(log);
+        }
+    }
 }
 
 /// The worker's connection tasks: how many are running, a wake-up for when none
@@ -136,17 +152,16 @@ fn log_suppressed_handshakes(n: u64) {
 pub fn spawn(
     id: usize,
     listeners: Vec<StdListener>,
-    shared: Arc<Shared>,
+    current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
-    log_out: Option<File>,
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(listeners, shared, stop, log_out))
+        .spawn(move || run(listeners, current, stop))
         .context("cannot start a worker thread")
 }
 
-fn run(listeners: Vec<StdListener>, shared: Arc<Shared>, stop: watch::Receiver<bool>, log_out: Option<File>) -> Stats {
+fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop: watch::Receiver<bool>) -> Stats {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -154,10 +169,11 @@ fn run(listeners: Vec<StdListener>, shared: Arc<Shared>, stop: watch::Receiver<b
             return Stats::default();
         }
     };
-    let shutdown_timeout = shared.config.timeouts.shutdown;
+    let Current { shared, log } = current.borrow_and_update().clone();
     let worker = Rc::new(Worker {
-        shared,
-        log: AccessLog::new(log_out),
+        shared: RefCell::new(shared),
+        current: RefCell::new(current.clone()),
+        log: AccessLog::new(log),
         stats: Stats::default(),
         tasks: Rc::default(),
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
@@ -185,11 +201,26 @@ fn run(listeners: Vec<StdListener>, shared: Arc<Shared>, stop: watch::Receiver<b
                 }
             });
 
+            // A reload or reopened access log: new connections take the new
+            // configuration; the access log writes out what it holds first.
+            let updates = tokio::task::spawn_local({
+                let worker = worker.clone();
+                async move {
+                    while current.changed().await.is_ok() {
+                        // Marks this receiver as up to date; `refresh` reads the worker's own.
+                        drop(current.borrow_and_update());
+                        worker.refresh();
+                    }
+                }
+            });
+
             let mut stop = stop;
             let _ = stop.wait_for(|s| *s).await;
             for a in &accepting {
                 a.abort();
             }
+            updates.abort();
+            let shutdown_timeout = worker.shared.borrow().config.timeouts.shutdown;
             // In-flight connections finish their current response, bounded in time.
             let drained = tokio::time::timeout(shutdown_timeout, async {
                 while worker.tasks.active.get() > 0 {
@@ -217,12 +248,16 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
         match listener.accept().await {
             Ok((stream, peer)) => {
                 Stats::bump(&worker.stats.connections);
+                // A connection accepted after a reload was sent gets it, even if
+                // the update task has not run yet.
+                worker.refresh();
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
                 let stop = stop.clone();
+                let shared = worker.shared.borrow().clone();
                 tokio::task::spawn_local(async move {
                     let _active = active;
-                    connection(stream, peer, &w, stop).await;
+                    connection(stream, peer, &w, &shared, stop).await;
                 });
             }
             Err(e) => {
@@ -234,8 +269,7 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
     }
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, stop: watch::Receiver<bool>) {
-    let shared = &worker.shared;
+async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared: &Shared, stop: watch::Receiver<bool>) {
     let cfg = &shared.config;
     let stats = &worker.stats;
     let _ = stream.set_nodelay(true);
