@@ -423,27 +423,12 @@ fn alpn_http11() {
 // Not TLS at all.
 // ---------------------------------------------------------------------------
 
-/// Reads from a plain socket until EOF/reset (bounded), returning what came.
-fn read_plain_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
-    s.set_read_timeout(Some(limit)).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return (got, true),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (got, true),
-            Err(_) => return (got, false),
-        }
-    }
-}
-
 #[test]
-fn plain_http_on_tls_port_is_closed() {
+fn plain_http_on_tls_port_gets_a_plain_400() {
     let srv = ecdsa_server(&[]);
     let mut s = TcpStream::connect(srv.addr()).unwrap();
     s.write_all(b"GET /f.txt HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-    let (got, closed) = read_plain_until_closed(&mut s, Duration::from_secs(10));
+    let (got, closed) = read_raw_until_closed(&mut s, Duration::from_secs(10));
     assert!(closed, "the server kept a plain-HTTP connection open");
     assert!(got.starts_with(b"HTTP/1.1 400 Bad Request\r\n"), "expected a plain 400 answer, got {got:?}");
     assert!(!got.windows(F_TXT.len()).any(|w| w == F_TXT.as_bytes()), "leaked the file in clear");
@@ -462,12 +447,12 @@ fn binary_garbage_on_tls_port_is_closed() {
     let mut s = TcpStream::connect(srv.addr()).unwrap();
     s.write_all(&[0x16, 0x03, 0x01, 0xff, 0xff]).unwrap();
     s.write_all(&pattern(4096, 9)).unwrap();
-    let (_, closed) = read_plain_until_closed(&mut s, Duration::from_secs(10));
+    let (_, closed) = read_raw_until_closed(&mut s, Duration::from_secs(10));
     assert!(closed);
     // Random bytes.
     let mut s = TcpStream::connect(srv.addr()).unwrap();
     s.write_all(&pattern(300, 10)).unwrap();
-    let (_, closed) = read_plain_until_closed(&mut s, Duration::from_secs(10));
+    let (_, closed) = read_raw_until_closed(&mut s, Duration::from_secs(10));
     assert!(closed);
     assert_eq!(fetch(&srv.url("/f.txt"), &[]).body, F_TXT.as_bytes());
     let st = srv.stop();
@@ -482,7 +467,7 @@ fn silent_client_hits_handshake_timeout() {
     let mut s = TcpStream::connect(srv.addr()).unwrap();
     // Half a ClientHello header, then nothing.
     s.write_all(&[0x16, 0x03]).unwrap();
-    let (got, closed) = read_plain_until_closed(&mut s, Duration::from_secs(15));
+    let (got, closed) = read_raw_until_closed(&mut s, Duration::from_secs(15));
     let took = t.elapsed();
     assert!(closed, "still open after {took:?}");
     assert!(got.is_empty() || got[0] == 0x15, "{got:?}");
