@@ -1,7 +1,9 @@
 //! Command-line interface: `ktlsd serve`, `ktlsd check` and `ktlsd doctor`.
 //!
 //! Every `serve` flag is optional here so that it can be merged over the
-//! configuration file (CLI wins); defaults live in [`crate::config`].
+//! configuration file (CLI wins); each switch has a `--no-` form so that the
+//! command line can also turn off what the file turns on. Defaults live in
+//! [`crate::config`]; each flag's help repeats its default.
 
 use std::path::PathBuf;
 
@@ -31,6 +33,8 @@ pub enum Command {
     /// Validate everything `serve` would (configuration, certificate and key, ROOT, ports) without serving.
     Check(ServeArgs),
     /// Report what this machine's kernel offers for kernel TLS, and what to do about gaps.
+    ///
+    /// Exits 0 when kernel TLS is usable here, 1 when it is not.
     Doctor {
         /// Print one JSON object instead of the human report.
         #[arg(long)]
@@ -51,11 +55,11 @@ pub struct ServeArgs {
     #[arg(long = "listen", value_name = "ADDR")]
     pub listen: Vec<String>,
 
-    /// Certificate chain, PEM. Without --cert/--key a self-signed certificate for localhost is generated.
+    /// Certificate chain, PEM [default: a self-signed certificate for localhost, generated at start]
     #[arg(long, value_name = "PEM")]
     pub cert: Option<PathBuf>,
 
-    /// Private key (ECDSA, RSA or Ed25519), PEM.
+    /// Private key (ECDSA, RSA or Ed25519), PEM [default: the generated certificate's key]
     #[arg(long, value_name = "PEM")]
     pub key: Option<PathBuf>,
 
@@ -63,11 +67,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
 
-    /// Kernel TLS: auto (use it where the kernel can), on (refuse to start without it), off.
+    /// Kernel TLS: auto (use it where the kernel can), on (refuse to start without it), off [default: auto]
     #[arg(long, value_name = "MODE")]
     pub ktls: Option<String>,
 
-    /// TLS protocol versions, comma-separated: 1.2,1.3
+    /// TLS protocol versions, comma-separated [default: 1.2,1.3]
     #[arg(long, value_name = "LIST")]
     pub tls_versions: Option<String>,
 
@@ -75,55 +79,87 @@ pub struct ServeArgs {
     #[arg(long, value_name = "LIST")]
     pub cipher_suites: Option<String>,
 
-    /// TLS record size policy: static:SIZE (e.g. static:16k), dynamic[:lo=N,hi=N,threshold=N,timeout=1s], adaptive
+    /// TLS record size policy: static:SIZE (e.g. static:16k), dynamic[:lo=N,hi=N,threshold=N,timeout=1s], adaptive [default: static:16k]
     #[arg(long, value_name = "POLICY")]
     pub record_size: Option<String>,
 
-    /// TCP_NOTSENT_LOWAT in bytes for accepted connections.
+    /// TCP_NOTSENT_LOWAT in bytes for accepted connections [default: unset; 16384 with --record-size adaptive]
     #[arg(long, value_name = "BYTES")]
     pub tcp_notsent_lowat: Option<u32>,
 
-    /// TCP congestion control for accepted connections (e.g. cubic, bbr).
+    /// TCP congestion control for accepted connections, e.g. cubic, bbr [default: the system's]
     #[arg(long, value_name = "NAME")]
     pub tcp_congestion: Option<String>,
 
-    /// Answer directory requests without index.html with an HTML listing instead of 403.
-    #[arg(long)]
+    /// Answer directory requests without index.html with an HTML listing instead of 403 [default: off]
+    #[arg(long, overrides_with = "no_autoindex")]
     pub autoindex: bool,
 
-    /// Serve files and directories whose name starts with a dot.
-    #[arg(long)]
+    /// Answer directory requests without index.html with 403, whatever the config file says.
+    #[arg(long, overrides_with = "autoindex")]
+    pub no_autoindex: bool,
+
+    /// Serve files and directories whose name starts with a dot [default: off]
+    #[arg(long, overrides_with = "no_dotfiles")]
     pub dotfiles: bool,
 
-    /// Access log destination: a file path, `-` for standard output, or `off`.
+    /// Hide files and directories whose name starts with a dot, whatever the config file says.
+    #[arg(long, overrides_with = "dotfiles")]
+    pub no_dotfiles: bool,
+
+    /// Access log destination: a file path, `-` for standard output, or `off` [default: -]
     #[arg(long, value_name = "PATH")]
     pub access_log: Option<String>,
 
-    /// Seconds allowed for the TLS handshake.
-    #[arg(long, value_name = "SECS")]
-    pub handshake_timeout: Option<f64>,
+    /// Time allowed for the TLS handshake [default: 10s]
+    #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+    pub handshake_timeout: Option<String>,
 
-    /// Seconds allowed to receive a complete request head once it has started.
-    #[arg(long, value_name = "SECS")]
-    pub header_timeout: Option<f64>,
+    /// Time allowed to receive a complete request head once it has started [default: 15s]
+    #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+    pub header_timeout: Option<String>,
 
-    /// Seconds a keep-alive connection may stay idle between requests.
-    #[arg(long, value_name = "SECS")]
-    pub idle_timeout: Option<f64>,
+    /// Time a keep-alive connection may stay idle between requests [default: 65s]
+    #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+    pub idle_timeout: Option<String>,
 
-    /// Seconds a send may make no progress before the client is dropped as a slow reader.
-    #[arg(long, value_name = "SECS")]
-    pub send_timeout: Option<f64>,
+    /// Time a send may make no progress before the client is dropped as a slow reader [default: 60s]
+    #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+    pub send_timeout: Option<String>,
 
-    /// Seconds in-flight responses may take to finish after SIGTERM/SIGINT.
-    #[arg(long, value_name = "SECS")]
-    pub shutdown_timeout: Option<f64>,
+    /// Time in-flight responses may take to finish after SIGTERM/SIGINT [default: 10s]
+    #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+    pub shutdown_timeout: Option<String>,
 
-    /// Largest request head (request line plus headers) in bytes.
+    /// Largest request head (request line plus headers) in bytes [default: 16384]
     #[arg(long, value_name = "BYTES")]
     pub max_header_bytes: Option<usize>,
 
-    /// Largest request body that is read and discarded before answering 413.
+    /// Largest request body that is read and discarded before answering 413 [default: 1048576]
     #[arg(long, value_name = "BYTES")]
     pub max_body_bytes: Option<u64>,
+}
+
+/// Heading of the timeout flags in `--help`, which also says how a duration is written.
+const TIMEOUTS: &str = "Timeouts (DURATION: seconds, or a number with a unit: 65s, 500ms, 2m, 1h)";
+
+impl ServeArgs {
+    /// `--autoindex`/`--no-autoindex`: `None` when neither was given (the later one wins).
+    pub fn autoindex(&self) -> Option<bool> {
+        switch(self.autoindex, self.no_autoindex)
+    }
+
+    /// `--dotfiles`/`--no-dotfiles`: `None` when neither was given (the later one wins).
+    pub fn dotfiles(&self) -> Option<bool> {
+        switch(self.dotfiles, self.no_dotfiles)
+    }
+}
+
+/// A switch's `--x`/`--no-x` pair; clap's `overrides_with` leaves at most one set.
+fn switch(on: bool, off: bool) -> Option<bool> {
+    match (on, off) {
+        (true, _) => Some(true),
+        (false, true) => Some(false),
+        (false, false) => None,
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! Everything a running server needs is checked here, before any socket is opened,
 //! so that a mistake stops start-up with one line naming the file or value.
-//! Every command-line flag has a config key of the same name (dashes become underscores).
+//! Every command-line flag has a config key of the same name (dashes become underscores);
+//! a switch's `--no-` form is the same key set to false.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -116,11 +117,11 @@ struct FileConfig {
     autoindex: Option<bool>,
     dotfiles: Option<bool>,
     access_log: Option<String>,
-    handshake_timeout: Option<f64>,
-    header_timeout: Option<f64>,
-    idle_timeout: Option<f64>,
-    send_timeout: Option<f64>,
-    shutdown_timeout: Option<f64>,
+    handshake_timeout: Option<toml::Value>,
+    header_timeout: Option<toml::Value>,
+    idle_timeout: Option<toml::Value>,
+    send_timeout: Option<toml::Value>,
+    shutdown_timeout: Option<toml::Value>,
     max_header_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
 }
@@ -161,6 +162,12 @@ impl FileConfig {
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8443";
+// The timeouts' defaults; `--help` repeats them (a test in this module checks it does).
+const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(15);
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(65);
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP_NOTSENT_LOWAT applied with the adaptive record policy unless one is configured.
 const ADAPTIVE_NOTSENT_LOWAT: u32 = 16 * 1024;
 
@@ -171,6 +178,9 @@ impl Config {
             Some(path) => FileConfig::load(path)?,
             None => FileConfig::default(),
         };
+
+        let autoindex = args.autoindex().or(file.autoindex).unwrap_or(false);
+        let dotfiles = args.dotfiles().or(file.dotfiles).unwrap_or(false);
 
         let root = args.root.or(file.root).unwrap_or_else(|| PathBuf::from("."));
         let root = match root.canonicalize() {
@@ -271,19 +281,16 @@ impl Config {
             Some(p) => AccessLog::File(PathBuf::from(p)),
         };
 
-        let secs = |name: &str, v: Option<f64>, default: f64| -> Result<Duration, ConfigError> {
-            let v = v.unwrap_or(default);
-            if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
-                return err(format!("{name} {v}: expected seconds between 0 and 86400"));
-            }
-            Ok(Duration::from_secs_f64(v))
+        let file_path = args.config.as_deref();
+        let t = |flag: &str, cli: Option<String>, file: Option<toml::Value>, default: Duration| {
+            timeout(flag, cli.as_deref(), file.as_ref(), file_path, default)
         };
         let timeouts = Timeouts {
-            handshake: secs("handshake_timeout", args.handshake_timeout.or(file.handshake_timeout), 10.0)?,
-            header: secs("header_timeout", args.header_timeout.or(file.header_timeout), 15.0)?,
-            idle: secs("idle_timeout", args.idle_timeout.or(file.idle_timeout), 65.0)?,
-            send: secs("send_timeout", args.send_timeout.or(file.send_timeout), 60.0)?,
-            shutdown: secs("shutdown_timeout", args.shutdown_timeout.or(file.shutdown_timeout), 10.0)?,
+            handshake: t("handshake_timeout", args.handshake_timeout, file.handshake_timeout, DEFAULT_HANDSHAKE_TIMEOUT)?,
+            header: t("header_timeout", args.header_timeout, file.header_timeout, DEFAULT_HEADER_TIMEOUT)?,
+            idle: t("idle_timeout", args.idle_timeout, file.idle_timeout, DEFAULT_IDLE_TIMEOUT)?,
+            send: t("send_timeout", args.send_timeout, file.send_timeout, DEFAULT_SEND_TIMEOUT)?,
+            shutdown: t("shutdown_timeout", args.shutdown_timeout, file.shutdown_timeout, DEFAULT_SHUTDOWN_TIMEOUT)?,
         };
 
         let max_header_bytes = args.max_header_bytes.or(file.max_header_bytes).unwrap_or(16 * 1024);
@@ -306,8 +313,8 @@ impl Config {
             cipher_suites,
             record_policy,
             tcp,
-            autoindex: args.autoindex || file.autoindex.unwrap_or(false),
-            dotfiles: args.dotfiles || file.dotfiles.unwrap_or(false),
+            autoindex,
+            dotfiles,
             access_log,
             timeouts,
             limits,
@@ -317,4 +324,219 @@ impl Config {
 
 fn split_list(s: &str) -> Vec<String> {
     s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+}
+
+/// How a duration may be written, for error messages.
+const DURATION_FORMS: &str =
+    "expected seconds (65) or a number with a unit (65s, 500ms, 2m, 1h), from 1ms to 24h";
+
+/// One timeout: the command line's string over the file's value (an integer or float of
+/// seconds, or a string as on the command line) over `default`. An error names the flag or,
+/// for a file value, the key and the file.
+fn timeout(
+    key: &str,
+    cli: Option<&str>,
+    file: Option<&toml::Value>,
+    file_path: Option<&Path>,
+    default: Duration,
+) -> Result<Duration, ConfigError> {
+    if let Some(s) = cli {
+        return parse_duration(s)
+            .ok_or_else(|| ConfigError::new(format!("--{} {s:?}: {DURATION_FORMS}", key.replace('_', "-"))));
+    }
+    let (parsed, shown) = match file {
+        None => return Ok(default),
+        Some(toml::Value::Integer(i)) => (secs_duration(*i as f64), i.to_string()),
+        Some(toml::Value::Float(f)) => (secs_duration(*f), f.to_string()),
+        Some(toml::Value::String(s)) => (parse_duration(s), format!("{s:?}")),
+        Some(other) => (None, format!("of type {}", other.type_str())),
+    };
+    parsed.ok_or_else(|| {
+        let file = file_path.map(|p| format!("config file {}: ", p.display())).unwrap_or_default();
+        ConfigError::new(format!("{file}{key} {shown}: {DURATION_FORMS}"))
+    })
+}
+
+/// Parses `65` or `1.5` (seconds), `65s`, `500ms`, `2m`, `1h`; `None` if malformed or out of range.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, unit) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    // Plain decimals only: f64's parser also takes "inf", "NaN", "1e3", "+5" and "-1".
+    if !num.bytes().any(|b| b.is_ascii_digit()) || !num.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return None;
+    }
+    secs_duration(num.parse::<f64>().ok()? * unit)
+}
+
+/// Seconds to a timeout, if between 1 ms and 24 h.
+fn secs_duration(secs: f64) -> Option<Duration> {
+    // The lower bound is a hair under 1 ms so that "1ms" (1 * 0.001) is not lost to rounding.
+    (secs.is_finite() && (0.000_999_9..=86_400.0).contains(&secs)).then(|| Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::{CommandFactory, Parser};
+
+    #[test]
+    fn durations_parse() {
+        let ms = Duration::from_millis;
+        for (text, want) in [
+            ("65", Some(ms(65_000))),
+            ("65s", Some(ms(65_000))),
+            ("500ms", Some(ms(500))),
+            ("2m", Some(ms(120_000))),
+            ("1h", Some(ms(3_600_000))),
+            ("24h", Some(ms(86_400_000))),
+            ("1.5", Some(ms(1_500))),
+            ("0.25s", Some(ms(250))),
+            ("1ms", Some(ms(1))),
+            (" 10s ", Some(ms(10_000))),
+            ("0", None),
+            ("0s", None),
+            ("0.5ms", None),
+            ("25h", None),
+            ("86401", None),
+            ("-1", None),
+            ("+5", None),
+            ("1e3", None),
+            ("NaN", None),
+            ("inf", None),
+            ("", None),
+            ("s", None),
+            ("ms", None),
+            (".", None),
+            ("1.2.3", None),
+            ("10 s", None),
+            ("10sec", None),
+            ("5d", None),
+            ("1m30s", None),
+        ] {
+            assert_eq!(parse_duration(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn timeouts_from_cli_file_and_default() {
+        let def = Duration::from_secs(7);
+        let path = Path::new("/etc/ktlsd.toml");
+        let v = |s: &str| -> toml::Value { toml::from_str::<toml::Table>(&format!("v = {s}")).unwrap()["v"].clone() };
+        for (cli, file, want) in [
+            (None, None, Ok(def)),
+            (Some("2s"), Some(v("30")), Ok(Duration::from_secs(2))),
+            (None, Some(v("30")), Ok(Duration::from_secs(30))),
+            (None, Some(v("2.5")), Ok(Duration::from_millis(2_500))),
+            (None, Some(v("\"500ms\"")), Ok(Duration::from_millis(500))),
+            (None, Some(v("\"2m\"")), Ok(Duration::from_secs(120))),
+            (Some("abc"), None, Err("--idle-timeout \"abc\": expected seconds (65) or a number with a unit")),
+            (Some("abc"), Some(v("30")), Err("--idle-timeout \"abc\"")),
+            (None, Some(v("\"soon\"")), Err("config file /etc/ktlsd.toml: idle_timeout \"soon\": expected seconds")),
+            (None, Some(v("0")), Err("config file /etc/ktlsd.toml: idle_timeout 0: expected")),
+            (None, Some(v("-3")), Err("idle_timeout -3: expected")),
+            (None, Some(v("true")), Err("idle_timeout of type boolean: expected")),
+            (None, Some(v("[1]")), Err("idle_timeout of type array: expected")),
+        ] {
+            let got = timeout("idle_timeout", cli, file.as_ref(), Some(path), def);
+            match (got, want) {
+                (Ok(d), Ok(w)) => assert_eq!(d, w, "{cli:?} {file:?}"),
+                (Err(e), Err(w)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(w), "{cli:?} {file:?}: {e}");
+                    assert!(e.contains("500ms, 2m, 1h"), "accepted forms not named: {e}");
+                }
+                (got, want) => panic!("{cli:?} {file:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    fn serve_args(argv: &[&str]) -> ServeArgs {
+        let argv = ["ktlsd", "serve"].iter().chain(argv);
+        match Cli::try_parse_from(argv) {
+            Ok(Cli { command: Command::Serve(a) }) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn switches_merge_with_the_command_line_winning() {
+        for (argv, file, want) in [
+            (&[][..], None, false),
+            (&[][..], Some(true), true),
+            (&[][..], Some(false), false),
+            (&["--autoindex"][..], None, true),
+            (&["--autoindex"][..], Some(false), true),
+            (&["--no-autoindex"][..], Some(true), false),
+            (&["--no-autoindex"][..], None, false),
+            (&["--autoindex", "--no-autoindex"][..], Some(true), false),
+            (&["--no-autoindex", "--autoindex"][..], Some(false), true),
+        ] {
+            let args = serve_args(argv);
+            assert_eq!(args.autoindex().or(file).unwrap_or(false), want, "{argv:?} over {file:?}");
+            // The same flags spelled for dotfiles behave the same.
+            let dot: Vec<String> = argv.iter().map(|a| a.replace("autoindex", "dotfiles")).collect();
+            let dot: Vec<&str> = dot.iter().map(String::as_str).collect();
+            assert_eq!(serve_args(&dot).dotfiles().or(file).unwrap_or(false), want, "{dot:?} over {file:?}");
+        }
+    }
+
+    #[test]
+    fn switches_from_file_are_overridden_by_no_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("ktlsd.toml");
+        std::fs::write(&cfg, "autoindex = true\ndotfiles = true\n").unwrap();
+        let path = cfg.to_str().unwrap();
+        let c = Config::from_args(serve_args(&["--config", path])).unwrap();
+        assert!(c.autoindex && c.dotfiles);
+        let c = Config::from_args(serve_args(&["--config", path, "--no-autoindex", "--no-dotfiles"])).unwrap();
+        assert!(!c.autoindex && !c.dotfiles);
+    }
+
+    /// `[default: X]` in each flag's help is what the configuration really defaults to.
+    #[test]
+    fn help_states_the_real_defaults() {
+        let cmd = Cli::command();
+        let serve = cmd.find_subcommand("serve").unwrap();
+        let default_of = |id: &str| -> String {
+            let arg = serve.get_arguments().find(|a| a.get_id() == id).unwrap_or_else(|| panic!("no {id}"));
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let start = help.find("[default: ").unwrap_or_else(|| panic!("{id}: no default in {help:?}")) + 10;
+            help[start..help.len() - 1].to_string()
+        };
+        let c = Config::from_args(ServeArgs::default()).unwrap();
+        for (id, got) in [
+            ("handshake_timeout", c.timeouts.handshake),
+            ("header_timeout", c.timeouts.header),
+            ("idle_timeout", c.timeouts.idle),
+            ("send_timeout", c.timeouts.send),
+            ("shutdown_timeout", c.timeouts.shutdown),
+        ] {
+            assert_eq!(parse_duration(&default_of(id)), Some(got), "{id}");
+        }
+        assert_eq!(default_of("max_header_bytes"), c.limits.max_header_bytes.to_string());
+        assert_eq!(default_of("max_body_bytes"), c.limits.max_body_bytes.to_string());
+        assert_eq!(default_of("listen").parse::<SocketAddr>().ok(), Some(c.listen[0]));
+        assert_eq!(c.ktls, KtlsMode::Auto);
+        assert_eq!(default_of("ktls"), "auto");
+        assert_eq!(c.tls_versions, [TlsVersion::Tls12, TlsVersion::Tls13]);
+        assert_eq!(default_of("tls_versions"), "1.2,1.3");
+        assert_eq!(default_of("record_size").parse::<RecordPolicy>().ok(), Some(c.record_policy));
+        assert_eq!(c.tcp.notsent_lowat, None);
+        assert!(default_of("tcp_notsent_lowat").contains(&ADAPTIVE_NOTSENT_LOWAT.to_string()));
+        assert!(!c.autoindex && !c.dotfiles);
+        assert_eq!((default_of("autoindex").as_str(), default_of("dotfiles").as_str()), ("off", "off"));
+        assert_eq!(c.access_log, AccessLog::Stdout);
+        assert_eq!(default_of("access_log"), "-");
+    }
 }

@@ -4,17 +4,24 @@
 //! The facts come from [`kernel_tls::probe`] (which tries the real socket
 //! options on loopback connections) and `/proc/net/tls_stat`. The same
 //! [`Report`] is printed either as a human-readable page or, with `--json`,
-//! as one JSON object. The report is informational: it succeeds whatever the
-//! kernel lacks; only a failure to print is an error.
+//! as one JSON object. The exit status gives the verdict to scripts: 0 when
+//! kTLS is usable, 1 when it is not (the report still prints in full, since
+//! ktlsd then serves with its user-space record layer); a failure to print
+//! is an error.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
+use std::process::ExitCode;
 
 use kernel_tls::{Capabilities, Cipher, TlsStat, TlsVersion};
 use serde::Serialize;
 
-/// Prints the report for this machine (`json`: one JSON object).
-pub fn run(json: bool) -> anyhow::Result<()> {
+/// Exit status of `ktlsd doctor` when kTLS is not usable on this machine.
+const EXIT_UNUSABLE: u8 = 1;
+
+/// Prints the report for this machine (`json`: one JSON object) and returns the exit
+/// status: success when kTLS is usable, [`EXIT_UNUSABLE`] when not.
+pub fn run(json: bool) -> anyhow::Result<ExitCode> {
     let report = Report::gather();
     let mut text = Vec::new();
     if json {
@@ -26,9 +33,10 @@ pub fn run(json: bool) -> anyhow::Result<()> {
     let mut stdout = io::stdout().lock();
     match stdout.write_all(&text).and_then(|()| stdout.flush()) {
         // `ktlsd doctor | head` is not an error.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        other => other?,
     }
+    Ok(if report.ktls.usable { ExitCode::SUCCESS } else { ExitCode::from(EXIT_UNUSABLE) })
 }
 
 /// Everything the doctor knows, in the shape of the JSON output.

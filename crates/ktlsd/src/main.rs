@@ -23,12 +23,12 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     init_tracing();
     let result = match cli.command {
-        cli::Command::Serve(args) => server::run(args),
-        cli::Command::Check(args) => server::check(args),
+        cli::Command::Serve(args) => server::run(args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Check(args) => server::check(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Doctor { json } => doctor::run(json),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             // One line naming what was wrong.
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();

@@ -45,7 +45,9 @@ fn serve_help_lists_every_flag() {
         "--tcp-notsent-lowat",
         "--tcp-congestion",
         "--autoindex",
+        "--no-autoindex",
         "--dotfiles",
+        "--no-dotfiles",
         "--access-log",
         "--handshake-timeout",
         "--header-timeout",
@@ -58,6 +60,45 @@ fn serve_help_lists_every_flag() {
     ] {
         assert!(out.stdout.contains(flag), "serve --help does not mention {flag}:\n{}", out.stdout);
     }
+}
+
+/// Every option with a default says it in `serve --help`.
+#[test]
+fn serve_help_shows_every_default() {
+    let out = ktlsd(&["serve", "--help"]);
+    assert!(out.status.success(), "{out:?}");
+    for (flag, default) in [
+        ("[ROOT]", "the current directory"),
+        ("--listen", "127.0.0.1:8443"),
+        ("--cert", "a self-signed certificate for localhost"),
+        ("--key", "the generated certificate's key"),
+        ("--workers", "one per CPU"),
+        ("--ktls", "auto"),
+        ("--tls-versions", "1.2,1.3"),
+        ("--cipher-suites", "all kTLS-capable suites"),
+        ("--record-size", "static:16k"),
+        ("--tcp-notsent-lowat", "unset; 16384 with --record-size adaptive"),
+        ("--tcp-congestion", "the system's"),
+        ("--autoindex ", "off"),
+        ("--dotfiles ", "off"),
+        ("--access-log", "-"),
+        ("--handshake-timeout", "10s"),
+        ("--header-timeout", "15s"),
+        ("--idle-timeout", "65s"),
+        ("--send-timeout", "60s"),
+        ("--shutdown-timeout", "10s"),
+        ("--max-header-bytes", "16384"),
+        ("--max-body-bytes", "1048576"),
+    ] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(flag))
+            .unwrap_or_else(|| panic!("serve --help has no line for {flag}:\n{}", out.stdout));
+        assert!(line.contains(&format!("[default: {default}")), "{flag} without its default {default:?}: {line}");
+    }
+    // How a DURATION is written is said once, above the timeouts.
+    assert!(out.stdout.contains("65s, 500ms, 2m, 1h"), "{}", out.stdout);
 }
 
 #[test]
@@ -77,10 +118,14 @@ fn no_subcommand_or_unknown_flag_is_a_usage_error() {
     assert!(out.stderr.contains("--bogus-flag"), "{}", out.stderr);
 }
 
+/// `doctor --json`'s report; its exit status is checked against the report's verdict.
 fn doctor_json() -> serde_json::Value {
     let out = ktlsd(&["doctor", "--json"]);
-    assert!(out.status.success(), "{out:?}");
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}):\n{}", out.stdout))
+    let v: serde_json::Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}):\n{out:?}"));
+    let usable = v["ktls"]["usable"].as_bool().unwrap_or_else(|| panic!("no ktls.usable verdict:\n{v}"));
+    assert_eq!(out.status.code(), Some(if usable { 0 } else { 1 }), "usable={usable}: {out:?}");
+    v
 }
 
 #[test]
@@ -88,10 +133,29 @@ fn doctor_reports() {
     let v = doctor_json();
     assert!(v.is_object());
     assert!(v["kernel"].is_string(), "{v}");
-    assert!(v["ktls"]["usable"].is_boolean(), "{v}");
+    let usable = v["ktls"]["usable"].as_bool().unwrap();
     let out = ktlsd(&["doctor"]);
-    assert!(out.status.success(), "{out:?}");
     assert!(!out.stdout.trim().is_empty());
+    assert_eq!(out.status.code(), Some(if usable { 0 } else { 1 }), "usable={usable}: {out:?}");
+}
+
+/// Scripts can test `ktlsd doctor`'s exit status: 1 when kTLS is unusable here, 0 when usable.
+#[test]
+fn doctor_exit_status_is_the_verdict() {
+    for args in [&["doctor", "--json"][..], &["doctor"][..]] {
+        let out = ktlsd(args);
+        // The verdict of the same run, so the assertion holds on any kernel.
+        let json = ktlsd(&["doctor", "--json"]).stdout;
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}:\n{json}"));
+        let usable = v["ktls"]["usable"].as_bool().unwrap_or_else(|| panic!("no verdict:\n{v}"));
+        let want = if usable { 0 } else { 1 };
+        assert_eq!(out.status.code(), Some(want), "{args:?} with kTLS usable={usable}: {out:?}");
+        // Not an error: the report is the output, with nothing on stderr.
+        assert!(!out.stderr.contains("error"), "{}", out.stderr);
+        if !usable {
+            assert!(out.stdout.contains("usable"), "{}", out.stdout);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -352,9 +416,9 @@ fn suites_and_versions_leaving_nothing() {
 #[test]
 fn bad_numbers() {
     Server::builder().workers(Some(0)).run_to_exit().assert_startup_error(&["workers"]);
-    Server::builder().args(["--idle-timeout", "0"]).run_to_exit().assert_startup_error(&["idle_timeout"]);
-    Server::builder().args(["--send-timeout=-1"]).run_to_exit().assert_startup_error(&["send_timeout"]);
-    Server::builder().args(["--header-timeout", "NaN"]).run_to_exit().assert_startup_error(&["header_timeout"]);
+    Server::builder().args(["--idle-timeout", "0"]).run_to_exit().assert_startup_error(&["--idle-timeout", "\"0\""]);
+    Server::builder().args(["--send-timeout=-1"]).run_to_exit().assert_startup_error(&["--send-timeout", "\"-1\""]);
+    Server::builder().args(["--header-timeout", "NaN"]).run_to_exit().assert_startup_error(&["--header-timeout", "NaN"]);
     Server::builder().args(["--max-header-bytes", "10"]).run_to_exit().assert_startup_error(&["max_header_bytes", "10"]);
     Server::builder().args(["--tcp-notsent-lowat", "0"]).run_to_exit().assert_startup_error(&["tcp_notsent_lowat"]);
 }
@@ -546,4 +610,66 @@ fn listen_twice_on_the_same_address() {
         .listen(&[&addr, &addr])
         .run_to_exit()
         .assert_startup_error(&[&addr, "twice"]);
+}
+
+// ---------------------------------------------------------------------------
+// Durations and switches.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn idle_timeout_with_a_unit_applies() {
+    let srv = Server::builder().file("a.txt", b"a").args(["--idle-timeout", "2s", "--header-timeout", "1500ms"]).start();
+    let mut c = TlsClient::connect(srv.addr());
+    assert_eq!(c.get("/a.txt").body, b"a");
+    let t = std::time::Instant::now();
+    let (rest, how) = c.read_until_close();
+    let took = t.elapsed();
+    assert!(rest.is_empty());
+    assert!(matches!(how, Closing::CloseNotify | Closing::Eof), "{how:?} after {took:?}");
+    assert!(took >= Duration::from_millis(1800), "2s idle timeout closed after {took:?}");
+    assert!(took < Duration::from_secs(6), "2s idle timeout took {took:?}");
+}
+
+#[test]
+fn config_timeouts_take_units_and_bad_ones_are_named() {
+    let b = Server::builder().file("a.txt", b"a");
+    let cfg = write_config(
+        &b,
+        "handshake_timeout = 5\nheader_timeout = 2.5\nidle_timeout = \"2m\"\nsend_timeout = \"500ms\"\nshutdown_timeout = \"1h\"\n",
+    );
+    let srv = b.arg("--config").arg(&cfg).start();
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
+    srv.stop().assert_clean_exit();
+
+    for bad in ["\"soon\"", "\"5d\"", "0", "-1", "true"] {
+        let b = Server::builder();
+        let cfg = write_config(&b, &format!("idle_timeout = {bad}\n"));
+        let c = cfg.to_str().unwrap().to_string();
+        b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "idle_timeout", "65s, 500ms, 2m, 1h"]);
+    }
+    Server::builder()
+        .args(["--idle-timeout", "soon"])
+        .run_to_exit()
+        .assert_startup_error(&["--idle-timeout \"soon\"", "65s, 500ms, 2m, 1h"]);
+}
+
+#[test]
+fn no_autoindex_overrides_the_config_file() {
+    let setup = || {
+        let b = Server::builder();
+        std::fs::create_dir(b.root().join("d")).unwrap();
+        std::fs::write(b.root().join("d/x.txt"), b"x").unwrap();
+        std::fs::write(b.root().join(".dot"), b"dotted").unwrap();
+        let cfg = write_config(&b, "autoindex = true\ndotfiles = true\n");
+        b.arg("--config").arg(cfg)
+    };
+    let srv = setup().start();
+    assert!(fetch(&srv.url("/d/"), &[]).body_str().contains("x.txt"), "autoindex from the file");
+    assert_eq!(fetch(&srv.url("/.dot"), &[]).body, b"dotted", "dotfiles from the file");
+    drop(srv);
+
+    let srv = setup().args(["--no-autoindex", "--no-dotfiles"]).start();
+    let r = fetch(&srv.url("/d/"), &[]);
+    assert_eq!(r.status, 403, "--no-autoindex did not win over the file: {}", r.body_str());
+    assert_eq!(fetch(&srv.url("/.dot"), &[]).status, 404, "--no-dotfiles did not win over the file");
 }
