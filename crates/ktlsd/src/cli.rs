@@ -138,6 +138,22 @@ pub struct ServeArgs {
     /// Largest request body that is read and discarded before answering 413 [default: 1048576]
     #[arg(long, value_name = "BYTES")]
     pub max_body_bytes: Option<u64>,
+
+    /// Directory keeping the generated self-signed certificate and key between starts [default: /var/lib/ktlsd as root, else $XDG_STATE_HOME/ktlsd or ~/.local/state/ktlsd]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Without --cert/--key, generate a new self-signed certificate in memory at every start instead of keeping one in --state-dir [default: off]
+    #[arg(long, overrides_with = "no_ephemeral_cert")]
+    pub ephemeral_cert: bool,
+
+    /// Keep the generated self-signed certificate in --state-dir, whatever the config file says.
+    #[arg(long, overrides_with = "ephemeral_cert")]
+    pub no_ephemeral_cert: bool,
+
+    /// Session-ticket key file, 80 random bytes as nginx's ssl_session_ticket_key (repeatable; the first encrypts, all decrypt) [default: none: a random key per process]
+    #[arg(long = "ticket-keys", value_name = "FILE")]
+    pub ticket_keys: Vec<PathBuf>,
 }
 
 /// Heading of the timeout flags in `--help`, which also says how a duration is written.

@@ -97,6 +97,13 @@ pub struct Config {
     pub access_log: AccessLog,
     pub timeouts: Timeouts,
     pub limits: Limits,
+    /// Where the generated self-signed certificate is kept; `None` when no default applies
+    /// (no HOME) and none was given.
+    pub state_dir: Option<PathBuf>,
+    /// Generate the self-signed certificate in memory only, never stored.
+    pub ephemeral_cert: bool,
+    /// Session-ticket key files; the first encrypts. Empty: a random key per process.
+    pub ticket_keys: Vec<PathBuf>,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -124,6 +131,9 @@ struct FileConfig {
     shutdown_timeout: Option<toml::Value>,
     max_header_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
+    state_dir: Option<PathBuf>,
+    ephemeral_cert: Option<bool>,
+    ticket_keys: Option<Vec<PathBuf>>,
 }
 
 impl FileConfig {
@@ -152,13 +162,60 @@ impl FileConfig {
         };
         // Relative paths in the file are relative to the file, as in nginx.
         let base = path.parent().unwrap_or(Path::new("."));
-        for p in [&mut file.root, &mut file.cert, &mut file.key].into_iter().flatten() {
+        file.resolve_paths(base);
+        Ok(file)
+    }
+}
+
+impl FileConfig {
+    /// Every path in the file is relative to the file's directory `base`, as in nginx;
+    /// `-` and `off` for the access log are not paths.
+    fn resolve_paths(&mut self, base: &Path) {
+        let rel = |p: &mut PathBuf| {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
+        };
+        for p in [&mut self.root, &mut self.cert, &mut self.key, &mut self.state_dir].into_iter().flatten() {
+            rel(p);
         }
-        Ok(file)
+        for p in self.ticket_keys.iter_mut().flatten() {
+            rel(p);
+        }
+        if let Some(log) = &mut self.access_log {
+            if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
+                *log = base.join(log.as_str()).to_string_lossy().into_owned();
+            }
+        }
     }
+}
+
+/// The default state directory: `/var/lib/ktlsd` for root when it exists or `/var/lib` is
+/// there to create it in, else `$XDG_STATE_HOME/ktlsd` (when absolute, per the XDG base
+/// directory spec), else `$HOME/.local/state/ktlsd`; `None` without any of them.
+fn default_state_dir(
+    is_root: bool,
+    var_lib_usable: bool,
+    xdg_state_home: Option<&str>,
+    home: Option<&str>,
+) -> Option<PathBuf> {
+    if is_root && var_lib_usable {
+        return Some(PathBuf::from("/var/lib/ktlsd"));
+    }
+    if let Some(x) = xdg_state_home.filter(|x| Path::new(x).is_absolute()) {
+        return Some(Path::new(x).join("ktlsd"));
+    }
+    home.filter(|h| !h.is_empty()).map(|h| Path::new(h).join(".local/state/ktlsd"))
+}
+
+/// [`default_state_dir`] for this process.
+fn default_state_dir_here() -> Option<PathBuf> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let var_lib_usable = is_root && (Path::new("/var/lib/ktlsd").is_dir() || Path::new("/var/lib").is_dir());
+    let xdg = std::env::var("XDG_STATE_HOME").ok();
+    let home = std::env::var("HOME").ok();
+    default_state_dir(is_root, var_lib_usable, xdg.as_deref(), home.as_deref())
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8443";
@@ -302,6 +359,17 @@ impl Config {
             max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(1024 * 1024),
         };
 
+        // `ServeArgs::ephemeral_cert()` cannot be called on the partly moved `args`; clap's
+        // `overrides_with` leaves at most one of the pair set.
+        let cli_ephemeral = match (args.ephemeral_cert, args.no_ephemeral_cert) {
+            (true, _) => Some(true),
+            (false, true) => Some(false),
+            (false, false) => None,
+        };
+        let ephemeral_cert = cli_ephemeral.or(file.ephemeral_cert).unwrap_or(false);
+        let state_dir = args.state_dir.or(file.state_dir).or_else(default_state_dir_here);
+        let ticket_keys = if !args.ticket_keys.is_empty() { args.ticket_keys } else { file.ticket_keys.unwrap_or_default() };
+
         Ok(Config {
             root,
             listen,
@@ -318,6 +386,9 @@ impl Config {
             access_log,
             timeouts,
             limits,
+            state_dir,
+            ephemeral_cert,
+            ticket_keys,
         })
     }
 }
@@ -503,6 +574,74 @@ mod tests {
         assert!(!c.autoindex && !c.dotfiles);
     }
 
+    /// Relative paths in the file resolve against the file's directory; on the command
+    /// line they stay relative, i.e. against the working directory.
+    #[test]
+    fn relative_paths_resolve_against_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("conf");
+        std::fs::create_dir_all(conf.join("www")).unwrap();
+        let cfg = conf.join("ktlsd.toml");
+        std::fs::write(
+            &cfg,
+            concat!(
+                "root = \"www\"\n",
+                "cert = \"tls/cert.pem\"\nkey = \"tls/key.pem\"\n",
+                "access_log = \"logs/access.log\"\n",
+                "state_dir = \"state\"\n",
+                "ticket_keys = [\"t/a.key\", \"/abs/b.key\"]\n",
+            ),
+        )
+        .unwrap();
+        let f = FileConfig::load(&cfg).unwrap();
+        assert_eq!(f.root, Some(conf.join("www")));
+        assert_eq!(f.cert, Some(conf.join("tls/cert.pem")));
+        assert_eq!(f.key, Some(conf.join("tls/key.pem")));
+        assert_eq!(f.access_log, Some(conf.join("logs/access.log").to_string_lossy().into_owned()));
+        assert_eq!(f.state_dir, Some(conf.join("state")));
+        assert_eq!(f.ticket_keys, Some(vec![conf.join("t/a.key"), PathBuf::from("/abs/b.key")]));
+
+        let mut f = FileConfig { access_log: Some("-".into()), ..Default::default() };
+        f.resolve_paths(&conf);
+        assert_eq!(f.access_log.as_deref(), Some("-"));
+        let mut f = FileConfig { access_log: Some("off".into()), state_dir: Some("/var/x".into()), ..Default::default() };
+        f.resolve_paths(&conf);
+        assert_eq!((f.access_log.as_deref(), f.state_dir), (Some("off"), Some(PathBuf::from("/var/x"))));
+
+        // The command line's relative paths are the working directory's.
+        let cfg_s = cfg.to_str().unwrap();
+        let c = Config::from_args(serve_args(&[
+            "--config", cfg_s, "--access-log", "cli.log", "--state-dir", "st", "--ticket-keys", "k1", "--ticket-keys", "k2",
+        ]))
+        .unwrap();
+        assert_eq!(c.access_log, AccessLog::File(PathBuf::from("cli.log")));
+        assert_eq!(c.state_dir, Some(PathBuf::from("st")));
+        assert_eq!(c.ticket_keys, [PathBuf::from("k1"), PathBuf::from("k2")]);
+        let c = Config::from_args(serve_args(&["--config", cfg_s, "--ephemeral-cert"])).unwrap();
+        assert_eq!(c.access_log, AccessLog::File(conf.join("logs/access.log")));
+        assert_eq!(c.state_dir, Some(conf.join("state")));
+        assert!(c.ephemeral_cert);
+        assert_eq!(c.root, conf.join("www").canonicalize().unwrap());
+    }
+
+    #[test]
+    fn default_state_dir_choice() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        for (root, var_lib, xdg, home, want) in [
+            (true, true, Some("/x"), Some("/root"), p("/var/lib/ktlsd")),
+            (true, false, None, Some("/root"), p("/root/.local/state/ktlsd")),
+            (false, true, Some("/run/u/state"), Some("/home/u"), p("/run/u/state/ktlsd")),
+            (false, false, None, Some("/home/u"), p("/home/u/.local/state/ktlsd")),
+            // XDG says a relative XDG_STATE_HOME is to be ignored.
+            (false, false, Some("rel"), Some("/home/u"), p("/home/u/.local/state/ktlsd")),
+            (false, false, Some(""), Some("/home/u"), p("/home/u/.local/state/ktlsd")),
+            (false, false, None, Some(""), None),
+            (false, false, None, None, None),
+        ] {
+            assert_eq!(default_state_dir(root, var_lib, xdg, home), want, "{root} {var_lib} {xdg:?} {home:?}");
+        }
+    }
+
     /// `[default: X]` in each flag's help is what the configuration really defaults to.
     #[test]
     fn help_states_the_real_defaults() {
@@ -538,5 +677,8 @@ mod tests {
         assert_eq!((default_of("autoindex").as_str(), default_of("dotfiles").as_str()), ("off", "off"));
         assert_eq!(c.access_log, AccessLog::Stdout);
         assert_eq!(default_of("access_log"), "-");
+        assert!(!c.ephemeral_cert && c.ticket_keys.is_empty());
+        assert_eq!(default_of("ephemeral_cert"), "off");
+        assert!(default_of("state_dir").contains("/var/lib/ktlsd"));
     }
 }

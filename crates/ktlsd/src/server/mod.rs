@@ -55,7 +55,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let fds = FdBudget::raise();
     let cache_entries = fds.cache_entries_per_worker(config.workers);
     tracing::info!("{}; open-file cache up to {cache_entries} per worker", fds.describe());
-    let prepared = prepare(config, None, cache_entries)?;
+    let prepared = prepare(config, None, cache_entries, true)?;
     let access_out = open_access_log(&prepared.shared.config.access_log)?;
     let config = &prepared.shared.config;
 
@@ -66,7 +66,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for addr in &bound {
         tracing::info!("listening on https://{addr}");
     }
-    let cert_note = if prepared.generated { "self-signed, generated at start-up" } else { "loaded" };
+    let cert_note = &prepared.origin;
     tracing::info!(
         "serving {} with {} worker{}, certificate ({cert_note}) SHA-256 fingerprint {}, record size {}",
         shared.config.root.display(),
@@ -110,7 +110,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// without serving.
 pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::from_args(args)?;
-    let prepared = prepare(config, None, 0)?;
+    // `check` writes nothing: a missing self-signed certificate is not stored.
+    let prepared = prepare(config, None, 0, false)?;
     let config = &prepared.shared.config;
     check_access_log(&config.access_log)?;
     listener::check_free(&config.listen).map_err(|e| anyhow!(e))?;
@@ -122,16 +123,18 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
 struct Prepared {
     shared: Shared,
     fingerprint: String,
-    generated: bool,
+    /// Where the certificate came from (loaded, self-signed and kept, ...).
+    origin: String,
 }
 
 /// Loads the certificate and key, builds the TLS configuration, opens ROOT and
 /// checks the kTLS mode and TCP options. `previous` lends its kTLS probe when
 /// the kTLS mode is unchanged (a reload), so the kernel is probed once.
-fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize) -> anyhow::Result<Prepared> {
-    let identity = Identity::load(&config)?;
+/// With `persist` false (`check`) nothing is written to the state directory.
+fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, persist: bool) -> anyhow::Result<Prepared> {
+    let identity = Identity::load(&config, persist)?;
     let fingerprint = identity.fingerprint();
-    let generated = identity.generated;
+    let origin = identity.origin.clone();
     if let Some(leaf) = identity.chain.first() {
         let name = config.cert.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
         if let Some(warning) = expiry_warning(&name, leaf.as_ref(), SystemTime::now()) {
@@ -152,7 +155,7 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize) -> a
         tls,
         ktls,
     };
-    Ok(Prepared { shared, fingerprint, generated })
+    Ok(Prepared { shared, fingerprint, origin })
 }
 
 /// SIGHUP: re-reads the configuration file and the certificate and key, and
@@ -163,7 +166,7 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
         None => "the command line".to_string(),
     };
     let old = current.borrow().clone();
-    let result = (|| -> anyhow::Result<(Current, String, bool)> {
+    let result = (|| -> anyhow::Result<(Current, String, String)> {
         let mut config = Config::from_args(args.clone())?;
         let running = &old.shared.config;
         // Listeners are bound once, at start-up; changing them needs a restart.
@@ -186,15 +189,15 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
             config.workers = running.workers;
         }
         let log = open_access_log(&config.access_log)?;
-        let Prepared { shared, fingerprint, generated } = prepare(config, Some(&old.shared), old.shared.file_options.cache_entries)?;
-        Ok((Current { shared: Arc::new(shared), log }, fingerprint, generated))
+        let Prepared { shared, fingerprint, origin } = prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, true)?;
+        Ok((Current { shared: Arc::new(shared), log }, fingerprint, origin))
     })();
     match result {
-        Ok((next, fingerprint, generated)) => {
+        Ok((next, fingerprint, origin)) => {
             current.send_replace(next);
             tracing::info!(
                 "reloaded configuration from {source}: certificate ({}) SHA-256 fingerprint {fingerprint}, record size {}",
-                if generated { "self-signed, generated" } else { "loaded" },
+                origin,
                 current.borrow().shared.config.record_policy,
             );
         }

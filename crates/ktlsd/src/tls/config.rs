@@ -3,9 +3,17 @@
 //!
 //! Only suites that Linux kTLS can carry are offered, so that every connection
 //! can move its record layer into the kernel when the kernel allows it.
+//!
+//! Without `--cert`/`--key` the self-signed certificate is kept in the state
+//! directory, so its fingerprint survives restarts. With `--ticket-keys` session
+//! tickets are sealed with keys read from files, so that every instance given the
+//! same files resumes the others' sessions.
 
-use std::path::Path;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use ::aws_lc_rs as aws_lc;
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
@@ -41,17 +49,84 @@ fn known_suites() -> [SuiteName; 9] {
 pub struct Identity {
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
-    /// Whether the certificate was generated at start-up.
+    /// Whether the certificate is a self-signed one of ktlsd's own.
     pub generated: bool,
+    /// Where it came from, for the start-up and reload lines.
+    pub origin: String,
 }
 
+/// The file in the state directory holding the self-signed key and certificate, in that
+/// order. One file, so that the pair is replaced at once.
+pub const SELF_SIGNED_FILE: &str = "self-signed.pem";
+
 impl Identity {
-    /// Loads `--cert`/`--key`, or generates a self-signed certificate for localhost.
-    pub fn load(config: &Config) -> Result<Self, ConfigError> {
+    /// Loads `--cert`/`--key`, or the self-signed certificate for localhost: the one kept in
+    /// the state directory, generated and stored there when missing, damaged or expired
+    /// (or one in memory only with `--ephemeral-cert`). `persist` false (`ktlsd check`)
+    /// never writes: a missing pair is generated in memory and the directory checked.
+    pub fn load(config: &Config, persist: bool) -> Result<Self, ConfigError> {
         match (&config.cert, &config.key) {
             (Some(cert), Some(key)) => Self::from_files(cert, key),
-            _ => Self::self_signed(),
+            _ if config.ephemeral_cert => {
+                let (id, _) = Self::self_signed("self-signed, generated at start-up (ephemeral)")?;
+                Ok(id)
+            }
+            _ => match &config.state_dir {
+                Some(dir) => Self::stored(dir, persist),
+                None => Err(ConfigError::new(
+                    "no state directory for the self-signed certificate (neither HOME nor XDG_STATE_HOME is set): \
+                     give --state-dir DIR, --ephemeral-cert, or --cert and --key",
+                )),
+            },
         }
+    }
+
+    /// The pair kept in `dir`, or a new one stored there.
+    fn stored(dir: &Path, persist: bool) -> Result<Self, ConfigError> {
+        let path = dir.join(SELF_SIGNED_FILE);
+        match std::fs::read(&path) {
+            Ok(pem) => match Self::parse_stored(&pem, SystemTime::now()) {
+                Ok((chain, key)) => {
+                    let origin = format!("self-signed, kept in {}", path.display());
+                    return Ok(Identity { chain, key, generated: true, origin });
+                }
+                Err(why) => tracing::warn!("{}: {why}; replacing it with a new self-signed certificate", path.display()),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("cannot read {}: {e}; replacing it with a new self-signed certificate", path.display()),
+        }
+        let fix = "give --state-dir DIR, --ephemeral-cert, or --cert and --key";
+        if !persist {
+            check_creatable(dir).map_err(|e| ConfigError::new(format!("state directory {}: {e} ({fix})", dir.display())))?;
+            let (id, _) = Self::self_signed(&format!("self-signed, to be stored in {}", path.display()))?;
+            return Ok(id);
+        }
+        let (id, pem) = Self::self_signed(&format!("self-signed, generated and stored in {}", path.display()))?;
+        write_private(dir, &path, pem.as_bytes())
+            .map_err(|e| ConfigError::new(format!("cannot store the self-signed certificate in {}: {e} ({fix})", path.display())))?;
+        Ok(id)
+    }
+
+    /// A stored pair, if whole, matching and not expired; else why not.
+    fn parse_stored(
+        pem: &[u8],
+        now: SystemTime,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+        let chain: Vec<_> = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("certificate: {}", pem_error(e)))?;
+        let Some(leaf) = chain.first() else { return Err("no certificate in it".into()) };
+        let key = PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("private key: {}", pem_error(e)))?;
+        let parsed = x509_parser::parse_x509_certificate(leaf.as_ref())
+            .map_err(|e| format!("certificate does not parse: {e}"))?
+            .1;
+        let now = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        if parsed.validity().not_after.timestamp() < now {
+            return Err(format!("the certificate expired on {}", parsed.validity().not_after));
+        }
+        rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &aws_lc_rs::default_provider())
+            .map_err(|e| format!("key and certificate do not match ({e})"))?;
+        Ok((chain, key))
     }
 
     fn from_files(cert: &Path, key: &Path) -> Result<Self, ConfigError> {
@@ -66,16 +141,19 @@ impl Identity {
         }
         let key = PrivateKeyDer::from_pem_file(key)
             .map_err(|e| ConfigError::new(format!("private key {}: {}", key.display(), pem_error(e))))?;
-        Ok(Identity { chain, key, generated: false })
+        Ok(Identity { chain, key, generated: false, origin: "loaded".to_string() })
     }
 
-    fn self_signed() -> Result<Self, ConfigError> {
+    /// A new self-signed certificate for localhost, and its key and certificate as PEM.
+    fn self_signed(origin: &str) -> Result<(Self, String), ConfigError> {
         let names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
         let cert = rcgen::generate_simple_self_signed(names)
             .map_err(|e| ConfigError::new(format!("cannot generate a self-signed certificate: {e}")))?;
         let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der())
             .map_err(|e| ConfigError::new(format!("generated key: {e}")))?;
-        Ok(Identity { chain: vec![cert.cert.der().clone()], key, generated: true })
+        let pem = format!("{}{}", cert.signing_key.serialize_pem(), cert.cert.pem());
+        let id = Identity { chain: vec![cert.cert.der().clone()], key, generated: true, origin: origin.to_string() };
+        Ok((id, pem))
     }
 
     /// SHA-256 of the leaf certificate, as colon-separated hex (the form `openssl x509 -fingerprint` prints).
@@ -83,6 +161,155 @@ impl Identity {
         let Some(leaf) = self.chain.first() else { return String::new() };
         let digest = aws_lc::digest::digest(&aws_lc::digest::SHA256, leaf.as_ref());
         digest.as_ref().iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+    }
+}
+
+/// Writes `bytes` to `path` in `dir` (created, mode 0700) readable by the owner only
+/// (0600), atomically: a crash leaves the old file or the new one, never a part.
+fn write_private(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let tmp = dir.join(format!(".{SELF_SIGNED_FILE}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // The rename itself must reach the disk too.
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Whether `dir` exists as a writable directory or could be created (its nearest
+/// existing ancestor is a writable directory), without creating anything.
+fn check_creatable(dir: &Path) -> Result<(), String> {
+    let mut at: PathBuf = if dir.is_relative() { PathBuf::from(".").join(dir) } else { dir.to_path_buf() };
+    loop {
+        match std::fs::metadata(&at) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => return Err(format!("{} is not a directory", at.display())),
+            Err(_) => match at.parent() {
+                Some(p) => at = p.to_path_buf(),
+                None => return Err("no existing ancestor".into()),
+            },
+        }
+    }
+    let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).map_err(|_| "path contains NUL".to_string())?;
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        return Err(format!("{} is not writable: {}", at.display(), std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Session tickets sealed with keys from `--ticket-keys` files (nginx's
+/// `ssl_session_ticket_key` format), for TLS 1.2 and 1.3 alike.
+///
+/// A ticket is `name (16) || nonce (12) || AES-256-GCM(state) || tag (16)`, the name
+/// authenticated as associated data. The AES key is derived with HKDF-SHA256 from the
+/// file's secret bytes (all bytes after the name), so 80- and 48-byte files both give
+/// AES-256. The first key seals; a ticket is opened with the key its name selects.
+pub struct FileTicketer {
+    keys: Vec<TicketKey>,
+}
+
+struct TicketKey {
+    name: [u8; TICKET_NAME_LEN],
+    aead: aws_lc::aead::LessSafeKey,
+}
+
+const TICKET_NAME_LEN: usize = 16;
+const TICKET_NONCE_LEN: usize = 12;
+/// How long a client may keep a ticket: rustls's own ticketer's lifetime.
+const TICKET_LIFETIME_SECS: u32 = 6 * 60 * 60;
+
+impl std::fmt::Debug for FileTicketer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Names only: the keys are secret.
+        let names: Vec<String> = self.keys.iter().map(|k| k.name.iter().map(|b| format!("{b:02x}")).collect()).collect();
+        f.debug_struct("FileTicketer").field("names", &names).finish()
+    }
+}
+
+impl FileTicketer {
+    /// Reads the key files; an error names the file and what is wrong with it.
+    pub fn from_files(paths: &[PathBuf]) -> Result<Self, ConfigError> {
+        let mut keys = Vec::new();
+        for path in paths {
+            let bytes = std::fs::read(path)
+                .map_err(|e| ConfigError::new(format!("ticket key {}: {e}", path.display())))?;
+            let key = Self::key_from_bytes(&bytes).map_err(|why| {
+                ConfigError::new(format!(
+                    "ticket key {}: {why}; make one with `openssl rand 80 > {}`",
+                    path.display(),
+                    path.display()
+                ))
+            })?;
+            keys.push(key);
+        }
+        Ok(FileTicketer { keys })
+    }
+
+    fn key_from_bytes(bytes: &[u8]) -> Result<TicketKey, String> {
+        if bytes.len() != 80 && bytes.len() != 48 {
+            return Err(format!("{} bytes, expected 80 (or 48) random bytes", bytes.len()));
+        }
+        let (name, secret) = bytes.split_at(TICKET_NAME_LEN);
+        let mut n = [0u8; TICKET_NAME_LEN];
+        n.copy_from_slice(name);
+        let salt = aws_lc::hkdf::Salt::new(aws_lc::hkdf::HKDF_SHA256, b"ktlsd session ticket key");
+        let prk = salt.extract(secret);
+        let okm = prk
+            .expand(&[b"aes-256-gcm"], &aws_lc::aead::AES_256_GCM)
+            .map_err(|_| "key derivation failed".to_string())?;
+        let aead = aws_lc::aead::LessSafeKey::new(aws_lc::aead::UnboundKey::from(okm));
+        Ok(TicketKey { name: n, aead })
+    }
+}
+
+impl rustls::server::ProducesTickets for FileTicketer {
+    fn enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    fn lifetime(&self) -> u32 {
+        TICKET_LIFETIME_SECS
+    }
+
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        use aws_lc::aead::{Aad, Nonce};
+        use aws_lc::rand::SecureRandom;
+        let key = self.keys.first()?;
+        let mut nonce = [0u8; TICKET_NONCE_LEN];
+        aws_lc::rand::SystemRandom::new().fill(&mut nonce).ok()?;
+        let mut sealed = plain.to_vec();
+        key.aead
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(&key.name), &mut sealed)
+            .ok()?;
+        let mut out = Vec::with_capacity(TICKET_NAME_LEN + TICKET_NONCE_LEN + sealed.len());
+        out.extend_from_slice(&key.name);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&sealed);
+        Some(out)
+    }
+
+    fn decrypt(&self, ticket: &[u8]) -> Option<Vec<u8>> {
+        use aws_lc::aead::{Aad, Nonce};
+        if ticket.len() < TICKET_NAME_LEN + TICKET_NONCE_LEN {
+            return None;
+        }
+        let (name, rest) = ticket.split_at(TICKET_NAME_LEN);
+        let (nonce, sealed) = rest.split_at(TICKET_NONCE_LEN);
+        let key = self.keys.iter().find(|k| k.name == name)?;
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut buf = sealed.to_vec();
+        let plain_len = key.aead.open_in_place(nonce, Aad::from(&key.name), &mut buf).ok()?.len();
+        buf.truncate(plain_len);
+        Some(buf)
     }
 }
 
@@ -157,10 +384,82 @@ pub fn server_config(config: &Config, identity: Identity) -> Result<Arc<ServerCo
         })?;
     // http/1.0 too: `curl --http1.0` offers only that, and refusing it would fail the handshake.
     tls.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
-    tls.ticketer = aws_lc_rs::Ticketer::new()
-        .map_err(|e| ConfigError::new(format!("session tickets: {e}")))?;
+    tls.ticketer = if config.ticket_keys.is_empty() {
+        aws_lc_rs::Ticketer::new().map_err(|e| ConfigError::new(format!("session tickets: {e}")))?
+    } else {
+        Arc::new(FileTicketer::from_files(&config.ticket_keys)?)
+    };
     // The kernel record layer needs the traffic secrets after the handshake.
     tls.enable_secret_extraction = true;
     tls.max_early_data_size = 0;
     Ok(Arc::new(tls))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::server::ProducesTickets;
+
+    fn pair(not_after: Option<SystemTime>) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        if let Some(t) = not_after {
+            params.not_before = (t - std::time::Duration::from_secs(86_400)).into();
+            params.not_after = t.into();
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (key.serialize_pem(), cert.pem())
+    }
+
+    #[test]
+    fn stored_pairs_are_accepted_only_whole_matching_and_unexpired() {
+        let now = SystemTime::now();
+        let (key, cert) = pair(None);
+        let (other_key, _) = pair(None);
+        let (old_key, old_cert) = pair(Some(now - std::time::Duration::from_secs(60)));
+        for (pem, want) in [
+            (format!("{key}{cert}"), Ok(())),
+            (format!("{cert}{key}"), Ok(())),
+            (key.clone(), Err("no certificate")),
+            (cert.clone(), Err("private key")),
+            (format!("{other_key}{cert}"), Err("do not match")),
+            (format!("{old_key}{old_cert}"), Err("expired")),
+            (String::new(), Err("no certificate")),
+            (format!("{key}{}", cert.replacen("\n", "\n!!", 1)), Err("certificate")),
+        ] {
+            match (Identity::parse_stored(pem.as_bytes(), now), want) {
+                (Ok(_), Ok(())) => {}
+                (Err(e), Err(w)) => assert!(e.contains(w), "{e:?} lacks {w:?}"),
+                (got, want) => panic!("got {:?}, want {want:?} for\n{pem}", got.map(|_| ())),
+            }
+        }
+    }
+
+    #[test]
+    fn tickets_open_only_unaltered_under_a_known_name() {
+        let k1: Vec<u8> = (0..80u8).collect();
+        let k2: Vec<u8> = (100..180u8).collect();
+        let key = |b: &[u8]| FileTicketer::key_from_bytes(b).unwrap();
+        let both = FileTicketer { keys: vec![key(&k2), key(&k1)] };
+        let only1 = FileTicketer { keys: vec![key(&k1)] };
+        let t1 = only1.encrypt(b"session state").unwrap();
+        assert_eq!(&t1[..16], &k1[..16], "the ticket starts with the key's name");
+        assert_eq!(both.decrypt(&t1).as_deref(), Some(&b"session state"[..]));
+        let t2 = both.encrypt(b"session state").unwrap();
+        assert_eq!(&t2[..16], &k2[..16], "the first key seals");
+        assert_eq!(only1.decrypt(&t2), None);
+        assert_ne!(only1.encrypt(b"x"), only1.encrypt(b"x"), "a fresh nonce per ticket");
+        for i in [0, 16, 28, t1.len() - 1] {
+            let mut bad = t1.clone();
+            bad[i] ^= 1;
+            assert_eq!(both.decrypt(&bad), None, "byte {i} altered");
+        }
+        for len in [0, 16, 27, 28, 43] {
+            assert_eq!(both.decrypt(&t1[..len.min(t1.len())]), None, "cut to {len}");
+        }
+        for len in [0, 47, 49, 79, 81] {
+            assert!(FileTicketer::key_from_bytes(&vec![7; len]).is_err(), "{len} bytes");
+        }
+        assert!(FileTicketer::key_from_bytes(&[7; 48]).is_ok());
+    }
 }

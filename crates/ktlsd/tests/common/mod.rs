@@ -131,6 +131,7 @@ pub struct ServerBuilder {
     listen: Vec<String>,
     workers: Option<usize>,
     access_log: bool,
+    state_dir: bool,
 }
 
 impl Default for ServerBuilder {
@@ -153,6 +154,7 @@ impl ServerBuilder {
             listen: vec!["127.0.0.1:0".into()],
             workers: Some(1),
             access_log: true,
+            state_dir: true,
         }
     }
 
@@ -221,6 +223,17 @@ impl ServerBuilder {
         self
     }
 
+    /// Do not pass `--state-dir` (the test passes its own, or `--ephemeral-cert`).
+    pub fn no_state_dir(mut self) -> Self {
+        self.state_dir = false;
+        self
+    }
+
+    /// `DIR/state`, the `--state-dir` passed by default so that no test writes the real one.
+    pub fn state_dir_path(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
     fn access_log_path(&self) -> PathBuf {
         self.dir.path().join("access.log")
     }
@@ -242,6 +255,10 @@ impl ServerBuilder {
         if self.access_log {
             v.push("--access-log".into());
             v.push(self.access_log_path().into());
+        }
+        if self.state_dir {
+            v.push("--state-dir".into());
+            v.push(self.state_dir_path().into());
         }
         v.extend(self.args.iter().cloned());
         v
