@@ -138,6 +138,14 @@ pub struct ServeArgs {
     /// Largest request body that is read and discarded before answering 413 [default: 1048576]
     #[arg(long, value_name = "BYTES")]
     pub max_body_bytes: Option<u64>,
+
+    /// Plain-HTTP address answering with a redirect to HTTPS and ACME HTTP-01 challenges from ROOT/.well-known/acme-challenge/ (repeatable; e.g. 0.0.0.0:80, [::]:80) [default: none]
+    #[arg(long = "http-listen", value_name = "ADDR")]
+    pub http_listen: Vec<String>,
+
+    /// Strict-Transport-Security value sent on every HTTPS response, e.g. "max-age=31536000; includeSubDomains" [default: none]
+    #[arg(long, value_name = "VALUE")]
+    pub hsts: Option<String>,
 }
 
 /// Heading of the timeout flags in `--help`, which also says how a duration is written.
