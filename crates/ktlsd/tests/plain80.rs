@@ -71,6 +71,10 @@ fn redirects_to_https_with_port_path_and_query() {
     let resp = raw(http, b"HEAD /h HTTP/1.1\r\nHost: e.example\r\n\r\n");
     assert_eq!(status_of(&resp), 301);
     assert!(resp.ends_with("\r\n\r\n"), "HEAD answer has a body: {resp:?}");
+
+    // SIGTERM stops the plain listener too.
+    s.stop().assert_clean_exit();
+    assert!(TcpStream::connect_timeout(&http, Duration::from_secs(1)).is_err(), "plain listener still open");
 }
 
 #[test]
