@@ -154,6 +154,14 @@ pub struct ServeArgs {
     /// Session-ticket key file, 80 random bytes as nginx's ssl_session_ticket_key (repeatable; the first encrypts, all decrypt) [default: none: a random key per process]
     #[arg(long = "ticket-keys", value_name = "FILE")]
     pub ticket_keys: Vec<PathBuf>,
+
+    /// Plain-HTTP address answering with a redirect to HTTPS and ACME HTTP-01 challenges from ROOT/.well-known/acme-challenge/ (repeatable; e.g. 0.0.0.0:80, [::]:80) [default: none]
+    #[arg(long = "http-listen", value_name = "ADDR")]
+    pub http_listen: Vec<String>,
+
+    /// Strict-Transport-Security value sent on every HTTPS response, e.g. "max-age=31536000; includeSubDomains" [default: none]
+    #[arg(long, value_name = "VALUE")]
+    pub hsts: Option<String>,
 }
 
 /// Heading of the timeout flags in `--help`, which also says how a duration is written.

@@ -104,6 +104,10 @@ pub struct Config {
     pub ephemeral_cert: bool,
     /// Session-ticket key files; the first encrypts. Empty: a random key per process.
     pub ticket_keys: Vec<PathBuf>,
+    /// Plain-HTTP listeners (redirect to HTTPS, ACME HTTP-01); empty: none.
+    pub http_listen: Vec<SocketAddr>,
+    /// The Strict-Transport-Security value for HTTPS responses.
+    pub hsts: Option<String>,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -134,6 +138,8 @@ struct FileConfig {
     state_dir: Option<PathBuf>,
     ephemeral_cert: Option<bool>,
     ticket_keys: Option<Vec<PathBuf>>,
+    http_listen: Option<Vec<String>>,
+    hsts: Option<String>,
 }
 
 impl FileConfig {
@@ -369,6 +375,21 @@ impl Config {
         let ephemeral_cert = cli_ephemeral.or(file.ephemeral_cert).unwrap_or(false);
         let state_dir = args.state_dir.or(file.state_dir).or_else(default_state_dir_here);
         let ticket_keys = if !args.ticket_keys.is_empty() { args.ticket_keys } else { file.ticket_keys.unwrap_or_default() };
+        let http_strs = if !args.http_listen.is_empty() { args.http_listen } else { file.http_listen.unwrap_or_default() };
+        let mut http_listen = Vec::new();
+        for s in &http_strs {
+            let Ok(a) = s.parse::<SocketAddr>() else {
+                return err(format!("http_listen address {s:?} is not IP:PORT (e.g. 0.0.0.0:80 or [::]:80)"));
+            };
+            if a.port() != 0 && listen.contains(&a) {
+                return err(format!("http_listen address {a} is also a listen (HTTPS) address; give each its own port"));
+            }
+            http_listen.push(a);
+        }
+        let hsts = match args.hsts.or(file.hsts) {
+            Some(v) => Some(validate_hsts(&v)?),
+            None => None,
+        };
 
         Ok(Config {
             root,
@@ -389,8 +410,28 @@ impl Config {
             state_dir,
             ephemeral_cert,
             ticket_keys,
+            http_listen,
+            hsts,
         })
     }
+}
+
+/// A Strict-Transport-Security value: `max-age=SECONDS` first (RFC 6797 section 6.1),
+/// then any directives, in characters a header value may hold.
+fn validate_hsts(v: &str) -> Result<String, ConfigError> {
+    let v = v.trim();
+    let age = v.get(..8).filter(|p| p.eq_ignore_ascii_case("max-age=")).map(|_| &v[8..]);
+    let digits = age.map_or(0, |a| a.bytes().take_while(u8::is_ascii_digit).count());
+    let rest_ok = age.is_some_and(|a| a[digits..].is_empty() || a[digits..].trim_start().starts_with(';'));
+    if digits == 0 || !rest_ok {
+        return err(format!(
+            "hsts {v:?}: expected max-age=SECONDS first, e.g. \"max-age=31536000; includeSubDomains\""
+        ));
+    }
+    if !v.bytes().all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic()) {
+        return err(format!("hsts {v:?}: only printable ASCII may appear in a header value"));
+    }
+    Ok(v.to_string())
 }
 
 fn split_list(s: &str) -> Vec<String> {
@@ -642,6 +683,30 @@ mod tests {
         }
     }
 
+    #[test]
+    fn hsts_values() {
+        for (v, ok) in [
+            ("max-age=31536000; includeSubDomains", true),
+            ("max-age=0", true),
+            ("MAX-AGE=63072000; includeSubDomains; preload", true),
+            (" max-age=1 ", true),
+            ("max-age=1 ;preload", true),
+            ("includeSubDomains; max-age=1", false),
+            ("max-age=", false),
+            ("max-age=abc", false),
+            ("max-age=1x", false),
+            ("max-age=\"1\"", false),
+            ("max-age=1; a\r\nSet-Cookie: x", false),
+            ("", false),
+        ] {
+            let got = validate_hsts(v);
+            assert_eq!(got.is_ok(), ok, "{v:?}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.to_string().starts_with("hsts "), "{e}");
+            }
+        }
+    }
+
     /// `[default: X]` in each flag's help is what the configuration really defaults to.
     #[test]
     fn help_states_the_real_defaults() {
@@ -680,5 +745,7 @@ mod tests {
         assert!(!c.ephemeral_cert && c.ticket_keys.is_empty());
         assert_eq!(default_of("ephemeral_cert"), "off");
         assert!(default_of("state_dir").contains("/var/lib/ktlsd"));
+        assert!(c.http_listen.is_empty() && c.hsts.is_none());
+        assert_eq!((default_of("http_listen").as_str(), default_of("hsts").as_str()), ("none", "none"));
     }
 }

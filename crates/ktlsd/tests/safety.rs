@@ -236,11 +236,14 @@ fn dotfiles_hidden_by_default() {
         .file(".git/config", b"[core]")
         .file("sub/.env", b"PASSWORD=x")
         .file(".well-known/thing", b"w")
+        .file(".well-known/.env", b"PASSWORD=y")
         .start();
-    for p in ["/.hidden", "/.git/config", "/.git/", "/sub/.env", "/%2ehidden", "/sub/%2Eenv", "/.well-known/thing"] {
+    for p in ["/.hidden", "/.git/config", "/.git/", "/sub/.env", "/%2ehidden", "/sub/%2Eenv", "/.well-known/.env"] {
         let r = get_as_is(&srv, p, 404);
         assert!(!r.body_str().contains("PASSWORD"), "{p}");
     }
+    // RFC 8615 well-known URIs are public by design.
+    assert_eq!(get_as_is(&srv, "/.well-known/thing", 200).body_str(), "w");
     assert!(srv.wait_stderr("dot-file", Duration::from_secs(5)).is_some(), "{}", srv.stderr());
 }
 

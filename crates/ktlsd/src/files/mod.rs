@@ -100,6 +100,9 @@ pub struct Options {
 const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
     .add(b' ').add(b'"').add(b'#').add(b'%').add(b'/').add(b'<').add(b'>').add(b'?').add(b'`').add(b'{').add(b'}').add(b'\\');
 
+/// The top-level directory of well-known URIs, served even when dot-files are hidden.
+const WELL_KNOWN: &[u8] = b".well-known";
+
 /// Decodes and normalises the path part of a request target (no query). Returns the
 /// segments relative to ROOT and whether the target ended with a slash.
 pub fn normalize(path: &str, opts: Options) -> Result<(Vec<Vec<u8>>, bool), Refusal> {
@@ -121,7 +124,10 @@ pub fn normalize(path: &str, opts: Options) -> Result<(Vec<Vec<u8>>, bool), Refu
                 }
             }
             s => {
-                if s[0] == b'.' && !opts.dotfiles {
+                // RFC 8615 well-known URIs (ACME challenges, security.txt) are public by
+                // design; dot-files inside them stay hidden.
+                let well_known = segments.is_empty() && s == WELL_KNOWN;
+                if s[0] == b'.' && !opts.dotfiles && !well_known {
                     return Err(Refusal::Hidden);
                 }
                 segments.push(s.to_vec());
@@ -327,6 +333,13 @@ mod tests {
     }
 
     #[test]
+    fn well_known_is_public_at_the_top_only() {
+        for p in ["/.well-known/security.txt", "/%2Ewell-known/x", "/a/../.well-known/x", "/.well-known/acme-challenge/t"] {
+            assert_eq!(segs(p).unwrap()[0], ".well-known", "{p}");
+        }
+    }
+
+    #[test]
     fn refuses_escapes_and_junk() {
         assert_eq!(segs("/../etc/passwd"), Err(Refusal::Escape));
         assert_eq!(segs("/a/%2e%2e/%2E%2E/x"), Err(Refusal::Escape));
@@ -336,6 +349,9 @@ mod tests {
         assert_eq!(segs("/%4"), Err(Refusal::BadPath("truncated percent-escape")));
         assert_eq!(segs("/.env"), Err(Refusal::Hidden));
         assert_eq!(segs("/a/.git/config"), Err(Refusal::Hidden));
+        assert_eq!(segs("/a/.well-known/x"), Err(Refusal::Hidden));
+        assert_eq!(segs("/.well-known/.secret"), Err(Refusal::Hidden));
+        assert_eq!(segs("/.well-knownx"), Err(Refusal::Hidden));
         assert_eq!(segs("relative"), Err(Refusal::BadPath("target is not an absolute path")));
     }
 }

@@ -45,6 +45,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) -> End {
     let cfg = &shared.config;
+    let hsts = cfg.hsts.as_deref();
     let mut buf: Vec<u8> = Vec::with_capacity(2048);
     loop {
         // Phase 1: a complete request head.
@@ -76,7 +77,7 @@ pub async fn serve(
                         return End::Timeout;
                     }
                     let bad = BadRequest { status: Status::REQUEST_TIMEOUT, reason: "request head not received in time" };
-                    refuse_and_close(session, log, peer, &Request::default(), request::is_head(&buf), &bad).await;
+                    refuse_and_close(session, log, peer, &Request::default(), request::is_head(&buf), &bad, hsts).await;
                     return End::Timeout;
                 }
                 Err(_) => return End::Error,
@@ -86,7 +87,7 @@ pub async fn serve(
         let (req, used) = match parsed {
             Ok(r) => r,
             Err(bad) => {
-                refuse_and_close(session, log, peer, &Request::default(), request::is_head(&buf), &bad).await;
+                refuse_and_close(session, log, peer, &Request::default(), request::is_head(&buf), &bad, hsts).await;
                 session.linger_on_close(shutdown.clone());
                 return End::Done;
             }
@@ -102,13 +103,13 @@ pub async fn serve(
         // the body would not be read: too large, or a method we refuse.
         if req.content_length > cfg.limits.max_body_bytes {
             let bad = BadRequest { status: Status::PAYLOAD_TOO_LARGE, reason: "request body exceeds max_body_bytes" };
-            refuse_and_close(session, log, peer, &req, head_only, &bad).await;
+            refuse_and_close(session, log, peer, &req, head_only, &bad, hsts).await;
             session.linger_on_close(shutdown.clone());
             return End::Done;
         }
         if req.content_length > 0 && req.expect_continue && !method_allowed {
             refused(&req, Status::METHOD_NOT_ALLOWED, "method not allowed (body not read)", peer);
-            let bytes = method_not_allowed(version, false);
+            let bytes = method_not_allowed(version, false, hsts);
             let _ = session.send_response(&bytes, None).await;
             log.write(&AccessEntry { peer, line: &req.line, status: 405, bytes: 0, started: t0, mode: session.mode() });
             session.linger_on_close(shutdown.clone());
@@ -129,7 +130,7 @@ pub async fn serve(
         // Phases 3-5: method, file, preconditions, range.
         let answer = if !method_allowed {
             refused(&req, Status::METHOD_NOT_ALLOWED, "method not allowed", peer);
-            Answer::Small { bytes: method_not_allowed(version, keep_alive), status: Status::METHOD_NOT_ALLOWED }
+            Answer::Small { bytes: method_not_allowed(version, keep_alive, hsts), status: Status::METHOD_NOT_ALLOWED }
         } else {
             answer(&req, shared, version, keep_alive, head_only, peer)
         };
@@ -169,10 +170,22 @@ pub async fn serve(
     }
 }
 
-fn method_not_allowed(version: Version, keep_alive: bool) -> Vec<u8> {
-    let extra = [("Allow", "GET, HEAD".to_string())];
+fn method_not_allowed(version: Version, keep_alive: bool, hsts: Option<&str>) -> Vec<u8> {
+    let extra = with_hsts(&[("Allow", "GET, HEAD".to_string())], hsts);
     response::simple(version, Status::METHOD_NOT_ALLOWED, &extra, keep_alive, false)
 }
+
+/// `extra` headers plus Strict-Transport-Security when configured: every HTTPS
+/// response carries it, errors included (RFC 6797 section 8.1 takes it from any).
+fn with_hsts<'a>(extra: &[(&'a str, String)], hsts: Option<&str>) -> Vec<(&'a str, String)> {
+    let mut all = extra.to_vec();
+    if let Some(v) = hsts {
+        all.push((STS, v.to_string()));
+    }
+    all
+}
+
+const STS: &str = "Strict-Transport-Security";
 
 fn refused(req: &Request, status: Status, why: &str, peer: SocketAddr) {
     tracing::info!("refused {peer} \"{}\": {} {}", req.line, status.0, why);
@@ -187,10 +200,11 @@ async fn refuse_and_close(
     req: &Request,
     head_only: bool,
     bad: &BadRequest,
+    hsts: Option<&str>,
 ) {
     refused(req, bad.status, bad.reason, peer);
     let version = req.version.unwrap_or(Version::Http11);
-    let bytes = response::simple(version, bad.status, &[], false, head_only);
+    let bytes = response::simple(version, bad.status, &with_hsts(&[], hsts), false, head_only);
     let _ = session.send_response(&bytes, None).await;
     let line = if req.line.is_empty() { "-" } else { req.line.as_str() };
     log.write(&AccessEntry { peer, line, status: bad.status.0, bytes: 0, started: Instant::now(), mode: session.mode() });
@@ -212,8 +226,9 @@ async fn discard_body(session: &mut Session, buf: &mut Vec<u8>, mut left: u64, t
 
 /// Resolves the file and decides the response for a GET or HEAD.
 fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, head_only: bool, peer: SocketAddr) -> Answer {
+    let hsts = shared.config.hsts.as_deref();
     let small = |status: Status, extra: &[(&str, String)]| Answer::Small {
-        bytes: response::simple(version, status, extra, keep_alive, head_only),
+        bytes: response::simple(version, status, &with_hsts(extra, hsts), keep_alive, head_only),
         status,
     };
     let found = match files::resolve(&shared.root, &req.path, shared.file_options) {
@@ -224,6 +239,7 @@ fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, he
                     let mut bytes = Head::new(Status::OK)
                         .header("Content-Type", "text/html; charset=utf-8")
                         .header("Content-Length", html.len())
+                        .header_opt(STS, hsts)
                         .finish(version, keep_alive);
                     if !head_only {
                         bytes.extend_from_slice(html.as_bytes());
@@ -263,6 +279,7 @@ fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, he
             let head = Head::new(Status::NOT_MODIFIED)
                 .header("Last-Modified", &last_modified)
                 .header("ETag", &etag)
+                .header_opt(STS, hsts)
                 .finish(version, keep_alive);
             return Answer::Small { bytes: head, status: Status::NOT_MODIFIED };
         }
@@ -288,7 +305,8 @@ fn answer(req: &Request, shared: &Shared, version: Version, keep_alive: bool, he
         .header("Content-Length", end - start)
         .header("Last-Modified", last_modified)
         .header("ETag", etag)
-        .header("Accept-Ranges", "bytes");
+        .header("Accept-Ranges", "bytes")
+        .header_opt(STS, hsts);
     if status == Status::PARTIAL_CONTENT {
         head = head.header("Content-Range", format!("bytes {start}-{}/{size}", end - 1));
     }

@@ -44,6 +44,14 @@ impl Head {
         self
     }
 
+    /// Adds the header when there is a value (an optional, configured header).
+    pub fn header_opt(self, name: &str, value: Option<&str>) -> Head {
+        match value {
+            Some(v) => self.header(name, v),
+            None => self,
+        }
+    }
+
     /// Ends the head with the Connection header that matches `keep_alive`.
     pub fn finish(mut self, version: Version, keep_alive: bool) -> Vec<u8> {
         match (keep_alive, version) {

@@ -6,6 +6,7 @@
 //! handed between threads on the data path.
 
 mod listener;
+mod plain;
 pub mod stats;
 mod worker;
 
@@ -60,11 +61,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = &prepared.shared.config;
 
     let (listeners, bound) = listener::bind_all(&config.listen, config.workers).map_err(|e| anyhow!(e))?;
+    let (http_listeners, http_bound) = match config.http_listen.is_empty() {
+        true => (Vec::new(), Vec::new()),
+        false => listener::bind_all(&config.http_listen, 1).map_err(|e| anyhow!(e))?,
+    };
     let workers = config.workers;
     let shared = Arc::new(prepared.shared);
 
     for addr in &bound {
         tracing::info!("listening on https://{addr}");
+    }
+    for addr in &http_bound {
+        tracing::info!("listening on http://{addr} (redirects to HTTPS; ACME HTTP-01 challenges)");
     }
     let cert_note = &prepared.origin;
     tracing::info!(
@@ -82,6 +90,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     for (id, ls) in listeners.into_iter().enumerate() {
         handles.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone())?);
     }
+    // Redirects name the first HTTPS address's port, as bound (port 0 resolved).
+    let target = plain::Target { https_port: bound[0].port() };
+    let plain = match http_listeners.into_iter().next() {
+        Some(ls) => Some(plain::spawn(ls, target, current_rx.clone(), stop_rx.clone())?),
+        None => None,
+    };
 
     loop {
         match signals.next() {
@@ -94,6 +108,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!("stopping: no new connections; in-flight responses get {shutdown:?}");
     let _ = stop_tx.send(true);
 
+    if plain.is_some_and(|p| p.join().is_err()) {
+        tracing::error!("the plain-HTTP listener panicked");
+    }
     let total = Stats::default();
     for h in handles {
         match h.join() {
@@ -115,6 +132,7 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let config = &prepared.shared.config;
     check_access_log(&config.access_log)?;
     listener::check_free(&config.listen).map_err(|e| anyhow!(e))?;
+    listener::check_free(&config.http_listen).map_err(|e| anyhow!(e))?;
     println!("configuration OK");
     Ok(())
 }
@@ -178,6 +196,15 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
                 join(&running.listen)
             );
             config.listen = running.listen.clone();
+        }
+        if config.http_listen != running.http_listen {
+            tracing::warn!(
+                "reload: http_listen addresses changed ({} -> {}); they take effect only after a restart; keeping {}",
+                join(&running.http_listen),
+                join(&config.http_listen),
+                join(&running.http_listen)
+            );
+            config.http_listen = running.http_listen.clone();
         }
         if config.workers != running.workers {
             tracing::warn!(

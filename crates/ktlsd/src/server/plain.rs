@@ -1,0 +1,295 @@
+//! The plain-HTTP listener (`http_listen`, typically port 80): every request gets
+//! `301 Moved Permanently` to the same host, path and query over HTTPS, except ACME
+//! HTTP-01 challenges (`GET /.well-known/acme-challenge/TOKEN`), answered from
+//! ROOT's `.well-known/acme-challenge/` (certbot's `--webroot` layout).
+//!
+//! It runs on a thread of its own with one single-threaded event loop: port-80
+//! traffic is a trickle of redirects and challenges, so it needs no share of the
+//! workers, and the HTTPS workers' loops stay untouched by it. Each connection is
+//! a task, so a slow client holds only its own task. One request per connection,
+//! always closed after the answer (`Connection: close`), the head bounded by
+//! [`MAX_HEAD`] bytes and the header timeout.
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::LocalSet;
+
+use super::{Current, Shared};
+use crate::http::request::{self, Request, Version};
+use crate::http::response::{self, Head};
+use crate::http::Status;
+use crate::net;
+
+/// Largest request head on the plain listener: a redirect needs only the request
+/// line and Host.
+pub const MAX_HEAD: usize = 8 * 1024;
+
+/// URL path of ACME HTTP-01 challenges (RFC 8555 section 8.3).
+const ACME_PREFIX: &str = "/.well-known/acme-challenge/";
+
+/// Longest challenge token accepted (ACME tokens are 43 characters).
+const MAX_TOKEN: usize = 256;
+
+/// Largest challenge file served (a key authorization is under 200 bytes).
+const MAX_CHALLENGE_FILE: u64 = 16 * 1024;
+
+/// How long, and how much, is read and discarded after the answer before closing,
+/// so that unread request bytes do not make the kernel reset the connection and
+/// destroy the answer before the client has read it.
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 64 * 1024;
+
+/// What the plain listener redirects to and serves from; read per connection, so
+/// a reload (ROOT, timeouts) applies to the next connection.
+pub struct Target {
+    /// The HTTPS port redirects name (omitted from the URL when 443).
+    pub https_port: u16,
+}
+
+/// Starts the plain listener thread over `listeners` (already bound). It stops
+/// accepting when `stop` turns true; connections under way are dropped then
+/// (each is a single small answer).
+pub fn spawn(
+    listeners: Vec<StdListener>,
+    target: Target,
+    current: watch::Receiver<Current>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("ktlsd-http".into())
+        .spawn(move || run(listeners, Arc::new(target), current, stop))
+        .context("cannot start the plain-HTTP listener thread")
+}
+
+fn run(listeners: Vec<StdListener>, target: Arc<Target>, current: watch::Receiver<Current>, mut stop: watch::Receiver<bool>) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("the plain-HTTP listener cannot start its event loop: {e}");
+            return;
+        }
+    };
+    LocalSet::new().block_on(&rt, async move {
+        for l in listeners {
+            match TcpListener::from_std(l) {
+                Ok(l) => {
+                    tokio::task::spawn_local(accept_loop(l, target.clone(), current.clone()));
+                }
+                Err(e) => tracing::error!("the plain-HTTP listener cannot use its socket: {e}"),
+            }
+        }
+        let _ = stop.wait_for(|s| *s).await;
+    });
+}
+
+async fn accept_loop(listener: TcpListener, target: Arc<Target>, current: watch::Receiver<Current>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let shared = current.borrow().shared.clone();
+                let target = target.clone();
+                tokio::task::spawn_local(async move { connection(stream, peer, &shared, &target).await });
+            }
+            Err(e) => {
+                // EMFILE/ENFILE and friends: back off instead of spinning.
+                tracing::warn!("plain-HTTP accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target: &Target) {
+    let cfg = &shared.config;
+    let deadline = Instant::now() + cfg.timeouts.header;
+    let mut buf = vec![0u8; MAX_HEAD];
+    let mut len = 0;
+    let parsed = loop {
+        match request::parse(&buf[..len], MAX_HEAD) {
+            Ok(Some((req, _))) => break Ok(req),
+            Ok(None) => {}
+            Err(bad) => break Err((bad.status, bad.reason)),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match net::read_some(&stream, &mut buf[len..], left).await {
+            Ok(0) => return,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut && len > 0 => {
+                break Err((Status::REQUEST_TIMEOUT, "request head not received in time"))
+            }
+            Err(_) => return,
+        }
+    };
+    let head_only = request::is_head(&buf[..len]);
+    let bytes = match parsed {
+        Ok(req) => answer(&req, &buf[..len], shared, target, peer),
+        Err((status, why)) => {
+            tracing::info!("refused plain-HTTP request from {peer}: {} {why}", status.0);
+            response::simple(Version::Http11, status, &[], false, head_only)
+        }
+    };
+    if net::write_all(&stream, &bytes, cfg.timeouts.send).await.is_ok() {
+        linger(stream).await;
+    }
+}
+
+/// The answer to one parsed request: a challenge file, 404, 400 for a missing or
+/// invalid Host, or the redirect.
+fn answer(req: &Request, head: &[u8], shared: &Shared, target: &Target, peer: SocketAddr) -> Vec<u8> {
+    let version = req.version.unwrap_or(Version::Http11);
+    let head_only = req.method == "HEAD";
+    if let Some(token) = req.path.strip_prefix(ACME_PREFIX) {
+        if req.method == "GET" || head_only {
+            return challenge(token, &shared.root, version, head_only, peer);
+        }
+    }
+    let Some(host) = host_header(head).filter(|h| !h.is_empty()) else {
+        tracing::info!("refused plain-HTTP request from {peer} \"{}\": 400 no Host to redirect to", req.line);
+        return response::simple(version, Status::BAD_REQUEST, &[], false, head_only);
+    };
+    let location = redirect_location(host, target.https_port, &req.path, req.query.as_deref());
+    response::simple(version, Status::MOVED_PERMANENTLY, &[("Location", location)], false, head_only)
+}
+
+/// `https://HOST[:PORT]PATH[?QUERY]`: the Host's name without its (plain-HTTP)
+/// port, the HTTPS port unless it is 443, and the path and query as received
+/// (still percent-encoded, already checked by the request parser).
+pub fn redirect_location(host: &str, https_port: u16, path: &str, query: Option<&str>) -> String {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => &host[..rest.find(']').map_or(host.len(), |i| i + 2)],
+        None => host.split(':').next().unwrap_or(host),
+    };
+    let mut url = format!("https://{name}");
+    if https_port != 443 {
+        url.push_str(&format!(":{https_port}"));
+    }
+    url.push_str(path);
+    if let Some(q) = query {
+        url.push('?');
+        url.push_str(q);
+    }
+    url
+}
+
+/// The Host field's value from a head that [`request::parse`] accepted (so there is
+/// at most one Host, and a present one is valid). `None` when there is none.
+pub fn host_header(head: &[u8]) -> Option<&str> {
+    // The first line is the request line; header lines follow until the blank line.
+    head.split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .skip_while(|l| l.is_empty())
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .find_map(|l| {
+            let colon = l.iter().position(|&b| b == b':')?;
+            l[..colon].eq_ignore_ascii_case(b"host").then(|| &l[colon + 1..])
+        })
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .map(|v| v.trim_matches([' ', '\t']))
+}
+
+/// Whether `token` can be an ACME challenge token: base64url characters only
+/// (RFC 8555 section 8.3), so it names one file in the challenge directory.
+pub fn valid_token(token: &str) -> bool {
+    !token.is_empty()
+        && token.len() <= MAX_TOKEN
+        && token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Serves ROOT/.well-known/acme-challenge/TOKEN as text/plain, or 404.
+fn challenge(token: &str, root: &crate::files::Root, version: Version, head_only: bool, peer: SocketAddr) -> Vec<u8> {
+    let not_found = |why: &str| {
+        tracing::info!("ACME challenge for {peer} not served: 404 {why}");
+        response::simple(version, Status(404), &[], false, head_only)
+    };
+    if !valid_token(token) {
+        return not_found("token is not base64url");
+    }
+    let rel = Path::new(".well-known/acme-challenge").join(token);
+    let (mut file, meta) = match root.open(&rel) {
+        Ok(f) => f,
+        Err(r) => return not_found(&r.reason()),
+    };
+    if !meta.is_file() || meta.len() > MAX_CHALLENGE_FILE {
+        return not_found("not a regular file of at most 16 KiB");
+    }
+    let mut body = Vec::with_capacity(meta.len() as usize);
+    if let Err(e) = (&mut file).take(MAX_CHALLENGE_FILE).read_to_end(&mut body) {
+        return not_found(&format!("cannot read it: {e}"));
+    }
+    tracing::info!("ACME challenge {token} served to {peer}");
+    let mut out = Head::new(Status::OK)
+        .header("Content-Type", "text/plain")
+        .header("Content-Length", body.len())
+        .finish(version, false);
+    if !head_only {
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
+/// After the answer: half-close, then read and discard what the client still
+/// sends, bounded in time and bytes, so the answer is not lost to a reset.
+async fn linger(stream: TcpStream) {
+    let _ = socket2::SockRef::from(&stream).shutdown(std::net::Shutdown::Write);
+    let deadline = Instant::now() + LINGER_TIME;
+    let mut sink = [0u8; 4096];
+    let mut total = 0;
+    while total < LINGER_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match net::read_some(&stream, &mut sink, left).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => total += n,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations() {
+        for (host, port, path, query, want) in [
+            ("example.com", 443, "/", None, "https://example.com/"),
+            ("example.com:80", 443, "/a/b", Some("x=1&y"), "https://example.com/a/b?x=1&y"),
+            ("example.com:8080", 8443, "/a%20b", None, "https://example.com:8443/a%20b"),
+            ("[::1]:80", 8443, "/", Some(""), "https://[::1]:8443/?"),
+            ("[2001:db8::1]", 443, "//x", None, "https://[2001:db8::1]//x"),
+            ("127.0.0.1", 443, "/", None, "https://127.0.0.1/"),
+        ] {
+            assert_eq!(redirect_location(host, port, path, query), want, "{host} {port} {path} {query:?}");
+        }
+    }
+
+    #[test]
+    fn host_lookup() {
+        for (head, want) in [
+            (&b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n"[..], Some("a.example")),
+            (b"GET / HTTP/1.1\r\nX: y\r\nhOsT:\t[::1]:80 \r\n\r\n", Some("[::1]:80")),
+            (b"\r\nGET / HTTP/1.1\nHost: b\n\n", Some("b")),
+            (b"GET /host:x HTTP/1.0\r\n\r\nHost: late", None),
+            (b"GET / HTTP/1.0\r\nX-Host: x\r\n\r\n", None),
+            (b"GET / HTTP/1.0\r\nHost:\r\n\r\n", Some("")),
+        ] {
+            assert_eq!(host_header(head), want, "{:?}", String::from_utf8_lossy(head));
+        }
+    }
+
+    #[test]
+    fn tokens() {
+        assert!(valid_token("LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0"));
+        assert!(valid_token("a-b_C9"));
+        for bad in ["", "..", "a.b", "a/b", "a%2Fb", "a b", "a+b", "a=", &"a".repeat(257)] {
+            assert!(!valid_token(bad), "{bad:?}");
+        }
+    }
+}
