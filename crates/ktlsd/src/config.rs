@@ -97,6 +97,10 @@ pub struct Config {
     pub access_log: AccessLog,
     pub timeouts: Timeouts,
     pub limits: Limits,
+    /// Account to switch to after binding; resolved and checked in `server::privileges`.
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub allow_root: bool,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -124,6 +128,9 @@ struct FileConfig {
     shutdown_timeout: Option<toml::Value>,
     max_header_bytes: Option<usize>,
     max_body_bytes: Option<u64>,
+    user: Option<String>,
+    group: Option<String>,
+    allow_root: Option<bool>,
 }
 
 impl FileConfig {
@@ -302,6 +309,18 @@ impl Config {
             max_body_bytes: args.max_body_bytes.or(file.max_body_bytes).unwrap_or(1024 * 1024),
         };
 
+        let user = args.user.or(file.user);
+        let group = args.group.or(file.group);
+        if group.is_some() && user.is_none() {
+            return err("group was given without user (set --user too)");
+        }
+        for (key, name) in [("user", &user), ("group", &group)] {
+            if name.as_deref().is_some_and(|n| n.is_empty() || n.contains('\0')) {
+                return err(format!("{key} {name:?} is not a valid name"));
+            }
+        }
+        let allow_root = args.allow_root || file.allow_root.unwrap_or(false);
+
         Ok(Config {
             root,
             listen,
@@ -318,6 +337,9 @@ impl Config {
             access_log,
             timeouts,
             limits,
+            user,
+            group,
+            allow_root,
         })
     }
 }
@@ -538,5 +560,7 @@ mod tests {
         assert_eq!((default_of("autoindex").as_str(), default_of("dotfiles").as_str()), ("off", "off"));
         assert_eq!(c.access_log, AccessLog::Stdout);
         assert_eq!(default_of("access_log"), "-");
+        assert_eq!((c.user.as_deref(), c.group.as_deref(), c.allow_root), (None, None, false));
+        assert_eq!((default_of("user").as_str(), default_of("allow_root").as_str()), ("none", "off"));
     }
 }
