@@ -333,7 +333,11 @@ impl ServerBuilder {
             .filter_map(|l| l.split("listening on https://").nth(1))
             .map(|a| a.trim().parse().unwrap_or_else(|e| panic!("bad address {a:?}: {e}")))
             .collect();
-        assert!(!addrs.is_empty(), "no `listening on` line in:\n{text}");
+        if addrs.is_empty() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no `listening on` line in:\n{text}");
+        }
         Ok(Server {
             child: Some(child),
             reader: Some(reader),
