@@ -85,6 +85,8 @@ class Ktlsd:
         self.err = open(os.path.join(work, f"{name}.err"), "w")
         cmd = [binary, "serve", root, "--listen", f"127.0.0.1:{port}", "--workers", str(WORKERS),
                "--cert", CERT, "--key", KEY, "--access-log", os.path.join(work, f"{name}.access"), *extra]
+        if os.geteuid() == 0:
+            cmd.append("--allow-root")  # the bench's files are root's; nginx reads them as root too
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err)
         wait_port(port)
 

@@ -162,7 +162,22 @@ pub struct ServeArgs {
     /// Strict-Transport-Security value sent on every HTTPS response, e.g. "max-age=31536000; includeSubDomains" [default: none]
     #[arg(long, value_name = "VALUE")]
     pub hsts: Option<String>,
+
+    /// User to serve as once the listeners are bound and the keys read (needed when started as root) [default: none]
+    #[arg(long, value_name = "NAME", help_heading = PRIVILEGES)]
+    pub user: Option<String>,
+
+    /// Group to serve as (with --user) [default: the user's primary group]
+    #[arg(long, value_name = "NAME", help_heading = PRIVILEGES)]
+    pub group: Option<String>,
+
+    /// Serve as root when started as root without --user (a warning is logged) [default: off]
+    #[arg(long, help_heading = PRIVILEGES)]
+    pub allow_root: bool,
 }
+
+/// Heading of the privilege flags in `--help`.
+const PRIVILEGES: &str = "Privileges";
 
 /// Heading of the timeout flags in `--help`, which also says how a duration is written.
 const TIMEOUTS: &str = "Timeouts (DURATION: seconds, or a number with a unit: 65s, 500ms, 2m, 1h)";

@@ -108,6 +108,10 @@ pub struct Config {
     pub http_listen: Vec<SocketAddr>,
     /// The Strict-Transport-Security value for HTTPS responses.
     pub hsts: Option<String>,
+    /// Account to switch to after binding; resolved and checked in `server::privileges`.
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub allow_root: bool,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -140,6 +144,9 @@ struct FileConfig {
     ticket_keys: Option<Vec<PathBuf>>,
     http_listen: Option<Vec<String>>,
     hsts: Option<String>,
+    user: Option<String>,
+    group: Option<String>,
+    allow_root: Option<bool>,
 }
 
 impl FileConfig {
@@ -390,6 +397,17 @@ impl Config {
             Some(v) => Some(validate_hsts(&v)?),
             None => None,
         };
+        let user = args.user.or(file.user);
+        let group = args.group.or(file.group);
+        if group.is_some() && user.is_none() {
+            return err("group was given without user (set --user too)");
+        }
+        for (key, name) in [("user", &user), ("group", &group)] {
+            if name.as_deref().is_some_and(|n| n.is_empty() || n.contains('\0')) {
+                return err(format!("{key} {name:?} is not a valid name"));
+            }
+        }
+        let allow_root = args.allow_root || file.allow_root.unwrap_or(false);
 
         Ok(Config {
             root,
@@ -412,6 +430,9 @@ impl Config {
             ticket_keys,
             http_listen,
             hsts,
+            user,
+            group,
+            allow_root,
         })
     }
 }
@@ -747,5 +768,7 @@ mod tests {
         assert!(default_of("state_dir").contains("/var/lib/ktlsd"));
         assert!(c.http_listen.is_empty() && c.hsts.is_none());
         assert_eq!((default_of("http_listen").as_str(), default_of("hsts").as_str()), ("none", "none"));
+        assert_eq!((c.user.as_deref(), c.group.as_deref(), c.allow_root), (None, None, false));
+        assert_eq!((default_of("user").as_str(), default_of("allow_root").as_str()), ("none", "off"));
     }
 }

@@ -56,6 +56,9 @@ fn serve_help_lists_every_flag() {
         "--shutdown-timeout",
         "--max-header-bytes",
         "--max-body-bytes",
+        "--user",
+        "--group",
+        "--allow-root",
         "[ROOT]",
     ] {
         assert!(out.stdout.contains(flag), "serve --help does not mention {flag}:\n{}", out.stdout);
@@ -89,6 +92,9 @@ fn serve_help_shows_every_default() {
         ("--shutdown-timeout", "10s"),
         ("--max-header-bytes", "16384"),
         ("--max-body-bytes", "1048576"),
+        ("--user", "none"),
+        ("--group", "the user's primary group"),
+        ("--allow-root", "off"),
     ] {
         let line = out
             .stdout

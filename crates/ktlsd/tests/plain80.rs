@@ -224,6 +224,7 @@ fn options_are_validated_at_start_and_by_check() {
         for sub in ["serve", "check"] {
             let out = std::process::Command::new(BIN)
                 .arg(sub)
+                .args(allow_root_args())
                 .args(args)
                 .arg("--listen")
                 .arg("127.0.0.1:0")
@@ -242,6 +243,7 @@ fn options_are_validated_at_start_and_by_check() {
     let port = busy.local_addr().unwrap().to_string();
     let out = std::process::Command::new(BIN)
         .args(["check", "--listen", "127.0.0.1:0", "--http-listen", &port])
+        .args(allow_root_args())
         .output()
         .expect("run ktlsd");
     assert!(!out.status.success());
@@ -249,6 +251,7 @@ fn options_are_validated_at_start_and_by_check() {
     // The same address for HTTPS and plain HTTP.
     let out = std::process::Command::new(BIN)
         .args(["check", "--listen", "127.0.0.1:8443", "--http-listen", "127.0.0.1:8443"])
+        .args(allow_root_args())
         .output()
         .expect("run ktlsd");
     assert!(String::from_utf8_lossy(&out.stderr).contains("also a listen"), "{out:?}");

@@ -79,3 +79,20 @@ fn describe(addr: SocketAddr, e: io::Error) -> String {
         _ => format!("cannot listen on {addr}: {e}"),
     }
 }
+
+/// Hands listening sockets bound by someone else (the service manager, by socket
+/// activation) to the workers. `SO_REUSEPORT` cannot be set on them after the
+/// fact, so the workers share them: each gets its own descriptor of every socket.
+pub fn share(sockets: Vec<TcpListener>, workers: usize) -> Result<(Vec<Vec<TcpListener>>, Vec<SocketAddr>), String> {
+    let mut per_worker: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut bound = Vec::new();
+    for socket in sockets {
+        let addr = socket.local_addr().map_err(|e| format!("socket activation: cannot read a passed socket's address: {e}"))?;
+        for w in per_worker.iter_mut().skip(1) {
+            w.push(socket.try_clone().map_err(|e| format!("cannot duplicate the passed socket {addr}: {e}"))?);
+        }
+        per_worker[0].push(socket);
+        bound.push(addr);
+    }
+    Ok((per_worker, bound))
+}

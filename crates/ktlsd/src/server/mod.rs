@@ -7,7 +7,9 @@
 
 mod listener;
 mod plain;
+mod privileges;
 pub mod stats;
+mod systemd;
 mod worker;
 
 use std::fs::File;
@@ -51,21 +53,52 @@ pub struct Current {
 /// Starts the server and blocks until it has stopped.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::from_args(args.clone())?;
+    let plan = privileges::plan(&config)?;
     // Caught before anything else so that no signal sent during start-up kills the server.
     let mut signals = Signals::install()?;
     let fds = FdBudget::raise();
     let cache_entries = fds.cache_entries_per_worker(config.workers);
     tracing::info!("{}; open-file cache up to {cache_entries} per worker", fds.describe());
-    let prepared = prepare(config, None, cache_entries, true)?;
+    let mut prepared = prepare(config, None, cache_entries, true)?;
     let access_out = open_access_log(&prepared.shared.config.access_log)?;
     let config = &prepared.shared.config;
 
-    let (listeners, bound) = listener::bind_all(&config.listen, config.workers).map_err(|e| anyhow!(e))?;
+    let passed = systemd::listen_fds().map_err(|e| anyhow!(e))?;
+    let activated = passed.is_some();
+    let (listeners, bound) = match passed {
+        Some(sockets) => {
+            tracing::info!(
+                "socket activation: using the {} socket(s) passed by the service manager; listen ({}) is ignored",
+                sockets.len(),
+                join(&config.listen)
+            );
+            listener::share(sockets, config.workers)
+        }
+        None => listener::bind_all(&config.listen, config.workers),
+    }
+    .map_err(|e| anyhow!(e))?;
     let (http_listeners, http_bound) = match config.http_listen.is_empty() {
         true => (Vec::new(), Vec::new()),
         false => listener::bind_all(&config.http_listen, 1).map_err(|e| anyhow!(e))?,
     };
-    let workers = config.workers;
+    if activated {
+        prepared.shared.config.listen = bound.clone();
+    }
+    // Everything that needs root (ports, keys, ROOT, the access log) is open: drop it.
+    let user = match &plan {
+        privileges::Plan::Drop(account) => {
+            privileges::drop_to(account)?;
+            tracing::info!("running as user {} (uid {}, gid {})", account.user, account.uid, account.gid);
+            Some(account.user.clone())
+        }
+        privileges::Plan::Stay { warn: true } => {
+            tracing::warn!("running as root (--allow-root): any file root can read under ROOT can be served");
+            None
+        }
+        privileges::Plan::Stay { warn: false } => None,
+    };
+    let started = Started { activated, user };
+    let workers = prepared.shared.config.workers;
     let shared = Arc::new(prepared.shared);
 
     for addr in &bound {
@@ -96,16 +129,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(ls) => Some(plain::spawn(ls, target, current_rx.clone(), stop_rx.clone())?),
         None => None,
     };
+    systemd::notify("READY=1");
 
     loop {
         match signals.next() {
             Event::Stop => break,
-            Event::Reload => reload(&args, &current_tx),
+            Event::Reload => {
+                systemd::notify(&systemd::reloading_message());
+                reload(&args, &current_tx, &started);
+                systemd::notify("READY=1");
+            }
             Event::Reopen => reopen_access_log(&current_tx),
         }
     }
     let shutdown = current_tx.borrow().shared.config.timeouts.shutdown;
     tracing::info!("stopping: no new connections; in-flight responses get {shutdown:?}");
+    systemd::notify("STOPPING=1");
     let _ = stop_tx.send(true);
 
     if plain.is_some_and(|p| p.join().is_err()) {
@@ -127,6 +166,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// without serving.
 pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::from_args(args)?;
+    privileges::plan(&config)?;
     // `check` writes nothing: a missing self-signed certificate is not stored.
     let prepared = prepare(config, None, 0, false)?;
     let config = &prepared.shared.config;
@@ -176,9 +216,17 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
     Ok(Prepared { shared, fingerprint, origin })
 }
 
+/// What start-up did that a reload cannot redo.
+struct Started {
+    /// The listeners came from the service manager.
+    activated: bool,
+    /// The user the process switched to.
+    user: Option<String>,
+}
+
 /// SIGHUP: re-reads the configuration file and the certificate and key, and
 /// hands the result to the workers. On any error the running configuration stays.
-fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
+fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, started: &Started) {
     let source = match &args.config {
         Some(p) => format!("{} and the command line", p.display()),
         None => "the command line".to_string(),
@@ -188,7 +236,10 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
         let mut config = Config::from_args(args.clone())?;
         let running = &old.shared.config;
         // Listeners are bound once, at start-up; changing them needs a restart.
-        if config.listen != running.listen {
+        // Passed sockets are the service manager's: `listen` does not apply to them.
+        if started.activated {
+            config.listen = running.listen.clone();
+        } else if config.listen != running.listen {
             tracing::warn!(
                 "reload: listen addresses changed ({} -> {}); they take effect only after a restart; keeping {}",
                 join(&running.listen),
@@ -215,7 +266,24 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
             );
             config.workers = running.workers;
         }
-        let log = open_access_log(&config.access_log)?;
+        if (&config.user, &config.group, config.allow_root) != (&running.user, &running.group, running.allow_root) {
+            tracing::warn!(
+                "reload: user, group or allow_root changed; privileges are dropped once, at start-up: this takes effect only after a restart"
+            );
+            config.user = running.user.clone();
+            config.group = running.group.clone();
+            config.allow_root = running.allow_root;
+        }
+        // After privileges are dropped the log's directory may be out of reach:
+        // the file already open at the same path stays in use.
+        let log = match open_access_log(&config.access_log) {
+            Ok(log) => log,
+            Err(e) if config.access_log == running.access_log => {
+                tracing::warn!("reload: {}; access-log lines keep going to the file already open", e.root_cause());
+                old.log.clone()
+            }
+            Err(e) => return Err(e),
+        };
         let Prepared { shared, fingerprint, origin } = prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, true)?;
         Ok((Current { shared: Arc::new(shared), log }, fingerprint, origin))
     })();
@@ -230,8 +298,15 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>) {
         }
         Err(e) => {
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            let denied = e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+            }) || chain.iter().any(|c| c.contains("Permission denied"));
+            let hint = match (&started.user, denied) {
+                (Some(user), true) => format!(" (ktlsd now runs as user {user}: the configuration, certificate and key must be readable by it)"),
+                _ => String::new(),
+            };
             tracing::error!(
-                "reload failed, still serving the previous configuration: {} (fix it and send SIGHUP again)",
+                "reload failed, still serving the previous configuration: {}{hint} (fix it and send SIGHUP again)",
                 chain.join(": ")
             );
         }

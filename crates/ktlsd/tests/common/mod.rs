@@ -132,6 +132,26 @@ pub struct ServerBuilder {
     workers: Option<usize>,
     access_log: bool,
     state_dir: bool,
+    allow_root: bool,
+    env: Vec<(OsString, OsString)>,
+    wrapper: Vec<OsString>,
+}
+
+/// Whether the tests run as root (then the server refuses to start without
+/// `--user` or `--allow-root`).
+pub fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's effective user.
+    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+}
+
+/// `--allow-root` when the tests run as root, for commands run without [`ServerBuilder`].
+pub fn allow_root_args() -> &'static [&'static str] {
+    if running_as_root() {
+        &["--allow-root"]
+    } else {
+        &[]
+    }
 }
 
 impl Default for ServerBuilder {
@@ -155,6 +175,9 @@ impl ServerBuilder {
             workers: Some(1),
             access_log: true,
             state_dir: true,
+            allow_root: true,
+            env: Vec::new(),
+            wrapper: Vec::new(),
         }
     }
 
@@ -234,6 +257,29 @@ impl ServerBuilder {
         self.dir.path().join("state")
     }
 
+    /// Do not pass `--allow-root` (passed by default when the tests run as root).
+    pub fn no_allow_root(mut self) -> Self {
+        self.allow_root = false;
+        self
+    }
+
+    /// Sets an environment variable for the server.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env.push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Runs the server under `wrapper` (a program and its arguments, e.g.
+    /// `systemd-socket-activate -l ADDR`), which is given the binary and its argv.
+    pub fn wrapper<I, S>(mut self, wrapper: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.wrapper = wrapper.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        self
+    }
+
     fn access_log_path(&self) -> PathBuf {
         self.dir.path().join("access.log")
     }
@@ -260,13 +306,24 @@ impl ServerBuilder {
             v.push("--state-dir".into());
             v.push(self.state_dir_path().into());
         }
+        if self.allow_root && running_as_root() {
+            v.push("--allow-root".into());
+        }
         v.extend(self.args.iter().cloned());
         v
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(&self.bin);
+        let mut c = match self.wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
         c.args(self.argv());
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c.env_remove("KTLSD_LOG");
         c.current_dir(self.dir.path());
         c
@@ -302,7 +359,11 @@ impl ServerBuilder {
             .filter_map(|l| l.split("listening on https://").nth(1))
             .map(|a| a.trim().parse().unwrap_or_else(|e| panic!("bad address {a:?}: {e}")))
             .collect();
-        assert!(!addrs.is_empty(), "no `listening on` line in:\n{text}");
+        if addrs.is_empty() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no `listening on` line in:\n{text}");
+        }
         Ok(Server {
             child: Some(child),
             reader: Some(reader),

@@ -1,0 +1,89 @@
+//! The two pieces of the systemd protocols ktlsd speaks: listening sockets
+//! passed by socket activation (`LISTEN_FDS`/`LISTEN_PID`, sd_listen_fds(3)),
+//! and state notifications to `NOTIFY_SOCKET` (sd_notify(3): `READY=1`,
+//! `RELOADING=1`, `STOPPING=1`) for `Type=notify` services.
+
+use std::net::TcpListener;
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use socket2::{Domain, Socket, Type};
+
+/// The first passed descriptor (`SD_LISTEN_FDS_START`).
+const LISTEN_FDS_START: RawFd = 3;
+
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// The listening sockets passed by the service manager, when `LISTEN_PID` names
+/// this process; `Ok(None)` when none were passed. Each must be a listening TCP
+/// socket. Takes ownership of the descriptors, so it acts once per process.
+pub fn listen_fds() -> Result<Option<Vec<TcpListener>>, String> {
+    let pid = std::env::var("LISTEN_PID").ok();
+    if pid.and_then(|p| p.trim().parse::<u32>().ok()) != Some(std::process::id()) {
+        return Ok(None);
+    }
+    let Some(count) = std::env::var("LISTEN_FDS").ok() else { return Ok(None) };
+    let n: RawFd = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|n| (1..=1024).contains(n))
+        .ok_or_else(|| format!("LISTEN_FDS={count:?} is not a number of sockets from 1 to 1024"))?;
+    if TAKEN.swap(true, Ordering::SeqCst) {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for fd in LISTEN_FDS_START..LISTEN_FDS_START + n {
+        // SAFETY: F_GETFD only reads the descriptor's flags; it fails on a closed one.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+            return Err(format!("socket activation: descriptor {fd} (of LISTEN_FDS={n}) is not open"));
+        }
+        // SAFETY: by the socket-activation protocol, descriptors 3..3+LISTEN_FDS are
+        // handed to this process and nothing else in it owns them; TAKEN makes sure
+        // they are wrapped once.
+        let socket = unsafe { Socket::from_raw_fd(fd) };
+        let bad = |what: &str| format!("socket activation: descriptor {fd} is {what}; ktlsd needs listening TCP sockets (ListenStream= with an IP address and port)");
+        match (socket.domain(), socket.r#type(), socket.is_listener()) {
+            (Ok(d), Ok(t), Ok(true)) if (d == Domain::IPV4 || d == Domain::IPV6) && t == Type::STREAM => {}
+            (Ok(_), Ok(_), Ok(false)) => return Err(bad("not listening")),
+            _ => return Err(bad("not a TCP socket")),
+        }
+        // Non-blocking for the event loops; close-on-exec as every other descriptor here.
+        socket.set_nonblocking(true).map_err(|e| format!("socket activation: descriptor {fd}: {e}"))?;
+        socket.set_cloexec(true).map_err(|e| format!("socket activation: descriptor {fd}: {e}"))?;
+        out.push(socket.into());
+    }
+    Ok(Some(out))
+}
+
+/// Sends `state` to the service manager when `NOTIFY_SOCKET` is set; a failure
+/// is logged and otherwise ignored (the manager's timeout then says the rest).
+pub fn notify(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let result = (|| -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let sock = UnixDatagram::unbound()?;
+        let bytes = path.as_bytes();
+        if let Some(name) = bytes.strip_prefix(b"@") {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+            sock.send_to_addr(state.as_bytes(), &addr)?;
+        } else {
+            sock.send_to(state.as_bytes(), &path)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        tracing::warn!("cannot notify the service manager ({}) of {state:?}: {e}", path.to_string_lossy());
+    }
+}
+
+/// `RELOADING=1` with the `MONOTONIC_USEC=` stamp that `Type=notify-reload` requires.
+pub fn reloading_message() -> String {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let usec = ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000;
+    format!("RELOADING=1\nMONOTONIC_USEC={usec}")
+}
