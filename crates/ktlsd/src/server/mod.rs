@@ -239,33 +239,11 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, start
         // Passed sockets are the service manager's: `listen` does not apply to them.
         if started.activated {
             config.listen = running.listen.clone();
-        } else if config.listen != running.listen {
-            tracing::warn!(
-                "reload: listen addresses changed ({} -> {}); they take effect only after a restart; keeping {}",
-                join(&running.listen),
-                join(&config.listen),
-                join(&running.listen)
-            );
-            config.listen = running.listen.clone();
+        } else {
+            keep_until_restart("listen addresses", &mut config.listen, &running.listen, |a| join(a));
         }
-        if config.http_listen != running.http_listen {
-            tracing::warn!(
-                "reload: http_listen addresses changed ({} -> {}); they take effect only after a restart; keeping {}",
-                join(&running.http_listen),
-                join(&config.http_listen),
-                join(&running.http_listen)
-            );
-            config.http_listen = running.http_listen.clone();
-        }
-        if config.workers != running.workers {
-            tracing::warn!(
-                "reload: workers changed ({} -> {}); this takes effect only after a restart; keeping {}",
-                running.workers,
-                config.workers,
-                running.workers
-            );
-            config.workers = running.workers;
-        }
+        keep_until_restart("http_listen addresses", &mut config.http_listen, &running.http_listen, |a| join(a));
+        keep_until_restart("workers", &mut config.workers, &running.workers, |n| n.to_string());
         if (&config.user, &config.group, config.allow_root) != (&running.user, &running.group, running.allow_root) {
             tracing::warn!(
                 "reload: user, group or allow_root changed; privileges are dropped once, at start-up: this takes effect only after a restart"
@@ -424,6 +402,20 @@ fn check_tcp_options(config: &Config) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A setting fixed at start-up (bound sockets, worker threads): when a reload
+/// changes it, says so and keeps the running value.
+fn keep_until_restart<T: PartialEq + Clone>(what: &str, new: &mut T, running: &T, show: impl Fn(&T) -> String) {
+    if new != running {
+        tracing::warn!(
+            "reload: {what} changed ({} -> {}); this takes effect only after a restart; keeping {}",
+            show(running),
+            show(new),
+            show(running)
+        );
+        *new = running.clone();
+    }
 }
 
 fn join(addrs: &[SocketAddr]) -> String {
