@@ -2,7 +2,7 @@
 //! for readiness and whole-buffer writes on a non-blocking `TcpStream`.
 
 use std::io;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -16,6 +16,33 @@ pub async fn read_some(stream: &TcpStream, buf: &mut [u8], timeout: Duration) ->
             other => return other,
         }
         ready(stream, Interest::READABLE, timeout).await?;
+    }
+}
+
+/// A lingering close, as nginx's `lingering_close`: ends our side (FIN after
+/// everything written), then reads and drops what the peer still sends until it
+/// closes, fails, stays silent for `idle`, `total` has passed, or `max_bytes`
+/// were dropped. Closing with unread input would make the kernel answer with a
+/// reset, which discards response bytes still on their way to the peer.
+///
+/// # Cancel safety
+/// Cancel-safe: dropping the future only ends the drain early.
+pub async fn linger(stream: &TcpStream, total: Duration, idle: Duration, max_bytes: usize) {
+    if socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write).is_err() {
+        return;
+    }
+    let deadline = Instant::now() + total;
+    let mut sink = [0u8; 4096];
+    let mut dropped = 0;
+    while dropped < max_bytes {
+        let wait = deadline.saturating_duration_since(Instant::now()).min(idle);
+        if wait.is_zero() {
+            return;
+        }
+        match read_some(stream, &mut sink, wait).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => dropped += n,
+        }
     }
 }
 

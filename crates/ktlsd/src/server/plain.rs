@@ -137,7 +137,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
         }
     };
     if net::write_all(&stream, &bytes, cfg.timeouts.send).await.is_ok() {
-        linger(stream).await;
+        net::linger(&stream, LINGER_TIME, LINGER_TIME, LINGER_BYTES).await;
     }
 }
 
@@ -234,22 +234,6 @@ fn challenge(token: &str, root: &crate::files::Root, version: Version, head_only
         out.extend_from_slice(&body);
     }
     out
-}
-
-/// After the answer: half-close, then read and discard what the client still
-/// sends, bounded in time and bytes, so the answer is not lost to a reset.
-async fn linger(stream: TcpStream) {
-    let _ = socket2::SockRef::from(&stream).shutdown(std::net::Shutdown::Write);
-    let deadline = Instant::now() + LINGER_TIME;
-    let mut sink = [0u8; 4096];
-    let mut total = 0;
-    while total < LINGER_BYTES {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match net::read_some(&stream, &mut sink, left).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => total += n,
-        }
-    }
 }
 
 #[cfg(test)]

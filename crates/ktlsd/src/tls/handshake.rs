@@ -46,6 +46,8 @@ const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long the request of a plain HTTP client is drained after answering it, so
 /// that closing does not reset the connection before the client read the answer.
 const PLAIN_HTTP_LINGER: Duration = Duration::from_secs(1);
+/// Most request bytes drained after the 400 answer.
+const PLAIN_HTTP_LINGER_BYTES: usize = 64 * 1024;
 
 /// The answer to a plain HTTP request on the TLS port (nginx gives the same one).
 const PLAIN_HTTP_BODY: &str = "<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>\r\n\
@@ -337,20 +339,8 @@ async fn answer_plain_http(stream: &TcpStream, deadline: Instant) {
     if net::write_all(stream, reply.as_bytes(), REFUSAL_WRITE_TIMEOUT).await.is_err() {
         return;
     }
-    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
-    let linger_end = deadline.min(Instant::now() + PLAIN_HTTP_LINGER);
-    let mut sink = [0u8; 4096];
-    let mut drained = 0usize;
-    while drained < 64 * 1024 {
-        let left = linger_end.saturating_duration_since(Instant::now());
-        match net::read_some(stream, &mut sink, left).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => drained += n,
-        }
-        if left.is_zero() {
-            break;
-        }
-    }
+    let left = deadline.saturating_duration_since(Instant::now()).min(PLAIN_HTTP_LINGER);
+    net::linger(stream, left, left, PLAIN_HTTP_LINGER_BYTES).await;
 }
 
 /// Reads into `incoming.buf[range]` (at least one byte), within the deadline.

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -139,24 +139,9 @@ impl Session {
     /// nobody needs now; a kTLS socket gives decrypted data, and an error (EIO) at
     /// a control record such as the client's close_notify, which ends the drain too.
     async fn drain_input(&mut self, mut stop: watch::Receiver<bool>) {
-        if socket2::SockRef::from(&self.stream).shutdown(std::net::Shutdown::Write).is_err() {
-            return;
-        }
-        let deadline = Instant::now() + LINGERING_TIME;
-        let mut scratch = vec![0u8; 16 * 1024];
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now()).min(LINGERING_TIMEOUT);
-            if wait.is_zero() {
-                return;
-            }
-            let read = tokio::select! {
-                r = crate::net::read_some(&self.stream, &mut scratch, wait) => r,
-                _ = stop.wait_for(|s| *s) => return,
-            };
-            match read {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
+        tokio::select! {
+            _ = crate::net::linger(&self.stream, LINGERING_TIME, LINGERING_TIMEOUT, usize::MAX) => {}
+            _ = stop.wait_for(|s| *s) => {}
         }
     }
 }
