@@ -30,6 +30,9 @@ pub struct Request {
     /// The request line as received (for the access log).
     pub line: String,
     pub version: Option<Version>,
+    /// The Host field's value, checked against RFC 9110's host grammar; `None`
+    /// when absent or empty (allowed in HTTP/1.0 only).
+    pub host: Option<String>,
     pub keep_alive: bool,
     pub content_length: u64,
     /// `Expect: 100-continue` on an HTTP/1.1 request.
@@ -206,6 +209,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
             if !v.is_empty() && !valid_host(v.as_bytes()) {
                 return Err(bad(Status::BAD_REQUEST, "invalid Host"));
             }
+            r.host = (!v.is_empty()).then_some(v);
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value().split(',') {
                 let t = token.trim();
@@ -431,6 +435,15 @@ mod tests {
         }
         assert!(status("GET / HTTP/1.0\r\nHost:\r\n\r\n").is_ok());
         assert!(status("GET / HTTP/1.0\r\n\r\n").is_ok());
+        // The checked value is kept, trimmed; an empty or absent one is `None`.
+        for (head, want) in [
+            ("GET / HTTP/1.1\r\nHost: a.example\r\n\r\n", Some("a.example")),
+            ("GET / HTTP/1.1\r\nX: y\r\nhOsT:\t[::1]:80 \r\n\r\n", Some("[::1]:80")),
+            ("GET / HTTP/1.0\r\nX-Host: x\r\n\r\n", None),
+            ("GET / HTTP/1.0\r\nHost:\r\n\r\n", None),
+        ] {
+            assert_eq!(status(head).map(|r| r.host), Ok(want.map(String::from)), "{head:?}");
+        }
     }
 
     #[test]

@@ -130,7 +130,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
     };
     let head_only = request::is_head(&buf[..len]);
     let bytes = match parsed {
-        Ok(req) => answer(&req, &buf[..len], shared, target, peer),
+        Ok(req) => answer(&req, shared, target, peer),
         Err((status, why)) => {
             tracing::info!("refused plain-HTTP request from {peer}: {} {why}", status.0);
             response::simple(Version::Http11, status, &[], false, head_only)
@@ -143,7 +143,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
 
 /// The answer to one parsed request: a challenge file, 404, 400 for a missing or
 /// invalid Host, or the redirect.
-fn answer(req: &Request, head: &[u8], shared: &Shared, target: &Target, peer: SocketAddr) -> Vec<u8> {
+fn answer(req: &Request, shared: &Shared, target: &Target, peer: SocketAddr) -> Vec<u8> {
     let version = req.version.unwrap_or(Version::Http11);
     let head_only = req.method == "HEAD";
     if let Some(token) = req.path.strip_prefix(ACME_PREFIX) {
@@ -151,7 +151,7 @@ fn answer(req: &Request, head: &[u8], shared: &Shared, target: &Target, peer: So
             return challenge(token, &shared.root, version, head_only, peer);
         }
     }
-    let Some(host) = host_header(head).filter(|h| !h.is_empty()) else {
+    let Some(host) = req.host.as_deref() else {
         tracing::info!("refused plain-HTTP request from {peer} \"{}\": 400 no Host to redirect to", req.line);
         return response::simple(version, Status::BAD_REQUEST, &[], false, head_only);
     };
@@ -177,23 +177,6 @@ pub fn redirect_location(host: &str, https_port: u16, path: &str, query: Option<
         url.push_str(q);
     }
     url
-}
-
-/// The Host field's value from a head that [`request::parse`] accepted (so there is
-/// at most one Host, and a present one is valid). `None` when there is none.
-pub fn host_header(head: &[u8]) -> Option<&str> {
-    // The first line is the request line; header lines follow until the blank line.
-    head.split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-        .skip_while(|l| l.is_empty())
-        .skip(1)
-        .take_while(|l| !l.is_empty())
-        .find_map(|l| {
-            let colon = l.iter().position(|&b| b == b':')?;
-            l[..colon].eq_ignore_ascii_case(b"host").then(|| &l[colon + 1..])
-        })
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .map(|v| v.trim_matches([' ', '\t']))
 }
 
 /// Whether `token` can be an ACME challenge token: base64url characters only
@@ -251,20 +234,6 @@ mod tests {
             ("127.0.0.1", 443, "/", None, "https://127.0.0.1/"),
         ] {
             assert_eq!(redirect_location(host, port, path, query), want, "{host} {port} {path} {query:?}");
-        }
-    }
-
-    #[test]
-    fn host_lookup() {
-        for (head, want) in [
-            (&b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n"[..], Some("a.example")),
-            (b"GET / HTTP/1.1\r\nX: y\r\nhOsT:\t[::1]:80 \r\n\r\n", Some("[::1]:80")),
-            (b"\r\nGET / HTTP/1.1\nHost: b\n\n", Some("b")),
-            (b"GET /host:x HTTP/1.0\r\n\r\nHost: late", None),
-            (b"GET / HTTP/1.0\r\nX-Host: x\r\n\r\n", None),
-            (b"GET / HTTP/1.0\r\nHost:\r\n\r\n", Some("")),
-        ] {
-            assert_eq!(host_header(head), want, "{:?}", String::from_utf8_lossy(head));
         }
     }
 
