@@ -13,8 +13,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::tls::TlsMode;
-
 /// One request, as logged.
 pub struct AccessEntry<'a> {
     pub peer: SocketAddr,
@@ -22,7 +20,8 @@ pub struct AccessEntry<'a> {
     pub status: u16,
     pub bytes: u64,
     pub started: Instant,
-    pub mode: TlsMode,
+    /// The record layer's label (`ktls`, `userspace`).
+    pub mode: &'static str,
 }
 
 const FLUSH_AT: usize = 32 * 1024;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::{truncated, FileRange, RecordSizer, MAX_RECORD};
+use super::{truncated, RecordSizer, MAX_RECORD};
+use crate::files::FileRange;
 use crate::net;
 use crate::tls::kernel::KernelTls;
 
@@ -48,8 +49,8 @@ pub async fn send(
         send_all(stream, head, false, timeout).await?;
     }
 
-    let mut offset = range.offset;
-    let end = range.offset + range.len;
+    let mut offset = range.range.start;
+    let end = range.range.end;
     while offset < end {
         let now = Instant::now();
         let want = match first_record_room.take() {
@@ -84,8 +85,8 @@ pub async fn send(
         }
         sizer.sent(now);
     }
-    tls.note_sent(head.len() as u64 + range.len);
-    Ok(range.len)
+    tls.note_sent(head.len() as u64 + range.len());
+    Ok(range.len())
 }
 
 async fn send_all(stream: &TcpStream, mut data: &[u8], more: bool, timeout: Duration) -> io::Result<()> {

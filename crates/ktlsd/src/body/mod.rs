@@ -1,6 +1,6 @@
 //! Body writers: how a response (head, then an optional file range) leaves the process.
 //!
-//! There is one interface, [`FileRange`] plus a head, and one implementation per
+//! There is one interface, a head plus an optional [`crate::files::FileRange`], and one implementation per
 //! record layer: [`userspace`] reads file chunks, encrypts them record by record and
 //! writes them; [`kernel`] sends the head with `MSG_MORE` and `sendfile`s the body,
 //! leaving encryption to the kernel. Both take record lengths from the same
@@ -11,17 +11,7 @@ pub mod policy;
 pub mod tcp;
 pub mod userspace;
 
-use std::fs::File;
-
 pub use policy::{RecordPolicy, RecordSizer, MAX_RECORD};
-
-/// A byte range of an open file, sent as a response body.
-#[derive(Debug, Clone, Copy)]
-pub struct FileRange<'a> {
-    pub file: &'a File,
-    pub offset: u64,
-    pub len: u64,
-}
 
 /// The file changed size under us: the response cannot be completed, and
 /// the connection must be cut so the client does not mistake it for whole.

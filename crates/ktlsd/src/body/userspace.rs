@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use super::{truncated, FileRange, RecordSizer, MAX_RECORD};
+use super::{truncated, RecordSizer, MAX_RECORD};
+use crate::files::FileRange;
 use crate::tls::userspace::UserspaceTls;
 
 /// File bytes read per `pread`.
@@ -32,7 +33,8 @@ pub async fn send(
     body: Option<FileRange<'_>>,
     timeout: Duration,
 ) -> io::Result<u64> {
-    let (mut offset, mut left) = body.map_or((0, 0), |r| (r.offset, r.len));
+    let body = body.as_ref();
+    let (mut offset, mut left) = body.map_or((0, 0), |r| (r.range.start, r.len()));
     let capacity = head.len() + if body.is_some() { READ_AHEAD } else { 0 };
     let plain = &mut bufs.plain;
     if plain.len() < capacity {
@@ -73,7 +75,7 @@ pub async fn send(
         }
     }
     tls.flush(stream, timeout).await?;
-    Ok(body.map_or(0, |r| r.len))
+    Ok(body.map_or(0, |r| r.len()))
 }
 
 fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {

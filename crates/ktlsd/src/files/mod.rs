@@ -19,6 +19,20 @@ use std::time::{Instant, SystemTime};
 
 pub use open::Root;
 
+/// A byte range of an open file, sent as a response body.
+#[derive(Debug, Clone)]
+pub struct FileRange<'a> {
+    pub file: &'a File,
+    /// Half-open: `start..end`, within the file's length.
+    pub range: std::ops::Range<u64>,
+}
+
+impl FileRange<'_> {
+    pub fn len(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+}
+
 /// Why a path was not served. Each maps to one status code and one log reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {

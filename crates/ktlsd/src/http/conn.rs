@@ -11,11 +11,10 @@ use super::preconditions::{self, Outcome, RangeOutcome, Validators};
 use super::request::{self, BadRequest, Request, Version};
 use super::response::{self, Head};
 use super::Status;
-use crate::body::FileRange;
-use crate::files::{self, Refusal, Resolved};
+use super::Transport;
+use crate::files::{self, FileRange, Refusal, Resolved};
 use crate::log::{AccessEntry, AccessLog};
 use crate::server::Shared;
-use crate::tls::Session;
 
 /// How the connection ended, for the worker's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,8 +36,8 @@ enum Answer {
     Small { bytes: Vec<u8>, status: Status },
 }
 
-pub async fn serve(
-    session: &mut Session,
+pub async fn serve<T: Transport>(
+    session: &mut T,
     shared: &Shared,
     log: &AccessLog,
     peer: SocketAddr,
@@ -72,7 +71,7 @@ pub async fn serve(
                         started = Some(Instant::now());
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                Err(e) if T::timed_out(&e) => {
                     if buf.is_empty() {
                         return End::Timeout;
                     }
@@ -110,15 +109,15 @@ pub async fn serve(
         if req.content_length > 0 && req.expect_continue && !method_allowed {
             refused(&req, Status::METHOD_NOT_ALLOWED, "method not allowed (body not read)", peer);
             let bytes = method_not_allowed(version, false, hsts);
-            let _ = session.send_response(&bytes, None).await;
-            log.write(&AccessEntry { peer, line: &req.line, status: 405, bytes: 0, started: t0, mode: session.mode() });
+            let _ = session.send(&bytes, None).await;
+            log.write(&AccessEntry { peer, line: &req.line, status: 405, bytes: 0, started: t0, mode: session.label() });
             session.linger_on_close(shutdown.clone());
             return End::Done;
         }
         if req.content_length > 0 {
             // The client may already have sent the body; RFC 9110 section 10.1.1 lets
             // the server send 100 anyway, and nginx does.
-            if req.expect_continue && session.send_response(response::CONTINUE, None).await.is_err() {
+            if req.expect_continue && session.send(response::CONTINUE, None).await.is_err() {
                 return End::Error;
             }
             match discard_body(session, &mut buf, req.content_length, cfg.timeouts.header).await {
@@ -137,15 +136,15 @@ pub async fn serve(
 
         // Phase 6: send.
         let (sent, status) = match answer {
-            Answer::Small { bytes, status } => (session.send_response(&bytes, None).await.map(|_| 0), status),
+            Answer::Small { bytes, status } => (session.send(&bytes, None).await.map(|_| 0), status),
             Answer::File { head, found, range, status } => {
                 let body = match range {
                     Some((start, end)) if !head_only => {
-                        Some(FileRange { file: &found.file, offset: start, len: end - start + 1 })
+                        Some(FileRange { file: &found.file, range: start..end + 1 })
                     }
                     _ => None,
                 };
-                (session.send_response(&head, body).await, status)
+                (session.send(&head, body).await, status)
             }
         };
         let bytes = match sent {
@@ -153,12 +152,12 @@ pub async fn serve(
             // The response could not be completed; the connection is cut without
             // close_notify so the client cannot take a partial body for a whole one.
             // A client that stopped reading (send timeout) counts as a timeout.
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return End::Timeout,
+            Err(e) if T::timed_out(&e) => return End::Timeout,
             Err(_) => return End::Error,
         };
 
         // Phase 7: log.
-        log.write(&AccessEntry { peer, line: &req.line, status: status.0, bytes, started: t0, mode: session.mode() });
+        log.write(&AccessEntry { peer, line: &req.line, status: status.0, bytes, started: t0, mode: session.label() });
 
         if *shutdown.borrow() {
             keep_alive = false;
@@ -193,8 +192,8 @@ fn refused(req: &Request, status: Status, why: &str, peer: SocketAddr) {
 
 /// Answers a request that cannot be served, then ends the connection. `head_only`:
 /// the request is a HEAD, whose answer has no body.
-async fn refuse_and_close(
-    session: &mut Session,
+async fn refuse_and_close<T: Transport>(
+    session: &mut T,
     log: &AccessLog,
     peer: SocketAddr,
     req: &Request,
@@ -205,12 +204,12 @@ async fn refuse_and_close(
     refused(req, bad.status, bad.reason, peer);
     let version = req.version.unwrap_or(Version::Http11);
     let bytes = response::simple(version, bad.status, &with_hsts(&[], hsts), false, head_only);
-    let _ = session.send_response(&bytes, None).await;
+    let _ = session.send(&bytes, None).await;
     let line = if req.line.is_empty() { "-" } else { req.line.as_str() };
-    log.write(&AccessEntry { peer, line, status: bad.status.0, bytes: 0, started: Instant::now(), mode: session.mode() });
+    log.write(&AccessEntry { peer, line, status: bad.status.0, bytes: 0, started: Instant::now(), mode: session.label() });
 }
 
-async fn discard_body(session: &mut Session, buf: &mut Vec<u8>, mut left: u64, timeout: Duration) -> std::io::Result<()> {
+async fn discard_body<T: Transport>(session: &mut T, buf: &mut Vec<u8>, mut left: u64, timeout: Duration) -> Result<(), ()> {
     loop {
         let take = (buf.len() as u64).min(left) as usize;
         buf.drain(..take);
@@ -218,8 +217,8 @@ async fn discard_body(session: &mut Session, buf: &mut Vec<u8>, mut left: u64, t
         if left == 0 {
             return Ok(());
         }
-        if session.read(buf, timeout).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        if session.read(buf, timeout).await.map_err(drop)? == 0 {
+            return Err(());
         }
     }
 }

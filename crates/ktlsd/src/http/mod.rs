@@ -5,6 +5,9 @@ pub mod conn;
 pub mod preconditions;
 pub mod request;
 pub mod response;
+pub mod transport;
+
+pub use transport::Transport;
 
 /// A response status code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

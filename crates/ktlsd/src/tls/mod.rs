@@ -7,7 +7,7 @@ pub mod kernel;
 pub mod session;
 pub mod userspace;
 
-pub use session::{Session, TlsMode};
+pub use session::Session;
 
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{EncodeError, EncodeTlsData};

@@ -10,7 +10,9 @@ use tokio::sync::watch;
 
 use super::kernel::KernelTls;
 use super::userspace::UserspaceTls;
-use crate::body::{self, FileRange, RecordSizer};
+use crate::body::{self, RecordSizer};
+use crate::files::FileRange;
+use crate::http::Transport;
 
 /// Where a connection's records are encrypted and decrypted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,12 +21,18 @@ pub enum TlsMode {
     Userspace,
 }
 
-impl fmt::Display for TlsMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl TlsMode {
+    pub fn label(self) -> &'static str {
+        match self {
             TlsMode::Kernel => "ktls",
             TlsMode::Userspace => "userspace",
-        })
+        }
+    }
+}
+
+impl fmt::Display for TlsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
     }
 }
 
@@ -143,5 +151,29 @@ impl Session {
             _ = crate::net::linger(&self.stream, LINGERING_TIME, LINGERING_TIMEOUT, usize::MAX) => {}
             _ = stop.wait_for(|s| *s) => {}
         }
+    }
+}
+
+impl Transport for Session {
+    type Error = io::Error;
+
+    fn timed_out(err: &io::Error) -> bool {
+        err.kind() == io::ErrorKind::TimedOut
+    }
+
+    async fn read(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
+        Session::read(self, buf, timeout).await
+    }
+
+    async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> io::Result<u64> {
+        self.send_response(head, body).await
+    }
+
+    fn linger_on_close(&mut self, stop: watch::Receiver<bool>) {
+        Session::linger_on_close(self, stop)
+    }
+
+    fn label(&self) -> &'static str {
+        self.mode().label()
     }
 }

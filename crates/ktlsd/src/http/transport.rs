@@ -1,0 +1,36 @@
+//! What the HTTP layer needs from the connection under it: read application bytes,
+//! send a response (a head and an optional file range), and close gracefully.
+//!
+//! The TLS session implements it for both record layers; tests implement it over
+//! in-memory bytes. The HTTP layer never learns which record layer carries it.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::files::FileRange;
+
+/// A connection carrying HTTP.
+#[allow(async_fn_in_trait)] // used only by static dispatch inside this crate
+pub trait Transport {
+    /// The transport's own failure; the connection loop hands it back to its caller.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Whether `err` is a timeout (the peer was too slow), as opposed to a failure.
+    fn timed_out(err: &Self::Error) -> bool;
+
+    /// Appends received application bytes to `buf`, waiting at most `timeout`.
+    /// Returns 0 when the peer has closed.
+    async fn read(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, Self::Error>;
+
+    /// Sends `head`, then the file range if any; returns the body bytes sent. An error
+    /// means the response is incomplete and the connection must not be reused.
+    async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, Self::Error>;
+
+    /// Asks the close that follows to drain the peer's unread input first, until
+    /// `stop` turns true (see nginx's `lingering_close`).
+    fn linger_on_close(&mut self, stop: watch::Receiver<bool>);
+
+    /// How the bytes are protected, for the access log (`ktls`, `userspace`).
+    fn label(&self) -> &'static str;
+}
