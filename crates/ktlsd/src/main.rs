@@ -4,6 +4,7 @@
 //! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
 //! -> [`files`] -> [`body`] (the body writers).
 
+mod acme;
 mod body;
 mod cli;
 mod config;

@@ -1,0 +1,143 @@
+//! A real pebble ACME server (and pebble-challtestsrv as its DNS) on loopback for the
+//! tests: `apt-get install pebble` provides both. Each instance has its own ports, its
+//! own TLS certificate (from a CA made here, handed to the client as the directory's
+//! CA) and stops when dropped. Validations go to 127.0.0.1 at the ports given.
+
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Pebble {
+    children: Vec<Child>,
+    pub directory: String,
+    pub ca: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// A port free now on 127.0.0.1 (TCP, and UDP when `udp`); another process could take
+/// it before pebble binds it, which the start-up check then reports.
+fn free_port(udp: bool) -> u16 {
+    loop {
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = tcp.local_addr().expect("local address").port();
+        if !udp || UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+fn spawn(program: &str, args: &[String], envs: &[(&str, &str)], log: PathBuf) -> Child {
+    let out = std::fs::File::create(&log).expect("log file");
+    let err = out.try_clone().expect("log file");
+    Command::new(program)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {program} ({e}): the ACME tests need pebble: apt-get install pebble (scripts/test installs it)")
+        })
+}
+
+impl Pebble {
+    /// Starts pebble validating http-01 at 127.0.0.1:`http_port` and tls-alpn-01 at
+    /// 127.0.0.1:`tls_port`; `validity` sets the issued certificates' lifetime.
+    pub fn start(http_port: u16, tls_port: u16, validity: Option<Duration>) -> Pebble {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        // The TLS certificate of pebble's own listener, from a CA of the test's.
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "ktlsd test CA for pebble");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let leaf_key = rcgen::KeyPair::generate().expect("key");
+        let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("params")
+            .signed_by(&leaf_key, &issuer)
+            .expect("certificate");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_cert.pem()).expect("write CA");
+        std::fs::write(dir.path().join("cert.pem"), leaf.pem()).expect("write certificate");
+        std::fs::write(dir.path().join("key.pem"), leaf_key.serialize_pem()).expect("write key");
+
+        let (listen, management, dns, dns_management) = (free_port(false), free_port(false), free_port(true), free_port(false));
+        let mut config = serde_json::json!({"pebble": {
+            "listenAddress": format!("127.0.0.1:{listen}"),
+            "managementListenAddress": format!("127.0.0.1:{management}"),
+            "certificate": dir.path().join("cert.pem"),
+            "privateKey": dir.path().join("key.pem"),
+            "httpPort": http_port,
+            "tlsPort": tls_port,
+            "ocspResponderURL": "",
+            "externalAccountBindingRequired": false,
+        }});
+        if let Some(v) = validity {
+            config["pebble"]["certificateValidityPeriod"] = v.as_secs().into();
+        }
+        let config_path = dir.path().join("pebble.json");
+        std::fs::write(&config_path, config.to_string()).expect("write config");
+
+        let dns_addr = format!("127.0.0.1:{dns}");
+        let mut children = Vec::new();
+        // The DNS server answering every name with 127.0.0.1 (no AAAA, so validations
+        // never go to ::1); its own challenge servers are off.
+        children.push(spawn(
+            "pebble-challtestsrv",
+            &[
+                "-http01", "", "-https01", "", "-tlsalpn01", "",
+                "-dns01", &dns_addr,
+                "-management", &format!("127.0.0.1:{dns_management}"),
+                "-defaultIPv4", "127.0.0.1", "-defaultIPv6", "",
+            ]
+            .map(String::from),
+            &[],
+            dir.path().join("challtestsrv.log"),
+        ));
+        children.push(spawn(
+            "pebble",
+            &["-config".to_string(), config_path.display().to_string(), "-dnsserver".to_string(), dns_addr],
+            &[("PEBBLE_VA_NOSLEEP", "1"), ("PEBBLE_WFE_NONCEREJECT", "0")],
+            dir.path().join("pebble.log"),
+        ));
+        let mut pebble = Pebble { children, directory: format!("https://127.0.0.1:{listen}/dir"), ca, _dir: dir };
+        pebble.wait_listening(&[listen, dns_management]);
+        pebble
+    }
+
+    fn wait_listening(&mut self, ports: &[u16]) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for &port in ports {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                for child in &mut self.children {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        panic!("pebble exited at start-up ({status}); logs:\n{}", self.logs());
+                    }
+                }
+                assert!(Instant::now() < deadline, "pebble not listening on {port} after 20 s; logs:\n{}", self.logs());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Both servers' output, for failure messages.
+    pub fn logs(&self) -> String {
+        ["challtestsrv.log", "pebble.log"]
+            .iter()
+            .map(|f| std::fs::read_to_string(self._dir.path().join(f)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Pebble {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The ACME state directory: the account's credentials and one certificate file per
+//! site, each written readable by the owner only (0600, directory 0700) and replaced
+//! atomically, so a crash leaves the old file or the new one. Not the protocol.
+//!
+//! Layout: `account.json` (the directory URL and the account's credentials, key
+//! included) and `<first name>.pem` (key, then chain) per site.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::cert::Issued;
+
+/// The account file: credentials belong to one ACME server, so the directory URL is
+/// kept with them.
+#[derive(Serialize, Deserialize)]
+pub struct StoredAccount {
+    pub directory: String,
+    pub credentials: instant_acme::AccountCredentials,
+}
+
+pub const ACCOUNT_FILE: &str = "account.json";
+
+pub fn account_path(dir: &Path) -> PathBuf {
+    dir.join(ACCOUNT_FILE)
+}
+
+/// The file of the site named `names` (checked DNS names, so a safe file name).
+pub fn site_path(dir: &Path, names: &[String]) -> PathBuf {
+    let first = names.first().map_or("site", String::as_str);
+    dir.join(format!("{first}.pem"))
+}
+
+/// The stored account for `directory`; `Ok(None)` when there is none or it belongs
+/// to another ACME server (the caller then creates one).
+pub fn load_account(dir: &Path, directory: &str) -> std::io::Result<Option<StoredAccount>> {
+    let path = account_path(dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let stored: StoredAccount = serde_json::from_slice(&bytes)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not an account file: {e}")))?;
+    if stored.directory != directory {
+        tracing::info!(
+            "{}: the account belongs to {}, not {directory}; a new account replaces it",
+            path.display(),
+            stored.directory
+        );
+        return Ok(None);
+    }
+    Ok(Some(stored))
+}
+
+pub fn save_account(dir: &Path, account: &StoredAccount) -> std::io::Result<()> {
+    let json = serde_json::to_vec_pretty(account).map_err(std::io::Error::other)?;
+    write_private(dir, &account_path(dir), &json)
+}
+
+/// Why a stored certificate is not used.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unusable {
+    Missing,
+    Damaged(String),
+    Expired,
+    OtherNames(Vec<String>),
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unusable::Missing => f.write_str("no certificate stored yet"),
+            Unusable::Damaged(why) => write!(f, "damaged: {why}"),
+            Unusable::Expired => f.write_str("the certificate has expired"),
+            Unusable::OtherNames(names) => write!(f, "the certificate is for other names ({})", names.join(", ")),
+        }
+    }
+}
+
+/// The stored certificate of the site `names`, if it covers exactly those names
+/// (`sorted`, the same sorted) and is valid `now`.
+pub fn load_site(dir: &Path, names: &[String], sorted: &[String], now: std::time::SystemTime) -> Result<Issued, Unusable> {
+    let pem = match std::fs::read_to_string(site_path(dir, names)) {
+        Ok(p) => p,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Unusable::Missing),
+        Err(e) => return Err(Unusable::Damaged(e.to_string())),
+    };
+    let issued = Issued::from_pem(pem).map_err(Unusable::Damaged)?;
+    let have = issued.names();
+    if have != sorted {
+        return Err(Unusable::OtherNames(have));
+    }
+    if !issued.valid_at(now) {
+        return Err(Unusable::Expired);
+    }
+    Ok(issued)
+}
+
+pub fn save_site(dir: &Path, names: &[String], issued: &Issued) -> std::io::Result<PathBuf> {
+    let path = site_path(dir, names);
+    write_private(dir, &path, issued.pem().as_bytes())?;
+    Ok(path)
+}
+
+/// Writes `bytes` to `path` in `dir` (created, mode 0700) readable by the owner only
+/// (0600), atomically.
+fn write_private(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // The rename itself must reach the disk too.
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
