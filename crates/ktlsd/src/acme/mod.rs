@@ -334,7 +334,8 @@ impl Acme {
         fallback
     }
 
-    /// The account: the one in memory, else the stored one, else a new one.
+    /// The account: the one in memory, else the stored one, else a new one. The lock
+    /// is held throughout, so concurrent orders never register two accounts.
     async fn account(&self) -> Result<Account, AcmeError> {
         let mut cached = self.account.lock().await;
         if let Some(account) = cached.as_ref() {
@@ -349,18 +350,22 @@ impl Acme {
                 .from_credentials(stored.credentials)
                 .await
                 .map_err(|source| self.protocol(Step::Directory, source))?,
-            None => {
-                drop(cached);
-                return self.create_account().await;
-            }
+            None => self.register().await?,
         };
         *cached = Some(account.clone());
         Ok(account)
     }
 
-    /// Registers a new account and stores its credentials.
+    /// Registers a new account in place of the one in memory.
     async fn create_account(&self) -> Result<Account, AcmeError> {
         let mut cached = self.account.lock().await;
+        let account = self.register().await?;
+        *cached = Some(account.clone());
+        Ok(account)
+    }
+
+    /// Registers a new account with the CA and stores its credentials.
+    async fn register(&self) -> Result<Account, AcmeError> {
         let contact: Vec<String> = self.settings.email.iter().map(|e| format!("mailto:{e}")).collect();
         let contact: Vec<&str> = contact.iter().map(String::as_str).collect();
         let new = NewAccount { contact: &contact, terms_of_service_agreed: true, only_return_existing: false };
@@ -373,7 +378,6 @@ impl Acme {
         let stored = StoredAccount { directory: self.settings.directory.clone(), credentials };
         store::save_account(dir, &stored).map_err(|source| AcmeError::Store { path: store::account_path(dir), source })?;
         tracing::info!("ACME: registered account {} at {}", account.id(), self.settings.directory);
-        *cached = Some(account.clone());
         Ok(account)
     }
 
@@ -414,11 +418,11 @@ impl Acme {
                     Ok(issued) => break issued,
                     Err(e) => {
                         let delay = backoff.next_delay();
-                        let left = current.not_after.duration_since(SystemTime::now()).map_or(0, |d| d.as_secs() / 3600);
-                        tracing::warn!(
-                            "ACME renewal of {names} failed: {e}; retrying in {}s (the current certificate expires in {left} h)",
-                            delay.as_secs()
-                        );
+                        let still = match current.not_after.duration_since(SystemTime::now()) {
+                            Ok(left) => format!("the current certificate stays in use; it expires in {} h", left.as_secs() / 3600),
+                            Err(_) => "the current certificate has expired and stays in use".to_string(),
+                        };
+                        tracing::warn!("ACME renewal of {names} failed: {e}; retrying in {} s ({still})", delay.as_secs());
                         tokio::time::sleep(delay).await;
                     }
                 }
