@@ -204,7 +204,8 @@ impl Acme {
         }
     }
 
-    /// The stored certificate while valid, else a new one.
+    /// The stored certificate while valid, else a new one. A stored certificate past
+    /// its renewal time is returned too: [`Acme::renew_forever`] renews it at once.
     pub async fn certificate(&self) -> Result<(Issued, Source), AcmeError> {
         match self.stored() {
             Some(issued) => Ok((issued, Source::Stored)),

@@ -9,7 +9,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub struct Pebble {
+    /// pebble-challtestsrv, then pebble.
     children: Vec<Child>,
+    /// pebble's arguments, to start it again.
+    pebble_args: Vec<String>,
+    listen: u16,
     pub directory: String,
     pub ca: PathBuf,
     _dir: tempfile::TempDir,
@@ -40,6 +44,10 @@ fn spawn(program: &str, args: &[String], envs: &[(&str, &str)], log: PathBuf) ->
         .unwrap_or_else(|e| {
             panic!("cannot run {program} ({e}): the ACME tests need pebble: apt-get install pebble (scripts/test installs it)")
         })
+}
+
+fn spawn_pebble(args: &[String], dir: &std::path::Path) -> Child {
+    spawn("pebble", args, &[("PEBBLE_VA_NOSLEEP", "1"), ("PEBBLE_WFE_NONCEREJECT", "0")], dir.join("pebble.log"))
 }
 
 impl Pebble {
@@ -97,15 +105,23 @@ impl Pebble {
             &[],
             dir.path().join("challtestsrv.log"),
         ));
-        children.push(spawn(
-            "pebble",
-            &["-config".to_string(), config_path.display().to_string(), "-dnsserver".to_string(), dns_addr],
-            &[("PEBBLE_VA_NOSLEEP", "1"), ("PEBBLE_WFE_NONCEREJECT", "0")],
-            dir.path().join("pebble.log"),
-        ));
-        let mut pebble = Pebble { children, directory: format!("https://127.0.0.1:{listen}/dir"), ca, _dir: dir };
+        let pebble_args = vec!["-config".to_string(), config_path.display().to_string(), "-dnsserver".to_string(), dns_addr];
+        children.push(spawn_pebble(&pebble_args, dir.path()));
+        let directory = format!("https://127.0.0.1:{listen}/dir");
+        let mut pebble = Pebble { children, pebble_args, listen, directory, ca, _dir: dir };
         pebble.wait_listening(&[listen, dns_management]);
         pebble
+    }
+
+    /// Stops pebble and starts it again on the same addresses: a CA that has forgotten
+    /// every account and order (pebble keeps them in memory only).
+    pub fn restart(&mut self) {
+        if let Some(mut old) = self.children.pop() {
+            let _ = old.kill();
+            let _ = old.wait();
+        }
+        self.children.push(spawn_pebble(&self.pebble_args, self._dir.path()));
+        self.wait_listening(&[self.listen]);
     }
 
     fn wait_listening(&mut self, ports: &[u16]) {

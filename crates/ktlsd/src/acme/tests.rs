@@ -182,6 +182,32 @@ async fn a_second_run_reuses_the_stored_account_and_certificate() {
 }
 
 #[tokio::test]
+async fn an_account_the_ca_does_not_know_is_registered_again() {
+    let challenges = Challenges::new();
+    let http = http01_responder(Arc::clone(&challenges)).await;
+    let mut pebble = Pebble::start(http, 1, None);
+    let state = tempfile::tempdir().expect("tempdir");
+    let names = ["forgotten.example.com"];
+    let make = |pebble: &Pebble| Acme::new(settings(pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges));
+    make(&pebble).expect("settings").obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
+    let account = std::fs::read(state.path().join("account.json")).expect("account stored");
+
+    // The same directory URL, but the CA has lost its accounts.
+    pebble.restart();
+    let acme = make(&pebble).expect("settings");
+    acme.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
+    assert_ne!(std::fs::read(state.path().join("account.json")).expect("account"), account, "a new account is stored");
+
+    // Another CA: its own account, and the file says which CA it belongs to.
+    let other = Pebble::start(http, 1, None);
+    let acme = make(&other).expect("settings");
+    acme.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", other.logs()));
+    let stored: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.path().join("account.json")).expect("account")).expect("json");
+    assert_eq!(stored["directory"], other.directory.as_str());
+}
+
+#[tokio::test]
 async fn renewal_replaces_a_short_lived_certificate() {
     let challenges = Challenges::new();
     let http = http01_responder(Arc::clone(&challenges)).await;
