@@ -86,8 +86,8 @@ pub enum Event {
     Reset { stream: StreamId, code: ErrorCode },
     /// The client sent GOAWAY: it opens no more streams; the open ones finish.
     PeerGoAway { code: ErrorCode },
-    /// The connection failed with this error; GOAWAY is queued. Send what
-    /// `poll_write` gives, then close.
+    /// The connection failed with this error; GOAWAY is queued and every stream is
+    /// gone. Send what `poll_write` gives, then close.
     ConnectionError { code: ErrorCode },
 }
 
@@ -744,6 +744,7 @@ impl Connection {
             Decoded::TooLarge => {
                 self.open(id, None, assembly.end_stream, Priority::default());
                 // RFC 9113 section 10.5.1: answer 431 rather than fail the stream.
+                // The stream ends at once, so the caller never hears of it.
                 let _ = self.respond(StreamId(id), 431, [("content-length", "0")], BodySize::None);
                 return Ok(());
             }

@@ -669,7 +669,7 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
     assert_eq!(files[1], (StreamId(1), 9, u64::from(first_len), 16_375));
     let total: u64 = files.iter().map(|f| u64::from(f.3)).sum();
     assert_eq!(total, 40_000);
-    assert_eq!(files.iter().map(|f| f.2).collect::<Vec<_>>().windows(2).all(|w| w[0] < w[1]), true);
+    assert!(files.windows(2).all(|w| w[0].2 + u64::from(w[0].3) == w[1].2), "offsets follow each other");
 }
 
 #[test]
@@ -946,7 +946,8 @@ fn flood_counters_restart_each_window() {
 
 #[test]
 fn control_frame_floods_are_calmed() {
-    let floods: &[(&str, fn(&mut Client) -> Vec<u8>)] = &[
+    type Make = fn(&mut Client) -> Vec<u8>;
+    let floods: &[(&str, Make)] = &[
         ("ping", |_| raw(frame::PING, 0, 0, &[0; 8])),
         ("settings", |_| settings(&[])),
         ("empty data", |_| data(1, b"", false)),
@@ -1030,4 +1031,35 @@ fn idle_connection_is_small() {
     println!("idle h2 Connection: {size} bytes inline");
     assert!(size <= 512, "{size}");
     assert_eq!(c.conn.active_streams(), 0);
+}
+
+#[test]
+fn huffman_coded_requests_decode() {
+    // RFC 7541 appendix C.4.1: GET http://www.example.com/ with Huffman strings.
+    let block = [0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90, 0xf4, 0xff];
+    let mut c = Client::new();
+    c.send(&raw(frame::HEADERS, frame::FLAG_END_HEADERS | frame::FLAG_END_STREAM, 1, &block));
+    let events = c.events();
+    let [Event::Request { head, .. }] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(head.authority.as_deref(), Some("www.example.com"));
+    // A field name of one Huffman byte: '0' (00000) padded with zero bits instead
+    // of the start of EOS (ones).
+    let bad = [0x82, 0x86, 0x84, 0x00, 0x81, 0x00, 0x00];
+    assert_eq!(connection_error(|_| raw(frame::HEADERS, frame::FLAG_END_HEADERS | frame::FLAG_END_STREAM, 5, &bad)), Some(CompressionError));
+}
+
+#[test]
+fn respond_to_an_unknown_stream_is_refused() {
+    let mut c = Client::new();
+    assert_eq!(c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::None), Err(RespondError::StreamGone));
+}
+
+#[test]
+fn reset_of_a_request_the_codec_answered_is_not_reported() {
+    let mut c = Client::with(limits());
+    let big = "b".repeat(2000);
+    let bytes = c.headers(1, &[GET, &[("x-big", big.as_str())]].concat(), false);
+    c.send(&bytes);
+    c.send(&rst(1, 8));
+    assert_eq!(c.events(), []);
 }
