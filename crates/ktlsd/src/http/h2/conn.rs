@@ -99,7 +99,8 @@ pub enum Write {
     Bytes(Vec<u8>),
     /// Send `head` (pending frames, then the 9-byte DATA frame header that ends it),
     /// then `len` bytes of the stream's file starting at body offset `offset`.
-    FileData { stream: StreamId, head: Vec<u8>, offset: u64, len: u32 },
+    /// `end_stream`: this is the stream's last frame; the caller may drop the file.
+    FileData { stream: StreamId, head: Vec<u8>, offset: u64, len: u32, end_stream: bool },
 }
 
 /// Why `respond` refused.
@@ -397,7 +398,7 @@ impl Connection {
                 write = Write::Bytes(head);
             }
             Send::File { offset, .. } => {
-                write = Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32 };
+                write = Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
                 *offset += len;
             }
             // `next_stream` offers only streams with bytes left to send.

@@ -653,7 +653,7 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
     let files: Vec<_> = writes
         .iter()
         .filter_map(|w| match w {
-            Write::FileData { stream, head, offset, len } => Some((*stream, head.len(), *offset, *len)),
+            Write::FileData { stream, head, offset, len, .. } => Some((*stream, head.len(), *offset, *len)),
             Write::Bytes(_) => None,
         })
         .collect();
@@ -667,6 +667,12 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
     assert_eq!(files[0], (StreamId(1), head.len(), 0, first_len));
     // Then full frames within the peer's 65535-byte windows.
     assert_eq!(files[1], (StreamId(1), 9, u64::from(first_len), 16_375));
+    let ends: Vec<bool> = writes.iter().filter_map(|w| match w {
+        Write::FileData { end_stream, .. } => Some(*end_stream),
+        Write::Bytes(_) => None,
+    }).collect();
+    assert_eq!(ends.iter().filter(|e| **e).count(), 1);
+    assert_eq!(ends.last(), Some(&true));
     let total: u64 = files.iter().map(|f| u64::from(f.3)).sum();
     assert_eq!(total, 40_000);
     assert!(files.windows(2).all(|w| w[0].2 + u64::from(w[0].3) == w[1].2), "offsets follow each other");
