@@ -2,6 +2,7 @@
 //! per-connection loop that runs each request through its phases.
 
 pub mod conn;
+pub mod h2;
 pub mod preconditions;
 pub mod request;
 pub mod response;

@@ -1,0 +1,847 @@
+//! The server side of one HTTP/2 connection as a state machine: bytes in (`recv`),
+//! events out (`poll_event`), responses in (`respond`), writes out (`poll_write`).
+//! It keeps the stream states of RFC 9113 section 5.1, both directions of flow
+//! control, the HPACK contexts, and the limits against known floods.
+//!
+//! Not here: sockets, files or time sources (the caller passes `now`), and what a
+//! response says (the handler decides).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::frame::{self, setting, ErrorCode, Frame, FrameError, Head};
+use super::hpack::{self, Decoded};
+use super::priority::{self, Priority};
+use super::request::{self, RequestHead};
+
+/// The client connection preface (RFC 9113 section 3.4).
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A client-initiated stream (odd, non-zero).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u32);
+
+/// Settings and flood limits for one connection.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// SETTINGS_MAX_CONCURRENT_STREAMS; streams beyond it get REFUSED_STREAM.
+    pub max_concurrent_streams: u32,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE, enforced on the decoded list (RFC 9113 size
+    /// rule); a larger request is answered 431.
+    pub max_header_list_size: u32,
+    /// SETTINGS_HEADER_TABLE_SIZE: the largest HPACK table the peer may make us keep.
+    pub header_table_size: u32,
+    /// Encoded bytes of one field block (HEADERS plus CONTINUATIONs); beyond it the
+    /// connection ends with ENHANCE_YOUR_CALM.
+    pub max_header_block: usize,
+    /// CONTINUATION frames in one field block; beyond it, ENHANCE_YOUR_CALM.
+    pub max_continuations: u32,
+    /// The accounting window of the two rate limits below.
+    pub flood_window: Duration,
+    /// Streams cancelled before their response ended (RST_STREAM from the client,
+    /// or a reset the client provoked) per window; beyond it, ENHANCE_YOUR_CALM
+    /// (rapid reset, CVE-2023-44487).
+    pub max_resets: u32,
+    /// Frames that cost us work but carry no request (SETTINGS, PING, PRIORITY,
+    /// PRIORITY_UPDATE, unknown types, empty DATA without END_STREAM,
+    /// WINDOW_UPDATE below 1 KiB) per window; beyond it, ENHANCE_YOUR_CALM.
+    pub max_control: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_concurrent_streams: 128,
+            max_header_list_size: 32 * 1024,
+            header_table_size: 4096,
+            max_header_block: 64 * 1024,
+            max_continuations: 32,
+            flood_window: Duration::from_secs(10),
+            max_resets: 200,
+            max_control: 1000,
+        }
+    }
+}
+
+/// A response body as the codec needs it: only its size when the bytes are a file
+/// the caller sends itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodySize {
+    /// No body (HEAD, 304, ...): HEADERS ends the stream.
+    None,
+    /// A body the codec frames itself.
+    Bytes(Vec<u8>),
+    /// A file body of `len` bytes; each DATA frame comes out as `Write::FileData`.
+    File { len: u64 },
+}
+
+/// What the connection tells its caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A new request; `end_stream` is false when a body follows (the codec reads and
+    /// discards it, returning its flow-control credit).
+    Request { stream: StreamId, head: RequestHead, end_stream: bool },
+    /// The stream ended early (the client reset it, or broke a rule on it): drop
+    /// its response.
+    Reset { stream: StreamId, code: ErrorCode },
+    /// The client sent GOAWAY: it opens no more streams; the open ones finish.
+    PeerGoAway { code: ErrorCode },
+    /// The connection failed with this error; GOAWAY is queued and every stream is
+    /// gone. Send what `poll_write` gives, then close.
+    ConnectionError { code: ErrorCode },
+}
+
+/// Bytes for the caller to send, in order. Each write fits the `max_payload` + 9
+/// bytes it was asked for when it carries DATA, so on kTLS it leaves as one record.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Frames whose bytes the codec owns.
+    Bytes(Vec<u8>),
+    /// Send `head` (pending frames, then the 9-byte DATA frame header that ends it),
+    /// then `len` bytes of the stream's file starting at body offset `offset`.
+    /// `end_stream`: this is the stream's last frame; the caller may drop the file.
+    FileData { stream: StreamId, head: Vec<u8>, offset: u64, len: u32, end_stream: bool },
+}
+
+/// Why `respond` refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RespondError {
+    #[error("the stream is gone (reset by the client, or the connection failed); drop the response")]
+    StreamGone,
+    #[error("this stream has a response already")]
+    AlreadyResponded,
+}
+
+/// What we still send on a stream.
+#[derive(Debug)]
+enum Send {
+    /// The caller has not responded yet.
+    Waiting,
+    Bytes { data: Vec<u8>, pos: usize },
+    File { len: u64, offset: u64 },
+    Done,
+}
+
+/// What we still receive on a stream.
+#[derive(Debug)]
+enum Recv {
+    Open { content_length: Option<u64>, received: u64, window: i64, unacked: u32 },
+    /// The client sent END_STREAM (half-closed remote).
+    Closed,
+}
+
+#[derive(Debug)]
+struct Stream {
+    id: u32,
+    recv: Recv,
+    send: Send,
+    send_window: i64,
+    priority: Priority,
+}
+
+impl Stream {
+    fn remaining(&self) -> u64 {
+        match &self.send {
+            Send::Bytes { data, pos } => (data.len() - pos) as u64,
+            Send::File { len, offset } => len - offset,
+            Send::Waiting | Send::Done => 0,
+        }
+    }
+}
+
+/// How a stream that left the table ended, for the frames that may still arrive
+/// on it (RFC 9113 section 5.1, "closed").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// Both sides ended the stream normally.
+    Normally,
+    /// We sent RST_STREAM: frames in flight are ignored.
+    ResetByUs,
+    /// The client sent RST_STREAM.
+    ResetByPeer,
+}
+
+/// Recently ended streams remembered for `Ended`.
+const ENDED_MEMORY: usize = 32;
+
+/// A field block being assembled from HEADERS and CONTINUATION frames.
+#[derive(Debug)]
+struct Assembly {
+    stream: u32,
+    end_stream: bool,
+    self_dependent: bool,
+    block: Vec<u8>,
+    continuations: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the client preface; the count of bytes already matched.
+    Preface,
+    /// The preface came; its SETTINGS frame must be next.
+    FirstSettings,
+    Open,
+    /// A connection error: input is ignored, GOAWAY is queued.
+    Failed,
+}
+
+/// Counters of the rate limits, reset every `Limits::flood_window`.
+#[derive(Debug)]
+struct Flood {
+    since: Option<Instant>,
+    resets: u32,
+    control: u32,
+}
+
+/// Our receive window, per stream and for the connection: the protocol default,
+/// since request bodies are read only to be discarded.
+const RECV_WINDOW: i64 = frame::DEFAULT_WINDOW as i64;
+/// Credit is returned once half the window is used, not per frame.
+const CREDIT_THRESHOLD: u32 = frame::DEFAULT_WINDOW / 2;
+/// A WINDOW_UPDATE below this is counted as a control frame (flood limit).
+const SMALL_WINDOW_UPDATE: u32 = 1024;
+
+/// One HTTP/2 server connection, without I/O.
+pub struct Connection {
+    limits: Limits,
+    phase: Phase,
+    /// Last stream id in the GOAWAY we sent on `shutdown`.
+    going_away: bool,
+    peer_going_away: bool,
+    decoder: hpack::Decoder,
+    encoder: hpack::Encoder,
+    streams: Vec<Stream>,
+    ended: VecDeque<(u32, Ended)>,
+    last_stream: u32,
+    assembly: Option<Assembly>,
+    peer_initial_window: u32,
+    peer_max_frame: u32,
+    send_window: i64,
+    recv_window: i64,
+    recv_unacked: u32,
+    out: Vec<u8>,
+    events: VecDeque<Event>,
+    last_served: u32,
+    flood: Flood,
+}
+
+impl Connection {
+    /// A connection whose server preface (our SETTINGS) is already queued.
+    pub fn new(limits: Limits) -> Connection {
+        let mut out = Vec::new();
+        frame::put_settings(
+            &mut out,
+            &[
+                (setting::MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams),
+                (setting::HEADER_TABLE_SIZE, limits.header_table_size),
+                (setting::MAX_HEADER_LIST_SIZE, limits.max_header_list_size),
+                (setting::ENABLE_PUSH, 0),
+                // Priorities come from the `priority` field (RFC 9218 section 2.1).
+                (setting::NO_RFC7540_PRIORITIES, 1),
+            ],
+        );
+        Connection {
+            decoder: hpack::Decoder::new(limits.header_table_size, limits.max_header_list_size),
+            encoder: hpack::Encoder::new(),
+            limits,
+            phase: Phase::Preface,
+            going_away: false,
+            peer_going_away: false,
+            streams: Vec::new(),
+            ended: VecDeque::new(),
+            last_stream: 0,
+            assembly: None,
+            peer_initial_window: frame::DEFAULT_WINDOW,
+            peer_max_frame: frame::DEFAULT_MAX_FRAME_SIZE,
+            send_window: i64::from(frame::DEFAULT_WINDOW),
+            recv_window: RECV_WINDOW,
+            recv_unacked: 0,
+            out,
+            events: VecDeque::new(),
+            last_served: 0,
+            flood: Flood { since: None, resets: 0, control: 0 },
+        }
+    }
+
+    /// Reads whole frames from the front of `input`; returns how many bytes it used.
+    /// The caller keeps the rest and passes it again with more bytes behind it.
+    /// `now` drives the flood limits' windows.
+    pub fn recv(&mut self, input: &[u8], now: Instant) -> usize {
+        self.tick(now);
+        let mut used = 0;
+        loop {
+            let rest = &input[used..];
+            match self.phase {
+                Phase::Failed => return input.len(),
+                Phase::Preface => {
+                    let n = rest.len().min(PREFACE.len());
+                    if rest[..n] != PREFACE[..n] {
+                        self.fail(ErrorCode::ProtocolError);
+                        return input.len();
+                    }
+                    if n < PREFACE.len() {
+                        return used;
+                    }
+                    used += n;
+                    self.phase = Phase::FirstSettings;
+                }
+                Phase::FirstSettings | Phase::Open => {
+                    let Some(head_bytes) = rest.first_chunk::<{ frame::HEADER_LEN }>() else {
+                        return used;
+                    };
+                    let head = Head::parse(head_bytes);
+                    if head.len > frame::DEFAULT_MAX_FRAME_SIZE {
+                        // We never raise SETTINGS_MAX_FRAME_SIZE.
+                        self.fail(ErrorCode::FrameSizeError);
+                        return input.len();
+                    }
+                    let total = frame::HEADER_LEN + head.len as usize;
+                    if rest.len() < total {
+                        return used;
+                    }
+                    used += total;
+                    let payload = &rest[frame::HEADER_LEN..total];
+                    match self.on_frame(head, payload) {
+                        Ok(()) => {}
+                        Err(FrameError::Connection(code)) => self.fail(code),
+                        Err(FrameError::Stream(id, code)) => self.reset(id, code),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let event = self.events.pop_front();
+        if self.events.is_empty() && self.events.capacity() > 16 {
+            self.events = VecDeque::new();
+        }
+        event
+    }
+
+    /// Starts the response on `stream`. Header names are lowercased and
+    /// connection-specific fields dropped, as HTTP/2 requires.
+    pub fn respond<N, V>(
+        &mut self,
+        stream: StreamId,
+        status: u16,
+        headers: impl IntoIterator<Item = (N, V)>,
+        body: BodySize,
+    ) -> Result<(), RespondError>
+    where
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        if !matches!(self.streams[index].send, Send::Waiting) {
+            return Err(RespondError::AlreadyResponded);
+        }
+        let status = format!("{:03}", status.min(999));
+        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = vec![(b":status".to_vec(), status.into_bytes())];
+        for (name, value) in headers {
+            let name = name.as_ref().to_ascii_lowercase();
+            if !request::CONNECTION_SPECIFIC.contains(&name.as_slice()) {
+                fields.push((name, value.as_ref().to_vec()));
+            }
+        }
+        let block = self.encoder.encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+        let send = match body {
+            BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
+            BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },
+            _ => Send::Done,
+        };
+        let end_stream = matches!(send, Send::Done);
+        // Any frame size up to the default is valid whatever the peer allows.
+        frame::put_headers(&mut self.out, stream.0, &block, end_stream, frame::DEFAULT_MAX_FRAME_SIZE as usize);
+        self.streams[index].send = send;
+        if end_stream {
+            self.finish_send(index);
+        }
+        Ok(())
+    }
+
+    /// The next bytes to send, or `None` when nothing can be sent now (all sent,
+    /// or the peer's flow-control windows are closed). A write carrying DATA is at
+    /// most `max_payload` + 9 bytes long: one TLS record when `max_payload` is the
+    /// record's plaintext size less 9.
+    pub fn poll_write(&mut self, max_payload: usize) -> Option<Write> {
+        let max_payload = max_payload.max(1);
+        let next = if self.phase == Phase::Failed { None } else { self.next_stream() };
+        let Some(index) = next.filter(|_| self.out.len() <= max_payload / 2) else {
+            return (!self.out.is_empty()).then(|| Write::Bytes(std::mem::take(&mut self.out)));
+        };
+        let mut head = std::mem::take(&mut self.out);
+        let stream = &mut self.streams[index];
+        let remaining = stream.remaining();
+        let budget = (max_payload - head.len()) as u64;
+        let len = budget
+            .min(u64::from(self.peer_max_frame))
+            .min(self.send_window as u64)
+            .min(stream.send_window as u64)
+            .min(remaining);
+        // At most the peer's frame size, so it fits the 24-bit length.
+        let len32 = len as u32;
+        let end = len == remaining;
+        self.send_window -= len as i64;
+        stream.send_window -= len as i64;
+        self.last_served = stream.id;
+        head.extend_from_slice(&frame::data_head(stream.id, len32, end));
+        let mut write = Write::Bytes(Vec::new());
+        match &mut stream.send {
+            Send::Bytes { data, pos } => {
+                head.extend_from_slice(&data[*pos..*pos + len as usize]);
+                *pos += len as usize;
+                write = Write::Bytes(head);
+            }
+            Send::File { offset, .. } => {
+                write = Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
+                *offset += len;
+            }
+            // `next_stream` offers only streams with bytes left to send.
+            Send::Waiting | Send::Done => {}
+        }
+        if end {
+            self.streams[index].send = Send::Done;
+            self.finish_send(index);
+        }
+        Some(write)
+    }
+
+    /// Starts a graceful close: GOAWAY with the last stream we took; streams already
+    /// taken finish, new ones are ignored. `is_finished` turns true when all is sent.
+    pub fn shutdown(&mut self) {
+        if !self.going_away && self.phase != Phase::Failed {
+            self.going_away = true;
+            frame::put_goaway(&mut self.out, self.last_stream, ErrorCode::NoError);
+        }
+    }
+
+    /// Whether the connection is over and everything is written: close it now.
+    pub fn is_finished(&self) -> bool {
+        let drained = (self.going_away || self.peer_going_away) && self.streams.is_empty();
+        self.out.is_empty() && (self.phase == Phase::Failed || drained)
+    }
+
+    /// Streams that are open or still sending (for idle timeouts: none means idle).
+    pub fn active_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    fn index(&self, id: u32) -> Option<usize> {
+        self.streams.iter().position(|s| s.id == id)
+    }
+
+    /// The stream whose DATA goes next, by priority, among those with bytes left
+    /// and window open.
+    fn next_stream(&self) -> Option<usize> {
+        if self.send_window <= 0 {
+            return None;
+        }
+        let ready = self
+            .streams
+            .iter()
+            .filter(|s| s.send_window > 0 && s.remaining() > 0)
+            .map(|s| (s.id, s.priority));
+        let id = priority::pick(ready, self.last_served)?;
+        self.index(id)
+    }
+
+    /// Our side of the stream is done: forget the stream, or reset its unfinished
+    /// request body (RFC 9113 section 8.1 allows RST_STREAM NO_ERROR then).
+    fn finish_send(&mut self, index: usize) {
+        let stream = self.streams.swap_remove(index);
+        let ended = match stream.recv {
+            Recv::Closed => Ended::Normally,
+            Recv::Open { .. } => {
+                frame::put_rst_stream(&mut self.out, stream.id, ErrorCode::NoError);
+                Ended::ResetByUs
+            }
+        };
+        self.remember(stream.id, ended);
+        if self.streams.is_empty() {
+            self.streams = Vec::new();
+        }
+    }
+
+    fn remember(&mut self, id: u32, ended: Ended) {
+        if self.ended.len() == ENDED_MEMORY {
+            self.ended.pop_front();
+        }
+        self.ended.push_back((id, ended));
+    }
+
+    fn ended(&self, id: u32) -> Option<Ended> {
+        self.ended.iter().rev().find(|(i, _)| *i == id).map(|&(_, e)| e)
+    }
+
+    fn fail(&mut self, code: ErrorCode) {
+        if self.phase == Phase::Failed {
+            return;
+        }
+        self.phase = Phase::Failed;
+        frame::put_goaway(&mut self.out, self.last_stream, code);
+        self.streams = Vec::new();
+        self.assembly = None;
+        self.events.push_back(Event::ConnectionError { code });
+    }
+
+    /// A stream error: RST_STREAM, and the caller drops the stream if it knew it.
+    /// Counts toward the reset limit, since the client provoked it.
+    fn reset(&mut self, id: u32, code: ErrorCode) {
+        frame::put_rst_stream(&mut self.out, id, code);
+        if let Some(index) = self.index(id) {
+            self.streams.swap_remove(index);
+            self.events.push_back(Event::Reset { stream: StreamId(id), code });
+        }
+        self.remember(id, Ended::ResetByUs);
+        if let Err(FrameError::Connection(code)) = self.count_reset() {
+            self.fail(code);
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        match self.flood.since {
+            Some(since) if now.saturating_duration_since(since) < self.limits.flood_window => {}
+            _ => self.flood = Flood { since: Some(now), resets: 0, control: 0 },
+        }
+    }
+
+    fn count_reset(&mut self) -> Result<(), FrameError> {
+        self.flood.resets += 1;
+        if self.flood.resets > self.limits.max_resets {
+            return Err(FrameError::Connection(ErrorCode::EnhanceYourCalm));
+        }
+        Ok(())
+    }
+
+    fn count_control(&mut self) -> Result<(), FrameError> {
+        self.flood.control += 1;
+        if self.flood.control > self.limits.max_control {
+            return Err(FrameError::Connection(ErrorCode::EnhanceYourCalm));
+        }
+        Ok(())
+    }
+
+    fn on_frame(&mut self, head: Head, payload: &[u8]) -> Result<(), FrameError> {
+        use ErrorCode::*;
+        use FrameError::{Connection as Conn, Stream as Strm};
+        // Between HEADERS and END_HEADERS only CONTINUATION of that stream may come
+        // (RFC 9113 section 6.10).
+        let continuing = self.assembly.as_ref().map(|a| a.stream);
+        match continuing {
+            Some(id) if head.kind != frame::CONTINUATION || head.stream != id => return Err(Conn(ProtocolError)),
+            None if head.kind == frame::CONTINUATION => return Err(Conn(ProtocolError)),
+            _ => {}
+        }
+        let parsed = frame::decode(head, payload)?;
+        if self.phase == Phase::FirstSettings {
+            if !matches!(parsed, Frame::Settings { ack: false, .. }) {
+                return Err(Conn(ProtocolError));
+            }
+            self.phase = Phase::Open;
+        }
+        match parsed {
+            Frame::Data { stream, end_stream, data, flow_len } => self.on_data(stream, end_stream, data.len(), flow_len),
+            Frame::Headers { stream, end_stream, end_headers, dependency, block } => {
+                if stream % 2 == 0 {
+                    return Err(Conn(ProtocolError));
+                }
+                if block.len() > self.limits.max_header_block {
+                    return Err(Conn(EnhanceYourCalm));
+                }
+                self.assembly = Some(Assembly {
+                    stream,
+                    end_stream,
+                    self_dependent: dependency.is_some_and(|d| d.on == stream),
+                    block: block.to_vec(),
+                    continuations: 0,
+                });
+                if end_headers {
+                    self.on_field_block()?;
+                }
+                Ok(())
+            }
+            Frame::Continuation { end_headers, block, .. } => {
+                let limits = (self.limits.max_continuations, self.limits.max_header_block);
+                let assembly = self.assembly.as_mut().ok_or(Conn(ProtocolError))?;
+                assembly.continuations += 1;
+                assembly.block.extend_from_slice(block);
+                if assembly.continuations > limits.0 || assembly.block.len() > limits.1 {
+                    return Err(Conn(EnhanceYourCalm));
+                }
+                if end_headers {
+                    self.on_field_block()?;
+                }
+                Ok(())
+            }
+            Frame::Priority { stream, dependency } => {
+                self.count_control()?;
+                if dependency.on == stream {
+                    return Err(Strm(stream, ProtocolError));
+                }
+                Ok(())
+            }
+            Frame::RstStream { stream, code } => {
+                if stream > self.last_stream {
+                    return Err(Conn(ProtocolError));
+                }
+                if let Some(index) = self.index(stream) {
+                    self.streams.swap_remove(index);
+                    self.remember(stream, Ended::ResetByPeer);
+                    self.events.push_back(Event::Reset { stream: StreamId(stream), code });
+                    self.count_reset()?;
+                }
+                Ok(())
+            }
+            Frame::Settings { ack: true, .. } => Ok(()),
+            Frame::Settings { ack: false, params } => {
+                self.count_control()?;
+                self.on_settings(params)?;
+                frame::put_settings_ack(&mut self.out);
+                Ok(())
+            }
+            Frame::PushPromise => Err(Conn(ProtocolError)),
+            Frame::Ping { ack: true, .. } => Ok(()),
+            Frame::Ping { ack: false, data } => {
+                self.count_control()?;
+                frame::put_ping_ack(&mut self.out, data);
+                Ok(())
+            }
+            Frame::GoAway { code, .. } => {
+                if !self.peer_going_away {
+                    self.peer_going_away = true;
+                    self.events.push_back(Event::PeerGoAway { code });
+                }
+                Ok(())
+            }
+            Frame::WindowUpdate { stream, increment } => self.on_window_update(stream, increment),
+            Frame::PriorityUpdate { prioritized, value } => {
+                self.count_control()?;
+                if let Some(index) = self.index(prioritized) {
+                    self.streams[index].priority = Priority::parse(value);
+                }
+                Ok(())
+            }
+            Frame::Unknown => self.count_control(),
+        }
+    }
+
+    fn on_data(&mut self, id: u32, end_stream: bool, data_len: usize, flow_len: u32) -> Result<(), FrameError> {
+        use ErrorCode::*;
+        use FrameError::{Connection as Conn, Stream as Strm};
+        if id > self.last_stream {
+            return Err(Conn(ProtocolError));
+        }
+        let flow = i64::from(flow_len);
+        if flow > self.recv_window {
+            return Err(Conn(FlowControlError));
+        }
+        // The connection window is spent whatever happens to the stream; the body is
+        // discarded, so the credit comes back at once.
+        self.recv_window -= flow;
+        self.recv_unacked += flow_len;
+        if self.recv_unacked >= CREDIT_THRESHOLD {
+            frame::put_window_update(&mut self.out, 0, self.recv_unacked);
+            self.recv_window += i64::from(self.recv_unacked);
+            self.recv_unacked = 0;
+        }
+        if data_len == 0 && !end_stream {
+            self.count_control()?;
+        }
+        let Some(index) = self.index(id) else {
+            return match self.ended(id) {
+                Some(Ended::ResetByUs) => Ok(()),
+                Some(Ended::ResetByPeer) => Err(Strm(id, StreamClosed)),
+                Some(Ended::Normally) | None => Err(Conn(StreamClosed)),
+            };
+        };
+        let stream = &mut self.streams[index];
+        let Recv::Open { content_length, received, window, unacked } = &mut stream.recv else {
+            return Err(Strm(id, StreamClosed));
+        };
+        if flow > *window {
+            return Err(Strm(id, FlowControlError));
+        }
+        *window -= flow;
+        *received += data_len as u64;
+        let too_long = content_length.is_some_and(|n| *received > n);
+        let short = end_stream && content_length.is_some_and(|n| *received != n);
+        if too_long || short {
+            return Err(Strm(id, ProtocolError));
+        }
+        if end_stream {
+            stream.recv = Recv::Closed;
+            if matches!(stream.send, Send::Done) {
+                self.finish_send(index);
+            }
+            return Ok(());
+        }
+        *unacked += flow_len;
+        if *unacked >= CREDIT_THRESHOLD {
+            frame::put_window_update(&mut self.out, id, *unacked);
+            *window += i64::from(*unacked);
+            *unacked = 0;
+        }
+        Ok(())
+    }
+
+    /// A complete field block: a new request, trailers, or something to refuse.
+    /// The block is always decoded, to keep the HPACK table in step.
+    fn on_field_block(&mut self) -> Result<(), FrameError> {
+        use ErrorCode::*;
+        use FrameError::{Connection as Conn, Stream as Strm};
+        let Some(assembly) = self.assembly.take() else { return Ok(()) };
+        let id = assembly.stream;
+        let decoded = self.decoder.decode(&assembly.block).map_err(|_| Conn(CompressionError))?;
+        drop(assembly.block);
+
+        if let Some(index) = self.index(id) {
+            // A second field block: trailers, which must end the stream.
+            let stream = &mut self.streams[index];
+            let Recv::Open { content_length, received, .. } = &stream.recv else {
+                return Err(Strm(id, StreamClosed));
+            };
+            let length_ok = content_length.is_none_or(|n| n == *received);
+            let fields_ok = match &decoded {
+                Decoded::Fields(fields) => request::check_trailers(fields).is_ok(),
+                Decoded::TooLarge => true,
+            };
+            if !assembly.end_stream || !length_ok || !fields_ok {
+                return Err(Strm(id, ProtocolError));
+            }
+            stream.recv = Recv::Closed;
+            if matches!(stream.send, Send::Done) {
+                self.finish_send(index);
+            }
+            return Ok(());
+        }
+        if id <= self.last_stream {
+            return match self.ended(id) {
+                Some(Ended::ResetByUs) => Ok(()),
+                Some(Ended::ResetByPeer) => Err(Strm(id, StreamClosed)),
+                Some(Ended::Normally) => Err(Conn(StreamClosed)),
+                // Stream ids must increase (RFC 9113 section 5.1.1).
+                None => Err(Conn(ProtocolError)),
+            };
+        }
+        self.last_stream = id;
+        if self.going_away || self.peer_going_away {
+            // After GOAWAY new streams are ignored; the client retries elsewhere.
+            self.remember(id, Ended::ResetByUs);
+            return Ok(());
+        }
+        if assembly.self_dependent {
+            return Err(Strm(id, ProtocolError));
+        }
+        if self.streams.len() >= self.limits.max_concurrent_streams as usize {
+            return Err(Strm(id, RefusedStream));
+        }
+        let fields = match decoded {
+            Decoded::Fields(fields) => fields,
+            Decoded::TooLarge => {
+                self.open(id, None, assembly.end_stream, Priority::default());
+                // RFC 9113 section 10.5.1: answer 431 rather than fail the stream.
+                // The stream ends at once, so the caller never hears of it.
+                let _ = self.respond(StreamId(id), 431, [("content-length", "0")], BodySize::None);
+                return Ok(());
+            }
+        };
+        let head = request::parse(fields).map_err(|_| Strm(id, ProtocolError))?;
+        if assembly.end_stream && head.content_length.is_some_and(|n| n != 0) {
+            return Err(Strm(id, ProtocolError));
+        }
+        self.open(id, head.content_length, assembly.end_stream, head.priority);
+        self.events.push_back(Event::Request { stream: StreamId(id), head, end_stream: assembly.end_stream });
+        Ok(())
+    }
+
+    fn open(&mut self, id: u32, content_length: Option<u64>, end_stream: bool, priority: Priority) {
+        let recv = if end_stream {
+            Recv::Closed
+        } else {
+            Recv::Open { content_length, received: 0, window: RECV_WINDOW, unacked: 0 }
+        };
+        self.streams.push(Stream {
+            id,
+            recv,
+            send: Send::Waiting,
+            send_window: i64::from(self.peer_initial_window),
+            priority,
+        });
+    }
+
+    fn on_settings(&mut self, params: &[u8]) -> Result<(), FrameError> {
+        use ErrorCode::*;
+        use FrameError::Connection as Conn;
+        for (id, value) in frame::settings_params(params) {
+            match id {
+                setting::HEADER_TABLE_SIZE => self.encoder.set_peer_table_size(value),
+                setting::ENABLE_PUSH if value > 1 => return Err(Conn(ProtocolError)),
+                setting::NO_RFC7540_PRIORITIES if value > 1 => return Err(Conn(ProtocolError)),
+                setting::INITIAL_WINDOW_SIZE => {
+                    if i64::from(value) > frame::MAX_WINDOW {
+                        return Err(Conn(FlowControlError));
+                    }
+                    // The change applies to every stream's window, which may go
+                    // negative (RFC 9113 section 6.9.2).
+                    let delta = i64::from(value) - i64::from(self.peer_initial_window);
+                    self.peer_initial_window = value;
+                    for stream in &mut self.streams {
+                        stream.send_window += delta;
+                        if stream.send_window > frame::MAX_WINDOW {
+                            return Err(Conn(FlowControlError));
+                        }
+                    }
+                }
+                setting::MAX_FRAME_SIZE => {
+                    if !(frame::DEFAULT_MAX_FRAME_SIZE..=frame::MAX_MAX_FRAME_SIZE).contains(&value) {
+                        return Err(Conn(ProtocolError));
+                    }
+                    self.peer_max_frame = value;
+                }
+                // MAX_CONCURRENT_STREAMS limits pushes, which we never make;
+                // MAX_HEADER_LIST_SIZE is advisory; unknown settings are ignored.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn on_window_update(&mut self, id: u32, increment: u32) -> Result<(), FrameError> {
+        use ErrorCode::*;
+        use FrameError::{Connection as Conn, Stream as Strm};
+        if increment < SMALL_WINDOW_UPDATE {
+            self.count_control()?;
+        }
+        if id == 0 {
+            if increment == 0 {
+                return Err(Conn(ProtocolError));
+            }
+            self.send_window += i64::from(increment);
+            if self.send_window > frame::MAX_WINDOW {
+                return Err(Conn(FlowControlError));
+            }
+            return Ok(());
+        }
+        if id > self.last_stream {
+            return Err(Conn(ProtocolError));
+        }
+        let Some(index) = self.index(id) else {
+            // Closed streams may still receive WINDOW_UPDATE for a while.
+            return Ok(());
+        };
+        if increment == 0 {
+            return Err(Strm(id, ProtocolError));
+        }
+        let stream = &mut self.streams[index];
+        stream.send_window += i64::from(increment);
+        if stream.send_window > frame::MAX_WINDOW {
+            return Err(Strm(id, FlowControlError));
+        }
+        Ok(())
+    }
+}

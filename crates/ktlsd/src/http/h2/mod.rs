@@ -1,0 +1,41 @@
+//! HTTP/2 (RFC 9113) for the static-file server, as a sans-I/O codec: bytes and
+//! header lists go in, events and bytes to send come out. It reads no socket, opens
+//! no file and reads no clock (the caller passes `now`), so it is tested wholly
+//! in-process, and the connection loop over `http::Transport` drives it.
+//!
+//! Why the framing is ours rather than the `h2` crate's: `h2` owns its write
+//! buffer and wants every DATA payload as bytes in memory. Our file bodies leave
+//! through `sendfile` from the page cache, and on kernel TLS each DATA frame should
+//! be exactly one TLS record: the 9-byte frame header sent with `MSG_MORE`, then
+//! the payload by `sendfile`, which is what `Transport::send(head, file range)`
+//! does. So the codec never holds file bytes: `poll_write` decides which stream
+//! sends how many bytes next (priorities, flow control, frame size) and hands back
+//! the frame header ([`Write::FileData`]); the caller sends that many bytes of the
+//! stream's file at the offset given.
+//!
+//! HPACK (RFC 7541) is the `loona-hpack` crate; the codec bounds its dynamic table
+//! and counts the decoded field list against SETTINGS_MAX_HEADER_LIST_SIZE.
+//!
+//! Parts: `frame` (wire format and per-frame checks), `hpack` (field-block coding
+//! with limits), `request` (RFC 9113 section 8 message rules), `priority` (RFC 9218
+//! urgency and the fair choice of the next stream), `conn` (the state machine).
+//!
+//! Not here: TLS, files, time-outs (the caller closes an idle connection; see
+//! [`Connection::active_streams`]), or what responses say.
+
+// Until the connection loop drives it, only the tests use the codec.
+#![allow(dead_code, unused_imports)]
+
+mod conn;
+mod frame;
+mod hpack;
+mod priority;
+mod request;
+
+pub use conn::{BodySize, Connection, Event, Limits, RespondError, StreamId, Write, PREFACE};
+pub use frame::ErrorCode;
+pub use priority::Priority;
+pub use request::RequestHead;
+
+#[cfg(test)]
+mod tests;

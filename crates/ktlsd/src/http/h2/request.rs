@@ -1,0 +1,188 @@
+//! Turning a decoded HTTP/2 field list into a request head, with the message rules
+//! of RFC 9113 section 8 (pseudo-header fields, lowercase names, no
+//! connection-specific fields, `te: trailers` only) and the `priority` field of
+//! RFC 9218. A violation makes the request malformed: a PROTOCOL_ERROR stream error.
+//!
+//! Not here: what the request asks for (the handler decides), or HPACK.
+
+use super::priority::Priority;
+
+/// A request's head as the HTTP layer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    /// `https` or `http`; absent only for CONNECT.
+    pub scheme: Option<String>,
+    /// `:authority`, or else the `host` field.
+    pub authority: Option<String>,
+    /// The request target as sent (path and query); absent only for CONNECT.
+    pub path: Option<String>,
+    /// Regular fields in order, names lowercase.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The request's `content-length`, if it sent one.
+    pub content_length: Option<u64>,
+    /// RFC 9218 priority from the `priority` field (defaults when absent).
+    pub priority: Priority,
+}
+
+impl RequestHead {
+    /// The first value of field `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Why a request is malformed (all are PROTOCOL_ERROR stream errors).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Malformed {
+    UppercaseName,
+    InvalidName,
+    InvalidValue,
+    UnknownPseudo,
+    PseudoAfterRegular,
+    DuplicatePseudo,
+    MissingPseudo,
+    EmptyPath,
+    ConnectionSpecific,
+    TeNotTrailers,
+    ContentLength,
+    /// Trailers may not carry pseudo-header fields.
+    PseudoInTrailers,
+}
+
+/// Field names RFC 9113 section 8.2.2 forbids.
+pub(super) const CONNECTION_SPECIFIC: [&[u8]; 5] =
+    [b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"];
+
+fn check_name(name: &[u8]) -> Result<(), Malformed> {
+    if name.is_empty() {
+        return Err(Malformed::InvalidName);
+    }
+    for &b in name {
+        if b.is_ascii_uppercase() {
+            return Err(Malformed::UppercaseName);
+        }
+        // tchar (RFC 9110 section 5.6.2).
+        let tchar = b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if !tchar {
+            return Err(Malformed::InvalidName);
+        }
+    }
+    Ok(())
+}
+
+/// RFC 9113 section 8.2.1: no NUL, CR or LF, and no leading or trailing space or tab.
+fn check_value(value: &[u8]) -> Result<(), Malformed> {
+    let edge = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    if value.iter().any(|&b| b == 0 || b == b'\r' || b == b'\n') || edge(value.first()) || edge(value.last()) {
+        return Err(Malformed::InvalidValue);
+    }
+    Ok(())
+}
+
+/// A pseudo-header value must be visible ASCII to become a `String`.
+fn ascii(value: Vec<u8>) -> Result<String, Malformed> {
+    if value.iter().all(|b| b.is_ascii_graphic()) {
+        String::from_utf8(value).map_err(|_| Malformed::InvalidValue)
+    } else {
+        Err(Malformed::InvalidValue)
+    }
+}
+
+fn set_once(slot: &mut Option<String>, value: Vec<u8>) -> Result<(), Malformed> {
+    if slot.is_some() {
+        return Err(Malformed::DuplicatePseudo);
+    }
+    *slot = Some(ascii(value)?);
+    Ok(())
+}
+
+/// Checks a request's fields and builds its head.
+pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> {
+    let (mut method, mut scheme, mut authority, mut path) = (None, None, None, None);
+    let mut headers = Vec::with_capacity(fields.len());
+    let mut content_length: Option<u64> = None;
+    let mut priority = None;
+    let mut host = None;
+    for (name, value) in fields {
+        if let Some(pseudo) = name.strip_prefix(b":") {
+            if !headers.is_empty() {
+                return Err(Malformed::PseudoAfterRegular);
+            }
+            let slot = match pseudo {
+                b"method" => &mut method,
+                b"scheme" => &mut scheme,
+                b"authority" => &mut authority,
+                b"path" => &mut path,
+                _ => return Err(Malformed::UnknownPseudo),
+            };
+            set_once(slot, value)?;
+            continue;
+        }
+        check_name(&name)?;
+        check_value(&value)?;
+        if CONNECTION_SPECIFIC.contains(&name.as_slice()) {
+            return Err(Malformed::ConnectionSpecific);
+        }
+        match name.as_slice() {
+            b"te" if value != b"trailers" => return Err(Malformed::TeNotTrailers),
+            b"content-length" => {
+                let n = std::str::from_utf8(&value)
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or(Malformed::ContentLength)?;
+                if content_length.is_some_and(|old| old != n) {
+                    return Err(Malformed::ContentLength);
+                }
+                content_length = Some(n);
+            }
+            b"priority" => priority = Some(Priority::parse(&value)),
+            b"host" if host.is_none() => host = ascii(value.clone()).ok(),
+            _ => {}
+        }
+        // Only ASCII bytes reach here as names (checked as tchar above).
+        let name = String::from_utf8(name).map_err(|_| Malformed::InvalidName)?;
+        headers.push((name, value));
+    }
+    let method = method.ok_or(Malformed::MissingPseudo)?;
+    if method == "CONNECT" {
+        // RFC 9113 section 8.5: only :method and :authority.
+        if scheme.is_some() || path.is_some() || authority.is_none() {
+            return Err(Malformed::MissingPseudo);
+        }
+    } else {
+        if scheme.is_none() {
+            return Err(Malformed::MissingPseudo);
+        }
+        match path.as_deref() {
+            None => return Err(Malformed::MissingPseudo),
+            Some("") => return Err(Malformed::EmptyPath),
+            Some(_) => {}
+        }
+    }
+    Ok(RequestHead {
+        method,
+        scheme,
+        authority: authority.or(host),
+        path,
+        headers,
+        content_length,
+        priority: priority.unwrap_or_default(),
+    })
+}
+
+/// Checks a trailer section: regular fields only, with the same field rules.
+pub fn check_trailers(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<(), Malformed> {
+    for (name, value) in fields {
+        if name.starts_with(b":") {
+            return Err(Malformed::PseudoInTrailers);
+        }
+        check_name(name)?;
+        check_value(value)?;
+        if CONNECTION_SPECIFIC.contains(&name.as_slice()) {
+            return Err(Malformed::ConnectionSpecific);
+        }
+    }
+    Ok(())
+}
