@@ -43,6 +43,7 @@ fn tree() -> Tree {
         ("list/.hidden", b"h"),
         ("list/a&b<c>.txt", b"y"),
         ("a b.txt", b"space"),
+        ("caf\u{e9}.txt", b"cafe"),
         (".hidden", b"h"),
         (".git/config", b"[core]"),
         ("sub/.env", b"PASSWORD=x"),
@@ -123,6 +124,8 @@ fn path_safety() {
     for (path, status, want) in [
         ("/a.txt", 200, Some(A_TXT)),
         ("/a%20b.txt", 200, Some(&b"space"[..])),
+        ("/caf%C3%A9.txt", 200, Some(b"cafe")),
+        ("/caf%c3%a9.txt", 200, Some(b"cafe")),
         // `..` that would leave ROOT, however it is spelt.
         ("/../secret.txt", 400, None),
         ("/sub/../../secret.txt", 400, None),

@@ -210,6 +210,13 @@ async fn malformed_heads_are_refused_and_closed() {
         ("GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
         ("GET / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\n", 400),
         ("GET / HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\n\r\n", 417),
+        ("GET /a.txt HTTP/1.1\r\nHost x\r\n\r\n", 400),
+        ("\x01\x02\x03 nonsense\r\n\r\n", 400),
+        ("GET\r\n\r\n", 400),
+        ("GET /a.txt HTTP/1.1 extra\r\nHost: x\r\n\r\n", 400),
+        ("GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: ten\r\n\r\n", 400),
+        ("GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400),
+        ("GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400),
     ] {
         let mut mem = Memory::sending(input.as_bytes());
         let end = f.serve(&mut mem).await;
@@ -444,4 +451,68 @@ async fn redirects_keep_the_query() {
     assert_eq!(statuses(&r), [301, 200]);
     assert_eq!(r[0].header("Location"), Some("/d/?x=1&y"));
     assert_eq!(r[1].body, b"<p>index</p>");
+}
+
+#[tokio::test]
+async fn heads_up_to_the_limit_are_served() {
+    let f = fixture();
+    let max = f.settings.max_head_bytes;
+    let line = |target_len: usize| format!("GET /a.txt?{} HTTP/1.1\r\nHost: x\r\n\r\n", "q".repeat(target_len));
+    let fits = line(max - line(0).len());
+    assert_eq!(fits.len(), max);
+    let mut mem = Memory::sending(fits.as_bytes());
+    f.serve(&mut mem).await;
+    assert_eq!(statuses(&replies(&mem.output, &[])), [200]);
+    let mut mem = Memory::sending(line(max - line(0).len() + 1).as_bytes());
+    f.serve(&mut mem).await;
+    assert_eq!(statuses(&replies(&mem.output, &[])), [431], "the line fitted, the head did not");
+    // Headers just under the limit.
+    let filler = format!("X-Filler: {}\r\n", "v".repeat(max - 60));
+    let req = format!("GET /a.txt HTTP/1.1\r\nHost: x\r\n{filler}\r\n");
+    assert!(req.len() < max);
+    let mut mem = Memory::sending(req.as_bytes());
+    f.serve(&mut mem).await;
+    assert_eq!(statuses(&replies(&mem.output, &[])), [200]);
+}
+
+#[tokio::test]
+async fn targets_and_methods() {
+    let f = fixture();
+    for (input, want, body) in [
+        ("GET https://localhost/a.txt HTTP/1.1\r\nHost: localhost\r\n\r\n", 200, Some(A_TXT)),
+        ("GET /a.txt?v=1&x=%2e%2e HTTP/1.1\r\nHost: x\r\n\r\n", 200, Some(A_TXT)),
+        ("GET /a.txt#frag HTTP/1.1\r\nHost: x\r\n\r\n", 200, Some(A_TXT)),
+        ("GET a.txt HTTP/1.1\r\nHost: x\r\n\r\n", 400, None),
+        ("GET /a.txt/below HTTP/1.1\r\nHost: x\r\n\r\n", 404, None),
+        ("GET / HTTP/1.1\r\nHost: x\r\n\r\n", 403, None),
+        ("DELETE /a.txt HTTP/1.1\r\nHost: x\r\n\r\n", 405, None),
+        ("BREW /a.txt HTTP/1.1\r\nHost: x\r\n\r\n", 405, None),
+    ] {
+        // Each answer keeps the connection: the request behind it is answered too.
+        let mut mem = Memory::sending(format!("{input}GET /digits.txt HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+        f.serve(&mut mem).await;
+        let r = replies(&mem.output, &[]);
+        assert_eq!(statuses(&r), [want, 200], "{input:?}");
+        if let Some(b) = body {
+            assert_eq!(r[0].body, b, "{input:?}");
+        }
+        assert_eq!(r[1].body, DIGITS);
+    }
+    assert_eq!(std::fs::read(f._dir.path().join("a.txt")).unwrap(), A_TXT, "DELETE deleted nothing");
+}
+
+#[tokio::test]
+async fn not_modified_keeps_the_connection() {
+    let f = fixture();
+    let mut mem = Memory::sending(b"HEAD /a.txt HTTP/1.1\r\nHost: x\r\n\r\n");
+    f.serve(&mut mem).await;
+    let etag = replies(&mem.output, &[true])[0].header("ETag").unwrap().to_string();
+    let mut mem = Memory::sending(
+        format!("GET /a.txt HTTP/1.1\r\nHost: x\r\nIf-None-Match: {etag}\r\n\r\nGET /a.txt HTTP/1.1\r\nHost: x\r\nIf-Match: \"x\"\r\n\r\nGET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes(),
+    );
+    f.serve(&mut mem).await;
+    let r = replies(&mem.output, &[]);
+    assert_eq!(statuses(&r), [304, 412, 200]);
+    assert!(r[0].body.is_empty());
+    assert_eq!(r[0].header("ETag"), Some(etag.as_str()));
 }
