@@ -165,4 +165,15 @@ mod tests {
         assert!(lines[1].contains("] \"-\" 408 0 rt="), "{}", lines[1]);
         assert!(lines[1].ends_with(" tls=userspace"), "{}", lines[1]);
     }
+
+    #[test]
+    fn clf_time_is_utc_in_common_log_format() {
+        let t = clf_now();
+        let (date, zone) = t.split_once(' ').unwrap();
+        assert_eq!(zone, "+0000");
+        let parts: Vec<&str> = date.split(['/', ':']).collect();
+        assert_eq!(parts.len(), 6, "{t}");
+        assert!(["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"].contains(&parts[1]), "{t}");
+        assert!(parts.iter().enumerate().all(|(i, p)| i == 1 || p.bytes().all(|b| b.is_ascii_digit())), "{t}");
+    }
 }

@@ -398,4 +398,19 @@ mod tests {
             assert_eq!(c.matches(&ours, Comparison::Weak), weak, "{value:?} weak");
         }
     }
+
+    #[test]
+    fn entity_tag_comparison() {
+        // RFC 9110 section 8.8.3.2's table.
+        let t = |weak: bool, o: &str| EntityTag { weak, opaque: o.to_string() };
+        for (a, b, strong, weak) in [
+            (t(true, "\"1\""), t(true, "\"1\""), false, true),
+            (t(true, "\"1\""), t(true, "\"2\""), false, false),
+            (t(true, "\"1\""), t(false, "\"1\""), false, true),
+            (t(false, "\"1\""), t(false, "\"1\""), true, true),
+        ] {
+            assert_eq!((a.strong_eq(&b), a.weak_eq(&b)), (strong, weak), "{a} {b}");
+        }
+        assert_eq!(t(true, "\"x\"").to_string(), "W/\"x\"");
+    }
 }

@@ -117,88 +117,147 @@ fn header(r: &Response, name: &str) -> Option<String> {
     r.header(name).map(|h| h.to_string())
 }
 
-#[test]
-fn path_safety() {
-    let t = tree();
-    let site = t.site(PLAIN);
-    for (path, status, want) in [
-        ("/a.txt", 200, Some(A_TXT)),
-        ("/a%20b.txt", 200, Some(&b"space"[..])),
-        ("/caf%C3%A9.txt", 200, Some(b"cafe")),
-        ("/caf%c3%a9.txt", 200, Some(b"cafe")),
-        // `..` that would leave ROOT, however it is spelt.
-        ("/../secret.txt", 400, None),
-        ("/sub/../../secret.txt", 400, None),
-        ("/sub/./../../outside/secret.txt", 400, None),
-        ("/../../../../../../etc/passwd", 400, None),
-        ("/%2e%2e/secret.txt", 400, None),
-        ("/%2E%2E%2Fsecret.txt", 400, None),
-        ("/sub%2F%2E%2E%2F%2E%2E%2Fsecret.txt", 400, None),
-        ("/..%2fsecret.txt", 400, None),
-        ("/sub/..%2f..%2fsecret.txt", 400, None),
-        ("/.%2e/secret.txt", 400, None),
-        ("/%2e./secret.txt", 400, None),
-        // `..` within ROOT is resolved.
-        ("/sub/../a.txt", 200, Some(A_TXT)),
-        ("/sub/./b.txt", 200, Some(b"bee\n")),
-        // Decoded once only; no other spelling of a dot or separator.
-        ("/%252e%252e/secret.txt", 404, None),
-        ("/%252e%252e%252fsecret.txt", 404, None),
-        ("/..\\secret.txt", 404, None),
-        ("/..%5csecret.txt", 404, None),
-        ("/%c0%ae%c0%ae/secret.txt", 404, None),
-        // Malformed.
-        ("/a.txt%00.html", 400, None),
-        ("/%00", 400, None),
-        ("/%zz", 400, None),
-        ("/a.txt%4", 400, None),
-        ("/a.txt%", 400, None),
-        ("a.txt", 400, None),
-        // Symlinks out of ROOT, and things that are no regular file.
-        ("/passwd", 403, None),
-        ("/s.txt", 403, None),
-        ("/rel.txt", 403, None),
-        ("/out/secret.txt", 403, None),
-        ("/relout/secret.txt", 403, None),
-        ("/sub/deep.txt", 403, None),
-        ("/pipe", 403, None),
-        ("/zero", 403, None),
-        // Symlinks within ROOT, relative or absolute.
-        ("/link.txt", 200, Some(A_TXT)),
-        ("/linkdir/b.txt", 200, Some(b"bee\n")),
-        ("/sub/up.txt", 200, Some(A_TXT)),
-        ("/abs.txt", 200, Some(A_TXT)),
-        ("/absdir/b.txt", 200, Some(b"bee\n")),
-        // Dot-files are hidden as if absent; well-known URIs are public.
-        ("/.hidden", 404, None),
-        ("/.git/config", 404, None),
-        ("/.git/", 404, None),
-        ("/sub/.env", 404, None),
-        ("/%2ehidden", 404, None),
-        ("/sub/%2Eenv", 404, None),
-        ("/.well-known/.env", 404, None),
-        ("/.well-known/thing", 200, Some(b"w")),
-        // Not there.
-        ("/nope", 404, None),
-        ("/a.txt/", 404, None),
-    ] {
-        let r = handle(&get(path), &site);
+/// GETs each path and checks the status, the body when given, that nothing from
+/// outside ROOT came back, and that every refusal says why.
+fn check(site: &Site<'_>, cases: &[(&str, u16, Option<&[u8]>)]) {
+    for &(path, status, want) in cases {
+        let r = handle(&get(path), site);
         assert_eq!(r.status.0, status, "GET {path}: {r:?}");
-        let b = body(&r);
-        assert!(!String::from_utf8_lossy(&b).contains("TOP-SECRET"), "GET {path} leaked a file from outside the root");
-        assert!(!String::from_utf8_lossy(&b).contains("root:x:0:0"), "GET {path} leaked /etc/passwd");
+        let b = String::from_utf8_lossy(&body(&r)).into_owned();
+        assert!(!b.contains("TOP-SECRET"), "GET {path} leaked a file from outside the root");
+        assert!(!b.contains("root:x:0:0"), "GET {path} leaked /etc/passwd");
         if let Some(want) = want {
-            assert_eq!(b, want, "GET {path}");
+            assert_eq!(body(&r), want, "GET {path}");
         }
         assert_eq!(r.refused.is_some(), status >= 400, "GET {path}: refusals say why");
     }
+}
+
+#[test]
+fn dotdot_above_root_is_400_however_spelt() {
+    let t = tree();
+    check(
+        &t.site(PLAIN),
+        &[
+            ("/../secret.txt", 400, None),
+            ("/sub/../../secret.txt", 400, None),
+            ("/sub/./../../outside/secret.txt", 400, None),
+            ("/../../../../../../etc/passwd", 400, None),
+            ("/%2e%2e/secret.txt", 400, None),
+            ("/%2E%2E%2Fsecret.txt", 400, None),
+            ("/sub%2F%2E%2E%2F%2E%2E%2Fsecret.txt", 400, None),
+            ("/..%2fsecret.txt", 400, None),
+            ("/sub/..%2f..%2fsecret.txt", 400, None),
+            ("/.%2e/secret.txt", 400, None),
+            ("/%2e./secret.txt", 400, None),
+        ],
+    );
+}
+
+#[test]
+fn dotdot_within_root_is_resolved() {
+    let t = tree();
+    check(&t.site(PLAIN), &[("/sub/../a.txt", 200, Some(A_TXT)), ("/sub/./b.txt", 200, Some(b"bee\n"))]);
+}
+
+#[test]
+fn escapes_are_decoded_once_and_nothing_else_is_a_dot_or_separator() {
+    let t = tree();
+    check(
+        &t.site(PLAIN),
+        &[
+            ("/a%20b.txt", 200, Some(b"space")),
+            ("/caf%C3%A9.txt", 200, Some(b"cafe")),
+            ("/caf%c3%a9.txt", 200, Some(b"cafe")),
+            ("/%252e%252e/secret.txt", 404, None),
+            ("/%252e%252e%252fsecret.txt", 404, None),
+            ("/..\\secret.txt", 404, None),
+            ("/..%5csecret.txt", 404, None),
+            ("/%c0%ae%c0%ae/secret.txt", 404, None),
+        ],
+    );
+}
+
+#[test]
+fn malformed_paths_are_400() {
+    let t = tree();
+    let site = t.site(PLAIN);
+    check(
+        &site,
+        &[
+            ("/a.txt%00.html", 400, None),
+            ("/%00", 400, None),
+            ("/%zz", 400, None),
+            ("/a.txt%4", 400, None),
+            ("/a.txt%", 400, None),
+            ("a.txt", 400, None),
+        ],
+    );
+    assert!(handle(&get("/%00"), &site).refused.unwrap().contains("NUL"));
+}
+
+#[test]
+fn symlinks_out_of_root_and_special_files_are_403() {
+    let t = tree();
+    let site = t.site(PLAIN);
+    check(
+        &site,
+        &[
+            ("/passwd", 403, None),
+            ("/s.txt", 403, None),
+            ("/rel.txt", 403, None),
+            ("/out/secret.txt", 403, None),
+            ("/relout/secret.txt", 403, None),
+            ("/sub/deep.txt", 403, None),
+            ("/pipe", 403, None),
+            ("/zero", 403, None),
+        ],
+    );
+    assert!(handle(&get("/passwd"), &site).refused.unwrap().contains("outside the root"));
     // A symlink loop is refused, whichever way the kernel reports it.
     let r = handle(&get("/loop1"), &site);
     assert!(r.status.0 == 403 || r.status.0 == 404, "{r:?}");
-    // The reasons name the rule.
-    assert!(handle(&get("/%00"), &site).refused.unwrap().contains("NUL"));
+}
+
+#[test]
+fn symlinks_within_root_are_served() {
+    let t = tree();
+    check(
+        &t.site(PLAIN),
+        &[
+            ("/link.txt", 200, Some(A_TXT)),
+            ("/linkdir/b.txt", 200, Some(b"bee\n")),
+            ("/sub/up.txt", 200, Some(A_TXT)),
+            ("/abs.txt", 200, Some(A_TXT)),
+            ("/absdir/b.txt", 200, Some(b"bee\n")),
+        ],
+    );
+}
+
+#[test]
+fn dotfiles_are_hidden_except_well_known() {
+    let t = tree();
+    let site = t.site(PLAIN);
+    check(
+        &site,
+        &[
+            ("/.hidden", 404, None),
+            ("/.git/config", 404, None),
+            ("/.git/", 404, None),
+            ("/sub/.env", 404, None),
+            ("/%2ehidden", 404, None),
+            ("/sub/%2Eenv", 404, None),
+            ("/.well-known/.env", 404, None),
+            ("/.well-known/thing", 200, Some(b"w")),
+        ],
+    );
     assert!(handle(&get("/.hidden"), &site).refused.unwrap().contains("dot-file"));
-    assert!(handle(&get("/passwd"), &site).refused.unwrap().contains("outside the root"));
+}
+
+#[test]
+fn missing_files_are_404() {
+    let t = tree();
+    check(&t.site(PLAIN), &[("/nope", 404, None), ("/a.txt/", 404, None), ("/a.txt/below", 404, None), ("/sub/nope/x", 404, None)]);
 }
 
 #[test]
@@ -408,4 +467,20 @@ fn hsts_on_every_response() {
     assert_eq!((&r.headers[n - 2], r.headers[n - 1].name()), (&sts, "Content-Range"));
     // None when not configured.
     assert!(handle(&get("/a.txt"), &t.site(PLAIN)).header("Strict-Transport-Security").is_none());
+}
+
+#[test]
+fn listings_follow_the_dotfile_rule_and_head() {
+    let t = tree();
+    let with_dots = t.site(Options { autoindex: true, dotfiles: true, ..PLAIN });
+    let html = String::from_utf8(body(&handle(&get("/list/"), &with_dots))).unwrap();
+    assert!(html.contains(">.hidden</a>"), "{html}");
+    let head = handle(&Request::new(Method::Head, "/list/"), &with_dots);
+    assert_eq!(head.status, Status::OK);
+    assert!(matches!(head.body, Body::Empty));
+    assert!(header(&head, "Content-Length").is_some_and(|n| n != "0"));
+    // The root has no index.html: listed, and a subdirectory is marked as one.
+    let html = String::from_utf8(body(&handle(&get("/"), &with_dots))).unwrap();
+    assert!(html.contains("Index of /") && html.contains("href=\"sub/\""), "{html}");
+    assert_eq!(handle(&get("/"), &t.site(PLAIN)).status, Status::FORBIDDEN);
 }

@@ -119,3 +119,27 @@ impl Transport for Memory {
         "memory"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn scripts_and_captures() {
+        let mut m = Memory::new([Step::Data(b"ab".to_vec()), Step::Timeout, Step::Fail]);
+        let mut buf = Vec::new();
+        assert_eq!(m.read(&mut buf, Duration::from_secs(1)).await, Ok(2));
+        assert_eq!(m.read(&mut buf, Duration::from_secs(2)).await, Err(MemError::Timeout));
+        assert!(Memory::timed_out(&MemError::Timeout) && !Memory::timed_out(&MemError::Broken));
+        assert_eq!(m.read(&mut buf, Duration::from_secs(3)).await, Err(MemError::Broken));
+        assert_eq!(m.read(&mut buf, Duration::from_secs(4)).await, Ok(0), "then closed");
+        assert_eq!((buf.as_slice(), m.read_timeouts.len()), (&b"ab"[..], 4));
+
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, b"0123456789").unwrap();
+        assert_eq!(m.send(b"H", Some(FileRange { file: &file, range: 3..6 })).await, Ok(3));
+        m.fail_sends = Some((1, MemError::Broken));
+        assert_eq!(m.send(b"X", None).await, Err(MemError::Broken));
+        assert_eq!(m.output, b"H345");
+    }
+}

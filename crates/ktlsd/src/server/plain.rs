@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
+use crate::files::Root;
 use crate::handler::{Body, Header, Method, Response, Status};
 use crate::http::h1::parse::{self, Head, Version};
 use crate::http::h1::write;
@@ -129,7 +130,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
         }
     };
     let bytes = match parsed {
-        Ok(head) => answer(&head, shared, target, peer),
+        Ok(head) => answer(&head, &shared.root, target, peer),
         Err((status, why)) => {
             tracing::info!("refused plain-HTTP request from {peer}: {} {why}", status.0);
             let page = Response::page(status);
@@ -144,11 +145,11 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
 
 /// The answer to one parsed request: a challenge file, 404, 400 for a missing or
 /// invalid Host, or the redirect.
-fn answer(head: &Head, shared: &Shared, target: &Target, peer: SocketAddr) -> Vec<u8> {
+fn answer(head: &Head, root: &Root, target: &Target, peer: SocketAddr) -> Vec<u8> {
     let req = &head.request;
     let head_only = req.method == Method::Head;
     let response = if let Some(token) = req.path.strip_prefix(ACME_PREFIX).filter(|_| req.method.is_served()) {
-        challenge(token, &shared.root, peer)
+        challenge(token, root, peer)
     } else if let Some(host) = req.authority.as_deref() {
         let location = redirect_location(host, target.https_port, &req.path, req.query.as_deref());
         Response::page(Status::MOVED_PERMANENTLY).with(Header::Location(location))
@@ -194,7 +195,7 @@ pub fn valid_token(token: &str) -> bool {
 }
 
 /// Serves ROOT/.well-known/acme-challenge/TOKEN as text/plain, or 404.
-fn challenge(token: &str, root: &crate::files::Root, peer: SocketAddr) -> Response {
+fn challenge(token: &str, root: &Root, peer: SocketAddr) -> Response {
     let not_found = |why: &str| {
         tracing::info!("ACME challenge for {peer} not served: 404 {why}");
         Response::page(Status::NOT_FOUND)
@@ -238,6 +239,43 @@ mod tests {
             ("127.0.0.1", 443, "/", None, "https://127.0.0.1/"),
         ] {
             assert_eq!(redirect_location(host, port, path, query), want, "{host} {port} {path} {query:?}");
+        }
+    }
+
+    /// The whole answer to `request` from a ROOT holding one challenge file.
+    fn answer_to(request: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(".well-known/acme-challenge")).unwrap();
+        std::fs::write(dir.path().join(".well-known/acme-challenge/tok_en-1"), b"tok_en-1.key").unwrap();
+        std::fs::write(dir.path().join(".well-known/acme-challenge/big"), vec![b'x'; 16 * 1024 + 1]).unwrap();
+        let root = Root::new(dir.path()).unwrap();
+        let (head, _) = parse::parse(request.as_bytes(), MAX_HEAD).unwrap().unwrap();
+        let peer: SocketAddr = "192.0.2.9:80".parse().unwrap();
+        String::from_utf8(answer(&head, &root, &Target { https_port: 8443 }, peer)).unwrap()
+    }
+
+    #[test]
+    fn answers() {
+        for (request, status_line, has, body) in [
+            ("GET /a?b HTTP/1.1\r\nHost: h:80\r\n\r\n", "HTTP/1.1 301 ", "\r\nLocation: https://h:8443/a?b\r\n", true),
+            ("HEAD /a HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 301 ", "\r\nLocation: https://h:8443/a\r\n", false),
+            ("POST /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 301 ", "Location: https://h:8443/.well-known/acme-challenge/tok_en-1\r\n", true),
+            ("GET / HTTP/1.0\r\n\r\n", "HTTP/1.1 400 ", "\r\nConnection: close\r\n", true),
+            ("GET /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 200 ", "\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n", true),
+            ("HEAD /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 200 ", "Content-Length: 12\r\n", false),
+            ("GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
+            ("GET /.well-known/acme-challenge/big HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
+            ("GET /.well-known/acme-challenge/a%2Fb HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
+        ] {
+            let out = answer_to(request);
+            assert!(out.starts_with(status_line), "{request:?}: {out}");
+            assert!(out.contains(has), "{request:?}: {out}");
+            assert!(out.contains("\r\nConnection: close\r\n\r\n"), "{request:?}: {out}");
+            let after_head = &out[out.find("\r\n\r\n").unwrap() + 4..];
+            assert_eq!(!after_head.is_empty(), body, "{request:?}: {out}");
+            if status_line == "HTTP/1.1 200 " && body {
+                assert_eq!(after_head, "tok_en-1.key");
+            }
         }
     }
 

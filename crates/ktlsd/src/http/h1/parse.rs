@@ -483,4 +483,54 @@ mod tests {
         assert!(!is_head(b"GET / HTTP/1.1\r\n"));
         assert!(!is_head(b"HEADX / HTTP/1.1\r\n"));
     }
+
+    #[test]
+    fn connection_tokens() {
+        for (version, connection, want) in [
+            ("1.1", None, true),
+            ("1.1", Some("close"), false),
+            ("1.1", Some("Keep-Alive, CLOSE"), false),
+            ("1.1", Some("upgrade"), true),
+            ("1.0", None, false),
+            ("1.0", Some("keep-alive"), true),
+            ("1.0", Some("Keep-Alive"), true),
+            ("1.0", Some("keep-alive, close"), false),
+        ] {
+            let field = connection.map(|c| format!("Connection: {c}\r\n")).unwrap_or_default();
+            let head = format!("GET / HTTP/{version}\r\nHost: h\r\n{field}\r\n");
+            assert_eq!(status(&head).map(|r| r.keep_alive), Ok(want), "{head:?}");
+        }
+    }
+
+    #[test]
+    fn content_lengths() {
+        for (field, want) in [
+            ("", Ok(0)),
+            ("Content-Length: 0\r\n", Ok(0)),
+            ("Content-Length: 42\r\n", Ok(42)),
+            ("Content-Length: 7\r\nContent-Length: 7\r\n", Ok(7)),
+            ("Content-Length: 18446744073709551615\r\n", Ok(u64::MAX)),
+            ("Content-Length: 18446744073709551616\r\n", Err(400)),
+            ("Content-Length: \r\n", Err(400)),
+            ("Content-Length: 1 2\r\n", Err(400)),
+            ("Content-Length: 0x10\r\n", Err(400)),
+        ] {
+            let head = format!("POST / HTTP/1.1\r\nHost: h\r\n{field}\r\n");
+            assert_eq!(status(&head).map(|r| r.content_length), want, "{field:?}");
+        }
+    }
+
+    #[test]
+    fn methods_become_typed() {
+        for (token, want) in [
+            ("GET", Method::Get),
+            ("HEAD", Method::Head),
+            ("OPTIONS", Method::Options),
+            ("get", Method::Other("get".into())),
+            ("M-SEARCH", Method::Other("M-SEARCH".into())),
+        ] {
+            assert_eq!(status(&format!("{token} / HTTP/1.1\r\nHost: h\r\n\r\n")).map(|r| r.request.method), Ok(want));
+        }
+        assert_eq!(status("G(T / HTTP/1.1\r\nHost: h\r\n\r\n").map(drop), Err(400), "not a token");
+    }
 }

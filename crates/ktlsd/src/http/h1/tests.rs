@@ -516,3 +516,59 @@ async fn not_modified_keeps_the_connection() {
     assert!(r[0].body.is_empty());
     assert_eq!(r[0].header("ETag"), Some(etag.as_str()));
 }
+
+#[tokio::test]
+async fn every_request_is_logged() {
+    let f = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("access.log");
+    let log = AccessLog::new(Some(std::sync::Arc::new(std::fs::File::create(&path).unwrap())));
+    let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+    let (_tx, rx) = watch::channel(false);
+    let mut mem = Memory::sending(
+        b"GET /digits.txt HTTP/1.1\r\nHost: x\r\n\r\nHEAD /a.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /nope?q HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/9.9\r\n\r\n",
+    );
+    serve(&mut mem, &f.settings, &f.site(), &log, peer, rx).await;
+    log.flush();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let got: Vec<String> = text
+        .lines()
+        .map(|l| {
+            // `IP - - [time] "request" status bytes rt=.. tls=..` without the time and rt.
+            let (ip, rest) = l.split_once(" - - [").unwrap();
+            let rest = &rest[rest.find("] ").unwrap() + 2..];
+            let (before_rt, after_rt) = rest.split_once(" rt=").unwrap();
+            let label = after_rt.split_once(' ').unwrap().1;
+            format!("{ip} {before_rt} {label}")
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "192.0.2.7 \"GET /digits.txt HTTP/1.1\" 200 10 tls=memory",
+            "192.0.2.7 \"HEAD /a.txt HTTP/1.0\" 200 0 tls=memory",
+            "192.0.2.7 \"GET /nope?q HTTP/1.1\" 404 0 tls=memory",
+            "192.0.2.7 \"-\" 505 0 tls=memory",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn small_details_of_the_head() {
+    let f = fixture();
+    for (input, want) in [
+        // Empty lines before a request line are tolerated (RFC 9112 section 2.2).
+        ("\r\nGET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n", 200),
+        // HTTP/1.0 needs no Host, and may send an empty one.
+        ("GET /a.txt HTTP/1.0\r\nHost:\r\n\r\n", 200),
+        // Methods are case-sensitive.
+        ("get /a.txt HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+        // Minor versions above 1 are read as 1.1.
+        ("GET /a.txt HTTP/1.7\r\nHost: x\r\n\r\n", 200),
+        ("GET /a.txt HTTP/1.1\r\nhost: x\r\nRANGE: bytes=0-0\r\n\r\n", 206),
+    ] {
+        let mut mem = Memory::sending(input.as_bytes());
+        f.serve(&mut mem).await;
+        assert_eq!(statuses(&replies(&mem.output, &[])), [want], "{input:?}");
+    }
+}

@@ -85,4 +85,11 @@ mod tests {
         let head_only = text(head_and_bytes(&r.without_body(), Version::Http11, true));
         assert!(head_only.ends_with(&tail), "{head_only}");
     }
+
+    #[test]
+    fn date_is_now() {
+        let d = httpdate::parse_http_date(&http_date_now()).unwrap();
+        let now = SystemTime::now();
+        assert!(d <= now && now.duration_since(d).unwrap().as_secs() < 5);
+    }
 }
