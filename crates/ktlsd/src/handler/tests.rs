@@ -484,3 +484,17 @@ fn listings_follow_the_dotfile_rule_and_head() {
     assert!(html.contains("Index of /") && html.contains("href=\"sub/\""), "{html}");
     assert_eq!(handle(&get("/"), &t.site(PLAIN)).status, Status::FORBIDDEN);
 }
+
+#[test]
+fn redirects_and_refusals_are_no_file() {
+    let t = tree();
+    let site = t.site(PLAIN);
+    for path in ["/d", "/nope", "/%00", "/passwd"] {
+        let r = handle(&get(path), &site);
+        assert!(matches!(r.body, Body::Bytes(_)), "{path}: a small page, no file");
+        assert_eq!(header(&r, "Content-Type").as_deref(), Some("text/html; charset=utf-8"), "{path}");
+    }
+    let r = handle(&get("/a.txt"), &site);
+    let Body::File { range, .. } = &r.body else { panic!("a file body") };
+    assert_eq!(*range, 0..A_TXT.len() as u64);
+}

@@ -572,3 +572,54 @@ async fn small_details_of_the_head() {
         assert_eq!(statuses(&replies(&mem.output, &[])), [want], "{input:?}");
     }
 }
+
+#[tokio::test]
+async fn shutdown_does_not_cut_a_head_under_way() {
+    let f = fixture();
+    let (tx, rx) = watch::channel(false);
+    let mut mem = Memory::new([
+        Step::Data(b"GET /a.txt HT".to_vec()),
+        Step::DataThenShutdown(b"TP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+    ]);
+    mem.shutdown = Some(tx);
+    let end = f.serve_until(&mut mem, rx).await;
+    assert!(matches!(end, End::Done));
+    let r = replies(&mem.output, &[]);
+    assert_eq!((statuses(&r), r[0].header("Connection")), (vec![200], Some("close")));
+}
+
+#[tokio::test]
+async fn head_of_a_range_has_no_body() {
+    let f = fixture();
+    let mut mem = Memory::sending(
+        b"HEAD /digits.txt HTTP/1.1\r\nHost: x\r\nRange: bytes=2-4\r\n\r\nGET /digits.txt HTTP/1.1\r\nHost: x\r\nRange: bytes=2-4\r\n\r\n",
+    );
+    f.serve(&mut mem).await;
+    let r = replies(&mem.output, &[true, false]);
+    assert_eq!(statuses(&r), [206, 206]);
+    assert_eq!((r[0].header("Content-Length"), r[0].body.len()), (Some("3"), 0));
+    assert_eq!(r[0].header("Content-Range"), r[1].header("Content-Range"));
+    assert_eq!(r[1].body, b"234");
+}
+
+#[tokio::test]
+async fn a_zero_body_limit_refuses_any_body() {
+    let mut f = fixture();
+    f.settings.max_body_bytes = 0;
+    let mut mem = Memory::sending(b"GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx");
+    f.serve(&mut mem).await;
+    assert_eq!(statuses(&replies(&mem.output, &[])), [413]);
+    let mut mem = Memory::sending(b"GET /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    f.serve(&mut mem).await;
+    assert_eq!(statuses(&replies(&mem.output, &[])), [200]);
+}
+
+#[tokio::test]
+async fn a_send_that_fails_later_ends_the_connection() {
+    let f = fixture();
+    let mut mem = Memory::sending(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\nGET /digits.txt HTTP/1.1\r\nHost: x\r\n\r\n");
+    mem.fail_sends = Some((1, MemError::Broken));
+    assert!(matches!(f.serve(&mut mem).await, End::Error(MemError::Broken)));
+    assert_eq!(statuses(&replies(&mem.output, &[])), [200], "the first answer went out whole");
+    assert!(!mem.lingered);
+}
