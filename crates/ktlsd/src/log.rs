@@ -16,12 +16,36 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// One request, as logged.
 pub struct AccessEntry<'a> {
     pub peer: SocketAddr,
-    pub line: &'a str,
+    /// `None` when no request head could be read (logged as `-`).
+    pub request: Option<RequestLine<'a>>,
     pub status: u16,
+    /// Body bytes sent.
     pub bytes: u64,
     pub started: Instant,
-    /// The record layer's label (`ktls`, `userspace`).
-    pub mode: &'static str,
+    /// How the bytes were protected (`ktls`, `userspace`).
+    pub label: &'static str,
+}
+
+/// What a request asked, as received.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLine<'a> {
+    pub method: &'a str,
+    pub target: &'a str,
+    /// `HTTP/1.1`, `HTTP/1.0`.
+    pub version: &'a str,
+}
+
+/// The quoted request field of a log line: `GET /a HTTP/1.1` with anything
+/// unprintable escaped, or `-`.
+struct Quoted<'a>(Option<RequestLine<'a>>);
+
+impl std::fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            None => f.write_str("-"),
+            Some(r) => write!(f, "{} {} {}", r.method.escape_default(), r.target.escape_default(), r.version.escape_default()),
+        }
+    }
 }
 
 const FLUSH_AT: usize = 32 * 1024;
@@ -65,11 +89,11 @@ impl AccessLog {
             "{} - - [{}] \"{}\" {} {} rt={:.3} tls={}",
             e.peer.ip(),
             clf_now(),
-            e.line.escape_default(),
+            Quoted(e.request),
             e.status,
             e.bytes,
             rt,
-            e.mode
+            e.label
         );
         let full = buf.len() >= FLUSH_AT;
         drop(buf);
@@ -115,4 +139,41 @@ fn clf_now() -> String {
         }
         c.1.clone()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines() {
+        let path = std::env::temp_dir().join(format!("ktlsd-log-test-{}", std::process::id()));
+        let file = Arc::new(File::create(&path).expect("temp file"));
+        let log = AccessLog::new(Some(file));
+        let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
+        let line = RequestLine { method: "GET", target: "/a\"b\x01", version: "HTTP/1.1" };
+        log.write(&AccessEntry { peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), label: "ktls" });
+        log.write(&AccessEntry { peer, request: None, status: 408, bytes: 0, started: Instant::now(), label: "userspace" });
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert!(lines[0].starts_with("192.0.2.1 - - ["), "{}", lines[0]);
+        assert!(lines[0].contains("] \"GET /a\\\"b\\u{1} HTTP/1.1\" 200 7 rt="), "{}", lines[0]);
+        assert!(lines[0].ends_with(" tls=ktls"), "{}", lines[0]);
+        assert!(lines[1].contains("] \"-\" 408 0 rt="), "{}", lines[1]);
+        assert!(lines[1].ends_with(" tls=userspace"), "{}", lines[1]);
+    }
+
+    #[test]
+    fn clf_time_is_utc_in_common_log_format() {
+        let t = clf_now();
+        let (date, zone) = t.split_once(' ').unwrap();
+        assert_eq!(zone, "+0000");
+        let parts: Vec<&str> = date.split(['/', ':']).collect();
+        assert_eq!(parts.len(), 6, "{t}");
+        assert!(["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"].contains(&parts[1]), "{t}");
+        assert!(parts.iter().enumerate().all(|(i, p)| i == 1 || p.bytes().all(|b| b.is_ascii_digit())), "{t}");
+    }
 }

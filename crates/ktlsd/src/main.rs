@@ -10,6 +10,7 @@ mod cli;
 mod config;
 mod doctor;
 mod files;
+mod handler;
 mod http;
 mod log;
 mod net;

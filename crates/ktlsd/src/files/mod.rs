@@ -369,3 +369,64 @@ mod tests {
         assert_eq!(segs("relative"), Err(Refusal::BadPath("target is not an absolute path")));
     }
 }
+
+#[cfg(test)]
+mod resolve_tests {
+    use super::*;
+
+    #[test]
+    fn content_types() {
+        for (name, want) in [
+            ("a.txt", "text/plain; charset=utf-8"),
+            ("a.html", "text/html; charset=utf-8"),
+            ("a.css", "text/css; charset=utf-8"),
+            ("a.js", "text/javascript; charset=utf-8"),
+            ("a.json", "application/json; charset=utf-8"),
+            ("a.png", "image/png"),
+            ("a.wasm", "application/wasm"),
+            ("noext", "application/octet-stream"),
+            ("a.unknownext", "application/octet-stream"),
+        ] {
+            assert_eq!(content_type(Path::new(name)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn validators_of_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"12345").unwrap();
+        let meta = std::fs::metadata(&p).unwrap();
+        assert_eq!(etag(&meta), format!("\"{:x}-5\"", meta.mtime()));
+        let m = modified(&meta);
+        assert_eq!(m.duration_since(SystemTime::UNIX_EPOCH).unwrap().subsec_nanos(), 0, "whole seconds");
+        assert_eq!(m.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs(), meta.mtime() as u64);
+    }
+
+    #[test]
+    fn the_cache_binds_names_per_root() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("x"), b"one").unwrap();
+        let opts = Options { dotfiles: false, autoindex: false, cache_entries: 8 };
+        let root = Root::new(dir.path()).unwrap();
+        let first = match resolve(&root, "/x", opts) {
+            Ok(Resolved::File(f)) => f,
+            _ => panic!("a file"),
+        };
+        // Another spelling of the same path shares the open file; its size is read afresh.
+        std::fs::write(dir.path().join("x"), b"one two").unwrap();
+        let again = match resolve(&root, "/./%78", opts) {
+            Ok(Resolved::File(f)) => f,
+            _ => panic!("a file"),
+        };
+        assert!(Rc::ptr_eq(&first.file, &again.file));
+        assert_eq!(again.meta.len(), 7);
+        // A new ROOT (a reload) does not see the old binding.
+        let reloaded = Root::new(dir.path()).unwrap();
+        let fresh = match resolve(&reloaded, "/x", opts) {
+            Ok(Resolved::File(f)) => f,
+            _ => panic!("a file"),
+        };
+        assert!(!Rc::ptr_eq(&first.file, &fresh.file));
+    }
+}

@@ -23,9 +23,10 @@ use tokio::sync::watch;
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
-use crate::http::request::{self, Request, Version};
-use crate::http::response::{self, Head};
-use crate::http::Status;
+use crate::files::Root;
+use crate::handler::{Body, Header, Method, Response, Status};
+use crate::http::h1::parse::{self, Head, Version};
+use crate::http::h1::write;
 use crate::net;
 
 /// Largest request head on the plain listener: a redirect needs only the request
@@ -113,7 +114,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
     let mut buf = vec![0u8; MAX_HEAD];
     let mut len = 0;
     let parsed = loop {
-        match request::parse(&buf[..len], MAX_HEAD) {
+        match parse::parse(&buf[..len], MAX_HEAD) {
             Ok(Some((req, _))) => break Ok(req),
             Ok(None) => {}
             Err(bad) => break Err((bad.status, bad.reason)),
@@ -128,12 +129,13 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
             Err(_) => return,
         }
     };
-    let head_only = request::is_head(&buf[..len]);
     let bytes = match parsed {
-        Ok(req) => answer(&req, shared, target, peer),
+        Ok(head) => answer(&head, &shared.root, target, peer),
         Err((status, why)) => {
             tracing::info!("refused plain-HTTP request from {peer}: {} {why}", status.0);
-            response::simple(Version::Http11, status, &[], false, head_only)
+            let page = Response::page(status);
+            let page = if parse::is_head(&buf[..len]) { page.without_body() } else { page };
+            write::head_and_bytes(&page, Version::Http11, false)
         }
     };
     if net::write_all(&stream, &bytes, cfg.timeouts.send).await.is_ok() {
@@ -143,20 +145,25 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
 
 /// The answer to one parsed request: a challenge file, 404, 400 for a missing or
 /// invalid Host, or the redirect.
-fn answer(req: &Request, shared: &Shared, target: &Target, peer: SocketAddr) -> Vec<u8> {
-    let version = req.version.unwrap_or(Version::Http11);
-    let head_only = req.method == "HEAD";
-    if let Some(token) = req.path.strip_prefix(ACME_PREFIX) {
-        if req.method == "GET" || head_only {
-            return challenge(token, &shared.root, version, head_only, peer);
-        }
-    }
-    let Some(host) = req.host.as_deref() else {
-        tracing::info!("refused plain-HTTP request from {peer} \"{}\": 400 no Host to redirect to", req.line);
-        return response::simple(version, Status::BAD_REQUEST, &[], false, head_only);
+fn answer(head: &Head, root: &Root, target: &Target, peer: SocketAddr) -> Vec<u8> {
+    let req = &head.request;
+    let head_only = req.method == Method::Head;
+    let response = if let Some(token) = req.path.strip_prefix(ACME_PREFIX).filter(|_| req.method.is_served()) {
+        challenge(token, root, peer)
+    } else if let Some(host) = req.authority.as_deref() {
+        let location = redirect_location(host, target.https_port, &req.path, req.query.as_deref());
+        Response::page(Status::MOVED_PERMANENTLY).with(Header::Location(location))
+    } else {
+        tracing::info!(
+            "refused plain-HTTP request from {peer} \"{} {} {}\": 400 no Host to redirect to",
+            req.method,
+            head.target,
+            head.version.as_str()
+        );
+        Response::page(Status::BAD_REQUEST)
     };
-    let location = redirect_location(host, target.https_port, &req.path, req.query.as_deref());
-    response::simple(version, Status::MOVED_PERMANENTLY, &[("Location", location)], false, head_only)
+    let response = if head_only { response.without_body() } else { response };
+    write::head_and_bytes(&response, head.version, false)
 }
 
 /// `https://HOST[:PORT]PATH[?QUERY]`: the Host's name without its (plain-HTTP)
@@ -188,10 +195,10 @@ pub fn valid_token(token: &str) -> bool {
 }
 
 /// Serves ROOT/.well-known/acme-challenge/TOKEN as text/plain, or 404.
-fn challenge(token: &str, root: &crate::files::Root, version: Version, head_only: bool, peer: SocketAddr) -> Vec<u8> {
+fn challenge(token: &str, root: &Root, peer: SocketAddr) -> Response {
     let not_found = |why: &str| {
         tracing::info!("ACME challenge for {peer} not served: 404 {why}");
-        response::simple(version, Status(404), &[], false, head_only)
+        Response::page(Status::NOT_FOUND)
     };
     if !valid_token(token) {
         return not_found("token is not base64url");
@@ -209,14 +216,12 @@ fn challenge(token: &str, root: &crate::files::Root, version: Version, head_only
         return not_found(&format!("cannot read it: {e}"));
     }
     tracing::info!("ACME challenge {token} served to {peer}");
-    let mut out = Head::new(Status::OK)
-        .header("Content-Type", "text/plain")
-        .header("Content-Length", body.len())
-        .finish(version, false);
-    if !head_only {
-        out.extend_from_slice(&body);
+    Response {
+        status: Status::OK,
+        headers: vec![Header::ContentType("text/plain".into()), Header::ContentLength(body.len() as u64)],
+        body: Body::Bytes(body),
+        refused: None,
     }
-    out
 }
 
 #[cfg(test)]
@@ -234,6 +239,43 @@ mod tests {
             ("127.0.0.1", 443, "/", None, "https://127.0.0.1/"),
         ] {
             assert_eq!(redirect_location(host, port, path, query), want, "{host} {port} {path} {query:?}");
+        }
+    }
+
+    /// The whole answer to `request` from a ROOT holding one challenge file.
+    fn answer_to(request: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(".well-known/acme-challenge")).unwrap();
+        std::fs::write(dir.path().join(".well-known/acme-challenge/tok_en-1"), b"tok_en-1.key").unwrap();
+        std::fs::write(dir.path().join(".well-known/acme-challenge/big"), vec![b'x'; 16 * 1024 + 1]).unwrap();
+        let root = Root::new(dir.path()).unwrap();
+        let (head, _) = parse::parse(request.as_bytes(), MAX_HEAD).unwrap().unwrap();
+        let peer: SocketAddr = "192.0.2.9:80".parse().unwrap();
+        String::from_utf8(answer(&head, &root, &Target { https_port: 8443 }, peer)).unwrap()
+    }
+
+    #[test]
+    fn answers() {
+        for (request, status_line, has, body) in [
+            ("GET /a?b HTTP/1.1\r\nHost: h:80\r\n\r\n", "HTTP/1.1 301 ", "\r\nLocation: https://h:8443/a?b\r\n", true),
+            ("HEAD /a HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 301 ", "\r\nLocation: https://h:8443/a\r\n", false),
+            ("POST /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 301 ", "Location: https://h:8443/.well-known/acme-challenge/tok_en-1\r\n", true),
+            ("GET / HTTP/1.0\r\n\r\n", "HTTP/1.1 400 ", "\r\nConnection: close\r\n", true),
+            ("GET /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 200 ", "\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n", true),
+            ("HEAD /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 200 ", "Content-Length: 12\r\n", false),
+            ("GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
+            ("GET /.well-known/acme-challenge/big HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
+            ("GET /.well-known/acme-challenge/a%2Fb HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
+        ] {
+            let out = answer_to(request);
+            assert!(out.starts_with(status_line), "{request:?}: {out}");
+            assert!(out.contains(has), "{request:?}: {out}");
+            assert!(out.contains("\r\nConnection: close\r\n\r\n"), "{request:?}: {out}");
+            let after_head = &out[out.find("\r\n\r\n").unwrap() + 4..];
+            assert_eq!(!after_head.is_empty(), body, "{request:?}: {out}");
+            if status_line == "HTTP/1.1 200 " && body {
+                assert_eq!(after_head, "tok_en-1.key");
+            }
         }
     }
 

@@ -23,7 +23,8 @@ use tokio::task::LocalSet;
 use super::stats::Stats;
 use super::{Current, Shared};
 use crate::body::{tcp, RecordSizer};
-use crate::http::conn::{self, End};
+use crate::handler::Site;
+use crate::http::h1::{self, End};
 use crate::log::AccessLog;
 use crate::tls::handshake::{self, FailureKind};
 use crate::tls::kernel::KernelTls;
@@ -326,12 +327,19 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         Session::userspace(stream, UserspaceTls::new(conn), sizer, cfg.timeouts.send)
     };
 
-    let end = conn::serve(&mut session, shared, &worker.log, peer, stop).await;
+    let settings = h1::Settings {
+        max_head_bytes: cfg.limits.max_header_bytes,
+        max_body_bytes: cfg.limits.max_body_bytes,
+        header_timeout: cfg.timeouts.header,
+        idle_timeout: cfg.timeouts.idle,
+    };
+    let site = Site { root: &shared.root, files: shared.file_options, hsts: cfg.hsts.as_deref() };
+    let end = h1::serve(&mut session, &settings, &site, &worker.log, peer, stop).await;
     session.count_into(stats);
     match end {
         End::Done => session.close().await,
         End::Timeout => Stats::bump(&stats.timeouts),
-        End::Error => Stats::bump(&stats.errors),
+        End::Error(_) | End::Truncated => Stats::bump(&stats.errors),
     }
 }
 

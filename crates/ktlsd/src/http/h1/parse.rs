@@ -1,7 +1,8 @@
-//! Request heads: parsing with httparse, limits, and the few headers a static
-//! server acts on.
+//! HTTP/1.x request heads: parsing with httparse, the head-size limit, framing
+//! (version, keep-alive, Content-Length, Expect) and the handler's [`Request`].
 
-use crate::http::Status;
+use crate::handler::request::{HeaderFields, Method, Request};
+use crate::handler::Status;
 
 /// HTTP version of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,33 +20,17 @@ impl Version {
     }
 }
 
-/// What the request asks for, and the headers that shape the answer.
-#[derive(Debug, Default)]
-pub struct Request {
-    pub method: String,
-    /// Path part of the target, still percent-encoded, without query or fragment.
-    pub path: String,
-    /// Query part of the target (after `?`, without the fragment), still encoded.
-    pub query: Option<String>,
-    /// The request line as received (for the access log).
-    pub line: String,
-    pub version: Option<Version>,
-    /// The Host field's value, checked against RFC 9110's host grammar; `None`
-    /// when absent or empty (allowed in HTTP/1.0 only).
-    pub host: Option<String>,
+/// One parsed request head: the handler's request and what HTTP/1.x framing needs.
+#[derive(Debug)]
+pub struct Head {
+    pub request: Request,
+    /// The request target as received (for the access log).
+    pub target: String,
+    pub version: Version,
     pub keep_alive: bool,
     pub content_length: u64,
     /// `Expect: 100-continue` on an HTTP/1.1 request.
     pub expect_continue: bool,
-    pub range: Option<String>,
-    /// Repeated field lines are joined into one list (RFC 9110 section 5.3).
-    pub if_none_match: Option<String>,
-    pub if_modified_since: Option<String>,
-    pub if_match: Option<String>,
-    pub if_unmodified_since: Option<String>,
-    pub if_range: Option<String>,
-    pub user_agent: Option<String>,
-    pub referer: Option<String>,
 }
 
 /// A request that cannot be answered normally, with the status to send.
@@ -123,7 +108,7 @@ fn line_version(window: &[u8]) -> Result<LineVersion, BadRequest> {
 ///
 /// `Ok(None)`: incomplete, read more (unless `buf` already holds `max_head` bytes, which is
 /// answered here with 414 or 431). `Ok(Some((request, used)))`: `used` bytes form the head.
-pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, BadRequest> {
+pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, BadRequest> {
     let window = &buf[..buf.len().min(max_head)];
     match line_version(window)? {
         LineVersion::AsIs => parse_head(window, max_head),
@@ -142,7 +127,7 @@ pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, Ba
     }
 }
 
-fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>, BadRequest> {
+fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, BadRequest> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let used = match req.parse(window) {
@@ -167,19 +152,21 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
         Err(_) => return Err(bad(Status::BAD_REQUEST, "malformed request head")),
     };
 
-    let method = req.method.unwrap_or_default().to_string();
+    let method = Method::from_token(req.method.unwrap_or_default());
     let target = req.path.unwrap_or_default();
     let version = match req.version {
         Some(0) => Version::Http10,
         _ => Version::Http11,
     };
-    let mut r = Request {
-        line: format!("{method} {target} {}", version.as_str()),
-        method,
-        version: Some(version),
+    let mut r = Head {
+        request: Request::new(method, ""),
+        target: target.to_string(),
+        version,
         keep_alive: version == Version::Http11,
-        ..Request::default()
+        content_length: 0,
+        expect_continue: false,
     };
+    let mut fields = HeaderFields::default();
 
     let path_and_query = origin_form(target)?;
     let without_fragment = path_and_query.split('#').next().unwrap_or("");
@@ -188,8 +175,9 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
         None => (without_fragment, None),
     };
     // `https://host?q` has an empty path, which stands for `/`.
-    r.path = if path.is_empty() && path_and_query.len() < target.len() { "/".to_string() } else { path.to_string() };
-    r.query = query.map(str::to_string);
+    r.request.path =
+        if path.is_empty() && path_and_query.len() < target.len() { "/".to_string() } else { path.to_string() };
+    r.request.query = query.map(str::to_string);
 
     let mut hosts = 0;
     let mut content_length: Option<u64> = None;
@@ -209,7 +197,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
             if !v.is_empty() && !valid_host(v.as_bytes()) {
                 return Err(bad(Status::BAD_REQUEST, "invalid Host"));
             }
-            r.host = (!v.is_empty()).then_some(v);
+            r.request.authority = (!v.is_empty()).then_some(v);
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value().split(',') {
                 let t = token.trim();
@@ -231,7 +219,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
             }
             content_length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            join(&mut transfer_codings, value());
+            join(&mut transfer_codings, &value());
         } else if name.eq_ignore_ascii_case("expect") {
             // An HTTP/1.0 client cannot read a 100 response: its expectations are ignored
             // (RFC 9110 section 10.1.1).
@@ -242,25 +230,11 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
                     return Err(bad(Status::EXPECTATION_FAILED, "unsupported expectation (only 100-continue)"));
                 }
             }
-        } else if name.eq_ignore_ascii_case("range") {
-            r.range = Some(value());
-        } else if name.eq_ignore_ascii_case("if-none-match") {
-            join(&mut r.if_none_match, value());
-        } else if name.eq_ignore_ascii_case("if-modified-since") {
-            r.if_modified_since = Some(value());
-        } else if name.eq_ignore_ascii_case("if-match") {
-            join(&mut r.if_match, value());
-        } else if name.eq_ignore_ascii_case("if-unmodified-since") {
-            r.if_unmodified_since = Some(value());
-        } else if name.eq_ignore_ascii_case("if-range") {
-            // Several lines make a list, which is no single validator: the condition fails.
-            join(&mut r.if_range, value());
-        } else if name.eq_ignore_ascii_case("user-agent") {
-            r.user_agent = Some(value());
-        } else if name.eq_ignore_ascii_case("referer") {
-            r.referer = Some(value());
+        } else {
+            fields.add(name, &value());
         }
     }
+    r.request.headers = fields.parse();
     if let Some(te) = transfer_codings {
         // A body whose length we would have to decode; refusing it keeps request
         // framing unambiguous (no smuggling through TE/CL disagreement). Codings we
@@ -279,7 +253,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
     if version == Version::Http11 && hosts == 0 {
         return Err(bad(Status::BAD_REQUEST, "HTTP/1.1 request without Host"));
     }
-    if r.path.is_empty() || target == "*" {
+    if r.request.path.is_empty() || target == "*" {
         return Err(bad(Status::BAD_REQUEST, "request target is not a path"));
     }
     r.content_length = content_length.unwrap_or(0);
@@ -287,13 +261,13 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Request, usize)>
 }
 
 /// Appends one field line's value to a list field (`a, b`).
-fn join(field: &mut Option<String>, value: String) {
+fn join(field: &mut Option<String>, value: &str) {
     match field {
         Some(list) => {
             list.push_str(", ");
-            list.push_str(&value);
+            list.push_str(value);
         }
-        None => *field = Some(value),
+        None => *field = Some(value.to_string()),
     }
 }
 
@@ -347,13 +321,16 @@ fn valid_host(host: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::request::{EntityTag, IfRange, TagCondition};
 
     #[test]
     fn parses_a_simple_get() {
         let (r, used) = parse(b"GET /a%20b?x=1 HTTP/1.1\r\nHost: x\r\n\r\nrest", 16384).unwrap().unwrap();
         assert_eq!(used, 36);
-        assert_eq!(r.method, "GET");
-        assert_eq!(r.path, "/a%20b");
+        assert_eq!(r.request.method, Method::Get);
+        assert_eq!(r.request.path, "/a%20b");
+        assert_eq!(r.request.query.as_deref(), Some("x=1"));
+        assert_eq!(r.target, "/a%20b?x=1");
         assert!(r.keep_alive);
     }
 
@@ -378,7 +355,7 @@ mod tests {
         assert_eq!(parse(cl, 1024).unwrap_err().status, Status::BAD_REQUEST);
     }
 
-    fn status(head: &str) -> Result<Request, u16> {
+    fn status(head: &str) -> Result<Head, u16> {
         parse(head.as_bytes(), 16384).map(|r| r.expect("complete head").0).map_err(|e| e.status.0)
     }
 
@@ -400,14 +377,14 @@ mod tests {
             ("GET / HTTZ/1.1", Err(400)),
             ("GET / http/1.1", Err(400)),
         ] {
-            let got = status(&format!("{line}\r\nHost: x\r\n\r\n")).map(|r| r.version.unwrap());
+            let got = status(&format!("{line}\r\nHost: x\r\n\r\n")).map(|r| r.version);
             assert_eq!(got, want, "{line}");
         }
         // The rewritten head's length is the original's.
         let head = b"GET /a HTTP/1.123\r\nHost: x\r\n\r\nGET";
         let (r, used) = parse(head, 16384).unwrap().unwrap();
         assert_eq!((used, r.keep_alive), (head.len() - 3, true));
-        assert_eq!(r.line, "GET /a HTTP/1.1");
+        assert_eq!((r.target.as_str(), r.version), ("/a", Version::Http11));
         assert!(parse(b"GET / HTTP/1.2\r\nHost: x\r\n", 16384).unwrap().is_none());
     }
 
@@ -442,7 +419,7 @@ mod tests {
             ("GET / HTTP/1.0\r\nX-Host: x\r\n\r\n", None),
             ("GET / HTTP/1.0\r\nHost:\r\n\r\n", None),
         ] {
-            assert_eq!(status(head).map(|r| r.host), Ok(want.map(String::from)), "{head:?}");
+            assert_eq!(status(head).map(|r| r.request.authority), Ok(want.map(String::from)), "{head:?}");
         }
     }
 
@@ -462,7 +439,7 @@ mod tests {
             ("ftp://h/a", Ok(("ftp://h/a", None))),
         ] {
             let got = status(&format!("GET {target} HTTP/1.1\r\nHost: h\r\n\r\n"));
-            let got = got.as_ref().map(|r| (r.path.as_str(), r.query.as_deref())).map_err(|e| *e);
+            let got = got.as_ref().map(|r| (r.request.path.as_str(), r.request.query.as_deref())).map_err(|e| *e);
             assert_eq!(got, want, "{target}");
         }
     }
@@ -492,9 +469,11 @@ mod tests {
     #[test]
     fn repeated_list_fields_are_joined() {
         let r = status("GET / HTTP/1.1\r\nHost: h\r\nIf-None-Match: \"a\"\r\nIf-Match: \"c\"\r\nIf-None-Match: \"b\"\r\nIf-Range: \"d\"\r\nIf-Range: \"e\"\r\n\r\n").unwrap();
-        assert_eq!(r.if_none_match.as_deref(), Some("\"a\", \"b\""));
-        assert_eq!(r.if_match.as_deref(), Some("\"c\""));
-        assert_eq!(r.if_range.as_deref(), Some("\"d\", \"e\""));
+        let strong = |o: &str| EntityTag::strong(o.into());
+        let h = &r.request.headers;
+        assert_eq!(h.if_none_match, Some(TagCondition::Tags(vec![strong("\"a\""), strong("\"b\"")])));
+        assert_eq!(h.if_match, Some(TagCondition::Tags(vec![strong("\"c\"")])));
+        assert_eq!(h.if_range, Some(IfRange::Invalid));
     }
 
     #[test]
@@ -503,5 +482,55 @@ mod tests {
         assert!(is_head(b"\r\nHEAD /aaaa"));
         assert!(!is_head(b"GET / HTTP/1.1\r\n"));
         assert!(!is_head(b"HEADX / HTTP/1.1\r\n"));
+    }
+
+    #[test]
+    fn connection_tokens() {
+        for (version, connection, want) in [
+            ("1.1", None, true),
+            ("1.1", Some("close"), false),
+            ("1.1", Some("Keep-Alive, CLOSE"), false),
+            ("1.1", Some("upgrade"), true),
+            ("1.0", None, false),
+            ("1.0", Some("keep-alive"), true),
+            ("1.0", Some("Keep-Alive"), true),
+            ("1.0", Some("keep-alive, close"), false),
+        ] {
+            let field = connection.map(|c| format!("Connection: {c}\r\n")).unwrap_or_default();
+            let head = format!("GET / HTTP/{version}\r\nHost: h\r\n{field}\r\n");
+            assert_eq!(status(&head).map(|r| r.keep_alive), Ok(want), "{head:?}");
+        }
+    }
+
+    #[test]
+    fn content_lengths() {
+        for (field, want) in [
+            ("", Ok(0)),
+            ("Content-Length: 0\r\n", Ok(0)),
+            ("Content-Length: 42\r\n", Ok(42)),
+            ("Content-Length: 7\r\nContent-Length: 7\r\n", Ok(7)),
+            ("Content-Length: 18446744073709551615\r\n", Ok(u64::MAX)),
+            ("Content-Length: 18446744073709551616\r\n", Err(400)),
+            ("Content-Length: \r\n", Err(400)),
+            ("Content-Length: 1 2\r\n", Err(400)),
+            ("Content-Length: 0x10\r\n", Err(400)),
+        ] {
+            let head = format!("POST / HTTP/1.1\r\nHost: h\r\n{field}\r\n");
+            assert_eq!(status(&head).map(|r| r.content_length), want, "{field:?}");
+        }
+    }
+
+    #[test]
+    fn methods_become_typed() {
+        for (token, want) in [
+            ("GET", Method::Get),
+            ("HEAD", Method::Head),
+            ("OPTIONS", Method::Options),
+            ("get", Method::Other("get".into())),
+            ("M-SEARCH", Method::Other("M-SEARCH".into())),
+        ] {
+            assert_eq!(status(&format!("{token} / HTTP/1.1\r\nHost: h\r\n\r\n")).map(|r| r.request.method), Ok(want));
+        }
+        assert_eq!(status("G(T / HTTP/1.1\r\nHost: h\r\n\r\n").map(drop), Err(400), "not a token");
     }
 }

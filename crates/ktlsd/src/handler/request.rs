@@ -1,0 +1,416 @@
+//! The request as the handler sees it, whatever protocol carried it: method, path,
+//! query, authority, and the few header fields that shape a static answer, parsed
+//! once into types (as nginx's `headers_in`).
+//!
+//! Framing (version, keep-alive, Content-Length, Expect) is the codec's business
+//! and does not appear here.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use super::range::ByteRangeSpec;
+
+/// A request method. Only GET and HEAD are served; the methods RFC 9110 and RFC 5789
+/// define are named so that logs and tests can speak of them, any other token is `Other`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Method {
+    Get,
+    Head,
+    Post,
+    Put,
+    Delete,
+    Connect,
+    Options,
+    Trace,
+    Patch,
+    /// Any other token (methods are case-sensitive: `get` is one of these).
+    Other(String),
+}
+
+impl Method {
+    /// The method named by `token` (already checked to be a token by the codec).
+    pub fn from_token(token: &str) -> Method {
+        match token {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "CONNECT" => Method::Connect,
+            "OPTIONS" => Method::Options,
+            "TRACE" => Method::Trace,
+            "PATCH" => Method::Patch,
+            other => Method::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Method::Get => "GET",
+            Method::Head => "HEAD",
+            Method::Post => "POST",
+            Method::Put => "PUT",
+            Method::Delete => "DELETE",
+            Method::Connect => "CONNECT",
+            Method::Options => "OPTIONS",
+            Method::Trace => "TRACE",
+            Method::Patch => "PATCH",
+            Method::Other(s) => s,
+        }
+    }
+
+    /// Whether a static file server answers it (GET and HEAD); others get 405.
+    pub fn is_served(&self) -> bool {
+        matches!(self, Method::Get | Method::Head)
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub method: Method,
+    /// Path part of the target, still percent-encoded, without query or fragment.
+    pub path: String,
+    /// Query part of the target (after `?`, without the fragment), still encoded.
+    pub query: Option<String>,
+    /// The host (and port) the request names, checked by the codec; `None` when absent.
+    pub authority: Option<String>,
+    pub headers: Headers,
+}
+
+impl Request {
+    /// A request for `path` with no query, authority or conditional headers.
+    pub fn new(method: Method, path: &str) -> Request {
+        Request { method, path: path.to_string(), query: None, authority: None, headers: Headers::default() }
+    }
+}
+
+/// An entity tag (RFC 9110 section 8.8.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntityTag {
+    pub weak: bool,
+    /// The opaque tag with its quotes, as sent: `"a-1"`.
+    pub opaque: String,
+}
+
+impl EntityTag {
+    pub fn strong(opaque: String) -> EntityTag {
+        EntityTag { weak: false, opaque }
+    }
+
+    /// Strong comparison: both strong and equal.
+    pub fn strong_eq(&self, other: &EntityTag) -> bool {
+        !self.weak && !other.weak && self.opaque == other.opaque
+    }
+
+    /// Weak comparison: equal opaque tags, weakness ignored.
+    pub fn weak_eq(&self, other: &EntityTag) -> bool {
+        self.opaque == other.opaque
+    }
+}
+
+impl fmt::Display for EntityTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.weak {
+            f.write_str("W/")?;
+        }
+        f.write_str(&self.opaque)
+    }
+}
+
+/// The value of If-Match or If-None-Match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TagCondition {
+    /// `*`: any current representation.
+    Any,
+    /// A list of entity tags; members that are no entity tag are dropped (they match nothing).
+    Tags(Vec<EntityTag>),
+}
+
+impl TagCondition {
+    fn parse(value: &str) -> TagCondition {
+        if value.trim() == "*" {
+            return TagCondition::Any;
+        }
+        TagCondition::Tags(list_members(value).filter_map(Member::into_tag).collect())
+    }
+
+    /// Whether `tag` is matched, comparing strongly (If-Match) or weakly (If-None-Match).
+    pub fn matches(&self, tag: &EntityTag, comparison: Comparison) -> bool {
+        match self {
+            TagCondition::Any => true,
+            TagCondition::Tags(tags) => tags.iter().any(|t| match comparison {
+                Comparison::Strong => t.strong_eq(tag),
+                Comparison::Weak => t.weak_eq(tag),
+            }),
+        }
+    }
+}
+
+/// How entity tags are compared (RFC 9110 section 8.8.3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Comparison {
+    Strong,
+    Weak,
+}
+
+/// The value of If-Range: exactly one validator (RFC 9110 section 13.1.5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IfRange {
+    /// One strong entity tag.
+    Tag(EntityTag),
+    /// One HTTP date.
+    Date(SystemTime),
+    /// Anything else (a weak tag, a list, junk): never matches, so the whole file is sent.
+    Invalid,
+}
+
+impl IfRange {
+    fn parse(value: &str) -> IfRange {
+        let s = value.trim();
+        if s.starts_with('"') || s.starts_with("W/") {
+            let mut members = list_members(s);
+            match (members.next(), members.next()) {
+                (Some(Member::Tag(t)), None) if !t.weak => IfRange::Tag(t),
+                _ => IfRange::Invalid,
+            }
+        } else {
+            http_date(s).map_or(IfRange::Invalid, IfRange::Date)
+        }
+    }
+}
+
+/// The header fields a static answer depends on, parsed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headers {
+    pub if_match: Option<TagCondition>,
+    pub if_none_match: Option<TagCondition>,
+    /// `None` when absent or not an HTTP date (then it is ignored, RFC 9110 section 13.1.4).
+    pub if_unmodified_since: Option<SystemTime>,
+    /// `None` when absent or not an HTTP date (RFC 9110 section 13.1.3).
+    pub if_modified_since: Option<SystemTime>,
+    /// `None` when absent or not one byte range this server honours (then the whole
+    /// file is sent): several ranges, other units, malformed.
+    pub range: Option<ByteRangeSpec>,
+    pub if_range: Option<IfRange>,
+}
+
+/// Collects the field lines a codec receives, then parses them into [`Headers`].
+/// Repeated list fields are joined (RFC 9110 section 5.3); of the others the last wins.
+#[derive(Debug, Default)]
+pub struct HeaderFields {
+    if_match: Option<String>,
+    if_none_match: Option<String>,
+    if_unmodified_since: Option<String>,
+    if_modified_since: Option<String>,
+    range: Option<String>,
+    if_range: Option<String>,
+}
+
+impl HeaderFields {
+    /// Takes one field line (`name` in any case, `value` trimmed); ignores fields
+    /// the handler does not use.
+    pub fn add(&mut self, name: &str, value: &str) {
+        let is = |n: &str| name.eq_ignore_ascii_case(n);
+        if is("if-match") {
+            join(&mut self.if_match, value);
+        } else if is("if-none-match") {
+            join(&mut self.if_none_match, value);
+        } else if is("if-unmodified-since") {
+            self.if_unmodified_since = Some(value.to_string());
+        } else if is("if-modified-since") {
+            self.if_modified_since = Some(value.to_string());
+        } else if is("range") {
+            self.range = Some(value.to_string());
+        } else if is("if-range") {
+            // Several lines make a list, which is no single validator: the condition fails.
+            join(&mut self.if_range, value);
+        }
+    }
+
+    pub fn parse(self) -> Headers {
+        Headers {
+            if_match: self.if_match.as_deref().map(TagCondition::parse),
+            if_none_match: self.if_none_match.as_deref().map(TagCondition::parse),
+            if_unmodified_since: self.if_unmodified_since.as_deref().and_then(http_date),
+            if_modified_since: self.if_modified_since.as_deref().and_then(http_date),
+            range: self.range.as_deref().and_then(ByteRangeSpec::parse),
+            if_range: self.if_range.as_deref().map(IfRange::parse),
+        }
+    }
+}
+
+/// Appends one field line's value to a list field (`a, b`).
+fn join(field: &mut Option<String>, value: &str) {
+    match field {
+        Some(list) => {
+            list.push_str(", ");
+            list.push_str(value);
+        }
+        None => *field = Some(value.to_string()),
+    }
+}
+
+fn http_date(s: &str) -> Option<SystemTime> {
+    httpdate::parse_http_date(s.trim()).ok()
+}
+
+/// A member of an entity-tag list.
+#[derive(Debug, PartialEq, Eq)]
+enum Member {
+    Tag(EntityTag),
+    /// Not an entity tag; it still counts as a member.
+    Junk,
+}
+
+impl Member {
+    fn into_tag(self) -> Option<EntityTag> {
+        match self {
+            Member::Tag(t) => Some(t),
+            Member::Junk => None,
+        }
+    }
+}
+
+/// The members of an entity-tag list (`"a", W/"b"`), split at commas outside quotes
+/// (an entity tag may contain a comma).
+fn list_members(list: &str) -> impl Iterator<Item = Member> + '_ {
+    let mut rest = list;
+    std::iter::from_fn(move || loop {
+        rest = rest.trim_start_matches([' ', '\t', ',']);
+        if rest.is_empty() {
+            return None;
+        }
+        let opaque_start = if rest.starts_with("W/") { 2 } else { 0 };
+        let end = if rest[opaque_start..].starts_with('"') {
+            // Up to and including the closing quote, if there is one.
+            rest[opaque_start + 1..].find('"').map_or(rest.len(), |i| opaque_start + 1 + i + 1)
+        } else {
+            rest.find(',').unwrap_or(rest.len())
+        };
+        let (item, tail) = rest.split_at(end);
+        rest = tail;
+        let item = item.trim();
+        if item.is_empty() {
+            continue;
+        }
+        let (weak, opaque) = match item.strip_prefix("W/") {
+            Some(o) => (true, o),
+            None => (false, item),
+        };
+        let quoted = opaque.len() >= 2 && opaque.starts_with('"') && opaque.ends_with('"');
+        return Some(if quoted { Member::Tag(EntityTag { weak, opaque: opaque.to_string() }) } else { Member::Junk });
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(weak: bool, o: &str) -> Member {
+        Member::Tag(EntityTag { weak, opaque: o.to_string() })
+    }
+
+    #[test]
+    fn lists_keep_commas_inside_quotes() {
+        let got: Vec<Member> = list_members("\"a,b\", W/\"c\" ,,\"d\" x, \"e").collect();
+        assert_eq!(got, [tag(false, "\"a,b\""), tag(true, "\"c\""), tag(false, "\"d\""), Member::Junk, Member::Junk]);
+    }
+
+    #[test]
+    fn methods() {
+        for m in ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "get", "BREW"] {
+            let method = Method::from_token(m);
+            assert_eq!(method.as_str(), m);
+            assert_eq!(method.is_served(), m == "GET" || m == "HEAD", "{m}");
+        }
+        assert_eq!(Method::from_token("get"), Method::Other("get".into()));
+    }
+
+    #[test]
+    fn if_range_values() {
+        let date = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let strong = |o: &str| IfRange::Tag(EntityTag::strong(o.into()));
+        for (value, want) in [
+            ("\"a-1\"", strong("\"a-1\"")),
+            (" \"a-1\" ", strong("\"a-1\"")),
+            ("W/\"a-1\"", IfRange::Invalid),
+            ("\"a-1\", \"b\"", IfRange::Invalid),
+            ("\"a-1\" x", IfRange::Invalid),
+            ("\"a-1", IfRange::Invalid),
+            ("Tue, 14 Nov 2023 22:13:20 GMT", IfRange::Date(date)),
+            ("garbage", IfRange::Invalid),
+        ] {
+            assert_eq!(IfRange::parse(value), want, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn fields_are_joined_or_replaced() {
+        let mut f = HeaderFields::default();
+        for (n, v) in [
+            ("If-None-Match", "\"a\""),
+            ("if-match", "\"c\""),
+            ("IF-NONE-MATCH", "\"b\""),
+            ("If-Range", "\"d\""),
+            ("If-Range", "\"e\""),
+            ("If-Modified-Since", "Tue, 14 Nov 2023 22:13:20 GMT"),
+            ("If-Modified-Since", "junk"),
+            ("Range", "bytes=0-1"),
+            ("Range", "bytes=2-3"),
+            ("X-Other", "y"),
+        ] {
+            f.add(n, v);
+        }
+        let h = f.parse();
+        let strong = |o: &str| EntityTag::strong(o.into());
+        assert_eq!(h.if_none_match, Some(TagCondition::Tags(vec![strong("\"a\""), strong("\"b\"")])));
+        assert_eq!(h.if_match, Some(TagCondition::Tags(vec![strong("\"c\"")])));
+        assert_eq!(h.if_range, Some(IfRange::Invalid));
+        assert_eq!(h.if_modified_since, None, "the last line wins, and it is no date");
+        assert_eq!(h.range, ByteRangeSpec::parse("bytes=2-3"));
+        assert!(h.range.is_some());
+        assert_eq!(HeaderFields::default().parse(), Headers::default());
+    }
+
+    #[test]
+    fn tag_conditions() {
+        let ours = EntityTag::strong("\"a-1\"".into());
+        for (value, strong, weak) in [
+            ("*", true, true),
+            ("\"a-1\"", true, true),
+            ("\"x\", \"a-1\"", true, true),
+            ("W/\"a-1\"", false, true),
+            ("\"x\", W/\"a-1\"", false, true),
+            ("\"x\"", false, false),
+            ("", false, false),
+            ("*, \"x\"", false, false),
+            ("a-1", false, false),
+        ] {
+            let c = TagCondition::parse(value);
+            assert_eq!(c.matches(&ours, Comparison::Strong), strong, "{value:?} strong");
+            assert_eq!(c.matches(&ours, Comparison::Weak), weak, "{value:?} weak");
+        }
+    }
+
+    #[test]
+    fn entity_tag_comparison() {
+        // RFC 9110 section 8.8.3.2's table.
+        let t = |weak: bool, o: &str| EntityTag { weak, opaque: o.to_string() };
+        for (a, b, strong, weak) in [
+            (t(true, "\"1\""), t(true, "\"1\""), false, true),
+            (t(true, "\"1\""), t(true, "\"2\""), false, false),
+            (t(true, "\"1\""), t(false, "\"1\""), false, true),
+            (t(false, "\"1\""), t(false, "\"1\""), true, true),
+        ] {
+            assert_eq!((a.strong_eq(&b), a.weak_eq(&b)), (strong, weak), "{a} {b}");
+        }
+        assert_eq!(t(true, "\"x\"").to_string(), "W/\"x\"");
+    }
+}

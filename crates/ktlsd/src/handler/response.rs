@@ -1,0 +1,233 @@
+//! The answer as a description: status, typed header fields and a body the codec
+//! writes (bytes in memory, or a range of an open file it sends by its own means).
+//!
+//! The codec adds what belongs to the connection (status line, Server, Date,
+//! Connection); everything here is the same whichever protocol carries it.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+use std::time::SystemTime;
+
+use super::request::EntityTag;
+use crate::files::Found;
+
+/// A response status code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status(pub u16);
+
+impl Status {
+    pub const OK: Status = Status(200);
+    pub const PARTIAL_CONTENT: Status = Status(206);
+    pub const MOVED_PERMANENTLY: Status = Status(301);
+    pub const NOT_MODIFIED: Status = Status(304);
+    pub const BAD_REQUEST: Status = Status(400);
+    pub const FORBIDDEN: Status = Status(403);
+    pub const NOT_FOUND: Status = Status(404);
+    pub const METHOD_NOT_ALLOWED: Status = Status(405);
+    pub const REQUEST_TIMEOUT: Status = Status(408);
+    pub const LENGTH_REQUIRED: Status = Status(411);
+    pub const PRECONDITION_FAILED: Status = Status(412);
+    pub const PAYLOAD_TOO_LARGE: Status = Status(413);
+    pub const URI_TOO_LONG: Status = Status(414);
+    pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
+    pub const EXPECTATION_FAILED: Status = Status(417);
+    pub const HEADERS_TOO_LARGE: Status = Status(431);
+    pub const NOT_IMPLEMENTED: Status = Status(501);
+    pub const VERSION_NOT_SUPPORTED: Status = Status(505);
+
+    pub fn reason(self) -> &'static str {
+        match self.0 {
+            100 => "Continue",
+            200 => "OK",
+            206 => "Partial Content",
+            301 => "Moved Permanently",
+            304 => "Not Modified",
+            400 => "Bad Request",
+            403 => "Forbidden",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            408 => "Request Timeout",
+            411 => "Length Required",
+            412 => "Precondition Failed",
+            413 => "Content Too Large",
+            414 => "URI Too Long",
+            416 => "Range Not Satisfiable",
+            417 => "Expectation Failed",
+            431 => "Request Header Fields Too Large",
+            500 => "Internal Server Error",
+            501 => "Not Implemented",
+            503 => "Service Unavailable",
+            505 => "HTTP Version Not Supported",
+            _ => "",
+        }
+    }
+}
+
+/// Content-Range values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContentRange {
+    /// `bytes first-last/size` for a 206.
+    Bytes { range: Range<u64>, size: u64 },
+    /// `bytes */size` for a 416.
+    Unsatisfied { size: u64 },
+}
+
+/// A response header field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Header {
+    ContentType(Cow<'static, str>),
+    ContentLength(u64),
+    LastModified(SystemTime),
+    ETag(EntityTag),
+    /// `Accept-Ranges: bytes`.
+    AcceptRanges,
+    ContentRange(ContentRange),
+    Location(String),
+    /// `Allow: GET, HEAD`, the methods served.
+    Allow,
+    StrictTransportSecurity(String),
+}
+
+impl Header {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Header::ContentType(_) => "Content-Type",
+            Header::ContentLength(_) => "Content-Length",
+            Header::LastModified(_) => "Last-Modified",
+            Header::ETag(_) => "ETag",
+            Header::AcceptRanges => "Accept-Ranges",
+            Header::ContentRange(_) => "Content-Range",
+            Header::Location(_) => "Location",
+            Header::Allow => "Allow",
+            Header::StrictTransportSecurity(_) => "Strict-Transport-Security",
+        }
+    }
+}
+
+/// The field value as sent.
+impl fmt::Display for Header {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Header::ContentType(t) => f.write_str(t),
+            Header::ContentLength(n) => write!(f, "{n}"),
+            Header::LastModified(t) => f.write_str(&httpdate::fmt_http_date(*t)),
+            Header::ETag(t) => write!(f, "{t}"),
+            Header::AcceptRanges => f.write_str("bytes"),
+            Header::ContentRange(ContentRange::Bytes { range, size }) => {
+                write!(f, "bytes {}-{}/{size}", range.start, range.end.saturating_sub(1))
+            }
+            Header::ContentRange(ContentRange::Unsatisfied { size }) => write!(f, "bytes */{size}"),
+            Header::Location(l) => f.write_str(l),
+            Header::Allow => f.write_str("GET, HEAD"),
+            Header::StrictTransportSecurity(v) => f.write_str(v),
+        }
+    }
+}
+
+/// What follows the head.
+#[allow(clippy::large_enum_variant)] // one per request, on the stack for its life
+pub enum Body {
+    /// Nothing (304, and every answer to HEAD).
+    Empty,
+    /// A small body in memory (error pages, listings, challenge files).
+    Bytes(Vec<u8>),
+    /// Part of an open file, half-open, within its length.
+    File { found: Found, range: Range<u64> },
+}
+
+impl fmt::Debug for Body {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Body::Empty => f.write_str("Empty"),
+            Body::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            Body::File { found, range } => write!(f, "File({:?}, {range:?})", found.rel),
+        }
+    }
+}
+
+/// One response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: Status,
+    pub headers: Vec<Header>,
+    pub body: Body,
+    /// Why the request was refused, for the diagnostic log; `None` for answers that are
+    /// no refusal (files, redirects, 304, 412, 416).
+    pub refused: Option<Cow<'static, str>>,
+}
+
+impl Response {
+    /// A complete small response with an HTML body naming the status.
+    pub fn page(status: Status) -> Response {
+        let body = format!(
+            "<html><head><title>{code} {reason}</title></head><body><h1>{code} {reason}</h1></body></html>\n",
+            code = status.0,
+            reason = status.reason()
+        );
+        Response {
+            status,
+            headers: vec![Header::ContentType(Cow::Borrowed(HTML)), Header::ContentLength(body.len() as u64)],
+            body: Body::Bytes(body.into_bytes()),
+            refused: None,
+        }
+    }
+
+    /// A page that refuses the request, saying why in the diagnostic log.
+    pub fn refusal(status: Status, why: impl Into<Cow<'static, str>>) -> Response {
+        Response { refused: Some(why.into()), ..Response::page(status) }
+    }
+
+    pub fn with(mut self, header: Header) -> Response {
+        self.headers.push(header);
+        self
+    }
+
+    /// The answer to a HEAD: the same head, Content-Length included, and no body.
+    pub fn without_body(mut self) -> Response {
+        self.body = Body::Empty;
+        self
+    }
+
+    /// The first header of `name`.
+    #[cfg(test)]
+    pub fn header(&self, name: &str) -> Option<&Header> {
+        self.headers.iter().find(|h| h.name().eq_ignore_ascii_case(name))
+    }
+}
+
+pub const HTML: &str = "text/html; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        for (h, want) in [
+            (Header::ContentLength(12), "12"),
+            (Header::LastModified(t), "Tue, 14 Nov 2023 22:13:20 GMT"),
+            (Header::ETag(EntityTag::strong("\"a-1\"".into())), "\"a-1\""),
+            (Header::ETag(EntityTag { weak: true, opaque: "\"a\"".into() }), "W/\"a\""),
+            (Header::AcceptRanges, "bytes"),
+            (Header::ContentRange(ContentRange::Bytes { range: 2..5, size: 10 }), "bytes 2-4/10"),
+            (Header::ContentRange(ContentRange::Unsatisfied { size: 10 }), "bytes */10"),
+            (Header::Allow, "GET, HEAD"),
+        ] {
+            assert_eq!(h.to_string(), want, "{}", h.name());
+        }
+    }
+
+    #[test]
+    fn pages_name_their_status() {
+        let r = Response::page(Status::NOT_FOUND);
+        let Body::Bytes(body) = &r.body else { panic!("a page has a body") };
+        let body = String::from_utf8_lossy(body);
+        assert!(body.contains("<h1>404 Not Found</h1>"), "{body}");
+        assert_eq!(r.header("content-length"), Some(&Header::ContentLength(body.len() as u64)));
+        let r = r.without_body();
+        assert!(matches!(r.body, Body::Empty));
+        assert!(r.header("Content-Length").is_some());
+    }
+}

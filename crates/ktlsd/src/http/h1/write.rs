@@ -1,0 +1,95 @@
+//! HTTP/1.1 response heads: the status line, Server and Date, the response's own
+//! header fields in order, and the Connection field that tells the connection's fate.
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::parse::Version;
+use crate::handler::{Body, Response};
+
+thread_local! {
+    /// The Date header value, formatted at most once a second per worker.
+    static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+}
+
+fn http_date_now() -> String {
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs || d.1.is_empty() {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        d.1.clone()
+    })
+}
+
+/// The head of `response`. The status line always says HTTP/1.1, the version the
+/// server implements, for 1.0 requests too (RFC 9110 section 6.2; nginx answers the
+/// same); the Connection field follows the request's version and `keep_alive`.
+pub fn head(response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
+    let status = response.status;
+    let mut buf = String::with_capacity(256);
+    let _ = write!(buf, "HTTP/1.1 {} {}\r\nServer: ktlsd\r\nDate: {}\r\n", status.0, status.reason(), http_date_now());
+    for h in &response.headers {
+        let _ = write!(buf, "{}: {h}\r\n", h.name());
+    }
+    match (keep_alive, version) {
+        (false, _) => buf.push_str("Connection: close\r\n"),
+        (true, Version::Http10) => buf.push_str("Connection: keep-alive\r\n"),
+        (true, Version::Http11) => {}
+    }
+    buf.push_str("\r\n");
+    buf.into_bytes()
+}
+
+/// The head followed by the in-memory body, if any: a whole response when the body
+/// is no file (a file body is sent by the transport after the head).
+pub fn head_and_bytes(response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
+    let mut out = head(response, version, keep_alive);
+    if let Body::Bytes(b) = &response.body {
+        out.extend_from_slice(b);
+    }
+    out
+}
+
+/// The interim response that invites the body of an `Expect: 100-continue` request.
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::{Header, Status};
+
+    fn text(b: Vec<u8>) -> String {
+        String::from_utf8(b).unwrap()
+    }
+
+    #[test]
+    fn heads() {
+        let r = Response::page(Status::MOVED_PERMANENTLY).with(Header::Location("/d/".into()));
+        let h = text(head(&r, Version::Http11, true));
+        assert!(h.starts_with("HTTP/1.1 301 Moved Permanently\r\nServer: ktlsd\r\nDate: "), "{h}");
+        let page = "<html><head><title>301 Moved Permanently</title></head><body><h1>301 Moved Permanently</h1></body></html>\n";
+        let tail = format!("Content-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nLocation: /d/\r\n\r\n", page.len());
+        assert!(h.ends_with(&tail), "{h}");
+        let h = text(head(&r, Version::Http10, true));
+        assert!(h.ends_with("Location: /d/\r\nConnection: keep-alive\r\n\r\n"), "{h}");
+        for v in [Version::Http10, Version::Http11] {
+            let h = text(head(&r, v, false));
+            assert!(h.ends_with("Location: /d/\r\nConnection: close\r\n\r\n"), "{h}");
+        }
+        let whole = text(head_and_bytes(&r, Version::Http11, true));
+        assert!(whole.ends_with(&format!("{tail}{page}")), "{whole}");
+        let head_only = text(head_and_bytes(&r.without_body(), Version::Http11, true));
+        assert!(head_only.ends_with(&tail), "{head_only}");
+    }
+
+    #[test]
+    fn date_is_now() {
+        let d = httpdate::parse_http_date(&http_date_now()).unwrap();
+        let now = SystemTime::now();
+        assert!(d <= now && now.duration_since(d).unwrap().as_secs() < 5);
+    }
+}
