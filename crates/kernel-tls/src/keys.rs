@@ -12,7 +12,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
 use crate::crypto_info::CryptoInfo;
-use crate::error::{Direction, Error};
+use crate::error::Error;
+use crate::types::Direction;
 use crate::{sys, uapi};
 
 fn install(fd: impl AsFd, direction: Direction, info: &CryptoInfo) -> io::Result<()> {

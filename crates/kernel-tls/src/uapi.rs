@@ -119,15 +119,3 @@ const _: () = assert!(size_of::<Tls12CryptoInfoAesGcm256>() == 4 + 8 + 32 + 4 + 
 const _: () = assert!(size_of::<Tls12CryptoInfoAesGcm256>() == 56);
 const _: () = assert!(size_of::<Tls12CryptoInfoChacha20Poly1305>() == 4 + 12 + 32 + 8);
 const _: () = assert!(size_of::<Tls12CryptoInfoChacha20Poly1305>() == 56);
-
-/// TLS record content types (RFC 8446 §5.1), as the kernel reports them.
-pub mod content_type {
-    /// `change_cipher_spec` (20).
-    pub const CHANGE_CIPHER_SPEC: u8 = 20;
-    /// `alert` (21).
-    pub const ALERT: u8 = 21;
-    /// `handshake` (22).
-    pub const HANDSHAKE: u8 = 22;
-    /// `application_data` (23).
-    pub const APPLICATION_DATA: u8 = 23;
-}
