@@ -77,6 +77,48 @@ pub enum LimitStatus {
 /// outlive it or be used with another one. Dropping it is harmless: the
 /// socket stays plain TCP until keys are installed, and user-space TLS can
 /// carry on.
+///
+/// ```no_run
+/// use kernel_tls::{Error, KtlsConnection};
+/// use rustls::server::UnbufferedServerConnection;
+///
+/// fn hand_over(socket: &std::net::TcpStream, conn: UnbufferedServerConnection) -> Result<KtlsConnection, Error> {
+///     let prepared = KtlsConnection::prepare(socket, &conn)?; // on error: stay in user space
+///     KtlsConnection::install(prepared, conn)
+/// }
+/// ```
+///
+/// A token cannot be made any other way:
+///
+/// ```compile_fail
+/// fn forge(fd: std::os::fd::BorrowedFd<'_>) -> kernel_tls::Prepared<'_> {
+///     kernel_tls::Prepared { fd }
+/// }
+/// ```
+///
+/// nor used twice:
+///
+/// ```compile_fail
+/// use kernel_tls::{KtlsConnection, Prepared};
+/// use rustls::server::UnbufferedServerConnection;
+///
+/// fn twice(p: Prepared<'_>, a: UnbufferedServerConnection, b: UnbufferedServerConnection) {
+///     let _ = KtlsConnection::install(p, a);
+///     let _ = KtlsConnection::install(p, b);
+/// }
+/// ```
+///
+/// nor outlive its socket:
+///
+/// ```compile_fail
+/// use kernel_tls::{KtlsConnection, Prepared};
+/// use rustls::server::UnbufferedServerConnection;
+///
+/// fn dangling(conn: &UnbufferedServerConnection) -> Prepared<'static> {
+///     let socket = std::net::TcpStream::connect("127.0.0.1:443").unwrap();
+///     KtlsConnection::prepare(&socket, conn).unwrap()
+/// }
+/// ```
 #[must_use = "pass it to KtlsConnection::install, or drop it to stay in user space"]
 #[derive(Debug)]
 pub struct Prepared<'fd> {

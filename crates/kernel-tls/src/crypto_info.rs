@@ -13,6 +13,8 @@
 //!
 //! [`CryptoInfo`] builds that structure, and wipes the key from memory when
 //! dropped.
+//! It only lays out bytes; handing them to the kernel is [`set_tx`](crate::set_tx)'s
+//! and [`set_rx`](crate::set_rx)'s job.
 //!
 //! ## TLS 1.2 AES-GCM: the explicit nonce
 //!

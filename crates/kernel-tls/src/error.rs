@@ -6,6 +6,10 @@
 //! involves a decision — attaching the ULP, installing keys, interpreting
 //! control records — returns [`Error`], whose `Display` says what happened and
 //! what the caller should do next.
+//!
+//! Not here: why kTLS is missing on this machine, which is a diagnosis
+//! ([`Unavailable`](crate::Unavailable)) made once at start-up rather than
+//! an error of one connection.
 
 use core::fmt;
 use std::io;

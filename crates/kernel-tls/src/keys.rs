@@ -7,6 +7,8 @@
 //! kernels answer [`Error::RekeyUnsupported`].
 //!
 //! Each function is a single `setsockopt(2)`; none of them block.
+//! They do not attach the ULP (that is [`enable_ulp`](crate::enable_ulp))
+//! nor build the key structures (that is [`CryptoInfo`]).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};

@@ -5,6 +5,8 @@
 //! in isolation and reused by anything that reads records from the kernel.
 //! Everything the peer controls is validated; malformed input yields a
 //! [`ProtocolError`] carrying the alert to send back.
+//! Sending them is the record layer's job ([`send_alert_record`](crate::send_alert_record),
+//! [`send_key_update`](crate::send_key_update)).
 
 use rustls::{AlertDescription, HandshakeType};
 

@@ -9,6 +9,10 @@
 //! Every function is one system call and returns [`io::Error`] unchanged
 //! (`WouldBlock` included), so readiness-based callers can retry. Use
 //! [`RxError::classify`] to turn a receive error into a decision.
+//!
+//! Nothing here keeps state: applying a peer's `KeyUpdate` or counting
+//! records against the confidentiality limit is
+//! [`KtlsConnection`](crate::KtlsConnection)'s job.
 
 use core::fmt;
 use std::io;

@@ -4,6 +4,8 @@
 //! and socket constants kTLS needs) so the rest of the crate does not depend
 //! on which of them a given `libc` release happens to export. Everything here
 //! is plain data: no system calls, no `unsafe`.
+//! It is internal: callers use the typed API ([`Cipher`](crate::Cipher),
+//! [`TlsVersion`](crate::TlsVersion), [`CryptoInfo`](crate::CryptoInfo)).
 //!
 //! The `#[repr(C)]` structures are laid out byte for byte like their C
 //! namesakes; compile-time assertions below pin their sizes (40, 56 and
