@@ -416,4 +416,13 @@ mod tests {
         e.modules_disabled = true;
         assert_eq!(decide(&e).kind(), "not-built");
     }
+
+    #[test]
+    fn loaded_module_that_still_fails_is_not_blamed_on_the_module() {
+        let mut e = ev();
+        e.module_loaded = true;
+        let u = decide(&e);
+        assert_eq!(u.kind(), "other");
+        assert!(u.reason().contains("loaded"), "{u}");
+    }
 }

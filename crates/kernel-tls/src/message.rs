@@ -16,7 +16,8 @@ use crate::error::ProtocolError;
 /// A TLS alert: two bytes, level then description.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alert {
-    /// 1 (warning) or 2 (fatal); other values are kept as received.
+    /// [`Alert::LEVEL_WARNING`] or [`Alert::LEVEL_FATAL`]; other values are
+    /// kept as received.
     pub level: u8,
     /// What the alert is about.
     pub description: AlertDescription,
