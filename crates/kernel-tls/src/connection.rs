@@ -1,8 +1,11 @@
 //! A server connection whose record layer runs in the kernel, with rustls
 //! keeping the key schedule.
 //!
-//! [`KtlsConnection::install`] takes a rustls server connection that has
-//! finished its handshake, moves its traffic keys into the kernel and keeps
+//! The hand-over has two steps. [`KtlsConnection::prepare`] checks the
+//! finished rustls connection and attaches the `tls` ULP, leaving both
+//! untouched on failure so the caller can stay in user space; it returns a
+//! [`Prepared`] token. [`KtlsConnection::install`] consumes that token and
+//! the rustls server connection, moves the traffic keys into the kernel and keeps
 //! rustls's [`KernelConnection`] for what the kernel cannot do: deriving new
 //! keys when either side sends a TLS 1.3 `KeyUpdate`. The caller reads with
 //! [`recv_record`](crate::recv_record) and hands every non-data record to
@@ -11,20 +14,25 @@
 //! It also keeps an approximate count of transmitted records so the caller
 //! can respect the cipher's confidentiality limit: see
 //! [`KtlsConnection::limit_status`].
+//!
+//! It is not a transport: sending and receiving are the free functions of
+//! the record layer, called with the same socket.
 
 use core::fmt;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use rustls::kernel::KernelConnection;
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
-use rustls::{AlertDescription, ProtocolVersion, SupportedCipherSuite};
+use rustls::{AlertDescription, ContentType, ProtocolVersion, SupportedCipherSuite};
 
-use crate::crypto_info::{Cipher, CryptoInfo, TlsVersion};
+use crate::crypto_info::CryptoInfo;
 use crate::error::{Error, ProtocolError};
+use crate::keys;
 use crate::message::{parse_server_post_handshake, Alert};
 use crate::record::send_key_update;
-use crate::uapi::content_type;
-use crate::{enable_ulp, keys};
+use crate::types::{Cipher, TlsVersion};
+use crate::uapi;
+use crate::ulp::enable_ulp;
 
 /// What [`KtlsConnection::handle_control`] made of a control record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +67,64 @@ pub enum LimitStatus {
     Close,
 }
 
+/// Proof that a socket has the `tls` ULP attached and that a rustls
+/// connection was found ready to move into the kernel: the only way to
+/// [`KtlsConnection::install`].
+///
+/// Made by [`KtlsConnection::prepare`] and consumed by `install`, so the
+/// ULP is attached exactly once per connection and keys never go to a
+/// socket that was not prepared. It borrows the socket, so it cannot
+/// outlive it or be used with another one. Dropping it is harmless: the
+/// socket stays plain TCP until keys are installed, and user-space TLS can
+/// carry on.
+///
+/// ```no_run
+/// use kernel_tls::{Error, KtlsConnection};
+/// use rustls::server::UnbufferedServerConnection;
+///
+/// fn hand_over(socket: &std::net::TcpStream, conn: UnbufferedServerConnection) -> Result<KtlsConnection, Error> {
+///     let prepared = KtlsConnection::prepare(socket, &conn)?; // on error: stay in user space
+///     KtlsConnection::install(prepared, conn)
+/// }
+/// ```
+///
+/// A token cannot be made any other way:
+///
+/// ```compile_fail
+/// fn forge(fd: std::os::fd::BorrowedFd<'_>) -> kernel_tls::Prepared<'_> {
+///     kernel_tls::Prepared { fd }
+/// }
+/// ```
+///
+/// nor used twice:
+///
+/// ```compile_fail
+/// use kernel_tls::{KtlsConnection, Prepared};
+/// use rustls::server::UnbufferedServerConnection;
+///
+/// fn twice(p: Prepared<'_>, a: UnbufferedServerConnection, b: UnbufferedServerConnection) {
+///     let _ = KtlsConnection::install(p, a);
+///     let _ = KtlsConnection::install(p, b);
+/// }
+/// ```
+///
+/// nor outlive its socket:
+///
+/// ```compile_fail
+/// use kernel_tls::{KtlsConnection, Prepared};
+/// use rustls::server::UnbufferedServerConnection;
+///
+/// fn dangling(conn: &UnbufferedServerConnection) -> Prepared<'static> {
+///     let socket = std::net::TcpStream::connect("127.0.0.1:443").unwrap();
+///     KtlsConnection::prepare(&socket, conn).unwrap()
+/// }
+/// ```
+#[must_use = "pass it to KtlsConnection::install, or drop it to stay in user space"]
+#[derive(Debug)]
+pub struct Prepared<'fd> {
+    fd: BorrowedFd<'fd>,
+}
+
 /// A server connection with both directions in kernel TLS.
 pub struct KtlsConnection {
     kernel: KernelConnection<ServerConnectionData>,
@@ -81,55 +147,49 @@ const SEQ_SOFT_LIMIT: u64 = 0xffff_ffff_ffff_0000;
 
 impl KtlsConnection {
     /// Checks that `conn` can move into the kernel and attaches the `tls`
-    /// ULP to `fd`, without consuming `conn`.
+    /// ULP to `fd`, without consuming `conn`: the first half of the
+    /// hand-over, and the last point at which the caller can still carry on
+    /// in user space.
     ///
-    /// On error the socket is still a plain TCP socket and `conn` is
-    /// untouched, so the caller can carry on in user space. (`install` calls
-    /// this itself; calling it first is only useful to keep that fallback.)
-    pub fn prepare(fd: impl AsFd, conn: &UnbufferedServerConnection) -> Result<(), Error> {
-        // A TLS 1.3 server reaches `WriteTraffic` (0.5-RTT) before the
-        // client's Finished arrives; converting then would fail after
-        // consuming the connection.
-        if conn.is_handshaking() {
-            return Err(Error::Rustls(rustls::Error::HandshakeNotComplete));
-        }
-        let version = conn.protocol_version().ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
-        TlsVersion::from_rustls(version).ok_or(Error::UnsupportedCipher {
-            what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel",
-        })?;
-        let suite = conn
-            .negotiated_cipher_suite()
-            .ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
-        Cipher::for_suite(suite.suite()).ok_or(Error::UnsupportedCipher {
-            what: "the negotiated cipher suite has no kernel TLS equivalent",
-        })?;
-        enable_ulp(fd)
+    /// Cheap and non-blocking (no probing: one or two socket options).
+    ///
+    /// # Errors
+    /// [`Error::Rustls`] if the handshake is not complete (a TLS 1.3 server
+    /// reports `WriteTraffic` before the client's `Finished` has arrived);
+    /// [`Error::UnsupportedCipher`] for a version or suite the kernel
+    /// interface cannot express; the errors of [`enable_ulp`](crate::enable_ulp).
+    /// In every case the socket is still plain TCP and `conn` is untouched.
+    pub fn prepare<'fd>(fd: &'fd impl AsFd, conn: &UnbufferedServerConnection) -> Result<Prepared<'fd>, Error> {
+        check_ready(conn)?;
+        let fd = fd.as_fd();
+        enable_ulp(fd)?;
+        Ok(Prepared { fd })
     }
 
-    /// Moves a finished rustls server connection into kernel TLS on `fd`.
+    /// Moves a finished rustls server connection into kernel TLS on the
+    /// socket `prepared` was made for: the second half of the hand-over.
     ///
     /// Requirements (rustls checks the last three):
-    /// - `fd` is the connected TCP socket the handshake ran on;
-    /// - every byte already read from `fd` was processed by rustls (and any
-    ///   early application data it yielded was taken by the caller) — the
-    ///   kernel only sees what is still in the socket;
+    /// - `prepared` was made by [`prepare`](Self::prepare) for this `conn`
+    ///   on the connected TCP socket the handshake ran on;
+    /// - every byte already read from the socket was processed by rustls
+    ///   (and any early application data it yielded was taken by the
+    ///   caller) — the kernel only sees what is still in the socket;
     /// - the `ServerConfig` had `enable_secret_extraction = true`;
     /// - the handshake is complete and no TLS data is waiting to be sent:
     ///   drive the unbuffered connection until it reports `WriteTraffic`
-    ///   *and* `is_handshaking()` is false (a TLS 1.3 server may report
-    ///   `WriteTraffic` before the client's Finished has arrived).
+    ///   *and* `is_handshaking()` is false.
     ///
-    /// Steps: attach the ULP, extract the secrets, install TX then RX with
-    /// the extracted sequence numbers.
+    /// Steps: extract the secrets, install TX then RX with the extracted
+    /// sequence numbers.
     ///
     /// # Errors
-    /// Errors before the secrets are extracted (ULP unavailable, unsupported
-    /// suite) leave the socket usable as plain TCP, but `conn` is consumed;
-    /// call [`KtlsConnection::prepare`] first to keep a fallback. Errors after
-    /// that leave the connection unusable: close it.
-    pub fn install(fd: impl AsFd, conn: UnbufferedServerConnection) -> Result<Self, Error> {
-        let fd = fd.as_fd();
-        Self::prepare(fd, &conn)?;
+    /// `conn` is consumed whatever happens: on any error the connection
+    /// cannot continue, in the kernel or in user space. Close it.
+    pub fn install(prepared: Prepared<'_>, conn: UnbufferedServerConnection) -> Result<Self, Error> {
+        let fd = prepared.fd;
+        // Cheap, and guards against a `conn` other than the one prepared.
+        check_ready(&conn)?;
         let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
         let protocol = kernel.protocol_version();
         let version = TlsVersion::from_rustls(protocol).ok_or(Error::UnsupportedCipher {
@@ -202,11 +262,11 @@ impl KtlsConnection {
     pub fn handle_control(
         &mut self,
         fd: impl AsFd,
-        record_type: u8,
+        content_type: ContentType,
         payload: &[u8],
     ) -> Result<ControlOutcome, Error> {
-        match record_type {
-            content_type::ALERT => {
+        match content_type {
+            ContentType::Alert => {
                 let alert = Alert::parse(payload)?;
                 Ok(if alert.description == AlertDescription::CloseNotify {
                     ControlOutcome::CloseNotify
@@ -216,13 +276,11 @@ impl KtlsConnection {
                     ControlOutcome::Warning(alert.description)
                 })
             }
-            content_type::HANDSHAKE => {
+            ContentType::Handshake => {
                 let update_requested = parse_server_post_handshake(self.version, payload)?;
                 self.apply_peer_key_update(fd.as_fd(), update_requested)
             }
-            other => Err(Error::Protocol(ProtocolError::UnexpectedContentType {
-                content_type: other,
-            })),
+            other => Err(Error::Protocol(ProtocolError::UnexpectedContentType { content_type: other })),
         }
     }
 
@@ -357,6 +415,28 @@ impl fmt::Debug for KtlsConnection {
     }
 }
 
+/// Whether a rustls connection can move into the kernel: handshake
+/// complete, TLS 1.2/1.3, a suite the kernel interface can express.
+fn check_ready(conn: &UnbufferedServerConnection) -> Result<(), Error> {
+    // A TLS 1.3 server reaches `WriteTraffic` (0.5-RTT) before the
+    // client's Finished arrives; converting then would fail after
+    // consuming the connection.
+    if conn.is_handshaking() {
+        return Err(Error::Rustls(rustls::Error::HandshakeNotComplete));
+    }
+    let version = conn.protocol_version().ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
+    TlsVersion::from_rustls(version).ok_or(Error::UnsupportedCipher {
+        what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel",
+    })?;
+    let suite = conn
+        .negotiated_cipher_suite()
+        .ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
+    Cipher::for_suite(suite.suite()).ok_or(Error::UnsupportedCipher {
+        what: "the negotiated cipher suite has no kernel TLS equivalent",
+    })?;
+    Ok(())
+}
+
 /// The suite's confidentiality limit (records per key).
 pub fn confidentiality_limit(suite: &SupportedCipherSuite) -> u64 {
     match suite {
@@ -376,7 +456,7 @@ fn record_budget(limit: u64) -> u64 {
 /// A lower bound on the records the kernel makes of `bytes` of payload
 /// (one per started 16 KiB; a `send` without `MSG_MORE` closes a record).
 pub fn records_for(bytes: u64) -> u64 {
-    bytes.div_ceil(crate::uapi::TLS_MAX_PLAINTEXT as u64).max(1)
+    bytes.div_ceil(uapi::TLS_MAX_PLAINTEXT as u64).max(1)
 }
 
 #[cfg(test)]

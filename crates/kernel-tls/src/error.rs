@@ -6,40 +6,33 @@
 //! involves a decision — attaching the ULP, installing keys, interpreting
 //! control records — returns [`Error`], whose `Display` says what happened and
 //! what the caller should do next.
+//!
+//! Not here: why kTLS is missing on this machine, which is a diagnosis
+//! ([`Unavailable`](crate::Unavailable)) made once at start-up rather than
+//! an error of one connection.
 
 use core::fmt;
 use std::io;
 
-use rustls::AlertDescription;
+use rustls::{AlertDescription, ContentType, HandshakeType};
 
-use crate::crypto_info::{Cipher, TlsVersion};
-use crate::ulp::Unavailable;
-
-/// Which half of the connection an operation concerned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Direction {
-    /// Transmit (`TLS_TX`).
-    Tx,
-    /// Receive (`TLS_RX`).
-    Rx,
-}
-
-impl fmt::Display for Direction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Direction::Tx => "TX",
-            Direction::Rx => "RX",
-        })
-    }
-}
+use crate::types::{Cipher, Direction, TlsVersion};
 
 /// Errors from installing or driving kernel TLS.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// The kernel cannot attach the `tls` ULP; the reason says why and what to do.
-    /// The socket is still a plain TCP socket: fall back to user-space TLS.
-    Unavailable(Unavailable),
+    /// The kernel has no `tls` ULP (`ENOENT`): the `tls` module is not
+    /// loaded or the kernel lacks `CONFIG_TLS`. The socket is unchanged:
+    /// continue in user space. [`diagnose`](crate::diagnose) tells which
+    /// cause applies; call it at start-up, not per connection.
+    UlpMissing,
+    /// A security policy (seccomp, LSM) refused `TCP_ULP` (`EPERM`/`EACCES`).
+    /// The socket is unchanged.
+    UlpDenied(io::Error),
+    /// The socket or kernel does not know `TCP_ULP` (`ENOPROTOOPT`/
+    /// `EOPNOTSUPP`: Linux < 4.13, or not a TCP socket). The socket is unchanged.
+    UlpUnsupported(io::Error),
     /// `TCP_ULP` was refused because the socket is not in the ESTABLISHED
     /// state (e.g. the peer already sent FIN). The socket is unchanged.
     NotConnected,
@@ -108,7 +101,23 @@ fn errno_name(e: &io::Error) -> String {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Unavailable(u) => write!(f, "kernel TLS is unavailable: {u}"),
+            Error::UlpMissing => f.write_str(
+                "the kernel has no `tls` upper-layer protocol (the tls module is not loaded, \
+                 or the kernel was built without CONFIG_TLS); continue this connection in \
+                 user space, and run the kTLS diagnosis at start-up to learn which and how to fix it",
+            ),
+            Error::UlpDenied(e) => write!(
+                f,
+                "attaching the tls ULP was denied ({}); allow setsockopt(SOL_TCP, TCP_ULP) \
+                 in the seccomp/LSM policy, and meanwhile continue in user space",
+                errno_name(e)
+            ),
+            Error::UlpUnsupported(e) => write!(
+                f,
+                "this socket or kernel does not support TCP_ULP ({}); kernel TLS needs \
+                 Linux 4.13+ and a TCP socket: continue in user space",
+                errno_name(e)
+            ),
             Error::NotConnected => f.write_str(
                 "the tls ULP can only be attached to an established TCP socket \
                  (not listening, not yet connected, and not after the peer closed its side); \
@@ -162,8 +171,13 @@ impl fmt::Display for Error {
                 "the cipher's confidentiality limit is reached and TLS 1.2 cannot \
                  update keys: close the connection",
             ),
-            Error::Rustls(e) => write!(f, "rustls: {e}"),
-            Error::Protocol(p) => write!(f, "peer protocol violation: {p}"),
+            Error::Rustls(e) => write!(
+                f,
+                "rustls refused: {e}; before the hand-over the connection may continue in \
+                 user space (hand over only with enable_secret_extraction set and the \
+                 handshake complete), after it close the connection"
+            ),
+            Error::Protocol(p) => write!(f, "peer protocol violation: {p}; send the alert and close"),
             Error::Io(e) => write!(f, "socket error: {}", errno_name(e)),
         }
     }
@@ -172,9 +186,10 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::KernelRefused { source, .. } | Error::RekeyUnsupported { source, .. } => {
-                Some(source)
-            }
+            Error::KernelRefused { source, .. }
+            | Error::RekeyUnsupported { source, .. }
+            | Error::UlpDenied(source)
+            | Error::UlpUnsupported(source) => Some(source),
             Error::Rustls(e) => Some(e),
             Error::Protocol(p) => Some(p),
             Error::Io(e) => Some(e),
@@ -227,7 +242,7 @@ pub enum ProtocolError {
     /// (e.g. `NewSessionTicket`, `Finished`).
     UnexpectedHandshake {
         /// The handshake message type.
-        msg_type: u8,
+        msg_type: HandshakeType,
     },
     /// A TLS 1.2 renegotiation attempt (`ClientHello`/`HelloRequest`); refused.
     Renegotiation,
@@ -241,7 +256,7 @@ pub enum ProtocolError {
     /// `change_cipher_spec` or heartbeat after the handshake).
     UnexpectedContentType {
         /// The record's content type.
-        content_type: u8,
+        content_type: ContentType,
     },
 }
 
@@ -270,7 +285,7 @@ impl fmt::Display for ProtocolError {
             }
             ProtocolError::MalformedHandshake => f.write_str("malformed handshake record"),
             ProtocolError::UnexpectedHandshake { msg_type } => {
-                write!(f, "unexpected post-handshake message (type {msg_type})")
+                write!(f, "unexpected post-handshake message {msg_type:?}")
             }
             ProtocolError::Renegotiation => f.write_str("TLS 1.2 renegotiation is not supported"),
             ProtocolError::KeyUpdateOnTls12 => f.write_str("KeyUpdate on a TLS 1.2 connection"),
@@ -279,7 +294,7 @@ impl fmt::Display for ProtocolError {
             }
             ProtocolError::InvalidKeyUpdate => f.write_str("invalid KeyUpdate body"),
             ProtocolError::UnexpectedContentType { content_type } => {
-                write!(f, "unexpected record type {content_type}")
+                write!(f, "unexpected {content_type:?} record after the handshake")
             }
         }
     }

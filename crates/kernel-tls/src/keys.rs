@@ -7,12 +7,15 @@
 //! kernels answer [`Error::RekeyUnsupported`].
 //!
 //! Each function is a single `setsockopt(2)`; none of them block.
+//! They do not attach the ULP (that is [`enable_ulp`](crate::enable_ulp))
+//! nor build the key structures (that is [`CryptoInfo`]).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
 use crate::crypto_info::CryptoInfo;
-use crate::error::{Direction, Error};
+use crate::error::Error;
+use crate::types::Direction;
 use crate::{sys, uapi};
 
 fn install(fd: impl AsFd, direction: Direction, info: &CryptoInfo) -> io::Result<()> {

@@ -3,21 +3,30 @@
 //! rustls performs the handshake; this crate moves the resulting record
 //! layer into the Linux kernel, so `send`, `sendfile` and `recv` on the TCP
 //! socket carry encrypted TLS records without user-space copies. It is
-//! protocol-agnostic: nothing here knows about HTTP.
+//! protocol-agnostic: nothing here knows about HTTP. It is not a TLS
+//! implementation (rustls keeps the handshake and key schedule) and not a
+//! socket wrapper (every function takes the caller's socket as an
+//! [`AsFd`](std::os::fd::AsFd)).
+//!
+//! Every public item lives at the crate root; the modules below are private
+//! and listed to show how the crate is organised.
 //!
 //! ## Layers
 //!
 //! | module | job |
 //! |---|---|
-//! | [`probe`](mod@probe) | [`probe()`] what the running kernel supports ([`Capabilities`]) |
-//! | [`ulp`] | [`enable_ulp`] attaches the `tls` ULP; [`Unavailable`] explains failures |
-//! | [`crypto_info`] | [`CryptoInfo`]: keys in the kernel's `tls12_crypto_info_*` layout |
-//! | [`keys`] | [`set_tx`]/[`set_rx`] install keys; [`update_tx`]/[`update_rx`] re-key |
-//! | [`record`] | [`send`], [`sendfile`], [`send_record`], alerts, [`recv_record`], [`RxError`] |
-//! | [`message`] | alert and `KeyUpdate` encoding/parsing (pure functions) |
-//! | [`connection`] | [`KtlsConnection`]: a rustls server connection living in the kernel |
-//! | [`stat`] | [`TlsStat`]: `/proc/net/tls_stat` counters |
-//! | [`uapi`] | constants and `#[repr(C)]` structures from `linux/tls.h` |
+//! | `types` | [`TlsVersion`], [`Cipher`], [`Direction`]: the vocabulary every other module shares |
+//! | `error` | [`Error`] and [`ProtocolError`]: what went wrong and what to do |
+//! | `ulp` | [`enable_ulp`] attaches the `tls` ULP (cheap, per connection) |
+//! | `diagnose` | [`diagnose`] explains a missing ULP as an [`Unavailable`] (start-up only) |
+//! | `probe` | [`probe()`] what the running kernel supports ([`Capabilities`]; start-up only) |
+//! | `crypto_info` | [`CryptoInfo`]: keys in the kernel's `tls12_crypto_info_*` layout |
+//! | `keys` | [`set_tx`]/[`set_rx`] install keys; [`update_tx`]/[`update_rx`] re-key; record-layer socket options |
+//! | `record` | [`send`], [`sendfile`], [`send_record`], alerts, [`recv_record`], [`RxError`] |
+//! | `message` | [`Alert`] and `KeyUpdate` encoding/parsing (pure functions) |
+//! | `connection` | [`KtlsConnection`]: a rustls server connection living in the kernel, via [`Prepared`] |
+//! | `stat` | [`TlsStat`]: `/proc/net/tls_stat` counters |
+//! | `uapi`, `sys` | `linux/tls.h` constants and structures; the `unsafe` system calls (internal) |
 //!
 //! ## Typical server flow
 //!
@@ -28,11 +37,12 @@
 //! 2. Drive a `rustls::server::UnbufferedServerConnection` through the
 //!    handshake until it reports `WriteTraffic` (all handshake bytes written,
 //!    all received bytes processed).
-//! 3. [`KtlsConnection::install`]`(socket, conn)`; optionally call
-//!    [`KtlsConnection::prepare`] first to keep a user-space fallback.
+//! 3. [`KtlsConnection::prepare`]`(&socket, &conn)` checks the connection
+//!    and attaches the ULP; on error carry on in user space. Then
+//!    [`KtlsConnection::install`]`(prepared, conn)` installs the keys.
 //! 4. Serve: [`send`]/[`sendfile`] for data (count records with
 //!    [`KtlsConnection::note_records_sent`]); [`recv_record`] for input.
-//!    Every record with `content_type != 23` goes to
+//!    Every record that is not application data goes to
 //!    [`KtlsConnection::handle_control`]: it applies peer `KeyUpdate`s and
 //!    reports `close_notify` and alerts. Errors carry the alert to send
 //!    ([`Error::alert`], [`RxError::alert`]).
@@ -44,8 +54,10 @@
 //! Socket functions take any [`AsFd`](std::os::fd::AsFd) (e.g.
 //! `&tokio::net::TcpStream`), perform one system call and return the raw
 //! [`std::io::Error`], `WouldBlock` included, so they fit tokio's `try_io`.
-//! Nothing in this crate blocks or spawns threads; [`probe()`] uses its own
-//! short-lived loopback sockets.
+//! Nothing on the per-connection path blocks, reads files or spawns
+//! anything. The start-up functions do: [`probe()`] connects short-lived
+//! loopback sockets, and [`diagnose`] reads `/proc`, `/sys`, `/lib/modules`
+//! and the kernel config (running `gzip` for `/proc/config.gz`).
 //!
 //! ## Kernel versions
 //!
@@ -58,30 +70,34 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
-pub mod connection;
-pub mod crypto_info;
-pub mod error;
-pub mod keys;
-pub mod message;
-pub mod probe;
-pub mod record;
-pub mod stat;
+mod connection;
+mod crypto_info;
+mod diagnose;
+mod error;
+mod keys;
+mod message;
+mod probe;
+mod record;
+mod stat;
 mod sys;
-pub mod uapi;
-pub mod ulp;
+mod types;
+mod uapi;
+mod ulp;
 
-pub use connection::{records_for, confidentiality_limit, ControlOutcome, KtlsConnection, LimitStatus};
-pub use crypto_info::{Cipher, CryptoInfo, TlsVersion};
-pub use error::{Direction, Error, ProtocolError};
+pub use connection::{confidentiality_limit, records_for, ControlOutcome, KtlsConnection, LimitStatus, Prepared};
+pub use crypto_info::CryptoInfo;
+pub use diagnose::{diagnose, Unavailable};
+pub use error::{Error, ProtocolError};
 pub use keys::{
     set_rx, set_rx_expect_no_pad, set_tx, set_tx_max_payload_len, set_tx_zerocopy_sendfile,
     tx_max_payload_len, update_rx, update_tx,
 };
-pub use message::Alert;
-pub use probe::{available_congestion_control, probe, Capabilities, RekeySupport, SuiteSupport};
+pub use message::{key_update_message, parse_server_post_handshake, Alert};
+pub use probe::{probe, Capabilities, RekeySupport, SuiteSupport};
 pub use record::{
     recv_record, send, send_alert, send_alert_record, send_close_notify, send_key_update,
     send_record, sendfile, Received, RxError,
 };
 pub use stat::TlsStat;
-pub use ulp::{diagnose, enable_ulp, Unavailable};
+pub use types::{Cipher, Direction, TlsVersion};
+pub use ulp::enable_ulp;

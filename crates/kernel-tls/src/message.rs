@@ -5,32 +5,35 @@
 //! in isolation and reused by anything that reads records from the kernel.
 //! Everything the peer controls is validated; malformed input yields a
 //! [`ProtocolError`] carrying the alert to send back.
+//! Sending them is the record layer's job ([`send_alert_record`](crate::send_alert_record),
+//! [`send_key_update`](crate::send_key_update)).
 
 use rustls::{AlertDescription, HandshakeType};
 
-use crate::crypto_info::TlsVersion;
+use crate::types::TlsVersion;
 use crate::error::ProtocolError;
-
-/// Alert level `warning` (1).
-pub const ALERT_LEVEL_WARNING: u8 = 1;
-/// Alert level `fatal` (2).
-pub const ALERT_LEVEL_FATAL: u8 = 2;
 
 /// A TLS alert: two bytes, level then description.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alert {
-    /// 1 (warning) or 2 (fatal); other values are kept as received.
+    /// [`Alert::LEVEL_WARNING`] or [`Alert::LEVEL_FATAL`]; other values are
+    /// kept as received.
     pub level: u8,
     /// What the alert is about.
     pub description: AlertDescription,
 }
 
 impl Alert {
+    /// Alert level `warning` (1).
+    pub const LEVEL_WARNING: u8 = 1;
+    /// Alert level `fatal` (2).
+    pub const LEVEL_FATAL: u8 = 2;
+
     /// `close_notify` (warning level, description 0): orderly end of the
     /// sender's data.
     pub fn close_notify() -> Self {
         Alert {
-            level: ALERT_LEVEL_WARNING,
+            level: Alert::LEVEL_WARNING,
             description: AlertDescription::CloseNotify,
         }
     }
@@ -38,7 +41,7 @@ impl Alert {
     /// A fatal alert with the given description.
     pub fn fatal(description: AlertDescription) -> Self {
         Alert {
-            level: ALERT_LEVEL_FATAL,
+            level: Alert::LEVEL_FATAL,
             description,
         }
     }
@@ -67,18 +70,18 @@ impl Alert {
             AlertDescription::CloseNotify => false,
             AlertDescription::UserCanceled if version == TlsVersion::Tls13 => false,
             _ if version == TlsVersion::Tls13 => true,
-            _ => self.level != ALERT_LEVEL_WARNING,
+            _ => self.level != Alert::LEVEL_WARNING,
         }
     }
 }
 
 /// One handshake message inside a handshake record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HandshakeMessage<'a> {
+pub(crate) struct HandshakeMessage<'a> {
     /// The message type (`msg_type`).
-    pub msg_type: HandshakeType,
+    pub(crate) msg_type: HandshakeType,
     /// The body, without the 4-byte header.
-    pub body: &'a [u8],
+    pub(crate) body: &'a [u8],
 }
 
 /// Iterator over the handshake messages of one handshake record.
@@ -86,7 +89,7 @@ pub struct HandshakeMessage<'a> {
 /// Yields an error (and then stops) if a header is truncated or a length
 /// runs past the record: this crate does not reassemble messages split
 /// across records, which a peer has no reason to do after the handshake.
-pub struct HandshakeMessages<'a> {
+pub(crate) struct HandshakeMessages<'a> {
     rest: &'a [u8],
     failed: bool,
 }
@@ -95,7 +98,7 @@ pub struct HandshakeMessages<'a> {
 /// length, body). An empty payload yields nothing; callers should treat an
 /// empty handshake record as malformed (RFC 8446 §5.1 forbids zero-length
 /// handshake fragments), as [`parse_server_post_handshake`] does.
-pub fn handshake_messages(payload: &[u8]) -> HandshakeMessages<'_> {
+pub(crate) fn handshake_messages(payload: &[u8]) -> HandshakeMessages<'_> {
     HandshakeMessages {
         rest: payload,
         failed: false,
@@ -165,9 +168,7 @@ pub fn parse_server_post_handshake(version: TlsVersion, payload: &[u8]) -> Resul
                 return Err(ProtocolError::Renegotiation)
             }
             (_, other) => {
-                return Err(ProtocolError::UnexpectedHandshake {
-                    msg_type: u8::from(other),
-                })
+                return Err(ProtocolError::UnexpectedHandshake { msg_type: other })
             }
         }
     }
@@ -176,7 +177,7 @@ pub fn parse_server_post_handshake(version: TlsVersion, payload: &[u8]) -> Resul
 
 /// Parses a `KeyUpdate` body: one byte, 0 (`update_not_requested`) or
 /// 1 (`update_requested`). Returns whether an update was requested.
-pub fn parse_key_update(body: &[u8]) -> Result<bool, ProtocolError> {
+pub(crate) fn parse_key_update(body: &[u8]) -> Result<bool, ProtocolError> {
     match *body {
         [0] => Ok(false),
         [1] => Ok(true),
@@ -212,7 +213,7 @@ mod tests {
     #[test]
     fn alert_fatality_rules() {
         let warn = |d| Alert {
-            level: ALERT_LEVEL_WARNING,
+            level: Alert::LEVEL_WARNING,
             description: d,
         };
         assert!(!Alert::close_notify().is_fatal(TlsVersion::Tls13));
@@ -265,7 +266,7 @@ mod tests {
         // NewSessionTicket from a client.
         assert_eq!(
             parse_server_post_handshake(TlsVersion::Tls13, &[4, 0, 0, 1, 0]),
-            Err(ProtocolError::UnexpectedHandshake { msg_type: 4 })
+            Err(ProtocolError::UnexpectedHandshake { msg_type: HandshakeType::NewSessionTicket })
         );
         // KeyUpdate followed by another message in the same record.
         let mut ku_then = key_update_message(false).to_vec();
@@ -290,7 +291,7 @@ mod tests {
         // ClientHello under TLS 1.3 is simply unexpected.
         assert_eq!(
             parse_server_post_handshake(TlsVersion::Tls13, &[1, 0, 0, 0]),
-            Err(ProtocolError::UnexpectedHandshake { msg_type: 1 })
+            Err(ProtocolError::UnexpectedHandshake { msg_type: HandshakeType::ClientHello })
         );
         // Invalid request_update value.
         assert_eq!(

@@ -9,7 +9,9 @@
 //!
 //! The probe never panics and takes a few milliseconds (each step is a
 //! `setsockopt` on a local socket). Dummy keys never leave the machine: no
-//! data is sent on the probe connections.
+//! data is sent on the probe connections. It blocks while it runs (local
+//! connects and, when the ULP is missing, [`diagnose`](crate::diagnose)'s
+//! file reads), so it belongs at start-up, not on the per-connection path.
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -17,10 +19,12 @@ use std::time::{Duration, Instant};
 
 use rustls::SupportedCipherSuite;
 
-use crate::crypto_info::{Cipher, CryptoInfo, TlsVersion};
+use crate::crypto_info::CryptoInfo;
+use crate::diagnose::{diagnose, Unavailable};
 use crate::error::Error;
-use crate::ulp::Unavailable;
-use crate::{enable_ulp, keys, sys};
+use crate::types::{Cipher, TlsVersion};
+use crate::ulp::enable_ulp;
+use crate::{keys, sys};
 
 /// TX/RX support of one protocol version × cipher.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,8 +70,6 @@ pub struct Capabilities {
     /// `Some(current cap)` if the kernel knows `TLS_TX_MAX_PAYLOAD_LEN`
     /// (record size limit, RFC 8449), `None` if not.
     pub tx_max_payload_len: Option<u16>,
-    /// Contents of `tcp_available_congestion_control` (empty if unreadable).
-    pub congestion_control: Vec<String>,
     /// How long the probe took.
     pub elapsed: Duration,
 }
@@ -121,7 +123,6 @@ pub fn probe() -> Capabilities {
         suites: Vec::new(),
         rekey: RekeySupport::default(),
         tx_max_payload_len: None,
-        congestion_control: available_congestion_control().unwrap_or_default(),
         elapsed: Duration::ZERO,
     };
     if let Err(u) = probe_into(&mut caps) {
@@ -143,7 +144,18 @@ fn probe_into(caps: &mut Capabilities) -> Result<(), Unavailable> {
     let (client, _server) = listener.pair().map_err(other)?;
     match enable_ulp(&client) {
         Ok(()) => {}
-        Err(Error::Unavailable(u)) => return Err(u),
+        // Only here, once, is the system examined for the cause.
+        Err(Error::UlpMissing) => return Err(diagnose()),
+        Err(Error::UlpDenied(e)) => {
+            return Err(Unavailable::Denied {
+                detail: e.to_string(),
+            })
+        }
+        Err(Error::UlpUnsupported(e)) => {
+            return Err(Unavailable::UnsupportedSocket {
+                detail: e.to_string(),
+            })
+        }
         Err(e) => {
             return Err(Unavailable::Other {
                 detail: e.to_string(),
@@ -282,13 +294,6 @@ impl Loopback {
     }
 }
 
-/// Congestion-control algorithms the kernel has loaded
-/// (`/proc/sys/net/ipv4/tcp_available_congestion_control`).
-pub fn available_congestion_control() -> io::Result<Vec<String>> {
-    let text = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")?;
-    Ok(text.split_whitespace().map(str::to_owned).collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,12 +333,5 @@ mod tests {
         assert!(!caps.usable());
         assert!(!caps.rekey_supported());
         eprintln!("probe: {text} ({:?})", caps.elapsed);
-    }
-
-    #[test]
-    fn congestion_control_list() {
-        if let Ok(list) = available_congestion_control() {
-            assert!(!list.is_empty());
-        }
     }
 }

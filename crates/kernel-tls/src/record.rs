@@ -9,16 +9,19 @@
 //! Every function is one system call and returns [`io::Error`] unchanged
 //! (`WouldBlock` included), so readiness-based callers can retry. Use
 //! [`RxError::classify`] to turn a receive error into a decision.
+//!
+//! Nothing here keeps state: applying a peer's `KeyUpdate` or counting
+//! records against the confidentiality limit is
+//! [`KtlsConnection`](crate::KtlsConnection)'s job.
 
 use core::fmt;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
-use rustls::AlertDescription;
+use rustls::{AlertDescription, ContentType};
 
 use crate::message::{key_update_message, Alert};
 use crate::sys;
-use crate::uapi::content_type;
 
 /// Sends application data (`send(2)` with `MSG_NOSIGNAL`).
 ///
@@ -39,13 +42,13 @@ pub fn send(fd: impl AsFd, data: &[u8], more: bool) -> io::Result<usize> {
 ///
 /// `data` is plaintext; the kernel encrypts it with the current TX key.
 /// Keep control records small (≤ 16 KiB) so they are never split.
-pub fn send_record(fd: impl AsFd, record_type: u8, data: &[u8]) -> io::Result<usize> {
-    sys::sendmsg_record(fd.as_fd().as_raw_fd(), record_type, data, libc::MSG_NOSIGNAL)
+pub fn send_record(fd: impl AsFd, content_type: ContentType, data: &[u8]) -> io::Result<usize> {
+    sys::sendmsg_record(fd.as_fd().as_raw_fd(), u8::from(content_type), data, libc::MSG_NOSIGNAL)
 }
 
 /// Sends a small control record completely, or fails.
-fn send_whole(fd: impl AsFd, record_type: u8, data: &[u8]) -> io::Result<()> {
-    let n = send_record(fd, record_type, data)?;
+fn send_whole(fd: impl AsFd, content_type: ContentType, data: &[u8]) -> io::Result<()> {
+    let n = send_record(fd, content_type, data)?;
     if n == data.len() {
         Ok(())
     } else {
@@ -60,7 +63,7 @@ fn send_whole(fd: impl AsFd, record_type: u8, data: &[u8]) -> io::Result<()> {
 
 /// Sends an alert record.
 pub fn send_alert_record(fd: impl AsFd, alert: Alert) -> io::Result<()> {
-    send_whole(fd, content_type::ALERT, &alert.encode())
+    send_whole(fd, ContentType::Alert, &alert.encode())
 }
 
 /// Sends `close_notify` (alert level 1, description 0): the orderly end of
@@ -80,7 +83,7 @@ pub fn send_alert(fd: impl AsFd, description: AlertDescription) -> io::Result<()
 /// this returns `Ok`; with `update_requested` the peer will answer with its
 /// own `KeyUpdate`, to be handled like any other.
 pub fn send_key_update(fd: impl AsFd, update_requested: bool) -> io::Result<()> {
-    send_whole(fd, content_type::HANDSHAKE, &key_update_message(update_requested))
+    send_whole(fd, ContentType::Handshake, &key_update_message(update_requested))
 }
 
 /// Sends up to `count` bytes of `in_fd` starting at `*offset`, encrypted by
@@ -99,8 +102,10 @@ pub fn sendfile(out_fd: impl AsFd, in_fd: impl AsFd, offset: &mut u64, count: us
 /// One successful [`recv_record`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Received {
-    /// The record's content type: 23 application data, 21 alert, 22 handshake.
-    pub content_type: u8,
+    /// The record's content type: application data, alert or handshake
+    /// (anything else is the peer's doing; see
+    /// [`KtlsConnection::handle_control`](crate::KtlsConnection::handle_control)).
+    pub content_type: ContentType,
     /// Bytes written to the buffer.
     pub len: usize,
 }
@@ -108,7 +113,7 @@ pub struct Received {
 impl Received {
     /// Application data (the common case).
     pub fn is_application_data(&self) -> bool {
-        self.content_type == content_type::APPLICATION_DATA
+        self.content_type == ContentType::ApplicationData
     }
 
     /// End of stream: the peer closed TCP without (further) records.
@@ -131,7 +136,7 @@ pub fn recv_record(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
     let msg = sys::recvmsg_record(fd.as_fd().as_raw_fd(), buf, 0)?;
     // No control message: plain data (the kernel reports a type for every
     // record it decrypts; a 0-byte read at EOF has none).
-    let content_type = msg.record_type.unwrap_or(content_type::APPLICATION_DATA);
+    let content_type = msg.record_type.map_or(ContentType::ApplicationData, ContentType::from);
     Ok(Received {
         content_type,
         len: msg.len,

@@ -5,6 +5,8 @@
 //! `TlsCurrTxSw`, `TlsTxSw`, `TlsDecryptError`, `TlsRxRekeyOk`. [`TlsStat`]
 //! keeps them in file order and looks them up by name, so new counters in
 //! newer kernels appear without code changes.
+//! It reads and parses only; what the counters mean for a server is the
+//! caller's business.
 
 use std::io;
 use std::path::Path;

@@ -4,6 +4,8 @@
 //! and socket constants kTLS needs) so the rest of the crate does not depend
 //! on which of them a given `libc` release happens to export. Everything here
 //! is plain data: no system calls, no `unsafe`.
+//! It is internal: callers use the typed API ([`Cipher`](crate::Cipher),
+//! [`TlsVersion`](crate::TlsVersion), [`CryptoInfo`](crate::CryptoInfo)).
 //!
 //! The `#[repr(C)]` structures are laid out byte for byte like their C
 //! namesakes; compile-time assertions below pin their sizes (40, 56 and
@@ -119,15 +121,3 @@ const _: () = assert!(size_of::<Tls12CryptoInfoAesGcm256>() == 4 + 8 + 32 + 4 + 
 const _: () = assert!(size_of::<Tls12CryptoInfoAesGcm256>() == 56);
 const _: () = assert!(size_of::<Tls12CryptoInfoChacha20Poly1305>() == 4 + 12 + 32 + 8);
 const _: () = assert!(size_of::<Tls12CryptoInfoChacha20Poly1305>() == 56);
-
-/// TLS record content types (RFC 8446 §5.1), as the kernel reports them.
-pub mod content_type {
-    /// `change_cipher_spec` (20).
-    pub const CHANGE_CIPHER_SPEC: u8 = 20;
-    /// `alert` (21).
-    pub const ALERT: u8 = 21;
-    /// `handshake` (22).
-    pub const HANDSHAKE: u8 = 22;
-    /// `application_data` (23).
-    pub const APPLICATION_DATA: u8 = 23;
-}

@@ -15,8 +15,7 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
-use kernel_tls::message::{key_update_message, parse_server_post_handshake};
-use kernel_tls::{Cipher, CryptoInfo, TlsVersion};
+use kernel_tls::{key_update_message, parse_server_post_handshake, Cipher, CryptoInfo, TlsVersion};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::cipher::{
     AeadKey, InboundOpaqueMessage, Iv, MessageDecrypter, MessageEncrypter, OutboundChunks,

@@ -2,7 +2,8 @@
 //! to do about each gap.
 //!
 //! The facts come from [`kernel_tls::probe`] (which tries the real socket
-//! options on loopback connections) and `/proc/net/tls_stat`. The same
+//! options on loopback connections), `/proc/net/tls_stat` and the kernel's
+//! list of congestion-control algorithms. The same
 //! [`Report`] is printed either as a human-readable page or, with `--json`,
 //! as one JSON object. The exit status gives the verdict to scripts: 0 when
 //! kTLS is usable, 1 when it is not (the report still prints in full, since
@@ -110,10 +111,11 @@ impl Report {
     fn gather() -> Report {
         let caps = kernel_tls::probe();
         let stat = TlsStat::read();
-        Report::from_facts(&caps, stat)
+        let congestion = crate::server::congestion::available().unwrap_or_default();
+        Report::from_facts(&caps, stat, congestion)
     }
 
-    fn from_facts(caps: &Capabilities, stat: io::Result<TlsStat>) -> Report {
+    fn from_facts(caps: &Capabilities, stat: io::Result<TlsStat>, congestion_control: Vec<String>) -> Report {
         let mut advice = Vec::new();
         let ktls = match &caps.unavailable {
             Some(u) => {
@@ -204,12 +206,12 @@ impl Report {
             );
         }
 
-        if caps.congestion_control.is_empty() {
+        if congestion_control.is_empty() {
             advice.push(
                 "congestion control: /proc/sys/net/ipv4/tcp_available_congestion_control is unreadable"
                     .to_owned(),
             );
-        } else if !caps.congestion_control.iter().any(|c| c == "bbr") {
+        } else if !congestion_control.iter().any(|c| c == "bbr") {
             advice.push("congestion control: `bbr` is not loaded; `modprobe tcp_bbr` if you want it".to_owned());
         }
 
@@ -237,7 +239,7 @@ impl Report {
             suites,
             rekey,
             record_size_cap,
-            congestion_control: caps.congestion_control.clone(),
+            congestion_control,
             tls_stat,
             advice,
             probe_ms: (caps.elapsed.as_secs_f64() * 10_000.0).round() / 10.0,
@@ -406,14 +408,14 @@ mod tests {
                 detail: Some("EBUSY".into()),
             },
             tx_max_payload_len: None,
-            congestion_control: vec!["reno".into(), "cubic".into()],
             elapsed: std::time::Duration::from_millis(3),
         }
     }
 
     #[test]
     fn usable_kernel_reports_gaps() {
-        let report = Report::from_facts(&fake_6_1(), TlsStat::parse("TlsTxSw 6\n"));
+        let congestion = vec!["reno".into(), "cubic".into()];
+        let report = Report::from_facts(&fake_6_1(), TlsStat::parse("TlsTxSw 6\n"), congestion);
         assert!(report.ktls.usable);
         assert!(report.suites.iter().all(|s| s.tx && s.rx));
         assert!(!report.rekey.supported && report.rekey.tested);
@@ -432,7 +434,7 @@ mod tests {
     fn tls_stat_counters_are_reported() {
         let caps = kernel_tls::probe();
         let stat = TlsStat::parse("TlsCurrTxSw 1\nTlsTxSw 5\n");
-        let report = Report::from_facts(&caps, stat);
+        let report = Report::from_facts(&caps, stat, vec!["reno".into()]);
         assert!(report.tls_stat.available);
         assert_eq!(report.tls_stat.counters.get("TlsTxSw"), Some(&5));
         let mut text = Vec::new();

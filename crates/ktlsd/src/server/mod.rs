@@ -5,6 +5,7 @@
 //! single-threaded event loop over its own `SO_REUSEPORT` listeners; nothing is
 //! handed between threads on the data path.
 
+pub(crate) mod congestion;
 mod listener;
 mod plain;
 mod privileges;
@@ -393,7 +394,7 @@ fn choose_ktls(config: &Config) -> anyhow::Result<Option<crate::tls::kernel::Sup
 
 fn check_tcp_options(config: &Config) -> anyhow::Result<()> {
     if let Some(cc) = &config.tcp.congestion {
-        let available = kernel_tls::available_congestion_control().unwrap_or_default();
+        let available = congestion::available().unwrap_or_default();
         if !available.iter().any(|a| a == cc) {
             return Err(anyhow!(
                 "tcp_congestion {cc:?} is not offered by this kernel (available: {}); try `modprobe tcp_{cc}`",

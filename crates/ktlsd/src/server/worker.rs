@@ -304,13 +304,15 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
 
     let conn = established.conn;
     let sizer = RecordSizer::new(cfg.record_policy, tls::record_expansion(&conn));
-    let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s))
-        // Attaching the ULP can still fail for this socket (e.g. the client already
-        // sent FIN); then the connection simply stays in user space.
-        && KernelTls::prepare(&stream, &conn).inspect_err(|e| tracing::debug!("kTLS not used for {peer}: {e}")).is_ok();
-    let mut session = if kernel_can {
+    let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s));
+    // Attaching the ULP can still fail for this socket (e.g. the client already
+    // sent FIN); then the connection simply stays in user space.
+    let prepared = kernel_can
+        .then(|| KernelTls::prepare(&stream, &conn).inspect_err(|e| tracing::debug!("kTLS not used for {peer}: {e}")).ok())
+        .flatten();
+    let mut session = if let Some(prepared) = prepared {
         let cap = shared.ktls.as_ref().and_then(|k| k.record_cap(cfg.record_policy));
-        match KernelTls::install(&stream, conn, cap) {
+        match KernelTls::install(&stream, prepared, conn, cap) {
             Ok(k) => {
                 Stats::bump(&stats.ktls);
                 Session::kernel(stream, k, sizer, cfg.timeouts.send)

@@ -8,7 +8,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use kernel_tls::{Capabilities, ControlOutcome, KtlsConnection, LimitStatus, RxError};
+use kernel_tls::{Capabilities, ControlOutcome, KtlsConnection, LimitStatus, Prepared, RxError};
 use rustls::server::UnbufferedServerConnection;
 use rustls::SupportedCipherSuite;
 use tokio::io::Interest;
@@ -96,18 +96,20 @@ pub struct KernelTls {
 impl KernelTls {
     /// Checks that this connection can move into the kernel and attaches the `tls`
     /// ULP, without consuming the rustls state: on error it can carry on in user space.
-    pub fn prepare(stream: &TcpStream, conn: &UnbufferedServerConnection) -> Result<(), kernel_tls::Error> {
-        KtlsConnection::prepare(stream.as_fd(), conn)
+    pub fn prepare<'s>(stream: &'s TcpStream, conn: &UnbufferedServerConnection) -> Result<Prepared<'s>, kernel_tls::Error> {
+        KtlsConnection::prepare(stream, conn)
     }
 
-    /// Hands the finished handshake to the kernel. On error the connection cannot
-    /// continue (its rustls state is consumed) and must be closed.
+    /// Hands the finished handshake to the kernel on the socket `prepared` was made
+    /// for. On error the connection cannot continue (its rustls state is consumed)
+    /// and must be closed.
     pub fn install(
         stream: &TcpStream,
+        prepared: Prepared<'_>,
         conn: UnbufferedServerConnection,
         record_cap: Option<u16>,
     ) -> Result<KernelTls, kernel_tls::Error> {
-        let conn = KtlsConnection::install(stream.as_fd(), conn)?;
+        let conn = KtlsConnection::install(prepared, conn)?;
         // Set before any data, while no record is open (the kernel ignores it otherwise).
         let kernel_cuts_records =
             record_cap.is_some_and(|cap| kernel_tls::set_tx_max_payload_len(stream.as_fd(), cap).is_ok());
