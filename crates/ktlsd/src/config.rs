@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::body::RecordPolicy;
+use crate::tls::sizing::RecordPolicy;
 use crate::cli::ServeArgs;
 
 /// Why the configuration was refused. Each message names the offending value.

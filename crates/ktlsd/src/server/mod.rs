@@ -8,7 +8,6 @@
 mod listener;
 mod plain;
 mod privileges;
-pub mod stats;
 mod systemd;
 mod worker;
 
@@ -27,7 +26,7 @@ use crate::cli::ServeArgs;
 use crate::config::{AccessLog, Config, KtlsMode};
 use crate::files::{self, Root};
 use crate::tls::config::{server_config, Identity};
-use stats::Stats;
+use crate::stats::Stats;
 
 /// What every worker reads and nobody writes. A reload builds a new one; each
 /// connection holds the `Arc` it started with, so in-flight connections finish

@@ -20,11 +20,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
-use super::stats::Stats;
 use super::{Current, Shared};
-use crate::body::{tcp, RecordSizer};
 use crate::http::conn::{self, End};
 use crate::log::AccessLog;
+use crate::stats::Stats;
+use crate::tls::sizing::RecordSizer;
+use crate::tls::tcp;
 use crate::tls::handshake::{self, FailureKind};
 use crate::tls::kernel::KernelTls;
 use crate::tls::userspace::UserspaceTls;

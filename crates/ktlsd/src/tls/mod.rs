@@ -5,6 +5,8 @@ pub mod config;
 pub mod handshake;
 pub mod kernel;
 pub mod session;
+pub mod sizing;
+pub mod tcp;
 pub mod userspace;
 
 pub use session::Session;
@@ -41,4 +43,10 @@ fn encode_into<Data>(enc: &mut EncodeTlsData<'_, Data>, out: &mut Vec<u8>, used:
             Err(EncodeError::AlreadyEncoded) => return,
         }
     }
+}
+
+/// The file changed size under us: the response cannot be completed, and
+/// the connection must be cut so the client does not mistake it for whole.
+pub fn truncated() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "file shrank while it was being sent")
 }

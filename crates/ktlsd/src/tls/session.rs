@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 use super::kernel::KernelTls;
 use super::userspace::UserspaceTls;
-use crate::body::{self, RecordSizer};
+use super::sizing::RecordSizer;
+use super::{kernel, userspace};
 use crate::files::FileRange;
 use crate::http::Transport;
 
@@ -38,7 +39,7 @@ impl fmt::Display for TlsMode {
 
 enum RecordLayer {
     // Boxed: a connection holds one or the other for its whole life.
-    Userspace(Box<(UserspaceTls, body::userspace::Buffers)>),
+    Userspace(Box<(UserspaceTls, userspace::body::Buffers)>),
     Kernel(Box<KernelTls>),
 }
 
@@ -94,16 +95,16 @@ impl Session {
         match &mut self.layer {
             RecordLayer::Userspace(u) => {
                 let (tls, bufs) = &mut **u;
-                body::userspace::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await
+                userspace::body::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await
             }
             RecordLayer::Kernel(tls) => {
-                body::kernel::send(tls, &self.stream, &mut self.sizer, head, body, self.send_timeout).await
+                kernel::body::send(tls, &self.stream, &mut self.sizer, head, body, self.send_timeout).await
             }
         }
     }
 
     /// Adds this connection's record-layer counters to the worker's.
-    pub fn count_into(&self, stats: &crate::server::stats::Stats) {
+    pub fn count_into(&self, stats: &crate::stats::Stats) {
         if let RecordLayer::Kernel(tls) = &self.layer {
             tls.count_into(stats);
         }

@@ -20,15 +20,16 @@ use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, EncryptError};
 use tokio::net::TcpStream;
 
+pub mod body;
+
 use crate::net;
+use crate::tls::sizing::MAX_RECORD;
 
 /// Per-record expansion: header (5) + explicit nonce (8, TLS 1.2) + tag (16) + type (1, TLS 1.3).
 pub const RECORD_OVERHEAD: usize = 5 + 8 + 16 + 1;
-/// Largest plaintext one record may carry.
-pub const MAX_PLAINTEXT: usize = 16 * 1024;
 /// Output buffered before a `write`: four full records.
-const OUT_CAPACITY: usize = 4 * (MAX_PLAINTEXT + RECORD_OVERHEAD);
-const IN_CAPACITY: usize = 5 + MAX_PLAINTEXT + 2048;
+const OUT_CAPACITY: usize = 4 * (MAX_RECORD + RECORD_OVERHEAD);
+const IN_CAPACITY: usize = 5 + MAX_RECORD + 2048;
 /// How long a fatal alert may wait for room in the socket before the connection is dropped without it.
 const ALERT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -188,9 +189,9 @@ impl UserspaceTls {
         OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(RECORD_OVERHEAD)
     }
 
-    /// Encrypts `data` (at most [`MAX_PLAINTEXT`] bytes) as exactly one record.
+    /// Encrypts `data` (at most [`MAX_RECORD`] bytes) as exactly one record.
     pub fn encrypt_record(&mut self, data: &[u8]) -> io::Result<()> {
-        debug_assert!(data.len() <= MAX_PLAINTEXT);
+        debug_assert!(data.len() <= MAX_RECORD);
         let needed = self.out_len + data.len() + RECORD_OVERHEAD;
         if self.outgoing.len() < needed {
             self.outgoing.resize(needed.max(OUT_CAPACITY), 0);

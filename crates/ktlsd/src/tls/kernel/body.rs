@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::{truncated, RecordSizer, MAX_RECORD};
+use super::KernelTls;
 use crate::files::FileRange;
 use crate::net;
-use crate::tls::kernel::KernelTls;
+use crate::tls::sizing::{RecordSizer, MAX_RECORD};
+use crate::tls::truncated;
 
 /// Largest single `sendfile`: bounds how long one connection holds the worker.
 const MAX_SENDFILE: usize = 1 << 20;

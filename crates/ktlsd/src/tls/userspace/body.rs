@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use super::{truncated, RecordSizer, MAX_RECORD};
+use super::UserspaceTls;
 use crate::files::FileRange;
-use crate::tls::userspace::UserspaceTls;
+use crate::tls::sizing::{RecordSizer, MAX_RECORD};
+use crate::tls::truncated;
 
 /// File bytes read per `pread`.
 const READ_AHEAD: usize = 64 * 1024;

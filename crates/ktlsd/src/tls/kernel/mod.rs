@@ -8,15 +8,17 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+pub mod body;
+
 use kernel_tls::{Capabilities, ControlOutcome, KtlsConnection, LimitStatus, RxError};
 use rustls::server::UnbufferedServerConnection;
 use rustls::SupportedCipherSuite;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use crate::body::{RecordPolicy, MAX_RECORD};
 use crate::net;
-use crate::server::stats::Stats;
+use crate::stats::Stats;
+use crate::tls::sizing::{RecordPolicy, MAX_RECORD};
 
 /// What the running kernel can do, probed once at start-up.
 pub struct Support {
@@ -82,7 +84,7 @@ struct Counters {
 }
 
 /// Largest record plaintext plus room: control records must arrive whole.
-const RX_BUF: usize = 16 * 1024 + 256;
+const RX_BUF: usize = MAX_RECORD + 256;
 
 /// A connection whose records the kernel protects.
 pub struct KernelTls {
