@@ -23,9 +23,9 @@ use rustls::ServerConfig;
 use tokio::signal::unix::Signal;
 
 use crate::cli::ServeArgs;
-use crate::config::{AccessLog, Config, KtlsMode};
+use crate::config::{AccessLogTarget, Config, KtlsMode};
 use crate::files::{self, Root};
-use crate::tls::config::{server_config, Identity};
+use crate::tls::config::{server_config, Identity, TlsSettings};
 use crate::stats::Stats;
 
 /// What every worker reads and nobody writes. A reload builds a new one; each
@@ -189,7 +189,8 @@ struct Prepared {
 /// the kTLS mode is unchanged (a reload), so the kernel is probed once.
 /// With `persist` false (`check`) nothing is written to the state directory.
 fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, persist: bool) -> anyhow::Result<Prepared> {
-    let identity = Identity::load(&config, persist)?;
+    let settings = tls_settings(&config);
+    let identity = Identity::load(&settings, persist)?;
     let fingerprint = identity.fingerprint();
     let origin = identity.origin.clone();
     if let Some(leaf) = identity.chain.first() {
@@ -198,7 +199,7 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
             tracing::warn!("{warning}");
         }
     }
-    let tls = server_config(&config, identity)?;
+    let tls = server_config(&settings, identity)?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
     let ktls = match previous {
         Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),
@@ -213,6 +214,19 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
         ktls,
     };
     Ok(Prepared { shared, fingerprint, origin })
+}
+
+/// The TLS layer's share of the configuration.
+fn tls_settings(config: &Config) -> TlsSettings {
+    TlsSettings {
+        cert: config.cert.clone(),
+        key: config.key.clone(),
+        versions: config.tls_versions.clone(),
+        cipher_suites: config.cipher_suites.clone(),
+        state_dir: config.state_dir.clone(),
+        ephemeral_cert: config.ephemeral_cert,
+        ticket_keys: config.ticket_keys.clone(),
+    }
 }
 
 /// What start-up did that a reload cannot redo.
@@ -421,11 +435,11 @@ fn join(addrs: &[SocketAddr]) -> String {
     addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
 }
 
-fn open_access_log(dest: &AccessLog) -> anyhow::Result<Option<Arc<File>>> {
+fn open_access_log(dest: &AccessLogTarget) -> anyhow::Result<Option<Arc<File>>> {
     Ok(match dest {
-        AccessLog::Off => None,
-        AccessLog::Stdout => Some(Arc::new(dup_stdout()?)),
-        AccessLog::File(p) => Some(Arc::new(
+        AccessLogTarget::Off => None,
+        AccessLogTarget::Stdout => Some(Arc::new(dup_stdout()?)),
+        AccessLogTarget::File(p) => Some(Arc::new(
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -437,8 +451,8 @@ fn open_access_log(dest: &AccessLog) -> anyhow::Result<Option<Arc<File>>> {
 
 /// What `check` can say about the access log without creating it: an existing
 /// file must open for appending, a new one needs its directory.
-fn check_access_log(dest: &AccessLog) -> anyhow::Result<()> {
-    let AccessLog::File(p) = dest else { return Ok(()) };
+fn check_access_log(dest: &AccessLogTarget) -> anyhow::Result<()> {
+    let AccessLogTarget::File(p) = dest else { return Ok(()) };
     if p.exists() {
         std::fs::OpenOptions::new()
             .append(true)
@@ -461,7 +475,7 @@ fn check_access_log(dest: &AccessLog) -> anyhow::Result<()> {
 /// old file before it switches.
 fn reopen_access_log(current: &tokio::sync::watch::Sender<Current>) {
     let now = current.borrow().clone();
-    let AccessLog::File(path) = &now.shared.config.access_log else {
+    let AccessLogTarget::File(path) = &now.shared.config.access_log else {
         tracing::info!("SIGUSR1: the access log is not a file; nothing to reopen");
         return;
     };
