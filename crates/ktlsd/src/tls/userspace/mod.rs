@@ -297,3 +297,104 @@ impl UserspaceTls {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::SocketAddr;
+    use std::sync::{mpsc, Arc};
+
+    use super::*;
+    use crate::tls::config::{server_config, Identity, TlsSettings, TlsVersion};
+    use crate::tls::handshake;
+    use crate::tls::sizing::{RecordPolicy, RecordSizer};
+    use crate::tls::Session;
+
+    /// A blocking rustls client with a small receive buffer that completes the
+    /// handshake, waits for `go`, then reads until close_notify. Returns the
+    /// plaintext, or the error that ended the read.
+    fn client(
+        addr: SocketAddr,
+        root: rustls::pki_types::CertificateDer<'static>,
+        go: mpsc::Receiver<()>,
+    ) -> std::thread::JoinHandle<Result<Vec<u8>, String>> {
+        std::thread::spawn(move || {
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            // Set before connecting, so the window stays small and the server's writes block.
+            sock.set_recv_buffer_size(4096).unwrap();
+            sock.connect(&addr.into()).unwrap();
+            let sock: std::net::TcpStream = sock.into();
+            sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(root).unwrap();
+            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, sock);
+            while tls.conn.is_handshaking() {
+                tls.conn.complete_io(&mut tls.sock).map_err(|e| format!("handshake: {e}"))?;
+            }
+            go.recv().unwrap();
+            let mut got = Vec::new();
+            match tls.read_to_end(&mut got) {
+                Ok(_) => Ok(got),
+                Err(e) => Err(format!("after {} bytes: {e}", got.len())),
+            }
+        })
+    }
+
+    /// A flush cancelled half-way (as inside `select!`), then the session's close:
+    /// the client receives every record exactly once, then close_notify. Writing
+    /// the buffer again from its start would repeat records, which the client
+    /// rejects (bad_record_mac: the record sequence is off).
+    #[test]
+    fn cancelled_flush_then_close_sends_each_record_once() {
+        let settings = TlsSettings {
+            cert: None,
+            key: None,
+            versions: vec![TlsVersion::Tls13, TlsVersion::Tls12],
+            cipher_suites: None,
+            state_dir: None,
+            ephemeral_cert: true,
+            ticket_keys: Vec::new(),
+        };
+        let identity = Identity::load(&settings, false).unwrap();
+        let root = identity.chain[0].clone();
+        let config = server_config(&settings, identity).unwrap();
+        let data: Vec<u8> = (0..64 * MAX_RECORD).map(|i| (i % 251) as u8).collect();
+
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let got = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let (go_tx, go_rx) = mpsc::channel();
+            let client = client(listener.local_addr().unwrap(), root, go_rx);
+            let (stream, _) = listener.accept().await.unwrap();
+            socket2::SockRef::from(&stream).set_send_buffer_size(4096).unwrap();
+            let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
+            let mut tls = UserspaceTls::new(established.conn);
+            for chunk in data.chunks(MAX_RECORD) {
+                tls.encrypt_record(chunk).unwrap();
+            }
+            let cut = tokio::time::timeout(Duration::from_millis(200), tls.flush(&stream, Duration::from_secs(10))).await;
+            assert!(cut.is_err(), "the flush finished although the client reads nothing");
+            assert!(
+                tls.out_sent > 0 && tls.out_sent < tls.out_len,
+                "the cancelled flush should have written part of the buffer ({} of {})",
+                tls.out_sent,
+                tls.out_len
+            );
+            go_tx.send(()).unwrap();
+            let session = Session::userspace(stream, tls, RecordSizer::new(RecordPolicy::default(), 22), Duration::from_secs(10));
+            session.close().await;
+            client.join().unwrap()
+        });
+        match got {
+            Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
+            Err(e) => panic!("the client saw: {e}"),
+        }
+    }
+}
