@@ -26,6 +26,7 @@ use crate::cli::ServeArgs;
 use crate::config::{AccessLogTarget, Config, KtlsMode};
 use crate::files::{self, Root};
 use crate::tls::config::{server_config, Identity, TlsSettings};
+use crate::tls::TlsMode;
 use crate::stats::Stats;
 
 /// What every worker reads and nobody writes. A reload builds a new one; each
@@ -115,6 +116,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prepared.fingerprint,
         shared.config.record_policy,
     );
+    // Before any worker runs, so it is the first line on stdout even when the
+    // access log goes there too.
+    let tls = if shared.ktls.is_some() { TlsMode::Kernel } else { TlsMode::Userspace };
+    announce_ready(&ready_line(&bound, &http_bound, std::process::id(), tls));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (current_tx, current_rx) = tokio::sync::watch::channel(Current { shared, log: access_out });
@@ -158,6 +163,37 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped: {total}");
     Ok(())
+}
+
+/// The machine-readable start-up line: the bound addresses (port 0 resolved), the
+/// process id, and the record layer new connections get when their suite allows
+/// (`ktls`) or always (`userspace`). One JSON object on one line, e.g.
+/// `{"ready":{"https":["127.0.0.1:8443"],"http":[],"pid":123,"tls":"ktls"}}`.
+fn ready_line(https: &[SocketAddr], http: &[SocketAddr], pid: u32, tls: TlsMode) -> String {
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        ready: Ready<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Ready<'a> {
+        https: &'a [SocketAddr],
+        http: &'a [SocketAddr],
+        pid: u32,
+        tls: &'static str,
+    }
+    let line = Line { ready: Ready { https, http, pid, tls: tls.label() } };
+    // Addresses, a number and a fixed word: serializing cannot fail.
+    serde_json::to_string(&line).unwrap_or_default()
+}
+
+/// Writes the ready line to stdout and flushes it. A closed stdout only costs
+/// the announcement: the server goes on.
+fn announce_ready(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+        tracing::warn!("cannot write the ready line to standard output: {e}");
+    }
 }
 
 /// `ktlsd check`: everything `serve` validates before it serves (configuration,
@@ -628,6 +664,21 @@ mod tests {
                 Some(w) => assert!(got.as_deref().is_some_and(|g| g.contains(w) && g.contains("c.pem")), "ends {end:?}: {got:?}"),
             }
         }
+    }
+
+    #[test]
+    fn ready_line_is_one_json_object() {
+        let https: Vec<SocketAddr> = vec!["127.0.0.1:8443".parse().unwrap(), "[::1]:8443".parse().unwrap()];
+        let line = ready_line(&https, &[], 42, TlsMode::Userspace);
+        assert_eq!(
+            line,
+            r#"{"ready":{"https":["127.0.0.1:8443","[::1]:8443"],"http":[],"pid":42,"tls":"userspace"}}"#
+        );
+        let http: Vec<SocketAddr> = vec!["0.0.0.0:80".parse().unwrap()];
+        let v: serde_json::Value = serde_json::from_str(&ready_line(&https[..1], &http, 7, TlsMode::Kernel)).unwrap();
+        assert_eq!(v["ready"]["http"][0], "0.0.0.0:80");
+        assert_eq!(v["ready"]["tls"], "ktls");
+        assert!(!line.contains('\n'));
     }
 
     #[test]
