@@ -100,4 +100,6 @@ pub use record::{
 };
 pub use stat::TlsStat;
 pub use types::{Cipher, Direction, TlsVersion};
+/// Largest plaintext one TLS record carries (16 KiB), the kernel's record limit too.
+pub use uapi::TLS_MAX_PLAINTEXT;
 pub use ulp::enable_ulp;

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::body::RecordPolicy;
+use crate::tls::config::TlsVersion;
+use crate::tls::sizing::RecordPolicy;
 use crate::cli::ServeArgs;
 
 /// Why the configuration was refused. Each message names the offending value.
@@ -40,16 +41,9 @@ pub enum KtlsMode {
     Off,
 }
 
-/// TLS protocol versions that may be negotiated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsVersion {
-    Tls12,
-    Tls13,
-}
-
 /// Where access-log lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AccessLog {
+pub enum AccessLogTarget {
     Stdout,
     File(PathBuf),
     Off,
@@ -94,7 +88,7 @@ pub struct Config {
     pub tcp: TcpOptions,
     pub autoindex: bool,
     pub dotfiles: bool,
-    pub access_log: AccessLog,
+    pub access_log: AccessLogTarget,
     pub timeouts: Timeouts,
     pub limits: Limits,
     /// Where the generated self-signed certificate is kept; `None` when no default applies
@@ -346,9 +340,9 @@ impl Config {
         }
 
         let access_log = match args.access_log.or(file.access_log).as_deref() {
-            None | Some("-") => AccessLog::Stdout,
-            Some("off") => AccessLog::Off,
-            Some(p) => AccessLog::File(PathBuf::from(p)),
+            None | Some("-") => AccessLogTarget::Stdout,
+            Some("off") => AccessLogTarget::Off,
+            Some(p) => AccessLogTarget::File(PathBuf::from(p)),
         };
 
         let file_path = args.config.as_deref();
@@ -676,11 +670,11 @@ mod tests {
             "--config", cfg_s, "--access-log", "cli.log", "--state-dir", "st", "--ticket-keys", "k1", "--ticket-keys", "k2",
         ]))
         .unwrap();
-        assert_eq!(c.access_log, AccessLog::File(PathBuf::from("cli.log")));
+        assert_eq!(c.access_log, AccessLogTarget::File(PathBuf::from("cli.log")));
         assert_eq!(c.state_dir, Some(PathBuf::from("st")));
         assert_eq!(c.ticket_keys, [PathBuf::from("k1"), PathBuf::from("k2")]);
         let c = Config::from_args(serve_args(&["--config", cfg_s, "--ephemeral-cert"])).unwrap();
-        assert_eq!(c.access_log, AccessLog::File(conf.join("logs/access.log")));
+        assert_eq!(c.access_log, AccessLogTarget::File(conf.join("logs/access.log")));
         assert_eq!(c.state_dir, Some(conf.join("state")));
         assert!(c.ephemeral_cert);
         assert_eq!(c.root, conf.join("www").canonicalize().unwrap());
@@ -761,7 +755,7 @@ mod tests {
         assert!(default_of("tcp_notsent_lowat").contains(&ADAPTIVE_NOTSENT_LOWAT.to_string()));
         assert!(!c.autoindex && !c.dotfiles);
         assert_eq!((default_of("autoindex").as_str(), default_of("dotfiles").as_str()), ("off", "off"));
-        assert_eq!(c.access_log, AccessLog::Stdout);
+        assert_eq!(c.access_log, AccessLogTarget::Stdout);
         assert_eq!(default_of("access_log"), "-");
         assert!(!c.ephemeral_cert && c.ticket_keys.is_empty());
         assert_eq!(default_of("ephemeral_cert"), "off");

@@ -2,10 +2,9 @@
 //!
 //! The data's way through the modules: [`config`] -> [`server`] (listeners, workers)
 //! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
-//! -> [`files`] -> [`body`] (the body writers).
+//! -> [`files`]; [`net`], [`log`] and [`stats`] are leaf helpers any layer may use.
 
 mod acme;
-mod body;
 mod cli;
 mod config;
 mod doctor;
@@ -15,6 +14,7 @@ mod http;
 mod log;
 mod net;
 mod server;
+mod stats;
 mod tls;
 
 use std::process::ExitCode;

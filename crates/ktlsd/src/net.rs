@@ -62,6 +62,24 @@ pub async fn write_all(stream: &TcpStream, mut buf: &[u8], timeout: Duration) ->
     Ok(())
 }
 
+/// Writes `buf[*written..]`, advancing `*written` after every write, so that a
+/// caller can resume where a cancelled call stopped. Fails with `TimedOut` as
+/// [`write_all`] does.
+///
+/// # Cancel safety
+/// Cancel-safe: `*written` counts exactly the bytes the socket took.
+pub async fn write_tracked(stream: &TcpStream, buf: &[u8], written: &mut usize, timeout: Duration) -> io::Result<()> {
+    while *written < buf.len() {
+        match stream.try_write(&buf[*written..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => *written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready(stream, Interest::WRITABLE, timeout).await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Runs the non-blocking operation `op` until it stops returning `WouldBlock`,
 /// waiting for `interest` between attempts, each wait bounded by `timeout`.
 pub async fn retry<T>(
@@ -74,6 +92,33 @@ pub async fn retry<T>(
         match stream.try_io(interest, &mut op) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             other => return other,
+        }
+        ready(stream, interest, timeout).await?;
+    }
+}
+
+/// [`retry`] for an operation with its own error type `E`: `would_block` tells
+/// which of its errors mean "wait for `interest`"; a timeout comes back as
+/// `E::from` an `io::Error` of kind `TimedOut`.
+pub async fn retry_as<T, E: From<io::Error>>(
+    stream: &TcpStream,
+    interest: Interest,
+    timeout: Duration,
+    mut op: impl FnMut() -> Result<T, E>,
+    would_block: impl Fn(&E) -> bool,
+) -> Result<T, E> {
+    loop {
+        let mut done = None;
+        // `try_io` clears the readiness it saw when the closure reports WouldBlock.
+        let _ = stream.try_io(interest, || match op() {
+            Err(e) if would_block(&e) => Err(io::ErrorKind::WouldBlock.into()),
+            other => {
+                done = Some(other);
+                Ok(())
+            }
+        });
+        if let Some(r) = done {
+            return r;
         }
         ready(stream, interest, timeout).await?;
     }

@@ -1,7 +1,8 @@
 //! Operations: reload on SIGHUP (certificate swap with no failed request and no
 //! interrupted response, invalid configurations refused, listener changes left
 //! for a restart), access-log reopening on SIGUSR1, signals that must not kill
-//! the server, refusing a port someone else listens on, and `ktlsd check`.
+//! the server, refusing a port someone else listens on, `ktlsd check`, and the
+//! ready line `serve` prints on stdout.
 
 mod common;
 
@@ -439,4 +440,30 @@ fn start_up_warns_about_a_certificate_about_to_expire() {
     let srv = b.arg("--cert").arg(&cert).arg("--key").arg(&key).start();
     assert!(srv.stderr().contains("expires in 2 day(s)"), "{}", srv.stderr());
     srv.stop().assert_clean_exit();
+}
+
+/// `serve` announces itself with one JSON line, the first on stdout, naming the
+/// bound addresses (port 0 resolved), its pid and the record layer; access-log
+/// lines sent to stdout follow it and stay whole.
+#[test]
+fn the_ready_line_comes_first_on_stdout_and_names_what_was_bound() {
+    let srv = Server::builder()
+        .file("a.txt", "hello\n")
+        .no_access_log()
+        .args(["--http-listen", "127.0.0.1:0", "--access-log", "-"])
+        .start();
+    assert_eq!(srv.ready_pid(), srv.pid() as u32);
+    assert!(["ktls", "userspace"].contains(&srv.ready_tls()), "tls: {}", srv.ready_tls());
+    let (https, http) = (srv.addr(), srv.http_addrs()[0]);
+    assert!(https.port() != 0 && http.port() != 0 && https.port() != http.port(), "{https} {http}");
+    let stderr = srv.stderr();
+    assert!(stderr.contains(&format!("listening on https://{https}")), "{stderr}");
+    assert!(stderr.contains(&format!("listening on http://{http}")), "{stderr}");
+
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).body_str(), "hello\n");
+    let access = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
+    let lines = srv.stdout_lines();
+    assert_eq!(Ready::parse(&lines[0]).map(|r| r.https), Some(vec![https]), "first stdout line: {lines:?}");
+    assert_eq!(lines.iter().filter(|l| l.contains("\"ready\"")).count(), 1, "{lines:?}");
+    assert!(lines[1..].contains(&access), "{lines:?}");
 }

@@ -9,7 +9,6 @@ pub(crate) mod congestion;
 mod listener;
 mod plain;
 mod privileges;
-pub mod stats;
 mod systemd;
 mod worker;
 
@@ -25,10 +24,11 @@ use rustls::ServerConfig;
 use tokio::signal::unix::Signal;
 
 use crate::cli::ServeArgs;
-use crate::config::{AccessLog, Config, KtlsMode};
+use crate::config::{AccessLogTarget, Config, KtlsMode};
 use crate::files::{self, Root};
-use crate::tls::config::{server_config, Identity};
-use stats::Stats;
+use crate::tls::config::{server_config, Identity, TlsSettings};
+use crate::tls::TlsMode;
+use crate::stats::Stats;
 
 /// What every worker reads and nobody writes. A reload builds a new one; each
 /// connection holds the `Arc` it started with, so in-flight connections finish
@@ -117,6 +117,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prepared.fingerprint,
         shared.config.record_policy,
     );
+    // Before any worker runs, so it is the first line on stdout even when the
+    // access log goes there too.
+    let tls = if shared.ktls.is_some() { TlsMode::Kernel } else { TlsMode::Userspace };
+    announce_ready(&ready_line(&bound, &http_bound, std::process::id(), tls));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (current_tx, current_rx) = tokio::sync::watch::channel(Current { shared, log: access_out });
@@ -162,6 +166,37 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The machine-readable start-up line: the bound addresses (port 0 resolved), the
+/// process id, and the record layer new connections get when their suite allows
+/// (`ktls`) or always (`userspace`). One JSON object on one line, e.g.
+/// `{"ready":{"https":["127.0.0.1:8443"],"http":[],"pid":123,"tls":"ktls"}}`.
+fn ready_line(https: &[SocketAddr], http: &[SocketAddr], pid: u32, tls: TlsMode) -> String {
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        ready: Ready<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct Ready<'a> {
+        https: &'a [SocketAddr],
+        http: &'a [SocketAddr],
+        pid: u32,
+        tls: &'static str,
+    }
+    let line = Line { ready: Ready { https, http, pid, tls: tls.label() } };
+    // Addresses, a number and a fixed word: serializing cannot fail.
+    serde_json::to_string(&line).unwrap_or_default()
+}
+
+/// Writes the ready line to stdout and flushes it. A closed stdout only costs
+/// the announcement: the server goes on.
+fn announce_ready(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+        tracing::warn!("cannot write the ready line to standard output: {e}");
+    }
+}
+
 /// `ktlsd check`: everything `serve` validates before it serves (configuration,
 /// certificate and key, ROOT, kTLS mode, TCP options, access log, free ports),
 /// without serving.
@@ -191,7 +226,8 @@ struct Prepared {
 /// the kTLS mode is unchanged (a reload), so the kernel is probed once.
 /// With `persist` false (`check`) nothing is written to the state directory.
 fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, persist: bool) -> anyhow::Result<Prepared> {
-    let identity = Identity::load(&config, persist)?;
+    let settings = tls_settings(&config);
+    let identity = Identity::load(&settings, persist)?;
     let fingerprint = identity.fingerprint();
     let origin = identity.origin.clone();
     if let Some(leaf) = identity.chain.first() {
@@ -200,7 +236,7 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
             tracing::warn!("{warning}");
         }
     }
-    let tls = server_config(&config, identity)?;
+    let tls = server_config(&settings, identity)?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
     let ktls = match previous {
         Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),
@@ -215,6 +251,19 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
         ktls,
     };
     Ok(Prepared { shared, fingerprint, origin })
+}
+
+/// The TLS layer's share of the configuration.
+fn tls_settings(config: &Config) -> TlsSettings {
+    TlsSettings {
+        cert: config.cert.clone(),
+        key: config.key.clone(),
+        versions: config.tls_versions.clone(),
+        cipher_suites: config.cipher_suites.clone(),
+        state_dir: config.state_dir.clone(),
+        ephemeral_cert: config.ephemeral_cert,
+        ticket_keys: config.ticket_keys.clone(),
+    }
 }
 
 /// What start-up did that a reload cannot redo.
@@ -423,11 +472,11 @@ fn join(addrs: &[SocketAddr]) -> String {
     addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
 }
 
-fn open_access_log(dest: &AccessLog) -> anyhow::Result<Option<Arc<File>>> {
+fn open_access_log(dest: &AccessLogTarget) -> anyhow::Result<Option<Arc<File>>> {
     Ok(match dest {
-        AccessLog::Off => None,
-        AccessLog::Stdout => Some(Arc::new(dup_stdout()?)),
-        AccessLog::File(p) => Some(Arc::new(
+        AccessLogTarget::Off => None,
+        AccessLogTarget::Stdout => Some(Arc::new(dup_stdout()?)),
+        AccessLogTarget::File(p) => Some(Arc::new(
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -439,8 +488,8 @@ fn open_access_log(dest: &AccessLog) -> anyhow::Result<Option<Arc<File>>> {
 
 /// What `check` can say about the access log without creating it: an existing
 /// file must open for appending, a new one needs its directory.
-fn check_access_log(dest: &AccessLog) -> anyhow::Result<()> {
-    let AccessLog::File(p) = dest else { return Ok(()) };
+fn check_access_log(dest: &AccessLogTarget) -> anyhow::Result<()> {
+    let AccessLogTarget::File(p) = dest else { return Ok(()) };
     if p.exists() {
         std::fs::OpenOptions::new()
             .append(true)
@@ -463,7 +512,7 @@ fn check_access_log(dest: &AccessLog) -> anyhow::Result<()> {
 /// old file before it switches.
 fn reopen_access_log(current: &tokio::sync::watch::Sender<Current>) {
     let now = current.borrow().clone();
-    let AccessLog::File(path) = &now.shared.config.access_log else {
+    let AccessLogTarget::File(path) = &now.shared.config.access_log else {
         tracing::info!("SIGUSR1: the access log is not a file; nothing to reopen");
         return;
     };
@@ -616,6 +665,21 @@ mod tests {
                 Some(w) => assert!(got.as_deref().is_some_and(|g| g.contains(w) && g.contains("c.pem")), "ends {end:?}: {got:?}"),
             }
         }
+    }
+
+    #[test]
+    fn ready_line_is_one_json_object() {
+        let https: Vec<SocketAddr> = vec!["127.0.0.1:8443".parse().unwrap(), "[::1]:8443".parse().unwrap()];
+        let line = ready_line(&https, &[], 42, TlsMode::Userspace);
+        assert_eq!(
+            line,
+            r#"{"ready":{"https":["127.0.0.1:8443","[::1]:8443"],"http":[],"pid":42,"tls":"userspace"}}"#
+        );
+        let http: Vec<SocketAddr> = vec!["0.0.0.0:80".parse().unwrap()];
+        let v: serde_json::Value = serde_json::from_str(&ready_line(&https[..1], &http, 7, TlsMode::Kernel)).unwrap();
+        assert_eq!(v["ready"]["http"][0], "0.0.0.0:80");
+        assert_eq!(v["ready"]["tls"], "ktls");
+        assert!(!line.contains('\n'));
     }
 
     #[test]

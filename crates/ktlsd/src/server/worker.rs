@@ -20,16 +20,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
-use super::stats::Stats;
 use super::{Current, Shared};
-use crate::body::{tcp, RecordSizer};
 use crate::handler::Site;
 use crate::http::h1::{self, End};
 use crate::log::AccessLog;
+use crate::stats::Stats;
+use crate::tls::tcp;
 use crate::tls::handshake::{self, FailureKind};
-use crate::tls::kernel::KernelTls;
-use crate::tls::userspace::UserspaceTls;
-use crate::tls::{self, Session};
+use crate::tls::{self, SessionSettings, TlsMode};
 
 /// Everything a connection task borrows from its worker.
 struct Worker {
@@ -302,32 +300,19 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         }
     };
 
-    let conn = established.conn;
-    let sizer = RecordSizer::new(cfg.record_policy, tls::record_expansion(&conn));
-    let kernel_can = shared.ktls.as_ref().zip(conn.negotiated_cipher_suite()).is_some_and(|(k, s)| k.supports_both(s));
-    // Attaching the ULP can still fail for this socket (e.g. the client already
-    // sent FIN); then the connection simply stays in user space.
-    let prepared = kernel_can
-        .then(|| KernelTls::prepare(&stream, &conn).inspect_err(|e| tracing::debug!("kTLS not used for {peer}: {e}")).ok())
-        .flatten();
-    let mut session = if let Some(prepared) = prepared {
-        let cap = shared.ktls.as_ref().and_then(|k| k.record_cap(cfg.record_policy));
-        match KernelTls::install(&stream, prepared, conn, cap) {
-            Ok(k) => {
-                Stats::bump(&stats.ktls);
-                Session::kernel(stream, k, sizer, cfg.timeouts.send)
-            }
-            Err(e) => {
-                // The rustls state went to the kernel attempt; this connection cannot continue.
-                Stats::bump(&stats.ktls_install_failures);
-                tracing::warn!("kernel TLS install failed for {peer}: {e}");
-                return;
-            }
+    let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
+    let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
+        Ok(s) => s,
+        Err(e) => {
+            Stats::bump(&stats.ktls_install_failures);
+            tracing::warn!("kernel TLS install failed for {peer}: {e}");
+            return;
         }
-    } else {
-        Stats::bump(&stats.userspace);
-        Session::userspace(stream, UserspaceTls::new(conn), sizer, cfg.timeouts.send)
     };
+    Stats::bump(match session.mode() {
+        TlsMode::Kernel => &stats.ktls,
+        TlsMode::Userspace => &stats.userspace,
+    });
 
     let settings = h1::Settings {
         max_head_bytes: cfg.limits.max_header_bytes,

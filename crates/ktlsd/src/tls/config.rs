@@ -21,7 +21,42 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, SupportedCipherSuite};
 
-use crate::config::{Config, ConfigError, TlsVersion};
+/// TLS protocol versions that may be negotiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    Tls12,
+    Tls13,
+}
+
+/// What this layer needs from the configuration; the server builds it from its
+/// validated configuration (this module never reads the configuration itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// Certificate chain and private key files; both or neither.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub versions: Vec<TlsVersion>,
+    /// Cipher suite names as given (IANA, OpenSSL or rustls spelling).
+    pub cipher_suites: Option<Vec<String>>,
+    /// Where the generated self-signed certificate is kept; `None` when none applies.
+    pub state_dir: Option<PathBuf>,
+    /// Generate the self-signed certificate in memory only, never stored.
+    pub ephemeral_cert: bool,
+    /// Session-ticket key files; the first encrypts. Empty: a random key per process.
+    pub ticket_keys: Vec<PathBuf>,
+}
+
+/// Why the TLS configuration could not be built. Each message names the file or
+/// value at fault and what to do.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SetupError(String);
+
+impl SetupError {
+    fn new(msg: impl Into<String>) -> Self {
+        SetupError(msg.into())
+    }
+}
 
 /// A suite ktlsd offers, with the names people know it by.
 struct SuiteName {
@@ -64,7 +99,7 @@ impl Identity {
     /// the state directory, generated and stored there when missing, damaged or expired
     /// (or one in memory only with `--ephemeral-cert`). `persist` false (`ktlsd check`)
     /// never writes: a missing pair is generated in memory and the directory checked.
-    pub fn load(config: &Config, persist: bool) -> Result<Self, ConfigError> {
+    pub fn load(config: &TlsSettings, persist: bool) -> Result<Self, SetupError> {
         match (&config.cert, &config.key) {
             (Some(cert), Some(key)) => Self::from_files(cert, key),
             _ if config.ephemeral_cert => {
@@ -73,7 +108,7 @@ impl Identity {
             }
             _ => match &config.state_dir {
                 Some(dir) => Self::stored(dir, persist),
-                None => Err(ConfigError::new(
+                None => Err(SetupError::new(
                     "no state directory for the self-signed certificate (neither HOME nor XDG_STATE_HOME is set): \
                      give --state-dir DIR, --ephemeral-cert, or --cert and --key",
                 )),
@@ -82,7 +117,7 @@ impl Identity {
     }
 
     /// The pair kept in `dir`, or a new one stored there.
-    fn stored(dir: &Path, persist: bool) -> Result<Self, ConfigError> {
+    fn stored(dir: &Path, persist: bool) -> Result<Self, SetupError> {
         let path = dir.join(SELF_SIGNED_FILE);
         match std::fs::read(&path) {
             Ok(pem) => match Self::parse_stored(&pem, SystemTime::now()) {
@@ -97,13 +132,13 @@ impl Identity {
         }
         let fix = "give --state-dir DIR, --ephemeral-cert, or --cert and --key";
         if !persist {
-            check_creatable(dir).map_err(|e| ConfigError::new(format!("state directory {}: {e} ({fix})", dir.display())))?;
+            check_creatable(dir).map_err(|e| SetupError::new(format!("state directory {}: {e} ({fix})", dir.display())))?;
             let (id, _) = Self::self_signed(&format!("self-signed, to be stored in {}", path.display()))?;
             return Ok(id);
         }
         let (id, pem) = Self::self_signed(&format!("self-signed, generated and stored in {}", path.display()))?;
         write_private(dir, &path, pem.as_bytes())
-            .map_err(|e| ConfigError::new(format!("cannot store the self-signed certificate in {}: {e} ({fix})", path.display())))?;
+            .map_err(|e| SetupError::new(format!("cannot store the self-signed certificate in {}: {e} ({fix})", path.display())))?;
         Ok(id)
     }
 
@@ -129,28 +164,28 @@ impl Identity {
         Ok((chain, key))
     }
 
-    fn from_files(cert: &Path, key: &Path) -> Result<Self, ConfigError> {
+    fn from_files(cert: &Path, key: &Path) -> Result<Self, SetupError> {
         let chain: Vec<_> = CertificateDer::pem_file_iter(cert)
             .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| ConfigError::new(format!("certificate {}: {}", cert.display(), pem_error(e))))?;
+            .map_err(|e| SetupError::new(format!("certificate {}: {}", cert.display(), pem_error(e))))?;
         if chain.is_empty() {
-            return Err(ConfigError::new(format!(
+            return Err(SetupError::new(format!(
                 "certificate {}: no CERTIFICATE block found",
                 cert.display()
             )));
         }
         let key = PrivateKeyDer::from_pem_file(key)
-            .map_err(|e| ConfigError::new(format!("private key {}: {}", key.display(), pem_error(e))))?;
+            .map_err(|e| SetupError::new(format!("private key {}: {}", key.display(), pem_error(e))))?;
         Ok(Identity { chain, key, generated: false, origin: "loaded".to_string() })
     }
 
     /// A new self-signed certificate for localhost, and its key and certificate as PEM.
-    fn self_signed(origin: &str) -> Result<(Self, String), ConfigError> {
+    fn self_signed(origin: &str) -> Result<(Self, String), SetupError> {
         let names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
         let cert = rcgen::generate_simple_self_signed(names)
-            .map_err(|e| ConfigError::new(format!("cannot generate a self-signed certificate: {e}")))?;
+            .map_err(|e| SetupError::new(format!("cannot generate a self-signed certificate: {e}")))?;
         let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der())
-            .map_err(|e| ConfigError::new(format!("generated key: {e}")))?;
+            .map_err(|e| SetupError::new(format!("generated key: {e}")))?;
         let pem = format!("{}{}", cert.signing_key.serialize_pem(), cert.cert.pem());
         let id = Identity { chain: vec![cert.cert.der().clone()], key, generated: true, origin: origin.to_string() };
         Ok((id, pem))
@@ -237,13 +272,13 @@ impl std::fmt::Debug for FileTicketer {
 
 impl FileTicketer {
     /// Reads the key files; an error names the file and what is wrong with it.
-    pub fn from_files(paths: &[PathBuf]) -> Result<Self, ConfigError> {
+    pub fn from_files(paths: &[PathBuf]) -> Result<Self, SetupError> {
         let mut keys = Vec::new();
         for path in paths {
             let bytes = std::fs::read(path)
-                .map_err(|e| ConfigError::new(format!("ticket key {}: {e}", path.display())))?;
+                .map_err(|e| SetupError::new(format!("ticket key {}: {e}", path.display())))?;
             let key = Self::key_from_bytes(&bytes).map_err(|why| {
-                ConfigError::new(format!(
+                SetupError::new(format!(
                     "ticket key {}: {why}; make one with `openssl rand 80 > {}`",
                     path.display(),
                     path.display()
@@ -323,7 +358,7 @@ fn pem_error(e: rustls::pki_types::pem::Error) -> String {
 }
 
 /// Builds the shared rustls configuration from the validated settings.
-pub fn server_config(config: &Config, identity: Identity) -> Result<Arc<ServerConfig>, ConfigError> {
+pub fn server_config(config: &TlsSettings, identity: Identity) -> Result<Arc<ServerConfig>, SetupError> {
     let known = known_suites();
     let suites: Vec<SupportedCipherSuite> = match &config.cipher_suites {
         None => known.iter().map(|s| s.suite).collect(),
@@ -338,7 +373,7 @@ pub fn server_config(config: &Config, identity: Identity) -> Result<Arc<ServerCo
                 match found {
                     Some(s) => out.push(s.suite),
                     None => {
-                        return Err(ConfigError::new(format!(
+                        return Err(SetupError::new(format!(
                             "cipher suite {name:?} is not one ktlsd offers; choose from: {}",
                             known.iter().map(|s| s.openssl).collect::<Vec<_>>().join(", ")
                         )))
@@ -350,7 +385,7 @@ pub fn server_config(config: &Config, identity: Identity) -> Result<Arc<ServerCo
     };
 
     let versions: Vec<&'static rustls::SupportedProtocolVersion> = config
-        .tls_versions
+        .versions
         .iter()
         .map(|v| match v {
             TlsVersion::Tls12 => &rustls::version::TLS12,
@@ -359,7 +394,7 @@ pub fn server_config(config: &Config, identity: Identity) -> Result<Arc<ServerCo
         .collect();
     let usable = suites.iter().any(|s| versions.iter().any(|v| s.version() == *v));
     if !usable {
-        return Err(ConfigError::new(
+        return Err(SetupError::new(
             "cipher_suites and tls_versions leave no suite to negotiate: add a suite of an enabled version",
         ));
     }
@@ -368,24 +403,24 @@ pub fn server_config(config: &Config, identity: Identity) -> Result<Arc<ServerCo
     let generated = identity.generated;
     let mut tls = ServerConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&versions)
-        .map_err(|e| ConfigError::new(format!("TLS settings: {e}")))?
+        .map_err(|e| SetupError::new(format!("TLS settings: {e}")))?
         .with_no_client_auth()
         .with_single_cert(identity.chain, identity.key)
         .map_err(|e| {
             let what = if generated { "generated certificate" } else { "certificate/key" };
             match e {
-                rustls::Error::InconsistentKeys(_) => ConfigError::new(format!(
+                rustls::Error::InconsistentKeys(_) => SetupError::new(format!(
                     "the private key {} does not match the certificate {}",
                     config.key.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
                     config.cert.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
                 )),
-                other => ConfigError::new(format!("{what}: {other}")),
+                other => SetupError::new(format!("{what}: {other}")),
             }
         })?;
     // http/1.0 too: `curl --http1.0` offers only that, and refusing it would fail the handshake.
     tls.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     tls.ticketer = if config.ticket_keys.is_empty() {
-        aws_lc_rs::Ticketer::new().map_err(|e| ConfigError::new(format!("session tickets: {e}")))?
+        aws_lc_rs::Ticketer::new().map_err(|e| SetupError::new(format!("session tickets: {e}")))?
     } else {
         Arc::new(FileTicketer::from_files(&config.ticket_keys)?)
     };

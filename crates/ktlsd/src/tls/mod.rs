@@ -1,13 +1,74 @@
 //! TLS: configuration, the userspace handshake, and the two record layers a
 //! finished handshake can continue on: the kernel's (kTLS) or rustls' in user space.
+//!
+//! A connection goes [`handshake::accept`] -> [`establish`] (the one place that
+//! chooses the record layer) -> [`Session`], which the HTTP layer drives through
+//! `http::Transport`, then [`Session::close`]. Each record layer keeps its body
+//! writer beside it (`kernel::body`, `userspace::body`), both sized by [`sizing`].
+//! This layer knows nothing of the server's configuration: it takes
+//! [`config::TlsSettings`] and [`SessionSettings`] built for it.
 
 pub mod config;
+pub mod error;
 pub mod handshake;
 pub mod kernel;
 pub mod session;
+pub mod sizing;
+pub mod tcp;
 pub mod userspace;
 
-pub use session::Session;
+pub use error::SessionError;
+pub use session::{Session, TlsMode};
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use handshake::Established;
+use kernel::KernelTls;
+use sizing::{RecordPolicy, RecordSizer};
+use userspace::UserspaceTls;
+
+/// How established sessions send; the server builds it from its configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionSettings {
+    pub record_policy: RecordPolicy,
+    /// Longest wait for the peer to take more of a response.
+    pub send_timeout: Duration,
+}
+
+/// The kernel refused this connection's keys after they were handed over: the
+/// rustls state went with them, so the connection cannot go on in user space.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct InstallError(#[from] kernel_tls::Error);
+
+/// Continues a finished handshake as a [`Session`]: in the kernel when `kernel`
+/// is given and can carry this connection's suite in both directions, in user
+/// space otherwise (and when attaching the kernel's TLS layer to this socket
+/// fails, e.g. because the client already sent FIN). This is the only place the
+/// record layer is chosen.
+pub fn establish(
+    stream: TcpStream,
+    established: Established,
+    kernel: Option<&kernel::Support>,
+    settings: &SessionSettings,
+) -> Result<Session, InstallError> {
+    let conn = established.conn;
+    let sizer = RecordSizer::new(settings.record_policy, record_expansion(&conn));
+    let support = kernel.filter(|k| conn.negotiated_cipher_suite().is_some_and(|s| k.supports_both(s)));
+    let prepared = support.and_then(|k| {
+        KernelTls::prepare(&stream, &conn)
+            .inspect_err(|e| tracing::debug!("kTLS not used for {:?}: {e}", stream.peer_addr().ok()))
+            .ok()
+            .map(|p| (k, p))
+    });
+    let tls = match prepared {
+        Some((k, prepared)) => KernelTls::install(&stream, prepared, conn, k.record_cap(settings.record_policy))?,
+        None => return Ok(Session::userspace(stream, UserspaceTls::new(conn), sizer, settings.send_timeout)),
+    };
+    Ok(Session::kernel(stream, tls, sizer, settings.send_timeout))
+}
 
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{EncodeError, EncodeTlsData};

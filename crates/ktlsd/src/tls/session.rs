@@ -2,7 +2,6 @@
 //! body writer state. The HTTP layer talks only to this type.
 
 use std::fmt;
-use std::io;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -10,9 +9,12 @@ use tokio::sync::watch;
 
 use super::kernel::KernelTls;
 use super::userspace::UserspaceTls;
-use crate::body::{self, RecordSizer};
+use super::sizing::RecordSizer;
+use super::{kernel, userspace};
 use crate::files::FileRange;
 use crate::http::Transport;
+use crate::stats::Stats;
+use super::SessionError;
 
 /// Where a connection's records are encrypted and decrypted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +40,7 @@ impl fmt::Display for TlsMode {
 
 enum RecordLayer {
     // Boxed: a connection holds one or the other for its whole life.
-    Userspace(Box<(UserspaceTls, body::userspace::Buffers)>),
+    Userspace(Box<(UserspaceTls, userspace::body::Buffers)>),
     Kernel(Box<KernelTls>),
 }
 
@@ -51,6 +53,32 @@ pub struct Session {
     /// Set when the server ends the connection while the client may still be
     /// sending: `close` then lingers (see [`Session::linger_on_close`]).
     linger: Option<watch::Receiver<bool>>,
+    counters: Counters,
+}
+
+/// What ended this session's exchanges, counted from the errors it returned.
+#[derive(Debug, Default)]
+struct Counters {
+    rekey_unsupported: u64,
+    record_errors: u64,
+}
+
+impl Counters {
+    /// Counts and logs the causes the server reports on its own (the others end
+    /// up in the `errors` and `timeouts` counters of the caller).
+    fn note(&mut self, e: &SessionError) {
+        match e {
+            SessionError::RekeyUnsupported => {
+                self.rekey_unsupported += 1;
+                tracing::info!("kTLS connection closed: {e}");
+            }
+            SessionError::RecordRejected { .. } => {
+                self.record_errors += 1;
+                tracing::info!("kTLS connection closed: {e}");
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Longest a closing connection's input is drained (nginx's `lingering_time`).
@@ -59,18 +87,16 @@ pub const LINGERING_TIME: Duration = Duration::from_secs(30);
 pub const LINGERING_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Session {
-    pub fn userspace(stream: TcpStream, tls: UserspaceTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session {
-            stream,
-            layer: RecordLayer::Userspace(Box::new((tls, Default::default()))),
-            sizer,
-            send_timeout,
-            linger: None,
-        }
+    pub(super) fn userspace(stream: TcpStream, tls: UserspaceTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
+        Session::new(stream, RecordLayer::Userspace(Box::new((tls, Default::default()))), sizer, send_timeout)
     }
 
-    pub fn kernel(stream: TcpStream, tls: KernelTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer: RecordLayer::Kernel(Box::new(tls)), sizer, send_timeout, linger: None }
+    pub(super) fn kernel(stream: TcpStream, tls: KernelTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
+        Session::new(stream, RecordLayer::Kernel(Box::new(tls)), sizer, send_timeout)
+    }
+
+    fn new(stream: TcpStream, layer: RecordLayer, sizer: RecordSizer, send_timeout: Duration) -> Session {
+        Session { stream, layer, sizer, send_timeout, linger: None, counters: Counters::default() }
     }
 
     pub fn mode(&self) -> TlsMode {
@@ -82,31 +108,45 @@ impl Session {
 
     /// Appends decrypted application data to `out`, waiting at most `timeout`.
     /// Returns 0 when the peer has closed (close_notify or end of stream).
-    pub async fn read(&mut self, out: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
-        match &mut self.layer {
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: no received byte is lost and no record is sent twice when
+    /// the future is dropped; a later `read` or `close` goes on where it stopped.
+    pub async fn read(&mut self, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
+        let r = match &mut self.layer {
             RecordLayer::Userspace(u) => u.0.read(&self.stream, out, timeout).await,
             RecordLayer::Kernel(tls) => tls.read(&self.stream, out, timeout).await,
-        }
+        };
+        r.inspect_err(|e| self.counters.note(e))
     }
 
     /// Sends a response head followed by an optional file range; returns body bytes sent.
-    pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> io::Result<u64> {
-        match &mut self.layer {
+    /// An error means the response is incomplete: the connection must not be reused.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: a response cut short cannot be resumed (close the
+    /// connection), though no record already encrypted is sent twice.
+    pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
+        let r = match &mut self.layer {
             RecordLayer::Userspace(u) => {
                 let (tls, bufs) = &mut **u;
-                body::userspace::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await
+                userspace::body::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await
             }
             RecordLayer::Kernel(tls) => {
-                body::kernel::send(tls, &self.stream, &mut self.sizer, head, body, self.send_timeout).await
+                kernel::body::send(tls, &self.stream, &mut self.sizer, head, body, self.send_timeout).await
             }
-        }
+        };
+        r.inspect_err(|e| self.counters.note(e))
     }
 
     /// Adds this connection's record-layer counters to the worker's.
-    pub fn count_into(&self, stats: &crate::server::stats::Stats) {
+    pub fn count_into(&self, stats: &Stats) {
+        let c = &self.counters;
         if let RecordLayer::Kernel(tls) = &self.layer {
-            tls.count_into(stats);
+            Stats::add_to(&stats.key_updates, tls.key_updates());
         }
+        Stats::add_to(&stats.rekey_unsupported, c.rekey_unsupported);
+        Stats::add_to(&stats.ktls_record_errors, c.record_errors);
     }
 
     /// Asks `close` to linger, as nginx's `lingering_close` does: the server is ending
@@ -127,10 +167,8 @@ impl Session {
         let sent = match &mut self.layer {
             RecordLayer::Userspace(u) => {
                 let tls = &mut u.0;
-                match tls.queue_close_notify() {
-                    Ok(()) => tls.flush(&self.stream, t).await,
-                    Err(e) => Err(e),
-                }
+                tls.queue_close_notify();
+                tls.flush(&self.stream, t).await
             }
             RecordLayer::Kernel(tls) => tls.close_notify(&self.stream, t).await,
         };
@@ -155,17 +193,17 @@ impl Session {
 }
 
 impl Transport for Session {
-    type Error = io::Error;
+    type Error = SessionError;
 
-    fn timed_out(err: &io::Error) -> bool {
-        err.kind() == io::ErrorKind::TimedOut
+    fn timed_out(err: &SessionError) -> bool {
+        err.is_timeout()
     }
 
-    async fn read(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
+    async fn read(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
         Session::read(self, buf, timeout).await
     }
 
-    async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> io::Result<u64> {
+    async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         self.send_response(head, body).await
     }
 

@@ -79,7 +79,7 @@ impl LineLog {
 
     /// Waits until `check` of all lines so far gives `Some`; `None` on timeout or
     /// end of stream.
-    fn wait_map<T>(&self, timeout: Duration, check: impl Fn(&[String]) -> Option<T>) -> Option<T> {
+    pub fn wait_map<T>(&self, timeout: Duration, check: impl Fn(&[String]) -> Option<T>) -> Option<T> {
         let deadline = Instant::now() + timeout;
         let mut st = self.state.lock().unwrap();
         loop {
@@ -341,35 +341,33 @@ impl ServerBuilder {
         let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", self.bin.display()))?;
         let (stderr, reader) = LineLog::spawn(child.stderr.take().unwrap());
         let (stdout, _) = LineLog::spawn(child.stdout.take().unwrap());
-        let ready = stderr.wait_for(START_TIMEOUT, |l| l.contains(" serving "));
-        if ready.is_none() {
+        // The server announces itself with one JSON line, the first on stdout.
+        let Some(ready) = stdout.wait_map(START_TIMEOUT, |lines| lines.first().and_then(|l| Ready::parse(l))) else {
             let _ = child.kill();
             let status = child.wait();
             let _ = reader.join();
             return Err(format!(
-                "ktlsd did not start ({:?}); argv {:?}; stderr:\n{}",
+                "ktlsd did not start ({:?}); argv {:?}; stdout:\n{}stderr:\n{}",
                 status,
                 self.argv(),
+                stdout.text(),
                 stderr.text()
             ));
-        }
-        let text = stderr.text();
-        let addrs: Vec<SocketAddr> = text
-            .lines()
-            .filter_map(|l| l.split("listening on https://").nth(1))
-            .map(|a| a.trim().parse().unwrap_or_else(|e| panic!("bad address {a:?}: {e}")))
-            .collect();
-        if addrs.is_empty() {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("no `listening on` line in:\n{text}");
-        }
+        };
+        assert!(!ready.https.is_empty(), "a ready line without HTTPS addresses: {ready:?}");
+        // The human start-up lines go to stderr just before the ready line; two
+        // pipes keep no order between them, so wait for the last of them too:
+        // tests read the start-up log right after `start`.
+        stderr.wait_for(START_TIMEOUT, |l| l.contains(" serving "));
         Ok(Server {
             child: Some(child),
             reader: Some(reader),
             stderr,
             stdout,
-            addrs,
+            addrs: ready.https,
+            http_addrs: ready.http,
+            ready_pid: ready.pid,
+            ready_tls: ready.tls,
             access_log: self.access_log_path(),
             root: self.root,
             dir: Some(self.dir),
@@ -412,14 +410,42 @@ impl Exited {
         let last = self.stderr.lines().last().unwrap_or("");
         assert_eq!(last, errors[0], "the error line must be the last line; stderr:\n{}", self.stderr);
         assert!(
-            !self.stderr.contains("listening on"),
-            "a failed start-up must not report listening; stderr:\n{}",
+            !self.stderr.contains("listening on") && !self.stdout.contains("{\"ready\""),
+            "a failed start-up must not report listening; stdout:\n{}stderr:\n{}",
+            self.stdout,
             self.stderr
         );
         for n in needles {
             assert!(errors[0].contains(n), "error line {:?} does not mention {n:?}", errors[0]);
         }
         errors[0].to_string()
+    }
+}
+
+/// The line `ktlsd serve` prints on stdout once it listens:
+/// `{"ready":{"https":[ADDR...],"http":[ADDR...],"pid":N,"tls":"ktls"|"userspace"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ready {
+    pub https: Vec<SocketAddr>,
+    pub http: Vec<SocketAddr>,
+    pub pid: u32,
+    pub tls: String,
+}
+
+impl Ready {
+    /// The ready line's contents; `None` for any other line.
+    pub fn parse(line: &str) -> Option<Ready> {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        let r = v.get("ready")?;
+        let addrs = |key: &str| -> Option<Vec<SocketAddr>> {
+            r.get(key)?.as_array()?.iter().map(|a| a.as_str()?.parse().ok()).collect()
+        };
+        Some(Ready {
+            https: addrs("https")?,
+            http: addrs("http")?,
+            pid: u32::try_from(r.get("pid")?.as_u64()?).ok()?,
+            tls: r.get("tls")?.as_str()?.to_string(),
+        })
     }
 }
 
@@ -430,6 +456,9 @@ pub struct Server {
     stderr: Arc<LineLog>,
     stdout: Arc<LineLog>,
     addrs: Vec<SocketAddr>,
+    http_addrs: Vec<SocketAddr>,
+    ready_pid: u32,
+    ready_tls: String,
     access_log: PathBuf,
     root: PathBuf,
     dir: Option<tempfile::TempDir>,
@@ -485,6 +514,20 @@ impl Server {
         self.addrs[0]
     }
 
+    /// The plain-HTTP (port 80) addresses from the ready line.
+    pub fn http_addrs(&self) -> &[SocketAddr] {
+        &self.http_addrs
+    }
+
+    /// The pid and record layer (`ktls` or `userspace`) the ready line announced.
+    pub fn ready_pid(&self) -> u32 {
+        self.ready_pid
+    }
+
+    pub fn ready_tls(&self) -> &str {
+        &self.ready_tls
+    }
+
     pub fn addrs(&self) -> &[SocketAddr] {
         &self.addrs
     }
@@ -528,7 +571,8 @@ impl Server {
         self.stderr.text()
     }
 
-    /// Lines the server has printed on stdout so far (the access log by default).
+    /// Lines the server has printed on stdout so far: the ready line, then the
+    /// access log when it goes to stdout.
     pub fn stdout_lines(&self) -> Vec<String> {
         self.stdout.state.lock().unwrap().0.clone()
     }

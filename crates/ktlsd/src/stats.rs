@@ -1,5 +1,6 @@
 //! Per-worker counters. Each worker owns its own (no sharing on the hot path);
-//! they are summed once, at exit.
+//! they are summed once, at exit. A leaf: any layer may add to them, and it
+//! knows nothing of who does. Not a metrics exporter.
 
 use std::cell::Cell;
 use std::fmt;
@@ -53,5 +54,9 @@ counters! {
 impl Stats {
     pub fn bump(c: &Cell<u64>) {
         c.set(c.get() + 1);
+    }
+
+    pub fn add_to(c: &Cell<u64>, n: u64) {
+        c.set(c.get() + n);
     }
 }

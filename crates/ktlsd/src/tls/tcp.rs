@@ -1,8 +1,12 @@
 //! The connection's live TCP state (`TCP_INFO`) for adaptive record sizing, and
-//! the per-listener TCP send options (`TCP_NOTSENT_LOWAT`, `TCP_CONGESTION`).
+//! the per-connection TCP send options (`TCP_NOTSENT_LOWAT`, `TCP_CONGESTION`).
+//! socket2 sets the options; `TCP_INFO`, which it does not offer, is one wrapped
+//! `getsockopt`. Not the place for listener options (see `server::listener`).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+use socket2::SockRef;
 
 /// What adaptive sizing needs to know about the connection right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,23 +55,10 @@ impl TcpState {
 /// Sets `TCP_NOTSENT_LOWAT`: the socket reports writable only when less than
 /// `bytes` remain unsent, which keeps record decisions close to the wire.
 pub fn set_notsent_lowat(fd: BorrowedFd<'_>, bytes: u32) -> io::Result<()> {
-    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, &(bytes as libc::c_int).to_ne_bytes())
+    SockRef::from(&fd).set_tcp_notsent_lowat(bytes)
 }
 
 /// Sets the congestion control algorithm (`TCP_CONGESTION`), e.g. `bbr`.
 pub fn set_congestion(fd: BorrowedFd<'_>, name: &str) -> io::Result<()> {
-    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_bytes())
-}
-
-fn setsockopt(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, value: &[u8]) -> io::Result<()> {
-    // SAFETY: `value` is a readable buffer of the given length for the duration of the
-    // call, and `fd` is a live socket borrowed for it.
-    let rc = unsafe {
-        libc::setsockopt(fd.as_raw_fd(), level, name, value.as_ptr().cast(), value.len() as libc::socklen_t)
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    SockRef::from(&fd).set_tcp_congestion(name.as_bytes())
 }

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use super::tcp::TcpState;
 
-/// Largest TLS record payload (2^14 bytes).
-pub const MAX_RECORD: usize = 16 * 1024;
+/// Largest TLS record payload (2^14 bytes), for both record layers; the kernel's
+/// limit is the same number.
+pub const MAX_RECORD: usize = kernel_tls::TLS_MAX_PLAINTEXT;
 
 /// How long TLS records are, chosen per listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

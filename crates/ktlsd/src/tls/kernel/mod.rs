@@ -8,15 +8,17 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
+pub mod body;
+
 use kernel_tls::{Capabilities, ControlOutcome, KtlsConnection, LimitStatus, Prepared, RxError};
 use rustls::server::UnbufferedServerConnection;
 use rustls::SupportedCipherSuite;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use crate::body::{RecordPolicy, MAX_RECORD};
 use crate::net;
-use crate::server::stats::Stats;
+use crate::tls::error::{SentAlert, SessionError};
+use crate::tls::sizing::{RecordPolicy, MAX_RECORD};
 
 /// What the running kernel can do, probed once at start-up.
 pub struct Support {
@@ -73,16 +75,8 @@ impl Support {
     }
 }
 
-/// Counters a kernel connection keeps until it ends.
-#[derive(Debug, Default)]
-struct Counters {
-    key_updates: u64,
-    rekey_unsupported: u64,
-    record_errors: u64,
-}
-
 /// Largest record plaintext plus room: control records must arrive whole.
-const RX_BUF: usize = 16 * 1024 + 256;
+const RX_BUF: usize = MAX_RECORD + 256;
 
 /// A connection whose records the kernel protects.
 pub struct KernelTls {
@@ -90,7 +84,8 @@ pub struct KernelTls {
     /// The kernel cuts records at the policy's size (`TLS_TX_MAX_PAYLOAD_LEN` is set).
     kernel_cuts_records: bool,
     rx: Box<[u8]>,
-    counters: Counters,
+    /// TLS 1.3 KeyUpdates installed on this connection.
+    key_updates: u64,
 }
 
 impl KernelTls {
@@ -117,7 +112,7 @@ impl KernelTls {
             conn,
             kernel_cuts_records,
             rx: vec![0u8; RX_BUF].into_boxed_slice(),
-            counters: Counters::default(),
+            key_updates: 0,
         })
     }
 
@@ -127,7 +122,12 @@ impl KernelTls {
     }
 
     /// Appends decrypted application data to `out`; 0 once the peer has closed.
-    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
+    ///
+    /// # Cancel safety
+    /// Cancel-safe. Each `recv` takes one whole record from the kernel and the data
+    /// is appended before any other wait; a KeyUpdate answer cut short stays owed
+    /// and is sent by the next read or send.
+    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
         loop {
             let rx = &mut self.rx;
             let got = net::retry_recv(stream, timeout, || {
@@ -138,15 +138,16 @@ impl KernelTls {
                 Ok(rec) => rec,
                 Err(e) => {
                     let class = RxError::classify(&e);
-                    if matches!(class, RxError::Interrupted | RxError::KeyExpired) {
-                        continue;
+                    match class {
+                        RxError::Interrupted | RxError::KeyExpired => continue,
+                        RxError::ConnectionLost => return Err(SessionError::PeerClosed),
+                        _ => {}
                     }
                     if let Some(alert) = class.alert() {
-                        self.counters.record_errors += 1;
-                        tracing::info!("kTLS connection closed: kernel rejected a record ({})", class.name());
                         send_fatal_alert(stream, alert);
+                        return Err(SessionError::RecordRejected { reason: class.name(), alert });
                     }
-                    return Err(e);
+                    return Err(e.into());
                 }
             };
             if rec.is_application_data() {
@@ -158,45 +159,51 @@ impl KernelTls {
                 Ok(ControlOutcome::CloseNotify) => return Ok(0),
                 Ok(ControlOutcome::Warning(_)) => {}
                 Ok(ControlOutcome::KeyUpdated { .. }) => {
-                    self.counters.key_updates += 1;
+                    self.key_updates += 1;
                     self.complete_tx_update(stream, timeout).await?;
                 }
-                Ok(ControlOutcome::PeerAlert(desc)) => {
-                    return Err(io::Error::new(io::ErrorKind::ConnectionAborted, format!("peer sent alert {desc:?}")))
-                }
-                Err(e) => return Err(self.control_error(stream, e)),
+                Ok(ControlOutcome::PeerAlert(desc)) => return Err(SessionError::PeerAlert(desc)),
+                Err(e) => return Err(control_error(stream, e)),
             }
         }
     }
 
     /// Sends a KeyUpdate we owe the peer, once the socket has room for it.
-    async fn complete_tx_update(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+    async fn complete_tx_update(&mut self, stream: &TcpStream, timeout: Duration) -> Result<(), SessionError> {
         let conn = &mut self.conn;
         if !conn.has_pending_tx_update() {
             return Ok(());
         }
-        let r = net::retry(stream, Interest::WRITABLE, timeout, || {
-            conn.complete_tx_update(stream.as_fd()).map_err(into_io)
-        })
+        let r = net::retry_as(
+            stream,
+            Interest::WRITABLE,
+            timeout,
+            || conn.complete_tx_update(stream.as_fd()),
+            kernel_tls::Error::is_would_block,
+        )
         .await;
-        r.map_err(|e| self.note_rekey_failure(e))
+        r.map_err(session_error)
     }
 
     /// Before sending: settle owed key updates and respect the cipher's
     /// confidentiality limit (update the key on TLS 1.3, close on TLS 1.2).
-    pub async fn before_send(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
+    pub async fn before_send(&mut self, stream: &TcpStream, timeout: Duration) -> Result<(), SessionError> {
         self.complete_tx_update(stream, timeout).await?;
         match self.conn.limit_status() {
             LimitStatus::Fine => Ok(()),
             LimitStatus::UpdateKey => {
                 let conn = &mut self.conn;
-                let r = net::retry(stream, Interest::WRITABLE, timeout, || {
-                    conn.initiate_key_update(stream.as_fd(), false).map_err(into_io)
-                })
+                let r = net::retry_as(
+                    stream,
+                    Interest::WRITABLE,
+                    timeout,
+                    || conn.initiate_key_update(stream.as_fd(), false),
+                    kernel_tls::Error::is_would_block,
+                )
                 .await;
-                r.map_err(|e| self.note_rekey_failure(e))
+                r.map_err(session_error)
             }
-            LimitStatus::Close => Err(io::Error::other("TLS 1.2 confidentiality limit reached; closing")),
+            LimitStatus::Close => Err(SessionError::ConfidentialityLimit),
         }
     }
 
@@ -206,36 +213,38 @@ impl KernelTls {
     }
 
     /// Sends close_notify (as its own alert record).
-    pub async fn close_notify(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
-        net::retry(stream, Interest::WRITABLE, timeout, || kernel_tls::send_close_notify(stream.as_fd())).await
+    pub async fn close_notify(&mut self, stream: &TcpStream, timeout: Duration) -> Result<(), SessionError> {
+        Ok(net::retry(stream, Interest::WRITABLE, timeout, || kernel_tls::send_close_notify(stream.as_fd())).await?)
     }
 
-    pub fn count_into(&self, stats: &Stats) {
-        let c = &self.counters;
-        stats.key_updates.set(stats.key_updates.get() + c.key_updates);
-        stats.rekey_unsupported.set(stats.rekey_unsupported.get() + c.rekey_unsupported);
-        stats.ktls_record_errors.set(stats.ktls_record_errors.get() + c.record_errors);
+    /// TLS 1.3 KeyUpdates installed so far.
+    pub fn key_updates(&self) -> u64 {
+        self.key_updates
     }
+}
 
-    fn note_rekey_failure(&mut self, e: io::Error) -> io::Error {
-        if e.get_ref().is_some_and(|inner| inner.is::<RekeyRefused>()) {
-            self.counters.rekey_unsupported += 1;
-            tracing::info!("kTLS connection closed: this kernel cannot install updated TLS 1.3 keys");
-        }
-        e
+/// A failed control record: the alert it calls for goes out first.
+fn control_error(stream: &TcpStream, e: kernel_tls::Error) -> SessionError {
+    if let Some(alert) = e.alert() {
+        send_fatal_alert(stream, alert);
     }
+    // The kernel refused the peer's new RX key before our TX key changed:
+    // the peer still reads our current key, so close cleanly.
+    if matches!(e, kernel_tls::Error::RekeyUnsupported { direction: kernel_tls::Direction::Rx, .. }) {
+        let _ = kernel_tls::send_close_notify(stream.as_fd());
+    }
+    session_error(e)
+}
 
-    fn control_error(&mut self, stream: &TcpStream, e: kernel_tls::Error) -> io::Error {
-        if let Some(alert) = e.alert() {
-            send_fatal_alert(stream, alert);
-        }
-        // The kernel refused the peer's new RX key before our TX key changed:
-        // the peer still reads our current key, so close cleanly.
-        if matches!(e, kernel_tls::Error::RekeyUnsupported { direction: kernel_tls::Direction::Rx, .. }) {
-            let _ = kernel_tls::send_close_notify(stream.as_fd());
-        }
-        let e = into_io(e);
-        self.note_rekey_failure(e)
+fn session_error(e: kernel_tls::Error) -> SessionError {
+    match e {
+        kernel_tls::Error::Io(io) => io.into(),
+        kernel_tls::Error::RekeyUnsupported { .. } => SessionError::RekeyUnsupported,
+        kernel_tls::Error::ConfidentialityLimit => SessionError::ConfidentialityLimit,
+        e => match e.alert() {
+            Some(alert) => SessionError::Protocol { sent: SentAlert::Alert(alert), detail: e.to_string() },
+            None => SessionError::Io(io::Error::other(e.to_string())),
+        },
     }
 }
 
@@ -249,17 +258,4 @@ fn send_fatal_alert(stream: &TcpStream, alert: rustls::AlertDescription) {
         tracing::debug!("kTLS: the {alert:?} alert was not sent: {e}");
     }
     let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
-}
-
-/// Marks an `io::Error` that came from `Error::RekeyUnsupported`.
-#[derive(Debug, thiserror::Error)]
-#[error("kernel cannot update TLS keys: {0}")]
-struct RekeyRefused(String);
-
-fn into_io(e: kernel_tls::Error) -> io::Error {
-    match e {
-        kernel_tls::Error::Io(io) => io,
-        e @ kernel_tls::Error::RekeyUnsupported { .. } => io::Error::other(RekeyRefused(e.to_string())),
-        other => io::Error::other(other.to_string()),
-    }
 }

@@ -20,15 +20,17 @@ use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, EncryptError};
 use tokio::net::TcpStream;
 
+pub mod body;
+
 use crate::net;
+use crate::tls::error::{SentAlert, SessionError};
+use crate::tls::sizing::MAX_RECORD;
 
 /// Per-record expansion: header (5) + explicit nonce (8, TLS 1.2) + tag (16) + type (1, TLS 1.3).
 pub const RECORD_OVERHEAD: usize = 5 + 8 + 16 + 1;
-/// Largest plaintext one record may carry.
-pub const MAX_PLAINTEXT: usize = 16 * 1024;
 /// Output buffered before a `write`: four full records.
-const OUT_CAPACITY: usize = 4 * (MAX_PLAINTEXT + RECORD_OVERHEAD);
-const IN_CAPACITY: usize = 5 + MAX_PLAINTEXT + 2048;
+const OUT_CAPACITY: usize = 4 * (MAX_RECORD + RECORD_OVERHEAD);
+const IN_CAPACITY: usize = 5 + MAX_RECORD + 2048;
 /// How long a fatal alert may wait for room in the socket before the connection is dropped without it.
 const ALERT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -38,13 +40,16 @@ pub struct UserspaceTls {
     incoming: Box<[u8]>,
     in_len: usize,
     outgoing: Vec<u8>,
+    /// Records ready to send: `outgoing[out_sent..out_len]`. What a cancelled
+    /// flush already wrote is never written again.
     out_len: usize,
+    out_sent: usize,
     peer_closed: bool,
     /// Plaintext decrypted while looking for a writable state, handed out by the next read.
     stash: Vec<u8>,
     /// rustls rejected the peer's input: the connection is over, and the fatal
     /// alert rustls queued for it (if any) is in the output buffer.
-    failed: bool,
+    failed: Option<SentAlert>,
 }
 
 impl UserspaceTls {
@@ -55,15 +60,21 @@ impl UserspaceTls {
             in_len: 0,
             outgoing: Vec::new(),
             out_len: 0,
+            out_sent: 0,
             peer_closed: false,
             stash: Vec::new(),
-            failed: false,
+            failed: None,
         }
     }
 
     /// Appends decrypted application data to `out`; returns how much, 0 once the
     /// peer has closed (close_notify or end of stream).
-    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> io::Result<usize> {
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: input read from the socket is kept in the connection's buffer,
+    /// decrypted data is appended before any further wait, and a queued answer
+    /// (KeyUpdate) is flushed by the cancel-safe [`Self::flush`].
+    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
         if !self.stash.is_empty() {
             let n = self.stash.len();
             out.append(&mut self.stash);
@@ -85,7 +96,10 @@ impl UserspaceTls {
                 self.flush(stream, timeout).await?;
             }
             if self.in_len == self.incoming.len() {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "TLS record larger than allowed"));
+                return Err(SessionError::Protocol {
+                    sent: SentAlert::Nothing,
+                    detail: "a TLS record larger than allowed".into(),
+                });
             }
             let n = net::read_some(stream, &mut self.incoming[self.in_len..], timeout).await?;
             if n == 0 {
@@ -98,7 +112,7 @@ impl UserspaceTls {
 
     /// Runs rustls over the buffered input until it needs more bytes; plaintext
     /// goes to `out`, handshake answers to the output buffer.
-    fn process(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
+    fn process(&mut self, out: &mut Vec<u8>) -> Result<usize, SessionError> {
         let mut got = 0;
         loop {
             let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
@@ -148,8 +162,8 @@ impl UserspaceTls {
     /// rustls rejected the peer's input with `e`. It has queued the fatal alert
     /// for it, handed out by the next `process_tls_records` call(s) as
     /// `EncodeTlsData`: encode it into the output buffer, and describe `e`.
-    fn fail(&mut self, e: rustls::Error) -> io::Error {
-        self.failed = true;
+    fn fail(&mut self, e: rustls::Error) -> SessionError {
+        let mut sent = SentAlert::Nothing;
         // Bounded: rustls queues one alert; more rounds would only see its error again.
         for _ in 0..4 {
             let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
@@ -157,6 +171,7 @@ impl UserspaceTls {
             let encoded = match status.state {
                 Ok(ConnectionState::EncodeTlsData(mut enc)) => {
                     super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len);
+                    sent = SentAlert::FromRustls;
                     true
                 }
                 _ => false,
@@ -166,18 +181,19 @@ impl UserspaceTls {
                 break;
             }
         }
-        tls_error(e)
+        self.failed = Some(sent);
+        SessionError::Protocol { sent, detail: e.to_string() }
     }
 
     /// After a failure: sends what is buffered, which ends with the fatal alert,
     /// and shuts the write side so the peer sees the end at once. Best effort,
     /// within a short bound: the connection is being dropped anyway.
     async fn send_alert(&mut self, stream: &TcpStream, timeout: Duration) {
-        if !self.failed {
+        if self.failed.is_none() {
             return;
         }
         let _ = self.flush(stream, timeout.min(ALERT_TIMEOUT)).await;
-        self.out_len = 0;
+        (self.out_sent, self.out_len) = (0, 0);
         // FIN right after the alert, so the peer sees the end at once, whatever
         // the later close() does (with unread input left, it sends a reset).
         let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
@@ -188,9 +204,9 @@ impl UserspaceTls {
         OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(RECORD_OVERHEAD)
     }
 
-    /// Encrypts `data` (at most [`MAX_PLAINTEXT`] bytes) as exactly one record.
-    pub fn encrypt_record(&mut self, data: &[u8]) -> io::Result<()> {
-        debug_assert!(data.len() <= MAX_PLAINTEXT);
+    /// Encrypts `data` (at most [`MAX_RECORD`] bytes) as exactly one record.
+    pub fn encrypt_record(&mut self, data: &[u8]) -> Result<(), SessionError> {
+        debug_assert!(data.len() <= MAX_RECORD);
         let needed = self.out_len + data.len() + RECORD_OVERHEAD;
         if self.outgoing.len() < needed {
             self.outgoing.resize(needed.max(OUT_CAPACITY), 0);
@@ -213,9 +229,9 @@ impl UserspaceTls {
                     match w.encrypt(data, &mut self.outgoing[self.out_len..]) {
                         Ok(n) => self.out_len += n,
                         Err(EncryptError::InsufficientSize(e)) => {
-                            return Err(io::Error::other(format!("record buffer too small: {e:?}")))
+                            return Err(SessionError::Io(io::Error::other(format!("record buffer too small: {e:?}"))))
                         }
-                        Err(e) => return Err(io::Error::other(e.to_string())),
+                        Err(e) => return Err(SessionError::Io(io::Error::other(e.to_string()))),
                     }
                     true
                 }
@@ -243,12 +259,8 @@ impl UserspaceTls {
                     self.peer_closed = true;
                     false
                 }
-                other => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        format!("cannot send in TLS state {other:?}"),
-                    ))
-                }
+                // The peer's close_notify (or an earlier failure) ended the session.
+                _ => return Err(SessionError::PeerClosed),
             };
             self.discard(discard);
             if done {
@@ -258,16 +270,21 @@ impl UserspaceTls {
     }
 
     /// Writes every buffered record to the socket.
-    pub async fn flush(&mut self, stream: &TcpStream, timeout: Duration) -> io::Result<()> {
-        if self.out_len > 0 {
-            net::write_all(stream, &self.outgoing[..self.out_len], timeout).await?;
-            self.out_len = 0;
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: what was written before the cancel counts as sent, and the
+    /// next flush (or the close) goes on from the first unsent byte. Writing a
+    /// record twice would break the peer's record sequence.
+    pub async fn flush(&mut self, stream: &TcpStream, timeout: Duration) -> Result<(), SessionError> {
+        if self.out_sent < self.out_len {
+            net::write_tracked(stream, &self.outgoing[..self.out_len], &mut self.out_sent, timeout).await?;
         }
+        (self.out_sent, self.out_len) = (0, 0);
         Ok(())
     }
 
     /// Queues a close_notify alert; it leaves with the next flush.
-    pub fn queue_close_notify(&mut self) -> io::Result<()> {
+    pub fn queue_close_notify(&mut self) {
         let needed = self.out_len + 64;
         if self.outgoing.len() < needed {
             self.outgoing.resize(needed, 0);
@@ -278,10 +295,106 @@ impl UserspaceTls {
                 self.out_len += n;
             }
         }
-        Ok(())
     }
 }
 
-fn tls_error(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e)
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::SocketAddr;
+    use std::sync::{mpsc, Arc};
+
+    use super::*;
+    use crate::tls::config::{server_config, Identity, TlsSettings, TlsVersion};
+    use crate::tls::handshake;
+    use crate::tls::sizing::{RecordPolicy, RecordSizer};
+    use crate::tls::Session;
+
+    /// A blocking rustls client with a small receive buffer that completes the
+    /// handshake, waits for `go`, then reads until close_notify. Returns the
+    /// plaintext, or the error that ended the read.
+    fn client(
+        addr: SocketAddr,
+        root: rustls::pki_types::CertificateDer<'static>,
+        go: mpsc::Receiver<()>,
+    ) -> std::thread::JoinHandle<Result<Vec<u8>, String>> {
+        std::thread::spawn(move || {
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            // Set before connecting, so the window stays small and the server's writes block.
+            sock.set_recv_buffer_size(4096).unwrap();
+            sock.connect(&addr.into()).unwrap();
+            let sock: std::net::TcpStream = sock.into();
+            sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(root).unwrap();
+            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, sock);
+            while tls.conn.is_handshaking() {
+                tls.conn.complete_io(&mut tls.sock).map_err(|e| format!("handshake: {e}"))?;
+            }
+            go.recv().unwrap();
+            let mut got = Vec::new();
+            match tls.read_to_end(&mut got) {
+                Ok(_) => Ok(got),
+                Err(e) => Err(format!("after {} bytes: {e}", got.len())),
+            }
+        })
+    }
+
+    /// A flush cancelled half-way (as inside `select!`), then the session's close:
+    /// the client receives every record exactly once, then close_notify. Writing
+    /// the buffer again from its start would repeat records, which the client
+    /// rejects (bad_record_mac: the record sequence is off).
+    #[test]
+    fn cancelled_flush_then_close_sends_each_record_once() {
+        let settings = TlsSettings {
+            cert: None,
+            key: None,
+            versions: vec![TlsVersion::Tls13, TlsVersion::Tls12],
+            cipher_suites: None,
+            state_dir: None,
+            ephemeral_cert: true,
+            ticket_keys: Vec::new(),
+        };
+        let identity = Identity::load(&settings, false).unwrap();
+        let root = identity.chain[0].clone();
+        let config = server_config(&settings, identity).unwrap();
+        let data: Vec<u8> = (0..64 * MAX_RECORD).map(|i| (i % 251) as u8).collect();
+
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let got = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let (go_tx, go_rx) = mpsc::channel();
+            let client = client(listener.local_addr().unwrap(), root, go_rx);
+            let (stream, _) = listener.accept().await.unwrap();
+            socket2::SockRef::from(&stream).set_send_buffer_size(4096).unwrap();
+            let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
+            let mut tls = UserspaceTls::new(established.conn);
+            for chunk in data.chunks(MAX_RECORD) {
+                tls.encrypt_record(chunk).unwrap();
+            }
+            let cut = tokio::time::timeout(Duration::from_millis(200), tls.flush(&stream, Duration::from_secs(10))).await;
+            assert!(cut.is_err(), "the flush finished although the client reads nothing");
+            assert!(
+                tls.out_sent > 0 && tls.out_sent < tls.out_len,
+                "the cancelled flush should have written part of the buffer ({} of {})",
+                tls.out_sent,
+                tls.out_len
+            );
+            go_tx.send(()).unwrap();
+            let session = Session::userspace(stream, tls, RecordSizer::new(RecordPolicy::default(), 22), Duration::from_secs(10));
+            session.close().await;
+            client.join().unwrap()
+        });
+        match got {
+            Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
+            Err(e) => panic!("the client saw: {e}"),
+        }
+    }
 }

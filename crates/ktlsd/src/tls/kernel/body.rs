@@ -14,15 +14,20 @@ use std::time::{Duration, Instant};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::{truncated, RecordSizer, MAX_RECORD};
+use super::KernelTls;
 use crate::files::FileRange;
 use crate::net;
-use crate::tls::kernel::KernelTls;
+use crate::tls::sizing::{RecordSizer, MAX_RECORD};
+use crate::tls::error::SessionError;
 
 /// Largest single `sendfile`: bounds how long one connection holds the worker.
 const MAX_SENDFILE: usize = 1 << 20;
 
 /// Sends `head` then `body`; returns the body bytes sent.
+///
+/// # Cancel safety
+/// Not cancel-safe: a response cut short leaves a record open in the kernel;
+/// the connection must then be closed, not reused.
 pub async fn send(
     tls: &mut KernelTls,
     stream: &TcpStream,
@@ -30,7 +35,7 @@ pub async fn send(
     head: &[u8],
     body: Option<FileRange<'_>>,
     timeout: Duration,
-) -> io::Result<u64> {
+) -> Result<u64, SessionError> {
     tls.before_send(stream, timeout).await?;
     let Some(range) = body else {
         send_all(stream, head, false, timeout).await?;
@@ -80,7 +85,7 @@ pub async fn send(
             })
             .await?;
             if n == 0 {
-                return Err(truncated());
+                return Err(SessionError::FileShrank);
             }
         }
         sizer.sent(now);

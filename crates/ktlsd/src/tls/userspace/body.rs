@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use super::{truncated, RecordSizer, MAX_RECORD};
+use super::UserspaceTls;
 use crate::files::FileRange;
-use crate::tls::userspace::UserspaceTls;
+use crate::tls::sizing::{RecordSizer, MAX_RECORD};
+use crate::tls::error::SessionError;
 
 /// File bytes read per `pread`.
 const READ_AHEAD: usize = 64 * 1024;
@@ -24,6 +25,10 @@ pub struct Buffers {
 }
 
 /// Sends `head` then `body`; returns the body bytes sent.
+///
+/// # Cancel safety
+/// Not cancel-safe as a whole (a response cut short cannot be resumed), but the
+/// records already encrypted are never sent twice: see [`UserspaceTls::flush`].
 pub async fn send(
     tls: &mut UserspaceTls,
     stream: &TcpStream,
@@ -32,7 +37,7 @@ pub async fn send(
     head: &[u8],
     body: Option<FileRange<'_>>,
     timeout: Duration,
-) -> io::Result<u64> {
+) -> Result<u64, SessionError> {
     let body = body.as_ref();
     let (mut offset, mut left) = body.map_or((0, 0), |r| (r.range.start, r.len()));
     let capacity = head.len() + if body.is_some() { READ_AHEAD } else { 0 };
@@ -78,16 +83,16 @@ pub async fn send(
     Ok(body.map_or(0, |r| r.len()))
 }
 
-fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> Result<(), SessionError> {
     while !buf.is_empty() {
         match file.read_at(buf, offset) {
-            Ok(0) => return Err(truncated()),
+            Ok(0) => return Err(SessionError::FileShrank),
             Ok(n) => {
                 buf = &mut buf[n..];
                 offset += n as u64;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(SessionError::Io(e)),
         }
     }
     Ok(())
