@@ -1,5 +1,6 @@
 //! A connection after its handshake: the socket, the record layer it uses, and the
-//! body writer state. The HTTP layer talks only to this type.
+//! body writer state. The HTTP layer talks to it only through `http::Transport`.
+//! Not where the record layer is chosen: see [`super::establish`].
 
 use std::fmt;
 use std::time::Duration;
