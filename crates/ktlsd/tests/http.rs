@@ -73,7 +73,7 @@ fn standard_headers_present() {
     assert_eq!(r.status, 200);
     assert_eq!(r.header("last-modified"), Some("Tue, 14 Nov 2023 22:13:20 GMT"));
     let date = r.header("date").expect("Date header");
-    let date = httpdate_parse(date);
+    let date = httpdate::parse_http_date(date).unwrap_or_else(|e| panic!("Date {date:?}: {e}"));
     let skew = |a: std::time::SystemTime, b: std::time::SystemTime| {
         a.duration_since(b).or_else(|_| b.duration_since(a)).unwrap()
     };
@@ -87,26 +87,6 @@ fn standard_headers_present() {
     srv.write("a.txt", b"hello, changed\n");
     let r2 = fetch(&srv.url("/a.txt"), &[]);
     assert_ne!(r2.header("etag"), Some(etag));
-}
-
-/// Minimal IMF-fixdate parser for the Date header ("Sun, 06 Nov 1994 08:49:37 GMT").
-fn httpdate_parse(s: &str) -> std::time::SystemTime {
-    let parts: Vec<&str> = s.split_whitespace().collect();
-    assert_eq!(parts.len(), 6, "not an IMF-fixdate: {s:?}");
-    assert_eq!(parts[5], "GMT");
-    let day: u64 = parts[1].parse().unwrap();
-    let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    let month = months.iter().position(|m| *m == parts[2]).unwrap_or_else(|| panic!("month in {s:?}")) as u64 + 1;
-    let year: u64 = parts[3].parse().unwrap();
-    let hms: Vec<u64> = parts[4].split(':').map(|x| x.parse().unwrap()).collect();
-    // Days from civil (Howard Hinnant's algorithm).
-    let (y, m) = if month <= 2 { (year - 1, month + 9) } else { (year, month - 3) };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146097 + doe - 719468;
-    std::time::UNIX_EPOCH + Duration::from_secs(days * 86400 + hms[0] * 3600 + hms[1] * 60 + hms[2])
 }
 
 #[test]

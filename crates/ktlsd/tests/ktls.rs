@@ -396,8 +396,10 @@ enum Close {
 }
 
 /// A blocking rustls client whose socket writes are explicit: everything
-/// rustls has to send leaves in ONE `write` per [`TlsClient::flush`].
-struct TlsClient {
+/// rustls has to send leaves in ONE `write` per [`WireClient::flush`], and the
+/// raw bytes received can be kept. The harness's `TlsClient` hides both; the
+/// record-level tests here need them.
+struct WireClient {
     sock: TcpStream,
     conn: ClientConnection,
     /// Decrypted bytes not yet consumed as responses.
@@ -409,20 +411,20 @@ struct TlsClient {
     last_flush: usize,
 }
 
-impl TlsClient {
+impl WireClient {
     /// TCP connection and a fresh TLS client; no handshake yet.
-    fn start(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> TlsClient {
+    fn start(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> WireClient {
         let sock = TcpStream::connect(addr).unwrap();
         sock.set_nodelay(true).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         sock.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
         let conn = ClientConnection::new(cfg.clone(), ServerName::try_from("localhost").unwrap()).unwrap();
-        TlsClient { sock, conn, plain: Vec::new(), raw: None, closed: None, last_flush: 0 }
+        WireClient { sock, conn, plain: Vec::new(), raw: None, closed: None, last_flush: 0 }
     }
 
     /// Connects and completes the handshake.
-    fn connect(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> TlsClient {
-        let mut c = TlsClient::start(addr, cfg);
+    fn connect(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> WireClient {
+        let mut c = WireClient::start(addr, cfg);
         c.handshake();
         c
     }
@@ -697,7 +699,7 @@ fn keepalive_requests_then_client_close_notify() {
     let mut requests = 0;
     for v in [V::Tls13, V::Tls12] {
         let cfg = client_config(v, None);
-        let mut c = TlsClient::connect(server.addr(), &cfg);
+        let mut c = WireClient::connect(server.addr(), &cfg);
         for name in ["one", "r16385", "big", "empty", "r16384"] {
             let r = c.get(&format!("/{name}"));
             assert_eq!(r.status, 200, "{v:?} /{name}");
@@ -717,7 +719,7 @@ fn keepalive_requests_then_client_close_notify() {
 
         // Resumption (a ticket from the first connection), and a request
         // whose close_notify follows in the same segment.
-        let mut c = TlsClient::start(server.addr(), &cfg);
+        let mut c = WireClient::start(server.addr(), &cfg);
         c.handshake();
         assert_eq!(c.conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed), "{v:?}: session not resumed");
         c.queue(get_request("/r16385").as_bytes());
@@ -747,7 +749,7 @@ fn pipelined_requests_in_the_finished_segment() {
     let order = ["one", "r16385", "empty", "r16384", "one", "big", "one"];
     let mut requests = 0;
     for v in [V::Tls13, V::Tls12] {
-        let mut c = TlsClient::start(server.addr(), &client_config(v, None));
+        let mut c = WireClient::start(server.addr(), &client_config(v, None));
         let mut app_bytes = 0;
         for (i, name) in order.iter().enumerate() {
             // One writer call per request: one record each.
@@ -796,11 +798,11 @@ fn client_reset_mid_sendfile_keeps_serving() {
     let server = KtlsServer::start(&files, &[]);
     let cfg = client_config(V::Tls13, None);
 
-    let mut bystander = TlsClient::connect(server.addr(), &cfg);
+    let mut bystander = WireClient::connect(server.addr(), &cfg);
     assert_eq!(bystander.get("/one").status, 200);
 
     for v in [V::Tls13, V::Tls12] {
-        let mut victim = TlsClient::connect(server.addr(), &client_config(v, None));
+        let mut victim = WireClient::connect(server.addr(), &client_config(v, None));
         victim.send(get_request("/big").as_bytes());
         while victim.plain.len() < 256 * 1024 {
             assert!(victim.pump(), "{v:?}: connection ended early: {:?}", victim.closed);
@@ -841,7 +843,7 @@ fn key_update_from_rustls_client() {
     let rekey = kernel_can_rekey();
     let server = KtlsServer::start(&files, &[]);
     let cfg = client_config(V::Tls13, None);
-    let mut c = TlsClient::connect(server.addr(), &cfg);
+    let mut c = WireClient::connect(server.addr(), &cfg);
     assert_body("before KeyUpdate", &c.get("/r16385").body, file(&files, "r16385"));
 
     c.conn.refresh_traffic_keys().unwrap();
@@ -873,7 +875,7 @@ fn key_update_from_rustls_client() {
         assert!(stray.is_empty(), "data after KeyUpdate on a kernel that cannot re-key: {stray:?}");
         assert_eq!(how, Close::Notify, "the server should close cleanly (close_notify) when the kernel cannot re-key");
         // Another connection works.
-        let mut other = TlsClient::connect(server.addr(), &cfg);
+        let mut other = WireClient::connect(server.addr(), &cfg);
         assert_body("a new connection after the refused KeyUpdate", &other.get("/r16385").body, file(&files, "r16385"));
         other.conn.send_close_notify();
         other.flush();
@@ -1002,7 +1004,7 @@ fn tls12_gcm_explicit_nonces_never_repeat() {
     let server = KtlsServer::start(&files, &["--tls-versions", "1.2"]);
     let mut requests = 0;
     for c in [Cipher::Aes128Gcm, Cipher::Aes256Gcm] {
-        let mut client = TlsClient::start(server.addr(), &client_config(V::Tls12, Some(rustls_suite(V::Tls12, c))));
+        let mut client = WireClient::start(server.addr(), &client_config(V::Tls12, Some(rustls_suite(V::Tls12, c))));
         client.raw = Some(Vec::new());
         client.handshake();
         for name in ["one", "r16385", "empty", "big"] {
@@ -1082,7 +1084,7 @@ fn record_size_policies() {
             for v in [V::Tls13, V::Tls12] {
             // AES-128-GCM: 17 bytes of expansion per TLS 1.3 record, 24 per TLS 1.2 one.
             let expansion = if v == V::Tls13 { 17 } else { 24 };
-            let mut c = TlsClient::start(server.addr(), &client_config(v, Some(rustls_suite(v, Cipher::Aes128Gcm))));
+            let mut c = WireClient::start(server.addr(), &client_config(v, Some(rustls_suite(v, Cipher::Aes128Gcm))));
             c.raw = Some(Vec::new());
             c.handshake();
             // A first response, so that session tickets are behind us.
@@ -1147,7 +1149,7 @@ fn corrupted_record_gets_bad_record_mac() {
     let server = KtlsServer::start(&files, &[]);
     let mut requests = 0;
     for v in [V::Tls13, V::Tls12] {
-        let mut c = TlsClient::connect(server.addr(), &client_config(v, None));
+        let mut c = WireClient::connect(server.addr(), &client_config(v, None));
         assert_eq!(c.get("/one").status, 200);
         requests += 1;
         // A well-formed application-data record whose contents are garbage.
@@ -1236,7 +1238,7 @@ fn handshake_split_across_records_then_ktls() {
         let cfg = Arc::new(cfg);
         let hello = common::client_hello(cfg.clone());
         assert!(hello.len() > 16384 + 5, "{v:?}: ClientHello of {} bytes", hello.len());
-        let mut c = TlsClient::connect(server.addr(), &cfg);
+        let mut c = WireClient::connect(server.addr(), &cfg);
         let r = c.get("/big");
         assert_eq!(r.status, 200, "{v:?} ClientHello over 16 KiB");
         assert_body(&format!("{v:?} big ClientHello /big"), &r.body, file(&files, "big"));
@@ -1333,7 +1335,7 @@ fn lingering_close_delivers_whole_responses() {
     for v in [V::Tls13, V::Tls12] {
         for (request, statuses, later) in cases {
             let what = format!("{v:?} {:?} (extra bytes later: {later})", request.lines().next().unwrap_or(""));
-            let mut c = TlsClient::connect(server.addr(), &client_config(v, None));
+            let mut c = WireClient::connect(server.addr(), &client_config(v, None));
             let extra = vec![b'z'; 20_000];
             if later {
                 c.send(request.as_bytes());

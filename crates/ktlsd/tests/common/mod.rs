@@ -1088,19 +1088,8 @@ impl TlsClient {
     }
 
     /// Shrinks the socket's receive buffer (before much data arrives).
-    pub fn set_recv_buffer(&self, bytes: i32) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: setsockopt on our own socket with a valid int option value.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.tls.sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&bytes as *const i32).cast(),
-                std::mem::size_of::<i32>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_RCVBUF: {}", io::Error::last_os_error());
+    pub fn set_recv_buffer(&self, bytes: usize) {
+        socket2::SockRef::from(&self.tls.sock).set_recv_buffer_size(bytes).expect("SO_RCVBUF");
     }
 
     /// Writes `bytes` as application data, in one TLS write, and flushes.
