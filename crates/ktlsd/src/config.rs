@@ -106,6 +106,54 @@ pub struct Config {
     pub user: Option<String>,
     pub group: Option<String>,
     pub allow_root: bool,
+    /// The `[[site]]` blocks of the config file; the top-level keys form the default site.
+    pub sites: Vec<SiteConfig>,
+    pub unknown_sni: UnknownSni,
+}
+
+/// What a name no `[[site]]` has gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownSni {
+    /// The default site (the top-level keys) serves it.
+    Default,
+    /// The handshake fails with `unrecognized_name`; a request naming it gets 421.
+    Refuse,
+}
+
+/// Where a site's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SiteCert {
+    /// `cert` and `key` files.
+    Files { cert: PathBuf, key: PathBuf },
+    /// Neither: a self-signed certificate for the site's names, made at start-up.
+    SelfSigned,
+}
+
+/// One validated `[[site]]`.
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// Exact names and `*.example.com` wildcards, validated.
+    pub names: crate::handler::sites::Names,
+    /// Canonical path of the site's directory.
+    pub root: PathBuf,
+    pub cert: SiteCert,
+    /// Per site; when absent, the top-level value.
+    pub hsts: Option<String>,
+    pub autoindex: bool,
+    pub dotfiles: bool,
+}
+
+/// A `[[site]]` block as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSite {
+    names: Vec<String>,
+    root: PathBuf,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    hsts: Option<String>,
+    autoindex: Option<bool>,
+    dotfiles: Option<bool>,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -141,6 +189,8 @@ struct FileConfig {
     user: Option<String>,
     group: Option<String>,
     allow_root: Option<bool>,
+    unknown_sni: Option<String>,
+    site: Option<Vec<FileSite>>,
 }
 
 impl FileConfig {
@@ -188,6 +238,12 @@ impl FileConfig {
         }
         for p in self.ticket_keys.iter_mut().flatten() {
             rel(p);
+        }
+        for site in self.site.iter_mut().flatten() {
+            for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
+                rel(p);
+            }
+            rel(&mut site.root);
         }
         if let Some(log) = &mut self.access_log {
             if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
@@ -402,6 +458,12 @@ impl Config {
             }
         }
         let allow_root = args.allow_root || file.allow_root.unwrap_or(false);
+        let unknown_sni = match args.unknown_sni.or(file.unknown_sni).as_deref() {
+            None | Some("default") => UnknownSni::Default,
+            Some("refuse") => UnknownSni::Refuse,
+            Some(other) => return err(format!("unknown_sni {other:?}: expected default or refuse")),
+        };
+        let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles)?;
 
         Ok(Config {
             root,
@@ -427,8 +489,51 @@ impl Config {
             user,
             group,
             allow_root,
+            sites,
+            unknown_sni,
         })
     }
+}
+
+/// Validates the `[[site]]` blocks: names well formed and each in one site only,
+/// roots directories, `cert` and `key` together. Options a site leaves out are
+/// the top-level ones.
+fn sites(file: Vec<FileSite>, hsts: Option<&str>, autoindex: bool, dotfiles: bool) -> Result<Vec<SiteConfig>, ConfigError> {
+    let mut out: Vec<SiteConfig> = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (i, s) in file.into_iter().enumerate() {
+        let which = format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
+        let names = crate::handler::sites::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
+        for n in names.dns_names() {
+            if let Some(other) = seen.insert(n.clone(), which.clone()) {
+                return err(format!("{which}: name {n} is also in {other}; each name belongs to one site"));
+            }
+        }
+        let root = match s.root.canonicalize() {
+            Ok(r) if r.is_dir() => r,
+            Ok(_) => return err(format!("{which}: root {} is not a directory", s.root.display())),
+            Err(e) => return err(format!("{which}: root {}: {e}", s.root.display())),
+        };
+        let cert = match (s.cert, s.key) {
+            (Some(cert), Some(key)) => SiteCert::Files { cert, key },
+            (None, None) => SiteCert::SelfSigned,
+            (Some(_), None) => return err(format!("{which}: cert was given without key")),
+            (None, Some(_)) => return err(format!("{which}: key was given without cert")),
+        };
+        let hsts = match s.hsts {
+            Some(v) => Some(validate_hsts(&v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
+            None => hsts.map(String::from),
+        };
+        out.push(SiteConfig {
+            names,
+            root,
+            cert,
+            hsts,
+            autoindex: s.autoindex.unwrap_or(autoindex),
+            dotfiles: s.dotfiles.unwrap_or(dotfiles),
+        });
+    }
+    Ok(out)
 }
 
 /// A Strict-Transport-Security value: `max-age=SECONDS` first (RFC 6797 section 6.1),

@@ -24,9 +24,12 @@ use rustls::ServerConfig;
 use tokio::signal::unix::Signal;
 
 use crate::cli::ServeArgs;
-use crate::config::{AccessLogTarget, Config, KtlsMode};
+use crate::config::{AccessLogTarget, Config, KtlsMode, SiteCert, UnknownSni};
 use crate::files::{self, Root};
+use crate::handler::sites::{NamedSite, UnknownHost};
+use crate::handler::{Site, Sites};
 use crate::tls::config::{server_config, Identity, TlsSettings};
+use crate::tls::sni::UnknownName;
 use crate::tls::TlsMode;
 use crate::stats::Stats;
 
@@ -40,6 +43,20 @@ pub struct Shared {
     pub tls: Arc<ServerConfig>,
     /// The kernel's kTLS abilities, when kTLS is to be used.
     pub ktls: Option<Arc<crate::tls::kernel::Support>>,
+    /// The `[[site]]`s, opened; the fields above serve as the default site.
+    pub sites: Vec<NamedSite>,
+}
+
+impl Shared {
+    /// The sites a connection chooses from, by Host, for each request.
+    pub fn sites(&self) -> Sites<'_> {
+        let default = Site { root: &self.root, files: self.file_options, hsts: self.config.hsts.as_deref() };
+        let unknown = match self.config.unknown_sni {
+            UnknownSni::Default => UnknownHost::Default,
+            UnknownSni::Refuse => UnknownHost::Misdirected,
+        };
+        Sites { named: &self.sites, default, unknown }
+    }
 }
 
 /// What the workers serve with now: sent to every worker on reload and on
@@ -236,7 +253,32 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
             tracing::warn!("{warning}");
         }
     }
-    let tls = server_config(&settings, identity)?;
+    let mut identities = Vec::new();
+    let mut sites = Vec::new();
+    for site in &config.sites {
+        let which = site.names.dns_names().join(", ");
+        let id = match &site.cert {
+            SiteCert::Files { cert, key } => Identity::site_files(cert, key)?,
+            SiteCert::SelfSigned => {
+                tracing::warn!("site {which}: no cert and key; serving a self-signed certificate for its names");
+                Identity::site_self_signed(site.names.dns_names())?
+            }
+        };
+        if let (SiteCert::Files { cert, .. }, Some(leaf)) = (&site.cert, id.chain.first()) {
+            if let Some(warning) = expiry_warning(&cert.display().to_string(), leaf.as_ref(), SystemTime::now()) {
+                tracing::warn!("site {which}: {warning}");
+            }
+        }
+        identities.push((site.names.clone(), id));
+        let root = Root::new(&site.root).with_context(|| format!("site {which}: cannot open root {}", site.root.display()))?;
+        let files = files::Options { dotfiles: site.dotfiles, autoindex: site.autoindex, cache_entries };
+        sites.push(NamedSite { names: site.names.clone(), root, files, hsts: site.hsts.clone() });
+    }
+    let unknown = match config.unknown_sni {
+        UnknownSni::Default => UnknownName::Default,
+        UnknownSni::Refuse => UnknownName::Refuse,
+    };
+    let tls = server_config(&settings, identity, identities, unknown)?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
     let ktls = match previous {
         Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),
@@ -249,6 +291,7 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
         root,
         tls,
         ktls,
+        sites,
     };
     Ok(Prepared { shared, fingerprint, origin })
 }

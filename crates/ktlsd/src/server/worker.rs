@@ -21,7 +21,6 @@ use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
-use crate::handler::Site;
 use crate::http::h1::{self, End};
 use crate::log::AccessLog;
 use crate::stats::Stats;
@@ -320,8 +319,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         header_timeout: cfg.timeouts.header,
         idle_timeout: cfg.timeouts.idle,
     };
-    let site = Site { root: &shared.root, files: shared.file_options, hsts: cfg.hsts.as_deref() };
-    let end = h1::serve(&mut session, &settings, &site, &worker.log, peer, stop).await;
+    let end = h1::serve(&mut session, &settings, &shared.sites(), &worker.log, peer, stop).await;
     session.count_into(stats);
     match end {
         End::Done => session.close().await,

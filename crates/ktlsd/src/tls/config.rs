@@ -21,6 +21,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, SupportedCipherSuite};
 
+use super::sni::{SiteKey, SniResolver, UnknownName};
+use crate::handler::sites::Names;
+
 /// TLS protocol versions that may be negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsVersion {
@@ -162,6 +165,24 @@ impl Identity {
         rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &aws_lc_rs::default_provider())
             .map_err(|e| format!("key and certificate do not match ({e})"))?;
         Ok((chain, key))
+    }
+
+    /// A `[[site]]`'s certificate: its `cert` and `key` files.
+    pub fn site_files(cert: &Path, key: &Path) -> Result<Self, SetupError> {
+        let mut id = Self::from_files(cert, key)?;
+        id.origin = format!("loaded from {}", cert.display());
+        Ok(id)
+    }
+
+    /// A `[[site]]` without files: a self-signed certificate for its names (wildcards
+    /// included), in memory, new at each start and reload.
+    pub fn site_self_signed(names: Vec<String>) -> Result<Self, SetupError> {
+        let cert = rcgen::generate_simple_self_signed(names)
+            .map_err(|e| SetupError::new(format!("cannot generate a self-signed certificate: {e}")))?;
+        let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+            .map_err(|e| SetupError::new(format!("generated key: {e}")))?;
+        let origin = "self-signed, generated at start-up".to_string();
+        Ok(Identity { chain: vec![cert.cert.der().clone()], key, generated: true, origin })
     }
 
     fn from_files(cert: &Path, key: &Path) -> Result<Self, SetupError> {
@@ -357,8 +378,16 @@ fn pem_error(e: rustls::pki_types::pem::Error) -> String {
     }
 }
 
-/// Builds the shared rustls configuration from the validated settings.
-pub fn server_config(config: &TlsSettings, identity: Identity) -> Result<Arc<ServerConfig>, SetupError> {
+/// Builds the shared rustls configuration from the validated settings, with a
+/// certificate per site chosen by SNI ([`SniResolver`]); `identity` is the default
+/// site's. Each site's key is checked against its certificate here, so a mismatch
+/// stops start-up naming the site.
+pub fn server_config(
+    config: &TlsSettings,
+    identity: Identity,
+    sites: Vec<(Names, Identity)>,
+    unknown: UnknownName,
+) -> Result<Arc<ServerConfig>, SetupError> {
     let known = known_suites();
     let suites: Vec<SupportedCipherSuite> = match &config.cipher_suites {
         None => known.iter().map(|s| s.suite).collect(),
@@ -401,22 +430,34 @@ pub fn server_config(config: &TlsSettings, identity: Identity) -> Result<Arc<Ser
 
     let provider = CryptoProvider { cipher_suites: suites, ..aws_lc_rs::default_provider() };
     let generated = identity.generated;
+    let mut keys = Vec::new();
+    for (names, id) in sites {
+        let which = names.dns_names().join(", ");
+        let key = rustls::sign::CertifiedKey::from_der(id.chain, id.key, &provider).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => {
+                SetupError::new(format!("site {which}: the private key does not match the certificate ({})", id.origin))
+            }
+            other => SetupError::new(format!("site {which}: certificate/key: {other}")),
+        })?;
+        keys.push(Arc::new(SiteKey::new(names, Arc::new(key))));
+    }
+    let default = rustls::sign::CertifiedKey::from_der(identity.chain, identity.key, &provider).map_err(|e| {
+        let what = if generated { "generated certificate" } else { "certificate/key" };
+        match e {
+            rustls::Error::InconsistentKeys(_) => SetupError::new(format!(
+                "the private key {} does not match the certificate {}",
+                config.key.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+                config.cert.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+            )),
+            other => SetupError::new(format!("{what}: {other}")),
+        }
+    })?;
+    let resolver = SniResolver { sites: keys, default: Arc::new(default), unknown };
     let mut tls = ServerConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&versions)
         .map_err(|e| SetupError::new(format!("TLS settings: {e}")))?
         .with_no_client_auth()
-        .with_single_cert(identity.chain, identity.key)
-        .map_err(|e| {
-            let what = if generated { "generated certificate" } else { "certificate/key" };
-            match e {
-                rustls::Error::InconsistentKeys(_) => SetupError::new(format!(
-                    "the private key {} does not match the certificate {}",
-                    config.key.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
-                    config.cert.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
-                )),
-                other => SetupError::new(format!("{what}: {other}")),
-            }
-        })?;
+        .with_cert_resolver(Arc::new(resolver));
     // http/1.0 too: `curl --http1.0` offers only that, and refusing it would fail the handshake.
     tls.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     tls.ticketer = if config.ticket_keys.is_empty() {
