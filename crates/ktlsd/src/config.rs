@@ -127,6 +127,27 @@ pub enum SiteCert {
     Files { cert: PathBuf, key: PathBuf },
     /// Neither: a self-signed certificate for the site's names, made at start-up.
     SelfSigned,
+    /// From an ACME CA; a self-signed placeholder until the first is issued.
+    Acme(SiteAcme),
+}
+
+/// A site's `acme = { ... }` table, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SiteAcme {
+    pub directory: String,
+    pub email: Option<String>,
+    pub challenge: crate::acme::Challenge,
+    pub directory_ca: Option<PathBuf>,
+}
+
+/// An `acme = { ... }` table as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileAcme {
+    directory: String,
+    email: Option<String>,
+    challenge: Option<String>,
+    directory_ca: Option<PathBuf>,
 }
 
 /// One validated `[[site]]`.
@@ -154,6 +175,7 @@ struct FileSite {
     hsts: Option<String>,
     autoindex: Option<bool>,
     dotfiles: Option<bool>,
+    acme: Option<FileAcme>,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -244,6 +266,9 @@ impl FileConfig {
                 rel(p);
             }
             rel(&mut site.root);
+            if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
+                rel(p);
+            }
         }
         if let Some(log) = &mut self.access_log {
             if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
@@ -464,6 +489,16 @@ impl Config {
             Some(other) => return err(format!("unknown_sni {other:?}: expected default or refuse")),
         };
         let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles)?;
+        for site in &sites {
+            let SiteCert::Acme(acme) = &site.cert else { continue };
+            let which = site.names.dns_names().join(", ");
+            if acme.challenge == crate::acme::Challenge::Http01 && http_listen.is_empty() {
+                return err(format!("site {which}: ACME http-01 needs a plain-HTTP listener: set http_listen (e.g. [\"0.0.0.0:80\"])"));
+            }
+            if state_dir.is_none() {
+                return err(format!("site {which}: ACME needs a state directory for the account and certificates: set state_dir"));
+            }
+        }
 
         Ok(Config {
             root,
@@ -495,6 +530,29 @@ impl Config {
     }
 }
 
+/// A site's `acme` table: a URL directory, a challenge type, exact names only
+/// (a CA validates wildcards by DNS-01, which ktlsd does not answer).
+fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
+    use crate::acme::Challenge;
+    if names.dns_names().len() != names.exact().len() {
+        return err(format!("{which}: ACME cannot validate wildcard names by http-01 or tls-alpn-01: list exact names"));
+    }
+    if !a.directory.starts_with("https://") {
+        return err(format!("{which}: acme directory {:?}: expected an https:// URL (e.g. https://acme-v02.api.letsencrypt.org/directory)", a.directory));
+    }
+    let challenge = match a.challenge.as_deref() {
+        None | Some("tls-alpn-01") => Challenge::TlsAlpn01,
+        Some("http-01") => Challenge::Http01,
+        Some(other) => return err(format!("{which}: acme challenge {other:?}: expected tls-alpn-01 or http-01")),
+    };
+    if let Some(ca) = &a.directory_ca {
+        if !ca.is_file() {
+            return err(format!("{which}: acme directory_ca {}: no such file", ca.display()));
+        }
+    }
+    Ok(SiteAcme { directory: a.directory, email: a.email, challenge, directory_ca: a.directory_ca })
+}
+
 /// Validates the `[[site]]` blocks: names well formed and each in one site only,
 /// roots directories, `cert` and `key` together. Options a site leaves out are
 /// the top-level ones.
@@ -515,6 +573,10 @@ fn sites(file: Vec<FileSite>, hsts: Option<&str>, autoindex: bool, dotfiles: boo
             Err(e) => return err(format!("{which}: root {}: {e}", s.root.display())),
         };
         let cert = match (s.cert, s.key) {
+            (Some(_), _) | (_, Some(_)) if s.acme.is_some() => {
+                return err(format!("{which}: give either cert and key or acme, not both"))
+            }
+            (None, None) if s.acme.is_some() => SiteCert::Acme(site_acme(&which, &names, s.acme.unwrap_or_default())?),
             (Some(cert), Some(key)) => SiteCert::Files { cert, key },
             (None, None) => SiteCert::SelfSigned,
             (Some(_), None) => return err(format!("{which}: cert was given without key")),

@@ -299,6 +299,13 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         }
     };
 
+    // An ACME tls-alpn-01 validation: the handshake was the answer (RFC 8737
+    // section 3); no HTTP and no kernel record layer follow.
+    if established.conn.alpn_protocol() == Some(crate::acme::ACME_TLS_ALPN) {
+        tracing::info!("ACME tls-alpn-01 validation handshake from {peer} answered");
+        return;
+    }
+
     let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
     let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
         Ok(s) => s,

@@ -22,7 +22,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, SupportedCipherSuite};
 
 use super::sni::{SiteKey, SniResolver, UnknownName};
-use crate::handler::sites::Names;
+use crate::acme::{Challenges, ACME_TLS_ALPN};
 
 /// TLS protocol versions that may be negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +183,18 @@ impl Identity {
             .map_err(|e| SetupError::new(format!("generated key: {e}")))?;
         let origin = "self-signed, generated at start-up".to_string();
         Ok(Identity { chain: vec![cert.cert.der().clone()], key, generated: true, origin })
+    }
+
+    /// The form the resolver holds, the key checked against the certificate; an
+    /// error names `which` site.
+    pub fn certified_key(self, which: &str) -> Result<Arc<rustls::sign::CertifiedKey>, SetupError> {
+        let origin = self.origin.clone();
+        rustls::sign::CertifiedKey::from_der(self.chain, self.key, &aws_lc_rs::default_provider()).map(Arc::new).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => {
+                SetupError::new(format!("site {which}: the private key does not match the certificate ({origin})"))
+            }
+            other => SetupError::new(format!("site {which}: certificate/key: {other}")),
+        })
     }
 
     fn from_files(cert: &Path, key: &Path) -> Result<Self, SetupError> {
@@ -380,13 +392,14 @@ fn pem_error(e: rustls::pki_types::pem::Error) -> String {
 
 /// Builds the shared rustls configuration from the validated settings, with a
 /// certificate per site chosen by SNI ([`SniResolver`]); `identity` is the default
-/// site's. Each site's key is checked against its certificate here, so a mismatch
-/// stops start-up naming the site.
+/// site's. With `challenges` (tls-alpn-01 sites), ALPN `acme-tls/1` is offered and
+/// validation handshakes get their answer.
 pub fn server_config(
     config: &TlsSettings,
     identity: Identity,
-    sites: Vec<(Names, Identity)>,
+    sites: Vec<Arc<SiteKey>>,
     unknown: UnknownName,
+    challenges: Option<Arc<Challenges>>,
 ) -> Result<Arc<ServerConfig>, SetupError> {
     let known = known_suites();
     let suites: Vec<SupportedCipherSuite> = match &config.cipher_suites {
@@ -430,17 +443,6 @@ pub fn server_config(
 
     let provider = CryptoProvider { cipher_suites: suites, ..aws_lc_rs::default_provider() };
     let generated = identity.generated;
-    let mut keys = Vec::new();
-    for (names, id) in sites {
-        let which = names.dns_names().join(", ");
-        let key = rustls::sign::CertifiedKey::from_der(id.chain, id.key, &provider).map_err(|e| match e {
-            rustls::Error::InconsistentKeys(_) => {
-                SetupError::new(format!("site {which}: the private key does not match the certificate ({})", id.origin))
-            }
-            other => SetupError::new(format!("site {which}: certificate/key: {other}")),
-        })?;
-        keys.push(Arc::new(SiteKey::new(names, Arc::new(key))));
-    }
     let default = rustls::sign::CertifiedKey::from_der(identity.chain, identity.key, &provider).map_err(|e| {
         let what = if generated { "generated certificate" } else { "certificate/key" };
         match e {
@@ -452,7 +454,8 @@ pub fn server_config(
             other => SetupError::new(format!("{what}: {other}")),
         }
     })?;
-    let resolver = SniResolver { sites: keys, default: Arc::new(default), unknown };
+    let acme_alpn = challenges.is_some();
+    let resolver = SniResolver { sites, default: Arc::new(default), unknown, challenges };
     let mut tls = ServerConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&versions)
         .map_err(|e| SetupError::new(format!("TLS settings: {e}")))?
@@ -460,6 +463,10 @@ pub fn server_config(
         .with_cert_resolver(Arc::new(resolver));
     // http/1.0 too: `curl --http1.0` offers only that, and refusing it would fail the handshake.
     tls.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
+    if acme_alpn {
+        // Offered only with tls-alpn-01 sites; such connections end after the handshake.
+        tls.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+    }
     tls.ticketer = if config.ticket_keys.is_empty() {
         aws_lc_rs::Ticketer::new().map_err(|e| SetupError::new(format!("session tickets: {e}")))?
     } else {

@@ -11,6 +11,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
+use crate::acme::Challenges;
 use crate::handler::sites::{find, host_of, Names};
 
 /// What a handshake naming no site gets.
@@ -52,6 +53,8 @@ pub struct SniResolver {
     pub sites: Vec<Arc<SiteKey>>,
     pub default: Arc<CertifiedKey>,
     pub unknown: UnknownName,
+    /// tls-alpn-01 answers, when a site validates that way.
+    pub challenges: Option<Arc<Challenges>>,
 }
 
 impl SniResolver {
@@ -72,6 +75,9 @@ impl SniResolver {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        if let Some(answer) = self.challenges.as_ref().and_then(|c| c.for_client_hello(&hello)) {
+            return Some(answer);
+        }
         self.pick(hello.server_name())
     }
 }
@@ -111,6 +117,7 @@ mod tests {
             sites: vec![Arc::new(SiteKey::new(names(&["*.w.test"]), w.clone())), Arc::new(SiteKey::new(names(&["a.test", "x.w.test"]), a.clone()))],
             default: d.clone(),
             unknown: UnknownName::Default,
+            challenges: None,
         };
         let same = |got: Option<Arc<CertifiedKey>>, want: &Arc<CertifiedKey>| got.is_some_and(|g| Arc::ptr_eq(&g, want));
         assert!(same(r.pick(Some("A.test")), &a));
