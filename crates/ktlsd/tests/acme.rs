@@ -122,7 +122,7 @@ fn issuer(port: u16, name: &str) -> String {
         panic!("no certificate from s_client: {text}{}", String::from_utf8_lossy(&out.stderr))
     };
     use rustls::pki_types::pem::PemObject;
-    let der = rustls::pki_types::CertificateDer::from_pem_slice(text[a..b + 25].as_bytes()).expect("PEM");
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(&text.as_bytes()[a..b + 25]).expect("PEM");
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).expect("certificate");
     cert.issuer().to_string()
 }

@@ -55,7 +55,7 @@ fn s_client(port: u16, name: &str) -> Result<String, String> {
     let Some(start) = text.find("-----BEGIN CERTIFICATE-----") else { return Err(text) };
     let end = text.find("-----END CERTIFICATE-----").ok_or_else(|| text.clone())? + "-----END CERTIFICATE-----".len();
     use rustls::pki_types::pem::PemObject;
-    let der = rustls::pki_types::CertificateDer::from_pem_slice(text[start..end].as_bytes()).map_err(|e| format!("{e:?}"))?;
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(&text.as_bytes()[start..end]).map_err(|e| format!("{e:?}"))?;
     use sha2::{Digest, Sha256};
     Ok(Sha256::digest(der.as_ref()).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":"))
 }
