@@ -174,6 +174,10 @@ pub struct ServeArgs {
     /// Serve as root when started as root without --user (a warning is logged) [default: off]
     #[arg(long, help_heading = PRIVILEGES)]
     pub allow_root: bool,
+
+    /// What a TLS server name or Host that no [[site]] of the config file has gets: "default" (the default site) or "refuse" (the handshake fails with an unrecognized_name alert; a request gets 421) [default: default]
+    #[arg(long, value_name = "default|refuse")]
+    pub unknown_sni: Option<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

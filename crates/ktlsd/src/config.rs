@@ -106,6 +106,76 @@ pub struct Config {
     pub user: Option<String>,
     pub group: Option<String>,
     pub allow_root: bool,
+    /// The `[[site]]` blocks of the config file; the top-level keys form the default site.
+    pub sites: Vec<SiteConfig>,
+    pub unknown_sni: UnknownSni,
+}
+
+/// What a name no `[[site]]` has gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownSni {
+    /// The default site (the top-level keys) serves it.
+    Default,
+    /// The handshake fails with `unrecognized_name`; a request naming it gets 421.
+    Refuse,
+}
+
+/// Where a site's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SiteCert {
+    /// `cert` and `key` files.
+    Files { cert: PathBuf, key: PathBuf },
+    /// Neither: a self-signed certificate for the site's names, made at start-up.
+    SelfSigned,
+    /// From an ACME CA; a self-signed placeholder until the first is issued.
+    Acme(SiteAcme),
+}
+
+/// A site's `acme = { ... }` table, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SiteAcme {
+    pub directory: String,
+    pub email: Option<String>,
+    pub challenge: crate::acme::Challenge,
+    pub directory_ca: Option<PathBuf>,
+}
+
+/// An `acme = { ... }` table as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileAcme {
+    directory: String,
+    email: Option<String>,
+    challenge: Option<String>,
+    directory_ca: Option<PathBuf>,
+}
+
+/// One validated `[[site]]`.
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// Exact names and `*.example.com` wildcards, validated.
+    pub names: crate::handler::sites::Names,
+    /// Canonical path of the site's directory.
+    pub root: PathBuf,
+    pub cert: SiteCert,
+    /// Per site; when absent, the top-level value.
+    pub hsts: Option<String>,
+    pub autoindex: bool,
+    pub dotfiles: bool,
+}
+
+/// A `[[site]]` block as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSite {
+    names: Vec<String>,
+    root: PathBuf,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    hsts: Option<String>,
+    autoindex: Option<bool>,
+    dotfiles: Option<bool>,
+    acme: Option<FileAcme>,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -141,6 +211,8 @@ struct FileConfig {
     user: Option<String>,
     group: Option<String>,
     allow_root: Option<bool>,
+    unknown_sni: Option<String>,
+    site: Option<Vec<FileSite>>,
 }
 
 impl FileConfig {
@@ -188,6 +260,15 @@ impl FileConfig {
         }
         for p in self.ticket_keys.iter_mut().flatten() {
             rel(p);
+        }
+        for site in self.site.iter_mut().flatten() {
+            for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
+                rel(p);
+            }
+            rel(&mut site.root);
+            if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
+                rel(p);
+            }
         }
         if let Some(log) = &mut self.access_log {
             if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
@@ -402,6 +483,22 @@ impl Config {
             }
         }
         let allow_root = args.allow_root || file.allow_root.unwrap_or(false);
+        let unknown_sni = match args.unknown_sni.or(file.unknown_sni).as_deref() {
+            None | Some("default") => UnknownSni::Default,
+            Some("refuse") => UnknownSni::Refuse,
+            Some(other) => return err(format!("unknown_sni {other:?}: expected default or refuse")),
+        };
+        let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles)?;
+        for site in &sites {
+            let SiteCert::Acme(acme) = &site.cert else { continue };
+            let which = site.names.dns_names().join(", ");
+            if acme.challenge == crate::acme::Challenge::Http01 && http_listen.is_empty() {
+                return err(format!("site {which}: ACME http-01 needs a plain-HTTP listener: set http_listen (e.g. [\"0.0.0.0:80\"])"));
+            }
+            if state_dir.is_none() {
+                return err(format!("site {which}: ACME needs a state directory for the account and certificates: set state_dir"));
+            }
+        }
 
         Ok(Config {
             root,
@@ -427,8 +524,78 @@ impl Config {
             user,
             group,
             allow_root,
+            sites,
+            unknown_sni,
         })
     }
+}
+
+/// A site's `acme` table: a URL directory, a challenge type, exact names only
+/// (a CA validates wildcards by DNS-01, which ktlsd does not answer).
+fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
+    use crate::acme::Challenge;
+    if names.dns_names().len() != names.exact().len() {
+        return err(format!("{which}: ACME cannot validate wildcard names by http-01 or tls-alpn-01: list exact names"));
+    }
+    if !a.directory.starts_with("https://") {
+        return err(format!("{which}: acme directory {:?}: expected an https:// URL (e.g. https://acme-v02.api.letsencrypt.org/directory)", a.directory));
+    }
+    let challenge = match a.challenge.as_deref() {
+        None | Some("tls-alpn-01") => Challenge::TlsAlpn01,
+        Some("http-01") => Challenge::Http01,
+        Some(other) => return err(format!("{which}: acme challenge {other:?}: expected tls-alpn-01 or http-01")),
+    };
+    if let Some(ca) = &a.directory_ca {
+        if !ca.is_file() {
+            return err(format!("{which}: acme directory_ca {}: no such file", ca.display()));
+        }
+    }
+    Ok(SiteAcme { directory: a.directory, email: a.email, challenge, directory_ca: a.directory_ca })
+}
+
+/// Validates the `[[site]]` blocks: names well formed and each in one site only,
+/// roots directories, `cert` and `key` together. Options a site leaves out are
+/// the top-level ones.
+fn sites(file: Vec<FileSite>, hsts: Option<&str>, autoindex: bool, dotfiles: bool) -> Result<Vec<SiteConfig>, ConfigError> {
+    let mut out: Vec<SiteConfig> = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (i, s) in file.into_iter().enumerate() {
+        let which = format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
+        let names = crate::handler::sites::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
+        for n in names.dns_names() {
+            if let Some(other) = seen.insert(n.clone(), which.clone()) {
+                return err(format!("{which}: name {n} is also in {other}; each name belongs to one site"));
+            }
+        }
+        let root = match s.root.canonicalize() {
+            Ok(r) if r.is_dir() => r,
+            Ok(_) => return err(format!("{which}: root {} is not a directory", s.root.display())),
+            Err(e) => return err(format!("{which}: root {}: {e}", s.root.display())),
+        };
+        let cert = match (s.cert, s.key) {
+            (Some(_), _) | (_, Some(_)) if s.acme.is_some() => {
+                return err(format!("{which}: give either cert and key or acme, not both"))
+            }
+            (None, None) if s.acme.is_some() => SiteCert::Acme(site_acme(&which, &names, s.acme.unwrap_or_default())?),
+            (Some(cert), Some(key)) => SiteCert::Files { cert, key },
+            (None, None) => SiteCert::SelfSigned,
+            (Some(_), None) => return err(format!("{which}: cert was given without key")),
+            (None, Some(_)) => return err(format!("{which}: key was given without cert")),
+        };
+        let hsts = match s.hsts {
+            Some(v) => Some(validate_hsts(&v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
+            None => hsts.map(String::from),
+        };
+        out.push(SiteConfig {
+            names,
+            root,
+            cert,
+            hsts,
+            autoindex: s.autoindex.unwrap_or(autoindex),
+            dotfiles: s.dotfiles.unwrap_or(dotfiles),
+        });
+    }
+    Ok(out)
 }
 
 /// A Strict-Transport-Security value: `max-age=SECONDS` first (RFC 6797 section 6.1),
@@ -764,5 +931,7 @@ mod tests {
         assert_eq!((default_of("http_listen").as_str(), default_of("hsts").as_str()), ("none", "none"));
         assert_eq!((c.user.as_deref(), c.group.as_deref(), c.allow_root), (None, None, false));
         assert_eq!((default_of("user").as_str(), default_of("allow_root").as_str()), ("none", "off"));
+        assert_eq!((c.unknown_sni, default_of("unknown_sni").as_str()), (UnknownSni::Default, "default"));
+        assert!(c.sites.is_empty());
     }
 }

@@ -53,6 +53,7 @@ impl Challenges {
     }
 
     /// Whether no answer is published (no validation under way).
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         lock(&self.http01).is_empty() && lock(&self.tls_alpn01).is_empty()
     }

@@ -7,10 +7,6 @@
 //! server's TLS resolver and port-80 listener answer from [`Challenges`], and the
 //! server swaps renewed certificates into its resolver from the renewal callback.
 
-// Wired into the server next (tls-alpn-01 resolver, port-80 hook, configuration);
-// until then only the tests drive it. Removed at wiring.
-#![allow(dead_code)]
-
 mod cert;
 mod challenges;
 mod renew;
@@ -30,8 +26,6 @@ use instant_acme::{
 };
 
 pub use cert::Issued;
-// The listeners match on these once wired; the tests use them until then.
-#[allow(unused_imports)]
 pub use challenges::{tls_alpn01_certificate, Challenges, ACME_TLS_ALPN, HTTP01_PATH_PREFIX};
 pub use renew::{renew_at, Backoff};
 use store::StoredAccount;
@@ -143,6 +137,7 @@ impl std::fmt::Display for Step {
 }
 
 /// Where [`Acme::certificate`]'s certificate came from.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     /// The state directory (still valid, no order placed).
@@ -185,6 +180,7 @@ impl Acme {
         Ok(Acme { settings, sorted_names, challenges, account: tokio::sync::Mutex::new(None) })
     }
 
+    #[cfg(test)]
     pub fn settings(&self) -> &AcmeSettings {
         &self.settings
     }
@@ -206,6 +202,7 @@ impl Acme {
 
     /// The stored certificate while valid, else a new one. A stored certificate past
     /// its renewal time is returned too: [`Acme::renew_forever`] renews it at once.
+    #[cfg(test)]
     pub async fn certificate(&self) -> Result<(Issued, Source), AcmeError> {
         match self.stored() {
             Some(issued) => Ok((issued, Source::Stored)),

@@ -10,9 +10,11 @@ pub mod preconditions;
 pub mod range;
 pub mod request;
 pub mod response;
+pub mod sites;
 
 pub use request::{Method, Request};
 pub use response::{Body, Header, Response, Status};
+pub use sites::{Pick, Sites};
 
 use crate::files::{self, Refusal, Resolved, Root};
 use preconditions::{Outcome, Validators};

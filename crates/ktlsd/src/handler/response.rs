@@ -32,6 +32,7 @@ impl Status {
     pub const URI_TOO_LONG: Status = Status(414);
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
     pub const EXPECTATION_FAILED: Status = Status(417);
+    pub const MISDIRECTED_REQUEST: Status = Status(421);
     pub const HEADERS_TOO_LARGE: Status = Status(431);
     pub const NOT_IMPLEMENTED: Status = Status(501);
     pub const VERSION_NOT_SUPPORTED: Status = Status(505);
@@ -54,6 +55,7 @@ impl Status {
             414 => "URI Too Long",
             416 => "Range Not Satisfiable",
             417 => "Expectation Failed",
+            421 => "Misdirected Request",
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",
             501 => "Not Implemented",

@@ -5,6 +5,7 @@
 //! single-threaded event loop over its own `SO_REUSEPORT` listeners; nothing is
 //! handed between threads on the data path.
 
+mod acme;
 pub(crate) mod congestion;
 mod listener;
 mod plain;
@@ -24,9 +25,14 @@ use rustls::ServerConfig;
 use tokio::signal::unix::Signal;
 
 use crate::cli::ServeArgs;
-use crate::config::{AccessLogTarget, Config, KtlsMode};
+use crate::config::{AccessLogTarget, Config, KtlsMode, SiteCert, UnknownSni};
 use crate::files::{self, Root};
+use crate::handler::sites::{NamedSite, UnknownHost};
+use crate::handler::{Site, Sites};
 use crate::tls::config::{server_config, Identity, TlsSettings};
+use crate::tls::sni::{SiteKey, UnknownName};
+use crate::acme::{Challenge, Challenges};
+use acme::AcmeSites;
 use crate::tls::TlsMode;
 use crate::stats::Stats;
 
@@ -40,6 +46,22 @@ pub struct Shared {
     pub tls: Arc<ServerConfig>,
     /// The kernel's kTLS abilities, when kTLS is to be used.
     pub ktls: Option<Arc<crate::tls::kernel::Support>>,
+    /// The `[[site]]`s, opened; the fields above serve as the default site.
+    pub sites: Vec<NamedSite>,
+    /// ACME http-01 answers the port-80 listener serves (the same across reloads).
+    pub challenges: Arc<Challenges>,
+}
+
+impl Shared {
+    /// The sites a connection chooses from, by Host, for each request.
+    pub fn sites(&self) -> Sites<'_> {
+        let default = Site { root: &self.root, files: self.file_options, hsts: self.config.hsts.as_deref() };
+        let unknown = match self.config.unknown_sni {
+            UnknownSni::Default => UnknownHost::Default,
+            UnknownSni::Refuse => UnknownHost::Misdirected,
+        };
+        Sites { named: &self.sites, default, unknown }
+    }
 }
 
 /// What the workers serve with now: sent to every worker on reload and on
@@ -60,7 +82,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let fds = FdBudget::raise();
     let cache_entries = fds.cache_entries_per_worker(config.workers);
     tracing::info!("{}; open-file cache up to {cache_entries} per worker", fds.describe());
-    let mut prepared = prepare(config, None, cache_entries, true)?;
+    let acme = AcmeSites::new()?;
+    let mut prepared = prepare(config, None, cache_entries, Some(&acme))?;
     let access_out = open_access_log(&prepared.shared.config.access_log)?;
     let config = &prepared.shared.config;
 
@@ -135,13 +158,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     systemd::notify("READY=1");
+    // Listeners are up and privileges dropped: ACME may now order and be validated.
+    acme.go();
 
     loop {
         match signals.next() {
             Event::Stop => break,
             Event::Reload => {
                 systemd::notify(&systemd::reloading_message());
-                reload(&args, &current_tx, &started);
+                reload(&args, &current_tx, &started, &acme);
                 systemd::notify("READY=1");
             }
             Event::Reopen => reopen_access_log(&current_tx),
@@ -204,7 +229,7 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::from_args(args)?;
     privileges::plan(&config)?;
     // `check` writes nothing: a missing self-signed certificate is not stored.
-    let prepared = prepare(config, None, 0, false)?;
+    let prepared = prepare(config, None, 0, None)?;
     let config = &prepared.shared.config;
     check_access_log(&config.access_log)?;
     listener::check_free(&config.listen).map_err(|e| anyhow!(e))?;
@@ -224,8 +249,10 @@ struct Prepared {
 /// Loads the certificate and key, builds the TLS configuration, opens ROOT and
 /// checks the kTLS mode and TCP options. `previous` lends its kTLS probe when
 /// the kTLS mode is unchanged (a reload), so the kernel is probed once.
-/// With `persist` false (`check`) nothing is written to the state directory.
-fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, persist: bool) -> anyhow::Result<Prepared> {
+/// Without `acme` (`check`) nothing is written to the state directory and no ACME
+/// task starts: ACME sites get a placeholder.
+fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, acme: Option<&AcmeSites>) -> anyhow::Result<Prepared> {
+    let persist = acme.is_some();
     let settings = tls_settings(&config);
     let identity = Identity::load(&settings, persist)?;
     let fingerprint = identity.fingerprint();
@@ -236,7 +263,43 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
             tracing::warn!("{warning}");
         }
     }
-    let tls = server_config(&settings, identity)?;
+    let mut keys: Vec<Arc<SiteKey>> = Vec::new();
+    let mut sites = Vec::new();
+    let mut alpn01 = false;
+    for site in &config.sites {
+        let which = site.names.dns_names().join(", ");
+        let key = match &site.cert {
+            SiteCert::Files { cert, key } => {
+                let id = Identity::site_files(cert, key)?;
+                if let Some(warning) = id.chain.first().and_then(|leaf| expiry_warning(&cert.display().to_string(), leaf.as_ref(), SystemTime::now())) {
+                    tracing::warn!("site {which}: {warning}");
+                }
+                Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
+            }
+            SiteCert::SelfSigned => {
+                tracing::warn!("site {which}: no cert and key; serving a self-signed certificate for its names");
+                let id = Identity::site_self_signed(site.names.dns_names())?;
+                Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
+            }
+            SiteCert::Acme(a) => {
+                alpn01 |= a.challenge == Challenge::TlsAlpn01;
+                match (acme, &config.state_dir) {
+                    (Some(acme), Some(dir)) => acme.slot(&site.names, a, dir).with_context(|| format!("site {which}"))?,
+                    _ => Arc::new(SiteKey::new(site.names.clone(), acme::placeholder(&site.names)?)),
+                }
+            }
+        };
+        keys.push(key);
+        let root = Root::new(&site.root).with_context(|| format!("site {which}: cannot open root {}", site.root.display()))?;
+        let files = files::Options { dotfiles: site.dotfiles, autoindex: site.autoindex, cache_entries };
+        sites.push(NamedSite { names: site.names.clone(), root, files, hsts: site.hsts.clone() });
+    }
+    let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
+    let unknown = match config.unknown_sni {
+        UnknownSni::Default => UnknownName::Default,
+        UnknownSni::Refuse => UnknownName::Refuse,
+    };
+    let tls = server_config(&settings, identity, keys, unknown, alpn01.then(|| challenges.clone()))?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
     let ktls = match previous {
         Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),
@@ -249,6 +312,8 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, pers
         root,
         tls,
         ktls,
+        sites,
+        challenges,
     };
     Ok(Prepared { shared, fingerprint, origin })
 }
@@ -266,6 +331,18 @@ fn tls_settings(config: &Config) -> TlsSettings {
     }
 }
 
+/// The ACME sites of `config`, for [`AcmeSites::retain`].
+fn acme_sites(config: &Config) -> Vec<(&crate::handler::sites::Names, &crate::config::SiteAcme)> {
+    config
+        .sites
+        .iter()
+        .filter_map(|s| match &s.cert {
+            SiteCert::Acme(a) => Some((&s.names, a)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// What start-up did that a reload cannot redo.
 struct Started {
     /// The listeners came from the service manager.
@@ -276,7 +353,7 @@ struct Started {
 
 /// SIGHUP: re-reads the configuration file and the certificate and key, and
 /// hands the result to the workers. On any error the running configuration stays.
-fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, started: &Started) {
+fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, started: &Started, acme: &AcmeSites) {
     let source = match &args.config {
         Some(p) => format!("{} and the command line", p.display()),
         None => "the command line".to_string(),
@@ -312,9 +389,15 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, start
             }
             Err(e) => return Err(e),
         };
-        let Prepared { shared, fingerprint, origin } = prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, true)?;
+        let Prepared { shared, fingerprint, origin } = prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, Some(acme))?;
         Ok((Current { shared: Arc::new(shared), log }, fingerprint, origin))
     })();
+    // ACME tasks of sites the configuration now in force no longer has stop.
+    let in_force = match &result {
+        Ok((next, _, _)) => next.shared.clone(),
+        Err(_) => old.shared.clone(),
+    };
+    acme.retain(&acme_sites(&in_force.config));
     match result {
         Ok((next, fingerprint, origin)) => {
             current.send_replace(next);

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
+use crate::acme::Challenges;
 use crate::files::Root;
 use crate::handler::{Body, Header, Method, Response, Status};
 use crate::http::h1::parse::{self, Head, Version};
@@ -34,7 +35,7 @@ use crate::net;
 pub const MAX_HEAD: usize = 8 * 1024;
 
 /// URL path of ACME HTTP-01 challenges (RFC 8555 section 8.3).
-const ACME_PREFIX: &str = "/.well-known/acme-challenge/";
+const ACME_PREFIX: &str = crate::acme::HTTP01_PATH_PREFIX;
 
 /// Longest challenge token accepted (ACME tokens are 43 characters).
 const MAX_TOKEN: usize = 256;
@@ -130,7 +131,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
         }
     };
     let bytes = match parsed {
-        Ok(head) => answer(&head, &shared.root, target, peer),
+        Ok(head) => answer(&head, &shared.root, &shared.challenges, target, peer),
         Err((status, why)) => {
             tracing::info!("refused plain-HTTP request from {peer}: {} {why}", status.0);
             let page = Response::page(status);
@@ -145,11 +146,24 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
 
 /// The answer to one parsed request: a challenge file, 404, 400 for a missing or
 /// invalid Host, or the redirect.
-fn answer(head: &Head, root: &Root, target: &Target, peer: SocketAddr) -> Vec<u8> {
+fn answer(head: &Head, root: &Root, challenges: &Challenges, target: &Target, peer: SocketAddr) -> Vec<u8> {
     let req = &head.request;
     let head_only = req.method == Method::Head;
     let response = if let Some(token) = req.path.strip_prefix(ACME_PREFIX).filter(|_| req.method.is_served()) {
-        challenge(token, root, peer)
+        // ktlsd's own ACME orders first, then files put in ROOT by another client.
+        match challenges.http01(token) {
+            Some(key_authorization) => {
+                tracing::info!("ACME challenge {token} answered for {peer}");
+                let body = key_authorization.into_bytes();
+                Response {
+                    status: Status::OK,
+                    headers: vec![Header::ContentType("application/octet-stream".into()), Header::ContentLength(body.len() as u64)],
+                    body: Body::Bytes(body),
+                    refused: None,
+                }
+            }
+            None => challenge(token, root, peer),
+        }
     } else if let Some(host) = req.authority.as_deref() {
         let location = redirect_location(host, target.https_port, &req.path, req.query.as_deref());
         Response::page(Status::MOVED_PERMANENTLY).with(Header::Location(location))
@@ -251,7 +265,7 @@ mod tests {
         let root = Root::new(dir.path()).unwrap();
         let (head, _) = parse::parse(request.as_bytes(), MAX_HEAD).unwrap().unwrap();
         let peer: SocketAddr = "192.0.2.9:80".parse().unwrap();
-        String::from_utf8(answer(&head, &root, &Target { https_port: 8443 }, peer)).unwrap()
+        String::from_utf8(answer(&head, &root, &Challenges::default(), &Target { https_port: 8443 }, peer)).unwrap()
     }
 
     #[test]

@@ -21,7 +21,6 @@ use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
-use crate::handler::Site;
 use crate::http::h1::{self, End};
 use crate::log::AccessLog;
 use crate::stats::Stats;
@@ -300,6 +299,13 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         }
     };
 
+    // An ACME tls-alpn-01 validation: the handshake was the answer (RFC 8737
+    // section 3); no HTTP and no kernel record layer follow.
+    if established.conn.alpn_protocol() == Some(crate::acme::ACME_TLS_ALPN) {
+        tracing::info!("ACME tls-alpn-01 validation handshake from {peer} answered");
+        return;
+    }
+
     let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
     let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
         Ok(s) => s,
@@ -320,8 +326,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         header_timeout: cfg.timeouts.header,
         idle_timeout: cfg.timeouts.idle,
     };
-    let site = Site { root: &shared.root, files: shared.file_options, hsts: cfg.hsts.as_deref() };
-    let end = h1::serve(&mut session, &settings, &site, &worker.log, peer, stop).await;
+    let end = h1::serve(&mut session, &settings, &shared.sites(), &worker.log, peer, stop).await;
     session.count_into(stats);
     match end {
         End::Done => session.close().await,

@@ -21,6 +21,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, SupportedCipherSuite};
 
+use super::sni::{SiteKey, SniResolver, UnknownName};
+use crate::acme::{Challenges, ACME_TLS_ALPN};
+
 /// TLS protocol versions that may be negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TlsVersion {
@@ -162,6 +165,36 @@ impl Identity {
         rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &aws_lc_rs::default_provider())
             .map_err(|e| format!("key and certificate do not match ({e})"))?;
         Ok((chain, key))
+    }
+
+    /// A `[[site]]`'s certificate: its `cert` and `key` files.
+    pub fn site_files(cert: &Path, key: &Path) -> Result<Self, SetupError> {
+        let mut id = Self::from_files(cert, key)?;
+        id.origin = format!("loaded from {}", cert.display());
+        Ok(id)
+    }
+
+    /// A `[[site]]` without files: a self-signed certificate for its names (wildcards
+    /// included), in memory, new at each start and reload.
+    pub fn site_self_signed(names: Vec<String>) -> Result<Self, SetupError> {
+        let cert = rcgen::generate_simple_self_signed(names)
+            .map_err(|e| SetupError::new(format!("cannot generate a self-signed certificate: {e}")))?;
+        let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+            .map_err(|e| SetupError::new(format!("generated key: {e}")))?;
+        let origin = "self-signed, generated at start-up".to_string();
+        Ok(Identity { chain: vec![cert.cert.der().clone()], key, generated: true, origin })
+    }
+
+    /// The form the resolver holds, the key checked against the certificate; an
+    /// error names `which` site.
+    pub fn certified_key(self, which: &str) -> Result<Arc<rustls::sign::CertifiedKey>, SetupError> {
+        let origin = self.origin.clone();
+        rustls::sign::CertifiedKey::from_der(self.chain, self.key, &aws_lc_rs::default_provider()).map(Arc::new).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => {
+                SetupError::new(format!("site {which}: the private key does not match the certificate ({origin})"))
+            }
+            other => SetupError::new(format!("site {which}: certificate/key: {other}")),
+        })
     }
 
     fn from_files(cert: &Path, key: &Path) -> Result<Self, SetupError> {
@@ -357,8 +390,17 @@ fn pem_error(e: rustls::pki_types::pem::Error) -> String {
     }
 }
 
-/// Builds the shared rustls configuration from the validated settings.
-pub fn server_config(config: &TlsSettings, identity: Identity) -> Result<Arc<ServerConfig>, SetupError> {
+/// Builds the shared rustls configuration from the validated settings, with a
+/// certificate per site chosen by SNI ([`SniResolver`]); `identity` is the default
+/// site's. With `challenges` (tls-alpn-01 sites), ALPN `acme-tls/1` is offered and
+/// validation handshakes get their answer.
+pub fn server_config(
+    config: &TlsSettings,
+    identity: Identity,
+    sites: Vec<Arc<SiteKey>>,
+    unknown: UnknownName,
+    challenges: Option<Arc<Challenges>>,
+) -> Result<Arc<ServerConfig>, SetupError> {
     let known = known_suites();
     let suites: Vec<SupportedCipherSuite> = match &config.cipher_suites {
         None => known.iter().map(|s| s.suite).collect(),
@@ -401,24 +443,30 @@ pub fn server_config(config: &TlsSettings, identity: Identity) -> Result<Arc<Ser
 
     let provider = CryptoProvider { cipher_suites: suites, ..aws_lc_rs::default_provider() };
     let generated = identity.generated;
+    let default = rustls::sign::CertifiedKey::from_der(identity.chain, identity.key, &provider).map_err(|e| {
+        let what = if generated { "generated certificate" } else { "certificate/key" };
+        match e {
+            rustls::Error::InconsistentKeys(_) => SetupError::new(format!(
+                "the private key {} does not match the certificate {}",
+                config.key.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+                config.cert.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+            )),
+            other => SetupError::new(format!("{what}: {other}")),
+        }
+    })?;
+    let acme_alpn = challenges.is_some();
+    let resolver = SniResolver { sites, default: Arc::new(default), unknown, challenges };
     let mut tls = ServerConfig::builder_with_provider(Arc::new(provider))
         .with_protocol_versions(&versions)
         .map_err(|e| SetupError::new(format!("TLS settings: {e}")))?
         .with_no_client_auth()
-        .with_single_cert(identity.chain, identity.key)
-        .map_err(|e| {
-            let what = if generated { "generated certificate" } else { "certificate/key" };
-            match e {
-                rustls::Error::InconsistentKeys(_) => SetupError::new(format!(
-                    "the private key {} does not match the certificate {}",
-                    config.key.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
-                    config.cert.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
-                )),
-                other => SetupError::new(format!("{what}: {other}")),
-            }
-        })?;
+        .with_cert_resolver(Arc::new(resolver));
     // http/1.0 too: `curl --http1.0` offers only that, and refusing it would fail the handshake.
     tls.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
+    if acme_alpn {
+        // Offered only with tls-alpn-01 sites; such connections end after the handshake.
+        tls.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+    }
     tls.ticketer = if config.ticket_keys.is_empty() {
         aws_lc_rs::Ticketer::new().map_err(|e| SetupError::new(format!("session tickets: {e}")))?
     } else {

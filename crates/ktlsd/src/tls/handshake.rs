@@ -165,6 +165,10 @@ pub async fn accept(
         let state = match status.state {
             Ok(s) => s,
             Err(rustls::Error::AlertReceived(d)) => return Err(HandshakeError::ClientAlert(d)),
+            Err(error) if super::sni::is_refused_name(&error) => {
+                let _ = net::write_all(stream, &super::sni::UNRECOGNIZED_NAME_ALERT, REFUSAL_WRITE_TIMEOUT).await;
+                return Err(HandshakeError::Tls { error, alert: SentAlert::Plain(AlertDescription::UnrecognisedName) });
+            }
             Err(error) => {
                 incoming.discard(discard);
                 let alert = send_pending_alert(stream, &mut conn, &mut incoming, &mut outgoing, &mut out_len).await;

@@ -14,6 +14,7 @@ pub mod handshake;
 pub mod kernel;
 pub mod session;
 pub mod sizing;
+pub mod sni;
 pub mod tcp;
 pub mod userspace;
 

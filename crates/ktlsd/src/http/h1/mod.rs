@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::Transport;
 use crate::files::FileRange;
-use crate::handler::{self, Body, Response, Site, Status};
+use crate::handler::{self, Body, Pick, Response, Site, Sites, Status};
 use crate::log::{AccessEntry, AccessLog, RequestLine};
 use parse::{BadRequest, Head, Version};
 
@@ -56,7 +56,7 @@ pub enum End<E> {
 pub async fn serve<T: Transport>(
     conn: &mut T,
     settings: &Settings,
-    site: &Site<'_>,
+    sites: &Sites<'_>,
     log: &AccessLog,
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
@@ -92,7 +92,7 @@ pub async fn serve<T: Transport>(
                         return End::Timeout;
                     }
                     let bad = BadRequest { status: Status::REQUEST_TIMEOUT, reason: "request head not received in time" };
-                    refuse_unparsed(conn, site, log, peer, &buf, &bad).await;
+                    refuse_unparsed(conn, &sites.default, log, peer, &buf, &bad).await;
                     return End::Timeout;
                 }
                 Err(e) => return End::Error(e),
@@ -102,7 +102,7 @@ pub async fn serve<T: Transport>(
         let (head, used) = match parsed {
             Ok(r) => r,
             Err(bad) => {
-                refuse_unparsed(conn, site, log, peer, &buf, &bad).await;
+                refuse_unparsed(conn, &sites.default, log, peer, &buf, &bad).await;
                 conn.linger_on_close(shutdown.clone());
                 return End::Done;
             }
@@ -110,6 +110,19 @@ pub async fn serve<T: Transport>(
         buf.drain(..used);
         let req = &head.request;
         let mut keep_alive = head.keep_alive && !*shutdown.borrow();
+        // The site is chosen by Host for each request: one connection may carry
+        // requests for several names its certificate covers.
+        let site = match sites.pick(req.authority.as_deref()) {
+            Pick::Site(s) => s,
+            Pick::Misdirected => {
+                let response = handler::with_hsts(Response::page(Status::MISDIRECTED_REQUEST), &sites.default);
+                let response = if req.method == handler::Method::Head { response.without_body() } else { response };
+                refuse(conn, log, peer, Some(&head), response, "no site has the requested host", Instant::now()).await;
+                conn.linger_on_close(shutdown.clone());
+                return End::Done;
+            }
+        };
+        let site = &site;
 
         // Phase 2: a request body is read and thrown away, within limits. A client
         // that waits for `100 Continue` gets the final answer at once instead when

@@ -54,7 +54,7 @@ impl Fixture {
     async fn serve_until(&self, mem: &mut Memory, shutdown: watch::Receiver<bool>) -> End<MemError> {
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
-        serve(mem, &self.settings, &self.site(), &log, peer, shutdown).await
+        serve(mem, &self.settings, &Sites::single(self.site()), &log, peer, shutdown).await
     }
 }
 
@@ -528,7 +528,7 @@ async fn every_request_is_logged() {
     let mut mem = Memory::sending(
         b"GET /digits.txt HTTP/1.1\r\nHost: x\r\n\r\nHEAD /a.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /nope?q HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/9.9\r\n\r\n",
     );
-    serve(&mut mem, &f.settings, &f.site(), &log, peer, rx).await;
+    serve(&mut mem, &f.settings, &Sites::single(f.site()), &log, peer, rx).await;
     log.flush();
     let text = std::fs::read_to_string(&path).unwrap();
     let got: Vec<String> = text

@@ -364,7 +364,7 @@ mod tests {
         };
         let identity = Identity::load(&settings, false).unwrap();
         let root = identity.chain[0].clone();
-        let config = server_config(&settings, identity).unwrap();
+        let config = server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
         let data: Vec<u8> = (0..64 * MAX_RECORD).map(|i| (i % 251) as u8).collect();
 
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
