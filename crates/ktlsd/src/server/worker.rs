@@ -24,7 +24,7 @@ use super::{Current, Shared};
 use crate::handler::Site;
 use crate::http::h1::{self, End};
 use crate::log::AccessLog;
-use crate::stats::Stats;
+use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
 use crate::tls::tcp;
 use crate::tls::handshake::{self, FailureKind};
 use crate::tls::{self, SessionSettings, TlsMode};
@@ -37,7 +37,8 @@ struct Worker {
     /// Where a new configuration or access log arrives from.
     current: RefCell<watch::Receiver<Current>>,
     log: AccessLog,
-    stats: Stats,
+    /// This worker's counters; the admin listener reads them (only this worker writes).
+    metrics: Arc<Metrics>,
     tasks: Rc<Tasks>,
     handshake_log: RateLimit,
 }
@@ -86,7 +87,7 @@ impl Drop for Active {
     fn drop(&mut self) {
         let t = &self.tasks;
         if std::thread::panicking() {
-            Stats::bump(&t.panics);
+            t.panics.set(t.panics.get() + 1);
             tracing::error!(
                 "connection task for {} panicked (message above); the connection was dropped, the server goes on",
                 self.peer
@@ -153,14 +154,15 @@ pub fn spawn(
     listeners: Vec<StdListener>,
     current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(listeners, current, stop))
+        .spawn(move || run(listeners, current, stop, metrics))
         .context("cannot start a worker thread")
 }
 
-fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop: watch::Receiver<bool>) -> Stats {
+fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop: watch::Receiver<bool>, metrics: Arc<Metrics>) -> Stats {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -172,8 +174,8 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
-        log: AccessLog::new(log),
-        stats: Stats::default(),
+        log: AccessLog::new(log).counting(metrics.clone()),
+        metrics,
         tasks: Rc::default(),
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
     });
@@ -237,8 +239,8 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
     drop(local);
     worker.log.flush();
     let total = Stats::default();
-    total.add(&worker.stats);
-    total.panics.set(total.panics.get() + worker.tasks.panics.get());
+    total.add(&worker.metrics.stats);
+    Stats::add_to(&total.panics, worker.tasks.panics.get());
     total
 }
 
@@ -246,7 +248,7 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                Stats::bump(&worker.stats.connections);
+                Stats::bump(&worker.metrics.stats.connections);
                 // A connection accepted after a reload was sent gets it, even if
                 // the update task has not run yet.
                 worker.refresh();
@@ -270,7 +272,8 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
 
 async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared: &Shared, stop: watch::Receiver<bool>) {
     let cfg = &shared.config;
-    let stats = &worker.stats;
+    let stats = &worker.metrics.stats;
+    let traffic = &worker.metrics.traffic;
     let _ = stream.set_nodelay(true);
     if let Some(lowat) = cfg.tcp.notsent_lowat {
         let _ = tcp::set_notsent_lowat(stream.as_fd(), lowat);
@@ -300,6 +303,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         }
     };
 
+    Stats::bump(&traffic.handshakes_ok);
+    if established.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+        Stats::bump(&traffic.handshakes_resumed);
+    }
     let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
     let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
         Ok(s) => s,
@@ -313,6 +320,11 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         TlsMode::Kernel => &stats.ktls,
         TlsMode::Userspace => &stats.userspace,
     });
+    let layer = match session.mode() {
+        TlsMode::Kernel => Layer::Kernel,
+        TlsMode::Userspace => Layer::Userspace,
+    };
+    let _open = Open::new(traffic, layer, Protocol::Http1);
 
     let settings = h1::Settings {
         max_head_bytes: cfg.limits.max_header_bytes,
@@ -323,10 +335,34 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     let site = Site { root: &shared.root, files: shared.file_options, hsts: cfg.hsts.as_deref() };
     let end = h1::serve(&mut session, &settings, &site, &worker.log, peer, stop).await;
     session.count_into(stats);
+    if let Ok(end) = tcp::read_end(session.socket()) {
+        traffic.tcp_end(end);
+    }
     match end {
         End::Done => session.close().await,
         End::Timeout => Stats::bump(&stats.timeouts),
         End::Error(_) | End::Truncated => Stats::bump(&stats.errors),
+    }
+}
+
+/// Counts a connection as open in the worker's metrics until dropped, however
+/// its task ends.
+struct Open<'a> {
+    traffic: &'a Traffic,
+    layer: Layer,
+    protocol: Protocol,
+}
+
+impl<'a> Open<'a> {
+    fn new(traffic: &'a Traffic, layer: Layer, protocol: Protocol) -> Open<'a> {
+        traffic.opened(layer, protocol);
+        Open { traffic, layer, protocol }
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.traffic.closed(self.layer, self.protocol);
     }
 }
 
