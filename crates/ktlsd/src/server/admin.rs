@@ -63,6 +63,9 @@ pub struct State {
     pub workers: Vec<Arc<Metrics>>,
     pub started: Instant,
     pub current: watch::Receiver<Current>,
+    /// The HTTPS and plain-HTTP addresses as bound (port 0 resolved).
+    pub https: Vec<std::net::SocketAddr>,
+    pub http: Vec<std::net::SocketAddr>,
 }
 
 /// Serves `bound` on a thread of its own until `stop` turns true.
@@ -159,7 +162,7 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
             prometheus::render(&mut out, &total, state.started.elapsed(), stat.as_ref());
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", out)
         }
-        "/status" => ("200 OK", JSON, json(&status(&total, state.started.elapsed(), &current))),
+        "/status" => ("200 OK", JSON, json(&status(&total, state, &current))),
         "/advisor" => {
             let policy = current.shared.config.record_policy.to_string();
             ("200 OK", JSON, json(&advisor::advise(&total.traffic, &policy)))
@@ -210,7 +213,7 @@ struct KtlsSummary {
     summary: String,
 }
 
-fn status(total: &Metrics, uptime: Duration, current: &Current) -> Status {
+fn status(total: &Metrics, state: &State, current: &Current) -> Status {
     let c = &current.shared.config;
     let t = &total.traffic;
     let ktls = match &current.shared.ktls {
@@ -221,11 +224,11 @@ fn status(total: &Metrics, uptime: Duration, current: &Current) -> Status {
     Status {
         version: env!("CARGO_PKG_VERSION"),
         pid: std::process::id(),
-        uptime_seconds: uptime.as_secs_f64(),
+        uptime_seconds: state.started.elapsed().as_secs_f64(),
         config: ConfigSummary {
             root: c.root.display().to_string(),
-            listen: c.listen.iter().map(|a| a.to_string()).collect(),
-            http_listen: c.http_listen.iter().map(|a| a.to_string()).collect(),
+            listen: state.https.iter().map(|a| a.to_string()).collect(),
+            http_listen: state.http.iter().map(|a| a.to_string()).collect(),
             workers: c.workers,
             ktls: format!("{:?}", c.ktls).to_lowercase(),
             record_size: c.record_policy.to_string(),

@@ -142,7 +142,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             if let Some(a) = &current_rx.borrow().shared.config.admin {
                 tracing::info!("admin listener on {a} (/metrics, /status, /advisor)");
             }
-            let state = admin::State { workers: metrics, started: started_at, current: current_rx.clone() };
+            let state = admin::State {
+                workers: metrics,
+                started: started_at,
+                current: current_rx.clone(),
+                https: bound.clone(),
+                http: http_bound.clone(),
+            };
             Some(admin::spawn(b, state, stop_rx.clone())?)
         }
         None => None,
