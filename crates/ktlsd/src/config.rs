@@ -825,7 +825,8 @@ mod tests {
     #[test]
     fn admin_addresses() {
         // (flags, Ok(address) or Err(part of the message))
-        let table: [(&[&str], Result<Option<&str>, &str>); 9] = [
+        type Want = Result<Option<&'static str>, &'static str>;
+        let table: [(&[&str], Want); 9] = [
             (&[], Ok(None)),
             (&["--admin", "off"], Ok(None)),
             (&["--admin", "127.0.0.1:9443"], Ok(Some("127.0.0.1:9443"))),
