@@ -40,6 +40,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the status of a running server, read from its admin listener (`serve --admin`).
+    Status {
+        /// The server's admin address: IP:PORT or a Unix socket path.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9443")]
+        admin: String,
+    },
 }
 
 #[derive(Debug, Default, Clone, Args)]
@@ -178,6 +184,14 @@ pub struct ServeArgs {
     /// What a TLS server name or Host that no [[site]] of the config file has gets: "default" (the default site) or "refuse" (the handshake fails with an unrecognized_name alert; a request gets 421) [default: default]
     #[arg(long, value_name = "default|refuse")]
     pub unknown_sni: Option<String>,
+
+    /// Admin listener (plain HTTP: /metrics, /status, /advisor): a loopback IP:PORT such as 127.0.0.1:9443, a Unix socket path, or off [default: off]
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
+
+    /// Let --admin listen on a non-loopback address (its endpoints have no authentication) [default: off]
+    #[arg(long)]
+    pub admin_public: bool,
 }
 
 /// Heading of the privilege flags in `--help`.

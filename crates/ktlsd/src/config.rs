@@ -49,6 +49,36 @@ pub enum AccessLogTarget {
     Off,
 }
 
+/// Where the admin listener (metrics, status, advisor) listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdminAddr::Tcp(a) => write!(f, "{a}"),
+            AdminAddr::Unix(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+
+impl AdminAddr {
+    /// `IP:PORT`, or a Unix socket path (anything with a `/`).
+    pub fn parse(v: &str) -> Result<AdminAddr, ConfigError> {
+        if v.contains('/') {
+            return Ok(AdminAddr::Unix(PathBuf::from(v)));
+        }
+        v.parse().map(AdminAddr::Tcp).map_err(|_| {
+            ConfigError::new(format!(
+                "admin {v:?} is neither IP:PORT (e.g. 127.0.0.1:9443) nor a Unix socket path (with a `/`, e.g. /run/ktlsd/admin.sock)"
+            ))
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Timeouts {
     pub handshake: Duration,
@@ -109,6 +139,8 @@ pub struct Config {
     /// The `[[site]]` blocks of the config file; the top-level keys form the default site.
     pub sites: Vec<SiteConfig>,
     pub unknown_sni: UnknownSni,
+    /// The admin listener; `None`: off.
+    pub admin: Option<AdminAddr>,
 }
 
 /// What a name no `[[site]]` has gets.
@@ -213,6 +245,8 @@ struct FileConfig {
     allow_root: Option<bool>,
     unknown_sni: Option<String>,
     site: Option<Vec<FileSite>>,
+    admin: Option<String>,
+    admin_public: Option<bool>,
 }
 
 impl FileConfig {
@@ -273,6 +307,11 @@ impl FileConfig {
         if let Some(log) = &mut self.access_log {
             if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
                 *log = base.join(log.as_str()).to_string_lossy().into_owned();
+            }
+        }
+        if let Some(admin) = &mut self.admin {
+            if admin.contains('/') && Path::new(admin.as_str()).is_relative() {
+                *admin = base.join(admin.as_str()).to_string_lossy().into_owned();
             }
         }
     }
@@ -499,6 +538,22 @@ impl Config {
                 return err(format!("site {which}: ACME needs a state directory for the account and certificates: set state_dir"));
             }
         }
+        let admin_public = args.admin_public || file.admin_public.unwrap_or(false);
+        let admin = match args.admin.or(file.admin).as_deref() {
+            None | Some("off") => None,
+            Some(v) => Some(AdminAddr::parse(v)?),
+        };
+        match &admin {
+            Some(AdminAddr::Tcp(a)) if !a.ip().is_loopback() && !admin_public => {
+                return err(format!(
+                    "admin address {a} is not a loopback address: metrics and status would be public; use 127.0.0.1:PORT, [::1]:PORT or a Unix socket, or set admin_public = true"
+                ));
+            }
+            Some(AdminAddr::Tcp(a)) if listen.contains(a) || http_listen.contains(a) => {
+                return err(format!("admin address {a} is also a listen or http_listen address; give it its own port"));
+            }
+            _ => {}
+        }
 
         Ok(Config {
             root,
@@ -526,6 +581,7 @@ impl Config {
             allow_root,
             sites,
             unknown_sni,
+            admin,
         })
     }
 }
@@ -933,5 +989,34 @@ mod tests {
         assert_eq!((default_of("user").as_str(), default_of("allow_root").as_str()), ("none", "off"));
         assert_eq!((c.unknown_sni, default_of("unknown_sni").as_str()), (UnknownSni::Default, "default"));
         assert!(c.sites.is_empty());
+    }
+
+    #[test]
+    fn admin_addresses() {
+        // (flags, Ok(address) or Err(part of the message))
+        type Want = Result<Option<&'static str>, &'static str>;
+        let table: [(&[&str], Want); 9] = [
+            (&[], Ok(None)),
+            (&["--admin", "off"], Ok(None)),
+            (&["--admin", "127.0.0.1:9443"], Ok(Some("127.0.0.1:9443"))),
+            (&["--admin", "[::1]:9443"], Ok(Some("[::1]:9443"))),
+            (&["--admin", "/run/ktlsd/admin.sock"], Ok(Some("/run/ktlsd/admin.sock"))),
+            (&["--admin", "0.0.0.0:9443"], Err("not a loopback address")),
+            (&["--admin", "0.0.0.0:9443", "--admin-public"], Ok(Some("0.0.0.0:9443"))),
+            (&["--admin", "localhost:9443"], Err("neither IP:PORT")),
+            (&["--admin", "127.0.0.1:8443", "--listen", "127.0.0.1:8443"], Err("also a listen")),
+        ];
+        for (flags, want) in table {
+            let mut args = vec!["--ephemeral-cert"];
+            args.extend_from_slice(flags);
+            match (Config::from_args(serve_args(&args)), want) {
+                (Ok(c), Ok(w)) => assert_eq!(c.admin.map(|a| a.to_string()).as_deref(), w, "{flags:?}"),
+                (Err(e), Err(w)) => {
+                    assert!(e.to_string().contains(w), "{flags:?}: {e}");
+                    assert!(!e.to_string().contains('\n'));
+                }
+                (got, w) => panic!("{flags:?}: got {got:?}, want {w:?}"),
+            }
+        }
     }
 }

@@ -5,13 +5,17 @@
 //!
 //! Each worker buffers its own lines and writes them in whole-line batches (when the
 //! buffer fills, on a short timer, and at exit), so logging costs no syscall per request.
+//! Every entry also counts the request in the worker's metrics when it has them
+//! (logging off or on), so the HTTP loops report each request in one place.
 
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::stats::{Layer, Method, Metrics};
 
 /// One request, as logged.
 pub struct AccessEntry<'a> {
@@ -22,6 +26,8 @@ pub struct AccessEntry<'a> {
     /// Body bytes sent.
     pub bytes: u64,
     pub started: Instant,
+    /// From `started` to the moment the response began to be sent.
+    pub ttfb: Duration,
     /// How the bytes were protected (`ktls`, `userspace`).
     pub label: &'static str,
 }
@@ -56,12 +62,20 @@ pub struct AccessLog {
     /// append-mode file.
     out: RefCell<Option<Arc<File>>>,
     buf: RefCell<Vec<u8>>,
+    /// Where each entry is counted; `None` in tests of the log alone.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl AccessLog {
     /// `out` is the destination (a dup of stdout or the log file), `None` when logging is off.
     pub fn new(out: Option<Arc<File>>) -> AccessLog {
-        AccessLog { out: RefCell::new(out), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)) }
+        AccessLog { out: RefCell::new(out), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)), metrics: None }
+    }
+
+    /// Counts every entry in `metrics` too (the worker's own).
+    pub fn counting(mut self, metrics: Arc<Metrics>) -> AccessLog {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Writes out the buffered lines to the current destination, then sends
@@ -79,10 +93,15 @@ impl AccessLog {
     }
 
     pub fn write(&self, e: &AccessEntry<'_>) {
+        let elapsed = e.started.elapsed();
+        if let Some(m) = &self.metrics {
+            let method = e.request.map_or(Method::Other, |r| Method::from_name(r.method));
+            m.traffic.request(method, e.status, Layer::from_label(e.label), e.bytes, elapsed, e.ttfb);
+        }
         if self.out.borrow().is_none() {
             return;
         }
-        let rt = e.started.elapsed().as_secs_f64();
+        let rt = elapsed.as_secs_f64();
         let mut buf = self.buf.borrow_mut();
         let _ = writeln!(
             buf,
@@ -152,8 +171,8 @@ mod tests {
         let log = AccessLog::new(Some(file));
         let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
         let line = RequestLine { method: "GET", target: "/a\"b\x01", version: "HTTP/1.1" };
-        log.write(&AccessEntry { peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), label: "ktls" });
-        log.write(&AccessEntry { peer, request: None, status: 408, bytes: 0, started: Instant::now(), label: "userspace" });
+        log.write(&AccessEntry { peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), ttfb: Duration::ZERO, label: "ktls" });
+        log.write(&AccessEntry { peer, request: None, status: 408, bytes: 0, started: Instant::now(), ttfb: Duration::ZERO, label: "userspace" });
         log.flush();
         let text = std::fs::read_to_string(&path).unwrap();
         let _ = std::fs::remove_file(&path);

@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         cli::Command::Serve(args) => server::run(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Check(args) => server::check(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Doctor { json } => doctor::run(json),
+        cli::Command::Status { admin } => server::admin::print_status(&admin).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

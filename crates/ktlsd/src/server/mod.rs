@@ -5,6 +5,7 @@
 //! single-threaded event loop over its own `SO_REUSEPORT` listeners; nothing is
 //! handed between threads on the data path.
 
+pub(crate) mod admin;
 mod acme;
 pub(crate) mod congestion;
 mod listener;
@@ -105,6 +106,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         true => (Vec::new(), Vec::new()),
         false => listener::bind_all(&config.http_listen, 1).map_err(|e| anyhow!(e))?,
     };
+    let admin_bound = match &config.admin {
+        Some(a) => Some(admin::bind(a)?),
+        None => None,
+    };
     if activated {
         prepared.shared.config.listen = bound.clone();
     }
@@ -143,14 +148,34 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Before any worker runs, so it is the first line on stdout even when the
     // access log goes there too.
     let tls = if shared.ktls.is_some() { TlsMode::Kernel } else { TlsMode::Userspace };
+    let started_at = std::time::Instant::now();
     announce_ready(&ready_line(&bound, &http_bound, std::process::id(), tls));
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (current_tx, current_rx) = tokio::sync::watch::channel(Current { shared, log: access_out });
     let mut handles = Vec::new();
+    let mut metrics = Vec::new();
     for (id, ls) in listeners.into_iter().enumerate() {
-        handles.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone())?);
+        let m = Arc::new(crate::stats::Metrics::default());
+        metrics.push(m.clone());
+        handles.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone(), m)?);
     }
+    let admin = match admin_bound {
+        Some(b) => {
+            if let Some(a) = &current_rx.borrow().shared.config.admin {
+                tracing::info!("admin listener on {a} (/metrics, /status, /advisor)");
+            }
+            let state = admin::State {
+                workers: metrics,
+                started: started_at,
+                current: current_rx.clone(),
+                https: bound.clone(),
+                http: http_bound.clone(),
+            };
+            Some(admin::spawn(b, state, stop_rx.clone())?)
+        }
+        None => None,
+    };
     // Redirects name the first HTTPS address's port, as bound (port 0 resolved).
     let target = plain::Target { https_port: bound[0].port() };
     let plain = match http_listeners.into_iter().next() {
@@ -177,6 +202,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     systemd::notify("STOPPING=1");
     let _ = stop_tx.send(true);
 
+    if admin.is_some_and(|a| a.join().is_err()) {
+        tracing::error!("the admin listener panicked");
+    }
     if plain.is_some_and(|p| p.join().is_err()) {
         tracing::error!("the plain-HTTP listener panicked");
     }

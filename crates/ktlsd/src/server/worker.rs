@@ -23,7 +23,7 @@ use tokio::task::LocalSet;
 use super::{Current, Shared};
 use crate::http::h1::{self, End};
 use crate::log::AccessLog;
-use crate::stats::Stats;
+use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
 use crate::tls::tcp;
 use crate::tls::handshake::{self, FailureKind};
 use crate::tls::{self, SessionSettings, TlsMode};
@@ -36,7 +36,8 @@ struct Worker {
     /// Where a new configuration or access log arrives from.
     current: RefCell<watch::Receiver<Current>>,
     log: AccessLog,
-    stats: Stats,
+    /// This worker's counters; the admin listener reads them (only this worker writes).
+    metrics: Arc<Metrics>,
     tasks: Rc<Tasks>,
     handshake_log: RateLimit,
 }
@@ -85,7 +86,7 @@ impl Drop for Active {
     fn drop(&mut self) {
         let t = &self.tasks;
         if std::thread::panicking() {
-            Stats::bump(&t.panics);
+            t.panics.set(t.panics.get() + 1);
             tracing::error!(
                 "connection task for {} panicked (message above); the connection was dropped, the server goes on",
                 self.peer
@@ -152,14 +153,15 @@ pub fn spawn(
     listeners: Vec<StdListener>,
     current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(listeners, current, stop))
+        .spawn(move || run(listeners, current, stop, metrics))
         .context("cannot start a worker thread")
 }
 
-fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop: watch::Receiver<bool>) -> Stats {
+fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop: watch::Receiver<bool>, metrics: Arc<Metrics>) -> Stats {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -171,8 +173,8 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
-        log: AccessLog::new(log),
-        stats: Stats::default(),
+        log: AccessLog::new(log).counting(metrics.clone()),
+        metrics,
         tasks: Rc::default(),
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
     });
@@ -236,8 +238,8 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
     drop(local);
     worker.log.flush();
     let total = Stats::default();
-    total.add(&worker.stats);
-    total.panics.set(total.panics.get() + worker.tasks.panics.get());
+    total.add(&worker.metrics.stats);
+    Stats::add_to(&total.panics, worker.tasks.panics.get());
     total
 }
 
@@ -245,7 +247,7 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                Stats::bump(&worker.stats.connections);
+                Stats::bump(&worker.metrics.stats.connections);
                 // A connection accepted after a reload was sent gets it, even if
                 // the update task has not run yet.
                 worker.refresh();
@@ -269,7 +271,8 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
 
 async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared: &Shared, stop: watch::Receiver<bool>) {
     let cfg = &shared.config;
-    let stats = &worker.stats;
+    let stats = &worker.metrics.stats;
+    let traffic = &worker.metrics.traffic;
     let _ = stream.set_nodelay(true);
     if let Some(lowat) = cfg.tcp.notsent_lowat {
         let _ = tcp::set_notsent_lowat(stream.as_fd(), lowat);
@@ -299,6 +302,11 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         }
     };
 
+    Stats::bump(&traffic.handshakes_ok);
+    if established.conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+        Stats::bump(&traffic.handshakes_resumed);
+    }
+
     // An ACME tls-alpn-01 validation: the handshake was the answer (RFC 8737
     // section 3); no HTTP and no kernel record layer follow.
     if established.conn.alpn_protocol() == Some(crate::acme::ACME_TLS_ALPN) {
@@ -319,6 +327,11 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         TlsMode::Kernel => &stats.ktls,
         TlsMode::Userspace => &stats.userspace,
     });
+    let layer = match session.mode() {
+        TlsMode::Kernel => Layer::Kernel,
+        TlsMode::Userspace => Layer::Userspace,
+    };
+    let _open = Open::new(traffic, layer, Protocol::Http1);
 
     let settings = h1::Settings {
         max_head_bytes: cfg.limits.max_header_bytes,
@@ -328,10 +341,34 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     };
     let end = h1::serve(&mut session, &settings, &shared.sites(), &worker.log, peer, stop).await;
     session.count_into(stats);
+    if let Ok(end) = tcp::read_end(session.socket()) {
+        traffic.tcp_end(end);
+    }
     match end {
         End::Done => session.close().await,
         End::Timeout => Stats::bump(&stats.timeouts),
         End::Error(_) | End::Truncated => Stats::bump(&stats.errors),
+    }
+}
+
+/// Counts a connection as open in the worker's metrics until dropped, however
+/// its task ends.
+struct Open<'a> {
+    traffic: &'a Traffic,
+    layer: Layer,
+    protocol: Protocol,
+}
+
+impl<'a> Open<'a> {
+    fn new(traffic: &'a Traffic, layer: Layer, protocol: Protocol) -> Open<'a> {
+        traffic.opened(layer, protocol);
+        Open { traffic, layer, protocol }
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.traffic.closed(self.layer, self.protocol);
     }
 }
 

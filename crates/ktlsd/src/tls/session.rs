@@ -107,6 +107,12 @@ impl Session {
         }
     }
 
+    /// The connection's socket, for reading its TCP state.
+    pub fn socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.stream.as_fd()
+    }
+
     /// Appends decrypted application data to `out`, waiting at most `timeout`.
     /// Returns 0 when the peer has closed (close_notify or end of stream).
     ///

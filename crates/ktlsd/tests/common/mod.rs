@@ -1746,3 +1746,42 @@ pub fn bad_records() -> Vec<BadRecord> {
         },
     ]
 }
+
+// ---------------------------------------------------------------------------
+// The admin listener.
+// ---------------------------------------------------------------------------
+
+/// `GET target` on the admin Unix socket `sock`: the status and the body.
+pub fn admin_get(sock: &Path, target: &str) -> (u16, String) {
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap_or_else(|e| panic!("admin socket {}: {e}", sock.display()));
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {target} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no response head in {reply:?}"));
+    let (_, status, _) = parse_head(head);
+    (status, body.to_string())
+}
+
+/// `/metrics` from the admin socket, parsed by Python's `prometheus_client`
+/// (the reference parser): every sample as `name{label="v",...}` (labels
+/// sorted) to its value.
+pub fn scrape(sock: &Path) -> HashMap<String, f64> {
+    let (status, text) = admin_get(sock, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    const PARSE: &str = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    for s in fam.samples:
+        labels = ",".join('%s="%s"' % (k, v) for k, v in sorted(s.labels.items()))
+        out[s.name + ("{" + labels + "}" if labels else "")] = s.value
+print(json.dumps(out))
+"#;
+    // This machine may put another python3 first in PATH; the packaged parser is the system one's.
+    let out = run_with_timeout(Command::new("/usr/bin/python3").args(["-c", PARSE]), Some(text.as_bytes()), Duration::from_secs(30));
+    assert!(out.status.success(), "the Prometheus parser refused /metrics: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_f64().unwrap())).collect()
+}

@@ -163,6 +163,7 @@ pub async fn serve<T: Transport>(
 
         // Phase 6: send.
         let status = response.status;
+        let ttfb = t0.elapsed();
         let bytes = match send(conn, &response, head.version, keep_alive).await {
             Ok(b) => b,
             // The response could not be completed; the connection is cut without
@@ -173,7 +174,7 @@ pub async fn serve<T: Transport>(
         };
 
         // Phase 7: log.
-        log.write(&AccessEntry { peer, request: Some(line(&head)), status: status.0, bytes, started: t0, label: conn.label() });
+        log.write(&AccessEntry { peer, request: Some(line(&head)), status: status.0, bytes, started: t0, ttfb, label: conn.label() });
 
         if *shutdown.borrow() {
             keep_alive = false;
@@ -236,8 +237,9 @@ async fn refuse<T: Transport>(
         None => tracing::info!("refused {peer} \"\": {} {}", response.status.0, why),
     }
     let version = head.map_or(Version::Http11, |h| h.version);
+    let ttfb = started.elapsed();
     let _ = conn.send(&write::head_and_bytes(&response, version, false), None).await;
-    log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes: 0, started, label: conn.label() });
+    log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes: 0, started, ttfb, label: conn.label() });
 }
 
 /// Reads and drops `left` body bytes (those already in `buf` first). `Ok(false)`:

@@ -1,0 +1,119 @@
+//! Per-worker counters and histograms. Each worker owns its own and is their
+//! only writer: an update is a relaxed load and store on the worker's own
+//! memory, no lock and no read-modify-write shared with another thread. The
+//! admin listener reads them, summed over the workers, when scraped; they are
+//! summed once more at exit. A leaf: any layer may add to them, and it knows
+//! nothing of who does. [`prometheus`] renders them, [`advisor`] reads them;
+//! neither serves them (see `server::admin`).
+
+pub mod advisor;
+pub mod prometheus;
+mod traffic;
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub use traffic::{Histogram, Layer, Method, Protocol, Traffic, TcpEnd, INITIAL_WINDOW_BYTES};
+
+/// A counter with one writer (its worker) and any number of readers.
+pub type Counter = AtomicU64;
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal),* $(,)?) => {
+        /// Counters of one worker (or, summed, of the server).
+        #[derive(Debug, Default)]
+        pub struct Stats { $(#[doc = $doc] pub $name: Counter,)* }
+
+        impl Stats {
+            /// Every counter by name, in declaration order.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name.load(Relaxed)),)*]
+            }
+
+            pub fn add(&self, other: &Stats) {
+                $(Stats::add_to(&self.$name, other.$name.load(Relaxed));)*
+            }
+        }
+
+        impl fmt::Display for Stats {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let mut first = true;
+                $(
+                    if !first { f.write_str(" ")?; }
+                    first = false;
+                    write!(f, "{}={}", stringify!($name), self.$name.load(Relaxed))?;
+                )*
+                let _ = first;
+                Ok(())
+            }
+        }
+    };
+}
+
+counters! {
+    connections: "Accepted connections.",
+    handshake_failures: "Handshakes that failed, for any of the reasons below.",
+    handshake_timeouts: "Handshakes that took longer than handshake_timeout.",
+    handshake_protocol_errors: "Handshakes refused for a TLS protocol error (an alert was sent when rustls had one).",
+    handshake_client_alerts: "Handshakes the client ended with a fatal alert.",
+    handshake_resets: "Handshakes cut by the client closing or resetting the connection, or by a socket error.",
+    handshake_plain_http: "Connections that sent plain HTTP to the TLS port (answered 400).",
+    ktls: "Connections whose record layer ran in the kernel.",
+    userspace: "Connections whose record layer ran in user space.",
+    ktls_install_failures: "Connections lost because the kernel refused the keys.",
+    ktls_record_errors: "kTLS connections closed on a record the kernel rejected (EBADMSG, EMSGSIZE, EINVAL).",
+    rekey_unsupported: "TLS 1.3 KeyUpdates the kernel could not install (connection closed).",
+    key_updates: "TLS 1.3 KeyUpdates installed in the kernel.",
+    timeouts: "Connections closed on an idle, header or send timeout.",
+    errors: "Connections cut by socket or TLS errors after the handshake.",
+    panics: "Connection tasks that panicked (a bug; each is logged with its peer).",
+}
+
+impl Stats {
+    /// Adds one. Only the counter's own worker may call it (one writer: a load
+    /// then a store loses nothing).
+    pub fn bump(c: &Counter) {
+        Stats::add_to(c, 1);
+    }
+
+    /// Adds `n`; the same single-writer rule as [`Stats::bump`].
+    pub fn add_to(c: &Counter, n: u64) {
+        c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    /// Subtracts one from a gauge; the same single-writer rule as [`Stats::bump`].
+    pub fn drop_one(c: &Counter) {
+        c.store(c.load(Relaxed).saturating_sub(1), Relaxed);
+    }
+
+    /// The current value.
+    pub fn get(c: &Counter) -> u64 {
+        c.load(Relaxed)
+    }
+}
+
+/// One worker's figures: its counters and its traffic metrics, shared with the
+/// admin listener (which only reads them).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub stats: Stats,
+    pub traffic: Traffic,
+}
+
+impl Metrics {
+    /// Adds `other`'s figures to these (sums over workers; only for a fresh
+    /// `Metrics` owned by the caller, or at exit).
+    pub fn add(&self, other: &Metrics) {
+        self.stats.add(&other.stats);
+        self.traffic.add(&other.traffic);
+    }
+
+    /// The sum over `workers`.
+    pub fn sum<'a>(workers: impl IntoIterator<Item = &'a Metrics>) -> Metrics {
+        let total = Metrics::default();
+        for w in workers {
+            total.add(w);
+        }
+        total
+    }
+}
