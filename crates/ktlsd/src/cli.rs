@@ -174,6 +174,10 @@ pub struct ServeArgs {
     /// Serve as root when started as root without --user (a warning is logged) [default: off]
     #[arg(long, help_heading = PRIVILEGES)]
     pub allow_root: bool,
+
+    /// Offer HTTP/2 in ALPN (preferred over HTTP/1.1 when the client offers both) [default: on]
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub http2: Option<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

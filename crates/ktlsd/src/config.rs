@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::tls::config::TlsVersion;
+use crate::tls::config::{Http2, TlsVersion};
 use crate::tls::sizing::RecordPolicy;
 use crate::cli::ServeArgs;
 
@@ -106,6 +106,8 @@ pub struct Config {
     pub user: Option<String>,
     pub group: Option<String>,
     pub allow_root: bool,
+    /// Whether ALPN offers HTTP/2.
+    pub http2: Http2,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -141,6 +143,7 @@ struct FileConfig {
     user: Option<String>,
     group: Option<String>,
     allow_root: Option<bool>,
+    http2: Option<bool>,
 }
 
 impl FileConfig {
@@ -402,6 +405,11 @@ impl Config {
             }
         }
         let allow_root = args.allow_root || file.allow_root.unwrap_or(false);
+        // clap accepts only on/off for the flag.
+        let http2 = match (args.http2.as_deref(), file.http2) {
+            (Some("off"), _) | (None, Some(false)) => Http2::Off,
+            _ => Http2::On,
+        };
 
         Ok(Config {
             root,
@@ -427,6 +435,7 @@ impl Config {
             user,
             group,
             allow_root,
+            http2,
         })
     }
 }

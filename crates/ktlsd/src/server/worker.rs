@@ -23,10 +23,11 @@ use tokio::task::LocalSet;
 use super::{Current, Shared};
 use crate::handler::Site;
 use crate::http::h1::{self, End};
+use crate::http::h2;
 use crate::log::AccessLog;
 use crate::stats::Stats;
 use crate::tls::tcp;
-use crate::tls::handshake::{self, FailureKind};
+use crate::tls::handshake::{self, AppProtocol, FailureKind};
 use crate::tls::{self, SessionSettings, TlsMode};
 
 /// Everything a connection task borrows from its worker.
@@ -300,6 +301,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         }
     };
 
+    let protocol = established.protocol();
     let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
     let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
         Ok(s) => s,
@@ -314,14 +316,27 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         TlsMode::Userspace => &stats.userspace,
     });
 
-    let settings = h1::Settings {
-        max_head_bytes: cfg.limits.max_header_bytes,
-        max_body_bytes: cfg.limits.max_body_bytes,
-        header_timeout: cfg.timeouts.header,
-        idle_timeout: cfg.timeouts.idle,
-    };
     let site = Site { root: &shared.root, files: shared.file_options, hsts: cfg.hsts.as_deref() };
-    let end = h1::serve(&mut session, &settings, &site, &worker.log, peer, stop).await;
+    // The one place the HTTP version is chosen: by what ALPN agreed.
+    let end = match protocol {
+        AppProtocol::Http2 => {
+            let settings = h2::Settings {
+                limits: h2::Limits::default(),
+                idle_timeout: cfg.timeouts.idle,
+                stall_timeout: cfg.timeouts.send,
+            };
+            h2::serve(&mut session, &settings, &site, &worker.log, peer, stop).await
+        }
+        AppProtocol::Http1 => {
+            let settings = h1::Settings {
+                max_head_bytes: cfg.limits.max_header_bytes,
+                max_body_bytes: cfg.limits.max_body_bytes,
+                header_timeout: cfg.timeouts.header,
+                idle_timeout: cfg.timeouts.idle,
+            };
+            h1::serve(&mut session, &settings, &site, &worker.log, peer, stop).await
+        }
+    };
     session.count_into(stats);
     match end {
         End::Done => session.close().await,
