@@ -192,6 +192,10 @@ pub struct ServeArgs {
     /// Let --admin listen on a non-loopback address (its endpoints have no authentication) [default: off]
     #[arg(long)]
     pub admin_public: bool,
+
+    /// Offer HTTP/2 in ALPN (preferred over HTTP/1.1 when the client offers both) [default: on]
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    pub http2: Option<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::tls::config::TlsVersion;
+use crate::tls::config::{Http2, TlsVersion};
 use crate::tls::sizing::RecordPolicy;
 use crate::cli::ServeArgs;
 
@@ -141,6 +141,8 @@ pub struct Config {
     pub unknown_sni: UnknownSni,
     /// The admin listener; `None`: off.
     pub admin: Option<AdminAddr>,
+    /// Whether ALPN offers HTTP/2.
+    pub http2: Http2,
 }
 
 /// What a name no `[[site]]` has gets.
@@ -247,6 +249,7 @@ struct FileConfig {
     site: Option<Vec<FileSite>>,
     admin: Option<String>,
     admin_public: Option<bool>,
+    http2: Option<bool>,
 }
 
 impl FileConfig {
@@ -554,6 +557,11 @@ impl Config {
             }
             _ => {}
         }
+        // clap accepts only on/off for the flag.
+        let http2 = match (args.http2.as_deref(), file.http2) {
+            (Some("off"), _) | (None, Some(false)) => Http2::Off,
+            _ => Http2::On,
+        };
 
         Ok(Config {
             root,
@@ -582,6 +590,7 @@ impl Config {
             sites,
             unknown_sni,
             admin,
+            http2,
         })
     }
 }

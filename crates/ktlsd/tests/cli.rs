@@ -95,6 +95,7 @@ fn serve_help_shows_every_default() {
         ("--user", "none"),
         ("--group", "the user's primary group"),
         ("--allow-root", "off"),
+        ("--http2", "on"),
     ] {
         let line = out
             .stdout

@@ -51,6 +51,8 @@ pub struct Memory {
     /// Sends from this many on fail with this error (0: the first send fails).
     pub fail_sends: Option<(usize, MemError)>,
     sends: usize,
+    /// What `next_record` answers; 0 means a full record (16384).
+    pub record: usize,
 }
 
 impl Memory {
@@ -109,6 +111,10 @@ impl Transport for Memory {
         body.file.read_exact_at(&mut bytes, body.range.start).map_err(|_| MemError::Broken)?;
         self.output.extend_from_slice(&bytes);
         Ok(body.len())
+    }
+
+    fn next_record(&mut self) -> usize {
+        if self.record == 0 { 16384 } else { self.record }
     }
 
     fn linger_on_close(&mut self, _stop: watch::Receiver<bool>) {

@@ -21,11 +21,20 @@ pub trait Transport {
 
     /// Appends received application bytes to `buf`, waiting at most `timeout`.
     /// Returns 0 when the peer has closed.
+    ///
+    /// # Cancel safety
+    /// Must be cancel-safe: HTTP/2 polls it once between frames and drops the
+    /// future when nothing has arrived; no received byte may be lost.
     async fn read(&mut self, buf: &mut Vec<u8>, timeout: Duration) -> Result<usize, Self::Error>;
 
     /// Sends `head`, then the file range if any; returns the body bytes sent. An error
     /// means the response is incomplete and the connection must not be reused.
     async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, Self::Error>;
+
+    /// Payload size of the next record the record policy allows. The next `send`
+    /// starts its first record at that size, so a head and body that together fit
+    /// it leave as exactly one record (HTTP/2 sizes each DATA frame this way).
+    fn next_record(&mut self) -> usize;
 
     /// Asks the close that follows to drain the peer's unread input first, until
     /// `stop` turns true (see nginx's `lingering_close`).

@@ -356,6 +356,7 @@ fn tls_settings(config: &Config) -> TlsSettings {
         state_dir: config.state_dir.clone(),
         ephemeral_cert: config.ephemeral_cert,
         ticket_keys: config.ticket_keys.clone(),
+        http2: config.http2,
     }
 }
 

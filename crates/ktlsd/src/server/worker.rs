@@ -22,10 +22,11 @@ use tokio::task::LocalSet;
 
 use super::{Current, Shared};
 use crate::http::h1::{self, End};
+use crate::http::h2;
 use crate::log::AccessLog;
 use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
 use crate::tls::tcp;
-use crate::tls::handshake::{self, FailureKind};
+use crate::tls::handshake::{self, AppProtocol, FailureKind};
 use crate::tls::{self, SessionSettings, TlsMode};
 
 /// Everything a connection task borrows from its worker.
@@ -314,6 +315,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         return;
     }
 
+    let protocol = established.protocol();
     let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
     let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
         Ok(s) => s,
@@ -333,13 +335,27 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     };
     let _open = Open::new(traffic, layer, Protocol::Http1);
 
-    let settings = h1::Settings {
-        max_head_bytes: cfg.limits.max_header_bytes,
-        max_body_bytes: cfg.limits.max_body_bytes,
-        header_timeout: cfg.timeouts.header,
-        idle_timeout: cfg.timeouts.idle,
+    let site_table = shared.sites();
+    // The one place the HTTP version is chosen: by what ALPN agreed.
+    let end = match protocol {
+        AppProtocol::Http2 => {
+            let settings = h2::Settings {
+                limits: h2::Limits::default(),
+                idle_timeout: cfg.timeouts.idle,
+                stall_timeout: cfg.timeouts.send,
+            };
+            h2::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
+        }
+        AppProtocol::Http1 => {
+            let settings = h1::Settings {
+                max_head_bytes: cfg.limits.max_header_bytes,
+                max_body_bytes: cfg.limits.max_body_bytes,
+                header_timeout: cfg.timeouts.header,
+                idle_timeout: cfg.timeouts.idle,
+            };
+            h1::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
+        }
     };
-    let end = h1::serve(&mut session, &settings, &shared.sites(), &worker.log, peer, stop).await;
     session.count_into(stats);
     if let Ok(end) = tcp::read_end(session.socket()) {
         traffic.tcp_end(end);

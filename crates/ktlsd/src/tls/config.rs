@@ -47,6 +47,16 @@ pub struct TlsSettings {
     pub ephemeral_cert: bool,
     /// Session-ticket key files; the first encrypts. Empty: a random key per process.
     pub ticket_keys: Vec<PathBuf>,
+    /// Whether ALPN offers HTTP/2.
+    pub http2: Http2,
+}
+
+/// Whether HTTP/2 is offered in ALPN (preferred when the client offers it too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Http2 {
+    #[default]
+    On,
+    Off,
 }
 
 /// Why the TLS configuration could not be built. Each message names the file or
@@ -462,10 +472,14 @@ pub fn server_config(
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(resolver));
     // http/1.0 too: `curl --http1.0` offers only that, and refusing it would fail the handshake.
+    // rustls picks the first of ours the client offers, so h2 first means h2 preferred.
     tls.alpn_protocols = vec![b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     if acme_alpn {
         // Offered only with tls-alpn-01 sites; such connections end after the handshake.
         tls.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
+    }
+    if config.http2 == Http2::On {
+        tls.alpn_protocols.insert(0, b"h2".to_vec());
     }
     tls.ticketer = if config.ticket_keys.is_empty() {
         aws_lc_rs::Ticketer::new().map_err(|e| SetupError::new(format!("session tickets: {e}")))?

@@ -142,6 +142,25 @@ pub struct Established {
     pub conn: UnbufferedServerConnection,
 }
 
+/// The application protocol the handshake agreed on (ALPN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppProtocol {
+    /// `http/1.1`, `http/1.0`, or no ALPN at all.
+    Http1,
+    /// `h2`.
+    Http2,
+}
+
+impl Established {
+    /// What ALPN chose; a client that offered nothing speaks HTTP/1.x.
+    pub fn protocol(&self) -> AppProtocol {
+        match self.conn.alpn_protocol() {
+            Some(b"h2") => AppProtocol::Http2,
+            _ => AppProtocol::Http1,
+        }
+    }
+}
+
 /// Runs the handshake on `stream`, bounded in total by `timeout`.
 pub async fn accept(
     stream: &TcpStream,

@@ -214,6 +214,10 @@ impl Transport for Session {
         self.send_response(head, body).await
     }
 
+    fn next_record(&mut self) -> usize {
+        self.sizer.pin_next(std::os::fd::AsFd::as_fd(&self.stream), std::time::Instant::now())
+    }
+
     fn linger_on_close(&mut self, stop: watch::Receiver<bool>) {
         Session::linger_on_close(self, stop)
     }

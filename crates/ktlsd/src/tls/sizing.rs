@@ -149,21 +149,37 @@ pub struct RecordSizer {
     last_send: Option<Instant>,
     /// What a record adds to its payload on the wire, for this connection's suite.
     expansion: usize,
+    /// A size already promised to the caller for the next record (see [`RecordSizer::pin_next`]).
+    pinned: Option<usize>,
 }
 
 impl RecordSizer {
     pub fn new(policy: RecordPolicy, expansion: usize) -> Self {
-        RecordSizer { policy, records: 0, last_send: None, expansion }
+        RecordSizer { policy, records: 0, last_send: None, expansion, pinned: None }
     }
 
     /// Payload length of the next record on `socket`, reading its TCP state
     /// when the policy sizes records from it.
     pub fn next_record(&mut self, socket: BorrowedFd<'_>, now: Instant) -> usize {
+        if let Some(n) = self.pinned.take() {
+            return n;
+        }
         let tcp = match self.policy {
             RecordPolicy::Adaptive => TcpState::read(socket).ok(),
             _ => None,
         };
         self.next_len(now, tcp.as_ref()).clamp(1, MAX_RECORD)
+    }
+
+    /// The next record's payload length, fixed until the next call to `next_record`
+    /// returns it: the adaptive policy reads live TCP state, which may change
+    /// between sizing a frame and sending it, and then the frame would straddle
+    /// two records.
+    pub fn pin_next(&mut self, socket: BorrowedFd<'_>, now: Instant) -> usize {
+        self.pinned = None;
+        let n = self.next_record(socket, now);
+        self.pinned = Some(n);
+        n
     }
 
     /// Payload length of the next record, given the TCP state if the policy uses it.

@@ -13,7 +13,8 @@ thread_local! {
     static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
 }
 
-fn http_date_now() -> String {
+/// The Date field value for a response sent now (HTTP/2 uses it too).
+pub fn http_date_now() -> String {
     let now = SystemTime::now();
     let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     DATE.with(|d| {

@@ -604,7 +604,6 @@ impl Connection {
                 frame::put_settings_ack(&mut self.out);
                 Ok(())
             }
-            Frame::PushPromise => Err(Conn(ProtocolError)),
             Frame::Ping { ack: true, .. } => Ok(()),
             Frame::Ping { ack: false, data } => {
                 self.count_control()?;

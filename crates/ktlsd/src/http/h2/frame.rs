@@ -190,7 +190,6 @@ pub enum Frame<'a> {
         /// Six-byte (identifier, value) entries.
         params: &'a [u8],
     },
-    PushPromise,
     Ping {
         ack: bool,
         data: [u8; 8],

@@ -20,22 +20,27 @@
 //! with limits), `request` (RFC 9113 section 8 message rules), `priority` (RFC 9218
 //! urgency and the fair choice of the next stream), `conn` (the state machine).
 //!
-//! Not here: TLS, files, time-outs (the caller closes an idle connection; see
+//! `serve` is the connection loop over `http::Transport` that drives the codec:
+//! requests to the handler, responses and file ranges to the transport, one DATA
+//! frame per TLS record.
+//!
+//! Not in the codec: TLS, files, time-outs (the loop closes an idle connection; see
 //! [`Connection::active_streams`]), or what responses say.
-
-// Until the connection loop drives it, only the tests use the codec.
-#![allow(dead_code, unused_imports)]
 
 mod conn;
 mod frame;
 mod hpack;
 mod priority;
 mod request;
+mod serve;
 
-pub use conn::{BodySize, Connection, Event, Limits, RespondError, StreamId, Write, PREFACE};
+pub use conn::{BodySize, Connection, Event, Limits, StreamId, Write};
+#[cfg(test)]
+pub use conn::{RespondError, PREFACE};
+#[cfg(test)]
 pub use frame::ErrorCode;
-pub use priority::Priority;
 pub use request::RequestHead;
+pub use serve::{serve, Settings};
 
 #[cfg(test)]
 mod tests;

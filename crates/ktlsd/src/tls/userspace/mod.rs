@@ -361,6 +361,7 @@ mod tests {
             state_dir: None,
             ephemeral_cert: true,
             ticket_keys: Vec::new(),
+            http2: Default::default(),
         };
         let identity = Identity::load(&settings, false).unwrap();
         let root = identity.chain[0].clone();

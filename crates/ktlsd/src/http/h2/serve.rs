@@ -1,0 +1,288 @@
+//! One HTTP/2 connection's life over a [`Transport`]: bytes read are fed to the
+//! codec, each request it reports is answered by [`handler::handle`], and the
+//! frames it hands back are written, each DATA frame sized to one TLS record.
+//!
+//! The loop alternates: answer the codec's events, write one of its writes, and
+//! then look at the input once without waiting, so WINDOW_UPDATE and RST_STREAM
+//! act between frames of a long download; when there is nothing to write, wait
+//! for input (idle timeout without streams, stall timeout with them).
+//!
+//! Not here: the frame rules (the codec), TLS, or what responses say.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
+use crate::files::{FileRange, Found};
+use crate::handler::request::{HeaderFields, Method, Request};
+use crate::handler::{self, Body, Pick, Response, Sites, Status};
+use crate::http::h1::{write::http_date_now, End};
+use crate::http::Transport;
+use crate::log::{AccessEntry, AccessLog, RequestLine};
+
+/// Limits and timeouts of the HTTP/2 codec.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub limits: Limits,
+    /// How long a connection without open streams may wait for its next request.
+    pub idle_timeout: Duration,
+    /// How long a connection with open streams may make no progress (a peer that
+    /// keeps its flow-control window shut, or a request body that stops).
+    pub stall_timeout: Duration,
+}
+
+/// The length of a frame header: DATA payload is the record size less this.
+const FRAME_HEADER: usize = 9;
+
+/// A response under way, kept until its last frame is sent (the file stays open).
+struct Open {
+    /// The file and where the response's range starts in it.
+    file: Option<(Found, u64)>,
+    method: Method,
+    target: String,
+    status: u16,
+    sent: u64,
+    started: Instant,
+    /// From `started` until the response was handed to the codec.
+    ttfb: Duration,
+}
+
+/// Serves streams on `conn` until the connection ends; when `shutdown` turns true
+/// GOAWAY is sent, streams already taken finish, and the connection closes.
+///
+/// # Cancel safety
+/// Not cancel-safe: a frame may be cut in the middle. The loop watches `shutdown`
+/// itself; callers do not need to race it.
+pub async fn serve<T: Transport>(
+    conn: &mut T,
+    settings: &Settings,
+    sites: &Sites<'_>,
+    log: &AccessLog,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) -> End<T::Error> {
+    let mut h2 = Connection::new(settings.limits.clone());
+    let mut open: HashMap<StreamId, Open> = HashMap::new();
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut going_away = false;
+    loop {
+        while let Some(event) = h2.poll_event() {
+            match event {
+                Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, sites, log, peer, conn.label()),
+                Event::Reset { stream, code } => {
+                    if let Some(o) = open.remove(&stream) {
+                        tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
+                        write_log(log, peer, &o, conn.label());
+                    }
+                }
+                Event::PeerGoAway { .. } => {}
+                Event::ConnectionError { code } => {
+                    tracing::info!("HTTP/2 connection with {peer} failed: {code:?}");
+                    open.clear();
+                }
+            }
+        }
+
+        if !going_away && *shutdown.borrow() {
+            h2.shutdown();
+            going_away = true;
+        }
+
+        let max_payload = conn.next_record().saturating_sub(FRAME_HEADER).max(1);
+        if let Some(write) = h2.poll_write(max_payload) {
+            let sent = match write {
+                Write::Bytes(bytes) => conn.send(&bytes, None).await.map(|_| ()),
+                Write::FileData { stream, head, offset, len, end_stream } => {
+                    let Some(o) = open.get_mut(&stream) else {
+                        // The codec sends DATA only for streams it was given a file
+                        // for, and reports every stream it drops.
+                        tracing::warn!("HTTP/2 DATA for stream {} without its file; closing", stream.0);
+                        return End::Done;
+                    };
+                    let r = match &o.file {
+                        Some((found, start)) => {
+                            let from = start + offset;
+                            conn.send(&head, Some(FileRange { file: &found.file, range: from..from + u64::from(len) })).await
+                        }
+                        _ => conn.send(&head, None).await,
+                    };
+                    if let Ok(n) = r {
+                        o.sent += n;
+                    }
+                    if end_stream {
+                        if let Some(o) = open.remove(&stream) {
+                            write_log(log, peer, &o, conn.label());
+                        }
+                    }
+                    r.map(|_| ())
+                }
+            };
+            match sent {
+                Ok(()) => {}
+                Err(e) if T::timed_out(&e) => return End::Timeout,
+                Err(e) => return End::Error(e),
+            }
+            // Input between frames: a window update or a reset may change what
+            // goes next. `read` is cancel-safe, so a look that finds nothing is dropped.
+            let polled = tokio::select! {
+                biased;
+                r = conn.read(&mut buf, settings.stall_timeout) => Some(r),
+                _ = std::future::ready(()) => None,
+            };
+            if let Some(r) = polled {
+                match feed::<T>(&mut h2, &mut buf, r) {
+                    Input::More => {}
+                    Input::Closed => return End::Done,
+                    Input::TimedOut => return End::Timeout,
+                    Input::Failed(e) => return End::Error(e),
+                }
+            }
+            continue;
+        }
+        if h2.is_finished() {
+            return End::Done;
+        }
+
+        let idle = h2.active_streams() == 0;
+        let timeout = if idle { settings.idle_timeout } else { settings.stall_timeout };
+        let read = tokio::select! {
+            r = conn.read(&mut buf, timeout) => Some(r),
+            _ = shutdown.wait_for(|s| *s), if !going_away => None,
+        };
+        let Some(read) = read else { continue };
+        match feed::<T>(&mut h2, &mut buf, read) {
+            Input::More => {}
+            Input::Closed => return End::Done,
+            // An idle connection is closed politely: GOAWAY, then close_notify.
+            Input::TimedOut if idle && !going_away => {
+                h2.shutdown();
+                going_away = true;
+            }
+            Input::TimedOut => return End::Timeout,
+            Input::Failed(e) => return End::Error(e),
+        }
+    }
+}
+
+/// What a read brought.
+enum Input<E> {
+    More,
+    Closed,
+    TimedOut,
+    Failed(E),
+}
+
+fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize, T::Error>) -> Input<T::Error> {
+    match read {
+        Ok(0) => Input::Closed,
+        Ok(_) => {
+            let used = h2.recv(buf, Instant::now());
+            buf.drain(..used);
+            Input::More
+        }
+        Err(e) if T::timed_out(&e) => Input::TimedOut,
+        Err(e) => Input::Failed(e),
+    }
+}
+
+/// Answers one request: the handler's response goes to the codec; a file body
+/// stays open in `open` until its last frame.
+#[allow(clippy::too_many_arguments)]
+fn answer(
+    h2: &mut Connection,
+    open: &mut HashMap<StreamId, Open>,
+    stream: StreamId,
+    head: &RequestHead,
+    sites: &Sites<'_>,
+    log: &AccessLog,
+    peer: SocketAddr,
+    label: &'static str,
+) {
+    let started = Instant::now();
+    let target = head.path.clone().unwrap_or_default();
+    let (request, response) = match to_request(head) {
+        // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
+        Ok(req) => match sites.pick(req.authority.as_deref()) {
+            Pick::Site(site) => {
+                let response = handler::handle(&req, &site);
+                (Some(req), response)
+            }
+            Pick::Misdirected => {
+                let mut response = handler::with_hsts(Response::page(Status::MISDIRECTED_REQUEST), &sites.default);
+                response.refused = Some("no site has the requested host".into());
+                if req.method == Method::Head {
+                    response = response.without_body();
+                }
+                (Some(req), response)
+            }
+        },
+        Err(why) => {
+            let mut response = handler::with_hsts(Response::page(Status::BAD_REQUEST), &sites.default);
+            response.refused = Some(why.into());
+            if head.method == "HEAD" {
+                response = response.without_body();
+            }
+            (None, response)
+        }
+    };
+    let method = request.map_or_else(|| Method::from_token(&head.method), |r| r.method);
+    if let Some(why) = &response.refused {
+        tracing::info!("refused {peer} \"{} {target} HTTP/2.0\": {} {why}", head.method, response.status.0);
+    }
+    let status = response.status.0;
+    let date = http_date_now();
+    let mut fields: Vec<(&'static str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
+    fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
+    let (size, file) = match response.body {
+        Body::File { found, range } if !range.is_empty() => (BodySize::File { len: range.end - range.start }, Some((found, range.start))),
+        Body::Bytes(b) if !b.is_empty() => (BodySize::Bytes(b), None),
+        _ => (BodySize::None, None),
+    };
+    let has_file = file.is_some();
+    let o = Open { file, method, target, status, sent: 0, started, ttfb: started.elapsed() };
+    match h2.respond(stream, status, fields, size) {
+        Ok(()) if has_file => {
+            open.insert(stream, o);
+        }
+        Ok(()) => write_log(log, peer, &o, label),
+        Err(e) => tracing::debug!("stream {} from {peer}: response dropped: {e}", stream.0),
+    }
+}
+
+/// The handler's view of a request head: method, path and query split from
+/// `:path`, `:authority`, and the conditional and range fields.
+fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
+    let method = Method::from_token(&head.method);
+    let target = head.path.as_deref().unwrap_or("");
+    let without_fragment = target.split('#').next().unwrap_or("");
+    let (path, query) = match without_fragment.split_once('?') {
+        Some((p, q)) => (p, Some(q.to_string())),
+        None => (without_fragment, None),
+    };
+    // `*` (OPTIONS) and CONNECT's missing path reach the handler, which refuses the method.
+    if method.is_served() && !path.starts_with('/') {
+        return Err(":path is not an absolute path");
+    }
+    let mut fields = HeaderFields::default();
+    for (name, value) in &head.headers {
+        // Conditional and range fields are ASCII; others are not looked at.
+        if let Ok(v) = std::str::from_utf8(value) {
+            fields.add(name, v);
+        }
+    }
+    Ok(Request {
+        method,
+        path: path.to_string(),
+        query,
+        authority: head.authority.clone().filter(|a| !a.is_empty()),
+        headers: fields.parse(),
+    })
+}
+
+fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, label: &'static str) {
+    let request = RequestLine { method: o.method.as_str(), target: &o.target, version: "HTTP/2.0" };
+    log.write(&AccessEntry { peer, request: Some(request), status: o.status, bytes: o.sent, started: o.started, ttfb: o.ttfb, label });
+}
