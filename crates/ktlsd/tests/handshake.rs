@@ -329,7 +329,7 @@ fn alpn_mismatch_gets_a_complete_alert() {
     let srv = server(&[]);
     for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
         let mut cfg = (*client_config(&[version])).clone();
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        cfg.alpn_protocols = vec![b"spdy/3.1".to_vec()];
         let cfg = Arc::new(cfg);
         let err = match TlsClient::connect_with(srv.addr(), cfg.clone()) {
             Ok(_) => panic!("{:?}: the handshake succeeded without a common protocol", version.version),

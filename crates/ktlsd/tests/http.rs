@@ -157,6 +157,7 @@ fn keep_alive_several_urls_one_connection() {
     let outs: Vec<_> = ["a", "b", "c"].iter().map(|n| tmp.path().join(n)).collect();
     let out = curl(&[
         "-v".as_ref(),
+        "--http1.1".as_ref(),
         srv.url("/a.txt").as_ref(),
         "-o".as_ref(),
         outs[0].as_os_str(),
@@ -205,6 +206,7 @@ fn connection_close_is_honoured() {
     let srv = Server::builder().file("a.txt", HELLO).file("b.txt", b"bb").start();
     let out = curl(&[
         "-v".to_string(),
+        "--http1.1".into(),
         "-H".into(),
         "Connection: close".into(),
         "-o".into(),
@@ -238,8 +240,8 @@ fn connection_close_is_honoured() {
 fn head_has_headers_and_no_body() {
     let data = pattern(5000, 4);
     let srv = Server::builder().file("h.bin", &data).file("a.txt", HELLO).start();
-    let get = fetch(&srv.url("/h.bin"), &[]);
-    let out = curl(&["-I".to_string(), srv.url("/h.bin")]);
+    let get = fetch(&srv.url("/h.bin"), &["--http1.1"]);
+    let out = curl(&["--http1.1".to_string(), "-I".into(), srv.url("/h.bin")]);
     assert!(out.status.success());
     let (version, status, headers) = parse_head(&String::from_utf8_lossy(&out.stdout));
     assert_eq!((version.as_str(), status), ("HTTP/1.1", 200));
@@ -264,7 +266,7 @@ fn head_has_headers_and_no_body() {
 #[test]
 fn missing_file_is_404() {
     let srv = hello_server(&[]);
-    let r = fetch(&srv.url("/nope.txt"), &[]);
+    let r = fetch(&srv.url("/nope.txt"), &["--http1.1"]);
     assert_eq!(r.status, 404);
     assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
     assert!(r.body_str().contains("404 Not Found"));
@@ -361,8 +363,8 @@ fn content_type_by_extension() {
 #[test]
 fn access_log_records_requests() {
     let srv = hello_server(&["--ktls", "off"]);
-    let _ = fetch(&srv.url("/a.txt"), &[]);
-    let _ = fetch(&srv.url("/missing"), &[]);
+    let _ = fetch(&srv.url("/a.txt"), &["--http1.1"]);
+    let _ = fetch(&srv.url("/missing"), &["--http1.1"]);
     let _ = fetch(&srv.url("/a.txt"), &["--http1.0"]);
     let log = srv.wait_access_log(3, Duration::from_secs(10));
     assert_eq!(log.len(), 3, "{log:?}");
@@ -377,7 +379,7 @@ fn access_log_off_writes_nothing() {
     let b = Server::builder().file("a.txt", HELLO).no_access_log().arg("--access-log").arg("off");
     let log_path = b.dir().join("access.log");
     let srv = b.start();
-    assert_eq!(fetch(&srv.url("/a.txt"), &[]).status, 200);
+    assert_eq!(fetch(&srv.url("/a.txt"), &["--http1.1"]).status, 200);
     std::thread::sleep(Duration::from_millis(500));
     let st = srv.stop();
     st.assert_clean_exit();
@@ -444,7 +446,7 @@ fn several_workers_serve() {
 #[test]
 fn access_log_defaults_to_stdout() {
     let srv = Server::builder().file("a.txt", HELLO).no_access_log().start();
-    assert_eq!(fetch(&srv.url("/a.txt"), &[]).status, 200);
+    assert_eq!(fetch(&srv.url("/a.txt"), &["--http1.1"]).status, 200);
     let line = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
     assert_access_line(&line, "GET", "/a.txt", "HTTP/1.1", 200, 6);
     assert!(!srv.stderr().contains("\"GET /a.txt HTTP/1.1\" 200"), "access log leaked to stderr");
@@ -453,7 +455,7 @@ fn access_log_defaults_to_stdout() {
 #[test]
 fn access_log_dash_is_stdout() {
     let srv = Server::builder().file("a.txt", HELLO).no_access_log().args(["--access-log", "-"]).start();
-    assert_eq!(fetch(&srv.url("/a.txt"), &[]).status, 200);
+    assert_eq!(fetch(&srv.url("/a.txt"), &["--http1.1"]).status, 200);
     let line = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
     assert_access_line(&line, "GET", "/a.txt", "HTTP/1.1", 200, 6);
 }

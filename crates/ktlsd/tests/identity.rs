@@ -118,7 +118,7 @@ fn relative_access_log_in_config_file_is_relative_to_the_file() {
     std::fs::write(&cfg, "root = \"../root\"\naccess_log = \"logs/access.log\"\n").unwrap();
     // The server's working directory is the test directory, not conf/.
     let srv = b.arg("--config").arg(&cfg).start();
-    assert_eq!(fetch(&srv.url("/f.txt"), &[]).status, 200);
+    assert_eq!(fetch(&srv.url("/f.txt"), &["--http1.1"]).status, 200);
     let log = conf.join("logs/access.log");
     let stopped = srv.stop();
     stopped.assert_clean_exit();

@@ -1441,3 +1441,92 @@ fn bad_records_tls12_aes128gcm() {
 fn bad_records_tls12_chacha20() {
     bad_records_on_ktls("bad_records_tls12_chacha20", V::Tls12, Cipher::Chacha20);
 }
+
+// ============================================================== HTTP/2
+
+/// Relays one client connection to `to` and returns the length field of every TLS
+/// record the server sent (header type 23, application data), in order.
+fn record_lengths_proxy(to: SocketAddr) -> (SocketAddr, thread::JoinHandle<Vec<(u8, usize)>>) {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
+    let addr = listener.local_addr().expect("proxy address");
+    let handle = thread::spawn(move || {
+        let (mut client, _) = listener.accept().expect("proxy accept");
+        let mut server = TcpStream::connect(to).expect("proxy connect");
+        let (mut c2, mut s2) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+        let up = thread::spawn(move || {
+            let _ = std::io::copy(&mut c2, &mut s2);
+            let _ = s2.shutdown(std::net::Shutdown::Write);
+        });
+        let mut records = Vec::new();
+        let mut header = [0u8; 5];
+        while server.read_exact(&mut header).is_ok() {
+            let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+            let mut body = vec![0u8; len];
+            if server.read_exact(&mut body).is_err() {
+                break;
+            }
+            records.push((header[0], len));
+            if client.write_all(&header).and_then(|_| client.write_all(&body)).is_err() {
+                break;
+            }
+        }
+        let _ = client.shutdown(std::net::Shutdown::Write);
+        let _ = up.join();
+        records
+    });
+    (addr, handle)
+}
+
+/// HTTP/2 over kTLS: curl `--http2` bodies intact (SHA-256), every connection in
+/// the kernel both ways, the access log says `HTTP/2.0` and `tls=ktls`; and on
+/// the wire each full DATA frame is exactly one TLS record.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn h2_bodies_and_one_frame_per_record() {
+    let test = "h2_bodies_and_one_frame_per_record";
+    let files = standard_files();
+    let server = KtlsServer::start(&files, &["--tls-versions", "1.3", "--cipher-suites", "TLS_AES_128_GCM_SHA256"]);
+    for (name, data) in &files {
+        let r = fetch(&server.url(&format!("/{name}")), &["--http2", "--max-time", "90"]);
+        assert_eq!((r.version.as_str(), r.status), ("HTTP/2", 200), "/{name}");
+        assert_eq!(sha256(&r.body), sha256(data), "/{name} over HTTP/2 ({test})");
+    }
+
+    // nghttp through a proxy that notes the record lengths; large windows, so
+    // that flow control does not cut frames short.
+    let (proxy, records) = record_lengths_proxy(server.addr());
+    let url = format!("https://{proxy}/big");
+    let out = run_with_timeout(
+        std::process::Command::new("nghttp").args(["-nv", "-w", "30", "-W", "30", &url]),
+        None,
+        Duration::from_secs(90),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "nghttp failed: {}", String::from_utf8_lossy(&out.stderr));
+    let frames: Vec<usize> = text
+        .lines()
+        .filter(|l| l.contains("recv DATA frame"))
+        .filter_map(|l| l.split("length=").nth(1)?.split(',').next()?.parse().ok())
+        .collect();
+    assert_eq!(frames.iter().sum::<usize>(), BIG, "DATA bytes");
+    let records = records.join().expect("proxy");
+    // TLS 1.3 AES-GCM: a record's length field is its plaintext + 1 (content type) + 16 (tag).
+    let full_frames = frames.iter().filter(|&&n| n == 16384 - 9).count();
+    let full_records = records.iter().filter(|&&(t, n)| t == 23 && n == 16384 + 17).count();
+    assert!(full_frames >= BIG / 16375 - 2, "full DATA frames: {full_frames} of {}", frames.len());
+    assert_eq!(full_records, full_frames, "one full record per full DATA frame; records: {:?}", &records[..records.len().min(40)]);
+    assert!(records.iter().all(|&(_, n)| n <= 16384 + 17 + 256), "no record over the maximum");
+    // A frame header sent as a record of its own (9 + 17) would mean the header and
+    // its payload were split.
+    let lone_headers = records.iter().filter(|&&(t, n)| t == 23 && n == 9 + 17).count();
+    assert!(lone_headers <= 2, "{lone_headers} records of a lone frame header");
+
+    let s = server.stop();
+    assert_ktls(test, &s, &Expect::conns(files.len() as u64 + 1, files.len() + 1));
+    assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
+    for line in &s.access_log {
+        assert!(line.contains(" HTTP/2.0\" 200 ") && line.ends_with(" tls=ktls"), "{line}");
+    }
+}

@@ -282,7 +282,7 @@ fn other_expectations_are_417() {
     let srv = server(&[]);
     let r = exchange(&srv, b"GET /a.txt HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\n\r\n", false);
     assert_eq!(r.status, 417);
-    let r = fetch(&srv.url("/a.txt"), &["-H", "Expect: something"]);
+    let r = fetch(&srv.url("/a.txt"), &["--http1.1", "-H", "Expect: something"]);
     assert_eq!(r.status, 417);
 }
 
@@ -389,7 +389,7 @@ fn invalid_host_is_400() {
     }
     // HTTP/1.0 may leave Host out or empty.
     assert_eq!(exchange(&srv, b"GET /a.txt HTTP/1.0\r\nHost:\r\n\r\n", false).status, 200);
-    let r = fetch(&srv.url("/a.txt"), &["-H", "Host: bad host"]);
+    let r = fetch(&srv.url("/a.txt"), &["--http1.1", "-H", "Host: bad host"]);
     assert_eq!(r.status, 400);
 }
 
@@ -432,6 +432,6 @@ fn unknown_transfer_codings_are_501() {
     }
     let r = exchange(&srv, b"POST /a.txt HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n0\r\n\r\n", false);
     assert_eq!(r.status, 411);
-    let r = fetch(&srv.url("/a.txt"), &["-H", "Transfer-Encoding: gzip", "-X", "POST", "--data-binary", "x"]);
+    let r = fetch(&srv.url("/a.txt"), &["--http1.1", "-H", "Transfer-Encoding: gzip", "-X", "POST", "--data-binary", "x"]);
     assert_eq!(r.status, 501);
 }

@@ -26,7 +26,11 @@ fn setup() -> ServerBuilder {
 
 /// GETs `path` exactly as written, asserts `status` and that nothing secret came back.
 fn get_as_is(srv: &Server, path: &str, status: u16) -> Response {
-    let r = fetch(&srv.url(path), &["--path-as-is"]);
+    // HTTP/2 first, then HTTP/1.1 (whose refusal lines the tests look for in the log).
+    let r2 = fetch(&srv.url(path), &["--http2", "--path-as-is"]);
+    assert_eq!(r2.status, status, "GET {path} over HTTP/2: body {:?}", r2.body_str());
+    assert_no_secret(&r2.body);
+    let r = fetch(&srv.url(path), &["--http1.1", "--path-as-is"]);
     assert_eq!(r.status, status, "GET {path}: body {:?}", r.body_str());
     assert_no_secret(&r.body);
     r
@@ -51,7 +55,7 @@ fn raw_status(srv: &Server, target: &[u8]) -> u16 {
 }
 
 fn assert_still_serving(srv: &Server) {
-    let r = fetch(&srv.url("/a.txt"), &[]);
+    let r = fetch(&srv.url("/a.txt"), &["--http1.1"]);
     assert_eq!((r.status, r.body.as_slice()), (200, A_TXT));
 }
 

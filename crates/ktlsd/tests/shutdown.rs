@@ -62,7 +62,7 @@ fn sigterm_during_curl_download() {
     let out = tmp.path().join("out.bin");
     // About 3 s at 4 MiB/s: certainly still running when SIGTERM arrives.
     let mut child = Command::new("curl")
-        .args(["-sS", "-k", "--max-time", "60", "--limit-rate", "4M", "-o"])
+        .args(["-sS", "-k", "--http1.1", "--max-time", "60", "--limit-rate", "4M", "-o"])
         .arg(&out)
         .arg(srv.url("/big.bin"))
         .stdout(Stdio::null())

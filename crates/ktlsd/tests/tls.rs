@@ -97,7 +97,7 @@ fn body_100_mib(version_args: &[&str], expect_version: &str) {
     let want = write_big_file(&path, 100 << 20);
     let tmp = tempfile::tempdir().unwrap();
     let out_path = tmp.path().join("big.out");
-    let mut args: Vec<String> = vec!["-v".into()];
+    let mut args: Vec<String> = vec!["-v".into(), "--http1.1".into()];
     args.extend(version_args.iter().map(|s| s.to_string()));
     args.extend(["-o".into(), out_path.to_string_lossy().into_owned(), srv.url("/big.bin")]);
     let t = Instant::now();
@@ -406,7 +406,7 @@ fn alpn_http11() {
     let srv = ecdsa_server(&[]);
     let c = TlsClient::connect(srv.addr());
     assert_eq!(c.tls.conn.alpn_protocol(), Some(&b"http/1.1"[..]));
-    let (ok, out, _) = s_client(srv.addr(), &["-alpn", "h2,http/1.1"], REQUEST);
+    let (ok, out, _) = s_client(srv.addr(), &["-alpn", "spdy/3.1,http/1.1"], REQUEST);
     assert!(ok, "{out}");
     assert!(out.contains("ALPN protocol: http/1.1"), "{out}");
     let (ok, out, _) = s_client(srv.addr(), &["-alpn", "http/1.0"], "GET /f.txt HTTP/1.0\r\n\r\n");

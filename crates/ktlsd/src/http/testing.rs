@@ -53,6 +53,8 @@ pub struct Memory {
     sends: usize,
     /// What `next_record` answers; 0 means a full record (16384).
     pub record: usize,
+    /// The length of each send, head and body together.
+    pub send_lens: Vec<usize>,
 }
 
 impl Memory {
@@ -106,6 +108,7 @@ impl Transport for Memory {
             }
         }
         self.output.extend_from_slice(head);
+        self.send_lens.push(head.len() + body.as_ref().map_or(0, |b| b.len() as usize));
         let Some(body) = body else { return Ok(0) };
         let mut bytes = vec![0; body.len() as usize];
         body.file.read_exact_at(&mut bytes, body.range.start).map_err(|_| MemError::Broken)?;
@@ -114,7 +117,11 @@ impl Transport for Memory {
     }
 
     fn next_record(&mut self) -> usize {
-        if self.record == 0 { 16384 } else { self.record }
+        if self.record == 0 {
+            16384
+        } else {
+            self.record
+        }
     }
 
     fn linger_on_close(&mut self, _stop: watch::Receiver<bool>) {

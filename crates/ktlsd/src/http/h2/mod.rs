@@ -37,8 +37,6 @@ mod serve;
 pub use conn::{BodySize, Connection, Event, Limits, StreamId, Write};
 #[cfg(test)]
 pub use conn::{RespondError, PREFACE};
-#[cfg(test)]
-pub use frame::ErrorCode;
 pub use request::RequestHead;
 pub use serve::{serve, Settings};
 

@@ -152,7 +152,12 @@ pub async fn serve<T: Transport>(
             r = conn.read(&mut buf, timeout) => Some(r),
             _ = shutdown.wait_for(|s| *s), if !going_away => None,
         };
-        let Some(read) = read else { continue };
+        let Some(read) = read else {
+            // Shutdown (or the server dropped its signal, which means the same).
+            h2.shutdown();
+            going_away = true;
+            continue;
+        };
         match feed::<T>(&mut h2, &mut buf, read) {
             Input::More => {}
             Input::Closed => return End::Done,
@@ -286,3 +291,7 @@ fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, label: &'static str) {
     let request = RequestLine { method: o.method.as_str(), target: &o.target, version: "HTTP/2.0" };
     log.write(&AccessEntry { peer, request: Some(request), status: o.status, bytes: o.sent, started: o.started, ttfb: o.ttfb, label });
 }
+
+#[cfg(test)]
+#[path = "serve_tests.rs"]
+mod tests;
