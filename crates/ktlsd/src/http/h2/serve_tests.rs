@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::files::{Options, Root};
+use crate::handler::{Site, Sites};
 use crate::http::h2::PREFACE;
 use crate::http::testing::{MemError, Memory, Step};
 
@@ -108,7 +109,7 @@ impl Fixture {
         let site = Site { root: &self.root, files: Options { dotfiles: false, autoindex: false, cache_entries: 0 }, hsts: None };
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
-        serve(mem, &self.settings, &site, &log, peer, shutdown).await
+        serve(mem, &self.settings, &Sites::single(site), &log, peer, shutdown).await
     }
 }
 
