@@ -188,6 +188,10 @@ pub struct ServeArgs {
     /// Let --admin listen on a non-loopback address (its endpoints have no authentication) [default: off]
     #[arg(long)]
     pub admin_public: bool,
+
+    /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent) or json (one object per line) [default: ktlsd]
+    #[arg(long, value_name = "FORMAT")]
+    pub access_log_format: Option<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

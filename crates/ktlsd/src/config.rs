@@ -138,6 +138,7 @@ pub struct Config {
     pub allow_root: bool,
     /// The admin listener; `None`: off.
     pub admin: Option<AdminAddr>,
+    pub access_log_format: crate::log::LogFormat,
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -175,6 +176,7 @@ struct FileConfig {
     allow_root: Option<bool>,
     admin: Option<String>,
     admin_public: Option<bool>,
+    access_log_format: Option<String>,
 }
 
 impl FileConfig {
@@ -457,6 +459,10 @@ impl Config {
             }
             _ => {}
         }
+        let access_log_format = match args.access_log_format.or(file.access_log_format) {
+            Some(f) => f.parse().map_err(ConfigError::new)?,
+            None => crate::log::LogFormat::default(),
+        };
 
         Ok(Config {
             root,
@@ -483,6 +489,7 @@ impl Config {
             group,
             allow_root,
             admin,
+            access_log_format,
         })
     }
 }
