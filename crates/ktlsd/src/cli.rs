@@ -196,6 +196,10 @@ pub struct ServeArgs {
     /// Offer HTTP/2 in ALPN (preferred over HTTP/1.1 when the client offers both) [default: on]
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     pub http2: Option<String>,
+
+    /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent) or json (one object per line) [default: ktlsd]
+    #[arg(long, value_name = "FORMAT")]
+    pub access_log_format: Option<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

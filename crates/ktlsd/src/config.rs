@@ -143,6 +143,7 @@ pub struct Config {
     pub admin: Option<AdminAddr>,
     /// Whether ALPN offers HTTP/2.
     pub http2: Http2,
+    pub access_log_format: crate::log::LogFormat,
 }
 
 /// What a name no `[[site]]` has gets.
@@ -250,6 +251,7 @@ struct FileConfig {
     admin: Option<String>,
     admin_public: Option<bool>,
     http2: Option<bool>,
+    access_log_format: Option<String>,
 }
 
 impl FileConfig {
@@ -562,6 +564,10 @@ impl Config {
             (Some("off"), _) | (None, Some(false)) => Http2::Off,
             _ => Http2::On,
         };
+        let access_log_format = match args.access_log_format.or(file.access_log_format) {
+            Some(f) => f.parse().map_err(ConfigError::new)?,
+            None => crate::log::LogFormat::default(),
+        };
 
         Ok(Config {
             root,
@@ -591,6 +597,7 @@ impl Config {
             unknown_sni,
             admin,
             http2,
+            access_log_format,
         })
     }
 }

@@ -1,5 +1,6 @@
 //! Logging: diagnostics through `tracing` on standard error, and the access log,
-//! one line per request in common log format plus request time and TLS mode:
+//! one line per request in one of three [`LogFormat`]s; the default is common log
+//! format plus request time and TLS mode:
 //!
 //! `127.0.0.1 - - [22/Nov/2026:10:00:00 +0000] "GET /a.txt HTTP/1.1" 200 1234 rt=0.001 tls=ktls`
 //!
@@ -8,7 +9,7 @@
 //! Every entry also counts the request in the worker's metrics when it has them
 //! (logging off or on), so the HTTP loops report each request in one place.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -16,6 +17,38 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::stats::{Layer, Method, Metrics};
+
+/// The access log's line format (`access_log_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Common log format plus `rt=` and `tls=` (the example above).
+    #[default]
+    Ktlsd,
+    /// nginx's `combined`: common log format plus quoted Referer and User-Agent.
+    Combined,
+    /// One JSON object per line with every field.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LogFormat, String> {
+        match s {
+            "ktlsd" => Ok(LogFormat::Ktlsd),
+            "combined" => Ok(LogFormat::Combined),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("access_log_format {s:?}: use ktlsd, combined or json")),
+        }
+    }
+}
+
+/// The negotiated TLS version and cipher suite (IANA names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsInfo {
+    pub version: &'static str,
+    pub cipher: &'static str,
+}
 
 /// One request, as logged.
 pub struct AccessEntry<'a> {
@@ -28,8 +61,11 @@ pub struct AccessEntry<'a> {
     pub started: Instant,
     /// From `started` to the moment the response began to be sent.
     pub ttfb: Duration,
-    /// How the bytes were protected (`ktls`, `userspace`).
+    /// How the bytes are protected (`ktls`, `userspace`).
     pub label: &'static str,
+    pub referer: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+    pub tls: Option<TlsInfo>,
 }
 
 /// What a request asked, as received.
@@ -64,12 +100,18 @@ pub struct AccessLog {
     buf: RefCell<Vec<u8>>,
     /// Where each entry is counted; `None` in tests of the log alone.
     metrics: Option<Arc<Metrics>>,
+    format: Cell<LogFormat>,
 }
 
 impl AccessLog {
     /// `out` is the destination (a dup of stdout or the log file), `None` when logging is off.
     pub fn new(out: Option<Arc<File>>) -> AccessLog {
-        AccessLog { out: RefCell::new(out), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)), metrics: None }
+        AccessLog { out: RefCell::new(out), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)), metrics: None, format: Cell::default() }
+    }
+
+    /// Writes later lines in `format` (start-up and reload).
+    pub fn set_format(&self, format: LogFormat) {
+        self.format.set(format);
     }
 
     /// Counts every entry in `metrics` too (the worker's own).
@@ -103,17 +145,31 @@ impl AccessLog {
         }
         let rt = elapsed.as_secs_f64();
         let mut buf = self.buf.borrow_mut();
-        let _ = writeln!(
-            buf,
-            "{} - - [{}] \"{}\" {} {} rt={:.3} tls={}",
-            e.peer.ip(),
-            clf_now(),
-            Quoted(e.request),
-            e.status,
-            e.bytes,
-            rt,
-            e.label
-        );
+        let _ = match self.format.get() {
+            LogFormat::Ktlsd => writeln!(
+                buf,
+                "{} - - [{}] \"{}\" {} {} rt={:.3} tls={}",
+                e.peer.ip(),
+                clf_now(),
+                Quoted(e.request),
+                e.status,
+                e.bytes,
+                rt,
+                e.label
+            ),
+            LogFormat::Combined => writeln!(
+                buf,
+                "{} - - [{}] \"{}\" {} {} \"{}\" \"{}\"",
+                e.peer.ip(),
+                clf_now(),
+                Quoted(e.request),
+                e.status,
+                e.bytes,
+                e.referer.unwrap_or("-").escape_default(),
+                e.user_agent.unwrap_or("-").escape_default(),
+            ),
+            LogFormat::Json => writeln!(buf, "{}", json_line(e, rt)),
+        };
         let full = buf.len() >= FLUSH_AT;
         drop(buf);
         if full {
@@ -134,6 +190,28 @@ impl AccessLog {
         }
         buf.clear();
     }
+}
+
+/// One entry as a JSON object (absent fields are `null`).
+fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
+    let r = e.request;
+    let v = serde_json::json!({
+        "time": clf_now(),
+        "peer": e.peer.ip().to_string(),
+        "method": r.map(|r| r.method),
+        "target": r.map(|r| r.target),
+        "protocol": r.map(|r| r.version),
+        "status": e.status,
+        "bytes": e.bytes,
+        "rt": (rt * 1e6).round() / 1e6,
+        "ttfb": (e.ttfb.as_secs_f64() * 1e6).round() / 1e6,
+        "tls_version": e.tls.map(|t| t.version),
+        "cipher": e.tls.map(|t| t.cipher),
+        "record_layer": e.label,
+        "referer": e.referer,
+        "user_agent": e.user_agent,
+    });
+    v.to_string()
 }
 
 thread_local! {
@@ -171,8 +249,8 @@ mod tests {
         let log = AccessLog::new(Some(file));
         let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
         let line = RequestLine { method: "GET", target: "/a\"b\x01", version: "HTTP/1.1" };
-        log.write(&AccessEntry { peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), ttfb: Duration::ZERO, label: "ktls" });
-        log.write(&AccessEntry { peer, request: None, status: 408, bytes: 0, started: Instant::now(), ttfb: Duration::ZERO, label: "userspace" });
+        log.write(&AccessEntry { peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), ttfb: Duration::ZERO, label: "ktls", referer: None, user_agent: None, tls: None });
+        log.write(&AccessEntry { peer, request: None, status: 408, bytes: 0, started: Instant::now(), ttfb: Duration::ZERO, label: "userspace", referer: None, user_agent: None, tls: None });
         log.flush();
         let text = std::fs::read_to_string(&path).unwrap();
         let _ = std::fs::remove_file(&path);
@@ -183,6 +261,41 @@ mod tests {
         assert!(lines[0].ends_with(" tls=ktls"), "{}", lines[0]);
         assert!(lines[1].contains("] \"-\" 408 0 rt="), "{}", lines[1]);
         assert!(lines[1].ends_with(" tls=userspace"), "{}", lines[1]);
+    }
+
+    #[test]
+    fn formats() {
+        let path = std::env::temp_dir().join(format!("ktlsd-log-formats-{}", std::process::id()));
+        let log = AccessLog::new(Some(Arc::new(File::create(&path).expect("temp file"))));
+        let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
+        let line = RequestLine { method: "GET", target: "/a", version: "HTTP/1.1" };
+        let tls = Some(TlsInfo { version: "TLSv1_3", cipher: "TLS13_AES_128_GCM_SHA256" });
+        let entry = |referer, user_agent| AccessEntry {
+            peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), ttfb: Duration::from_micros(250),
+            label: "ktls", referer, user_agent, tls,
+        };
+        log.set_format(LogFormat::Combined);
+        log.write(&entry(Some("https://e.test/\"x"), Some("curl/8.0")));
+        log.write(&entry(None, None));
+        log.set_format(LogFormat::Json);
+        log.write(&entry(None, Some("curl/8.0")));
+        log.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("192.0.2.1 - - ["), "{}", lines[0]);
+        assert!(lines[0].ends_with("] \"GET /a HTTP/1.1\" 200 7 \"https://e.test/\\\"x\" \"curl/8.0\""), "{}", lines[0]);
+        assert!(lines[1].ends_with("] \"GET /a HTTP/1.1\" 200 7 \"-\" \"-\""), "{}", lines[1]);
+        let v: serde_json::Value = serde_json::from_str(lines[2]).unwrap();
+        for (k, want) in [
+            ("peer", "192.0.2.1"), ("method", "GET"), ("target", "/a"), ("protocol", "HTTP/1.1"), ("record_layer", "ktls"),
+            ("tls_version", "TLSv1_3"), ("cipher", "TLS13_AES_128_GCM_SHA256"), ("user_agent", "curl/8.0"),
+        ] {
+            assert_eq!(v[k], want, "{k} in {v}");
+        }
+        assert_eq!((v["status"].as_u64(), v["bytes"].as_u64(), v["ttfb"].as_f64()), (Some(200), Some(7), Some(0.00025)));
+        assert!(v["rt"].is_f64() && v["time"].is_string() && v["referer"].is_null(), "{v}");
     }
 
     #[test]

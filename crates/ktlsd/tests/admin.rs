@@ -169,3 +169,32 @@ fn admin_is_loopback_only_unless_told_and_not_on_the_https_port() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
     s.stop().assert_clean_exit();
 }
+
+#[test]
+fn json_and_combined_access_log_lines() {
+    let s = Server::builder().file("a.txt", "hello").args(["--access-log-format", "json"]).start();
+    let out = curl(&["-o", "/dev/null", "-e", "https://ref.test/x", "-A", "probe/1.0", &s.url("/a.txt")]);
+    assert!(out.status.success());
+    let lines = s.wait_access_log(1, Duration::from_secs(10));
+    let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap_or_else(|e| panic!("{e}: {}", lines[0]));
+    for (k, want) in [
+        ("method", "GET"), ("target", "/a.txt"), ("protocol", "HTTP/1.1"), ("peer", "127.0.0.1"),
+        ("record_layer", s.ready_tls()), ("referer", "https://ref.test/x"), ("user_agent", "probe/1.0"),
+    ] {
+        assert_eq!(v[k], want, "{k} in {v}");
+    }
+    assert_eq!((v["status"].as_u64(), v["bytes"].as_u64()), (Some(200), Some(5)), "{v}");
+    assert!(v["tls_version"].as_str().is_some_and(|t| t.starts_with("TLSv1")), "{v}");
+    assert!(v["cipher"].as_str().is_some_and(|c| c.starts_with("TLS")), "{v}");
+    assert!(v["rt"].is_number() && v["ttfb"].is_number() && v["time"].is_string(), "{v}");
+    s.stop().assert_clean_exit();
+
+    let s = Server::builder().file("a.txt", "hello").args(["--access-log-format", "combined"]).start();
+    assert!(curl(&["-o", "/dev/null", "-e", "https://ref.test/x", "-A", "probe/1.0", &s.url("/a.txt")]).status.success());
+    let lines = s.wait_access_log(1, Duration::from_secs(10));
+    // nginx: $remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent"
+    let l = &lines[0];
+    assert!(l.starts_with("127.0.0.1 - - ["), "{l}");
+    assert!(l.ends_with("] \"GET /a.txt HTTP/1.1\" 200 5 \"https://ref.test/x\" \"probe/1.0\""), "{l}");
+    s.stop().assert_clean_exit();
+}

@@ -42,4 +42,9 @@ pub trait Transport {
 
     /// How the bytes are protected, for the access log (`ktls`, `userspace`).
     fn label(&self) -> &'static str;
+
+    /// The TLS version and cipher suite, for the access log; `None` when there is no TLS.
+    fn tls(&self) -> Option<crate::log::TlsInfo> {
+        None
+    }
 }

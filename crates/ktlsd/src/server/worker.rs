@@ -50,6 +50,7 @@ impl Worker {
         let mut rx = self.current.borrow_mut();
         if rx.has_changed().unwrap_or(false) {
             let Current { shared, log } = rx.borrow_and_update().clone();
+            self.log.set_format(shared.config.access_log_format);
             *self.shared.borrow_mut() = shared;
             self.log.switch(log);
         }
@@ -171,6 +172,7 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
         }
     };
     let Current { shared, log } = current.borrow_and_update().clone();
+    let format = shared.config.access_log_format;
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
@@ -179,6 +181,7 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
         tasks: Rc::default(),
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
     });
+    worker.log.set_format(format);
     let local = LocalSet::new();
     local.block_on(&rt, {
         let worker = worker.clone();
@@ -333,7 +336,14 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         TlsMode::Kernel => Layer::Kernel,
         TlsMode::Userspace => Layer::Userspace,
     };
-    let _open = Open::new(traffic, layer, Protocol::Http1);
+    let _open = Open::new(
+        traffic,
+        layer,
+        match protocol {
+            AppProtocol::Http2 => Protocol::H2,
+            AppProtocol::Http1 => Protocol::Http1,
+        },
+    );
 
     let site_table = shared.sites();
     // The one place the HTTP version is chosen: by what ALPN agreed.

@@ -56,6 +56,10 @@ pub fn establish(
     settings: &SessionSettings,
 ) -> Result<Session, InstallError> {
     let conn = established.conn;
+    let info = match (conn.protocol_version().and_then(|v| v.as_str()), conn.negotiated_cipher_suite().and_then(|s| s.suite().as_str())) {
+        (Some(version), Some(cipher)) => Some(crate::log::TlsInfo { version, cipher }),
+        _ => None,
+    };
     let sizer = RecordSizer::new(settings.record_policy, record_expansion(&conn));
     let support = kernel.filter(|k| conn.negotiated_cipher_suite().is_some_and(|s| k.supports_both(s)));
     let prepared = support.and_then(|k| {
@@ -66,9 +70,9 @@ pub fn establish(
     });
     let tls = match prepared {
         Some((k, prepared)) => KernelTls::install(&stream, prepared, conn, k.record_cap(settings.record_policy))?,
-        None => return Ok(Session::userspace(stream, UserspaceTls::new(conn), sizer, settings.send_timeout)),
+        None => return Ok(Session::userspace(stream, UserspaceTls::new(conn), sizer, settings.send_timeout).with_info(info)),
     };
-    Ok(Session::kernel(stream, tls, sizer, settings.send_timeout))
+    Ok(Session::kernel(stream, tls, sizer, settings.send_timeout).with_info(info))
 }
 
 use rustls::server::UnbufferedServerConnection;

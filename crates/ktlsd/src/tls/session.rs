@@ -55,6 +55,8 @@ pub struct Session {
     /// sending: `close` then lingers (see [`Session::linger_on_close`]).
     linger: Option<watch::Receiver<bool>>,
     counters: Counters,
+    /// Version and suite, for the access log.
+    info: Option<crate::log::TlsInfo>,
 }
 
 /// What ended this session's exchanges, counted from the errors it returned.
@@ -97,7 +99,13 @@ impl Session {
     }
 
     fn new(stream: TcpStream, layer: RecordLayer, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer, sizer, send_timeout, linger: None, counters: Counters::default() }
+        Session { stream, layer, sizer, send_timeout, linger: None, counters: Counters::default(), info: None }
+    }
+
+    /// Records the negotiated version and suite (see [`Transport::tls`]).
+    pub(super) fn with_info(mut self, info: Option<crate::log::TlsInfo>) -> Session {
+        self.info = info;
+        self
     }
 
     pub fn mode(&self) -> TlsMode {
@@ -224,5 +232,9 @@ impl Transport for Session {
 
     fn label(&self) -> &'static str {
         self.mode().label()
+    }
+
+    fn tls(&self) -> Option<crate::log::TlsInfo> {
+        self.info
     }
 }

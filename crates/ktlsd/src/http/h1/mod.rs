@@ -174,7 +174,7 @@ pub async fn serve<T: Transport>(
         };
 
         // Phase 7: log.
-        log.write(&AccessEntry { peer, request: Some(line(&head)), status: status.0, bytes, started: t0, ttfb, label: conn.label() });
+        log.write(&AccessEntry { peer, request: Some(line(&head)), status: status.0, bytes, started: t0, ttfb, label: conn.label(), referer: head.referer.as_deref(), user_agent: head.user_agent.as_deref(), tls: conn.tls() });
 
         if *shutdown.borrow() {
             keep_alive = false;
@@ -239,7 +239,7 @@ async fn refuse<T: Transport>(
     let version = head.map_or(Version::Http11, |h| h.version);
     let ttfb = started.elapsed();
     let _ = conn.send(&write::head_and_bytes(&response, version, false), None).await;
-    log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes: 0, started, ttfb, label: conn.label() });
+    log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes: 0, started, ttfb, label: conn.label(), referer: head.and_then(|h| h.referer.as_deref()), user_agent: head.and_then(|h| h.user_agent.as_deref()), tls: conn.tls() });
 }
 
 /// Reads and drops `left` body bytes (those already in `buf` first). `Ok(false)`:

@@ -31,6 +31,9 @@ pub struct Head {
     pub content_length: u64,
     /// `Expect: 100-continue` on an HTTP/1.1 request.
     pub expect_continue: bool,
+    /// `Referer` and `User-Agent` as received, for the access log.
+    pub referer: Option<String>,
+    pub user_agent: Option<String>,
 }
 
 /// A request that cannot be answered normally, with the status to send.
@@ -165,6 +168,8 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
         keep_alive: version == Version::Http11,
         content_length: 0,
         expect_continue: false,
+        referer: None,
+        user_agent: None,
     };
     let mut fields = HeaderFields::default();
 
@@ -231,6 +236,11 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
                 }
             }
         } else {
+            if name.eq_ignore_ascii_case("referer") {
+                r.referer = Some(value());
+            } else if name.eq_ignore_ascii_case("user-agent") {
+                r.user_agent = Some(value());
+            }
             fields.add(name, &value());
         }
     }

@@ -27,7 +27,6 @@ pub struct RequestHead {
 
 impl RequestHead {
     /// The first value of field `name` (lowercase).
-    #[cfg(test)]
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
     }

@@ -21,7 +21,7 @@ use crate::handler::request::{HeaderFields, Method, Request};
 use crate::handler::{self, Body, Pick, Response, Sites, Status};
 use crate::http::h1::{write::http_date_now, End};
 use crate::http::Transport;
-use crate::log::{AccessEntry, AccessLog, RequestLine};
+use crate::log::{AccessEntry, AccessLog, RequestLine, TlsInfo};
 
 /// Limits and timeouts of the HTTP/2 codec.
 #[derive(Debug, Clone)]
@@ -48,6 +48,8 @@ struct Open {
     started: Instant,
     /// From `started` until the response was handed to the codec.
     ttfb: Duration,
+    referer: Option<String>,
+    user_agent: Option<String>,
 }
 
 /// Serves streams on `conn` until the connection ends; when `shutdown` turns true
@@ -71,11 +73,11 @@ pub async fn serve<T: Transport>(
     loop {
         while let Some(event) = h2.poll_event() {
             match event {
-                Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, sites, log, peer, conn.label()),
+                Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, sites, log, peer, (conn.label(), conn.tls())),
                 Event::Reset { stream, code } => {
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
-                        write_log(log, peer, &o, conn.label());
+                        write_log(log, peer, &o, (conn.label(), conn.tls()));
                     }
                 }
                 Event::PeerGoAway { .. } => {}
@@ -114,7 +116,7 @@ pub async fn serve<T: Transport>(
                     }
                     if end_stream {
                         if let Some(o) = open.remove(&stream) {
-                            write_log(log, peer, &o, conn.label());
+                            write_log(log, peer, &o, (conn.label(), conn.tls()));
                         }
                     }
                     r.map(|_| ())
@@ -204,7 +206,7 @@ fn answer(
     sites: &Sites<'_>,
     log: &AccessLog,
     peer: SocketAddr,
-    label: &'static str,
+    layer: (&'static str, Option<TlsInfo>),
 ) {
     let started = Instant::now();
     let target = head.path.clone().unwrap_or_default();
@@ -247,12 +249,14 @@ fn answer(
         _ => (BodySize::None, None),
     };
     let has_file = file.is_some();
-    let o = Open { file, method, target, status, sent: 0, started, ttfb: started.elapsed() };
+    let text = |name: &str| head.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
+    let (referer, user_agent) = (text("referer"), text("user-agent"));
+    let o = Open { file, method, target, status, sent: 0, started, ttfb: started.elapsed(), referer, user_agent };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
             open.insert(stream, o);
         }
-        Ok(()) => write_log(log, peer, &o, label),
+        Ok(()) => write_log(log, peer, &o, layer),
         Err(e) => tracing::debug!("stream {} from {peer}: response dropped: {e}", stream.0),
     }
 }
@@ -287,9 +291,16 @@ fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
     })
 }
 
-fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, label: &'static str) {
+fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, (label, tls): (&'static str, Option<TlsInfo>)) {
     let request = RequestLine { method: o.method.as_str(), target: &o.target, version: "HTTP/2.0" };
-    log.write(&AccessEntry { peer, request: Some(request), status: o.status, bytes: o.sent, started: o.started, ttfb: o.ttfb, label });
+    log.write(&AccessEntry { peer, request: Some(request), status: o.status, bytes: o.sent,
+        started: o.started,
+        ttfb: o.ttfb,
+        label,
+        referer: o.referer.as_deref(),
+        user_agent: o.user_agent.as_deref(),
+        tls,
+    });
 }
 
 #[cfg(test)]
