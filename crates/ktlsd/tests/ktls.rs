@@ -1287,7 +1287,7 @@ fn refused_handshake_alert_is_complete_then_ktls() {
     let server = KtlsServer::start(&files, &[]);
     for v in [V::Tls13, V::Tls12] {
         let mut cfg = (*client_config(v, None)).clone();
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        cfg.alpn_protocols = vec![b"spdy/3.1".to_vec()];
         match common::TlsClient::connect_with(server.addr(), Arc::new(cfg)) {
             Ok(_) => panic!("{v:?}: handshake succeeded without a common ALPN protocol"),
             Err(e) => assert!(e.to_string().contains("NoApplicationProtocol"), "{v:?}: the client saw {e}"),
@@ -1516,7 +1516,13 @@ fn h2_bodies_and_one_frame_per_record() {
     let full_frames = frames.iter().filter(|&&n| n == 16384 - 9).count();
     let full_records = records.iter().filter(|&&(t, n)| t == 23 && n == 16384 + 17).count();
     assert!(full_frames >= BIG / 16375 - 2, "full DATA frames: {full_frames} of {}", frames.len());
-    assert_eq!(full_records, full_frames, "one full record per full DATA frame; records: {:?}", &records[..records.len().min(40)]);
+    // The response's HEADERS share the first record with a shorter first DATA frame,
+    // which fills that record too: one full record more than full frames at most.
+    assert!(
+        full_records == full_frames || full_records == full_frames + 1,
+        "one full record per full DATA frame: {full_records} full records, {full_frames} full frames; records: {:?}",
+        &records[..records.len().min(40)]
+    );
     assert!(records.iter().all(|&(_, n)| n <= 16384 + 17 + 256), "no record over the maximum");
     // A frame header sent as a record of its own (9 + 17) would mean the header and
     // its payload were split.
