@@ -6,7 +6,9 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::sync::Mutex;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,11 +24,16 @@ struct Pebble {
     dir: tempfile::TempDir,
 }
 
+/// A loopback port free now and never handed out before in this process: the
+/// tests' ktlsd and pebbles take theirs only later, so a port released by one
+/// test must not be given to another meanwhile.
 fn free_port(udp: bool) -> u16 {
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     loop {
         let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = tcp.local_addr().expect("address").port();
-        if !udp || UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+        let usable = !udp || UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if usable && GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
             return port;
         }
     }

@@ -21,11 +21,17 @@ pub struct Pebble {
 
 /// A port free now on 127.0.0.1 (TCP, and UDP when `udp`); another process could take
 /// it before pebble binds it, which the start-up check then reports.
+/// A loopback port free now and never handed out before in this process: each
+/// pebble binds its ports only later, so a port released here must not be given
+/// to a pebble of a test running alongside meanwhile.
 fn free_port(udp: bool) -> u16 {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     loop {
         let tcp = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
         let port = tcp.local_addr().expect("local address").port();
-        if !udp || UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+        let usable = !udp || UdpSocket::bind(("127.0.0.1", port)).is_ok();
+        if usable && GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
             return port;
         }
     }
