@@ -2,7 +2,7 @@
 //!
 //! The data's way through the modules: [`config`] -> [`server`] (listeners, workers)
 //! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
-//! -> [`files`]; [`net`], [`log`] and [`stats`] are leaf helpers any layer may use.
+//! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use.
 
 mod acme;
 mod cli;
@@ -14,6 +14,7 @@ mod http;
 mod log;
 mod net;
 mod server;
+mod state_file;
 mod stats;
 mod tls;
 

@@ -5,8 +5,6 @@
 //! Layout: `account.json` (the directory URL and the account's credentials, key
 //! included) and `<first name>.pem` (key, then chain) per site.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -57,7 +55,7 @@ pub fn load_account(dir: &Path, directory: &str) -> std::io::Result<Option<Store
 
 pub fn save_account(dir: &Path, account: &StoredAccount) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(account).map_err(std::io::Error::other)?;
-    write_private(dir, &account_path(dir), &json)
+    crate::state_file::write_private(dir, &account_path(dir), &json)
 }
 
 /// Why a stored certificate is not used.
@@ -101,27 +99,6 @@ pub fn load_site(dir: &Path, names: &[String], sorted: &[String], now: std::time
 
 pub fn save_site(dir: &Path, names: &[String], issued: &Issued) -> std::io::Result<PathBuf> {
     let path = site_path(dir, names);
-    write_private(dir, &path, issued.pem().as_bytes())?;
+    crate::state_file::write_private(dir, &path, issued.pem().as_bytes())?;
     Ok(path)
-}
-
-/// Writes `bytes` to `path` in `dir` (created, mode 0700) readable by the owner only
-/// (0600), atomically.
-fn write_private(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        // The rename itself must reach the disk too.
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }

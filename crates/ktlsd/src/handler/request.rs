@@ -247,7 +247,7 @@ impl HeaderFields {
 }
 
 /// Appends one field line's value to a list field (`a, b`).
-fn join(field: &mut Option<String>, value: &str) {
+pub(crate) fn join(field: &mut Option<String>, value: &str) {
     match field {
         Some(list) => {
             list.push_str(", ");

@@ -9,8 +9,6 @@
 //! tickets are sealed with keys read from files, so that every instance given the
 //! same files resumes the others' sessions.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -150,7 +148,7 @@ impl Identity {
             return Ok(id);
         }
         let (id, pem) = Self::self_signed(&format!("self-signed, generated and stored in {}", path.display()))?;
-        write_private(dir, &path, pem.as_bytes())
+        crate::state_file::write_private(dir, &path, pem.as_bytes())
             .map_err(|e| SetupError::new(format!("cannot store the self-signed certificate in {}: {e} ({fix})", path.display())))?;
         Ok(id)
     }
@@ -240,26 +238,6 @@ impl Identity {
         let digest = aws_lc::digest::digest(&aws_lc::digest::SHA256, leaf.as_ref());
         digest.as_ref().iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
     }
-}
-
-/// Writes `bytes` to `path` in `dir` (created, mode 0700) readable by the owner only
-/// (0600), atomically: a crash leaves the old file or the new one, never a part.
-fn write_private(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    let tmp = dir.join(format!(".{SELF_SIGNED_FILE}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        // The rename itself must reach the disk too.
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 /// Whether `dir` exists as a writable directory or could be created (its nearest

@@ -1,7 +1,7 @@
 //! HTTP/1.x request heads: parsing with httparse, the head-size limit, framing
 //! (version, keep-alive, Content-Length, Expect) and the handler's [`Request`].
 
-use crate::handler::request::{HeaderFields, Method, Request};
+use crate::handler::request::{join, HeaderFields, Method, Request};
 use crate::handler::Status;
 
 /// HTTP version of a request.
@@ -268,17 +268,6 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
     }
     r.content_length = content_length.unwrap_or(0);
     Ok(Some((r, used)))
-}
-
-/// Appends one field line's value to a list field (`a, b`).
-fn join(field: &mut Option<String>, value: &str) {
-    match field {
-        Some(list) => {
-            list.push_str(", ");
-            list.push_str(value);
-        }
-        None => *field = Some(value.to_string()),
-    }
 }
 
 /// The path and query of a request target. Absolute-form targets carry their own
