@@ -6,6 +6,10 @@ Scenarios:
                       and 10 KiB requests with wrk (64 keep-alive connections): ktlsd vs nginx.
   ktls        (VM)    32 MiB download: ktlsd kTLS vs ktlsd userspace vs nginx kTLS
                       (ssl_conf_command Options KTLS, sendfile on).
+  scale       (host)  memory per idle keep-alive TLS connection (after one small response, and
+                      after the handshake alone) at 2,000 and 10,000 connections, both servers
+                      fresh; 10 KiB with wrk over 1000 keep-alive connections, and with a new
+                      TLS connection per request (Connection: close).
   tail        (VM)    cold connections over netem 50 ms delay / 1% loss: TTFB and total time
                       per record-size policy and nginx, for 10 KB, 100 KB and 1 MB files.
 
@@ -99,7 +103,7 @@ class Ktlsd:
 
 
 class Nginx:
-    def __init__(self, name, root, port, work, ktls=False, buffer="16k"):
+    def __init__(self, name, root, port, work, ktls=False, buffer="16k", connections=4096):
         self.name, self.port = name, port
         d = os.path.join(work, name)
         os.makedirs(d, exist_ok=True)
@@ -111,7 +115,8 @@ user root;
 worker_processes {WORKERS};
 pid {d}/nginx.pid;
 error_log {d}/error.log;
-events {{ worker_connections 4096; }}
+worker_rlimit_nofile {2 * connections + 64};
+events {{ worker_connections {connections}; }}
 http {{
   include /etc/nginx/mime.types;
   access_log {d}/access.log;
@@ -247,6 +252,123 @@ def scenario_throughput(args, work):
     table = ["| measure | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
     table += [f"| {m} | {a:.2f} | {b:.2f} | {r:.2f}x | {g} |" for m, a, b, r, g in rows]
     return "\n".join(table), {"download": dl, "wrk": rps}
+
+
+# ---------------------------------------------------------------- scale
+
+def rss_kib(pids):
+    """Resident memory of the given processes (all threads share it), in KiB."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+        except (OSError, AttributeError):
+            pass
+    return total
+
+
+def open_idle(port, n, request, hold):
+    """Opens n TLS connections to port (at most 200 handshakes at once); on each sends one
+    keep-alive GET of /small.txt and reads the whole answer when `request`, then leaves it
+    idle. Calls hold() while all are open, then closes them. Returns what hold returned."""
+    import asyncio
+    import resource
+    import ssl
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if n + 64 > hard:
+        raise RuntimeError(f"{n} connections need {n + 64} file descriptors; the hard limit is {hard}")
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx.set_alpn_protocols(["http/1.1"])
+
+    async def one(gate):
+        async with gate:
+            r, w = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
+            if request:
+                w.write(b"GET /small.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                head = await r.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+                await r.readexactly(length)
+            return w
+
+    async def main():
+        gate = asyncio.Semaphore(200)
+        writers = await asyncio.gather(*(one(gate) for _ in range(n)))
+        await asyncio.sleep(1)  # let the servers settle after the last answer
+        got = await asyncio.get_running_loop().run_in_executor(None, hold)
+        for w in writers:
+            w.transport.abort()
+        return got
+
+    return asyncio.run(main())
+
+
+def idle_memory(make, n, request):
+    """KiB per connection: RSS of a fresh server before and with n idle connections."""
+    s = make()
+    try:
+        time.sleep(0.5)
+        before = rss_kib(s.pids())
+        after = open_idle(s.port, n, request, lambda: rss_kib(s.pids()))
+    finally:
+        s.stop()
+    return (after - before) / n, before, after
+
+
+def wrk_rps(s, path, conns, duration, extra=()):
+    out = sh(["wrk", "-t2", f"-c{conns}", f"-d{duration}s", *extra, f"https://127.0.0.1:{s.port}/{path}"])
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if not m or bad:
+        raise RuntimeError(f"wrk against {s.name} failed:\n{out}")
+    return float(m.group(1))
+
+
+def scenario_scale(args, work):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # wrk -c1000 and the servers inherit it
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    with open(os.path.join(root, "small.txt"), "w") as f:
+        f.write("hello\n" * 20)
+    make_file(os.path.join(root, "10k.bin"), 10 * 1024)
+    counts = [int(c) for c in args.scale_conns.split(",")]
+    makers = {
+        "ktlsd": lambda: Ktlsd("ktlsd", args.ktlsd, root, 18445, work),
+        "nginx": lambda: Nginx("nginx", root, 18446, work, connections=max(counts) + 1024),
+    }
+    rows, raw = [], {}
+    for request, what in [(True, "idle keep-alive after one response"), (False, "after the handshake only")]:
+        for n in counts:
+            per = {}
+            for name, make in makers.items():
+                kib, before, after = idle_memory(make, n, request)
+                per[name] = kib
+                raw[f"{name} {what} {n}"] = {"kib_per_conn": kib, "rss_before_kib": before, "rss_after_kib": after}
+                log(f"  {name}, {n} connections {what}: {kib:.1f} KiB each (RSS {before} -> {after} KiB)")
+            rows.append((f"KiB per connection, {n} {what}", per["ktlsd"], per["nginx"], "<= 1.0"))
+    servers = [makers["ktlsd"](), makers["nginx"]()]
+    try:
+        rps = {("keep", s.name): [] for s in servers} | {("close", s.name): [] for s in servers}
+        for i in range(args.scale_rounds):
+            for s in random.sample(servers, len(servers)):
+                rps[("keep", s.name)].append(wrk_rps(s, "10k.bin", 1000, args.duration))
+                rps[("close", s.name)].append(wrk_rps(s, "10k.bin", 64, args.duration, ["-H", "Connection: close"]))
+            log(f"  wrk round {i + 1}/{args.scale_rounds}: " + ", ".join(f"{k[0]} {k[1]} {v[-1]:.0f} req/s" for k, v in rps.items()))
+    finally:
+        for s in servers:
+            s.stop()
+    raw["wrk"] = {f"{k[0]} {k[1]}": v for k, v in rps.items()}
+    rows.append((f"10 KiB wrk -c1000 {args.duration}s, median req/s", median(rps[("keep", "ktlsd")]),
+                 median(rps[("keep", "nginx")]), ">= 1.2"))
+    rows.append((f"10 KiB, new TLS connection per request (wrk -c64 Connection: close) {args.duration}s, median req/s",
+                 median(rps[("close", "ktlsd")]), median(rps[("close", "nginx")]), ">= 1.2"))
+    table = ["| measure | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
+    table += [f"| {m} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {g} |" for m, a, b, g in rows]
+    return "\n".join(table), raw
 
 
 def require_ktls(work, names):
@@ -469,7 +591,7 @@ def chart(stats, rows, sizes, names, path):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["throughput", "ktls", "tail"])
+    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -483,6 +605,8 @@ def main():
     p.add_argument("--record-size", help="throughput: ktlsd's --record-size (default: ktlsd's default)")
     p.add_argument("--report-only", action="store_true",
                    help="tail: rebuild the table and chart from an existing results/tail.csv")
+    p.add_argument("--scale-conns", default="2000,10000", help="scale: idle connection counts, comma-separated")
+    p.add_argument("--scale-rounds", type=int, default=3, help="scale: interleaved wrk rounds")
     p.add_argument("--out", default=os.path.join(REPO, "bench/results"))
     args = p.parse_args()
     global WORKERS
@@ -499,7 +623,7 @@ def main():
     try:
         make_cert(work)
         table, raw = {"throughput": scenario_throughput, "ktls": scenario_ktls,
-                      "tail": scenario_tail}[args.scenario](args, work)
+                      "tail": scenario_tail, "scale": scenario_scale}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = os.uname().release
