@@ -148,7 +148,8 @@ pub async fn retry_recv<T>(
     }
 }
 
-async fn ready(stream: &TcpStream, interest: Interest, timeout: Duration) -> io::Result<()> {
+/// Waits at most `timeout` for `stream` to be ready for `interest`; fails with `TimedOut`.
+pub async fn ready(stream: &TcpStream, interest: Interest, timeout: Duration) -> io::Result<()> {
     match tokio::time::timeout(timeout, stream.ready(interest)).await {
         Ok(r) => r.map(drop),
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "peer made no progress within the timeout")),

@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod handshake;
 pub mod kernel;
+pub mod pool;
 pub mod session;
 pub mod sizing;
 pub mod sni;

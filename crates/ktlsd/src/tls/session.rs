@@ -1,6 +1,9 @@
 //! A connection after its handshake: the socket, the record layer it uses, and the
 //! body writer state. The HTTP layer talks to it only through `http::Transport`.
 //! Not where the record layer is chosen: see [`super::establish`].
+//!
+//! The userspace body writer's plaintext buffer is lent by the worker for one
+//! response at a time ([`super::pool`]): an idle connection holds none.
 
 use std::fmt;
 use std::time::Duration;
@@ -16,6 +19,11 @@ use crate::files::FileRange;
 use crate::http::Transport;
 use crate::stats::Stats;
 use super::SessionError;
+use super::pool::{self, Pool};
+
+thread_local! {
+    static PLAINTEXT: Pool<userspace::body::Buffers> = const { Pool::new(pool::KEEP) };
+}
 
 /// Where a connection's records are encrypted and decrypted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +49,7 @@ impl fmt::Display for TlsMode {
 
 enum RecordLayer {
     // Boxed: a connection holds one or the other for its whole life.
-    Userspace(Box<(UserspaceTls, userspace::body::Buffers)>),
+    Userspace(Box<UserspaceTls>),
     Kernel(Box<KernelTls>),
 }
 
@@ -91,7 +99,7 @@ pub const LINGERING_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Session {
     pub(super) fn userspace(stream: TcpStream, tls: UserspaceTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session::new(stream, RecordLayer::Userspace(Box::new((tls, Default::default()))), sizer, send_timeout)
+        Session::new(stream, RecordLayer::Userspace(Box::new(tls)), sizer, send_timeout)
     }
 
     pub(super) fn kernel(stream: TcpStream, tls: KernelTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
@@ -129,7 +137,7 @@ impl Session {
     /// the future is dropped; a later `read` or `close` goes on where it stopped.
     pub async fn read(&mut self, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
         let r = match &mut self.layer {
-            RecordLayer::Userspace(u) => u.0.read(&self.stream, out, timeout).await,
+            RecordLayer::Userspace(tls) => tls.read(&self.stream, out, timeout).await,
             RecordLayer::Kernel(tls) => tls.read(&self.stream, out, timeout).await,
         };
         r.inspect_err(|e| self.counters.note(e))
@@ -143,9 +151,12 @@ impl Session {
     /// connection), though no record already encrypted is sent twice.
     pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         let r = match &mut self.layer {
-            RecordLayer::Userspace(u) => {
-                let (tls, bufs) = &mut **u;
-                userspace::body::send(tls, &self.stream, &mut self.sizer, bufs, head, body, self.send_timeout).await
+            RecordLayer::Userspace(tls) => {
+                // The plaintext buffer is the worker's, lent for this response only.
+                let mut bufs = pool::borrow(&PLAINTEXT, userspace::body::Buffers::default);
+                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, &mut bufs, head, body, self.send_timeout).await;
+                pool::give_back(&PLAINTEXT, bufs);
+                r
             }
             RecordLayer::Kernel(tls) => {
                 kernel::body::send(tls, &self.stream, &mut self.sizer, head, body, self.send_timeout).await
@@ -180,8 +191,7 @@ impl Session {
     pub async fn close(mut self) {
         let t = self.send_timeout.min(Duration::from_secs(1));
         let sent = match &mut self.layer {
-            RecordLayer::Userspace(u) => {
-                let tls = &mut u.0;
+            RecordLayer::Userspace(tls) => {
                 tls.queue_close_notify();
                 tls.flush(&self.stream, t).await
             }

@@ -3,6 +3,11 @@
 //! module adapts the `kernel-tls` crate to the worker's event loop: reads of
 //! application data and control records (close_notify, alerts, KeyUpdate), and
 //! the bookkeeping the kernel cannot do (confidentiality limits, counters).
+//!
+//! The receive buffer is the worker's ([`crate::tls::pool`]), borrowed for one
+//! `recv` and the record it returns: the kernel hands out whole records, so a
+//! connection keeps no input between reads (a partial request head is the HTTP
+//! layer's).
 
 use std::io;
 use std::os::fd::AsFd;
@@ -17,6 +22,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::net;
+use crate::tls::pool::{self, Pool};
 use crate::tls::error::{SentAlert, SessionError};
 use crate::tls::sizing::{RecordPolicy, MAX_RECORD};
 
@@ -78,12 +84,19 @@ impl Support {
 /// Largest record plaintext plus room: control records must arrive whole.
 const RX_BUF: usize = MAX_RECORD + 256;
 
+thread_local! {
+    static RX: Pool<Box<[u8]>> = const { Pool::new(pool::KEEP) };
+}
+
+fn new_rx() -> Box<[u8]> {
+    vec![0u8; RX_BUF].into_boxed_slice()
+}
+
 /// A connection whose records the kernel protects.
 pub struct KernelTls {
     conn: KtlsConnection,
     /// The kernel cuts records at the policy's size (`TLS_TX_MAX_PAYLOAD_LEN` is set).
     kernel_cuts_records: bool,
-    rx: Box<[u8]>,
     /// TLS 1.3 KeyUpdates installed on this connection.
     key_updates: u64,
 }
@@ -111,7 +124,6 @@ impl KernelTls {
         Ok(KernelTls {
             conn,
             kernel_cuts_records,
-            rx: vec![0u8; RX_BUF].into_boxed_slice(),
             key_updates: 0,
         })
     }
@@ -129,13 +141,20 @@ impl KernelTls {
     /// and is sent by the next read or send.
     pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
         loop {
-            let rx = &mut self.rx;
+            // Borrowed only inside each attempt: none is held while waiting.
             let got = net::retry_recv(stream, timeout, || {
-                kernel_tls::recv_record(stream.as_fd(), rx)
+                let mut rx = pool::borrow(&RX, new_rx);
+                match kernel_tls::recv_record(stream.as_fd(), &mut rx) {
+                    Ok(rec) => Ok((rec, rx)),
+                    Err(e) => {
+                        pool::give_back(&RX, rx);
+                        Err(e)
+                    }
+                }
             })
             .await;
-            let rec = match got {
-                Ok(rec) => rec,
+            let (rec, rx) = match got {
+                Ok(got) => got,
                 Err(e) => {
                     let class = RxError::classify(&e);
                     match class {
@@ -151,11 +170,13 @@ impl KernelTls {
                 }
             };
             if rec.is_application_data() {
-                out.extend_from_slice(&self.rx[..rec.len]);
+                out.extend_from_slice(&rx[..rec.len]);
+                pool::give_back(&RX, rx);
                 return Ok(rec.len);
             }
-            let payload = &self.rx[..rec.len];
-            match self.conn.handle_control(stream.as_fd(), rec.content_type, payload) {
+            let handled = self.conn.handle_control(stream.as_fd(), rec.content_type, &rx[..rec.len]);
+            pool::give_back(&RX, rx);
+            match handled {
                 Ok(ControlOutcome::CloseNotify) => return Ok(0),
                 Ok(ControlOutcome::Warning(_)) => {}
                 Ok(ControlOutcome::KeyUpdated { .. }) => {

@@ -5,6 +5,11 @@
 //! buffer, so the body writer alone decides record boundaries; several records
 //! then leave in one `write`.
 //!
+//! Its input and output buffers are borrowed from the worker's pools
+//! ([`crate::tls::pool`]) while a read or a send is under way and given back as
+//! soon as they are empty: an idle keep-alive connection holds neither. Only a
+//! partial record (input) or records not yet written (output) keep one.
+//!
 //! When the peer breaks the protocol after the handshake (a record that fails
 //! authentication, an oversized record, a malformed KeyUpdate, ...), rustls
 //! queues the fatal alert for it; this layer sends that alert and a FIN before
@@ -23,6 +28,7 @@ use tokio::net::TcpStream;
 pub mod body;
 
 use crate::net;
+use crate::tls::pool::{self, Pool};
 use crate::tls::error::{SentAlert, SessionError};
 use crate::tls::sizing::MAX_RECORD;
 
@@ -34,11 +40,37 @@ const IN_CAPACITY: usize = 5 + MAX_RECORD + 2048;
 /// How long a fatal alert may wait for room in the socket before the connection is dropped without it.
 const ALERT_TIMEOUT: Duration = Duration::from_secs(1);
 
+thread_local! {
+    static INPUT: Pool<Box<[u8]>> = const { Pool::new(pool::KEEP) };
+    static OUTPUT: Pool<Vec<u8>> = const { Pool::new(pool::KEEP) };
+}
+
+fn new_input() -> Box<[u8]> {
+    vec![0u8; IN_CAPACITY].into_boxed_slice()
+}
+
+fn new_output() -> Vec<u8> {
+    vec![0u8; OUT_CAPACITY]
+}
+
+/// Makes sure the output buffer `out` holds at least `needed` bytes, borrowing it first if need be.
+fn reserve_output(out: &mut Vec<u8>, needed: usize) {
+    if out.capacity() == 0 {
+        *out = pool::borrow(&OUTPUT, new_output);
+    }
+    if out.len() < needed {
+        out.resize(needed, 0);
+    }
+}
+
 /// A connection whose records are protected by rustls in user space.
 pub struct UserspaceTls {
     conn: UnbufferedServerConnection,
+    /// Borrowed from [`INPUT`] to read into, and kept while it holds a partial
+    /// record (`in_len > 0`); empty otherwise.
     incoming: Box<[u8]>,
     in_len: usize,
+    /// Borrowed from [`OUTPUT`] while records wait to be written; empty otherwise.
     outgoing: Vec<u8>,
     /// Records ready to send: `outgoing[out_sent..out_len]`. What a cancelled
     /// flush already wrote is never written again.
@@ -56,7 +88,7 @@ impl UserspaceTls {
     pub fn new(conn: UnbufferedServerConnection) -> Self {
         UserspaceTls {
             conn,
-            incoming: vec![0u8; IN_CAPACITY].into_boxed_slice(),
+            incoming: Box::default(),
             in_len: 0,
             outgoing: Vec::new(),
             out_len: 0,
@@ -76,9 +108,10 @@ impl UserspaceTls {
     /// (KeyUpdate) is flushed by the cancel-safe [`Self::flush`].
     pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
         if !self.stash.is_empty() {
-            let n = self.stash.len();
-            out.append(&mut self.stash);
-            return Ok(n);
+            // Taken, not drained: the stash keeps no capacity once handed out.
+            let stash = std::mem::take(&mut self.stash);
+            out.extend_from_slice(&stash);
+            return Ok(stash.len());
         }
         loop {
             let got = match self.process(out) {
@@ -89,26 +122,68 @@ impl UserspaceTls {
                 }
             };
             if got > 0 || self.peer_closed {
+                self.release_input();
                 return Ok(got);
             }
             if self.out_len > 0 {
                 // A KeyUpdate answer (or similar) is queued: send it before blocking on reads.
                 self.flush(stream, timeout).await?;
             }
-            if self.in_len == self.incoming.len() {
+            if self.in_len == IN_CAPACITY {
                 return Err(SessionError::Protocol {
                     sent: SentAlert::Nothing,
                     detail: "a TLS record larger than allowed".into(),
                 });
             }
-            let n = net::read_some(stream, &mut self.incoming[self.in_len..], timeout).await?;
+            let n = self.read_input(stream, timeout).await?;
             if n == 0 {
                 self.peer_closed = true;
+                self.release_input();
                 return Ok(0);
             }
             self.in_len += n;
         }
     }
+
+    /// Reads what the socket has after the buffered input. The input buffer is
+    /// borrowed only to read into: while waiting with no partial record, the
+    /// connection holds none.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: bytes read are counted in `in_len` before any further wait.
+    async fn read_input(&mut self, stream: &TcpStream, timeout: Duration) -> Result<usize, SessionError> {
+        loop {
+            if self.incoming.is_empty() {
+                self.incoming = pool::borrow(&INPUT, new_input);
+            }
+            match stream.try_read(&mut self.incoming[self.in_len..]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                other => return Ok(other?),
+            }
+            self.release_input();
+            net::ready(stream, tokio::io::Interest::READABLE, timeout).await?;
+        }
+    }
+
+    /// Gives the input buffer back when it holds no partial record.
+    fn release_input(&mut self) {
+        if self.in_len == 0 && !self.incoming.is_empty() {
+            pool::give_back(&INPUT, std::mem::take(&mut self.incoming));
+        }
+    }
+
+    /// Gives the output buffer back when every record in it was written.
+    fn release_output(&mut self) {
+        if self.out_len == 0 && self.outgoing.capacity() > 0 {
+            let mut out = std::mem::take(&mut self.outgoing);
+            // Only buffers of the usual size go back; one grown larger is freed.
+            if out.capacity() <= OUT_CAPACITY * 2 {
+                out.resize(OUT_CAPACITY, 0);
+                pool::give_back(&OUTPUT, out);
+            }
+        }
+    }
+
 
     /// Runs rustls over the buffered input until it needs more bytes; plaintext
     /// goes to `out`, handshake answers to the output buffer.
@@ -134,6 +209,7 @@ impl UserspaceTls {
                     }
                 }
                 ConnectionState::EncodeTlsData(mut enc) => {
+                    reserve_output(&mut self.outgoing, self.out_len);
                     super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len)
                 }
                 // Queued bytes leave with the next flush, in order.
@@ -170,6 +246,7 @@ impl UserspaceTls {
             let discard = status.discard;
             let encoded = match status.state {
                 Ok(ConnectionState::EncodeTlsData(mut enc)) => {
+                    reserve_output(&mut self.outgoing, self.out_len);
                     super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len);
                     sent = SentAlert::FromRustls;
                     true
@@ -194,6 +271,7 @@ impl UserspaceTls {
         }
         let _ = self.flush(stream, timeout.min(ALERT_TIMEOUT)).await;
         (self.out_sent, self.out_len) = (0, 0);
+        self.release_output();
         // FIN right after the alert, so the peer sees the end at once, whatever
         // the later close() does (with unread input left, it sends a reset).
         let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
@@ -207,10 +285,7 @@ impl UserspaceTls {
     /// Encrypts `data` (at most [`MAX_RECORD`] bytes) as exactly one record.
     pub fn encrypt_record(&mut self, data: &[u8]) -> Result<(), SessionError> {
         debug_assert!(data.len() <= MAX_RECORD);
-        let needed = self.out_len + data.len() + RECORD_OVERHEAD;
-        if self.outgoing.len() < needed {
-            self.outgoing.resize(needed.max(OUT_CAPACITY), 0);
-        }
+        reserve_output(&mut self.outgoing, self.out_len + data.len() + RECORD_OVERHEAD);
         loop {
             let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
             let discard = status.discard;
@@ -245,10 +320,7 @@ impl UserspaceTls {
                 ConnectionState::EncodeTlsData(mut enc) => {
                     super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len);
                     // Keep room for the record being encrypted after it.
-                    let needed = self.out_len + data.len() + RECORD_OVERHEAD;
-                    if self.outgoing.len() < needed {
-                        self.outgoing.resize(needed, 0);
-                    }
+                    reserve_output(&mut self.outgoing, self.out_len + data.len() + RECORD_OVERHEAD);
                     false
                 }
                 ConnectionState::TransmitTlsData(tx) => {
@@ -280,21 +352,27 @@ impl UserspaceTls {
             net::write_tracked(stream, &self.outgoing[..self.out_len], &mut self.out_sent, timeout).await?;
         }
         (self.out_sent, self.out_len) = (0, 0);
+        self.release_output();
         Ok(())
     }
 
     /// Queues a close_notify alert; it leaves with the next flush.
     pub fn queue_close_notify(&mut self) {
-        let needed = self.out_len + 64;
-        if self.outgoing.len() < needed {
-            self.outgoing.resize(needed, 0);
-        }
+        reserve_output(&mut self.outgoing, self.out_len + 64);
         let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
         if let Ok(ConnectionState::WriteTraffic(mut w)) = status.state {
             if let Ok(n) = w.queue_close_notify(&mut self.outgoing[self.out_len..]) {
                 self.out_len += n;
             }
         }
+    }
+}
+
+impl Drop for UserspaceTls {
+    fn drop(&mut self) {
+        (self.in_len, self.out_len) = (0, 0);
+        self.release_input();
+        self.release_output();
     }
 }
 
