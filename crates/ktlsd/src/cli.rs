@@ -200,6 +200,10 @@ pub struct ServeArgs {
     /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent) or json (one object per line) [default: ktlsd]
     #[arg(long, value_name = "FORMAT")]
     pub access_log_format: Option<String>,
+
+    /// Most connections each worker holds at once; more are accepted and closed at once (counted as connections_refused) [default: the file descriptor budget shared among the workers]
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
 }
 
 /// Heading of the privilege flags in `--help`.

@@ -144,6 +144,8 @@ pub struct Config {
     /// Whether ALPN offers HTTP/2.
     pub http2: Http2,
     pub access_log_format: crate::log::LogFormat,
+    /// Most connections per worker; `None`: as many as the file descriptor budget allows.
+    pub max_connections: Option<std::num::NonZeroUsize>,
 }
 
 /// What a name no `[[site]]` has gets.
@@ -252,6 +254,7 @@ struct FileConfig {
     admin_public: Option<bool>,
     http2: Option<bool>,
     access_log_format: Option<String>,
+    max_connections: Option<usize>,
 }
 
 impl FileConfig {
@@ -568,6 +571,12 @@ impl Config {
             Some(f) => f.parse().map_err(ConfigError::new)?,
             None => crate::log::LogFormat::default(),
         };
+        let max_connections = match args.max_connections.or(file.max_connections) {
+            Some(n) => Some(std::num::NonZeroUsize::new(n).ok_or_else(|| {
+                ConfigError::new("max_connections must be at least 1 (leave it out for the file descriptor budget)")
+            })?),
+            None => None,
+        };
 
         Ok(Config {
             root,
@@ -598,6 +607,7 @@ impl Config {
             admin,
             http2,
             access_log_format,
+            max_connections,
         })
     }
 }

@@ -320,7 +320,7 @@ impl Report {
         row(out, "congestion control", &cc)?;
         let fds = match crate::server::FdBudget::read() {
             Ok(b) => format!(
-                "soft {}, hard {}: ktlsd serves with {} (its open-file cache takes at most a quarter)",
+                "soft {}, hard {}: ktlsd serves with {} (its open-file cache takes at most a quarter, connections the rest unless --max-connections is lower)",
                 b.before,
                 b.hard,
                 b.target()

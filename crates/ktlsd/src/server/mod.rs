@@ -82,7 +82,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut signals = Signals::install()?;
     let fds = FdBudget::raise();
     let cache_entries = fds.cache_entries_per_worker(config.workers);
-    tracing::info!("{}; open-file cache up to {cache_entries} per worker", fds.describe());
+    let connections = match config.max_connections {
+        Some(n) => format!("{n} per worker (--max-connections)"),
+        None => format!("{} per worker", fds.connections_per_worker(config.workers, cache_entries)),
+    };
+    tracing::info!("{}; open-file cache up to {cache_entries} per worker; connections up to {connections}", fds.describe());
     let acme = AcmeSites::new()?;
     let mut prepared = prepare(config, None, cache_entries, Some(&acme))?;
     let access_out = open_access_log(&prepared.shared.config.access_log)?;
@@ -463,6 +467,9 @@ pub struct FdBudget {
     pub limit: u64,
 }
 
+/// Descriptors kept for listeners, logs, the admin socket and files opened for a response.
+const FD_RESERVE: u64 = 64;
+
 /// Largest open-file cache per worker, however large the budget.
 const MAX_CACHE_ENTRIES: u64 = 1024;
 
@@ -521,6 +528,15 @@ impl FdBudget {
     pub fn cache_entries_per_worker(&self, workers: usize) -> usize {
         let share = self.limit / 4 / (workers.max(1) as u64);
         share.min(MAX_CACHE_ENTRIES) as usize
+    }
+
+    /// The default connection cap per worker: the budget less each worker's
+    /// open-file cache and a few for listeners, logs and files being opened,
+    /// shared among the workers (a connection takes one descriptor).
+    pub fn connections_per_worker(&self, workers: usize, cache_entries_per_worker: usize) -> usize {
+        let workers = workers.max(1) as u64;
+        let reserved = workers * cache_entries_per_worker as u64 + FD_RESERVE;
+        (self.limit.saturating_sub(reserved) / workers).max(1) as usize
     }
 
     /// One line for the start-up log.
@@ -802,5 +818,15 @@ mod tests {
         assert_eq!(b(1 << 20).cache_entries_per_worker(2), 1024);
         assert_eq!(b(7).cache_entries_per_worker(4), 0);
         assert_eq!(b(100).cache_entries_per_worker(0), 25);
+    }
+
+    #[test]
+    fn connection_share_of_the_fd_budget() {
+        let b = |limit| FdBudget { before: limit, hard: limit, limit };
+        // (limit, workers, cache per worker, connections per worker)
+        let cases = [(20_000, 2, 1024, 8944), (1024, 1, 256, 704), (1024, 0, 256, 704), (100, 2, 64, 1), (1 << 20, 4, 1024, 261_104)];
+        for (limit, workers, cache, want) in cases {
+            assert_eq!(b(limit).connections_per_worker(workers, cache), want, "{limit} fds, {workers} workers, {cache} cached");
+        }
     }
 }

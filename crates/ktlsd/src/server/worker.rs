@@ -6,6 +6,13 @@
 //! ends, a panic included (a guard uncounts it while unwinding), so shutdown
 //! never waits for a task that is gone. Failed handshakes are counted by reason
 //! and logged, at most [`HANDSHAKE_LOG_LINES`] lines per second per worker.
+//!
+//! A worker holds at most `max_connections` connections (by default its share
+//! of the file descriptor budget): one more is accepted and closed at once,
+//! counted as refused and logged at most once per second, so the listen backlog
+//! does not fill with connections that would wait for a slot. When `accept`
+//! itself fails (out of descriptors), the loop sleeps before trying again
+//! rather than spin on the pending connection.
 
 use std::cell::{Cell, RefCell};
 use std::net::{SocketAddr, TcpListener as StdListener};
@@ -41,6 +48,9 @@ struct Worker {
     metrics: Arc<Metrics>,
     tasks: Rc<Tasks>,
     handshake_log: RateLimit,
+    /// Connections this worker holds at most when `max_connections` is not set.
+    default_cap: usize,
+    refusal_log: RateLimit,
 }
 
 impl Worker {
@@ -173,6 +183,10 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
     };
     let Current { shared, log } = current.borrow_and_update().clone();
     let format = shared.config.access_log_format;
+    let default_cap = match super::FdBudget::read() {
+        Ok(fds) => fds.connections_per_worker(shared.config.workers, shared.file_options.cache_entries),
+        Err(_) => usize::MAX,
+    };
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
@@ -180,6 +194,8 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
         metrics,
         tasks: Rc::default(),
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
+        default_cap,
+        refusal_log: RateLimit::new(1),
     });
     worker.log.set_format(format);
     let local = LocalSet::new();
@@ -255,6 +271,11 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                 // A connection accepted after a reload was sent gets it, even if
                 // the update task has not run yet.
                 worker.refresh();
+                let cap = worker.shared.borrow().config.max_connections.map_or(worker.default_cap, |n| n.get());
+                if worker.tasks.active.get() >= cap {
+                    refuse(stream, peer, &worker, cap);
+                    continue;
+                }
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
                 let stop = stop.clone();
@@ -266,10 +287,28 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
             }
             Err(e) => {
                 // EMFILE/ENFILE and friends: back off instead of spinning.
-                tracing::warn!("accept failed: {e}");
+                tracing::warn!("accept failed: {e}; trying again in 100 ms (out of file descriptors? see `ktlsd doctor` and --max-connections)");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// Closes a connection over the worker's cap at once: the client sees its
+/// handshake end instead of waiting in the backlog.
+fn refuse(stream: TcpStream, peer: SocketAddr, worker: &Worker, cap: usize) {
+    Stats::bump(&worker.metrics.stats.connections_refused);
+    // No lingering: a reset tells the client at once, and frees the descriptor now.
+    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+    let (log, suppressed) = worker.refusal_log.check(Instant::now());
+    if suppressed > 0 {
+        tracing::warn!("{suppressed} more connection(s) refused in the last second (max_connections {cap} per worker)");
+    }
+    if log {
+        tracing::warn!(
+            "refused the connection from {peer}: this worker holds max_connections {cap} (raise --max-connections or the file descriptor limit, or add workers)"
+        );
     }
 }
 

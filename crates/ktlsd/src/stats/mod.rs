@@ -67,6 +67,7 @@ counters! {
     timeouts: "Connections closed on an idle, header or send timeout.",
     errors: "Connections cut by socket or TLS errors after the handshake.",
     panics: "Connection tasks that panicked (a bug; each is logged with its peer).",
+    connections_refused: "Connections closed at once because the worker held max_connections.",
 }
 
 impl Stats {

@@ -84,6 +84,7 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         ("ktlsd_timeouts_total", "Connections closed on an idle, header or send timeout.", &s.timeouts),
         ("ktlsd_connection_errors_total", "Connections cut by socket or TLS errors after the handshake.", &s.errors),
         ("ktlsd_panics_total", "Connection tasks that panicked.", &s.panics),
+        ("ktlsd_connections_refused_total", "Connections closed at once because the worker held max_connections.", &s.connections_refused),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));
