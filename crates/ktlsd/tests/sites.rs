@@ -123,6 +123,10 @@ fn unknown_names_are_refused_when_configured() {
     assert_eq!(curl(port, "a.test", "/f.txt", None), (200, "a".into()));
     let (status, _) = curl(port, "a.test", "/f.txt", Some("nowhere.test"));
     assert_eq!(status, 421);
+    // A client that connects by address sends no server name and a Host that is an
+    // address: it gets the default site, as its handshake got the default certificate.
+    assert_eq!(curl(port, "127.0.0.1", "/f.txt", None), (200, "default".into()));
+    assert_eq!(curl(port, "a.test", "/f.txt", Some(&format!("[::1]:{port}"))), (200, "default".into()));
 }
 
 #[test]
