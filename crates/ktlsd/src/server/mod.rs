@@ -308,8 +308,8 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, acme
                 Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
             }
             SiteCert::SelfSigned => {
-                tracing::warn!("site {which}: no cert and key; serving a self-signed certificate for its names");
-                let id = Identity::site_self_signed(site.names.dns_names())?;
+                let id = Identity::site_self_signed(site.names.dns_names(), &settings, persist)?;
+                tracing::warn!("site {which}: no cert and key; serving a self-signed certificate for its names ({})", id.origin);
                 Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
             }
             SiteCert::Acme(a) => {
