@@ -61,7 +61,15 @@ fn metrics_count_a_known_mix_exactly() {
     // 15 + 20000 bytes of files, and the bodies of the 404 and 405 pages.
     assert!(body_bytes > 20_015.0, "{body_bytes}");
     let rtt_count = "ktlsd_connection_rtt_seconds_count";
-    let after = scrape_when(&sock, |m| delta(&before, m, rtt_count) >= 5.0 && delta(&before, m, "ktlsd_response_seconds_count") >= 7.0);
+    // Six requests look a file up (the 405 does not): each is a hit or a miss of its
+    // worker's open-file cache, published within a tick.
+    let lookups = |m: &HashMap<String, f64>| delta(&before, m, "ktlsd_open_file_cache_hits_total") + delta(&before, m, "ktlsd_open_file_cache_misses_total");
+    let after = scrape_when(&sock, |m| {
+        delta(&before, m, rtt_count) >= 5.0 && delta(&before, m, "ktlsd_response_seconds_count") >= 7.0 && lookups(m) >= 6.0
+    });
+    assert_eq!(lookups(&after), 6.0);
+    assert!(after["ktlsd_open_file_cache_hits_total"] >= 1.0, "the kept-alive GETs of /a.txt: {after:?}");
+    assert!(after["ktlsd_open_fds"] > 0.0 && after["ktlsd_max_fds"] >= after["ktlsd_open_fds"]);
     let layer = r#"protocol="http/1.1",record_layer="userspace""#;
     for (key, want) in [
         ("ktlsd_accepted_connections_total".to_string(), 5.0),
