@@ -421,7 +421,8 @@ fn check_reports_each_outcome() {
     let taken = holder.local_addr().unwrap().to_string();
     let mut busy = base(&cert, &key);
     busy[2] = os(&taken);
-    run(busy).assert_startup_error(&[&taken, "address already in use"]);
+    // The message names the holder (this test process) from /proc.
+    run(busy).assert_startup_error(&[&taken, "address already in use", &format!("pid {})", std::process::id())]);
     drop(holder);
 
     // Certificates near or past their end: valid configuration, with a warning.

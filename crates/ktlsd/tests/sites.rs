@@ -123,6 +123,10 @@ fn unknown_names_are_refused_when_configured() {
     assert_eq!(curl(port, "a.test", "/f.txt", None), (200, "a".into()));
     let (status, _) = curl(port, "a.test", "/f.txt", Some("nowhere.test"));
     assert_eq!(status, 421);
+    // A client that connects by address sends no server name and a Host that is an
+    // address: it gets the default site, as its handshake got the default certificate.
+    assert_eq!(curl(port, "127.0.0.1", "/f.txt", None), (200, "default".into()));
+    assert_eq!(curl(port, "a.test", "/f.txt", Some(&format!("[::1]:{port}"))), (200, "default".into()));
 }
 
 #[test]
@@ -185,4 +189,36 @@ fn check_refuses_bad_sites_in_one_line() {
         Duration::from_secs(20),
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A site without cert and key gets a self-signed certificate for its names, kept
+/// in the state directory: the same fingerprint after a reload and a restart.
+#[test]
+fn a_sites_self_signed_certificate_is_kept() {
+    let state = tempfile::tempdir().unwrap();
+    let block = |d: &Path| {
+        std::fs::create_dir_all(d.join("s")).unwrap();
+        std::fs::write(d.join("s/f.txt"), "s").unwrap();
+        format!("[[site]]\nnames = [\"s.test\", \"*.s.test\"]\nroot = {:?}\n", d.join("s").display().to_string())
+    };
+    let start_with_state = || {
+        let b = Server::builder().file("f.txt", "default").no_state_dir();
+        let cfg = b.dir().join("ktlsd.toml");
+        std::fs::write(&cfg, block(b.dir())).unwrap();
+        b.arg("--config").arg(&cfg).arg("--state-dir").arg(state.path()).start()
+    };
+    let srv = start_with_state();
+    let first = s_client(srv.port(), "x.s.test").expect("handshake");
+    assert!(state.path().join("self-signed-s.test.pem").exists(), "{}", srv.stderr());
+    srv.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !srv.stderr().contains("reloaded configuration") {
+        assert!(Instant::now() < deadline, "no reload line: {}", srv.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s_client(srv.port(), "s.test").as_ref(), Ok(&first), "after a reload");
+    srv.stop().assert_clean_exit();
+    let again = start_with_state();
+    assert_eq!(s_client(again.port(), "s.test"), Ok(first), "after a restart");
+    assert_eq!(curl(again.port(), "s.test", "/f.txt", None), (200, "s".into()));
 }

@@ -289,3 +289,35 @@ fn unit_files_verify_cleanly() {
     let out = Exited::from(out);
     assert!(out.status.success() && out.stderr.trim().is_empty() && out.stdout.trim().is_empty(), "{out:?}");
 }
+
+/// `ktlsd check` run while the service manager holds the port for a
+/// socket-activated ktlsd (here the real `systemd-socket-activate`, waiting for
+/// its first connection) passes and says who holds it; `serve` would receive
+/// that socket.
+#[test]
+fn check_accepts_a_port_held_for_socket_activation() {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut manager = Command::new("systemd-socket-activate")
+        .args(["-l", &addr.to_string(), "/bin/true"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("systemd-socket-activate");
+    // Listening once the port refuses a second bind.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpListener::bind(addr).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "systemd-socket-activate never listened on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("www")).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["check", "www", "--listen", &addr.to_string()]).current_dir(dir.path()).env_remove("KTLSD_LOG");
+    if running_as_root() {
+        cmd.arg("--allow-root");
+    }
+    let out = Exited::from(run_with_timeout(&mut cmd, None, Duration::from_secs(30)));
+    let _ = manager.kill();
+    let _ = manager.wait();
+    assert_eq!((out.status.code(), out.stdout.as_str()), (Some(0), "configuration OK\n"), "{}", out.stderr);
+    assert!(out.stderr.contains(&format!("{addr} is held by systemd-socket-")) && out.stderr.contains("socket activation"), "{}", out.stderr);
+}

@@ -34,6 +34,17 @@ struct Cache {
     entries: HashMap<Vec<u8>, Entry>,
     /// When expired entries were last dropped.
     swept: Option<Instant>,
+    hits: u64,
+    misses: u64,
+}
+
+/// What this worker's cache has done, for its metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub hits: u64,
+    pub misses: u64,
+    /// Entries (so descriptors) held now.
+    pub entries: u64,
 }
 
 impl Cache {
@@ -55,8 +66,20 @@ pub fn get(key: &[u8], now: Instant) -> Option<(Rc<File>, PathBuf)> {
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         c.sweep(now, false);
-        let e = c.entries.get(key)?;
-        (now.duration_since(e.opened) < VALID).then(|| (e.file.clone(), e.rel.clone()))
+        let found = c.entries.get(key).filter(|e| now.duration_since(e.opened) < VALID).map(|e| (e.file.clone(), e.rel.clone()));
+        match found {
+            Some(_) => c.hits += 1,
+            None => c.misses += 1,
+        }
+        found
+    })
+}
+
+/// This worker's counts so far.
+pub fn counts() -> Counts {
+    CACHE.with(|c| {
+        let c = c.borrow();
+        Counts { hits: c.hits, misses: c.misses, entries: c.entries.len() as u64 }
     })
 }
 
@@ -125,5 +148,7 @@ mod tests {
         put(&[1], file(), PathBuf::from("x"), t0, 2);
         clear();
         assert_eq!(len(), 0);
+        // Two lookups above found their entry, three did not.
+        assert_eq!(counts(), Counts { hits: 2, misses: 3, entries: 0 });
     }
 }

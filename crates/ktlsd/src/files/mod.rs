@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Instant, SystemTime};
 
+pub use cache::counts as cache_counts;
 pub use open::Root;
 
 /// A byte range of an open file, sent as a response body.

@@ -133,19 +133,31 @@ impl<'a> Sites<'a> {
         Sites { named: &[], default: site, unknown: UnknownHost::Default }
     }
 
-    /// The site for a request's Host/:authority; a request without one (HTTP/1.0)
-    /// goes to the default site.
+    /// The site for a request's Host/:authority. A request without one (HTTP/1.0)
+    /// or naming an IP address goes to the default site: such a client sent no
+    /// server name in its handshake either, so it already holds the default
+    /// site's certificate, and refusing it would refuse every client that
+    /// connects by address.
     pub fn pick(&self, authority: Option<&str>) -> Pick<'a> {
         let Some(authority) = authority else { return Pick::Site(self.default) };
         let named: &'a [NamedSite] = self.named;
-        match find(named, |s| &s.names, &host_of(authority)) {
+        let host = host_of(authority);
+        match find(named, |s| &s.names, &host) {
             Some(s) => Pick::Site(s.site()),
-            None if self.named.is_empty() => Pick::Site(self.default),
+            None if self.named.is_empty() || is_ip_literal(&host) => Pick::Site(self.default),
             None => match self.unknown {
                 UnknownHost::Default => Pick::Site(self.default),
                 UnknownHost::Misdirected => Pick::Misdirected,
             },
         }
+    }
+}
+
+/// `192.0.2.1` or `[2001:db8::1]`, as [`host_of`] leaves them.
+fn is_ip_literal(host: &str) -> bool {
+    match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => host.parse::<std::net::Ipv4Addr>().is_ok(),
     }
 }
 

@@ -135,7 +135,7 @@ fn settings(names: &Names, acme: &SiteAcme, state_dir: &std::path::Path) -> Acme
 
 /// A self-signed certificate for the site's names, served until the CA issues one.
 pub fn placeholder(names: &Names) -> anyhow::Result<Arc<rustls::sign::CertifiedKey>> {
-    let id = Identity::site_self_signed(names.dns_names())?;
+    let id = Identity::placeholder(&names.dns_names())?;
     let key = rustls::sign::CertifiedKey::from_der(id.chain, id.key, &rustls::crypto::aws_lc_rs::default_provider())?;
     Ok(Arc::new(key))
 }

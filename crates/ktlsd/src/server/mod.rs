@@ -264,8 +264,11 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let prepared = prepare(config, None, 0, None)?;
     let config = &prepared.shared.config;
     check_access_log(&config.access_log)?;
-    listener::check_free(&config.listen).map_err(|e| anyhow!(e))?;
-    listener::check_free(&config.http_listen).map_err(|e| anyhow!(e))?;
+    for &addr in config.listen.iter().chain(&config.http_listen) {
+        if let listener::PortState::HeldForActivation { pid, command } = listener::check_port(addr).map_err(|e| anyhow!(e))? {
+            tracing::info!("{addr} is held by {command} (pid {pid}) for socket activation: serve started by it receives that socket");
+        }
+    }
     println!("configuration OK");
     Ok(())
 }
@@ -309,8 +312,8 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, acme
                 Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
             }
             SiteCert::SelfSigned => {
-                tracing::warn!("site {which}: no cert and key; serving a self-signed certificate for its names");
-                let id = Identity::site_self_signed(site.names.dns_names())?;
+                let id = Identity::site_self_signed(site.names.dns_names(), &settings, persist)?;
+                tracing::warn!("site {which}: no cert and key; serving a self-signed certificate for its names ({})", id.origin);
                 Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
             }
             SiteCert::Acme(a) => {

@@ -54,6 +54,17 @@ struct Worker {
 }
 
 impl Worker {
+    /// Copies what this worker counts outside its metrics (panicked tasks, its
+    /// open-file cache) into them, so a scrape sees them within a tick.
+    fn publish(&self) {
+        let s = &self.metrics.stats;
+        Stats::set(&s.panics, self.tasks.panics.get());
+        let cache = crate::files::cache_counts();
+        Stats::set(&s.open_file_cache_hits, cache.hits);
+        Stats::set(&s.open_file_cache_misses, cache.misses);
+        Stats::set(&s.open_file_cache_entries, cache.entries);
+    }
+
     /// Takes a new configuration or access log if one was sent since the last look
     /// (one atomic load when nothing changed).
     fn refresh(&self) {
@@ -216,6 +227,7 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
                     loop {
                         tick.tick().await;
                         worker.log.flush();
+                        worker.publish();
                         log_suppressed_handshakes(worker.handshake_log.roll(Instant::now()));
                     }
                 }
@@ -257,9 +269,9 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
     });
     drop(local);
     worker.log.flush();
+    worker.publish();
     let total = Stats::default();
     total.add(&worker.metrics.stats);
-    Stats::add_to(&total.panics, worker.tasks.panics.get());
     total
 }
 

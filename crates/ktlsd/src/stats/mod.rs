@@ -68,6 +68,9 @@ counters! {
     errors: "Connections cut by socket or TLS errors after the handshake.",
     panics: "Connection tasks that panicked (a bug; each is logged with its peer).",
     connections_refused: "Connections closed at once because the worker held max_connections.",
+    open_file_cache_hits: "Requests whose file was found in the open-file cache.",
+    open_file_cache_misses: "Requests whose path was looked up in the file system.",
+    open_file_cache_entries: "Descriptors held by the open-file cache now (a gauge).",
 }
 
 impl Stats {
@@ -85,6 +88,12 @@ impl Stats {
     /// Subtracts one from a gauge; the same single-writer rule as [`Stats::bump`].
     pub fn drop_one(c: &Counter) {
         c.store(c.load(Relaxed).saturating_sub(1), Relaxed);
+    }
+
+    /// Sets a counter kept elsewhere by the same worker (a copy, published); the
+    /// same single-writer rule as [`Stats::bump`].
+    pub fn set(c: &Counter, v: u64) {
+        c.store(v, Relaxed);
     }
 
     /// The current value.

@@ -85,15 +85,33 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         ("ktlsd_connection_errors_total", "Connections cut by socket or TLS errors after the handshake.", &s.errors),
         ("ktlsd_panics_total", "Connection tasks that panicked.", &s.panics),
         ("ktlsd_connections_refused_total", "Connections closed at once because the worker held max_connections.", &s.connections_refused),
+        ("ktlsd_open_file_cache_hits_total", "Requests whose file was found in the open-file cache.", &s.open_file_cache_hits),
+        ("ktlsd_open_file_cache_misses_total", "Requests whose path was looked up in the file system.", &s.open_file_cache_misses),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));
     }
+    family(out, "ktlsd_open_file_cache_entries", "gauge", "Descriptors held by the open-file caches now.");
+    let _ = writeln!(out, "ktlsd_open_file_cache_entries {}", v(&s.open_file_cache_entries));
 
     if let Some(stat) = tls_stat {
         family(out, "ktlsd_kernel_tls_stat", "gauge", "The kernel's /proc/net/tls_stat counters, by name.");
         for (name, value) in stat.iter() {
             let _ = writeln!(out, "ktlsd_kernel_tls_stat{{counter=\"{}\"}} {value}", escape(name));
+        }
+    }
+}
+
+/// The process's file-descriptor budget: descriptors open now and the limit
+/// (`RLIMIT_NOFILE`'s soft value), when known.
+pub fn fd_budget(out: &mut String, open: Option<u64>, limit: Option<u64>) {
+    for (name, help, value) in [
+        ("ktlsd_open_fds", "File descriptors the process has open now.", open),
+        ("ktlsd_max_fds", "The process's file-descriptor limit (RLIMIT_NOFILE, soft).", limit),
+    ] {
+        if let Some(value) = value {
+            family(out, name, "gauge", help);
+            let _ = writeln!(out, "{name} {value}");
         }
     }
 }

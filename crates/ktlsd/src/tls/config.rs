@@ -114,11 +114,11 @@ impl Identity {
         match (&config.cert, &config.key) {
             (Some(cert), Some(key)) => Self::from_files(cert, key),
             _ if config.ephemeral_cert => {
-                let (id, _) = Self::self_signed("self-signed, generated at start-up (ephemeral)")?;
+                let (id, _) = Self::self_signed(&localhost_names(), "self-signed, generated at start-up (ephemeral)")?;
                 Ok(id)
             }
             _ => match &config.state_dir {
-                Some(dir) => Self::stored(dir, persist),
+                Some(dir) => Self::stored(&dir.join(SELF_SIGNED_FILE), &localhost_names(), None, persist),
                 None => Err(SetupError::new(
                     "no state directory for the self-signed certificate (neither HOME nor XDG_STATE_HOME is set): \
                      give --state-dir DIR, --ephemeral-cert, or --cert and --key",
@@ -127,11 +127,13 @@ impl Identity {
         }
     }
 
-    /// The pair kept in `dir`, or a new one stored there.
-    fn stored(dir: &Path, persist: bool) -> Result<Self, SetupError> {
-        let path = dir.join(SELF_SIGNED_FILE);
-        match std::fs::read(&path) {
-            Ok(pem) => match Self::parse_stored(&pem, SystemTime::now()) {
+    /// The self-signed pair kept at `path` (in the state directory), or a new one for
+    /// `names` stored there. With `dns_names`, a stored certificate must name exactly
+    /// those (a site whose names changed gets a new one).
+    fn stored(path: &Path, names: &[String], dns_names: Option<&[String]>, persist: bool) -> Result<Self, SetupError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        match std::fs::read(path) {
+            Ok(pem) => match Self::parse_stored(&pem, SystemTime::now(), dns_names) {
                 Ok((chain, key)) => {
                     let origin = format!("self-signed, kept in {}", path.display());
                     return Ok(Identity { chain, key, generated: true, origin });
@@ -144,19 +146,21 @@ impl Identity {
         let fix = "give --state-dir DIR, --ephemeral-cert, or --cert and --key";
         if !persist {
             check_creatable(dir).map_err(|e| SetupError::new(format!("state directory {}: {e} ({fix})", dir.display())))?;
-            let (id, _) = Self::self_signed(&format!("self-signed, to be stored in {}", path.display()))?;
+            let (id, _) = Self::self_signed(names, &format!("self-signed, to be stored in {}", path.display()))?;
             return Ok(id);
         }
-        let (id, pem) = Self::self_signed(&format!("self-signed, generated and stored in {}", path.display()))?;
-        crate::state_file::write_private(dir, &path, pem.as_bytes())
+        let (id, pem) = Self::self_signed(names, &format!("self-signed, generated and stored in {}", path.display()))?;
+        crate::state_file::write_private(dir, path, pem.as_bytes())
             .map_err(|e| SetupError::new(format!("cannot store the self-signed certificate in {}: {e} ({fix})", path.display())))?;
         Ok(id)
     }
 
-    /// A stored pair, if whole, matching and not expired; else why not.
+    /// A stored pair, if whole, matching, not expired and (with `dns_names`) for
+    /// exactly those names; else why not.
     fn parse_stored(
         pem: &[u8],
         now: SystemTime,
+        dns_names: Option<&[String]>,
     ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
         let chain: Vec<_> = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
@@ -169,6 +173,26 @@ impl Identity {
         let now = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
         if parsed.validity().not_after.timestamp() < now {
             return Err(format!("the certificate expired on {}", parsed.validity().not_after));
+        }
+        if let Some(want) = dns_names {
+            let mut have: Vec<&str> = match parsed.subject_alternative_name() {
+                Ok(Some(san)) => san
+                    .value
+                    .general_names
+                    .iter()
+                    .filter_map(|n| match n {
+                        x509_parser::extensions::GeneralName::DNSName(d) => Some(*d),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+            have.sort_unstable();
+            want.sort_unstable();
+            if have != want {
+                return Err(format!("the certificate names {have:?}, the site {want:?}"));
+            }
         }
         rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &aws_lc_rs::default_provider())
             .map_err(|e| format!("key and certificate do not match ({e})"))?;
@@ -183,14 +207,23 @@ impl Identity {
     }
 
     /// A `[[site]]` without files: a self-signed certificate for its names (wildcards
-    /// included), in memory, new at each start and reload.
-    pub fn site_self_signed(names: Vec<String>) -> Result<Self, SetupError> {
-        let cert = rcgen::generate_simple_self_signed(names)
-            .map_err(|e| SetupError::new(format!("cannot generate a self-signed certificate: {e}")))?;
-        let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der())
-            .map_err(|e| SetupError::new(format!("generated key: {e}")))?;
-        let origin = "self-signed, generated at start-up".to_string();
-        Ok(Identity { chain: vec![cert.cert.der().clone()], key, generated: true, origin })
+    /// included), kept in the state directory as `self-signed-NAME.pem` (NAME: its
+    /// first name) like the default one, so its fingerprint survives restarts and
+    /// reloads; in memory only with `--ephemeral-cert` or no state directory.
+    pub fn site_self_signed(names: Vec<String>, config: &TlsSettings, persist: bool) -> Result<Self, SetupError> {
+        match &config.state_dir {
+            Some(dir) if !config.ephemeral_cert => {
+                let first = names.first().map_or("site", String::as_str).replace('*', "_");
+                Self::stored(&dir.join(format!("self-signed-{first}.pem")), &names, Some(&names), persist)
+            }
+            _ => Ok(Self::self_signed(&names, "self-signed, generated at start-up (ephemeral)")?.0),
+        }
+    }
+
+    /// A self-signed certificate for `names`, in memory only: what an ACME site
+    /// serves until its first certificate is issued.
+    pub fn placeholder(names: &[String]) -> Result<Self, SetupError> {
+        Ok(Self::self_signed(names, "self-signed placeholder")?.0)
     }
 
     /// The form the resolver holds, the key checked against the certificate; an
@@ -220,10 +253,9 @@ impl Identity {
         Ok(Identity { chain, key, generated: false, origin: "loaded".to_string() })
     }
 
-    /// A new self-signed certificate for localhost, and its key and certificate as PEM.
-    fn self_signed(origin: &str) -> Result<(Self, String), SetupError> {
-        let names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
-        let cert = rcgen::generate_simple_self_signed(names)
+    /// A new self-signed certificate for `names`, and its key and certificate as PEM.
+    fn self_signed(names: &[String], origin: &str) -> Result<(Self, String), SetupError> {
+        let cert = rcgen::generate_simple_self_signed(names.to_vec())
             .map_err(|e| SetupError::new(format!("cannot generate a self-signed certificate: {e}")))?;
         let key = PrivateKeyDer::try_from(cert.signing_key.serialize_der())
             .map_err(|e| SetupError::new(format!("generated key: {e}")))?;
@@ -238,6 +270,11 @@ impl Identity {
         let digest = aws_lc::digest::digest(&aws_lc::digest::SHA256, leaf.as_ref());
         digest.as_ref().iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
     }
+}
+
+/// What the default self-signed certificate names.
+fn localhost_names() -> Vec<String> {
+    vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()]
 }
 
 /// Whether `dir` exists as a writable directory or could be created (its nearest
@@ -502,12 +539,22 @@ mod tests {
             (String::new(), Err("no certificate")),
             (format!("{key}{}", cert.replacen("\n", "\n!!", 1)), Err("certificate")),
         ] {
-            match (Identity::parse_stored(pem.as_bytes(), now), want) {
+            match (Identity::parse_stored(pem.as_bytes(), now, None), want) {
                 (Ok(_), Ok(())) => {}
                 (Err(e), Err(w)) => assert!(e.contains(w), "{e:?} lacks {w:?}"),
                 (got, want) => panic!("got {:?}, want {want:?} for\n{pem}", got.map(|_| ())),
             }
         }
+    }
+
+    #[test]
+    fn a_stored_site_pair_must_name_the_site() {
+        let (key, cert) = pair(None);
+        let pem = format!("{key}{cert}");
+        let now = SystemTime::now();
+        assert!(Identity::parse_stored(pem.as_bytes(), now, Some(&["localhost".to_string()])).is_ok());
+        let e = Identity::parse_stored(pem.as_bytes(), now, Some(&["localhost".to_string(), "b.test".to_string()])).unwrap_err();
+        assert!(e.contains("b.test"), "{e}");
     }
 
     #[test]

@@ -186,14 +186,21 @@ pub async fn serve<T: Transport>(
     }
 }
 
-/// Sends `response`; returns the file body bytes sent (0 for in-memory bodies, as logged).
+/// Sends `response`; returns the body bytes sent (the head not counted, as nginx's
+/// `$body_bytes_sent`), for the access log.
 async fn send<T: Transport>(conn: &mut T, response: &Response, version: Version, keep_alive: bool) -> Result<u64, T::Error> {
     match &response.body {
         Body::File { found, range } if !range.is_empty() => {
             let head = write::head(response, version, keep_alive);
             conn.send(&head, Some(FileRange { file: &found.file, range: range.clone() })).await
         }
-        _ => conn.send(&write::head_and_bytes(response, version, keep_alive), None).await.map(|_| 0),
+        body => {
+            conn.send(&write::head_and_bytes(response, version, keep_alive), None).await?;
+            Ok(match body {
+                Body::Bytes(b) => b.len() as u64,
+                _ => 0,
+            })
+        }
     }
 }
 
@@ -238,8 +245,8 @@ async fn refuse<T: Transport>(
     }
     let version = head.map_or(Version::Http11, |h| h.version);
     let ttfb = started.elapsed();
-    let _ = conn.send(&write::head_and_bytes(&response, version, false), None).await;
-    log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes: 0, started, ttfb, label: conn.label(), referer: head.and_then(|h| h.referer.as_deref()), user_agent: head.and_then(|h| h.user_agent.as_deref()), tls: conn.tls() });
+    let bytes = send(conn, &response, version, false).await.unwrap_or(0);
+    log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes, started, ttfb, label: conn.label(), referer: head.and_then(|h| h.referer.as_deref()), user_agent: head.and_then(|h| h.user_agent.as_deref()), tls: conn.tls() });
 }
 
 /// Reads and drops `left` body bytes (those already in `buf` first). `Ok(false)`:

@@ -542,13 +542,19 @@ async fn every_request_is_logged() {
             format!("{ip} {before_rt} {label}")
         })
         .collect();
+    // Error pages count their body, as nginx's $body_bytes_sent does.
+    let page = |s: u16| match crate::handler::Response::page(crate::handler::Status(s)).body {
+        crate::handler::Body::Bytes(b) => b.len(),
+        _ => 0,
+    };
+    assert!(page(404) > 0 && page(505) > 0);
     assert_eq!(
         got,
         [
-            "192.0.2.7 \"GET /digits.txt HTTP/1.1\" 200 10 tls=memory",
-            "192.0.2.7 \"HEAD /a.txt HTTP/1.0\" 200 0 tls=memory",
-            "192.0.2.7 \"GET /nope?q HTTP/1.1\" 404 0 tls=memory",
-            "192.0.2.7 \"-\" 505 0 tls=memory",
+            "192.0.2.7 \"GET /digits.txt HTTP/1.1\" 200 10 tls=memory".to_string(),
+            "192.0.2.7 \"HEAD /a.txt HTTP/1.0\" 200 0 tls=memory".to_string(),
+            format!("192.0.2.7 \"GET /nope?q HTTP/1.1\" 404 {} tls=memory", page(404)),
+            format!("192.0.2.7 \"-\" 505 {} tls=memory", page(505)),
         ]
     );
 }

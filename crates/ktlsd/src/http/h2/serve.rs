@@ -111,8 +111,9 @@ pub async fn serve<T: Transport>(
                         }
                         _ => conn.send(&head, None).await,
                     };
+                    // The transport counts file bytes; an in-memory body's are the frame's.
                     if let Ok(n) = r {
-                        o.sent += n;
+                        o.sent += if o.file.is_some() { n } else { u64::from(len) };
                     }
                     if end_stream {
                         if let Some(o) = open.remove(&stream) {
