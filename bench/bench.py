@@ -103,7 +103,7 @@ class Ktlsd:
 
 
 class Nginx:
-    def __init__(self, name, root, port, work, ktls=False, buffer="16k", connections=4096):
+    def __init__(self, name, root, port, work, ktls=False, buffer="16k", connections=4096, http2=False):
         self.name, self.port = name, port
         d = os.path.join(work, name)
         os.makedirs(d, exist_ok=True)
@@ -123,7 +123,7 @@ http {{
   sendfile on;
   keepalive_requests 1000000;
   server {{
-    listen 127.0.0.1:{port} ssl reuseport;
+    listen 127.0.0.1:{port} ssl{" http2" if http2 else ""} reuseport;
     ssl_certificate {CERT};
     ssl_certificate_key {KEY};
     ssl_protocols TLSv1.2 TLSv1.3;
@@ -371,6 +371,62 @@ def scenario_scale(args, work):
     return "\n".join(table), raw
 
 
+def h2load(args):
+    """Runs h2load; returns (seconds, requests succeeded). Fails on any failed or errored request."""
+    out = sh(["h2load", *args])
+    m = re.search(r"finished in ([\d.]+)(m?s),", out)
+    r = re.search(r"requests: (\d+) total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed, (\d+) errored", out)
+    if not m or not r or int(r.group(3)) or int(r.group(4)) or int(r.group(2)) == 0 or "Application protocol: h2" not in out:
+        raise RuntimeError(f"h2load {' '.join(args)} failed:\n{out}")
+    secs = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    return secs, int(r.group(2))
+
+
+def scenario_h2(args, work):
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    big = 1 << 30 if not args.quick else 64 << 20
+    make_file(os.path.join(root, "big.bin"), big)
+    make_file(os.path.join(root, "10k.bin"), 10 * 1024)
+    extra = ["--record-size", args.record_size] if args.record_size else []
+    servers = [Ktlsd("ktlsd", args.ktlsd, root, 18443, work, extra), Nginx("nginx", root, 18444, work, http2=True)]
+    res = {s.name: {"rps": [], "speed": [], "cpu_per_gib": []} for s in servers}
+    try:
+        for i in range(args.runs):
+            for s in random.sample(servers, len(servers)):
+                url = f"https://127.0.0.1:{s.port}/"
+                secs, done = h2load(["-c16", "-m32", f"-D{args.duration}", url + "10k.bin"])
+                res[s.name]["rps"].append(done / secs)
+                c0 = cpu_seconds(s.pids())
+                secs, _ = h2load(["-n1", "-c1", url + "big.bin"])
+                c1 = cpu_seconds(s.pids())
+                res[s.name]["speed"].append(big / secs / 1e6)
+                res[s.name]["cpu_per_gib"].append((c1 - c0) / (big / (1 << 30)))
+            log(f"  run {i + 1}/{args.runs}: " + ", ".join(
+                f"{n} {v['rps'][-1]:.0f} req/s {v['speed'][-1]:.0f} MB/s {v['cpu_per_gib'][-1]:.2f} s/GiB"
+                for n, v in res.items()))
+    finally:
+        for s in servers:
+            s.stop()
+    for s in servers[:1]:
+        with open(os.path.join(work, f"{s.name}.access")) as f:
+            if not any("HTTP/2.0" in l for l in f):
+                raise RuntimeError(f"{s.name} served no request over HTTP/2")
+    k, n = res["ktlsd"], res["nginx"]
+    size = "1 GiB" if not args.quick else "64 MiB"
+    rows = [
+        (f"10 KiB h2load -c16 -m32 -D{args.duration}, median req/s", median(k["rps"]), median(n["rps"]),
+         median(k["rps"]) / median(n["rps"]), ">= 1.2"),
+        (f"{size} single stream h2load -n1 -c1, median MB/s", median(k["speed"]), median(n["speed"]),
+         median(k["speed"]) / median(n["speed"]), ">= 1.0"),
+        ("server CPU s per GiB, median", median(k["cpu_per_gib"]), median(n["cpu_per_gib"]),
+         median(k["cpu_per_gib"]) / median(n["cpu_per_gib"]), "<= 1.0"),
+    ]
+    table = ["| measure (HTTP/2) | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
+    table += [f"| {m} | {a:.2f} | {b:.2f} | {r:.2f}x | {g} |" for m, a, b, r, g in rows]
+    return "\n".join(table), res
+
+
 def require_ktls(work, names):
     """Fails unless every response in these ktlsd servers' access logs went out over kTLS."""
     for name in names:
@@ -591,7 +647,7 @@ def chart(stats, rows, sizes, names, path):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale"])
+    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "h2"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -623,7 +679,7 @@ def main():
     try:
         make_cert(work)
         table, raw = {"throughput": scenario_throughput, "ktls": scenario_ktls,
-                      "tail": scenario_tail, "scale": scenario_scale}[args.scenario](args, work)
+                      "tail": scenario_tail, "scale": scenario_scale, "h2": scenario_h2}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = os.uname().release

@@ -204,6 +204,26 @@ pub struct ServeArgs {
     /// Most connections each worker holds at once; more are accepted and closed at once (counted as connections_refused) [default: the file descriptor budget shared among the workers]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+
+    /// HTTP/2: streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM [default: 128]
+    #[arg(long, value_name = "N")]
+    pub h2_max_streams: Option<u32>,
+
+    /// HTTP/2: largest decoded request header list in bytes, counted as RFC 9113 does (name + value + 32 per field; SETTINGS_MAX_HEADER_LIST_SIZE); a larger request gets 431 [default: 32768]
+    #[arg(long, value_name = "BYTES")]
+    pub h2_max_header_list: Option<u32>,
+
+    /// HTTP/2: largest HPACK table the client may make the server keep (SETTINGS_HEADER_TABLE_SIZE) [default: 4096]
+    #[arg(long, value_name = "BYTES")]
+    pub h2_hpack_table: Option<u32>,
+
+    /// HTTP/2: streams a client may cancel (or provoke a reset of) per 10 seconds before the connection ends with ENHANCE_YOUR_CALM (rapid reset) [default: 200]
+    #[arg(long, value_name = "N")]
+    pub h2_max_resets: Option<u32>,
+
+    /// HTTP/2: frames carrying no request (SETTINGS, PING, PRIORITY, empty DATA, small WINDOW_UPDATE...) a client may send per 10 seconds before the connection ends with ENHANCE_YOUR_CALM [default: 1000]
+    #[arg(long, value_name = "N")]
+    pub h2_max_control: Option<u32>,
 }
 
 /// Heading of the privilege flags in `--help`.

@@ -146,6 +146,8 @@ pub struct Config {
     pub access_log_format: crate::log::LogFormat,
     /// Most connections per worker; `None`: as many as the file descriptor budget allows.
     pub max_connections: Option<std::num::NonZeroUsize>,
+    /// HTTP/2 settings and flood limits.
+    pub h2_limits: crate::http::h2::Limits,
 }
 
 /// What a name no `[[site]]` has gets.
@@ -255,6 +257,11 @@ struct FileConfig {
     http2: Option<bool>,
     access_log_format: Option<String>,
     max_connections: Option<usize>,
+    h2_max_streams: Option<u32>,
+    h2_max_header_list: Option<u32>,
+    h2_hpack_table: Option<u32>,
+    h2_max_resets: Option<u32>,
+    h2_max_control: Option<u32>,
 }
 
 impl FileConfig {
@@ -577,6 +584,15 @@ impl Config {
             })?),
             None => None,
         };
+        let h2_limits = h2_limits(
+            [
+                args.h2_max_streams.or(file.h2_max_streams),
+                args.h2_max_header_list.or(file.h2_max_header_list),
+                args.h2_hpack_table.or(file.h2_hpack_table),
+                args.h2_max_resets.or(file.h2_max_resets),
+                args.h2_max_control.or(file.h2_max_control),
+            ],
+        )?;
 
         Ok(Config {
             root,
@@ -608,9 +624,43 @@ impl Config {
             http2,
             access_log_format,
             max_connections,
+            h2_limits,
         })
     }
 }
+
+/// The HTTP/2 limits from their keys (in the order of [`H2_LIMITS`]), each checked
+/// against its range; a key not given keeps the codec's default.
+fn h2_limits(values: [Option<u32>; 5]) -> Result<crate::http::h2::Limits, ConfigError> {
+    let mut limits = crate::http::h2::Limits::default();
+    for ((key, range, set), value) in H2_LIMITS.iter().zip(values) {
+        let Some(v) = value else { continue };
+        if !range.contains(&v) {
+            return err(format!("{key} {v}: expected {} to {}", range.start(), range.end()));
+        }
+        set(&mut limits, v);
+    }
+    // The encoded field block may not be smaller than the decoded list it carries
+    // (HPACK can only shrink it so far), or a request within the list limit could
+    // end the connection.
+    limits.max_header_block = limits.max_header_block.max(2 * limits.max_header_list_size as usize);
+    Ok(limits)
+}
+
+/// How one HTTP/2 limit is applied.
+type SetLimit = fn(&mut crate::http::h2::Limits, u32);
+
+/// The HTTP/2 limit keys, their allowed ranges and where each goes. At least one
+/// stream; header lists from 1 KiB (no browser request fits less) to 1 MiB (the
+/// HTTP/1.1 head limit's ceiling); the HPACK table up to 64 KiB; rates at least
+/// 1 per window.
+const H2_LIMITS: [(&str, std::ops::RangeInclusive<u32>, SetLimit); 5] = [
+    ("h2_max_streams", 1..=10_000, |l, v| l.max_concurrent_streams = v),
+    ("h2_max_header_list", 1024..=1024 * 1024, |l, v| l.max_header_list_size = v),
+    ("h2_hpack_table", 0..=64 * 1024, |l, v| l.header_table_size = v),
+    ("h2_max_resets", 1..=1_000_000, |l, v| l.max_resets = v),
+    ("h2_max_control", 1..=1_000_000, |l, v| l.max_control = v),
+];
 
 /// A site's `acme` table: a URL directory, a challenge type, exact names only
 /// (a CA validates wildcards by DNS-01, which ktlsd does not answer).

@@ -96,6 +96,11 @@ fn serve_help_shows_every_default() {
         ("--group", "the user's primary group"),
         ("--allow-root", "off"),
         ("--http2", "on"),
+        ("--h2-max-streams", "128"),
+        ("--h2-max-header-list", "32768"),
+        ("--h2-hpack-table", "4096"),
+        ("--h2-max-resets", "200"),
+        ("--h2-max-control", "1000"),
     ] {
         let line = out
             .stdout

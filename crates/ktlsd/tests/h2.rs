@@ -154,3 +154,135 @@ fn conformance_script() {
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.lines().any(|l| l.ends_with("passed")) && !text.lines().any(|l| l.starts_with("FAIL")), "{text}");
 }
+
+/// A browser: headless Chromium loads a page with 50 subresources (images,
+/// scripts, style sheets); the page counts what loaded and over which protocol
+/// (Resource Timing's `nextHopProtocol`) and writes it into the DOM, which
+/// `--dump-dom` prints. The access log shows every request as HTTP/2.0 from one
+/// client port: one connection.
+#[test]
+fn chromium_loads_fifty_subresources_over_one_connection() {
+    let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success())) else {
+        panic!("chromium is not installed (scripts/test installs Debian's chromium)");
+    };
+    // A 1x1 transparent GIF.
+    const GIF: &[u8] = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;";
+    let mut b = Server::builder();
+    let mut tags = String::new();
+    for i in 0..20 {
+        b = b.file(&format!("img/{i}.gif"), GIF);
+        tags += &format!("<img src=\"/img/{i}.gif\" onload=\"ok()\" onerror=\"bad()\">\n");
+    }
+    for i in 0..15 {
+        b = b.file(&format!("js/{i}.js"), format!("window.scripts = (window.scripts || 0) + 1; // {}\n", "x".repeat(i * 500)));
+        tags += &format!("<script src=\"/js/{i}.js\" onload=\"ok()\" onerror=\"bad()\"></script>\n");
+    }
+    for i in 0..15 {
+        b = b.file(&format!("css/{i}.css"), format!(".c{i} {{ color: #{i:06x}; }}\n"));
+        tags += &format!("<link rel=\"stylesheet\" href=\"/css/{i}.css\" onload=\"ok()\" onerror=\"bad()\">\n");
+    }
+    let page = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\n<script>\n\
+         var loaded = 0, failed = 0;\n\
+         function ok() {{ loaded++; }}\n\
+         function bad() {{ failed++; }}\n\
+         window.addEventListener('load', function () {{\n\
+           var h2 = performance.getEntriesByType('resource').filter(function (e) {{ return e.nextHopProtocol === 'h2'; }}).length;\n\
+           document.getElementById('result').textContent = 'loaded=' + loaded + ' failed=' + failed + ' scripts=' + window.scripts + ' h2=' + h2;\n\
+         }});\n\
+         </script>\n{tags}</head><body><p id=\"result\">pending</p></body></html>\n"
+    );
+    let srv = b.file("index.html", page).start();
+    let profile = srv.dir().join("chromium-profile");
+    let netlog = srv.dir().join("chromium-netlog.json");
+    let out = run_with_timeout(
+        tool(chromium).args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--ignore-certificate-errors",
+            "--no-first-run",
+            "--disable-background-networking",
+            &format!("--user-data-dir={}", profile.display()),
+            "--virtual-time-budget=20000",
+            &format!("--log-net-log={}", netlog.display()),
+            "--dump-dom",
+            &srv.url("/index.html"),
+        ]),
+        None,
+        Duration::from_secs(120),
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(dom.contains("loaded=50 failed=0 scripts=15 h2=50"), "{dom}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    // The page and its 50 subresources, all HTTP/2.
+    let stopped = srv.stop();
+    let lines: Vec<&String> = stopped.access_log.iter().filter(|l| l.contains("\"GET /")).collect();
+    assert_eq!(lines.len(), 51, "{:#?}", stopped.access_log);
+    assert!(lines.iter().all(|l| l.contains(" HTTP/2.0\" 200 ")), "{:#?}", stopped.access_log);
+
+    // On one connection: Chromium's net log has one HTTP/2 session, which sent all
+    // 51 requests. (Chromium may open a spare TLS connection that carries no
+    // request, so the server's accepted-connection count is not the measure.)
+    let log: serde_json::Value = serde_json::from_slice(&std::fs::read(&netlog).expect("chromium wrote its net log")).expect("net log JSON");
+    let event_type = |name: &str| log["constants"]["logEventTypes"][name].as_u64().expect("known net log event");
+    let send_headers = event_type("HTTP2_SESSION_SEND_HEADERS");
+    let mut per_session: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for e in log["events"].as_array().expect("net log events") {
+        if e["type"].as_u64() == Some(send_headers) {
+            *per_session.entry(e["source"]["id"].as_u64().unwrap_or(0)).or_default() += 1;
+        }
+    }
+    assert_eq!(per_session.values().copied().collect::<Vec<_>>(), vec![51], "requests per HTTP/2 session: {per_session:?}");
+    assert!(stopped.stat("connections") <= 2, "{}", stopped.stderr);
+}
+
+/// The HTTP/2 limit flags reach the connection: the server's SETTINGS carry the
+/// stream limit and header table size given, and a fourth stream at once is
+/// refused; a value out of range stops the start with a one-line error.
+#[test]
+fn limit_flags_are_applied_and_checked() {
+    let srv = Server::builder()
+        .file("f", pattern(300_000, 4))
+        .args(["--h2-max-streams", "3", "--h2-hpack-table", "1024"])
+        .start();
+    let out = run_with_timeout(tool("nghttp").args(["-nv", &srv.url("/f")]), None, Duration::from_secs(30));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("[SETTINGS_MAX_CONCURRENT_STREAMS(0x03):3]"), "{text}");
+    assert!(text.contains("[SETTINGS_HEADER_TABLE_SIZE(0x01):1024]"), "{text}");
+
+    // Four requests at once from one client that ignores the setting: the
+    // conformance script's raw client sends them before reading anything.
+    let probe = r#"
+import socket, ssl, sys, h2.connection, h2.config, h2.events
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+ctx.set_alpn_protocols(["h2"])
+s = ctx.wrap_socket(socket.create_connection((sys.argv[1], int(sys.argv[2]))), server_hostname="localhost")
+c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+c.initiate_connection(); s.sendall(c.data_to_send())
+for i in range(4):
+    c.send_headers(2 * i + 1, [(":method", "GET"), (":scheme", "https"), (":authority", "localhost"), (":path", "/f")], end_stream=True)
+s.sendall(c.data_to_send())
+refused = ended = 0
+while ended + refused < 4:
+    data = s.recv(65536)
+    if not data: break
+    for e in c.receive_data(data):
+        if isinstance(e, h2.events.StreamReset): refused += 1
+        if isinstance(e, h2.events.StreamEnded): ended += 1
+        if isinstance(e, h2.events.DataReceived): c.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+    s.sendall(c.data_to_send())
+print(f"ended={ended} refused={refused}")
+"#;
+    let out = run_with_timeout(
+        tool("/usr/bin/python3").args(["-c", probe, &srv.addr().ip().to_string(), &srv.port().to_string()]),
+        None,
+        Duration::from_secs(60),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ended=3 refused=1"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    let exited = Server::builder().args(["--h2-max-streams", "0"]).run_to_exit();
+    exited.assert_startup_error(&["h2_max_streams 0: expected 1 to 10000"]);
+}

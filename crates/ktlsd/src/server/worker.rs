@@ -401,7 +401,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     let end = match protocol {
         AppProtocol::Http2 => {
             let settings = h2::Settings {
-                limits: h2::Limits::default(),
+                limits: cfg.h2_limits.clone(),
                 idle_timeout: cfg.timeouts.idle,
                 stall_timeout: cfg.timeouts.send,
             };
