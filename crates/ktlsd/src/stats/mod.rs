@@ -67,6 +67,8 @@ counters! {
     timeouts: "Connections closed on an idle, header or send timeout.",
     errors: "Connections cut by socket or TLS errors after the handshake.",
     panics: "Connection tasks that panicked (a bug; each is logged with its peer).",
+    cold_windows: "File windows (up to 1 MiB) found out of the page cache and read ahead off the event loop.",
+    readahead_waits: "Cold windows that waited for a free reader of the bounded readahead pool.",
 }
 
 impl Stats {

@@ -84,6 +84,8 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         ("ktlsd_timeouts_total", "Connections closed on an idle, header or send timeout.", &s.timeouts),
         ("ktlsd_connection_errors_total", "Connections cut by socket or TLS errors after the handshake.", &s.errors),
         ("ktlsd_panics_total", "Connection tasks that panicked.", &s.panics),
+        ("ktlsd_cold_windows_total", "File windows found out of the page cache and read ahead off the event loop.", &s.cold_windows),
+        ("ktlsd_readahead_waits_total", "Cold windows that waited for a free reader of the readahead pool.", &s.readahead_waits),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));
