@@ -26,6 +26,7 @@ use std::ops::Range;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
@@ -37,6 +38,15 @@ pub const WINDOW: u64 = 1 << 20;
 /// has 32 threads; a few suffice to keep a disk busy with 1 MiB reads, and the
 /// bound keeps a burst of cold downloads from growing a thread per connection.
 pub const READERS: usize = 8;
+
+/// Ranges up to this size are probed at their first page only.
+pub const SMALL: u64 = 64 * 1024;
+
+/// How long a window found warm is taken as warm without a new probe: long
+/// enough that a file sent record by record (HTTP/2) or again on the same
+/// keep-alive connection is probed about once, short enough that pages dropped
+/// meanwhile are noticed.
+const CHECKED_FOR: Duration = Duration::from_secs(1);
 
 /// Scratch buffer of each blocking reader: the window is read through it, in
 /// pieces, only to bring its pages into the cache.
@@ -98,11 +108,12 @@ pub enum Residency {
     Cold,
 }
 
-/// Probes the first and the last page of `range` (one byte each). Pages leave
-/// the cache oldest first and readahead fills them in order, so a window that
-/// is partly cached nearly always lacks its first or its last page. A probe
-/// that fails for any other reason says `Resident`: the send that follows
-/// meets the same error and reports it.
+/// Probes the first page of `range` and, when the range is over [`SMALL`], its
+/// last page too (one byte each). Pages leave the cache oldest first and
+/// readahead fills them in order, so a window that is partly cached nearly
+/// always lacks its first or its last page; a small file is read in and dropped
+/// whole. A probe that fails for any other reason says `Resident`: the send that
+/// follows meets the same error and reports it.
 pub fn probe(file: &File, range: Range<u64>) -> Residency {
     if range.is_empty() {
         return Residency::Resident;
@@ -111,7 +122,7 @@ pub fn probe(file: &File, range: Range<u64>) -> Residency {
     let last = (range.end - 1) / page * page;
     let mut byte = [0u8; 1];
     let mut at = |offset| matches!(read_nowait(file, &mut byte, offset), Ok(Nowait::Cold));
-    if at(range.start) || (last > range.start && at(last)) {
+    if at(range.start) || (range.end - range.start > SMALL && last > range.start && at(last)) {
         Residency::Cold
     } else {
         Residency::Resident
@@ -198,8 +209,8 @@ fn read_through(file: &File, range: Range<u64>) -> io::Result<()> {
 /// a file one record at a time), and how many windows were cold.
 #[derive(Debug, Default)]
 pub struct ColdReads {
-    /// Descriptor and range last found (or made) warm.
-    checked: Option<(RawFd, Range<u64>)>,
+    /// Descriptor and range last found (or made) warm, and when.
+    checked: Option<(RawFd, Range<u64>, Instant)>,
     /// Windows found out of the page cache and read ahead off the loop.
     pub cold_windows: u64,
     /// Cold windows that waited for a free reader.
@@ -215,8 +226,9 @@ impl ColdReads {
     /// Cancel-safe, as [`warm`]; a window not finished is checked again next time.
     pub async fn ensure_warm(&mut self, file: &File, offset: u64, end: u64) -> u64 {
         let fd = file.as_raw_fd();
-        if let Some((f, r)) = &self.checked {
-            if *f == fd && r.start <= offset && offset < r.end {
+        let now = Instant::now();
+        if let Some((f, r, at)) = &self.checked {
+            if *f == fd && r.start <= offset && offset < r.end && now.duration_since(*at) < CHECKED_FOR {
                 return r.end.min(end);
             }
         }
@@ -224,7 +236,7 @@ impl ColdReads {
         if probe(file, window.clone()) == Residency::Cold {
             self.note(warm(file, window.clone()).await);
         }
-        self.checked = Some((fd, window.clone()));
+        self.checked = Some((fd, window.clone(), Instant::now()));
         window.end
     }
 
