@@ -633,7 +633,7 @@ def scenario_cold(args, work):
              "| server | idle p50 ms | idle p99 ms | loaded p50 ms | loaded p99 ms | loaded p99 / idle p99 | "
              "hot req/s loaded | cold downloads finished |", "|---|---|---|---|---|---|---|---|"]
     for label, idle, loaded, n, _ in rows:
-        if loaded[2] == 0:
+        if loaded[1] == 0:  # wrk saw no response complete
             table.append(f"| {label} | {idle[0]:.2f} | {idle[1]:.2f} | no response | no response | - | 0 | {n} |")
             continue
         table.append(f"| {label} | {idle[0]:.2f} | {idle[1]:.2f} | {loaded[0]:.2f} | {loaded[1]:.2f} | "

@@ -30,6 +30,8 @@ pub struct Buffers {
 /// # Cancel safety
 /// Not cancel-safe as a whole (a response cut short cannot be resumed), but the
 /// records already encrypted are never sent twice: see [`UserspaceTls::flush`].
+// Each argument is a separate borrow of the session's parts.
+#[allow(clippy::too_many_arguments)]
 pub async fn send(
     tls: &mut UserspaceTls,
     stream: &TcpStream,
