@@ -12,6 +12,9 @@ Scenarios:
                       TLS connection per request (Connection: close).
   tail        (VM)    cold connections over netem 50 ms delay / 1% loss: TTFB and total time
                       per record-size policy and nginx, for 10 KB, 100 KB and 1 MB files.
+  cold        (VM)    a hot 10 KiB file fetched by wrk while other clients download cold large
+                      files from a slow disk (ext4 on a loop file under dm-delay): the hot file's
+                      p50/p99, idle and loaded, for ktlsd kTLS, nginx default, nginx aio threads.
 
 Run through bench/run, which installs what is needed and boots a VM for the VM scenarios.
 """
@@ -103,7 +106,7 @@ class Ktlsd:
 
 
 class Nginx:
-    def __init__(self, name, root, port, work, ktls=False, buffer="16k", connections=4096, http2=False):
+    def __init__(self, name, root, port, work, ktls=False, buffer="16k", connections=4096, http2=False, extra=""):
         self.name, self.port = name, port
         d = os.path.join(work, name)
         os.makedirs(d, exist_ok=True)
@@ -130,6 +133,7 @@ http {{
     ssl_session_tickets on;
     ssl_buffer_size {buffer};
     {ktls_line}
+    {extra}
     root {root};
   }}
 }}
@@ -645,9 +649,180 @@ def chart(stats, rows, sizes, names, path):
     fig.savefig(path, dpi=100)
 
 
+COLD_FILE_SIZE = 16 << 20
+
+
+def slow_disk(work, delay_ms, size):
+    """An ext4 filesystem on a loop file under dm-delay: every read waits delay_ms
+    (writes do not, so filling it is quick). Returns (mount point, teardown)."""
+    sh(["modprobe", "loop"])
+    sh(["modprobe", "dm-delay"])
+    img = os.path.join(work, "slow.img")
+    with open(img, "wb") as f:
+        f.truncate(size)
+    loop = sh(["losetup", "-f", "--show", img]).strip()
+    sectors = sh(["blockdev", "--getsz", loop]).strip()
+    name = f"ktlsd-slow-{os.getpid()}"
+    sh(["dmsetup", "create", name, "--table", f"0 {sectors} delay {loop} 0 {delay_ms} {loop} 0 0"])
+    subprocess.run(["dmsetup", "mknodes"], check=False)
+    dev = f"/dev/mapper/{name}"
+    sh(["mkfs.ext4", "-q", dev])
+    mnt = os.path.join(work, "slow")
+    os.makedirs(mnt)
+    sh(["mount", dev, mnt])
+
+    def teardown():
+        for cmd in (["umount", mnt], ["dmsetup", "remove", name], ["losetup", "-d", loop]):
+            subprocess.run(cmd, check=False)
+    return mnt, teardown
+
+
+def evict(path):
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def wrk_latency(port, path, duration, conns):
+    """The hot file's latency under wrk: (p50 ms, p99 ms, requests/s)."""
+    out = sh(["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", f"https://127.0.0.1:{port}/{path}"])
+    if re.search(r"Non-2xx or 3xx responses: (\d+)", out):
+        raise RuntimeError(f"wrk got errors:\n{out}")
+    unit = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+    pcts = {p: float(v) * unit[u] for p, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)}
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if "50" not in pcts or "99" not in pcts or not rps:
+        raise RuntimeError(f"cannot read wrk's latency distribution:\n{out}")
+    return pcts["50"], pcts["99"], float(rps.group(1))
+
+
+def cold_clients(port, root, files, n, rate, stop):
+    """n curl loops, each downloading its own cold files in turn (dropped from the
+    page cache just before each download, and by no other client meanwhile).
+    Returns the threads and a list that collects each download's bytes."""
+    import threading
+    done, procs = [], {}
+
+    def loop(c):
+        mine = files[c::n]
+        i = 0
+        while not stop.is_set():
+            name = mine[i % len(mine)]
+            i += 1
+            evict(os.path.join(root, name))
+            p = subprocess.Popen(["curl", "-sk", "--http1.1", "--limit-rate", rate, "-o", "/dev/null",
+                                  "-w", "%{size_download}", f"https://127.0.0.1:{port}/{name}"],
+                                 stdout=subprocess.PIPE, text=True)
+            procs[c] = p
+            out, _ = p.communicate()
+            if p.returncode == 0:
+                done.append(int(out))
+    threads = [threading.Thread(target=loop, args=(c,), daemon=True) for c in range(n)]
+    for t in threads:
+        t.start()
+
+    def halt():
+        stop.set()
+        for p in list(procs.values()):
+            if p.poll() is None:
+                p.terminate()
+        for t in threads:
+            t.join()
+    return halt, done
+
+
+def sample_wchan(pids, stop, seen):
+    """Counts, every 20 ms until stop, where each thread of pids sleeps in the
+    kernel (/proc/PID/task/TID/wchan), by thread name: shows what a stalled
+    event loop waits for."""
+    while not stop.wait(0.02):
+        for pid in pids:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                        comm = f.read().strip()
+                    with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                        wchan = f.read().strip() or "running"
+                except OSError:
+                    continue
+                seen[(comm, wchan)] = seen.get((comm, wchan), 0) + 1
+
+
+def scenario_cold(args, work):
+    import threading
+    mnt, teardown = slow_disk(work, args.cold_delay_ms, 512 << 20)
+    try:
+        hot = os.path.join(mnt, "hot.bin")
+        make_file(hot, 10 * 1024)
+        files = [f"cold{i}.bin" for i in range(2 * args.cold_clients)]
+        for name in files:
+            make_file(os.path.join(mnt, name), COLD_FILE_SIZE)
+        sh(["sync"])
+        rows, raw = [], {}
+        makers = [
+            ("ktlsd (kTLS)", lambda: Ktlsd("ktlsd", args.ktlsd, mnt, 18443, work, ["--ktls", "on"])),
+            ("ktlsd (userspace)", lambda: Ktlsd("ktlsd-us", args.ktlsd, mnt, 18446, work, ["--ktls", "off"])),
+            ("nginx default", lambda: Nginx("nginx", mnt, 18444, work)),
+            ("nginx aio threads", lambda: Nginx("nginx-aio", mnt, 18445, work, extra="aio threads;")),
+        ]
+        for label, make in makers:
+            for name in files:
+                evict(os.path.join(mnt, name))
+            s = make()
+            try:
+                curl_download(f"https://127.0.0.1:{s.port}/hot.bin")  # the hot file is hot
+                idle = wrk_latency(s.port, "hot.bin", args.duration, 4)
+                halt, done = cold_clients(s.port, mnt, files, args.cold_clients, args.cold_rate, threading.Event())
+                time.sleep(2)
+                stop_sampling, waits = threading.Event(), {}
+                sampler = threading.Thread(target=sample_wchan, args=(s.pids(), stop_sampling, waits), daemon=True)
+                sampler.start()
+                try:
+                    loaded = wrk_latency(s.port, "hot.bin", args.duration, 4)
+                finally:
+                    stop_sampling.set()
+                    halt()
+                top = sorted(waits.items(), key=lambda kv: -kv[1])[:8]
+                log(f"  {label}: where its threads slept under load (samples): " +
+                    ", ".join(f"{c}/{w}={n}" for (c, w), n in top))
+            finally:
+                s.stop()
+            cold_mb = sum(done) / 1e6
+            extra = ""
+            if isinstance(s, Ktlsd):
+                with open(os.path.join(work, f"{s.name}.err")) as f:
+                    m = re.search(r"cold_windows=(\d+) readahead_waits=(\d+)", f.read())
+                extra = f"cold_windows={m.group(1)} readahead_waits={m.group(2)}" if m else "no counters"
+                if s.name == "ktlsd":
+                    require_ktls(work, ["ktlsd"])
+            log(f"  {label}: idle p50 {idle[0]:.2f} ms p99 {idle[1]:.2f} ms; loaded p50 {loaded[0]:.2f} ms "
+                f"p99 {loaded[1]:.2f} ms; {len(done)} cold downloads done {extra}")
+            rows.append((label, idle, loaded, len(done), extra))
+            raw[label] = {"idle": idle, "loaded": loaded, "cold_downloads_done": len(done), "cold_mb": cold_mb,
+                          "counters": extra}
+    finally:
+        teardown()
+    table = [f"Hot 10 KiB file, wrk -t1 -c4 -d{args.duration}s --latency; loaded: {args.cold_clients} curl clients "
+             f"at {args.cold_rate}B/s each downloading {COLD_FILE_SIZE >> 20} MiB files dropped from the page cache, "
+             f"disk reads delayed {args.cold_delay_ms} ms (dm-delay).", "",
+             "| server | idle p50 ms | idle p99 ms | loaded p50 ms | loaded p99 ms | loaded p99 / idle p99 | "
+             "hot req/s loaded | cold downloads finished |", "|---|---|---|---|---|---|---|---|"]
+    for label, idle, loaded, n, _ in rows:
+        if loaded[1] == 0:  # wrk saw no response complete
+            table.append(f"| {label} | {idle[0]:.2f} | {idle[1]:.2f} | no response | no response | - | 0 | {n} |")
+            continue
+        table.append(f"| {label} | {idle[0]:.2f} | {idle[1]:.2f} | {loaded[0]:.2f} | {loaded[1]:.2f} | "
+                     f"{loaded[1] / idle[1]:.1f}x | {loaded[2]:.0f} | {n} |")
+    table += ["", "Goal: ktlsd's loaded p99 within 2x its idle p99."]
+    return "\n".join(table), raw
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "h2"])
+    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "h2", "cold"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -664,6 +839,9 @@ def main():
     p.add_argument("--scale-conns", default="2000,10000", help="scale: idle connection counts, comma-separated")
     p.add_argument("--scale-rounds", type=int, default=3, help="scale: interleaved wrk rounds")
     p.add_argument("--out", default=os.path.join(REPO, "bench/results"))
+    p.add_argument("--cold-clients", type=int, default=4, help="cold: clients downloading cold files")
+    p.add_argument("--cold-rate", default="2M", help="cold: each cold client's curl --limit-rate")
+    p.add_argument("--cold-delay-ms", type=int, default=20, help="cold: dm-delay read delay")
     args = p.parse_args()
     global WORKERS
     WORKERS = args.workers
@@ -679,7 +857,8 @@ def main():
     try:
         make_cert(work)
         table, raw = {"throughput": scenario_throughput, "ktls": scenario_ktls,
-                      "tail": scenario_tail, "scale": scenario_scale, "h2": scenario_h2}[args.scenario](args, work)
+                      "tail": scenario_tail, "scale": scenario_scale, "h2": scenario_h2,
+                      "cold": scenario_cold}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = os.uname().release

@@ -8,6 +8,7 @@
 
 mod cache;
 mod open;
+pub mod residency;
 
 use std::ffi::OsStr;
 use std::fs::{File, Metadata};

@@ -15,6 +15,7 @@ use super::kernel::KernelTls;
 use super::userspace::UserspaceTls;
 use super::sizing::RecordSizer;
 use super::{kernel, userspace};
+use crate::files::residency::ColdReads;
 use crate::files::FileRange;
 use crate::http::Transport;
 use crate::stats::Stats;
@@ -72,6 +73,8 @@ pub struct Session {
 struct Counters {
     rekey_unsupported: u64,
     record_errors: u64,
+    /// Windows of files found out of the page cache, and read ahead off the loop.
+    cold: ColdReads,
 }
 
 impl Counters {
@@ -154,12 +157,14 @@ impl Session {
             RecordLayer::Userspace(tls) => {
                 // The plaintext buffer is the worker's, lent for this response only.
                 let mut bufs = pool::borrow(&PLAINTEXT, userspace::body::Buffers::default);
-                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, &mut bufs, head, body, self.send_timeout).await;
+                let cold = &mut self.counters.cold;
+                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, &mut bufs, cold, head, body, self.send_timeout).await;
                 pool::give_back(&PLAINTEXT, bufs);
                 r
             }
             RecordLayer::Kernel(tls) => {
-                kernel::body::send(tls, &self.stream, &mut self.sizer, head, body, self.send_timeout).await
+                let cold = &mut self.counters.cold;
+                kernel::body::send(tls, &self.stream, &mut self.sizer, cold, head, body, self.send_timeout).await
             }
         };
         r.inspect_err(|e| self.counters.note(e))
@@ -173,6 +178,8 @@ impl Session {
         }
         Stats::add_to(&stats.rekey_unsupported, c.rekey_unsupported);
         Stats::add_to(&stats.ktls_record_errors, c.record_errors);
+        Stats::add_to(&stats.cold_windows, c.cold.cold_windows);
+        Stats::add_to(&stats.readahead_waits, c.cold.readahead_waits);
     }
 
     /// Asks `close` to linger, as nginx's `lingering_close` does: the server is ending

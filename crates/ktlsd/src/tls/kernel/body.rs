@@ -6,6 +6,10 @@
 //! open; a call without it closes the record at the call's end, and a record is
 //! also closed whenever it reaches 16 KiB. So a full-size policy hands the kernel
 //! large `sendfile` calls, and smaller policies one call per record.
+//!
+//! Before each window of the file is sent, its pages are checked to be in the
+//! page cache, and read ahead off the event loop when they are not (see
+//! [`crate::files::residency`]): `sendfile` of cold pages would block the loop.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -15,6 +19,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use super::KernelTls;
+use crate::files::residency::ColdReads;
 use crate::files::FileRange;
 use crate::net;
 use crate::tls::sizing::{RecordSizer, MAX_RECORD};
@@ -32,6 +37,7 @@ pub async fn send(
     tls: &mut KernelTls,
     stream: &TcpStream,
     sizer: &mut RecordSizer,
+    cold: &mut ColdReads,
     head: &[u8],
     body: Option<FileRange<'_>>,
     timeout: Duration,
@@ -42,6 +48,9 @@ pub async fn send(
         tls.note_sent(head.len() as u64);
         return Ok(0);
     };
+
+    // Before the head: a record left open with MSG_MORE need not wait on the disk.
+    let mut warm_until = cold.ensure_warm(range.file, range.range.start, range.range.end).await;
 
     // The head shares the first record with the body unless it alone fills a record.
     let mut first_record_room = None;
@@ -65,7 +74,10 @@ pub async fn send(
         // Full records, or a size the kernel enforces itself: let the kernel cut
         // them from one large call.
         let chunk = if want >= MAX_RECORD || tls.kernel_cuts_records() { MAX_SENDFILE } else { want };
-        let chunk = chunk.min(usize::try_from(end - offset).unwrap_or(usize::MAX));
+        if offset >= warm_until {
+            warm_until = cold.ensure_warm(range.file, offset, end).await;
+        }
+        let chunk = chunk.min(usize::try_from(warm_until - offset).unwrap_or(usize::MAX));
         // One record may take several calls when the socket buffer fills;
         // the kernel keeps the record open between them.
         let target = offset + chunk as u64;

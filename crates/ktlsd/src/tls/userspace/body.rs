@@ -1,14 +1,15 @@
 //! The userspace body writer: read a file chunk, encrypt it one record at a time
 //! into the connection's output buffer, write several records per syscall.
+//! File bytes are read with `RWF_NOWAIT`; a chunk not in the page cache is read
+//! ahead off the event loop first (see [`crate::files::residency`]).
 
-use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
 use super::UserspaceTls;
+use crate::files::residency::ColdReads;
 use crate::files::FileRange;
 use crate::tls::sizing::{RecordSizer, MAX_RECORD};
 use crate::tls::error::SessionError;
@@ -29,11 +30,14 @@ pub struct Buffers {
 /// # Cancel safety
 /// Not cancel-safe as a whole (a response cut short cannot be resumed), but the
 /// records already encrypted are never sent twice: see [`UserspaceTls::flush`].
+// Each argument is a separate borrow of the session's parts.
+#[allow(clippy::too_many_arguments)]
 pub async fn send(
     tls: &mut UserspaceTls,
     stream: &TcpStream,
     sizer: &mut RecordSizer,
     bufs: &mut Buffers,
+    cold: &mut ColdReads,
     head: &[u8],
     body: Option<FileRange<'_>>,
     timeout: Duration,
@@ -59,7 +63,7 @@ pub async fn send(
                 end -= start;
                 start = 0;
                 let n = (plain.len() - end).min(usize::try_from(left).unwrap_or(usize::MAX));
-                read_exact_at(range.file, &mut plain[end..end + n], offset)?;
+                read_exact_at(cold, range.file, &mut plain[end..end + n], offset, range.range.end).await?;
                 end += n;
                 offset += n as u64;
                 left -= n as u64;
@@ -83,15 +87,20 @@ pub async fn send(
     Ok(body.map_or(0, |r| r.len()))
 }
 
-fn read_exact_at(file: &std::fs::File, mut buf: &mut [u8], mut offset: u64) -> Result<(), SessionError> {
+async fn read_exact_at(
+    cold: &mut ColdReads,
+    file: &std::fs::File,
+    mut buf: &mut [u8],
+    mut offset: u64,
+    end: u64,
+) -> Result<(), SessionError> {
     while !buf.is_empty() {
-        match file.read_at(buf, offset) {
+        match cold.read_at(file, buf, offset, end).await {
             Ok(0) => return Err(SessionError::FileShrank),
             Ok(n) => {
                 buf = &mut buf[n..];
                 offset += n as u64;
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(SessionError::Io(e)),
         }
     }
