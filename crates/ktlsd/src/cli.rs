@@ -200,6 +200,18 @@ pub struct ServeArgs {
     /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent) or json (one object per line) [default: ktlsd]
     #[arg(long, value_name = "FORMAT")]
     pub access_log_format: Option<String>,
+
+    /// Precompressed variants served beside a file to clients that accept them, in order of preference: br (FILE.br), zstd (FILE.zst), gzip (FILE.gz), comma-separated, or none [default: none]
+    #[arg(long, value_name = "LIST")]
+    pub precompressed: Option<String>,
+
+    /// Page served for an error status, with that status, as CODE=/PATH (repeatable; e.g. 404=/404.html) [default: none: the built-in page]
+    #[arg(long = "error-page", value_name = "CODE=PATH")]
+    pub error_page: Vec<String>,
+
+    /// Path served, with 200, for a request whose path does not exist (a single-page app's /index.html); never for refused paths [default: none]
+    #[arg(long, value_name = "PATH")]
+    pub fallback: Option<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

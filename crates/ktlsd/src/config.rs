@@ -144,6 +144,8 @@ pub struct Config {
     /// Whether ALPN offers HTTP/2.
     pub http2: Http2,
     pub access_log_format: crate::log::LogFormat,
+    /// The default site's content-delivery options (each `[[site]]` has its own).
+    pub content: crate::handler::Content,
 }
 
 /// What a name no `[[site]]` has gets.
@@ -197,6 +199,8 @@ pub struct SiteConfig {
     pub hsts: Option<String>,
     pub autoindex: bool,
     pub dotfiles: bool,
+    /// Per site; what a site leaves out is the top level's.
+    pub content: crate::handler::Content,
 }
 
 /// A `[[site]]` block as written.
@@ -211,6 +215,72 @@ struct FileSite {
     autoindex: Option<bool>,
     dotfiles: Option<bool>,
     acme: Option<FileAcme>,
+    precompressed: Option<Vec<String>>,
+    error_page: Option<std::collections::BTreeMap<String, String>>,
+    fallback: Option<String>,
+}
+
+/// The content-delivery keys, at the top level (the default site) and in each `[[site]]`.
+#[derive(Debug, Default, Clone)]
+struct FileContent {
+    precompressed: Option<Vec<String>>,
+    error_page: Option<std::collections::BTreeMap<String, String>>,
+    fallback: Option<String>,
+}
+
+impl FileContent {
+    /// `over`'s keys where given, else `self`'s.
+    fn under(&self, over: FileContent) -> FileContent {
+        FileContent {
+            precompressed: over.precompressed.or_else(|| self.precompressed.clone()),
+            error_page: over.error_page.or_else(|| self.error_page.clone()),
+            fallback: over.fallback.or_else(|| self.fallback.clone()),
+        }
+    }
+
+    /// Validates the keys into a site's options; errors start with `which`.
+    fn build(self, which: &str) -> Result<crate::handler::Content, ConfigError> {
+        use crate::handler::request::Coding;
+        let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
+        let mut precompressed = Vec::new();
+        for name in self.precompressed.unwrap_or_default() {
+            if name.trim() == "none" {
+                continue;
+            }
+            let Some(c) = Coding::from_token(name.trim()) else {
+                return Err(e(format!("precompressed {name:?}: expected br, zstd, gzip or none")));
+            };
+            if !precompressed.contains(&c) {
+                precompressed.push(c);
+            }
+        }
+        let mut error_pages = Vec::new();
+        for (code, path) in self.error_page.unwrap_or_default() {
+            let status = match code.trim().parse::<u16>() {
+                Ok(s) if (400..600).contains(&s) => s,
+                _ => return Err(e(format!("error_page {code:?}: expected a status code from 400 to 599"))),
+            };
+            error_pages.push((status, local_path(&path).map_err(|m| e(format!("error_page {code}: {m}")))?));
+        }
+        let fallback = match self.fallback {
+            Some(p) => Some(local_path(&p).map_err(|m| e(format!("fallback: {m}")))?),
+            None => None,
+        };
+        Ok(crate::handler::Content { precompressed, error_pages, fallback })
+    }
+}
+
+/// A path beneath ROOT as a request would name it: absolute, no query, no `..`.
+fn local_path(p: &str) -> Result<String, String> {
+    let ok = p.starts_with('/')
+        && !p.contains(['?', '#'])
+        && !p.split('/').any(|s| s == "..")
+        && p.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(p.to_string())
+    } else {
+        Err(format!("{p:?} is not a path beneath the root such as /404.html (absolute, printable, no `..`, `?` or `#`)"))
+    }
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -252,6 +322,9 @@ struct FileConfig {
     admin_public: Option<bool>,
     http2: Option<bool>,
     access_log_format: Option<String>,
+    precompressed: Option<Vec<String>>,
+    error_page: Option<std::collections::BTreeMap<String, String>>,
+    fallback: Option<String>,
 }
 
 impl FileConfig {
@@ -532,7 +605,26 @@ impl Config {
             Some("refuse") => UnknownSni::Refuse,
             Some(other) => return err(format!("unknown_sni {other:?}: expected default or refuse")),
         };
-        let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles)?;
+        // The command line's content options over the file's top level.
+        let mut top = FileContent { precompressed: file.precompressed, error_page: file.error_page, fallback: file.fallback };
+        if let Some(list) = &args.precompressed {
+            top.precompressed = Some(split_list(list));
+        }
+        if !args.error_page.is_empty() {
+            let mut pages = std::collections::BTreeMap::new();
+            for item in &args.error_page {
+                let Some((code, path)) = item.split_once('=') else {
+                    return err(format!("--error-page {item:?}: expected CODE=PATH, e.g. 404=/404.html"));
+                };
+                pages.insert(code.to_string(), path.to_string());
+            }
+            top.error_page = Some(pages);
+        }
+        if let Some(p) = &args.fallback {
+            top.fallback = Some(p.clone());
+        }
+        let content = top.clone().build("")?;
+        let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles, &top)?;
         for site in &sites {
             let SiteCert::Acme(acme) = &site.cert else { continue };
             let which = site.names.dns_names().join(", ");
@@ -598,6 +690,7 @@ impl Config {
             admin,
             http2,
             access_log_format,
+            content,
         })
     }
 }
@@ -628,7 +721,13 @@ fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> 
 /// Validates the `[[site]]` blocks: names well formed and each in one site only,
 /// roots directories, `cert` and `key` together. Options a site leaves out are
 /// the top-level ones.
-fn sites(file: Vec<FileSite>, hsts: Option<&str>, autoindex: bool, dotfiles: bool) -> Result<Vec<SiteConfig>, ConfigError> {
+fn sites(
+    file: Vec<FileSite>,
+    hsts: Option<&str>,
+    autoindex: bool,
+    dotfiles: bool,
+    content: &FileContent,
+) -> Result<Vec<SiteConfig>, ConfigError> {
     let mut out: Vec<SiteConfig> = Vec::new();
     let mut seen = std::collections::HashMap::new();
     for (i, s) in file.into_iter().enumerate() {
@@ -658,7 +757,9 @@ fn sites(file: Vec<FileSite>, hsts: Option<&str>, autoindex: bool, dotfiles: boo
             Some(v) => Some(validate_hsts(&v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
             None => hsts.map(String::from),
         };
+        let site_content = content.under(FileContent { precompressed: s.precompressed, error_page: s.error_page, fallback: s.fallback }).build(&format!("{which}: "))?;
         out.push(SiteConfig {
+            content: site_content,
             names,
             root,
             cert,
