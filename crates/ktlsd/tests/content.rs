@@ -120,3 +120,28 @@ fn check_refuses_bad_content_options() {
     let site = format!("[[site]]\nnames = [\"a.test\"]\nroot = {:?}\nprecompressed = [\"xz\"]\n", d.join("s").display().to_string());
     check_refuses(d, &[], Some(&site), "site 1 (a.test): precompressed \"xz\"");
 }
+
+#[test]
+fn error_page_and_fallback_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("ktlsd.toml");
+    std::fs::write(&cfg, "error_page = { 404 = \"/404.html\", 403 = \"/gone.html\" }\nfallback = \"/index.html\"\n").unwrap();
+    let srv = Server::builder()
+        .file("index.html", b"<p>spa</p>")
+        .file("404.html", b"<p>not here</p>")
+        .file(".env", b"SECRET=1")
+        .arg("--config")
+        .arg(&cfg)
+        .start();
+    for proto in ["--http1.1", "--http2"] {
+        let r = fetch(&srv.url("/some/client/route"), &[proto]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "<p>spa</p>"), "{proto}");
+        // A refused dot-file gets the 404 page with 404, never the app.
+        let r = fetch(&srv.url("/.env"), &[proto]);
+        assert_eq!((r.status, r.body_str().as_str()), (404, "<p>not here</p>"), "{proto}");
+    }
+    // The command line wins over the file.
+    let srv2 = Server::builder().file("a.txt", b"a").file("e.html", b"<p>e</p>").args(["--error-page", "404=/e.html"]).start();
+    let r = fetch(&srv2.url("/nope"), &[]);
+    assert_eq!((r.status, r.body_str().as_str()), (404, "<p>e</p>"));
+}

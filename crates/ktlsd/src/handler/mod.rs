@@ -39,10 +39,11 @@ pub struct Site<'a> {
 /// Answers `req` from `site`.
 pub fn handle(req: &Request, site: &Site<'_>) -> Response {
     let response = if req.method.is_served() {
-        answer(req, site)
+        answer(req, site, &req.path, Fallback::Allowed)
     } else {
         Response::refusal(Status::METHOD_NOT_ALLOWED, "method not allowed").with(Header::Allow)
     };
+    let response = with_error_page(response, site);
     let response = with_hsts(response, site);
     match req.method {
         Method::Head => response.without_body(),
@@ -68,9 +69,40 @@ pub fn with_hsts(mut response: Response, site: &Site<'_>) -> Response {
     response
 }
 
-/// The answer to a GET (HEAD drops its body afterwards).
-fn answer(req: &Request, site: &Site<'_>) -> Response {
-    let found = match files::resolve(site.root, &req.path, site.files) {
+/// Whether a path that names nothing may be answered from the site's fallback.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fallback {
+    Allowed,
+    /// Already answering from the fallback: its absence is a plain 404.
+    Used,
+}
+
+/// `response`, when its status has a configured error page that exists, with that
+/// page as its body (status, reason and other fields kept); else as it is.
+fn with_error_page(mut response: Response, site: &Site<'_>) -> Response {
+    let Some((_, path)) = site.content.error_pages.iter().find(|(s, _)| *s == response.status.0) else {
+        return response;
+    };
+    let Ok(Resolved::File(page)) = files::resolve(site.root, path, site.files) else {
+        // A missing page leaves the built-in one: an error page must not fail the answer.
+        return response;
+    };
+    let len = page.meta.len();
+    let content_type = files::content_type(&page.rel);
+    for h in &mut response.headers {
+        match h {
+            Header::ContentType(t) => *t = content_type.clone().into(),
+            Header::ContentLength(n) => *n = len,
+            _ => {}
+        }
+    }
+    response.body = Body::File { found: page, range: 0..len };
+    response
+}
+
+/// The answer to a GET for `path` (HEAD drops its body afterwards).
+fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Response {
+    let found = match files::resolve(site.root, path, site.files) {
         Ok(Resolved::File(f)) => f,
         Ok(Resolved::Directory(listing)) => {
             return match files::listing_html(&listing, site.files) {
@@ -91,7 +123,13 @@ fn answer(req: &Request, site: &Site<'_>) -> Response {
             }
             return Response::page(Status::MOVED_PERMANENTLY).with(Header::Location(location));
         }
-        Err(refusal) => return Response::refusal(Status(refusal.status()), refusal.reason()),
+        Err(refusal) => {
+            // Only a path that names nothing: a refused one (dot-file, escape, 403) never.
+            if let (Refusal::NotFound, Fallback::Allowed, Some(to)) = (&refusal, fallback, site.content.fallback.as_deref()) {
+                return answer(req, site, to, Fallback::Used);
+            }
+            return Response::refusal(Status(refusal.status()), refusal.reason());
+        }
     };
 
     // The original decides the Content-Type; the variant, if any, is what is sent.

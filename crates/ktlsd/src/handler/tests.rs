@@ -626,3 +626,71 @@ fn precompressed_variants_have_their_own_validators_and_ranges() {
     assert_eq!(header(&r, "Content-Length").as_deref(), Some("21"));
     assert_eq!(header(&r, "Content-Encoding").as_deref(), Some("gzip"));
 }
+
+#[test]
+fn error_pages_keep_their_status() {
+    let t = tree();
+    write(&t.dir.path().join("root/errors/404.html"), b"<h1>custom 404</h1>");
+    write(&t.dir.path().join("root/errors/403.html"), b"<h1>custom 403</h1>");
+    let content = Content {
+        error_pages: vec![(404, "/errors/404.html".into()), (403, "/errors/403.html".into()), (405, "/missing.html".into())],
+        ..Content::NONE
+    };
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    for (req, status, want) in [
+        (get("/nope"), 404, Some(&b"<h1>custom 404</h1>"[..])),
+        (get("/.hidden"), 404, Some(b"<h1>custom 404</h1>")),
+        (get("/passwd"), 403, Some(b"<h1>custom 403</h1>")),
+        (get("/a.txt"), 200, Some(A_TXT)),
+        // The configured page is missing: the built-in one.
+        (Request::new(Method::Post, "/a.txt"), 405, None),
+        // No page for 400.
+        (get("/%00"), 400, None),
+    ] {
+        let r = handle(&req, &site);
+        assert_eq!(r.status.0, status, "{req:?}");
+        let b = body(&r);
+        match want {
+            Some(w) => assert_eq!(b, w, "{req:?}"),
+            None => assert!(String::from_utf8_lossy(&b).contains(&format!("<h1>{status} ")), "{req:?}"),
+        }
+        assert_eq!(header(&r, "Content-Length"), Some(b.len().to_string()), "{req:?}");
+        assert_eq!(r.refused.is_some(), status >= 400, "{req:?}: still logged as a refusal");
+    }
+    let r = handle(&Request::new(Method::Post, "/a.txt"), &site);
+    assert_eq!(header(&r, "Allow").as_deref(), Some("GET, HEAD"));
+    let mut head = get("/nope");
+    head.method = Method::Head;
+    let r = handle(&head, &site);
+    assert!(matches!(r.body, Body::Empty));
+    assert_eq!(header(&r, "Content-Length").as_deref(), Some("19"));
+}
+
+#[test]
+fn fallback_only_for_paths_that_name_nothing() {
+    let t = tree();
+    write(&t.dir.path().join("root/app/index.html"), b"<p>app</p>");
+    let content = Content { fallback: Some("/app/index.html".into()), ..Content::NONE };
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    check(
+        &site,
+        &[
+            ("/nope", 200, Some(b"<p>app</p>")),
+            ("/deep/client/route", 200, Some(b"<p>app</p>")),
+            ("/a.txt", 200, Some(A_TXT)),
+            // Refused paths are refused, never the app.
+            ("/.hidden", 404, None),
+            ("/.git/config", 404, None),
+            ("/sub/.env", 404, None),
+            ("/../etc/passwd", 400, None),
+            ("/passwd", 403, None),
+            ("/out/secret.txt", 403, None),
+            ("/pipe", 403, None),
+            ("/%00", 400, None),
+        ],
+    );
+    // A fallback that is missing itself is a plain 404, not a loop.
+    let content = Content { fallback: Some("/missing.html".into()), ..Content::NONE };
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    check(&site, &[("/nope", 404, None)]);
+}
