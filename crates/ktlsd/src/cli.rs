@@ -212,6 +212,10 @@ pub struct ServeArgs {
     /// Path served, with 200, for a request whose path does not exist (a single-page app's /index.html); never for refused paths [default: none]
     #[arg(long, value_name = "PATH")]
     pub fallback: Option<String>,
+
+    /// Content-Type for files with an extension, as EXT=TYPE (repeatable; e.g. md="text/markdown; charset=utf-8"); files without an extension are application/octet-stream [default: none: the built-in table]
+    #[arg(long = "mime-type", value_name = "EXT=TYPE")]
+    pub mime_type: Vec<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

@@ -218,6 +218,7 @@ struct FileSite {
     precompressed: Option<Vec<String>>,
     error_page: Option<std::collections::BTreeMap<String, String>>,
     fallback: Option<String>,
+    mime_types: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// The content-delivery keys, at the top level (the default site) and in each `[[site]]`.
@@ -226,6 +227,7 @@ struct FileContent {
     precompressed: Option<Vec<String>>,
     error_page: Option<std::collections::BTreeMap<String, String>>,
     fallback: Option<String>,
+    mime_types: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl FileContent {
@@ -235,6 +237,7 @@ impl FileContent {
             precompressed: over.precompressed.or_else(|| self.precompressed.clone()),
             error_page: over.error_page.or_else(|| self.error_page.clone()),
             fallback: over.fallback.or_else(|| self.fallback.clone()),
+            mime_types: over.mime_types.or_else(|| self.mime_types.clone()),
         }
     }
 
@@ -266,8 +269,26 @@ impl FileContent {
             Some(p) => Some(local_path(&p).map_err(|m| e(format!("fallback: {m}")))?),
             None => None,
         };
-        Ok(crate::handler::Content { precompressed, error_pages, fallback })
+        let mut mime_types = Vec::new();
+        for (ext, t) in self.mime_types.unwrap_or_default() {
+            let ext_ok = !ext.is_empty() && ext.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_+".contains(&b));
+            if !ext_ok {
+                return Err(e(format!("mime_types {ext:?}: expected an extension without the dot, e.g. md")));
+            }
+            let (essence, _) = t.split_once(';').unwrap_or((&t, ""));
+            let essence_ok = essence.trim().split_once('/').is_some_and(|(a, b)| is_token(a) && is_token(b));
+            if !essence_ok || !t.bytes().all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic()) {
+                return Err(e(format!("mime_types {ext}: {t:?} is not a media type such as \"text/markdown; charset=utf-8\"")));
+            }
+            mime_types.push((ext.to_ascii_lowercase(), t.trim().to_string()));
+        }
+        Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types })
     }
+}
+
+/// An HTTP token (RFC 9110 section 5.6.2): a header name, a media type's parts.
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// A path beneath ROOT as a request would name it: absolute, no query, no `..`.
@@ -325,6 +346,7 @@ struct FileConfig {
     precompressed: Option<Vec<String>>,
     error_page: Option<std::collections::BTreeMap<String, String>>,
     fallback: Option<String>,
+    mime_types: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl FileConfig {
@@ -606,7 +628,22 @@ impl Config {
             Some(other) => return err(format!("unknown_sni {other:?}: expected default or refuse")),
         };
         // The command line's content options over the file's top level.
-        let mut top = FileContent { precompressed: file.precompressed, error_page: file.error_page, fallback: file.fallback };
+        let mut top = FileContent {
+            precompressed: file.precompressed,
+            error_page: file.error_page,
+            fallback: file.fallback,
+            mime_types: file.mime_types,
+        };
+        if !args.mime_type.is_empty() {
+            let mut types = std::collections::BTreeMap::new();
+            for item in &args.mime_type {
+                let Some((ext, t)) = item.split_once('=') else {
+                    return err(format!("--mime-type {item:?}: expected EXT=TYPE, e.g. md=text/markdown"));
+                };
+                types.insert(ext.to_string(), t.to_string());
+            }
+            top.mime_types = Some(types);
+        }
         if let Some(list) = &args.precompressed {
             top.precompressed = Some(split_list(list));
         }
@@ -757,7 +794,12 @@ fn sites(
             Some(v) => Some(validate_hsts(&v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
             None => hsts.map(String::from),
         };
-        let site_content = content.under(FileContent { precompressed: s.precompressed, error_page: s.error_page, fallback: s.fallback }).build(&format!("{which}: "))?;
+        let site_content = content.under(FileContent {
+            precompressed: s.precompressed,
+            error_page: s.error_page,
+            fallback: s.fallback,
+            mime_types: s.mime_types,
+        }).build(&format!("{which}: "))?;
         out.push(SiteConfig {
             content: site_content,
             names,

@@ -116,6 +116,10 @@ fn check_refuses_bad_content_options() {
     check_refuses(d, &["--error-page", "200=/x.html"], None, "error_page \"200\": expected a status code from 400 to 599");
     check_refuses(d, &[], Some("error_page = { 404 = \"../x.html\" }\n"), "error_page 404: \"../x.html\" is not a path beneath the root");
     check_refuses(d, &["--fallback", "index.html"], None, "fallback: \"index.html\" is not a path");
+    check_refuses(d, &["--mime-type", "md"], None, "--mime-type \"md\": expected EXT=TYPE");
+    check_refuses(d, &[], Some("[mime_types]\n\".md\" = \"text/markdown\"\n"), "mime_types \".md\": expected an extension");
+    check_refuses(d, &[], Some("[mime_types]\nmd = \"text markdown\"\n"), "mime_types md: \"text markdown\" is not a media type");
+    check_refuses(d, &["--mime-type", "md=text/x\r\nX-A: b"], None, "is not a media type");
     std::fs::create_dir(d.join("s")).unwrap();
     let site = format!("[[site]]\nnames = [\"a.test\"]\nroot = {:?}\nprecompressed = [\"xz\"]\n", d.join("s").display().to_string());
     check_refuses(d, &[], Some(&site), "site 1 (a.test): precompressed \"xz\"");
@@ -144,4 +148,15 @@ fn error_page_and_fallback_end_to_end() {
     let srv2 = Server::builder().file("a.txt", b"a").file("e.html", b"<p>e</p>").args(["--error-page", "404=/e.html"]).start();
     let r = fetch(&srv2.url("/nope"), &[]);
     assert_eq!((r.status, r.body_str().as_str()), (404, "<p>e</p>"));
+}
+
+#[test]
+fn mime_type_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("ktlsd.toml");
+    std::fs::write(&cfg, "[mime_types]\nmd = \"text/markdown; charset=utf-8\"\nJS = \"application/x-test\"\n").unwrap();
+    let srv = Server::builder().file("r.md", b"# r").file("a.js", b"1").file("noext", b"x").arg("--config").arg(&cfg).start();
+    for (path, want) in [("/r.md", "text/markdown; charset=utf-8"), ("/a.js", "application/x-test"), ("/noext", "application/octet-stream")] {
+        assert_eq!(fetch(&srv.url(path), &[]).header("content-type"), Some(want), "{path}");
+    }
 }

@@ -4,6 +4,8 @@
 //! It only describes and chooses; opening files is `files`' business and the
 //! answer is assembled in [`super::handle`]. Nothing is compressed on the fly.
 
+use std::path::Path;
+
 use super::request::{AcceptEncoding, Coding};
 
 /// Per-site delivery options; [`Content::NONE`] is the behaviour without any.
@@ -17,18 +19,30 @@ pub struct Content {
     /// The path served for a request whose path names nothing (a single-page app's
     /// `/index.html`); never for a path that exists but is refused.
     pub fallback: Option<String>,
+    /// Content-Type overrides by file extension (lower-case, without the dot), validated.
+    pub mime_types: Vec<(String, String)>,
 }
 
 impl Content {
     /// No options: files are served as they are.
     #[cfg(test)]
-    pub const NONE: Content = Content { precompressed: Vec::new(), error_pages: Vec::new(), fallback: None };
+    pub const NONE: Content = Content { precompressed: Vec::new(), error_pages: Vec::new(), fallback: None, mime_types: Vec::new() };
 
     /// [`Content::NONE`] for as long as needed.
     #[cfg(test)]
     pub fn none() -> &'static Content {
         static NONE: Content = Content::NONE;
         &NONE
+    }
+
+    /// The Content-Type of the file at `rel`: the site's override for its extension,
+    /// else the built-in table's (application/octet-stream without an extension).
+    pub fn content_type(&self, rel: &Path) -> String {
+        let ext = rel.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        match ext.and_then(|e| self.mime_types.iter().find(|(x, _)| *x == e)) {
+            Some((_, t)) => t.clone(),
+            None => crate::files::content_type(rel),
+        }
     }
 
     /// Whether answers for files vary with Accept-Encoding.
@@ -58,6 +72,20 @@ pub fn candidates(configured: &[Coding], accept: Option<&AcceptEncoding>) -> Vec
 mod tests {
     use super::*;
     use Coding::*;
+
+    #[test]
+    fn mime_overrides_by_extension() {
+        let c = Content { mime_types: vec![("md".into(), "text/markdown; charset=utf-8".into())], ..Content::NONE };
+        for (name, want) in [
+            ("a.md", "text/markdown; charset=utf-8"),
+            ("A.MD", "text/markdown; charset=utf-8"),
+            ("a.txt", "text/plain; charset=utf-8"),
+            ("md", "application/octet-stream"),
+            ("Makefile", "application/octet-stream"),
+        ] {
+            assert_eq!(c.content_type(Path::new(name)), want, "{name}");
+        }
+    }
 
     #[test]
     fn candidates_follow_qualities_then_server_order() {

@@ -88,7 +88,7 @@ fn with_error_page(mut response: Response, site: &Site<'_>) -> Response {
         return response;
     };
     let len = page.meta.len();
-    let content_type = files::content_type(&page.rel);
+    let content_type = site.content.content_type(&page.rel);
     for h in &mut response.headers {
         match h {
             Header::ContentType(t) => *t = content_type.clone().into(),
@@ -133,7 +133,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     };
 
     // The original decides the Content-Type; the variant, if any, is what is sent.
-    let content_type = files::content_type(&found.rel);
+    let content_type = site.content.content_type(&found.rel);
     let (found, coding) = choose_variant(req, site, found);
     let vary = site.content.varies_by_encoding();
     let size = found.meta.len();
