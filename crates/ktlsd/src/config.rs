@@ -1151,6 +1151,39 @@ mod tests {
     }
 
     #[test]
+    fn content_options_are_per_site_over_the_top_level() {
+        use crate::handler::request::Coding;
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["www", "a", "b"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        let cfg = dir.path().join("ktlsd.toml");
+        std::fs::write(
+            &cfg,
+            concat!(
+                "root = \"www\"\nprecompressed = [\"gzip\"]\nfallback = \"/index.html\"\n",
+                "[mime_types]\nmd = \"text/markdown\"\n",
+                "[[site]]\nnames = [\"a.test\"]\nroot = \"a\"\n",
+                "[[site]]\nnames = [\"b.test\"]\nroot = \"b\"\nprecompressed = [\"br\", \"none\", \"br\"]\nerror_page = { 404 = \"/e.html\" }\n",
+            ),
+        )
+        .unwrap();
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap()])).unwrap();
+        assert_eq!(c.content.precompressed, [Coding::Gzip]);
+        assert_eq!(c.content.fallback.as_deref(), Some("/index.html"));
+        let (a, b) = (&c.sites[0].content, &c.sites[1].content);
+        assert_eq!(a, &c.content, "a site without the keys takes the top level's");
+        assert_eq!(b.precompressed, [Coding::Br], "its own list, `none` skipped, once each");
+        assert_eq!(b.error_pages, [(404, "/e.html".to_string())]);
+        assert_eq!((b.fallback.as_deref(), b.mime_types.len()), (Some("/index.html"), 1));
+        // The command line sets the top level.
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--precompressed", "zstd,br"])).unwrap();
+        assert_eq!(c.content.precompressed, [Coding::Zstd, Coding::Br]);
+        assert_eq!(c.sites[0].content.precompressed, [Coding::Zstd, Coding::Br]);
+        assert_eq!(c.sites[1].content.precompressed, [Coding::Br]);
+    }
+
+    #[test]
     fn admin_addresses() {
         // (flags, Ok(address) or Err(part of the message))
         type Want = Result<Option<&'static str>, &'static str>;
