@@ -224,6 +224,22 @@ pub struct ServeArgs {
     /// HTTP/2: frames carrying no request (SETTINGS, PING, PRIORITY, empty DATA, small WINDOW_UPDATE...) a client may send per 10 seconds before the connection ends with ENHANCE_YOUR_CALM [default: 1000]
     #[arg(long, value_name = "N")]
     pub h2_max_control: Option<u32>,
+
+    /// Precompressed variants served beside a file to clients that accept them, in order of preference: br (FILE.br), zstd (FILE.zst), gzip (FILE.gz), comma-separated, or none [default: none]
+    #[arg(long, value_name = "LIST")]
+    pub precompressed: Option<String>,
+
+    /// Page served for an error status, with that status, as CODE=/PATH (repeatable; e.g. 404=/404.html) [default: none: the built-in page]
+    #[arg(long = "error-page", value_name = "CODE=PATH")]
+    pub error_page: Vec<String>,
+
+    /// Path served, with 200, for a request whose path does not exist (a single-page app's /index.html); never for refused paths [default: none]
+    #[arg(long, value_name = "PATH")]
+    pub fallback: Option<String>,
+
+    /// Content-Type for files with an extension, as EXT=TYPE (repeatable; e.g. md="text/markdown; charset=utf-8"); files without an extension are application/octet-stream [default: none: the built-in table]
+    #[arg(long = "mime-type", value_name = "EXT=TYPE")]
+    pub mime_type: Vec<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

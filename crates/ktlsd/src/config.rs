@@ -148,6 +148,8 @@ pub struct Config {
     pub max_connections: Option<std::num::NonZeroUsize>,
     /// HTTP/2 settings and flood limits.
     pub h2_limits: crate::http::h2::Limits,
+    /// The default site's content-delivery options (each `[[site]]` has its own).
+    pub content: crate::handler::Content,
 }
 
 /// What a name no `[[site]]` has gets.
@@ -201,6 +203,8 @@ pub struct SiteConfig {
     pub hsts: Option<String>,
     pub autoindex: bool,
     pub dotfiles: bool,
+    /// Per site; what a site leaves out is the top level's.
+    pub content: crate::handler::Content,
 }
 
 /// A `[[site]]` block as written.
@@ -215,6 +219,93 @@ struct FileSite {
     autoindex: Option<bool>,
     dotfiles: Option<bool>,
     acme: Option<FileAcme>,
+    precompressed: Option<Vec<String>>,
+    error_page: Option<std::collections::BTreeMap<String, String>>,
+    fallback: Option<String>,
+    mime_types: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// The content-delivery keys, at the top level (the default site) and in each `[[site]]`.
+#[derive(Debug, Default, Clone)]
+struct FileContent {
+    precompressed: Option<Vec<String>>,
+    error_page: Option<std::collections::BTreeMap<String, String>>,
+    fallback: Option<String>,
+    mime_types: Option<std::collections::BTreeMap<String, String>>,
+}
+
+impl FileContent {
+    /// `over`'s keys where given, else `self`'s.
+    fn under(&self, over: FileContent) -> FileContent {
+        FileContent {
+            precompressed: over.precompressed.or_else(|| self.precompressed.clone()),
+            error_page: over.error_page.or_else(|| self.error_page.clone()),
+            fallback: over.fallback.or_else(|| self.fallback.clone()),
+            mime_types: over.mime_types.or_else(|| self.mime_types.clone()),
+        }
+    }
+
+    /// Validates the keys into a site's options; errors start with `which`.
+    fn build(self, which: &str) -> Result<crate::handler::Content, ConfigError> {
+        use crate::handler::request::Coding;
+        let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
+        let mut precompressed = Vec::new();
+        for name in self.precompressed.unwrap_or_default() {
+            if name.trim() == "none" {
+                continue;
+            }
+            let Some(c) = Coding::from_token(name.trim()) else {
+                return Err(e(format!("precompressed {name:?}: expected br, zstd, gzip or none")));
+            };
+            if !precompressed.contains(&c) {
+                precompressed.push(c);
+            }
+        }
+        let mut error_pages = Vec::new();
+        for (code, path) in self.error_page.unwrap_or_default() {
+            let status = match code.trim().parse::<u16>() {
+                Ok(s) if (400..600).contains(&s) => s,
+                _ => return Err(e(format!("error_page {code:?}: expected a status code from 400 to 599"))),
+            };
+            error_pages.push((status, local_path(&path).map_err(|m| e(format!("error_page {code}: {m}")))?));
+        }
+        let fallback = match self.fallback {
+            Some(p) => Some(local_path(&p).map_err(|m| e(format!("fallback: {m}")))?),
+            None => None,
+        };
+        let mut mime_types = Vec::new();
+        for (ext, t) in self.mime_types.unwrap_or_default() {
+            let ext_ok = !ext.is_empty() && ext.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_+".contains(&b));
+            if !ext_ok {
+                return Err(e(format!("mime_types {ext:?}: expected an extension without the dot, e.g. md")));
+            }
+            let (essence, _) = t.split_once(';').unwrap_or((&t, ""));
+            let essence_ok = essence.trim().split_once('/').is_some_and(|(a, b)| is_token(a) && is_token(b));
+            if !essence_ok || !t.bytes().all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic()) {
+                return Err(e(format!("mime_types {ext}: {t:?} is not a media type such as \"text/markdown; charset=utf-8\"")));
+            }
+            mime_types.push((ext.to_ascii_lowercase(), t.trim().to_string()));
+        }
+        Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types })
+    }
+}
+
+/// An HTTP token (RFC 9110 section 5.6.2): a header name, a media type's parts.
+fn is_token(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// A path beneath ROOT as a request would name it: absolute, no query, no `..`.
+fn local_path(p: &str) -> Result<String, String> {
+    let ok = p.starts_with('/')
+        && !p.contains(['?', '#'])
+        && !p.split('/').any(|s| s == "..")
+        && p.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(p.to_string())
+    } else {
+        Err(format!("{p:?} is not a path beneath the root such as /404.html (absolute, printable, no `..`, `?` or `#`)"))
+    }
 }
 
 /// The configuration file: the same keys as the command-line flags.
@@ -262,6 +353,10 @@ struct FileConfig {
     h2_hpack_table: Option<u32>,
     h2_max_resets: Option<u32>,
     h2_max_control: Option<u32>,
+    precompressed: Option<Vec<String>>,
+    error_page: Option<std::collections::BTreeMap<String, String>>,
+    fallback: Option<String>,
+    mime_types: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl FileConfig {
@@ -542,7 +637,41 @@ impl Config {
             Some("refuse") => UnknownSni::Refuse,
             Some(other) => return err(format!("unknown_sni {other:?}: expected default or refuse")),
         };
-        let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles)?;
+        // The command line's content options over the file's top level.
+        let mut top = FileContent {
+            precompressed: file.precompressed,
+            error_page: file.error_page,
+            fallback: file.fallback,
+            mime_types: file.mime_types,
+        };
+        if !args.mime_type.is_empty() {
+            let mut types = std::collections::BTreeMap::new();
+            for item in &args.mime_type {
+                let Some((ext, t)) = item.split_once('=') else {
+                    return err(format!("--mime-type {item:?}: expected EXT=TYPE, e.g. md=text/markdown"));
+                };
+                types.insert(ext.to_string(), t.to_string());
+            }
+            top.mime_types = Some(types);
+        }
+        if let Some(list) = &args.precompressed {
+            top.precompressed = Some(split_list(list));
+        }
+        if !args.error_page.is_empty() {
+            let mut pages = std::collections::BTreeMap::new();
+            for item in &args.error_page {
+                let Some((code, path)) = item.split_once('=') else {
+                    return err(format!("--error-page {item:?}: expected CODE=PATH, e.g. 404=/404.html"));
+                };
+                pages.insert(code.to_string(), path.to_string());
+            }
+            top.error_page = Some(pages);
+        }
+        if let Some(p) = &args.fallback {
+            top.fallback = Some(p.clone());
+        }
+        let content = top.clone().build("")?;
+        let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles, &top)?;
         for site in &sites {
             let SiteCert::Acme(acme) = &site.cert else { continue };
             let which = site.names.dns_names().join(", ");
@@ -625,6 +754,7 @@ impl Config {
             access_log_format,
             max_connections,
             h2_limits,
+            content,
         })
     }
 }
@@ -688,7 +818,13 @@ fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> 
 /// Validates the `[[site]]` blocks: names well formed and each in one site only,
 /// roots directories, `cert` and `key` together. Options a site leaves out are
 /// the top-level ones.
-fn sites(file: Vec<FileSite>, hsts: Option<&str>, autoindex: bool, dotfiles: bool) -> Result<Vec<SiteConfig>, ConfigError> {
+fn sites(
+    file: Vec<FileSite>,
+    hsts: Option<&str>,
+    autoindex: bool,
+    dotfiles: bool,
+    content: &FileContent,
+) -> Result<Vec<SiteConfig>, ConfigError> {
     let mut out: Vec<SiteConfig> = Vec::new();
     let mut seen = std::collections::HashMap::new();
     for (i, s) in file.into_iter().enumerate() {
@@ -718,7 +854,14 @@ fn sites(file: Vec<FileSite>, hsts: Option<&str>, autoindex: bool, dotfiles: boo
             Some(v) => Some(validate_hsts(&v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
             None => hsts.map(String::from),
         };
+        let site_content = content.under(FileContent {
+            precompressed: s.precompressed,
+            error_page: s.error_page,
+            fallback: s.fallback,
+            mime_types: s.mime_types,
+        }).build(&format!("{which}: "))?;
         out.push(SiteConfig {
+            content: site_content,
             names,
             root,
             cert,
@@ -1065,6 +1208,39 @@ mod tests {
         assert_eq!((default_of("user").as_str(), default_of("allow_root").as_str()), ("none", "off"));
         assert_eq!((c.unknown_sni, default_of("unknown_sni").as_str()), (UnknownSni::Default, "default"));
         assert!(c.sites.is_empty());
+    }
+
+    #[test]
+    fn content_options_are_per_site_over_the_top_level() {
+        use crate::handler::request::Coding;
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["www", "a", "b"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        let cfg = dir.path().join("ktlsd.toml");
+        std::fs::write(
+            &cfg,
+            concat!(
+                "root = \"www\"\nprecompressed = [\"gzip\"]\nfallback = \"/index.html\"\n",
+                "[mime_types]\nmd = \"text/markdown\"\n",
+                "[[site]]\nnames = [\"a.test\"]\nroot = \"a\"\n",
+                "[[site]]\nnames = [\"b.test\"]\nroot = \"b\"\nprecompressed = [\"br\", \"none\", \"br\"]\nerror_page = { 404 = \"/e.html\" }\n",
+            ),
+        )
+        .unwrap();
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap()])).unwrap();
+        assert_eq!(c.content.precompressed, [Coding::Gzip]);
+        assert_eq!(c.content.fallback.as_deref(), Some("/index.html"));
+        let (a, b) = (&c.sites[0].content, &c.sites[1].content);
+        assert_eq!(a, &c.content, "a site without the keys takes the top level's");
+        assert_eq!(b.precompressed, [Coding::Br], "its own list, `none` skipped, once each");
+        assert_eq!(b.error_pages, [(404, "/e.html".to_string())]);
+        assert_eq!((b.fallback.as_deref(), b.mime_types.len()), (Some("/index.html"), 1));
+        // The command line sets the top level.
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--precompressed", "zstd,br"])).unwrap();
+        assert_eq!(c.content.precompressed, [Coding::Zstd, Coding::Br]);
+        assert_eq!(c.sites[0].content.precompressed, [Coding::Zstd, Coding::Br]);
+        assert_eq!(c.sites[1].content.precompressed, [Coding::Br]);
     }
 
     #[test]

@@ -689,6 +689,35 @@ fn matrix_tls13_chacha20() {
 
 // ============================================================== tests: connection life
 
+/// The standard files with precompressed variants of the large ones beside them
+/// (bytes that differ from the originals', so a mix-up shows).
+fn precompressed_files() -> Vec<(&'static str, Vec<u8>)> {
+    let mut files = standard_files();
+    files.push(("big.gz", pattern(BIG + 7, 11)));
+    files.push(("odd.br", pattern(ODD - 3, 12)));
+    files
+}
+
+/// A precompressed variant chosen by Accept-Encoding goes by sendfile over kTLS
+/// like any file: the variant's bytes intact, the kernel carrying TX and RX.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn precompressed_variant_over_ktls() {
+    let files = precompressed_files();
+    let server = KtlsServer::start(&files, &["--precompressed", "br,gzip"]);
+    let mut requests = 0;
+    for proto in ["--http1.1", "--http2"] {
+        for (path, accept, coding, variant) in [("/big", "gzip", "gzip", "big.gz"), ("/odd", "br, gzip", "br", "odd.br")] {
+            let r = fetch(&server.url(path), &[proto, "--max-time", "90", "-H", &format!("Accept-Encoding: {accept}")]);
+            assert_eq!((r.status, r.header("content-encoding")), (200, Some(coding)), "{proto} {path}");
+            assert_body(&format!("{proto} {path} as {coding}"), &r.body, file(&files, variant));
+            requests += 1;
+        }
+    }
+    let s = server.stop();
+    assert_ktls("precompressed_variant_over_ktls", &s, &Expect::conns(requests as u64, requests));
+}
+
 /// Several requests on one kTLS connection, then the client's close_notify:
 /// the server answers with its own and closes. Then a resumed session whose
 /// last request and close_notify arrive in one write.

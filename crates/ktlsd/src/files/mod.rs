@@ -201,6 +201,34 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
     Ok(resolved)
 }
 
+/// The precompressed variant of a found file: `rel` with `suffix` appended
+/// (`style.css` -> `style.css.br`), opened beneath ROOT exactly as the original was
+/// (same directory, a name that is no dot-file since the original's is not) and
+/// served only when it is a regular file. `None` when there is none to serve.
+pub fn variant(root: &Root, rel: &Path, suffix: &str, opts: Options) -> Option<Found> {
+    let mut name = rel.as_os_str().to_os_string();
+    name.push(suffix);
+    let rel = PathBuf::from(name);
+    let now = Instant::now();
+    let mut key = Vec::with_capacity(8 + rel.as_os_str().len() + 1);
+    key.extend_from_slice(&root.id().to_be_bytes());
+    key.push(b'/');
+    key.extend_from_slice(rel.as_os_str().as_bytes());
+    if let Some((file, rel)) = cache::get(&key, now) {
+        if let Ok(meta) = file.metadata() {
+            return Some(Found { file, meta, rel });
+        }
+    }
+    match root.open(&rel) {
+        Ok((file, meta)) if meta.is_file() => {
+            let file = Rc::new(file);
+            cache::put(&key, file.clone(), rel.clone(), now, opts.cache_entries);
+            Some(Found { file, meta, rel })
+        }
+        _ => None,
+    }
+}
+
 /// The cache key of a normalised path: its segments joined by `/` (no segment holds
 /// a `/` or NUL, so the join is unambiguous), and a final `/` when the request had one.
 /// The cache key: the ROOT's id (a reload opens a new one), then the normalised path.
@@ -264,6 +292,12 @@ fn resolve_uncached(
 /// The entity tag of a file: modification time and size, in hex (nginx's form).
 pub fn etag(meta: &Metadata) -> String {
     format!("\"{:x}-{:x}\"", meta.mtime(), meta.size())
+}
+
+/// The entity tag of a precompressed variant: the variant's own time and size, and
+/// its coding, so it differs from the original's and from other codings'.
+pub fn etag_of_variant(meta: &Metadata, coding: &str) -> String {
+    format!("\"{:x}-{:x}-{coding}\"", meta.mtime(), meta.size())
 }
 
 /// Modification time, truncated to whole seconds as HTTP dates are.

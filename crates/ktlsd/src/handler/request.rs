@@ -199,6 +199,111 @@ pub struct Headers {
     /// file is sent): several ranges, other units, malformed.
     pub range: Option<ByteRangeSpec>,
     pub if_range: Option<IfRange>,
+    /// `None` when absent: any coding is acceptable, identity preferred (RFC 9110 section 12.5.3).
+    pub accept_encoding: Option<AcceptEncoding>,
+}
+
+/// A content coding this server can send from a precompressed file beside the original.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coding {
+    Br,
+    Zstd,
+    Gzip,
+}
+
+impl Coding {
+    pub const ALL: [Coding; 3] = [Coding::Br, Coding::Zstd, Coding::Gzip];
+
+    /// The Content-Encoding token.
+    pub fn token(self) -> &'static str {
+        match self {
+            Coding::Br => "br",
+            Coding::Zstd => "zstd",
+            Coding::Gzip => "gzip",
+        }
+    }
+
+    /// The suffix of the precompressed file (`style.css.br`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Coding::Br => ".br",
+            Coding::Zstd => ".zst",
+            Coding::Gzip => ".gz",
+        }
+    }
+
+    /// The coding named by a config value (`br`, `zstd`, `gzip`).
+    pub fn from_token(token: &str) -> Option<Coding> {
+        Coding::ALL.into_iter().find(|c| c.token().eq_ignore_ascii_case(token))
+    }
+}
+
+/// A quality value in thousandths (`q=0.5` is 500); 0 refuses.
+pub type Quality = u16;
+
+/// Accept-Encoding, parsed once: each coding with its quality, `*` and `identity` included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptEncoding {
+    /// Lower-case coding names (`x-gzip` read as `gzip`) with their qualities, as listed.
+    entries: Vec<(String, Quality)>,
+}
+
+impl AcceptEncoding {
+    pub fn parse(value: &str) -> AcceptEncoding {
+        let mut entries = Vec::new();
+        for member in value.split(',') {
+            let mut params = member.split(';');
+            let name = params.next().unwrap_or("").trim().to_ascii_lowercase();
+            if name.is_empty() {
+                continue;
+            }
+            let mut q = Some(1000);
+            for p in params {
+                if let Some((k, v)) = p.split_once('=') {
+                    if k.trim().eq_ignore_ascii_case("q") {
+                        q = parse_qvalue(v.trim());
+                    }
+                }
+            }
+            // A malformed weight makes the member mean nothing rather than "accepted".
+            let Some(q) = q else { continue };
+            let name = if name == "x-gzip" { "gzip".to_string() } else { name };
+            entries.push((name, q));
+        }
+        AcceptEncoding { entries }
+    }
+
+    /// The quality the client gives `coding` (`identity` too): its own entry, else `*`'s,
+    /// else 0 for a coding and, for identity, 1 unless refused (RFC 9110 section 12.5.3).
+    pub fn quality(&self, coding: &str) -> Quality {
+        match (self.listed(coding), self.listed("*")) {
+            (Some(own), _) => own,
+            (None, Some(any)) => any,
+            (None, None) if coding == "identity" => 1000,
+            (None, None) => 0,
+        }
+    }
+}
+
+impl AcceptEncoding {
+    /// The quality of `coding` when the client names it, `None` otherwise.
+    pub fn listed(&self, coding: &str) -> Option<Quality> {
+        self.entries.iter().find(|(n, _)| n == coding).map(|(_, q)| *q)
+    }
+}
+
+/// `0`, `0.5`, `1.000` (RFC 9110 section 12.4.2) in thousandths; `None` when malformed.
+fn parse_qvalue(v: &str) -> Option<Quality> {
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let frac_value = format!("{frac:0<3}").parse::<u16>().ok()?;
+    match int {
+        "0" => Some(frac_value),
+        "1" if frac_value == 0 => Some(1000),
+        _ => None,
+    }
 }
 
 /// Collects the field lines a codec receives, then parses them into [`Headers`].
@@ -211,6 +316,7 @@ pub struct HeaderFields {
     if_modified_since: Option<String>,
     range: Option<String>,
     if_range: Option<String>,
+    accept_encoding: Option<String>,
 }
 
 impl HeaderFields {
@@ -231,6 +337,8 @@ impl HeaderFields {
         } else if is("if-range") {
             // Several lines make a list, which is no single validator: the condition fails.
             join(&mut self.if_range, value);
+        } else if is("accept-encoding") {
+            join(&mut self.accept_encoding, value);
         }
     }
 
@@ -242,6 +350,7 @@ impl HeaderFields {
             if_modified_since: self.if_modified_since.as_deref().and_then(http_date),
             range: self.range.as_deref().and_then(ByteRangeSpec::parse),
             if_range: self.if_range.as_deref().map(IfRange::parse),
+            accept_encoding: self.accept_encoding.as_deref().map(AcceptEncoding::parse),
         }
     }
 }
@@ -397,6 +506,35 @@ mod tests {
             assert_eq!(c.matches(&ours, Comparison::Strong), strong, "{value:?} strong");
             assert_eq!(c.matches(&ours, Comparison::Weak), weak, "{value:?} weak");
         }
+    }
+
+    #[test]
+    fn accept_encoding_qualities() {
+        for (value, coding, want) in [
+            ("gzip, br", "br", 1000),
+            ("gzip;q=0.5, br;q=0.25", "br", 250),
+            ("gzip;q=0.5", "br", 0),
+            ("GZIP;Q=0.8", "gzip", 800),
+            ("x-gzip", "gzip", 1000),
+            ("br;q=0", "br", 0),
+            ("*;q=0.3", "zstd", 300),
+            ("*;q=0.3, zstd;q=0", "zstd", 0),
+            ("br;q=1.0", "br", 1000),
+            ("br;q=1.5", "br", 0),
+            ("br;q=0.1234", "br", 0),
+            ("br;q=abc", "br", 0),
+            ("", "identity", 1000),
+            ("gzip", "identity", 1000),
+            ("identity;q=0", "identity", 0),
+            ("*;q=0", "identity", 0),
+            ("*;q=0, identity", "identity", 1000),
+        ] {
+            assert_eq!(AcceptEncoding::parse(value).quality(coding), want, "{value:?} {coding}");
+        }
+        let mut f = HeaderFields::default();
+        f.add("Accept-Encoding", "gzip");
+        f.add("accept-encoding", "br;q=0.5");
+        assert_eq!(f.parse().accept_encoding.map(|a| a.quality("br")), Some(500), "lines are joined");
     }
 
     #[test]

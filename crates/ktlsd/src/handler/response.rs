@@ -9,7 +9,7 @@ use std::fmt;
 use std::ops::Range;
 use std::time::SystemTime;
 
-use super::request::EntityTag;
+use super::request::{Coding, EntityTag};
 use crate::files::Found;
 
 /// A response status code.
@@ -89,6 +89,10 @@ pub enum Header {
     /// `Allow: GET, HEAD`, the methods served.
     Allow,
     StrictTransportSecurity(String),
+    /// The coding of a precompressed variant.
+    ContentEncoding(Coding),
+    /// `Vary: Accept-Encoding`, on file answers of a site with precompressed variants.
+    VaryAcceptEncoding,
 }
 
 impl Header {
@@ -103,6 +107,8 @@ impl Header {
             Header::Location(_) => "Location",
             Header::Allow => "Allow",
             Header::StrictTransportSecurity(_) => "Strict-Transport-Security",
+            Header::ContentEncoding(_) => "Content-Encoding",
+            Header::VaryAcceptEncoding => "Vary",
         }
     }
 }
@@ -123,6 +129,8 @@ impl fmt::Display for Header {
             Header::Location(l) => f.write_str(l),
             Header::Allow => f.write_str("GET, HEAD"),
             Header::StrictTransportSecurity(v) => f.write_str(v),
+            Header::ContentEncoding(c) => f.write_str(c.token()),
+            Header::VaryAcceptEncoding => f.write_str("Accept-Encoding"),
         }
     }
 }

@@ -93,11 +93,12 @@ pub struct NamedSite {
     pub root: Root,
     pub files: files::Options,
     pub hsts: Option<String>,
+    pub content: super::Content,
 }
 
 impl NamedSite {
     pub fn site(&self) -> Site<'_> {
-        Site { root: &self.root, files: self.files, hsts: self.hsts.as_deref() }
+        Site { root: &self.root, files: self.files, hsts: self.hsts.as_deref(), content: &self.content }
     }
 }
 

@@ -82,7 +82,7 @@ const PLAIN: Options = Options { dotfiles: false, autoindex: false, cache_entrie
 
 impl Tree {
     fn site(&self, files: Options) -> Site<'_> {
-        Site { root: &self.root, files, hsts: None }
+        Site { root: &self.root, files, hsts: None, content: Content::none() }
     }
 }
 
@@ -497,4 +497,200 @@ fn redirects_and_refusals_are_no_file() {
     let r = handle(&get("/a.txt"), &site);
     let Body::File { range, .. } = &r.body else { panic!("a file body") };
     assert_eq!(*range, 0..A_TXT.len() as u64);
+}
+
+/// A tree with precompressed variants: good ones, and ones that must never be sent
+/// (a symlink out of ROOT, a directory, a FIFO, a dot-file's).
+fn precompressed_tree() -> Tree {
+    let t = tree();
+    let r = t.dir.path().canonicalize().unwrap().join("root");
+    for (p, bytes) in [
+        ("app.js", &b"console.log('identity')"[..]),
+        ("app.js.br", b"BR-BYTES"),
+        ("app.js.zst", b"ZSTD-BYTES"),
+        ("app.js.gz", b"GZIP-BYTES-0123456789"),
+        ("only.css", b"p{}"),
+        ("only.css.gz", b"GZ-CSS"),
+        ("leak.txt", b"plain"),
+        ("dirv.txt", b"plain"),
+        ("dirv.txt.br/x", b"x"),
+        ("fifo.txt", b"plain"),
+        ("d/index.html.gz", b"GZ-INDEX"),
+        (".hidden.gz", b"GZ-HIDDEN"),
+    ] {
+        write(&r.join(p), bytes);
+    }
+    symlink(t.dir.path().join("secret.txt"), r.join("leak.txt.gz")).unwrap();
+    symlink(t.dir.path().join("secret.txt"), r.join("leak.txt.br")).unwrap();
+    let fifo = std::ffi::CString::new(r.join("fifo.txt.gz").to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    t
+}
+
+fn precompressed() -> Content {
+    use request::Coding::*;
+    Content { precompressed: vec![Br, Zstd, Gzip], ..Content::NONE }
+}
+
+#[test]
+fn precompressed_variants_follow_accept_encoding() {
+    let t = precompressed_tree();
+    let content = precompressed();
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    let identity = &b"console.log('identity')"[..];
+    for (path, accept, coding, want) in [
+        ("/app.js", Some("gzip, deflate, br, zstd"), Some("br"), &b"BR-BYTES"[..]),
+        ("/app.js", Some("gzip, zstd"), Some("zstd"), b"ZSTD-BYTES"),
+        ("/app.js", Some("gzip"), Some("gzip"), b"GZIP-BYTES-0123456789"),
+        ("/app.js", Some("x-gzip"), Some("gzip"), b"GZIP-BYTES-0123456789"),
+        ("/app.js", Some("br;q=0.1, gzip;q=0.9"), Some("gzip"), b"GZIP-BYTES-0123456789"),
+        ("/app.js", Some("br;q=0, zstd;q=0, *"), Some("gzip"), b"GZIP-BYTES-0123456789"),
+        ("/app.js", Some("*"), Some("br"), b"BR-BYTES"),
+        ("/app.js", Some("identity"), None, identity),
+        ("/app.js", Some("deflate"), None, identity),
+        ("/app.js", Some("br;q=0, gzip;q=0"), None, identity),
+        ("/app.js", None, None, identity),
+        // Only some variants exist: the best one that does.
+        ("/only.css", Some("br, gzip"), Some("gzip"), b"GZ-CSS"),
+        ("/a.txt", Some("br, gzip"), None, A_TXT),
+        // The directory's index has its own variant.
+        ("/d/", Some("gzip"), Some("gzip"), b"GZ-INDEX"),
+        // Never what the original's checks would refuse: a symlink out of ROOT, a
+        // directory, a FIFO.
+        ("/leak.txt", Some("br, gzip"), None, b"plain"),
+        ("/dirv.txt", Some("br"), None, b"plain"),
+        ("/fifo.txt", Some("gzip"), None, b"plain"),
+    ] {
+        let mut req = get(path);
+        if let Some(a) = accept {
+            req = with_fields(req, &[("Accept-Encoding", a)]);
+        }
+        let r = handle(&req, &site);
+        assert_eq!(r.status, Status::OK, "{path} {accept:?}");
+        assert_eq!(header(&r, "Content-Encoding").as_deref(), coding, "{path} {accept:?}");
+        assert_eq!(body(&r), want, "{path} {accept:?}");
+        assert_eq!(header(&r, "Vary").as_deref(), Some("Accept-Encoding"), "{path} {accept:?}: Vary on every file answer");
+        assert_eq!(header(&r, "Content-Length"), Some(want.len().to_string()), "{path} {accept:?}");
+    }
+    // The variant keeps the original's Content-Type.
+    let r = handle(&with_fields(get("/app.js"), &[("Accept-Encoding", "br")]), &site);
+    assert_eq!(header(&r, "Content-Type").as_deref(), Some("text/javascript; charset=utf-8"));
+    // A dot-file stays hidden whatever variant exists.
+    assert_eq!(handle(&with_fields(get("/.hidden"), &[("Accept-Encoding", "gzip")]), &site).status, Status::NOT_FOUND);
+    // Variants asked for by name are plain files, as before.
+    assert_eq!(body(&handle(&get("/app.js.br"), &site)), b"BR-BYTES");
+    // Without the option nothing changes: no variant, no Vary.
+    let plain = handle(&with_fields(get("/app.js"), &[("Accept-Encoding", "br, gzip")]), &t.site(PLAIN));
+    assert_eq!(body(&plain), identity);
+    assert!(plain.header("Vary").is_none() && plain.header("Content-Encoding").is_none());
+}
+
+#[test]
+fn precompressed_variants_have_their_own_validators_and_ranges() {
+    let t = precompressed_tree();
+    let content = precompressed();
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    let gz = |fields: &[(&str, &str)]| {
+        let mut all = vec![("Accept-Encoding", "gzip")];
+        all.extend_from_slice(fields);
+        handle(&with_fields(get("/app.js"), &all), &site)
+    };
+    let original = handle(&get("/app.js"), &site);
+    let r = gz(&[]);
+    let tag = header(&r, "ETag").unwrap();
+    assert_ne!(Some(&tag), header(&original, "ETag").as_ref(), "distinct from the original's");
+    assert_ne!(Some(&tag), header(&handle(&with_fields(get("/app.js"), &[("Accept-Encoding", "br")]), &site), "ETag").as_ref());
+    // Conditionals are the variant's.
+    let r = gz(&[("If-None-Match", &tag)]);
+    assert_eq!(r.status, Status::NOT_MODIFIED);
+    assert_eq!(header(&r, "Vary").as_deref(), Some("Accept-Encoding"));
+    assert_eq!(header(&r, "ETag").as_deref(), Some(tag.as_str()));
+    let original_tag = header(&original, "ETag").unwrap();
+    assert_eq!(gz(&[("If-None-Match", &original_tag)]).status, Status::OK, "the original's tag is not the variant's");
+    // Ranges are of the variant's bytes.
+    let r = gz(&[("Range", "bytes=5-9")]);
+    assert_eq!(r.status, Status::PARTIAL_CONTENT);
+    assert_eq!(body(&r), b"BYTES");
+    assert_eq!(header(&r, "Content-Range").as_deref(), Some("bytes 5-9/21"));
+    assert_eq!(header(&r, "Content-Encoding").as_deref(), Some("gzip"));
+    let r = gz(&[("Range", "bytes=5-9"), ("If-Range", &tag)]);
+    assert_eq!(r.status, Status::PARTIAL_CONTENT);
+    let r = gz(&[("Range", "bytes=5-9"), ("If-Range", &original_tag)]);
+    assert_eq!((r.status, body(&r)), (Status::OK, b"GZIP-BYTES-0123456789".to_vec()));
+    // HEAD: the same head, no body.
+    let mut head = with_fields(get("/app.js"), &[("Accept-Encoding", "gzip")]);
+    head.method = Method::Head;
+    let r = handle(&head, &site);
+    assert!(matches!(r.body, Body::Empty));
+    assert_eq!(header(&r, "Content-Length").as_deref(), Some("21"));
+    assert_eq!(header(&r, "Content-Encoding").as_deref(), Some("gzip"));
+}
+
+#[test]
+fn error_pages_keep_their_status() {
+    let t = tree();
+    write(&t.dir.path().join("root/errors/404.html"), b"<h1>custom 404</h1>");
+    write(&t.dir.path().join("root/errors/403.html"), b"<h1>custom 403</h1>");
+    let content = Content {
+        error_pages: vec![(404, "/errors/404.html".into()), (403, "/errors/403.html".into()), (405, "/missing.html".into())],
+        ..Content::NONE
+    };
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    for (req, status, want) in [
+        (get("/nope"), 404, Some(&b"<h1>custom 404</h1>"[..])),
+        (get("/.hidden"), 404, Some(b"<h1>custom 404</h1>")),
+        (get("/passwd"), 403, Some(b"<h1>custom 403</h1>")),
+        (get("/a.txt"), 200, Some(A_TXT)),
+        // The configured page is missing: the built-in one.
+        (Request::new(Method::Post, "/a.txt"), 405, None),
+        // No page for 400.
+        (get("/%00"), 400, None),
+    ] {
+        let r = handle(&req, &site);
+        assert_eq!(r.status.0, status, "{req:?}");
+        let b = body(&r);
+        match want {
+            Some(w) => assert_eq!(b, w, "{req:?}"),
+            None => assert!(String::from_utf8_lossy(&b).contains(&format!("<h1>{status} ")), "{req:?}"),
+        }
+        assert_eq!(header(&r, "Content-Length"), Some(b.len().to_string()), "{req:?}");
+        assert_eq!(r.refused.is_some(), status >= 400, "{req:?}: still logged as a refusal");
+    }
+    let r = handle(&Request::new(Method::Post, "/a.txt"), &site);
+    assert_eq!(header(&r, "Allow").as_deref(), Some("GET, HEAD"));
+    let mut head = get("/nope");
+    head.method = Method::Head;
+    let r = handle(&head, &site);
+    assert!(matches!(r.body, Body::Empty));
+    assert_eq!(header(&r, "Content-Length").as_deref(), Some("19"));
+}
+
+#[test]
+fn fallback_only_for_paths_that_name_nothing() {
+    let t = tree();
+    write(&t.dir.path().join("root/app/index.html"), b"<p>app</p>");
+    let content = Content { fallback: Some("/app/index.html".into()), ..Content::NONE };
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    check(
+        &site,
+        &[
+            ("/nope", 200, Some(b"<p>app</p>")),
+            ("/deep/client/route", 200, Some(b"<p>app</p>")),
+            ("/a.txt", 200, Some(A_TXT)),
+            // Refused paths are refused, never the app.
+            ("/.hidden", 404, None),
+            ("/.git/config", 404, None),
+            ("/sub/.env", 404, None),
+            ("/../etc/passwd", 400, None),
+            ("/passwd", 403, None),
+            ("/out/secret.txt", 403, None),
+            ("/pipe", 403, None),
+            ("/%00", 400, None),
+        ],
+    );
+    // A fallback that is missing itself is a plain 404, not a loop.
+    let content = Content { fallback: Some("/missing.html".into()), ..Content::NONE };
+    let site = Site { content: &content, ..t.site(PLAIN) };
+    check(&site, &[("/nope", 404, None)]);
 }

@@ -56,7 +56,7 @@ pub struct Shared {
 impl Shared {
     /// The sites a connection chooses from, by Host, for each request.
     pub fn sites(&self) -> Sites<'_> {
-        let default = Site { root: &self.root, files: self.file_options, hsts: self.config.hsts.as_deref() };
+        let default = Site { root: &self.root, files: self.file_options, hsts: self.config.hsts.as_deref(), content: &self.config.content };
         let unknown = match self.config.unknown_sni {
             UnknownSni::Default => UnknownHost::Default,
             UnknownSni::Refuse => UnknownHost::Misdirected,
@@ -327,7 +327,7 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, acme
         keys.push(key);
         let root = Root::new(&site.root).with_context(|| format!("site {which}: cannot open root {}", site.root.display()))?;
         let files = files::Options { dotfiles: site.dotfiles, autoindex: site.autoindex, cache_entries };
-        sites.push(NamedSite { names: site.names.clone(), root, files, hsts: site.hsts.clone() });
+        sites.push(NamedSite { names: site.names.clone(), root, files, hsts: site.hsts.clone(), content: site.content.clone() });
     }
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
     let unknown = match config.unknown_sni {

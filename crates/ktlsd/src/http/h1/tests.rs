@@ -43,6 +43,7 @@ impl Fixture {
             root: &self.root,
             files: Options { dotfiles: false, autoindex: false, cache_entries: 0 },
             hsts: self.hsts.as_deref(),
+            content: crate::handler::Content::none(),
         }
     }
 

@@ -106,7 +106,7 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     async fn serve(&self, mem: &mut Memory, shutdown: watch::Receiver<bool>) -> End<MemError> {
-        let site = Site { root: &self.root, files: Options { dotfiles: false, autoindex: false, cache_entries: 0 }, hsts: None };
+        let site = Site { root: &self.root, files: Options { dotfiles: false, autoindex: false, cache_entries: 0 }, hsts: None, content: crate::handler::Content::none() };
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
         serve(mem, &self.settings, &Sites::single(site), &log, peer, shutdown).await
