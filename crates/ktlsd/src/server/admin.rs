@@ -160,7 +160,7 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
             let mut out = String::with_capacity(8192);
             let stat = kernel_tls::TlsStat::read().ok();
             prometheus::render(&mut out, &total, state.started.elapsed(), stat.as_ref());
-            prometheus::fd_budget(&mut out, open_fds(), fd_limit());
+            prometheus::fd_budget(&mut out, open_fds(), super::FdBudget::read().ok().map(|b| b.limit));
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", out)
         }
         "/status" => ("200 OK", JSON, json(&status(&total, state, &current))),
@@ -176,13 +176,6 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
 /// reading it).
 fn open_fds() -> Option<u64> {
     Some(std::fs::read_dir("/proc/self/fd").ok()?.count().saturating_sub(1) as u64)
-}
-
-fn fd_limit() -> Option<u64> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit only writes the struct it is given, which lives for the call.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0;
-    ok.then_some(lim.rlim_cur as u64)
 }
 
 fn json<T: Serialize>(v: &T) -> String {
