@@ -364,12 +364,14 @@ fn content_type_by_extension() {
 fn access_log_records_requests() {
     let srv = hello_server(&["--ktls", "off"]);
     let _ = fetch(&srv.url("/a.txt"), &["--http1.1"]);
-    let _ = fetch(&srv.url("/missing"), &["--http1.1"]);
+    let missing = fetch(&srv.url("/missing"), &["--http1.1"]);
     let _ = fetch(&srv.url("/a.txt"), &["--http1.0"]);
     let log = srv.wait_access_log(3, Duration::from_secs(10));
     assert_eq!(log.len(), 3, "{log:?}");
     assert_access_line(&log[0], "GET", "/a.txt", "HTTP/1.1", 200, 6);
-    assert_access_line(&log[1], "GET", "/missing", "HTTP/1.1", 404, 0);
+    // An error page logs the body it sent, as nginx's $body_bytes_sent does.
+    assert!(!missing.body.is_empty());
+    assert_access_line(&log[1], "GET", "/missing", "HTTP/1.1", 404, missing.body.len() as u64);
     assert_access_line(&log[2], "GET", "/a.txt", "HTTP/1.0", 200, 6);
     assert!(log.iter().all(|l| l.ends_with(" tls=userspace")), "--ktls off must log userspace: {log:?}");
 }
