@@ -1656,7 +1656,8 @@ struct Netem;
 
 impl Netem {
     fn on(spec: &[&str]) -> Netem {
-        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).status();
+        // None may be there yet: the deletion's complaint is expected.
+        let _ = Command::new("tc").args(["qdisc", "del", "dev", "lo", "root"]).stderr(Stdio::null()).status();
         let mut args = vec!["qdisc", "add", "dev", "lo", "root", "netem"];
         args.extend_from_slice(spec);
         let st = Command::new("tc").args(&args).status().expect("tc");
