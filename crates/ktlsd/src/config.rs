@@ -1325,6 +1325,41 @@ mod tests {
     }
 
     #[test]
+    fn header_rules_and_cors_are_per_site() {
+        use crate::handler::rules::{Cors, PathMatch};
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["www", "a", "b"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        let cfg = dir.path().join("ktlsd.toml");
+        std::fs::write(
+            &cfg,
+            concat!(
+                "root = \"www\"\ncors = \"*\"\n",
+                "[[headers]]\nextensions = [\"CSS\"]\nexpires = \"1h\"\n",
+                "[[site]]\nnames = [\"a.test\"]\nroot = \"a\"\n",
+                "[[site]]\nnames = [\"b.test\"]\nroot = \"b\"\ncors = [\"https://B.example\"]\n",
+                "[[site.headers]]\npath = \"/x/**\"\nset = { \"X-A\" = \"1\" }\n",
+            ),
+        )
+        .unwrap();
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap()])).unwrap();
+        assert_eq!(c.content.cors, Some(Cors::Any));
+        assert_eq!(c.content.headers[0].paths, PathMatch::Extensions(vec!["css".into()]));
+        assert_eq!(c.content.headers[0].expires, Some(std::time::Duration::from_secs(3600)));
+        let (a, b) = (&c.sites[0].content, &c.sites[1].content);
+        assert_eq!(a, &c.content, "a site without the keys takes the top level's");
+        assert_eq!(b.cors, Some(Cors::Origins(vec!["https://b.example".into()])));
+        assert_eq!(b.headers.len(), 1, "a site's list replaces the top level's");
+        assert_eq!((&b.headers[0].paths, &b.headers[0].set[..]), (&PathMatch::Glob("/x/**".into()), &[("X-A".to_string(), "1".to_string())][..]));
+        // The command line sets the top level.
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--header", "*.js=Cache-Control: no-cache", "--cors", "https://c.example"])).unwrap();
+        assert_eq!(c.content.headers[0].set, [("Cache-Control".to_string(), "no-cache".to_string())]);
+        assert_eq!(c.sites[0].content.cors, Some(Cors::Origins(vec!["https://c.example".into()])));
+        assert_eq!(c.sites[1].content.headers[0].paths, PathMatch::Glob("/x/**".into()));
+    }
+
+    #[test]
     fn admin_addresses() {
         // (flags, Ok(address) or Err(part of the message))
         type Want = Result<Option<&'static str>, &'static str>;
