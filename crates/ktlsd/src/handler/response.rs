@@ -235,6 +235,8 @@ mod tests {
             (Header::ContentRange(ContentRange::Bytes { range: 2..5, size: 10 }), "bytes 2-4/10"),
             (Header::ContentRange(ContentRange::Unsatisfied { size: 10 }), "bytes */10"),
             (Header::Allow, "GET, HEAD"),
+            (Header::AllowWithOptions, "GET, HEAD, OPTIONS"),
+            (Header::Field("X-Frame-Options".into(), "DENY".into()), "DENY"),
         ] {
             assert_eq!(h.to_string(), want, "{}", h.name());
         }
@@ -250,5 +252,6 @@ mod tests {
         let r = r.without_body();
         assert!(matches!(r.body, Body::Empty));
         assert!(r.header("Content-Length").is_some());
+        assert_eq!(Header::Field("X-Frame-Options".into(), String::new()).name(), "X-Frame-Options");
     }
 }
