@@ -240,6 +240,14 @@ pub struct ServeArgs {
     /// Content-Type for files with an extension, as EXT=TYPE (repeatable; e.g. md="text/markdown; charset=utf-8"); files without an extension are application/octet-stream [default: none: the built-in table]
     #[arg(long = "mime-type", value_name = "EXT=TYPE")]
     pub mime_type: Vec<String>,
+
+    /// CORS: origins whose scripts may read the answers, comma-separated (https://a.example), or * for any; OPTIONS preflights are answered for GET and HEAD [default: none: no CORS fields]
+    #[arg(long, value_name = "ORIGINS")]
+    pub cors: Option<String>,
+
+    /// A response field set on files whose path matches GLOB, as GLOB=NAME: VALUE (repeatable; e.g. "/assets/**=Cache-Control: max-age=31536000, immutable"); replaces the file's [[headers]] rules [default: none]
+    #[arg(long, value_name = "GLOB=NAME: VALUE")]
+    pub header: Vec<String>,
 }
 
 /// Heading of the privilege flags in `--help`.

@@ -223,6 +223,8 @@ struct FileSite {
     error_page: Option<std::collections::BTreeMap<String, String>>,
     fallback: Option<String>,
     mime_types: Option<std::collections::BTreeMap<String, String>>,
+    headers: Option<Vec<FileHeaderRule>>,
+    cors: Option<FileCors>,
 }
 
 /// The content-delivery keys, at the top level (the default site) and in each `[[site]]`.
@@ -232,6 +234,36 @@ struct FileContent {
     error_page: Option<std::collections::BTreeMap<String, String>>,
     fallback: Option<String>,
     mime_types: Option<std::collections::BTreeMap<String, String>>,
+    headers: Option<Vec<FileHeaderRule>>,
+    cors: Option<FileCors>,
+}
+
+/// A `[[headers]]` block as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileHeaderRule {
+    path: Option<String>,
+    extensions: Option<Vec<String>>,
+    set: Option<std::collections::BTreeMap<String, String>>,
+    add: Option<std::collections::BTreeMap<String, String>>,
+    expires: Option<String>,
+}
+
+/// `cors = "*"` or `cors = ["https://a.example", ...]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum FileCors {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl FileCors {
+    fn into_list(self) -> Vec<String> {
+        match self {
+            FileCors::One(s) => vec![s],
+            FileCors::Many(v) => v,
+        }
+    }
 }
 
 impl FileContent {
@@ -242,6 +274,8 @@ impl FileContent {
             error_page: over.error_page.or_else(|| self.error_page.clone()),
             fallback: over.fallback.or_else(|| self.fallback.clone()),
             mime_types: over.mime_types.or_else(|| self.mime_types.clone()),
+            headers: over.headers.or_else(|| self.headers.clone()),
+            cors: over.cors.or_else(|| self.cors.clone()),
         }
     }
 
@@ -286,7 +320,33 @@ impl FileContent {
             }
             mime_types.push((ext.to_ascii_lowercase(), t.trim().to_string()));
         }
-        Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types })
+        let mut headers = Vec::new();
+        for (i, r) in self.headers.unwrap_or_default().into_iter().enumerate() {
+            use crate::handler::rules::{parse_duration, HeaderRule, PathMatch};
+            let which_rule = format!("headers {}: ", i + 1);
+            let paths = match (r.path, r.extensions) {
+                (Some(p), None) if !p.is_empty() && !p.contains('\0') => PathMatch::Glob(p),
+                (None, Some(exts)) if !exts.is_empty() => {
+                    if let Some(bad) = exts.iter().find(|x| x.is_empty() || !x.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_+".contains(&b))) {
+                        return Err(e(format!("{which_rule}extension {bad:?}: expected one without the dot, e.g. css")));
+                    }
+                    PathMatch::Extensions(exts.iter().map(|x| x.to_ascii_lowercase()).collect())
+                }
+                _ => return Err(e(format!("{which_rule}give path (a glob such as \"/assets/**\") or extensions (a list such as [\"css\", \"js\"]), one of them"))),
+            };
+            let expires = match r.expires {
+                Some(d) => Some(parse_duration(&d).map_err(|m| e(format!("{which_rule}expires: {m}")))?),
+                None => None,
+            };
+            let set = r.set.unwrap_or_default().into_iter().collect();
+            let add = r.add.unwrap_or_default().into_iter().collect();
+            headers.push(HeaderRule::new(paths, set, add, expires).map_err(|m| e(format!("{which_rule}{m}")))?);
+        }
+        let cors = match self.cors {
+            Some(c) => Some(crate::handler::rules::Cors::parse(&c.into_list()).map_err(e)?),
+            None => None,
+        };
+        Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types, headers, cors })
     }
 }
 
@@ -357,6 +417,8 @@ struct FileConfig {
     error_page: Option<std::collections::BTreeMap<String, String>>,
     fallback: Option<String>,
     mime_types: Option<std::collections::BTreeMap<String, String>>,
+    headers: Option<Vec<FileHeaderRule>>,
+    cors: Option<FileCors>,
 }
 
 impl FileConfig {
@@ -643,6 +705,8 @@ impl Config {
             error_page: file.error_page,
             fallback: file.fallback,
             mime_types: file.mime_types,
+            headers: file.headers,
+            cors: file.cors,
         };
         if !args.mime_type.is_empty() {
             let mut types = std::collections::BTreeMap::new();
@@ -669,6 +733,21 @@ impl Config {
         }
         if let Some(p) = &args.fallback {
             top.fallback = Some(p.clone());
+        }
+        if let Some(list) = &args.cors {
+            top.cors = Some(FileCors::Many(split_list(list)));
+        }
+        if !args.header.is_empty() {
+            let mut rules = Vec::new();
+            for item in &args.header {
+                let parsed = item.split_once('=').and_then(|(glob, field)| Some((glob, field.split_once(':')?)));
+                let Some((glob, (name, value))) = parsed else {
+                    return err(format!("--header {item:?}: expected GLOB=NAME: VALUE, e.g. \"/assets/**=Cache-Control: max-age=31536000\""));
+                };
+                let set = std::collections::BTreeMap::from([(name.trim().to_string(), value.trim().to_string())]);
+                rules.push(FileHeaderRule { path: Some(glob.to_string()), extensions: None, set: Some(set), add: None, expires: None });
+            }
+            top.headers = Some(rules);
         }
         let content = top.clone().build("")?;
         let sites = sites(file.site.unwrap_or_default(), hsts.as_deref(), autoindex, dotfiles, &top)?;
@@ -859,6 +938,8 @@ fn sites(
             error_page: s.error_page,
             fallback: s.fallback,
             mime_types: s.mime_types,
+            headers: s.headers,
+            cors: s.cors,
         }).build(&format!("{which}: "))?;
         out.push(SiteConfig {
             content: site_content,
@@ -1241,6 +1322,41 @@ mod tests {
         assert_eq!(c.content.precompressed, [Coding::Zstd, Coding::Br]);
         assert_eq!(c.sites[0].content.precompressed, [Coding::Zstd, Coding::Br]);
         assert_eq!(c.sites[1].content.precompressed, [Coding::Br]);
+    }
+
+    #[test]
+    fn header_rules_and_cors_are_per_site() {
+        use crate::handler::rules::{Cors, PathMatch};
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["www", "a", "b"] {
+            std::fs::create_dir(dir.path().join(d)).unwrap();
+        }
+        let cfg = dir.path().join("ktlsd.toml");
+        std::fs::write(
+            &cfg,
+            concat!(
+                "root = \"www\"\ncors = \"*\"\n",
+                "[[headers]]\nextensions = [\"CSS\"]\nexpires = \"1h\"\n",
+                "[[site]]\nnames = [\"a.test\"]\nroot = \"a\"\n",
+                "[[site]]\nnames = [\"b.test\"]\nroot = \"b\"\ncors = [\"https://B.example\"]\n",
+                "[[site.headers]]\npath = \"/x/**\"\nset = { \"X-A\" = \"1\" }\n",
+            ),
+        )
+        .unwrap();
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap()])).unwrap();
+        assert_eq!(c.content.cors, Some(Cors::Any));
+        assert_eq!(c.content.headers[0].paths, PathMatch::Extensions(vec!["css".into()]));
+        assert_eq!(c.content.headers[0].expires, Some(std::time::Duration::from_secs(3600)));
+        let (a, b) = (&c.sites[0].content, &c.sites[1].content);
+        assert_eq!(a, &c.content, "a site without the keys takes the top level's");
+        assert_eq!(b.cors, Some(Cors::Origins(vec!["https://b.example".into()])));
+        assert_eq!(b.headers.len(), 1, "a site's list replaces the top level's");
+        assert_eq!((&b.headers[0].paths, &b.headers[0].set[..]), (&PathMatch::Glob("/x/**".into()), &[("X-A".to_string(), "1".to_string())][..]));
+        // The command line sets the top level.
+        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--header", "*.js=Cache-Control: no-cache", "--cors", "https://c.example"])).unwrap();
+        assert_eq!(c.content.headers[0].set, [("Cache-Control".to_string(), "no-cache".to_string())]);
+        assert_eq!(c.sites[0].content.cors, Some(Cors::Origins(vec!["https://c.example".into()])));
+        assert_eq!(c.sites[1].content.headers[0].paths, PathMatch::Glob("/x/**".into()));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! `RESOLVE_BENEATH`), so no symlink can lead outside it.
 
 mod cache;
+pub mod listing;
 mod open;
 pub mod residency;
 
@@ -314,36 +315,6 @@ pub fn content_type(rel: &Path) -> String {
     } else {
         mime.to_string()
     }
-}
-
-/// An HTML listing of `dir`, names escaped, dot-files hidden unless enabled.
-pub fn listing_html(listing: &Listing, opts: Options) -> std::io::Result<String> {
-    use std::os::fd::AsRawFd;
-    let dir_path = PathBuf::from(format!("/proc/self/fd/{}", listing.dir.as_raw_fd()));
-    let mut names: Vec<(String, bool)> = Vec::new();
-    for entry in std::fs::read_dir(dir_path)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') && !opts.dotfiles {
-            continue;
-        }
-        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-        names.push((name, is_dir));
-    }
-    names.sort();
-    let title = html_escape(&listing.url_path);
-    let mut out = format!("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Index of {title}</title></head>\n<body><h1>Index of {title}</h1><hr><pre>\n<a href=\"../\">../</a>\n");
-    for (name, is_dir) in names {
-        let slash = if is_dir { "/" } else { "" };
-        let href: String = percent_encoding::utf8_percent_encode(&name, percent_encoding::NON_ALPHANUMERIC).collect();
-        out.push_str(&format!("<a href=\"{href}{slash}\">{}{slash}</a>\n", html_escape(&name)));
-    }
-    out.push_str("</pre><hr></body></html>\n");
-    Ok(out)
-}
-
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 #[cfg(test)]

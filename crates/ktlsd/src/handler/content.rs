@@ -1,5 +1,6 @@
 //! A site's content-delivery options: which precompressed variants it serves and
-//! how the one sent is chosen from Accept-Encoding.
+//! how the one sent is chosen from Accept-Encoding; error pages, the fallback, MIME
+//! overrides, header rules and CORS.
 //!
 //! It only describes and chooses; opening files is `files`' business and the
 //! answer is assembled in [`super::handle`]. Nothing is compressed on the fly.
@@ -7,6 +8,7 @@
 use std::path::Path;
 
 use super::request::{AcceptEncoding, Coding};
+use super::rules::{Cors, HeaderRule};
 
 /// Per-site delivery options; [`Content::NONE`] is the behaviour without any.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,12 +23,23 @@ pub struct Content {
     pub fallback: Option<String>,
     /// Content-Type overrides by file extension (lower-case, without the dot), validated.
     pub mime_types: Vec<(String, String)>,
+    /// `[[headers]]` rules, in order, for file and listing answers.
+    pub headers: Vec<HeaderRule>,
+    /// Which origins may read answers from scripts; `None`: no CORS fields.
+    pub cors: Option<Cors>,
 }
 
 impl Content {
     /// No options: files are served as they are.
     #[cfg(test)]
-    pub const NONE: Content = Content { precompressed: Vec::new(), error_pages: Vec::new(), fallback: None, mime_types: Vec::new() };
+    pub const NONE: Content = Content {
+        precompressed: Vec::new(),
+        error_pages: Vec::new(),
+        fallback: None,
+        mime_types: Vec::new(),
+        headers: Vec::new(),
+        cors: None,
+    };
 
     /// [`Content::NONE`] for as long as needed.
     #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The static-file answer, independent of the protocol: a typed [`Request`] in, a
 //! [`Response`] description out. It resolves the path beneath the site's root,
 //! lists or redirects directories, evaluates preconditions and a single byte
-//! range, answers HEAD without a body, and puts HSTS on every response.
+//! range, answers HEAD without a body and OPTIONS (CORS preflights included) with
+//! 204, puts the site's header rules and CORS fields on its answers, and HSTS on
+//! every response.
 //!
 //! It reads no socket and writes none: framing, limits, timeouts and the sending
 //! of bodies belong to the codec (`http::h1`, later HTTP/2).
@@ -11,6 +13,7 @@ pub mod preconditions;
 pub mod range;
 pub mod request;
 pub mod response;
+pub mod rules;
 pub mod sites;
 
 pub use content::Content;
@@ -21,7 +24,7 @@ pub use sites::{Pick, Sites};
 use crate::files::{self, Refusal, Resolved, Root};
 use preconditions::{Outcome, Validators};
 use range::RangeOutcome;
-use request::{Coding, EntityTag};
+use request::{Coding, EntityTag, ListingFormat};
 use response::{ContentRange, HTML};
 
 /// What one site serves and how.
@@ -38,12 +41,20 @@ pub struct Site<'a> {
 
 /// Answers `req` from `site`.
 pub fn handle(req: &Request, site: &Site<'_>) -> Response {
-    let response = if req.method.is_served() {
-        answer(req, site, &req.path, Fallback::Allowed)
-    } else {
-        Response::refusal(Status::METHOD_NOT_ALLOWED, "method not allowed").with(Header::Allow)
+    let response = match req.method {
+        Method::Get | Method::Head => answer(req, site, &req.path, Fallback::Allowed),
+        Method::Options => options(req, site),
+        _ => Response::refusal(Status::METHOD_NOT_ALLOWED, "method not allowed").with(Header::Allow),
     };
-    let response = with_error_page(response, site);
+    let mut response = with_error_page(response, site);
+    if let (true, Some(cors)) = (req.method.is_served(), &site.content.cors) {
+        if let Some(origin) = cors.allow_origin(req.headers.origin.as_deref()) {
+            append(&mut response, Header::Field("Access-Control-Allow-Origin".into(), origin));
+        }
+        if cors.varies() {
+            append(&mut response, Header::Field("Vary".into(), "Origin".into()));
+        }
+    }
     let response = with_hsts(response, site);
     match req.method {
         Method::Head => response.without_body(),
@@ -56,17 +67,67 @@ pub fn handle(req: &Request, site: &Site<'_>) -> Response {
 /// last, except that Content-Range closes a 206 head.
 pub fn with_hsts(mut response: Response, site: &Site<'_>) -> Response {
     if let Some(v) = site.hsts {
-        let at = match response.status {
-            Status::PARTIAL_CONTENT => response.headers.iter().position(|h| matches!(h, Header::ContentRange(_))),
-            _ => None,
-        };
-        let header = Header::StrictTransportSecurity(v.to_string());
-        match at {
-            Some(i) => response.headers.insert(i, header),
-            None => response.headers.push(header),
-        }
+        append(&mut response, Header::StrictTransportSecurity(v.to_string()));
     }
     response
+}
+
+/// Adds `header` last, except that Content-Range stays the last field of a 206.
+fn append(response: &mut Response, header: Header) {
+    let at = match response.status {
+        Status::PARTIAL_CONTENT => response.headers.iter().position(|h| matches!(h, Header::ContentRange(_))),
+        _ => None,
+    };
+    match at {
+        Some(i) => response.headers.insert(i, header),
+        None => response.headers.push(header),
+    }
+}
+
+/// The answer to OPTIONS: 204 with Allow; for a CORS preflight (Origin and
+/// Access-Control-Request-Method) from an allowed origin asking for a served
+/// method, the Access-Control-Allow-* fields too. A refused preflight gets none of
+/// them, so the browser does not send the request. The path is not resolved: the
+/// answer is the same for every path (`*` included).
+fn options(req: &Request, site: &Site<'_>) -> Response {
+    let mut headers = vec![Header::AllowWithOptions];
+    if let (Some(cors), Some(method)) = (&site.content.cors, req.headers.cors_method.as_deref()) {
+        let served = matches!(method.trim(), "GET" | "HEAD");
+        if let (true, Some(origin)) = (served, cors.allow_origin(req.headers.origin.as_deref())) {
+            let field = |name: &'static str, value: String| Header::Field(name.into(), value);
+            headers.push(field("Access-Control-Allow-Origin", origin));
+            headers.push(field("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS".into()));
+            // The fields asked for are allowed as asked: a static server reads none it must guard.
+            if let Some(asked) = req.headers.cors_headers.as_deref().filter(|v| is_token_list(v)) {
+                headers.push(field("Access-Control-Allow-Headers", asked.trim().to_string()));
+            }
+            headers.push(field("Access-Control-Max-Age", rules::PREFLIGHT_MAX_AGE.to_string()));
+        }
+        if cors.varies() {
+            headers.push(Header::Field("Vary".into(), "Origin".into()));
+        }
+    }
+    Response { status: Status::NO_CONTENT, headers, body: Body::Empty, refused: None }
+}
+
+/// A comma-separated list of field names, as Access-Control-Request-Headers holds.
+fn is_token_list(v: &str) -> bool {
+    !v.trim().is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~, ".contains(&b))
+}
+
+/// Applies the site's header rules for the file (or listing) at `path` beneath ROOT.
+fn with_rules(headers: &mut Vec<Header>, site: &Site<'_>, path: &str) {
+    if site.content.headers.is_empty() {
+        return;
+    }
+    let fields = rules::fields_for(&site.content.headers, path, std::time::SystemTime::now());
+    for (name, value) in fields.set {
+        headers.retain(|h| !h.name().eq_ignore_ascii_case(&name));
+        headers.push(Header::Field(name.into(), value));
+    }
+    for (name, value) in fields.add {
+        headers.push(Header::Field(name.into(), value));
+    }
 }
 
 /// Whether a path that names nothing may be answered from the site's fallback.
@@ -105,15 +166,20 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     let found = match files::resolve(site.root, path, site.files) {
         Ok(Resolved::File(f)) => f,
         Ok(Resolved::Directory(listing)) => {
-            return match files::listing_html(&listing, site.files) {
-                Ok(html) => Response {
-                    status: Status::OK,
-                    headers: vec![Header::ContentType(HTML.into()), Header::ContentLength(html.len() as u64)],
-                    body: Body::Bytes(html.into_bytes()),
-                    refused: None,
-                },
-                Err(_) => Response::refusal(Status::FORBIDDEN, "directory cannot be listed"),
+            let Ok(entries) = files::listing::entries(&listing, site.files) else {
+                return Response::refusal(Status::FORBIDDEN, "directory cannot be listed");
             };
+            let (content_type, body) = match req.headers.listing {
+                ListingFormat::Html => (HTML, files::listing::html(&listing.url_path, &entries)),
+                ListingFormat::Json => ("application/json", files::listing::json(&entries)),
+            };
+            let mut headers = vec![
+                Header::ContentType(content_type.into()),
+                Header::ContentLength(body.len() as u64),
+                Header::Field("Vary".into(), "Accept".into()),
+            ];
+            with_rules(&mut headers, site, &files::listing::decoded_title(&listing.url_path));
+            return Response { status: Status::OK, headers, body: Body::Bytes(body.into_bytes()), refused: None };
         }
         Err(Refusal::AddSlash(mut location)) => {
             // The query goes along, as nginx keeps it (`$args`).
@@ -132,8 +198,9 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
         }
     };
 
-    // The original decides the Content-Type; the variant, if any, is what is sent.
+    // The original decides the Content-Type and the rules; the variant, if any, is what is sent.
     let content_type = site.content.content_type(&found.rel);
+    let rule_path = format!("/{}", found.rel.to_string_lossy());
     let (found, coding) = choose_variant(req, site, found);
     let vary = site.content.varies_by_encoding();
     let size = found.meta.len();
@@ -150,6 +217,8 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
             if vary {
                 headers.push(Header::VaryAcceptEncoding);
             }
+            // A 304 carries the Cache-Control and Expires a 200 would (RFC 9110 section 15.4.5).
+            with_rules(&mut headers, site, &rule_path);
             return Response { status: Status::NOT_MODIFIED, headers, body: Body::Empty, refused: None };
         }
         Outcome::Failed => return Response::page(Status::PRECONDITION_FAILED),
@@ -180,6 +249,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     if vary {
         headers.push(Header::VaryAcceptEncoding);
     }
+    with_rules(&mut headers, site, &rule_path);
     if status == Status::PARTIAL_CONTENT {
         headers.push(Header::ContentRange(ContentRange::Bytes { range: range.clone(), size }));
     }

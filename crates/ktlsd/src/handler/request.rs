@@ -201,6 +201,55 @@ pub struct Headers {
     pub if_range: Option<IfRange>,
     /// `None` when absent: any coding is acceptable, identity preferred (RFC 9110 section 12.5.3).
     pub accept_encoding: Option<AcceptEncoding>,
+    /// The Origin of a cross-origin request, as sent.
+    pub origin: Option<String>,
+    /// Access-Control-Request-Method: present only in a CORS preflight.
+    pub cors_method: Option<String>,
+    /// Access-Control-Request-Headers of a preflight, as sent (joined).
+    pub cors_headers: Option<String>,
+    /// The form of a directory listing Accept asks for.
+    pub listing: ListingFormat,
+}
+
+/// Which form of a directory listing the client wants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListingFormat {
+    #[default]
+    Html,
+    /// `Accept: application/json`, with a weight above text/html's.
+    Json,
+}
+
+impl ListingFormat {
+    /// JSON when Accept names application/json with a weight above zero and above
+    /// text/html's (a browser's `text/html,...,*/*;q=0.8` stays HTML).
+    fn from_accept(value: &str) -> ListingFormat {
+        let mut json = 0;
+        let mut html = 0;
+        for member in value.split(',') {
+            let mut params = member.split(';');
+            let range = params.next().unwrap_or("").trim().to_ascii_lowercase();
+            let mut q = Some(1000);
+            for p in params {
+                if let Some((k, v)) = p.split_once('=') {
+                    if k.trim().eq_ignore_ascii_case("q") {
+                        q = parse_qvalue(v.trim());
+                    }
+                }
+            }
+            let q = q.unwrap_or(0);
+            match range.as_str() {
+                "application/json" => json = json.max(q),
+                "text/html" => html = html.max(q),
+                _ => {}
+            }
+        }
+        if json > 0 && json > html {
+            ListingFormat::Json
+        } else {
+            ListingFormat::Html
+        }
+    }
 }
 
 /// A content coding this server can send from a precompressed file beside the original.
@@ -317,6 +366,10 @@ pub struct HeaderFields {
     range: Option<String>,
     if_range: Option<String>,
     accept_encoding: Option<String>,
+    origin: Option<String>,
+    cors_method: Option<String>,
+    cors_headers: Option<String>,
+    accept: Option<String>,
 }
 
 impl HeaderFields {
@@ -339,6 +392,14 @@ impl HeaderFields {
             join(&mut self.if_range, value);
         } else if is("accept-encoding") {
             join(&mut self.accept_encoding, value);
+        } else if is("origin") {
+            self.origin = Some(value.to_string());
+        } else if is("access-control-request-method") {
+            self.cors_method = Some(value.to_string());
+        } else if is("access-control-request-headers") {
+            join(&mut self.cors_headers, value);
+        } else if is("accept") {
+            join(&mut self.accept, value);
         }
     }
 
@@ -351,6 +412,10 @@ impl HeaderFields {
             range: self.range.as_deref().and_then(ByteRangeSpec::parse),
             if_range: self.if_range.as_deref().map(IfRange::parse),
             accept_encoding: self.accept_encoding.as_deref().map(AcceptEncoding::parse),
+            origin: self.origin,
+            cors_method: self.cors_method,
+            cors_headers: self.cors_headers,
+            listing: self.accept.as_deref().map_or(ListingFormat::Html, ListingFormat::from_accept),
         }
     }
 }
@@ -535,6 +600,18 @@ mod tests {
         f.add("Accept-Encoding", "gzip");
         f.add("accept-encoding", "br;q=0.5");
         assert_eq!(f.parse().accept_encoding.map(|a| a.quality("br")), Some(500), "lines are joined");
+        for (accept, want) in [
+            ("application/json", ListingFormat::Json),
+            ("application/json, text/html;q=0.5", ListingFormat::Json),
+            ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", ListingFormat::Html),
+            ("text/html, application/json", ListingFormat::Html),
+            ("application/json;q=0", ListingFormat::Html),
+            ("*/*", ListingFormat::Html),
+        ] {
+            let mut f = HeaderFields::default();
+            f.add("Accept", accept);
+            assert_eq!(f.parse().listing, want, "{accept}");
+        }
     }
 
     #[test]

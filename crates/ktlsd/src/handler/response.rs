@@ -18,6 +18,7 @@ pub struct Status(pub u16);
 
 impl Status {
     pub const OK: Status = Status(200);
+    pub const NO_CONTENT: Status = Status(204);
     pub const PARTIAL_CONTENT: Status = Status(206);
     pub const MOVED_PERMANENTLY: Status = Status(301);
     pub const NOT_MODIFIED: Status = Status(304);
@@ -41,6 +42,7 @@ impl Status {
         match self.0 {
             100 => "Continue",
             200 => "OK",
+            204 => "No Content",
             206 => "Partial Content",
             301 => "Moved Permanently",
             304 => "Not Modified",
@@ -93,10 +95,15 @@ pub enum Header {
     ContentEncoding(Coding),
     /// `Vary: Accept-Encoding`, on file answers of a site with precompressed variants.
     VaryAcceptEncoding,
+    /// `Allow: GET, HEAD, OPTIONS`, the answer to OPTIONS.
+    AllowWithOptions,
+    /// A field from the site's configuration (header rules, CORS), its name and value
+    /// checked at start-up.
+    Field(Cow<'static, str>, String),
 }
 
 impl Header {
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
             Header::ContentType(_) => "Content-Type",
             Header::ContentLength(_) => "Content-Length",
@@ -109,6 +116,8 @@ impl Header {
             Header::StrictTransportSecurity(_) => "Strict-Transport-Security",
             Header::ContentEncoding(_) => "Content-Encoding",
             Header::VaryAcceptEncoding => "Vary",
+            Header::AllowWithOptions => "Allow",
+            Header::Field(name, _) => name,
         }
     }
 }
@@ -131,6 +140,8 @@ impl fmt::Display for Header {
             Header::StrictTransportSecurity(v) => f.write_str(v),
             Header::ContentEncoding(c) => f.write_str(c.token()),
             Header::VaryAcceptEncoding => f.write_str("Accept-Encoding"),
+            Header::AllowWithOptions => f.write_str("GET, HEAD, OPTIONS"),
+            Header::Field(_, value) => f.write_str(value),
         }
     }
 }
@@ -224,6 +235,8 @@ mod tests {
             (Header::ContentRange(ContentRange::Bytes { range: 2..5, size: 10 }), "bytes 2-4/10"),
             (Header::ContentRange(ContentRange::Unsatisfied { size: 10 }), "bytes */10"),
             (Header::Allow, "GET, HEAD"),
+            (Header::AllowWithOptions, "GET, HEAD, OPTIONS"),
+            (Header::Field("X-Frame-Options".into(), "DENY".into()), "DENY"),
         ] {
             assert_eq!(h.to_string(), want, "{}", h.name());
         }
@@ -239,5 +252,6 @@ mod tests {
         let r = r.without_body();
         assert!(matches!(r.body, Body::Empty));
         assert!(r.header("Content-Length").is_some());
+        assert_eq!(Header::Field("X-Frame-Options".into(), String::new()).name(), "X-Frame-Options");
     }
 }

@@ -416,10 +416,10 @@ fn head_is_get_without_a_body() {
 }
 
 #[test]
-fn methods_other_than_get_and_head_are_refused() {
+fn methods_other_than_get_head_and_options_are_refused() {
     let t = tree();
     let site = t.site(PLAIN);
-    for token in ["POST", "PUT", "DELETE", "OPTIONS", "TRACE", "PATCH", "CONNECT", "get", "BREW"] {
+    for token in ["POST", "PUT", "DELETE", "TRACE", "PATCH", "CONNECT", "get", "BREW"] {
         let r = handle(&Request::new(Method::from_token(token), "/a.txt"), &site);
         assert_eq!(r.status, Status::METHOD_NOT_ALLOWED, "{token}");
         assert_eq!(r.header("Allow"), Some(&Header::Allow), "{token}");
@@ -693,4 +693,146 @@ fn fallback_only_for_paths_that_name_nothing() {
     let content = Content { fallback: Some("/missing.html".into()), ..Content::NONE };
     let site = Site { content: &content, ..t.site(PLAIN) };
     check(&site, &[("/nope", 404, None)]);
+}
+
+fn req_with(method: Method, path: &str, fields: &[(&str, &str)]) -> Request {
+    let mut f = HeaderFields::default();
+    for (n, v) in fields {
+        f.add(n, v);
+    }
+    Request { headers: f.parse(), ..Request::new(method, path) }
+}
+
+fn field<'r>(r: &'r Response, name: &str) -> Vec<&'r str> {
+    r.headers
+        .iter()
+        .filter_map(|h| match h {
+            Header::Field(n, v) if n.eq_ignore_ascii_case(name) => Some(v.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn options_and_cors_preflights() {
+    use rules::Cors;
+    let t = tree();
+    let plain = t.site(PLAIN);
+    // Plain OPTIONS, any path (or `*`), no CORS configured.
+    for path in ["/a.txt", "/nope", "*"] {
+        let r = handle(&Request::new(Method::Options, path), &plain);
+        assert_eq!((r.status, r.header("Allow")), (Status::NO_CONTENT, Some(&Header::AllowWithOptions)), "{path}");
+        assert!(matches!(r.body, Body::Empty) && r.header("Content-Length").is_none(), "{path}");
+    }
+    let list = Content { cors: Some(Cors::Origins(vec!["https://a.example".into()])), ..Content::NONE };
+    let any = Content { cors: Some(Cors::Any), ..Content::NONE };
+    let (list_site, any_site) = (Site { content: &list, ..plain }, Site { content: &any, ..plain });
+    let pre = |origin: &str, method: &str, hdrs: Option<&str>| {
+        let mut f = vec![("Origin", origin), ("Access-Control-Request-Method", method)];
+        if let Some(h) = hdrs {
+            f.push(("Access-Control-Request-Headers", h));
+        }
+        req_with(Method::Options, "/a.txt", &f)
+    };
+    // (site, request, allow-origin, allow-headers, vary)
+    for (site, req, origin, allow_headers, vary) in [
+        (&list_site, pre("https://a.example", "GET", Some("range, x-a")), Some("https://a.example"), Some("range, x-a"), true),
+        (&list_site, pre("https://a.example", "HEAD", None), Some("https://a.example"), None, true),
+        (&list_site, pre("https://evil.example", "GET", None), None, None, true),
+        (&list_site, pre("https://a.example", "DELETE", None), None, None, true),
+        (&list_site, pre("https://a.example", "GET", Some("x-a\u{1}")), Some("https://a.example"), None, true),
+        (&any_site, pre("https://x.example", "GET", None), Some("*"), None, false),
+        (&plain, pre("https://x.example", "GET", None), None, None, false),
+    ] {
+        let r = handle(&req, site);
+        let what = format!("{:?}", req.headers);
+        assert_eq!(r.status, Status::NO_CONTENT, "{what}");
+        assert_eq!(field(&r, "Access-Control-Allow-Origin").first().copied(), origin, "{what}");
+        assert_eq!(field(&r, "Access-Control-Allow-Headers").first().copied(), allow_headers, "{what}");
+        let allowed = origin.is_some();
+        assert_eq!(field(&r, "Access-Control-Allow-Methods").first().copied(), allowed.then_some("GET, HEAD, OPTIONS"), "{what}");
+        assert_eq!(field(&r, "Access-Control-Max-Age").first().copied(), allowed.then_some("86400"), "{what}");
+        assert_eq!(field(&r, "Vary"), if vary { vec!["Origin"] } else { vec![] }, "{what}");
+    }
+    // GET and HEAD answers, errors included, carry the allowed origin; others none.
+    for (site, origin, path, want) in [
+        (&list_site, Some("https://a.example"), "/a.txt", Some("https://a.example")),
+        (&list_site, Some("https://a.example"), "/nope", Some("https://a.example")),
+        (&list_site, Some("https://b.example"), "/a.txt", None),
+        (&list_site, None, "/a.txt", None),
+        (&any_site, None, "/a.txt", Some("*")),
+        (&plain, Some("https://a.example"), "/a.txt", None),
+    ] {
+        let fields: Vec<(&str, &str)> = origin.map(|o| ("Origin", o)).into_iter().collect();
+        for method in [Method::Get, Method::Head] {
+            let r = handle(&req_with(method.clone(), path, &fields), site);
+            assert_eq!(field(&r, "Access-Control-Allow-Origin").first().copied(), want, "{method} {path} {origin:?}");
+        }
+    }
+    let r = handle(&req_with(Method::Post, "/a.txt", &[("Origin", "https://a.example")]), &list_site);
+    assert!(field(&r, "Access-Control-Allow-Origin").is_empty());
+}
+
+#[test]
+fn header_rules_on_files_304s_and_listings() {
+    use rules::{HeaderRule, PathMatch};
+    let t = tree();
+    let rule = |paths, set: &[(&str, &str)], add: &[(&str, &str)], expires| {
+        let own = |l: &[(&str, &str)]| l.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        HeaderRule::new(paths, own(set), own(add), expires).unwrap()
+    };
+    let content = Content {
+        headers: vec![
+            rule(PathMatch::Extensions(vec!["css".into()]), &[("Cache-Control", "public, max-age=31536000, immutable")], &[], None),
+            rule(PathMatch::Glob("/sub/**".into()), &[], &[("X-Sub", "1"), ("X-Sub", "2")], Some(Duration::from_secs(60))),
+            rule(PathMatch::Glob("/list/".into()), &[("X-Listing", "yes")], &[], None),
+            rule(PathMatch::Glob("*.txt".into()), &[("Content-Type", "text/x-test")], &[], None),
+        ],
+        ..Content::NONE
+    };
+    let site = Site { content: &content, ..t.site(Options { autoindex: true, ..PLAIN }) };
+    let r = handle(&get("/style.css"), &site);
+    assert_eq!(field(&r, "Cache-Control"), ["public, max-age=31536000, immutable"]);
+    let tag = header(&r, "ETag").unwrap();
+    let r = handle(&req_with(Method::Get, "/style.css", &[("If-None-Match", &tag)]), &site);
+    assert_eq!((r.status, field(&r, "Cache-Control")), (Status::NOT_MODIFIED, vec!["public, max-age=31536000, immutable"]));
+    let r = handle(&get("/sub/b.txt"), &site);
+    assert_eq!(field(&r, "X-Sub"), ["1", "2"]);
+    assert_eq!(field(&r, "Cache-Control"), ["max-age=60"]);
+    let expires = httpdate::parse_http_date(field(&r, "Expires")[0]).unwrap();
+    let ahead = expires.duration_since(SystemTime::now()).unwrap_or_default().as_secs();
+    assert!((55..=61).contains(&ahead), "Expires {ahead}s ahead");
+    // `set` replaces the answer's own field: one Content-Type.
+    assert_eq!(r.headers.iter().filter(|h| h.name().eq_ignore_ascii_case("content-type")).count(), 1);
+    assert_eq!(field(&r, "Content-Type"), ["text/x-test"]);
+    // A range keeps Content-Range last.
+    let r = handle(&req_with(Method::Get, "/sub/b.txt", &[("Range", "bytes=0-1")]), &site);
+    assert_eq!((r.status, r.headers.last().map(Header::name)), (Status::PARTIAL_CONTENT, Some("Content-Range")));
+    assert_eq!(field(&r, "X-Sub"), ["1", "2"]);
+    // Listings by their path; errors and redirects get no rules.
+    assert_eq!(field(&handle(&get("/list/"), &site), "X-Listing"), ["yes"]);
+    for path in ["/sub/nope.txt", "/sub", "/sub/.env"] {
+        let r = handle(&get(path), &site);
+        assert!(field(&r, "X-Sub").is_empty() && field(&r, "Content-Type").is_empty(), "{path}: {:?}", r.headers);
+    }
+}
+
+#[test]
+fn listings_sort_and_answer_json() {
+    let t = tree();
+    for (p, b) in [("list/file10.txt", &b"0123456789"[..]), ("list/file2.txt", b"22"), ("list/Zdir/x", b"x")] {
+        write(&t.dir.path().join("root").join(p), b);
+    }
+    let site = t.site(Options { autoindex: true, ..PLAIN });
+    let r = handle(&get("/list/"), &site);
+    let html = String::from_utf8(body(&r)).unwrap();
+    let pos = |s: &str| html.find(s).unwrap_or_else(|| panic!("{s} in {html}"));
+    assert!(pos(">Zdir/</a>") < pos(">a&amp;b") && pos(">file2.txt<") < pos(">file10.txt<") && pos(">file10.txt<") < pos(">x.txt<"), "{html}");
+    assert_eq!(field(&r, "Vary"), ["Accept"]);
+    let r = handle(&req_with(Method::Get, "/list/", &[("Accept", "application/json")]), &site);
+    assert_eq!(header(&r, "Content-Type").as_deref(), Some("application/json"));
+    let j: serde_json::Value = serde_json::from_slice(&body(&r)).unwrap();
+    let names: Vec<&str> = j.as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Zdir", "a&b<c>.txt", "file2.txt", "file10.txt", "x.txt"]);
+    assert_eq!((j[3]["size"].as_u64(), j[0]["type"].as_str(), j[0]["size"].is_null()), (Some(10), Some("directory"), true));
 }

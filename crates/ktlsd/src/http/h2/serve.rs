@@ -242,7 +242,7 @@ fn answer(
     }
     let status = response.status.0;
     let date = http_date_now();
-    let mut fields: Vec<(&'static str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
+    let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
     fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
     let (size, file) = match response.body {
         Body::File { found, range } if !range.is_empty() => (BodySize::File { len: range.end - range.start }, Some((found, range.start))),
