@@ -325,7 +325,9 @@ impl FileContent {
             use crate::handler::rules::{parse_duration, HeaderRule, PathMatch};
             let which_rule = format!("headers {}: ", i + 1);
             let paths = match (r.path, r.extensions) {
-                (Some(p), None) if !p.is_empty() && !p.contains('\0') => PathMatch::Glob(p),
+                (Some(p), None) if !p.is_empty() && !p.contains('\0') => {
+                    PathMatch::Glob(crate::handler::rules::Glob::new(&p).map_err(|why| e(format!("{which_rule}{why}")))?)
+                }
                 (None, Some(exts)) if !exts.is_empty() => {
                     if let Some(bad) = exts.iter().find(|x| x.is_empty() || !x.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_+".contains(&b))) {
                         return Err(e(format!("{which_rule}extension {bad:?}: expected one without the dot, e.g. css")));
@@ -1351,12 +1353,12 @@ mod tests {
         assert_eq!(a, &c.content, "a site without the keys takes the top level's");
         assert_eq!(b.cors, Some(Cors::Origins(vec!["https://b.example".into()])));
         assert_eq!(b.headers.len(), 1, "a site's list replaces the top level's");
-        assert_eq!((&b.headers[0].paths, &b.headers[0].set[..]), (&PathMatch::Glob("/x/**".into()), &[("X-A".to_string(), "1".to_string())][..]));
+        assert_eq!((&b.headers[0].paths, &b.headers[0].set[..]), (&PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap()), &[("X-A".to_string(), "1".to_string())][..]));
         // The command line sets the top level.
         let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--header", "*.js=Cache-Control: no-cache", "--cors", "https://c.example"])).unwrap();
         assert_eq!(c.content.headers[0].set, [("Cache-Control".to_string(), "no-cache".to_string())]);
         assert_eq!(c.sites[0].content.cors, Some(Cors::Origins(vec!["https://c.example".into()])));
-        assert_eq!(c.sites[1].content.headers[0].paths, PathMatch::Glob("/x/**".into()));
+        assert_eq!(c.sites[1].content.headers[0].paths, PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap()));
     }
 
     #[test]

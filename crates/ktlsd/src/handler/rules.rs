@@ -11,25 +11,53 @@ use std::time::{Duration, SystemTime};
 /// Which paths a rule applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathMatch {
-    /// A glob over the path beneath ROOT (`/assets/**`, `*.js`); see [`glob_match`].
-    Glob(String),
+    /// A glob over the path beneath ROOT (`/assets/**`, `*.js`); see [`Glob`].
+    Glob(Glob),
     /// Lower-case file extensions without the dot.
     Extensions(Vec<String>),
+}
+
+/// A compiled glob (the `globset` crate, matching in linear time whatever the
+/// pattern): `*` and `?` stop at `/`, `**` crosses directories (`**/` also
+/// matches none), `[...]` is a class. A pattern without `/` names a file in any
+/// directory, as in .gitignore; one with `/` is matched against the whole path.
+#[derive(Debug, Clone)]
+pub struct Glob {
+    pattern: String,
+    matcher: globset::GlobMatcher,
+}
+
+impl PartialEq for Glob {
+    fn eq(&self, other: &Glob) -> bool {
+        self.pattern == other.pattern
+    }
+}
+
+impl Eq for Glob {}
+
+impl Glob {
+    pub fn new(pattern: &str) -> Result<Glob, String> {
+        let compiled = globset::GlobBuilder::new(pattern.trim_start_matches('/'))
+            .literal_separator(true)
+            .build()
+            .map_err(|e| format!("path {pattern:?} is not a glob: {e}"))?;
+        Ok(Glob { pattern: pattern.to_string(), matcher: compiled.compile_matcher() })
+    }
+
+    fn matches(&self, path: &str) -> bool {
+        let path = path.trim_start_matches('/');
+        match self.pattern.contains('/') {
+            true => self.matcher.is_match(path),
+            false => self.matcher.is_match(path.rsplit('/').next().unwrap_or(path)),
+        }
+    }
 }
 
 impl PathMatch {
     /// Whether the file at `path` (beneath ROOT, starting with `/`) is matched.
     pub fn matches(&self, path: &str) -> bool {
         match self {
-            PathMatch::Glob(g) => {
-                if g.contains('/') {
-                    glob_match(g.trim_start_matches('/').as_bytes(), path.trim_start_matches('/').as_bytes())
-                } else {
-                    // A pattern without a slash names a file anywhere, as in .gitignore.
-                    let name = path.rsplit('/').next().unwrap_or(path);
-                    glob_match(g.as_bytes(), name.as_bytes())
-                }
-            }
+            PathMatch::Glob(g) => g.matches(path),
             PathMatch::Extensions(exts) => {
                 let name = path.rsplit('/').next().unwrap_or(path);
                 match name.rsplit_once('.') {
@@ -38,26 +66,6 @@ impl PathMatch {
                 }
             }
         }
-    }
-}
-
-/// Glob matching: `*` any run of bytes but `/`, `**` any run including `/` (and
-/// `**/` zero or more whole directories), `?` one byte but `/`; everything else
-/// literally. No character classes.
-pub fn glob_match(pat: &[u8], s: &[u8]) -> bool {
-    match pat {
-        [] => s.is_empty(),
-        [b'*', b'*', b'/', rest @ ..] => {
-            // Zero directories, or skip to after any later slash.
-            glob_match(rest, s) || s.iter().enumerate().any(|(i, &b)| b == b'/' && glob_match(rest, &s[i + 1..]))
-        }
-        [b'*', b'*', rest @ ..] => (0..=s.len()).any(|i| glob_match(rest, &s[i..])),
-        [b'*', rest @ ..] => {
-            let run = s.iter().position(|&b| b == b'/').unwrap_or(s.len());
-            (0..=run).any(|i| glob_match(rest, &s[i..]))
-        }
-        [b'?', rest @ ..] => matches!(s, [c, tail @ ..] if *c != b'/' && glob_match(rest, tail)),
-        [p, rest @ ..] => matches!(s, [c, tail @ ..] if c == p && glob_match(rest, tail)),
     }
 }
 
@@ -248,8 +256,16 @@ mod tests {
             ("/*", "/a/b", false),
             ("**", "/a/b", true),
         ] {
-            assert_eq!(PathMatch::Glob(pat.into()).matches(path), want, "{pat} {path}");
+            assert_eq!(PathMatch::Glob(Glob::new(pat).unwrap()).matches(path), want, "{pat} {path}");
         }
+        assert!(Glob::new("/assets/[").is_err(), "an unclosed class is refused at start-up");
+        // Matching stays linear: a pattern of many stars against a long path from a
+        // client answers at once (backtracking would take exponential time).
+        let stars = Glob::new("/**a**a**a**a**a**a**a**a**a**a**b").unwrap();
+        let long = format!("/{}", "a".repeat(4000));
+        let t = std::time::Instant::now();
+        assert!(!PathMatch::Glob(stars).matches(&long));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         let e = PathMatch::Extensions(vec!["css".into(), "js".into()]);
         for (path, want) in [("/a.css", true), ("/a.CSS", true), ("/x/a.js", true), ("/.js", false), ("/js", false), ("/a.json", false)] {
             assert_eq!(e.matches(path), want, "{path}");
@@ -273,7 +289,7 @@ mod tests {
         ] {
             assert_eq!(check_field(name, value).is_ok(), ok, "{name}: {value:?}");
         }
-        let none = HeaderRule::new(PathMatch::Glob("*".into()), vec![], vec![], None);
+        let none = HeaderRule::new(PathMatch::Glob(Glob::new("*").unwrap()), vec![], vec![], None);
         assert!(none.is_err());
     }
 
@@ -288,7 +304,7 @@ mod tests {
     fn rules_apply_in_order() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let hashed = HeaderRule::new(
-            PathMatch::Glob("/assets/**".into()),
+            PathMatch::Glob(Glob::new("/assets/**").unwrap()),
             vec![("Cache-Control".into(), "public, max-age=31536000, immutable".into())],
             vec![],
             None,

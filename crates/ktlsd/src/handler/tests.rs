@@ -784,9 +784,9 @@ fn header_rules_on_files_304s_and_listings() {
     let content = Content {
         headers: vec![
             rule(PathMatch::Extensions(vec!["css".into()]), &[("Cache-Control", "public, max-age=31536000, immutable")], &[], None),
-            rule(PathMatch::Glob("/sub/**".into()), &[], &[("X-Sub", "1"), ("X-Sub", "2")], Some(Duration::from_secs(60))),
-            rule(PathMatch::Glob("/list/".into()), &[("X-Listing", "yes")], &[], None),
-            rule(PathMatch::Glob("*.txt".into()), &[("Content-Type", "text/x-test")], &[], None),
+            rule(PathMatch::Glob(crate::handler::rules::Glob::new("/sub/**").unwrap()), &[], &[("X-Sub", "1"), ("X-Sub", "2")], Some(Duration::from_secs(60))),
+            rule(PathMatch::Glob(crate::handler::rules::Glob::new("/list/").unwrap()), &[("X-Listing", "yes")], &[], None),
+            rule(PathMatch::Glob(crate::handler::rules::Glob::new("*.txt").unwrap()), &[("Content-Type", "text/x-test")], &[], None),
         ],
         ..Content::NONE
     };
