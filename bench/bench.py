@@ -466,6 +466,79 @@ def scenario_ktls(args, work):
     return "\n".join(table), {"download": dl}
 
 
+def tls_tx_contexts():
+    """Kernel TLS transmit contexts installed so far (TlsTxSw + TlsTxDevice), or None without kTLS."""
+    try:
+        c = proc_counters_flat("/proc/net/tls_stat")
+    except OSError:
+        return None
+    return c.get("TlsTxSw", 0) + c.get("TlsTxDevice", 0)
+
+
+def proc_counters_flat(path):
+    """Counters by name from a `Name value` per line table such as /proc/net/tls_stat."""
+    with open(path) as f:
+        return {k: int(v) for k, v in (l.split() for l in f if len(l.split()) == 2)}
+
+
+def h2_download(port, path):
+    """One HTTP/2 download on a fresh connection (h2load -n1 -c1): (seconds, DATA bytes)."""
+    out = sh(["h2load", "-n1", "-c1", f"https://127.0.0.1:{port}/{path}"])
+    m = re.search(r"finished in ([\d.]+)(m?s),", out)
+    d = re.search(r"\((\d+)\) data", out)
+    ok = re.search(r"requests: 1 total, 1 started, 1 done, 1 succeeded", out)
+    if not m or not d or not ok or "Application protocol: h2" not in out:
+        raise RuntimeError(f"h2load on port {port} failed:\n{out}")
+    return float(m.group(1)) / (1000 if m.group(2) == "ms" else 1), int(d.group(1))
+
+
+def scenario_ktls_h2(args, work):
+    """The kTLS scenario over HTTP/2: one 32 MiB stream per connection (h2load)."""
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    size = 32 << 20
+    make_file(os.path.join(root, "32m.bin"), size)
+    servers = [
+        Ktlsd("ktlsd-ktls", args.ktlsd, root, 18443, work, ["--ktls", "on"]),
+        Ktlsd("ktlsd-userspace", args.ktlsd, root, 18444, work, ["--ktls", "off"]),
+        Nginx("nginx-ktls", root, 18445, work, ktls=True, http2=True),
+    ]
+    res = {s.name: {"speed": [], "cpu_per_gib": [], "ktls_tx": []} for s in servers}
+    try:
+        log(f"HTTP/2 download: 32 MiB x {args.runs} runs each, interleaved")
+        for i in range(args.runs):
+            for s in random.sample(servers, len(servers)):
+                t0, c0 = tls_tx_contexts(), cpu_seconds(s.pids())
+                secs, got = h2_download(s.port, "32m.bin")
+                c1, t1 = cpu_seconds(s.pids()), tls_tx_contexts()
+                if got != size:
+                    raise RuntimeError(f"{s.name}: got {got} bytes of {size}")
+                res[s.name]["speed"].append(size / secs / 1e6)
+                res[s.name]["cpu_per_gib"].append((c1 - c0) / (size / (1 << 30)))
+                res[s.name]["ktls_tx"].append(None if t0 is None else t1 - t0)
+            log(f"  run {i + 1}/{args.runs}: " + ", ".join(
+                f"{n} {v['speed'][-1]:.0f} MB/s {v['cpu_per_gib'][-1]:.2f} s/GiB kTLS TX {v['ktls_tx'][-1]}"
+                for n, v in res.items()))
+    finally:
+        for s in servers:
+            s.stop()
+    require_ktls(work, ["ktlsd-ktls"])
+    for name in ("ktlsd-ktls", "ktlsd-userspace"):
+        with open(os.path.join(work, f"{name}.access")) as f:
+            lines = [l for l in f if "32m.bin" in l]
+        if len(lines) != args.runs or not all(" HTTP/2.0\" 200 " in l for l in lines):
+            raise RuntimeError(f"{name}: expected {args.runs} HTTP/2.0 200 lines, got:\n{''.join(lines)}")
+    cpu = {n: median(v["cpu_per_gib"]) for n, v in res.items()}
+    spd = {n: median(v["speed"]) for n, v in res.items()}
+    tx = {n: "?" if None in v["ktls_tx"] else f"{sum(v['ktls_tx'])}/{len(v['ktls_tx'])}" for n, v in res.items()}
+    table = ["| server (HTTP/2, h2load -n1 -c1) | download MB/s (median) | server CPU s/GiB (median) | kTLS TX contexts / connections |",
+             "|---|---|---|---|"]
+    table += [f"| {n} | {spd[n]:.1f} | {cpu[n]:.3f} | {tx[n]} |" for n in spd]
+    table += ["", f"ktlsd kTLS CPU/GiB vs ktlsd userspace: {cpu['ktlsd-ktls'] / cpu['ktlsd-userspace']:.2f}x (goal <= 0.8x)",
+              f"ktlsd kTLS CPU/GiB vs nginx kTLS: {cpu['ktlsd-ktls'] / cpu['nginx-ktls']:.2f}x (goal <= 0.9x)"]
+    return "\n".join(table), {"download": res}
+
+
 TAIL_CONDITIONS = [
     ("static:16k", ["--record-size", "static:16k"]),
     ("static:4k", ["--record-size", "static:4k"]),
@@ -495,6 +568,29 @@ def tail_batch(jobs, resolve):
         code, got, connects, ttfb, total = line.split()
         if code != "200" or int(got) != TAIL_SIZES[size] or connects != "1":
             raise RuntimeError(f"{s.name} {size}: HTTP {code}, {got} bytes, {connects} new connections")
+        rows.append((s.name, size, float(ttfb) * 1000, float(total) * 1000))
+    return rows
+
+
+def tail_batch_h2(jobs, resolve):
+    """tail_batch over HTTP/2: curl keeps an h2 connection for every later request
+    to the same host and ignores `Connection: close`, so each job gets a host name
+    of its own (resolved to 127.0.0.1) and with it a new connection and a full
+    handshake."""
+    del resolve  # one name per job instead
+    cmd = ["curl", "-sk", "--http2", "--no-sessionid", "--max-time", "60",
+           "-w", "%{http_version} " + CURL_FIELDS]
+    for i, (s, size) in enumerate(jobs):
+        host = f"c{i}.localhost"
+        cmd += ["--resolve", f"{host}:{s.port}:127.0.0.1", "-o", "/dev/null", f"https://{host}:{s.port}/{size}"]
+    out = subprocess.run(cmd, text=True, capture_output=True).stdout.splitlines()
+    if len(out) != len(jobs):
+        raise RuntimeError(f"curl reported {len(out)} of {len(jobs)} transfers")
+    rows = []
+    for (s, size), line in zip(jobs, out):
+        version, code, got, connects, ttfb, total = line.split()
+        if version != "2" or code != "200" or int(got) != TAIL_SIZES[size] or connects != "1":
+            raise RuntimeError(f"{s.name} {size}: HTTP/{version} {code}, {got} bytes, {connects} new connections")
         rows.append((s.name, size, float(ttfb) * 1000, float(total) * 1000))
     return rows
 
@@ -529,7 +625,7 @@ def scenario_tail(args, work):
     for name, extra in TAIL_CONDITIONS:
         servers.append(Ktlsd(name, args.ktlsd, root, port, work, ["--ktls", args.tail_ktls, *extra]))
         port += 1
-    servers.append(Nginx("nginx-16k", root, port, work, ktls=args.tail_ktls != "off", buffer="16k"))
+    servers.append(Nginx("nginx-16k", root, port, work, ktls=args.tail_ktls != "off", buffer="16k", http2=args.http2))
     resolve = [a for s in servers for a in ("--resolve", f"localhost:{s.port}:127.0.0.1")]
     # Loopback's 64 KiB MTU and segmentation offloads would hand netem one
     # 64 KiB packet where a real link carries 45: give lo a 1500-byte MTU and
@@ -558,7 +654,8 @@ def scenario_tail(args, work):
         # A few clients at once: each connection mostly waits on the 100 ms round
         # trips, and every condition shares the same concurrency.
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-            for got in pool.map(lambda b: tail_batch(b, resolve), batches):
+            batch = tail_batch_h2 if args.http2 else tail_batch
+            for got in pool.map(lambda b: batch(b, resolve), batches):
                 rows += got
                 out.writerows(got)
                 raw.flush()
@@ -842,7 +939,13 @@ def main():
     p.add_argument("--cold-clients", type=int, default=4, help="cold: clients downloading cold files")
     p.add_argument("--cold-rate", default="2M", help="cold: each cold client's curl --limit-rate")
     p.add_argument("--cold-delay-ms", type=int, default=20, help="cold: dm-delay read delay")
+    p.add_argument("--http2", action="store_true",
+                   help="ktls, tail: over HTTP/2 (h2load; curl --http2); results under OUT/h2/")
     args = p.parse_args()
+    if args.http2:
+        if args.scenario not in ("ktls", "tail"):
+            p.error("--http2 applies to the ktls and tail scenarios (h2 is HTTP/2 on this machine)")
+        args.out = os.path.join(args.out, "h2")
     global WORKERS
     WORKERS = args.workers
     os.makedirs(args.out, exist_ok=True)
@@ -856,7 +959,7 @@ def main():
     work = tempfile.mkdtemp(prefix="ktlsd-bench-")
     try:
         make_cert(work)
-        table, raw = {"throughput": scenario_throughput, "ktls": scenario_ktls,
+        table, raw = {"throughput": scenario_throughput, "ktls": scenario_ktls_h2 if args.http2 else scenario_ktls,
                       "tail": scenario_tail, "scale": scenario_scale, "h2": scenario_h2,
                       "cold": scenario_cold}[args.scenario](args, work)
     finally:

@@ -1559,12 +1559,58 @@ fn h2_bodies_and_one_frame_per_record() {
     let lone_headers = records.iter().filter(|&&(t, n)| t == 23 && n == 9 + 17).count();
     assert!(lone_headers <= 2, "{lone_headers} records of a lone frame header");
 
+    frames_one_per_record(&frames, &records, "large windows");
+
+    // Small windows (64 KiB - 1) cut frames at odd sizes wherever the window
+    // runs out, so frame edges no longer fall on the record size: a writer that
+    // filled full records regardless of frames would show 16384-byte records where
+    // these frames are shorter, and one that sent each frame header as a record of
+    // its own would show twice as many records.
+    let (proxy, records) = record_lengths_proxy(server.addr());
+    let out = run_with_timeout(
+        std::process::Command::new("nghttp").args(["-nv", "-w", "16", "-W", "16", &format!("https://{proxy}/big")]),
+        None,
+        Duration::from_secs(90),
+    );
+    assert!(out.status.success(), "nghttp failed: {}", String::from_utf8_lossy(&out.stderr));
+    let frames = data_frames(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(frames.iter().sum::<usize>(), BIG, "DATA bytes");
+    assert!(frames.iter().any(|&n| n != 16384 - 9 && n != *frames.last().unwrap_or(&0)), "no odd-sized frame: {frames:?}");
+    frames_one_per_record(&frames, &records.join().expect("proxy"), "small windows");
+
     let s = server.stop();
-    assert_ktls(test, &s, &Expect::conns(files.len() as u64 + 1, files.len() + 1));
+    assert_ktls(test, &s, &Expect::conns(files.len() as u64 + 2, files.len() + 2));
     assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
     for line in &s.access_log {
         assert!(line.contains(" HTTP/2.0\" 200 ") && line.ends_with(" tls=ktls"), "{line}");
     }
+}
+
+/// The lengths of the DATA frames `nghttp -v` received, in order.
+fn data_frames(text: &str) -> Vec<usize> {
+    text.lines()
+        .filter(|l| l.contains("recv DATA frame"))
+        .filter_map(|l| l.split("length=").nth(1)?.split(',').next()?.parse().ok())
+        .collect()
+}
+
+/// The server's application records carry the DATA frames one to one, in order:
+/// after the record the first frame shares (with HEADERS and control frames),
+/// each following frame is exactly one record whose plaintext is its 9-byte header
+/// and payload (TLS 1.3 AES-GCM: length field = plaintext + 1 + 16).
+fn frames_one_per_record(frames: &[usize], records: &[(u8, usize)], what: &str) {
+    let plain: Vec<usize> = records.iter().filter(|&&(t, _)| t == 23).map(|&(_, n)| n - 17).collect();
+    let want: Vec<usize> = frames.iter().skip(1).map(|n| n + 9).collect();
+    let first = frames.first().map_or(0, |n| n + 9);
+    let found = (1..plain.len().saturating_sub(want.len()) + 1)
+        .any(|j| plain[j..j + want.len()] == want[..] && plain[j - 1] >= first);
+    assert!(
+        found,
+        "{what}: the {} DATA frames after the first are not one record each, in order;\nframes + 9: {:?}\nrecords:    {:?}",
+        want.len(),
+        &want[..want.len().min(60)],
+        &plain[..plain.len().min(70)]
+    );
 }
 
 // ============================================================== metrics and advisor

@@ -371,7 +371,16 @@ impl Connection {
     pub fn poll_write(&mut self, max_payload: usize) -> Option<Write> {
         let max_payload = max_payload.max(1);
         let next = if self.phase == Phase::Failed { None } else { self.next_stream() };
-        let Some(index) = next.filter(|_| self.out.len() <= max_payload / 2) else {
+        // Pending frames (a response's HEADERS, say) share a record with DATA only
+        // when that DATA ends the stream. Ahead of a longer body they would go out in
+        // a full-sized record, which on a cold connection can be more than the first
+        // flight carries: the client could not read the status line until a round
+        // trip later.
+        let shares = |i: usize| {
+            self.out.is_empty()
+                || (self.out.len() <= max_payload / 2 && self.streams[i].remaining() <= (max_payload - self.out.len()) as u64)
+        };
+        let Some(index) = next.filter(|&i| shares(i)) else {
             return (!self.out.is_empty()).then(|| Write::Bytes(std::mem::take(&mut self.out)));
         };
         let mut head = std::mem::take(&mut self.out);

@@ -657,16 +657,17 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
             Write::Bytes(_) => None,
         })
         .collect();
-    // The small HEADERS share the first record with the first DATA header.
-    let Write::FileData { head, .. } = &writes[0] else { panic!("{writes:?}") };
-    let got = split(&head[..head.len() - 9]);
+    // A body longer than one record: the HEADERS go out alone, so the client
+    // reads them from a small record; then full frames within the peer's
+    // 65535-byte windows.
+    let Write::Bytes(headers) = &writes[0] else { panic!("{writes:?}") };
+    let got = split(headers);
+    assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].head.kind, frame::HEADERS);
     let fields = c.decode(&got[0].payload);
     assert_eq!(fields, [(":status".into(), "200".into()), ("content-type".into(), "text/plain".into())]);
-    let first_len = (c.max_payload - (head.len() - 9)) as u32;
-    assert_eq!(files[0], (StreamId(1), head.len(), 0, first_len));
-    // Then full frames within the peer's 65535-byte windows.
-    assert_eq!(files[1], (StreamId(1), 9, u64::from(first_len), 16_375));
+    assert_eq!(files[0], (StreamId(1), 9, 0, 16_375));
+    assert_eq!(files[1], (StreamId(1), 9, 16_375, 16_375));
     let ends: Vec<bool> = writes.iter().filter_map(|w| match w {
         Write::FileData { end_stream, .. } => Some(*end_stream),
         Write::Bytes(_) => None,
@@ -676,6 +677,17 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
     let total: u64 = files.iter().map(|f| u64::from(f.3)).sum();
     assert_eq!(total, 40_000);
     assert!(files.windows(2).all(|w| w[0].2 + u64::from(w[0].3) == w[1].2), "offsets follow each other");
+}
+
+#[test]
+fn small_file_shares_one_record_with_its_headers() {
+    let mut c = Client::new();
+    c.get(1);
+    c.conn.respond(StreamId(1), 200, [("Content-Type", "text/plain")], BodySize::File { len: 1000 }).unwrap();
+    let writes: Vec<Write> = std::iter::from_fn(|| c.conn.poll_write(c.max_payload)).collect();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    let Write::FileData { head, offset: 0, len: 1000, end_stream: true, .. } = &writes[0] else { panic!("{writes:?}") };
+    assert_eq!(split(&head[..head.len() - 9])[0].head.kind, frame::HEADERS);
 }
 
 #[test]
