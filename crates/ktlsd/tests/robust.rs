@@ -258,7 +258,7 @@ fn expect_100_continue_with_refused_method_is_405_without_reading_the_body() {
     c.send(b"POST /a.txt HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 50\r\n\r\n");
     let r = c.read_response();
     assert_eq!(r.status, 405);
-    assert_eq!(r.header("allow"), Some("GET, HEAD"));
+    assert_eq!(r.header("allow"), Some("GET, HEAD, OPTIONS"));
     assert_eq!(r.header("connection"), Some("close"));
     assert!(t.elapsed() < Duration::from_secs(3), "405 came after {:?}", t.elapsed());
     let (rest, how) = c.read_until_close();

@@ -90,7 +90,7 @@ fn append(response: &mut Response, header: Header) {
 /// them, so the browser does not send the request. The path is not resolved: the
 /// answer is the same for every path (`*` included).
 fn options(req: &Request, site: &Site<'_>) -> Response {
-    let mut headers = vec![Header::AllowWithOptions];
+    let mut headers = vec![Header::Allow];
     if let (Some(cors), Some(method)) = (&site.content.cors, req.headers.cors_method.as_deref()) {
         let served = matches!(method.trim(), "GET" | "HEAD");
         if let (true, Some(origin)) = (served, cors.allow_origin(req.headers.origin.as_deref())) {

@@ -88,15 +88,13 @@ pub enum Header {
     AcceptRanges,
     ContentRange(ContentRange),
     Location(String),
-    /// `Allow: GET, HEAD`, the methods served.
+    /// `Allow: GET, HEAD, OPTIONS`, the methods answered (on 405 and on OPTIONS).
     Allow,
     StrictTransportSecurity(String),
     /// The coding of a precompressed variant.
     ContentEncoding(Coding),
     /// `Vary: Accept-Encoding`, on file answers of a site with precompressed variants.
     VaryAcceptEncoding,
-    /// `Allow: GET, HEAD, OPTIONS`, the answer to OPTIONS.
-    AllowWithOptions,
     /// A field from the site's configuration (header rules, CORS), its name and value
     /// checked at start-up.
     Field(Cow<'static, str>, String),
@@ -116,7 +114,6 @@ impl Header {
             Header::StrictTransportSecurity(_) => "Strict-Transport-Security",
             Header::ContentEncoding(_) => "Content-Encoding",
             Header::VaryAcceptEncoding => "Vary",
-            Header::AllowWithOptions => "Allow",
             Header::Field(name, _) => name,
         }
     }
@@ -136,11 +133,10 @@ impl fmt::Display for Header {
             }
             Header::ContentRange(ContentRange::Unsatisfied { size }) => write!(f, "bytes */{size}"),
             Header::Location(l) => f.write_str(l),
-            Header::Allow => f.write_str("GET, HEAD"),
+            Header::Allow => f.write_str("GET, HEAD, OPTIONS"),
             Header::StrictTransportSecurity(v) => f.write_str(v),
             Header::ContentEncoding(c) => f.write_str(c.token()),
             Header::VaryAcceptEncoding => f.write_str("Accept-Encoding"),
-            Header::AllowWithOptions => f.write_str("GET, HEAD, OPTIONS"),
             Header::Field(_, value) => f.write_str(value),
         }
     }
@@ -234,8 +230,7 @@ mod tests {
             (Header::AcceptRanges, "bytes"),
             (Header::ContentRange(ContentRange::Bytes { range: 2..5, size: 10 }), "bytes 2-4/10"),
             (Header::ContentRange(ContentRange::Unsatisfied { size: 10 }), "bytes */10"),
-            (Header::Allow, "GET, HEAD"),
-            (Header::AllowWithOptions, "GET, HEAD, OPTIONS"),
+            (Header::Allow, "GET, HEAD, OPTIONS"),
             (Header::Field("X-Frame-Options".into(), "DENY".into()), "DENY"),
         ] {
             assert_eq!(h.to_string(), want, "{}", h.name());

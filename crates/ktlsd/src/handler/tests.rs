@@ -658,7 +658,7 @@ fn error_pages_keep_their_status() {
         assert_eq!(r.refused.is_some(), status >= 400, "{req:?}: still logged as a refusal");
     }
     let r = handle(&Request::new(Method::Post, "/a.txt"), &site);
-    assert_eq!(header(&r, "Allow").as_deref(), Some("GET, HEAD"));
+    assert_eq!(header(&r, "Allow").as_deref(), Some("GET, HEAD, OPTIONS"));
     let mut head = get("/nope");
     head.method = Method::Head;
     let r = handle(&head, &site);
@@ -721,7 +721,7 @@ fn options_and_cors_preflights() {
     // Plain OPTIONS, any path (or `*`), no CORS configured.
     for path in ["/a.txt", "/nope", "*"] {
         let r = handle(&Request::new(Method::Options, path), &plain);
-        assert_eq!((r.status, r.header("Allow")), (Status::NO_CONTENT, Some(&Header::AllowWithOptions)), "{path}");
+        assert_eq!((r.status, r.header("Allow")), (Status::NO_CONTENT, Some(&Header::Allow)), "{path}");
         assert!(matches!(r.body, Body::Empty) && r.header("Content-Length").is_none(), "{path}");
     }
     let list = Content { cors: Some(Cors::Origins(vec!["https://a.example".into()])), ..Content::NONE };

@@ -254,7 +254,7 @@ async fn request_bodies_are_read_and_dropped() {
     f.serve(&mut mem).await;
     let r = replies(&mem.output, &[]);
     assert_eq!(statuses(&r), [405, 200]);
-    assert_eq!(r[0].header("Allow"), Some("GET, HEAD"));
+    assert_eq!(r[0].header("Allow"), Some("GET, HEAD, OPTIONS"));
     assert_eq!(r[0].header("Connection"), None, "a refused method keeps the connection");
     assert_eq!(r[1].body, A_TXT);
 }
@@ -303,7 +303,7 @@ async fn expect_continue() {
     assert!(matches!(end, End::Done), "{end:?}");
     let r = replies(&mem.output, &[]);
     assert_eq!(statuses(&r), [405]);
-    assert_eq!((r[0].header("Allow"), r[0].header("Connection")), (Some("GET, HEAD"), Some("close")));
+    assert_eq!((r[0].header("Allow"), r[0].header("Connection")), (Some("GET, HEAD, OPTIONS"), Some("close")));
     assert!(mem.lingered);
 
     // Without a body there is nothing to invite.
