@@ -274,8 +274,9 @@ def rss_kib(pids):
 
 def open_idle(port, n, request, hold):
     """Opens n TLS connections to port (at most 200 handshakes at once); on each sends one
-    keep-alive GET of /small.txt and reads the whole answer when `request`, then leaves it
-    idle. Calls hold() while all are open, then closes them. Returns what hold returned."""
+    keep-alive GET of /small.txt and reads the whole answer when `request` ("http/1.1" or "h2",
+    also the ALPN offered; None: the handshake alone), then leaves it idle. Calls hold() while
+    all are open, then closes them. Returns what hold returned."""
     import asyncio
     import resource
     import ssl
@@ -285,12 +286,32 @@ def open_idle(port, n, request, hold):
         raise RuntimeError(f"{n} connections need {n + 64} file descriptors; the hard limit is {hard}")
     ctx = ssl.create_default_context()
     ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols([request or "http/1.1"])
+
+    async def h2_get(r, w):
+        import h2.config
+        import h2.connection
+        import h2.events
+        c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        c.initiate_connection()
+        c.send_headers(1, [(":method", "GET"), (":path", "/small.txt"), (":scheme", "https"),
+                           (":authority", "localhost")], end_stream=True)
+        w.write(c.data_to_send())
+        while True:
+            data = await r.read(65536)
+            if not data:
+                raise RuntimeError("HTTP/2 connection closed before the answer")
+            ended = any(isinstance(e, h2.events.StreamEnded) for e in c.receive_data(data))
+            w.write(c.data_to_send())  # SETTINGS and PING acknowledgements
+            if ended:
+                return
 
     async def one(gate):
         async with gate:
             r, w = await asyncio.open_connection("127.0.0.1", port, ssl=ctx)
-            if request:
+            if request == "h2":
+                await h2_get(r, w)
+            elif request:
                 w.write(b"GET /small.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
                 head = await r.readuntil(b"\r\n\r\n")
                 length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
@@ -342,10 +363,11 @@ def scenario_scale(args, work):
     counts = [int(c) for c in args.scale_conns.split(",")]
     makers = {
         "ktlsd": lambda: Ktlsd("ktlsd", args.ktlsd, root, 18445, work),
-        "nginx": lambda: Nginx("nginx", root, 18446, work, connections=max(counts) + 1024),
+        "nginx": lambda: Nginx("nginx", root, 18446, work, connections=max(counts) + 1024, http2=True),
     }
     rows, raw = [], {}
-    for request, what in [(True, "idle keep-alive after one response"), (False, "after the handshake only")]:
+    for request, what in [("http/1.1", "idle keep-alive after one response"), (None, "after the handshake only"),
+                          ("h2", "idle HTTP/2 after one response")]:
         for n in counts:
             per = {}
             for name, make in makers.items():
