@@ -322,6 +322,8 @@ fn chromium_renders_a_listing() {
     let shot = srv.dir().join("listing.png");
     let common = |c: &mut Command| {
         c.args(["--headless", "--no-sandbox", "--ignore-certificate-errors", "--disable-gpu", "--no-first-run"])
+            // Containers often have a small /dev/shm; Chromium then uses /tmp instead.
+            .arg("--disable-dev-shm-usage")
             .arg(format!("--user-data-dir={}", profile.display()));
     };
     let mut dump = Command::new(chromium);

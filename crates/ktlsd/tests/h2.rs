@@ -200,6 +200,8 @@ fn chromium_loads_fifty_subresources_over_one_connection() {
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            // Containers often have a small /dev/shm; Chromium then uses /tmp instead.
+            "--disable-dev-shm-usage",
             "--ignore-certificate-errors",
             "--no-first-run",
             "--disable-background-networking",
