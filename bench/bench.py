@@ -465,16 +465,25 @@ def require_ktls(work, names):
             raise RuntimeError(f"{name} connections ran in modes {modes}, expected only ktls")
 
 
-def scenario_ktls(args, work):
+KTLS_BENCH_SIZE = 32 << 20
+
+
+def ktls_servers(args, work, http2=False):
+    """The kTLS scenarios' servers, serving www/32m.bin: ktlsd with kTLS, ktlsd in user
+    space, nginx with kTLS (with `http2` on its listen line when `http2`)."""
     root = os.path.join(work, "www")
     os.makedirs(root)
-    size = 32 << 20
-    make_file(os.path.join(root, "32m.bin"), size)
-    servers = [
+    make_file(os.path.join(root, "32m.bin"), KTLS_BENCH_SIZE)
+    return [
         Ktlsd("ktlsd-ktls", args.ktlsd, root, 18443, work, ["--ktls", "on"]),
         Ktlsd("ktlsd-userspace", args.ktlsd, root, 18444, work, ["--ktls", "off"]),
-        Nginx("nginx-ktls", root, 18445, work, ktls=True),
+        Nginx("nginx-ktls", root, 18445, work, ktls=True, http2=http2),
     ]
+
+
+def scenario_ktls(args, work):
+    size = KTLS_BENCH_SIZE
+    servers = ktls_servers(args, work)
     try:
         log(f"download: 32 MiB x {args.runs} runs each, interleaved")
         dl = download_runs(servers, "32m.bin", size, args.runs)
@@ -514,15 +523,8 @@ def h2_download(port, path):
 
 def scenario_ktls_h2(args, work):
     """The kTLS scenario over HTTP/2: one 32 MiB stream per connection (h2load)."""
-    root = os.path.join(work, "www")
-    os.makedirs(root)
-    size = 32 << 20
-    make_file(os.path.join(root, "32m.bin"), size)
-    servers = [
-        Ktlsd("ktlsd-ktls", args.ktlsd, root, 18443, work, ["--ktls", "on"]),
-        Ktlsd("ktlsd-userspace", args.ktlsd, root, 18444, work, ["--ktls", "off"]),
-        Nginx("nginx-ktls", root, 18445, work, ktls=True, http2=True),
-    ]
+    size = KTLS_BENCH_SIZE
+    servers = ktls_servers(args, work, http2=True)
     res = {s.name: {"speed": [], "cpu_per_gib": [], "ktls_tx": []} for s in servers}
     try:
         log(f"HTTP/2 download: 32 MiB x {args.runs} runs each, interleaved")
