@@ -82,31 +82,15 @@ pub fn spawn(bound: Bound, state: State, stop: watch::Receiver<bool>) -> anyhow:
         .context("cannot start the admin thread")
 }
 
-async fn run(bound: Bound, state: Arc<State>, mut stop: watch::Receiver<bool>) {
+async fn run(bound: Bound, state: Arc<State>, stop: watch::Receiver<bool>) {
     match bound {
         Bound::Tcp(l) => match tokio::net::TcpListener::from_std(l) {
-            Ok(l) => loop {
-                tokio::select! {
-                    r = l.accept() => match r {
-                        Ok((s, _)) => { tokio::spawn(answer(s, state.clone())); }
-                        Err(e) => { tracing::warn!("admin accept failed: {e}"); tokio::time::sleep(Duration::from_millis(100)).await; }
-                    },
-                    _ = stop.wait_for(|s| *s) => break,
-                }
-            },
+            Ok(l) => serve(|| async { l.accept().await.map(|(s, _)| s) }, state, stop).await,
             Err(e) => tracing::error!("admin listener unusable: {e}"),
         },
         Bound::Unix(l, path) => {
             match tokio::net::UnixListener::from_std(l) {
-                Ok(l) => loop {
-                    tokio::select! {
-                        r = l.accept() => match r {
-                            Ok((s, _)) => { tokio::spawn(answer(s, state.clone())); }
-                            Err(e) => { tracing::warn!("admin accept failed: {e}"); tokio::time::sleep(Duration::from_millis(100)).await; }
-                        },
-                        _ = stop.wait_for(|s| *s) => break,
-                    }
-                },
+                Ok(l) => serve(|| async { l.accept().await.map(|(s, _)| s) }, state, stop).await,
                 Err(e) => tracing::error!("admin listener unusable: {e}"),
             }
             let _ = std::fs::remove_file(&path);
@@ -114,7 +98,25 @@ async fn run(bound: Bound, state: Arc<State>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// One request, one answer, then close.
+/// Answers each connection `accept` yields, in a task of its own, until `stop`;
+/// a failed accept is logged and retried after a pause rather than in a spin.
+async fn serve<S, F, A>(mut accept: F, state: Arc<State>, mut stop: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: FnMut() -> A,
+    A: std::future::Future<Output = std::io::Result<S>>,
+{
+    loop {
+        tokio::select! {
+            r = accept() => match r {
+                Ok(s) => { tokio::spawn(answer(s, state.clone())); }
+                Err(e) => { tracing::warn!("admin accept failed: {e}"); tokio::time::sleep(Duration::from_millis(100)).await; }
+            },
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+}
+
 async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, state: Arc<State>) {
     let mut head = Vec::with_capacity(512);
     let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
