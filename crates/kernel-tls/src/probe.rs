@@ -275,11 +275,16 @@ impl Loopback {
     }
 
     /// A connected (client, server) pair.
+    ///
+    /// The limits are seconds, not milliseconds: a lossy qdisc on `lo` (netem)
+    /// can drop a SYN or the final ACK, and TCP retransmits those after 1 s.
     fn pair(&self) -> io::Result<(TcpStream, TcpStream)> {
-        let client = TcpStream::connect_timeout(&self.addr, Duration::from_millis(500))?;
+        const LIMIT: Duration = Duration::from_secs(5);
+        let client = TcpStream::connect_timeout(&self.addr, LIMIT)?;
         let client_addr = client.local_addr()?;
-        // The connection is normally already queued; poll briefly if not.
-        for _ in 0..200 {
+        // The connection is normally already queued; poll if not.
+        let deadline = Instant::now() + LIMIT;
+        while Instant::now() < deadline {
             match self.listener.accept() {
                 Ok((server, peer)) if peer == client_addr => return Ok((client, server)),
                 // A stray connection from someone else: drop it.

@@ -1669,9 +1669,11 @@ fn metrics_count_ktls_connections_and_relay_tls_stat() {
 }
 
 /// Runs `ktlsd` over kTLS with `files`, fetches `urls` on `connections` kept-alive
-/// curl connections, and returns `/advisor`'s recommendation and reason.
-fn advice_after(files: &[(&str, Vec<u8>)], urls: &[&str], connections: usize) -> (String, String) {
+/// curl connections (through netem's `link` on lo if given, set up once the
+/// server has started), and returns `/advisor`'s recommendation and reason.
+fn advice_after(files: &[(&str, Vec<u8>)], urls: &[&str], connections: usize, link: Option<&[&str]>) -> (String, String) {
     let (server, _dir, sock) = ktls_with_admin(files, &["--record-size", "dynamic"]);
+    let netem = link.map(Netem::on);
     for _ in 0..connections {
         let mut args: Vec<String> = vec!["-sk".into(), "--http1.1".into(), "--max-time".into(), "120".into()];
         for u in urls {
@@ -1693,6 +1695,7 @@ fn advice_after(files: &[(&str, Vec<u8>)], urls: &[&str], connections: usize) ->
     };
     assert_eq!(advice["samples"].as_u64(), Some(want), "{advice}");
     assert!(advice["current"].as_str().is_some_and(|c| c.starts_with("dynamic")), "{advice}");
+    drop(netem);
     server.stop();
     (advice["recommended"].as_str().unwrap_or_default().to_string(), advice["reason"].as_str().unwrap_or_default().to_string())
 }
@@ -1726,18 +1729,17 @@ impl Drop for Netem {
 fn advisor_recommends_from_three_traffic_mixes() {
     let files = vec![("small", pattern(1_000, 1)), ("mid", pattern(10_000, 2)), ("large", pattern(100_000, 3))];
     let small: Vec<&str> = vec!["/small"; 60];
-    let (rec, why) = advice_after(&files, &small, 2);
+    let (rec, why) = advice_after(&files, &small, 2, None);
     assert_eq!(rec, "static:4k", "all small: {why}");
 
     // 2 of 60 (3%) exceed the initial window: fewer than the 5% that matter.
     let mut mixed: Vec<&str> = vec!["/mid"; 58];
     mixed.extend(["/large", "/large"]);
-    let (rec, why) = advice_after(&files, &mixed, 2);
+    let (rec, why) = advice_after(&files, &mixed, 2, None);
     assert_eq!(rec, "static:16k", "mixed: {why}");
 
-    let _lossy = Netem::on(&["delay", "10ms", "loss", "1%"]);
     let large: Vec<&str> = vec!["/large"; 40];
-    let (rec, why) = advice_after(&files, &large, 3);
+    let (rec, why) = advice_after(&files, &large, 3, Some(&["delay", "10ms", "loss", "1%"]));
     assert_eq!(rec, "adaptive", "large over a lossy link: {why}");
     assert!(why.contains("exceed the initial window"), "{why}");
 }
