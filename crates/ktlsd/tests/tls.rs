@@ -210,6 +210,17 @@ fn tls12_rsa_suite(suite: &str) {
     assert_s_client_ok(&srv, &["-tls1_2", "-cipher", suite], "TLSv1.2", suite);
 }
 
+/// The server's order decides: OpenSSL lists TLS_AES_256_GCM_SHA384 first, and gets
+/// AES-128-GCM unless the operator's --cipher-suites puts another suite first.
+#[test]
+fn server_order_chooses_the_suite() {
+    let srv = ecdsa_server(&[]);
+    assert_s_client_ok(&srv, &["-tls1_3"], "TLSv1.3", "TLS_AES_128_GCM_SHA256");
+    assert_s_client_ok(&srv, &["-tls1_2"], "TLSv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256");
+    let srv = ecdsa_server(&["--cipher-suites", "TLS_CHACHA20_POLY1305_SHA256,TLS_AES_128_GCM_SHA256"]);
+    assert_s_client_ok(&srv, &["-tls1_3"], "TLSv1.3", "TLS_CHACHA20_POLY1305_SHA256");
+}
+
 #[test]
 fn openssl_tls13_aes128_gcm() {
     tls13_suite("TLS_AES_128_GCM_SHA256");
