@@ -156,7 +156,7 @@ impl UserspaceTls {
             if self.incoming.is_empty() {
                 self.incoming = pool::borrow(&INPUT, new_input);
             }
-            match stream.try_read(&mut self.incoming[self.in_len..]) {
+            match net::try_read_draining(stream, &mut self.incoming[self.in_len..]) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 other => return Ok(other?),
             }
