@@ -31,6 +31,11 @@ pub trait Transport {
     /// means the response is incomplete and the connection must not be reused.
     async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, Self::Error>;
 
+    /// The next `send` is the connection's last: a record layer may send its
+    /// close_notify in the same write instead of a write of its own at close. It
+    /// must still never follow an incomplete response.
+    fn last_response(&mut self) {}
+
     /// Payload size of the next record the record policy allows. The next `send`
     /// starts its first record at that size, so a head and body that together fit
     /// it leave as exactly one record (HTTP/2 sizes each DATA frame this way).

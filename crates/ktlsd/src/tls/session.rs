@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::kernel::KernelTls;
+use super::userspace::body::Ending;
 use super::userspace::UserspaceTls;
 use super::sizing::RecordSizer;
 use super::{kernel, userspace};
@@ -66,6 +67,10 @@ pub struct Session {
     counters: Counters,
     /// Version and suite, for the access log.
     info: Option<crate::log::TlsInfo>,
+    /// The next response is the last (see [`Transport::last_response`]).
+    last: bool,
+    /// close_notify has left already (with the last response).
+    notified: bool,
 }
 
 /// What ended this session's exchanges, counted from the errors it returned.
@@ -110,7 +115,7 @@ impl Session {
     }
 
     fn new(stream: TcpStream, layer: RecordLayer, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer, sizer, send_timeout, linger: None, counters: Counters::default(), info: None }
+        Session { stream, layer, sizer, send_timeout, linger: None, counters: Counters::default(), info: None, last: false, notified: false }
     }
 
     /// Records the negotiated version and suite (see [`Transport::tls`]).
@@ -158,8 +163,10 @@ impl Session {
                 // The plaintext buffer is the worker's, lent for this response only.
                 let mut bufs = pool::borrow(&PLAINTEXT, userspace::body::Buffers::default);
                 let cold = &mut self.counters.cold;
-                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, &mut bufs, cold, head, body, self.send_timeout).await;
+                let end = if self.last { Ending::CloseNotify } else { Ending::KeepOpen };
+                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, &mut bufs, cold, head, body, end, self.send_timeout).await;
                 pool::give_back(&PLAINTEXT, bufs);
+                self.notified = self.last && r.is_ok();
                 r
             }
             RecordLayer::Kernel(tls) => {
@@ -198,6 +205,7 @@ impl Session {
     pub async fn close(mut self) {
         let t = self.send_timeout.min(Duration::from_secs(1));
         let sent = match &mut self.layer {
+            _ if self.notified => Ok(()),
             RecordLayer::Userspace(tls) => {
                 tls.queue_close_notify();
                 tls.flush(&self.stream, t).await
@@ -237,6 +245,10 @@ impl Transport for Session {
 
     async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         self.send_response(head, body).await
+    }
+
+    fn last_response(&mut self) {
+        self.last = true;
     }
 
     fn next_record(&mut self) -> usize {

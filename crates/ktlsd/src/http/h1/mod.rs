@@ -164,6 +164,9 @@ pub async fn serve<T: Transport>(
         // Phase 6: send.
         let status = response.status;
         let ttfb = t0.elapsed();
+        if !keep_alive {
+            conn.last_response();
+        }
         let bytes = match send(conn, &response, head.version, keep_alive).await {
             Ok(b) => b,
             // The response could not be completed; the connection is cut without
@@ -245,6 +248,7 @@ async fn refuse<T: Transport>(
     }
     let version = head.map_or(Version::Http11, |h| h.version);
     let ttfb = started.elapsed();
+    conn.last_response();
     let bytes = send(conn, &response, version, false).await.unwrap_or(0);
     log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes, started, ttfb, label: conn.label(), referer: head.and_then(|h| h.referer.as_deref()), user_agent: head.and_then(|h| h.user_agent.as_deref()), tls: conn.tls() });
 }

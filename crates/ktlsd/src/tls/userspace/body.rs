@@ -25,7 +25,16 @@ pub struct Buffers {
     plain: Vec<u8>,
 }
 
-/// Sends `head` then `body`; returns the body bytes sent.
+/// What follows a response on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    KeepOpen,
+    /// The connection's last response: its close_notify leaves in the same
+    /// write, after every record of the response.
+    CloseNotify,
+}
+
+/// Sends `head` then `body`, then `ending`; returns the body bytes sent.
 ///
 /// # Cancel safety
 /// Not cancel-safe as a whole (a response cut short cannot be resumed), but the
@@ -40,6 +49,7 @@ pub async fn send(
     cold: &mut ColdReads,
     head: &[u8],
     body: Option<FileRange<'_>>,
+    ending: Ending,
     timeout: Duration,
 ) -> Result<u64, SessionError> {
     let body = body.as_ref();
@@ -82,6 +92,9 @@ pub async fn send(
         if n < MAX_RECORD || tls.spare_plaintext() < MAX_RECORD {
             tls.flush(stream, timeout).await?;
         }
+    }
+    if ending == Ending::CloseNotify {
+        tls.queue_close_notify();
     }
     tls.flush(stream, timeout).await?;
     Ok(body.map_or(0, |r| r.len()))
