@@ -85,7 +85,23 @@ impl std::fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
             None => f.write_str("-"),
-            Some(r) => write!(f, "{} {} {}", r.method.escape_default(), r.target.escape_default(), r.version.escape_default()),
+            Some(r) => write!(f, "{} {} {}", Escaped(r.method), Escaped(r.target), Escaped(r.version)),
+        }
+    }
+}
+
+/// A field with anything unprintable, `'`, `"` and `\\` escaped (Rust's
+/// `escape_default`). Most fields need none: those are written whole rather
+/// than char by char.
+struct Escaped<'a>(&'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plain = |b: u8| (0x20..0x7f).contains(&b) && !matches!(b, b'"' | b'\\' | b'\'');
+        if self.0.bytes().all(plain) {
+            f.write_str(self.0)
+        } else {
+            write!(f, "{}", self.0.escape_default())
         }
     }
 }
@@ -165,8 +181,8 @@ impl AccessLog {
                 Quoted(e.request),
                 e.status,
                 e.bytes,
-                e.referer.unwrap_or("-").escape_default(),
-                e.user_agent.unwrap_or("-").escape_default(),
+                Escaped(e.referer.unwrap_or("-")),
+                Escaped(e.user_agent.unwrap_or("-")),
             ),
             LogFormat::Json => writeln!(buf, "{}", json_line(e, rt)),
         };
@@ -296,6 +312,13 @@ mod tests {
         }
         assert_eq!((v["status"].as_u64(), v["bytes"].as_u64(), v["ttfb"].as_f64()), (Some(200), Some(7), Some(0.00025)));
         assert!(v["rt"].is_f64() && v["time"].is_string() && v["referer"].is_null(), "{v}");
+    }
+
+    #[test]
+    fn escaped_fields_match_escape_default() {
+        for s in ["/a.txt?x=1&y=%20", "", "say \"hi\"", "back\\slash", "it's", "tab\there", "nl\n", "\u{7f}", "caf\u{e9}", "~ !#$"] {
+            assert_eq!(Escaped(s).to_string(), s.escape_default().to_string(), "{s:?}");
+        }
     }
 
     #[test]
