@@ -252,3 +252,49 @@ fn ticket_keys_are_reread_on_reload() {
     assert!(b.wait_stderr("reloaded configuration", Duration::from_secs(10)).is_some(), "{}", b.stderr());
     assert_eq!(handshake(b.addr(), &cfg), HandshakeKind::Full);
 }
+
+/// A client session store that counts the TLS 1.3 tickets it is given.
+#[derive(Debug)]
+struct CountingStore {
+    inner: rustls::client::ClientSessionMemoryCache,
+    tickets: std::sync::atomic::AtomicUsize,
+}
+
+impl rustls::client::ClientSessionStore for CountingStore {
+    fn set_kx_hint(&self, name: rustls_pki_types::ServerName<'static>, group: rustls::NamedGroup) {
+        self.inner.set_kx_hint(name, group)
+    }
+    fn kx_hint(&self, name: &rustls_pki_types::ServerName<'_>) -> Option<rustls::NamedGroup> {
+        self.inner.kx_hint(name)
+    }
+    fn set_tls12_session(&self, name: rustls_pki_types::ServerName<'static>, v: rustls::client::Tls12ClientSessionValue) {
+        self.inner.set_tls12_session(name, v)
+    }
+    fn tls12_session(&self, name: &rustls_pki_types::ServerName<'_>) -> Option<rustls::client::Tls12ClientSessionValue> {
+        self.inner.tls12_session(name)
+    }
+    fn remove_tls12_session(&self, name: &rustls_pki_types::ServerName<'static>) {
+        self.inner.remove_tls12_session(name)
+    }
+    fn insert_tls13_ticket(&self, name: rustls_pki_types::ServerName<'static>, v: rustls::client::Tls13ClientSessionValue) {
+        self.tickets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.insert_tls13_ticket(name, v)
+    }
+    fn take_tls13_ticket(&self, name: &rustls_pki_types::ServerName<'static>) -> Option<rustls::client::Tls13ClientSessionValue> {
+        self.inner.take_tls13_ticket(name)
+    }
+}
+
+/// One TLS 1.3 ticket per connection, full or resumed (rustls's default is two).
+#[test]
+fn one_ticket_per_tls13_connection() {
+    let srv = server_with_keys(&[]);
+    let store = Arc::new(CountingStore { inner: rustls::client::ClientSessionMemoryCache::new(8), tickets: 0.into() });
+    let mut cfg = (*client_config(&[&rustls::version::TLS13])).clone();
+    cfg.resumption = rustls::client::Resumption::store(store.clone());
+    let cfg = Arc::new(cfg);
+    assert_eq!(handshake(srv.addr(), &cfg), HandshakeKind::Full);
+    assert_eq!(store.tickets.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(handshake(srv.addr(), &cfg), HandshakeKind::Resumed);
+    assert_eq!(store.tickets.load(std::sync::atomic::Ordering::Relaxed), 2);
+}
