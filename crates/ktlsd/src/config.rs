@@ -1113,6 +1113,18 @@ mod tests {
         }
     }
 
+    /// A temporary directory holding `dirs` and a `ktlsd.toml` with `toml`; the
+    /// directory lives as long as the returned guard.
+    fn config_file(dirs: &[&str], toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        for d in dirs {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        let cfg = dir.path().join("ktlsd.toml");
+        std::fs::write(&cfg, toml).unwrap();
+        (dir, cfg)
+    }
+
     fn serve_args(argv: &[&str]) -> ServeArgs {
         let argv = ["ktlsd", "serve"].iter().chain(argv);
         match Cli::try_parse_from(argv) {
@@ -1145,9 +1157,7 @@ mod tests {
 
     #[test]
     fn switches_from_file_are_overridden_by_no_flags() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = dir.path().join("ktlsd.toml");
-        std::fs::write(&cfg, "autoindex = true\ndotfiles = true\n").unwrap();
+        let (_dir, cfg) = config_file(&[], "autoindex = true\ndotfiles = true\n");
         let path = cfg.to_str().unwrap();
         let c = Config::from_args(serve_args(&["--config", path])).unwrap();
         assert!(c.autoindex && c.dotfiles);
@@ -1296,21 +1306,15 @@ mod tests {
     #[test]
     fn content_options_are_per_site_over_the_top_level() {
         use crate::handler::request::Coding;
-        let dir = tempfile::tempdir().unwrap();
-        for d in ["www", "a", "b"] {
-            std::fs::create_dir(dir.path().join(d)).unwrap();
-        }
-        let cfg = dir.path().join("ktlsd.toml");
-        std::fs::write(
-            &cfg,
+        let (_dir, cfg) = config_file(
+            &["www", "a", "b"],
             concat!(
                 "root = \"www\"\nprecompressed = [\"gzip\"]\nfallback = \"/index.html\"\n",
                 "[mime_types]\nmd = \"text/markdown\"\n",
                 "[[site]]\nnames = [\"a.test\"]\nroot = \"a\"\n",
                 "[[site]]\nnames = [\"b.test\"]\nroot = \"b\"\nprecompressed = [\"br\", \"none\", \"br\"]\nerror_page = { 404 = \"/e.html\" }\n",
             ),
-        )
-        .unwrap();
+        );
         let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap()])).unwrap();
         assert_eq!(c.content.precompressed, [Coding::Gzip]);
         assert_eq!(c.content.fallback.as_deref(), Some("/index.html"));
@@ -1329,13 +1333,8 @@ mod tests {
     #[test]
     fn header_rules_and_cors_are_per_site() {
         use crate::handler::rules::{Cors, PathMatch};
-        let dir = tempfile::tempdir().unwrap();
-        for d in ["www", "a", "b"] {
-            std::fs::create_dir(dir.path().join(d)).unwrap();
-        }
-        let cfg = dir.path().join("ktlsd.toml");
-        std::fs::write(
-            &cfg,
+        let (_dir, cfg) = config_file(
+            &["www", "a", "b"],
             concat!(
                 "root = \"www\"\ncors = \"*\"\n",
                 "[[headers]]\nextensions = [\"CSS\"]\nexpires = \"1h\"\n",
@@ -1343,8 +1342,7 @@ mod tests {
                 "[[site]]\nnames = [\"b.test\"]\nroot = \"b\"\ncors = [\"https://B.example\"]\n",
                 "[[site.headers]]\npath = \"/x/**\"\nset = { \"X-A\" = \"1\" }\n",
             ),
-        )
-        .unwrap();
+        );
         let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap()])).unwrap();
         assert_eq!(c.content.cors, Some(Cors::Any));
         assert_eq!(c.content.headers[0].paths, PathMatch::Extensions(vec!["css".into()]));
