@@ -177,7 +177,7 @@ pub async fn serve<T: Transport>(
         };
 
         // Phase 7: log.
-        log.write(&AccessEntry { peer, request: Some(line(&head)), status: status.0, bytes, started: t0, ttfb, label: conn.label(), referer: head.referer.as_deref(), user_agent: head.user_agent.as_deref(), tls: conn.tls() });
+        log.write(&entry(conn, peer, Some(&head), status, bytes, t0, ttfb));
 
         if *shutdown.borrow() {
             keep_alive = false;
@@ -250,7 +250,32 @@ async fn refuse<T: Transport>(
     let ttfb = started.elapsed();
     conn.last_response();
     let bytes = send(conn, &response, version, false).await.unwrap_or(0);
-    log.write(&AccessEntry { peer, request: head.map(line), status: response.status.0, bytes, started, ttfb, label: conn.label(), referer: head.and_then(|h| h.referer.as_deref()), user_agent: head.and_then(|h| h.user_agent.as_deref()), tls: conn.tls() });
+    log.write(&entry(conn, peer, head, response.status, bytes, started, ttfb));
+}
+
+/// The access-log entry of a request answered on `conn`; `head` is `None` when
+/// none could be parsed.
+fn entry<'a, T: Transport>(
+    conn: &T,
+    peer: SocketAddr,
+    head: Option<&'a Head>,
+    status: Status,
+    bytes: u64,
+    started: Instant,
+    ttfb: Duration,
+) -> AccessEntry<'a> {
+    AccessEntry {
+        peer,
+        request: head.map(line),
+        status: status.0,
+        bytes,
+        started,
+        ttfb,
+        label: conn.label(),
+        referer: head.and_then(|h| h.referer.as_deref()),
+        user_agent: head.and_then(|h| h.user_agent.as_deref()),
+        tls: conn.tls(),
+    }
 }
 
 /// Reads and drops `left` body bytes (those already in `buf` first). `Ok(false)`:
