@@ -5,7 +5,7 @@
 //! Record boundaries follow the calls: with `MSG_MORE` the kernel keeps a record
 //! open; a call without it closes the record at the call's end, and a record is
 //! also closed whenever it reaches 16 KiB. So a full-size policy hands the kernel
-//! large `sendfile` calls, and smaller policies one call per record.
+//! `sendfile` calls of several full records, and smaller policies one call per record.
 //!
 //! Before each window of the file is sent, its pages are checked to be in the
 //! page cache, and read ahead off the event loop when they are not (see
