@@ -6,6 +6,8 @@ Scenarios:
                       and 10 KiB requests with wrk (64 keep-alive connections): ktlsd vs nginx.
   ktls        (VM)    32 MiB download: ktlsd kTLS vs ktlsd userspace vs nginx kTLS
                       (ssl_conf_command Options KTLS, sendfile on).
+  scale-ktls  (VM)    memory per idle keep-alive connection with kTLS in both servers, at 1,000
+                      and 2,000 connections.
   scale       (host)  memory per idle keep-alive TLS connection (after one small response, and
                       after the handshake alone) at 2,000 and 10,000 connections, both servers
                       fresh; 10 KiB with wrk over 1000 keep-alive connections, and with a new
@@ -405,6 +407,61 @@ def scenario_scale(args, work):
                      median(cpu[(mode, "nginx")]), "lower is better"))
     table = ["| measure | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
     table += [f"| {m} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {g} |" for m, a, b, g in rows]
+    return "\n".join(table), raw
+
+
+def scenario_scale_ktls(args, work):
+    """VM: KiB per idle keep-alive connection (after one small response) with kTLS carrying
+    the connections in both servers: ktlsd --ktls on, nginx with ssl_conf_command Options KTLS.
+    Fails unless the kernel's TlsCurrTxSw gauge rose by the connection count while they were
+    held, and unless ktlsd's access log says tls=ktls for every response."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers inherit it
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    with open(os.path.join(root, "small.txt"), "w") as f:
+        f.write("hello\n" * 20)
+    counts = [int(c) for c in args.scale_ktls_conns.split(",")]
+    makers = {
+        "nginx": lambda: Nginx("nginx-ktls", root, 18448, work, ktls=True, connections=max(counts) + 1024),
+        "ktlsd": lambda: Ktlsd("ktlsd-ktls", args.ktlsd, root, 18447, work, ["--ktls", "on"]),
+    }
+
+    def gauges():
+        c = proc_counters_flat("/proc/net/tls_stat")
+        return c.get("TlsCurrTxSw", 0), c.get("TlsCurrRxSw", 0)
+
+    rows, raw = [], {}
+    for n in counts:
+        per = {}
+        for name, make in makers.items():
+            s = make()
+            try:
+                time.sleep(0.5)
+                before, (tx0, rx0) = rss_kib(s.pids()), gauges()
+                try:
+                    after, (tx1, rx1) = open_idle(s.port, n, "http/1.1", lambda: (rss_kib(s.pids()), gauges()))
+                except OSError:  # connections refused or reset: show the start-up lines (fd budget, kTLS)
+                    if isinstance(s, Ktlsd):
+                        with open(os.path.join(work, f"{s.name}.err")) as f:
+                            lines = f.readlines()
+                            log(f"  {name} stderr:\n" + "".join(lines[:12]))
+                    raise
+            finally:
+                s.stop()
+            if tx1 - tx0 < n:
+                raise RuntimeError(f"{name}: TlsCurrTxSw rose by {tx1 - tx0} for {n} connections: kTLS did not carry them")
+            if isinstance(s, Ktlsd):
+                require_ktls(work, [s.name])
+            per[name] = (after - before) / n
+            raw[f"{name} {n}"] = {"kib_per_conn": per[name], "rss_before_kib": before, "rss_after_kib": after,
+                                  "tls_curr_tx_sw_rise": tx1 - tx0, "tls_curr_rx_sw_rise": rx1 - rx0}
+            log(f"  {name} kTLS, {n} idle keep-alive connections: {per[name]:.1f} KiB each (RSS {before} -> "
+                f"{after} KiB; TlsCurrTxSw +{tx1 - tx0}, TlsCurrRxSw +{rx1 - rx0})")
+        rows.append((f"KiB per connection, {n} idle keep-alive after one response, kTLS", per["ktlsd"], per["nginx"]))
+    table = ["| measure | ktlsd | nginx | ktlsd/nginx |", "|---|---|---|---|"]
+    table += [f"| {m} | {a:.1f} | {b:.1f} | {a / b:.2f}x |" for m, a, b in rows]
     return "\n".join(table), raw
 
 
@@ -876,7 +933,7 @@ def sample_wchan(pids, stop, seen):
                         comm = f.read().strip()
                     with open(f"/proc/{pid}/task/{tid}/wchan") as f:
                         wchan = f.read().strip() or "running"
-                except OSError:
+                except OSError:  # connections refused or reset: show the start-up lines (fd budget, kTLS)
                     continue
                 seen[(comm, wchan)] = seen.get((comm, wchan), 0) + 1
 
@@ -952,7 +1009,7 @@ def scenario_cold(args, work):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "h2", "cold"])
+    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "cold"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -967,6 +1024,8 @@ def main():
     p.add_argument("--report-only", action="store_true",
                    help="tail: rebuild the table and chart from an existing results/tail.csv")
     p.add_argument("--scale-conns", default="2000,10000", help="scale: idle connection counts, comma-separated")
+    p.add_argument("--scale-ktls-conns", default="1000,2000",
+                   help="scale-ktls: idle connection counts, comma-separated")
     p.add_argument("--scale-rounds", type=int, default=3, help="scale: interleaved wrk rounds")
     p.add_argument("--out", default=os.path.join(REPO, "bench/results"))
     p.add_argument("--cold-clients", type=int, default=4, help="cold: clients downloading cold files")
@@ -994,7 +1053,7 @@ def main():
         make_cert(work)
         table, raw = {"throughput": scenario_throughput, "ktls": scenario_ktls_h2 if args.http2 else scenario_ktls,
                       "tail": scenario_tail, "scale": scenario_scale, "h2": scenario_h2,
-                      "cold": scenario_cold}[args.scenario](args, work)
+                      "cold": scenario_cold, "scale-ktls": scenario_scale_ktls}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = os.uname().release

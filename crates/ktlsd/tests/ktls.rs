@@ -860,6 +860,57 @@ fn client_reset_mid_sendfile_keeps_serving() {
     assert_eq!(s.stat("errors"), 2, "both resets count as connection errors\n{}", s.stderr);
 }
 
+/// A large download does not hold up small requests on the same worker
+/// (one worker): the kernel encrypts inside each `sendfile`, on the worker's
+/// thread, so a call that moves a MiB stalls every other connection of the
+/// worker for as long as a MiB takes to encrypt. While one client downloads
+/// 5 MiB as fast as it reads, another asks for a 1-byte file again and again;
+/// its slowest answer must take less than half the download's time per MiB.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn large_download_does_not_stall_small_requests() {
+    let files = standard_files();
+    let big = file(&files, "big").to_vec();
+    let server = KtlsServer::start(&files, &[]); // one worker, as the harness starts it
+    let cfg = client_config(V::Tls13, None);
+    let mut small = WireClient::connect(server.addr(), &cfg);
+    assert_eq!(small.get("/one").status, 200);
+
+    let mut downloader = WireClient::connect(server.addr(), &cfg);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let download = thread::spawn({
+        let done = done.clone();
+        move || {
+            let start = Instant::now();
+            let r = downloader.get("/big");
+            let took = start.elapsed();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            (r, took)
+        }
+    });
+    let mut slowest = Duration::ZERO;
+    let mut asked = 0;
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        let start = Instant::now();
+        let r = small.get("/one");
+        assert_eq!(r.status, 200);
+        slowest = slowest.max(start.elapsed());
+        asked += 1;
+    }
+    let (r, took) = download.join().unwrap();
+    assert_eq!(r.status, 200);
+    assert_body("download beside small requests", &r.body, &big);
+    let per_mib = took / (BIG / MIB) as u32;
+    println!("[stall] 5 MiB in {took:?} ({per_mib:?}/MiB); {asked} small requests meanwhile, slowest {slowest:?}");
+    assert!(asked >= 2, "only {asked} small requests were answered during the download ({took:?})");
+    assert!(
+        slowest < per_mib / 2,
+        "a small request waited {slowest:?} while the download took {per_mib:?} per MiB: the worker was held by the download"
+    );
+    let s = server.stop();
+    assert_ktls("large_download_does_not_stall_small_requests", &s, &Expect::conns(2, asked + 2));
+}
+
 // ============================================================== tests: key update
 
 /// TLS 1.3 KeyUpdate(update_requested) from a rustls client. Kernels that can

@@ -30,8 +30,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-/// Bytes decided at once: one probe and, when cold, one readahead. Matches the
-/// kTLS path's largest `sendfile`, so windows and calls line up.
+/// Bytes decided at once: one probe and, when cold, one readahead. A whole
+/// number of the kTLS path's `sendfile` calls (64 KiB each), so windows and
+/// calls line up.
 pub const WINDOW: u64 = 1 << 20;
 
 /// Cold windows being read at once, process-wide. nginx's default thread pool

@@ -14,8 +14,11 @@ use crate::files::FileRange;
 use crate::tls::sizing::{RecordSizer, MAX_RECORD};
 use crate::tls::error::SessionError;
 
-/// File bytes read per `pread`.
-const READ_AHEAD: usize = 64 * 1024;
+/// File bytes read per `pread`, and encrypted before the writer yields to the
+/// worker's other connections: encryption runs on the worker's thread, and a
+/// large body encrypted in one go (a 1 MiB window takes hundreds of ms on a
+/// software-emulated CPU) holds up every other connection on the worker.
+pub const READ_AHEAD: usize = 64 * 1024;
 
 /// Per-connection plaintext buffer, kept between responses: the head and the
 /// file bytes that follow it are laid out in it back to back, so every record,
@@ -69,6 +72,10 @@ pub async fn send(
 
         if let Some(range) = body {
             if end - start < want && left > 0 {
+                if offset > range.range.start {
+                    // The previous read is encrypted: let other connections run.
+                    tokio::task::yield_now().await;
+                }
                 plain.copy_within(start..end, 0);
                 end -= start;
                 start = 0;
@@ -118,4 +125,98 @@ async fn read_exact_at(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::io::{Read, Write};
+    use std::rc::Rc;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::tls::config::{server_config, Identity, TlsSettings, TlsVersion};
+    use crate::tls::handshake;
+    use crate::tls::sizing::RecordPolicy;
+
+    /// A large body on a socket that never fills: without yields of its own the
+    /// writer would encrypt all of it without letting the worker's other tasks
+    /// run (its only awaits are for a full socket or a cold window). With them,
+    /// another task on the same event loop runs about once per [`READ_AHEAD`].
+    #[test]
+    fn large_body_lets_other_tasks_run_between_reads() {
+        const BODY: usize = 16 * READ_AHEAD;
+        let settings = TlsSettings {
+            cert: None,
+            key: None,
+            versions: vec![TlsVersion::Tls13],
+            cipher_suites: None,
+            state_dir: None,
+            ephemeral_cert: true,
+            ticket_keys: Vec::new(),
+            http2: Default::default(),
+        };
+        let identity = Identity::load(&settings, false).unwrap();
+        let root = identity.chain[0].clone();
+        let config = server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
+        let data: Vec<u8> = (0..BODY).map(|i| (i % 251) as u8).collect();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&data).unwrap();
+        let head = b"HTTP/1.1 200 OK\r\n\r\n";
+
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let local = tokio::task::LocalSet::new();
+        let (ran, got) = local.block_on(&rt, async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            // The client reads as fast as it can, so the server's writes rarely if ever block.
+            let client = std::thread::spawn(move || {
+                let sock = std::net::TcpStream::connect(addr).unwrap();
+                sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add(root).unwrap();
+                let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_root_certificates(roots)
+                    .with_no_client_auth();
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, sock);
+                let mut got = vec![0u8; head.len() + BODY];
+                tls.read_exact(&mut got).map(|_| got).map_err(|e| format!("client read: {e}"))
+            });
+            let (stream, _) = listener.accept().await.unwrap();
+            socket2::SockRef::from(&stream).set_send_buffer_size(4 << 20).unwrap();
+            let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
+            let mut tls = UserspaceTls::new(established.conn);
+
+            let ticks = Rc::new(Cell::new(0u64));
+            let ticker = tokio::task::spawn_local({
+                let ticks = ticks.clone();
+                async move {
+                    loop {
+                        ticks.set(ticks.get() + 1);
+                        tokio::task::yield_now().await;
+                    }
+                }
+            });
+            tokio::task::yield_now().await; // the ticker is running
+            let before = ticks.get();
+            let mut sizer = RecordSizer::new(RecordPolicy::Static(MAX_RECORD), 22);
+            let (mut bufs, mut cold) = (Buffers::default(), ColdReads::default());
+            let body = FileRange { file: &file, range: 0..BODY as u64 };
+            let sent = send(&mut tls, &stream, &mut sizer, &mut bufs, &mut cold, head, Some(body), Duration::from_secs(10))
+                .await
+                .unwrap();
+            let ran = ticks.get() - before;
+            ticker.abort();
+            assert_eq!(sent, BODY as u64);
+            (ran, tokio::task::spawn_blocking(move || client.join().unwrap()).await.unwrap())
+        });
+        let got = got.unwrap();
+        assert!(got[..head.len()] == head[..] && got[head.len()..] == data[..], "the client received other bytes");
+        let reads = (BODY / READ_AHEAD) as u64;
+        assert!(ran >= reads - 1, "another task ran {ran} times while {reads} reads of the body were encrypted");
+    }
 }
