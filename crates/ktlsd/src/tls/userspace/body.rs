@@ -206,7 +206,7 @@ mod tests {
             let mut sizer = RecordSizer::new(RecordPolicy::Static(MAX_RECORD), 22);
             let (mut bufs, mut cold) = (Buffers::default(), ColdReads::default());
             let body = FileRange { file: &file, range: 0..BODY as u64 };
-            let sent = send(&mut tls, &stream, &mut sizer, &mut bufs, &mut cold, head, Some(body), Duration::from_secs(10))
+            let sent = send(&mut tls, &stream, &mut sizer, &mut bufs, &mut cold, head, Some(body), Ending::KeepOpen, Duration::from_secs(10))
                 .await
                 .unwrap();
             let ran = ticks.get() - before;
