@@ -59,9 +59,15 @@ pub async fn serve<T: Transport>(
     sites: &Sites<'_>,
     log: &AccessLog,
     peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> End<T::Error> {
     let mut buf: Vec<u8> = Vec::with_capacity(2048);
+    // One wait for shutdown for the connection's life, polled by every idle read:
+    // a wait made per read would register with the watch and leave it again for
+    // each request.
+    let mut stop_rx = shutdown.clone();
+    let stop = stop_rx.wait_for(|s| *s);
+    tokio::pin!(stop);
     loop {
         // Phase 1: a complete request head.
         let mut started: Option<Instant> = if buf.is_empty() { None } else { Some(Instant::now()) };
@@ -78,7 +84,7 @@ pub async fn serve<T: Transport>(
             let before = buf.len();
             let read = tokio::select! {
                 r = conn.read(&mut buf, timeout) => r,
-                _ = shutdown.wait_for(|s| *s), if buf.is_empty() => return End::Done,
+                _ = &mut stop, if buf.is_empty() => return End::Done,
             };
             match read {
                 Ok(0) => return End::Done,

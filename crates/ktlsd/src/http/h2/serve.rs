@@ -64,12 +64,16 @@ pub async fn serve<T: Transport>(
     sites: &Sites<'_>,
     log: &AccessLog,
     peer: SocketAddr,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> End<T::Error> {
     let mut h2 = Connection::new(settings.limits.clone());
     let mut open: HashMap<StreamId, Open> = HashMap::new();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut going_away = false;
+    // One wait for shutdown for the connection's life (see h1's).
+    let mut stop_rx = shutdown.clone();
+    let stop = stop_rx.wait_for(|s| *s);
+    tokio::pin!(stop);
     loop {
         while let Some(event) = h2.poll_event() {
             match event {
@@ -153,7 +157,7 @@ pub async fn serve<T: Transport>(
         let timeout = if idle { settings.idle_timeout } else { settings.stall_timeout };
         let read = tokio::select! {
             r = conn.read(&mut buf, timeout) => Some(r),
-            _ = shutdown.wait_for(|s| *s), if !going_away => None,
+            _ = &mut stop, if !going_away => None,
         };
         let Some(read) = read else {
             // Shutdown (or the server dropped its signal, which means the same).
