@@ -159,32 +159,31 @@ impl AccessLog {
         if self.out.borrow().is_none() {
             return;
         }
-        let rt = elapsed.as_secs_f64();
         let mut buf = self.buf.borrow_mut();
         let _ = match self.format.get() {
             LogFormat::Ktlsd => writeln!(
                 buf,
-                "{} - - [{}] \"{}\" {} {} rt={:.3} tls={}",
+                "{} - - [{}] \"{}\" {} {} rt={} tls={}",
                 e.peer.ip(),
-                clf_now(),
+                ClfNow,
                 Quoted(e.request),
                 e.status,
                 e.bytes,
-                rt,
+                Seconds(elapsed),
                 e.label
             ),
             LogFormat::Combined => writeln!(
                 buf,
                 "{} - - [{}] \"{}\" {} {} \"{}\" \"{}\"",
                 e.peer.ip(),
-                clf_now(),
+                ClfNow,
                 Quoted(e.request),
                 e.status,
                 e.bytes,
                 Escaped(e.referer.unwrap_or("-")),
                 Escaped(e.user_agent.unwrap_or("-")),
             ),
-            LogFormat::Json => writeln!(buf, "{}", json_line(e, rt)),
+            LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64())),
         };
         let full = buf.len() >= FLUSH_AT;
         drop(buf);
@@ -237,6 +236,19 @@ thread_local! {
 
 /// The current time in common log format, UTC: `22/Nov/2026:10:00:00 +0000`.
 fn clf_now() -> String {
+    with_clf_now(str::to_string)
+}
+
+/// [`clf_now`] written where it goes, without a copy of its own.
+struct ClfNow;
+
+impl std::fmt::Display for ClfNow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        with_clf_now(|t| f.write_str(t))
+    }
+}
+
+fn with_clf_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     CLF_NOW.with(|c| {
         let mut c = c.borrow_mut();
@@ -250,8 +262,19 @@ fn clf_now() -> String {
             };
             *c = (secs, clf);
         }
-        c.1.clone()
+        use_it(&c.1)
     })
+}
+
+/// A duration in seconds with three decimals (`0.012`), from integer
+/// microseconds rather than float formatting.
+struct Seconds(Duration);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = (self.0.as_micros() + 500) / 1000;
+        write!(f, "{}.{:03}", ms / 1000, ms % 1000)
+    }
 }
 
 #[cfg(test)]
@@ -318,6 +341,13 @@ mod tests {
     fn escaped_fields_match_escape_default() {
         for s in ["/a.txt?x=1&y=%20", "", "say \"hi\"", "back\\slash", "it's", "tab\there", "nl\n", "\u{7f}", "caf\u{e9}", "~ !#$"] {
             assert_eq!(Escaped(s).to_string(), s.escape_default().to_string(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn seconds_have_three_decimals() {
+        for (us, want) in [(0, "0.000"), (499, "0.000"), (500, "0.001"), (12_345, "0.012"), (1_999_600, "2.000"), (61_250_000, "61.250")] {
+            assert_eq!(Seconds(Duration::from_micros(us)).to_string(), want, "{us} us");
         }
     }
 
