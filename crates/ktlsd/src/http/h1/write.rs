@@ -15,6 +15,10 @@ thread_local! {
 
 /// The Date field value for a response sent now (HTTP/2 uses it too).
 pub fn http_date_now() -> String {
+    with_http_date_now(str::to_string)
+}
+
+fn with_http_date_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
     let now = SystemTime::now();
     let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     DATE.with(|d| {
@@ -22,7 +26,7 @@ pub fn http_date_now() -> String {
         if d.0 != secs || d.1.is_empty() {
             *d = (secs, httpdate::fmt_http_date(now));
         }
-        d.1.clone()
+        use_it(&d.1)
     })
 }
 
@@ -32,7 +36,9 @@ pub fn http_date_now() -> String {
 pub fn head(response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
     let status = response.status;
     let mut buf = String::with_capacity(256);
-    let _ = write!(buf, "HTTP/1.1 {} {}\r\nServer: ktlsd\r\nDate: {}\r\n", status.0, status.reason(), http_date_now());
+    let _ = write!(buf, "HTTP/1.1 {} {}\r\nServer: ktlsd\r\nDate: ", status.0, status.reason());
+    with_http_date_now(|d| buf.push_str(d));
+    buf.push_str("\r\n");
     for h in &response.headers {
         let _ = write!(buf, "{}: {h}\r\n", h.name());
     }
