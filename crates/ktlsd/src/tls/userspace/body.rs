@@ -132,12 +132,12 @@ mod tests {
     use std::cell::Cell;
     use std::io::{Read, Write};
     use std::rc::Rc;
-    use std::sync::Arc;
 
     use super::*;
-    use crate::tls::config::{server_config, Identity, TlsSettings, TlsVersion};
+    use crate::tls::config::TlsVersion;
     use crate::tls::handshake;
     use crate::tls::sizing::RecordPolicy;
+    use crate::tls::userspace::tests::{test_client, test_server_config};
 
     /// A large body on a socket that never fills: without yields of its own the
     /// writer would encrypt all of it without letting the worker's other tasks
@@ -146,19 +146,7 @@ mod tests {
     #[test]
     fn large_body_lets_other_tasks_run_between_reads() {
         const BODY: usize = 16 * READ_AHEAD;
-        let settings = TlsSettings {
-            cert: None,
-            key: None,
-            versions: vec![TlsVersion::Tls13],
-            cipher_suites: None,
-            state_dir: None,
-            ephemeral_cert: true,
-            ticket_keys: Vec::new(),
-            http2: Default::default(),
-        };
-        let identity = Identity::load(&settings, false).unwrap();
-        let root = identity.chain[0].clone();
-        let config = server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
+        let (config, root) = test_server_config(vec![TlsVersion::Tls13]);
         let data: Vec<u8> = (0..BODY).map(|i| (i % 251) as u8).collect();
         let mut file = tempfile::tempfile().unwrap();
         file.write_all(&data).unwrap();
@@ -173,16 +161,7 @@ mod tests {
             let client = std::thread::spawn(move || {
                 let sock = std::net::TcpStream::connect(addr).unwrap();
                 sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                let mut roots = rustls::RootCertStore::empty();
-                roots.add(root).unwrap();
-                let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-                    .with_safe_default_protocol_versions()
-                    .unwrap()
-                    .with_root_certificates(roots)
-                    .with_no_client_auth();
-                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-                let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
-                let mut tls = rustls::StreamOwned::new(conn, sock);
+                let mut tls = test_client(sock, root);
                 let mut got = vec![0u8; head.len() + BODY];
                 tls.read_exact(&mut got).map(|_| got).map_err(|e| format!("client read: {e}"))
             });

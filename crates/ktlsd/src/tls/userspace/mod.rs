@@ -388,6 +388,42 @@ mod tests {
     use crate::tls::sizing::{RecordPolicy, RecordSizer};
     use crate::tls::Session;
 
+    /// A server config with ktlsd's own self-signed certificate for `versions`,
+    /// and the certificate a client must trust.
+    pub(crate) fn test_server_config(versions: Vec<TlsVersion>) -> (Arc<rustls::ServerConfig>, rustls::pki_types::CertificateDer<'static>) {
+        let settings = TlsSettings {
+            cert: None,
+            key: None,
+            versions,
+            cipher_suites: None,
+            state_dir: None,
+            ephemeral_cert: true,
+            ticket_keys: Vec::new(),
+            http2: Default::default(),
+        };
+        let identity = Identity::load(&settings, false).unwrap();
+        let root = identity.chain[0].clone();
+        let config = server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
+        (config, root)
+    }
+
+    /// A blocking rustls client on `sock` that trusts `root`, for `localhost`.
+    pub(crate) fn test_client(
+        sock: std::net::TcpStream,
+        root: rustls::pki_types::CertificateDer<'static>,
+    ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(root).unwrap();
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
+        rustls::StreamOwned::new(conn, sock)
+    }
+
     /// A blocking rustls client with a small receive buffer that completes the
     /// handshake, waits for `go`, then reads until close_notify. Returns the
     /// plaintext, or the error that ended the read.
@@ -403,16 +439,7 @@ mod tests {
             sock.connect(&addr.into()).unwrap();
             let sock: std::net::TcpStream = sock.into();
             sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut roots = rustls::RootCertStore::empty();
-            roots.add(root).unwrap();
-            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
-            let mut tls = rustls::StreamOwned::new(conn, sock);
+            let mut tls = test_client(sock, root);
             while tls.conn.is_handshaking() {
                 tls.conn.complete_io(&mut tls.sock).map_err(|e| format!("handshake: {e}"))?;
             }
@@ -431,19 +458,7 @@ mod tests {
     /// rejects (bad_record_mac: the record sequence is off).
     #[test]
     fn cancelled_flush_then_close_sends_each_record_once() {
-        let settings = TlsSettings {
-            cert: None,
-            key: None,
-            versions: vec![TlsVersion::Tls13, TlsVersion::Tls12],
-            cipher_suites: None,
-            state_dir: None,
-            ephemeral_cert: true,
-            ticket_keys: Vec::new(),
-            http2: Default::default(),
-        };
-        let identity = Identity::load(&settings, false).unwrap();
-        let root = identity.chain[0].clone();
-        let config = server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
+        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
         let data: Vec<u8> = (0..64 * MAX_RECORD).map(|i| (i % 251) as u8).collect();
 
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
