@@ -220,14 +220,31 @@ def download_runs(servers, path, size, runs):
 
 # ---------------------------------------------------------------- scenarios
 
-def scenario_throughput(args, work):
+def versus_table(rows, measure="measure", digits=2):
+    """A Markdown table of (measure, ktlsd, nginx, goal) rows with the ktlsd/nginx ratio."""
+    table = [f"| {measure} | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
+    table += [f"| {m} | {a:.{digits}f} | {b:.{digits}f} | {a / b:.2f}x | {g} |" for m, a, b, g in rows]
+    return "\n".join(table)
+
+
+def size_name(n):
+    return f"{n >> 30} GiB" if n >= 1 << 30 else f"{n >> 20} MiB"
+
+
+def download_servers(args, work, http2=False):
+    """ktlsd and nginx over a root holding big.bin (1 GiB, 64 MiB with --quick) and
+    10k.bin, for the download scenarios; returns (servers, big's size)."""
     root = os.path.join(work, "www")
     os.makedirs(root)
     big = 1 << 30 if not args.quick else 64 << 20
     make_file(os.path.join(root, "big.bin"), big)
     make_file(os.path.join(root, "10k.bin"), 10 * 1024)
     extra = ["--record-size", args.record_size] if args.record_size else []
-    servers = [Ktlsd("ktlsd", args.ktlsd, root, 18443, work, extra), Nginx("nginx", root, 18444, work)]
+    return [Ktlsd("ktlsd", args.ktlsd, root, 18443, work, extra), Nginx("nginx", root, 18444, work, http2=http2)], big
+
+
+def scenario_throughput(args, work):
+    servers, big = download_servers(args, work)
     try:
         log(f"download: {big >> 20} MiB x {args.runs} runs each, interleaved")
         dl = download_runs(servers, "big.bin", big, args.runs)
@@ -235,29 +252,18 @@ def scenario_throughput(args, work):
         rounds = max(1, args.runs // 3)
         for i in range(rounds):
             for s in random.sample(servers, len(servers)):
-                out = sh(["wrk", "-t1", "-c64", f"-d{args.duration}s",
-                          f"https://127.0.0.1:{s.port}/10k.bin"])
-                m = re.search(r"Requests/sec:\s+([\d.]+)", out)
-                bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-                if not m or bad:
-                    raise RuntimeError(f"wrk against {s.name} failed:\n{out}")
-                rps[s.name].append(float(m.group(1)))
+                rps[s.name].append(wrk_rps(s, "10k.bin", 64, args.duration, threads=1)[0])
             log(f"  wrk round {i + 1}/{rounds}: " + ", ".join(f"{n} {v[-1]:.0f} req/s" for n, v in rps.items()))
     finally:
         for s in servers:
             s.stop()
     k, n = dl["ktlsd"], dl["nginx"]
     rows = [
-        ("1 GiB download speed, median MB/s" if not args.quick else "64 MiB download speed, median MB/s",
-         median(k["speed"]), median(n["speed"]), median(k["speed"]) / median(n["speed"]), ">= 1.0"),
-        ("server CPU s per GiB, median", median(k["cpu_per_gib"]), median(n["cpu_per_gib"]),
-         median(k["cpu_per_gib"]) / median(n["cpu_per_gib"]), "<= 1.0"),
-        (f"10 KiB wrk -c64 {args.duration}s, median req/s", median(rps["ktlsd"]), median(rps["nginx"]),
-         median(rps["ktlsd"]) / median(rps["nginx"]), ">= 1.2"),
+        (f"{size_name(big)} download speed, median MB/s", median(k["speed"]), median(n["speed"]), ">= 1.0"),
+        ("server CPU s per GiB, median", median(k["cpu_per_gib"]), median(n["cpu_per_gib"]), "<= 1.0"),
+        (f"10 KiB wrk -c64 {args.duration}s, median req/s", median(rps["ktlsd"]), median(rps["nginx"]), ">= 1.2"),
     ]
-    table = ["| measure | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
-    table += [f"| {m} | {a:.2f} | {b:.2f} | {r:.2f}x | {g} |" for m, a, b, r, g in rows]
-    return "\n".join(table), {"download": dl, "wrk": rps}
+    return versus_table(rows), {"download": dl, "wrk": rps}
 
 
 # ---------------------------------------------------------------- scale
@@ -344,10 +350,10 @@ def idle_memory(make, n, request):
     return (after - before) / n, before, after
 
 
-def wrk_rps(s, path, conns, duration, extra=()):
+def wrk_rps(s, path, conns, duration, extra=(), threads=2):
     """Runs wrk against s; returns (requests/s, server CPU microseconds per request)."""
     c0 = cpu_seconds(s.pids())
-    out = sh(["wrk", "-t2", f"-c{conns}", f"-d{duration}s", *extra, f"https://127.0.0.1:{s.port}/{path}"])
+    out = sh(["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", *extra, f"https://127.0.0.1:{s.port}/{path}"])
     cpu = cpu_seconds(s.pids()) - c0
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
     n = re.search(r"(\d+) requests in", out)
@@ -426,9 +432,7 @@ def scenario_scale(args, work):
             # wrk shares the machine: the servers' own CPU per request shows what a rate ratio dilutes.
             rows.append((f"{what}, server CPU us per request, median{vs}", median(cpu[(mode, "ktlsd")]),
                          median(cpu[(mode, other)]), "lower is better"))
-    table = ["| measure | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
-    table += [f"| {m} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {g} |" for m, a, b, g in rows]
-    return "\n".join(table), raw
+    return versus_table(rows, digits=1), raw
 
 
 def scenario_scale_ktls(args, work):
@@ -501,13 +505,7 @@ def h2load(args):
 
 
 def scenario_h2(args, work):
-    root = os.path.join(work, "www")
-    os.makedirs(root)
-    big = 1 << 30 if not args.quick else 64 << 20
-    make_file(os.path.join(root, "big.bin"), big)
-    make_file(os.path.join(root, "10k.bin"), 10 * 1024)
-    extra = ["--record-size", args.record_size] if args.record_size else []
-    servers = [Ktlsd("ktlsd", args.ktlsd, root, 18443, work, extra), Nginx("nginx", root, 18444, work, http2=True)]
+    servers, big = download_servers(args, work, http2=True)
     res = {s.name: {"rps": [], "speed": [], "cpu_per_gib": []} for s in servers}
     try:
         for i in range(args.runs):
@@ -531,18 +529,12 @@ def scenario_h2(args, work):
             if not any("HTTP/2.0" in l for l in f):
                 raise RuntimeError(f"{s.name} served no request over HTTP/2")
     k, n = res["ktlsd"], res["nginx"]
-    size = "1 GiB" if not args.quick else "64 MiB"
     rows = [
-        (f"10 KiB h2load -c16 -m32 -D{args.duration}, median req/s", median(k["rps"]), median(n["rps"]),
-         median(k["rps"]) / median(n["rps"]), ">= 1.2"),
-        (f"{size} single stream h2load -n1 -c1, median MB/s", median(k["speed"]), median(n["speed"]),
-         median(k["speed"]) / median(n["speed"]), ">= 1.0"),
-        ("server CPU s per GiB, median", median(k["cpu_per_gib"]), median(n["cpu_per_gib"]),
-         median(k["cpu_per_gib"]) / median(n["cpu_per_gib"]), "<= 1.0"),
+        (f"10 KiB h2load -c16 -m32 -D{args.duration}, median req/s", median(k["rps"]), median(n["rps"]), ">= 1.2"),
+        (f"{size_name(big)} single stream h2load -n1 -c1, median MB/s", median(k["speed"]), median(n["speed"]), ">= 1.0"),
+        ("server CPU s per GiB, median", median(k["cpu_per_gib"]), median(n["cpu_per_gib"]), "<= 1.0"),
     ]
-    table = ["| measure (HTTP/2) | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
-    table += [f"| {m} | {a:.2f} | {b:.2f} | {r:.2f}x | {g} |" for m, a, b, r, g in rows]
-    return "\n".join(table), res
+    return versus_table(rows, "measure (HTTP/2)"), res
 
 
 def require_ktls(work, names):
