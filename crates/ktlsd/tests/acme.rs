@@ -60,19 +60,14 @@ fn issuer(port: u16, name: &str) -> String {
 /// ktlsd on `https_port`/`http_port` with one ACME site `acme.test` at `pebble`.
 fn ktlsd(pebble: &Pebble, https_port: u16, http_port: u16, challenge: &str) -> Server {
     let b = Server::builder().listen(&[&format!("127.0.0.1:{https_port}")]).file("f.txt", "acme site");
-    let cfg = b.dir().join("ktlsd.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "http_listen = [\"127.0.0.1:{http_port}\"]\n[[site]]\nnames = [\"acme.test\"]\nroot = {:?}\n\
-             acme = {{ directory = {:?}, challenge = {challenge:?}, directory_ca = {:?} }}\n",
-            b.root().display().to_string(),
-            pebble.directory,
-            pebble.ca.display().to_string()
-        ),
-    )
-    .unwrap();
-    b.arg("--config").arg(&cfg).start()
+    let text = format!(
+        "http_listen = [\"127.0.0.1:{http_port}\"]\n[[site]]\nnames = [\"acme.test\"]\nroot = {:?}\n\
+         acme = {{ directory = {:?}, challenge = {challenge:?}, directory_ca = {:?} }}\n",
+        b.root().display().to_string(),
+        pebble.directory,
+        pebble.ca.display().to_string()
+    );
+    b.config(&text).start()
 }
 
 fn issued(srv: &Server, pebble: &Pebble, port: u16) {

@@ -464,16 +464,11 @@ fn access_log_in_missing_directory() {
 // The configuration file.
 // ---------------------------------------------------------------------------
 
-fn write_config(b: &ServerBuilder, text: &str) -> std::path::PathBuf {
-    let p = b.dir().join("ktlsd.toml");
-    std::fs::write(&p, text).unwrap();
-    p
-}
 
 #[test]
 fn config_unknown_key() {
     let b = Server::builder();
-    let cfg = write_config(&b, "listen = [\"127.0.0.1:0\"]\ncolour = \"blue\"\n");
+    let cfg = b.write_config("listen = [\"127.0.0.1:0\"]\ncolour = \"blue\"\n");
     let c = cfg.to_str().unwrap().to_string();
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "colour"]);
 }
@@ -489,7 +484,7 @@ fn config_missing_file() {
 #[test]
 fn config_not_toml() {
     let b = Server::builder();
-    let cfg = write_config(&b, "listen = [127.0.0.1:0\n");
+    let cfg = b.write_config("listen = [127.0.0.1:0\n");
     let c = cfg.to_str().unwrap().to_string();
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c]);
 }
@@ -497,7 +492,7 @@ fn config_not_toml() {
 #[test]
 fn config_wrong_type() {
     let b = Server::builder();
-    let cfg = write_config(&b, "workers = \"two\"\n");
+    let cfg = b.write_config("workers = \"two\"\n");
     let c = cfg.to_str().unwrap().to_string();
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "\"two\""]);
 }
@@ -505,7 +500,7 @@ fn config_wrong_type() {
 #[test]
 fn config_bad_value_is_named() {
     let b = Server::builder();
-    let cfg = write_config(&b, "record_size = \"static:0\"\n");
+    let cfg = b.write_config("record_size = \"static:0\"\n");
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["\"static:0\""]);
 }
 
@@ -515,7 +510,7 @@ fn config_sets_listen_and_root() {
     std::fs::create_dir(b.dir().join("site")).unwrap();
     std::fs::write(b.dir().join("site/a.txt"), b"from-site").unwrap();
     // Relative root: relative to the config file's directory.
-    let cfg = write_config(&b, "listen = [\"[::1]:0\"]\nroot = \"site\"\n");
+    let cfg = b.write_config("listen = [\"[::1]:0\"]\nroot = \"site\"\n");
     let srv = b.arg("--config").arg(&cfg).start();
     assert!(srv.addr().is_ipv6(), "config listen not used: {:?}", srv.addrs());
     let r = fetch(&srv.url("/a.txt"), &["-g"]);
@@ -527,8 +522,7 @@ fn cli_overrides_config() {
     let b = Server::builder().file("a.txt", b"from-root");
     std::fs::create_dir(b.dir().join("site")).unwrap();
     std::fs::write(b.dir().join("site/a.txt"), b"from-site").unwrap();
-    let cfg = write_config(
-        &b,
+    let cfg = b.write_config(
         "listen = [\"[::1]:0\"]\nroot = \"site\"\ntls_versions = [\"1.2\"]\nrecord_size = \"static:2k\"\n",
     );
     // ROOT and --listen on the command line (the builder passes them), and
@@ -577,7 +571,7 @@ max_body_bytes = 4096
         key = key.display(),
         log = log.display()
     );
-    let cfg = write_config(&b, &text);
+    let cfg = b.write_config(&text);
     std::fs::write(b.root().join(".dot"), b"dotted").unwrap();
     std::fs::create_dir(b.root().join("d")).unwrap();
     std::fs::write(b.root().join("d/x.txt"), b"x").unwrap();
@@ -609,7 +603,7 @@ fn default_workers_is_one_per_cpu() {
 #[test]
 fn config_empty_listen_list() {
     let b = Server::builder().listen(&[]);
-    let cfg = write_config(&b, "listen = []\n");
+    let cfg = b.write_config("listen = []\n");
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["listen"]);
 }
 
@@ -645,8 +639,7 @@ fn idle_timeout_with_a_unit_applies() {
 #[test]
 fn config_timeouts_take_units_and_bad_ones_are_named() {
     let b = Server::builder().file("a.txt", b"a");
-    let cfg = write_config(
-        &b,
+    let cfg = b.write_config(
         "handshake_timeout = 5\nheader_timeout = 2.5\nidle_timeout = \"2m\"\nsend_timeout = \"500ms\"\nshutdown_timeout = \"1h\"\n",
     );
     let srv = b.arg("--config").arg(&cfg).start();
@@ -655,7 +648,7 @@ fn config_timeouts_take_units_and_bad_ones_are_named() {
 
     for bad in ["\"soon\"", "\"5d\"", "0", "-1", "true"] {
         let b = Server::builder();
-        let cfg = write_config(&b, &format!("idle_timeout = {bad}\n"));
+        let cfg = b.write_config(&format!("idle_timeout = {bad}\n"));
         let c = cfg.to_str().unwrap().to_string();
         b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "idle_timeout", "65s, 500ms, 2m, 1h"]);
     }
@@ -672,7 +665,7 @@ fn no_autoindex_overrides_the_config_file() {
         std::fs::create_dir(b.root().join("d")).unwrap();
         std::fs::write(b.root().join("d/x.txt"), b"x").unwrap();
         std::fs::write(b.root().join(".dot"), b"dotted").unwrap();
-        let cfg = write_config(&b, "autoindex = true\ndotfiles = true\n");
+        let cfg = b.write_config("autoindex = true\ndotfiles = true\n");
         b.arg("--config").arg(cfg)
     };
     let srv = setup().start();

@@ -127,15 +127,11 @@ fn check_refuses_bad_content_options() {
 
 #[test]
 fn error_page_and_fallback_end_to_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("ktlsd.toml");
-    std::fs::write(&cfg, "error_page = { 404 = \"/404.html\", 403 = \"/gone.html\" }\nfallback = \"/index.html\"\n").unwrap();
     let srv = Server::builder()
         .file("index.html", b"<p>spa</p>")
         .file("404.html", b"<p>not here</p>")
         .file(".env", b"SECRET=1")
-        .arg("--config")
-        .arg(&cfg)
+        .config("error_page = { 404 = \"/404.html\", 403 = \"/gone.html\" }\nfallback = \"/index.html\"\n")
         .start();
     for proto in ["--http1.1", "--http2"] {
         let r = fetch(&srv.url("/some/client/route"), &[proto]);
@@ -152,10 +148,12 @@ fn error_page_and_fallback_end_to_end() {
 
 #[test]
 fn mime_type_overrides() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("ktlsd.toml");
-    std::fs::write(&cfg, "[mime_types]\nmd = \"text/markdown; charset=utf-8\"\nJS = \"application/x-test\"\n").unwrap();
-    let srv = Server::builder().file("r.md", b"# r").file("a.js", b"1").file("noext", b"x").arg("--config").arg(&cfg).start();
+    let srv = Server::builder()
+        .file("r.md", b"# r")
+        .file("a.js", b"1")
+        .file("noext", b"x")
+        .config("[mime_types]\nmd = \"text/markdown; charset=utf-8\"\nJS = \"application/x-test\"\n")
+        .start();
     for (path, want) in [("/r.md", "text/markdown; charset=utf-8"), ("/a.js", "application/x-test"), ("/noext", "application/octet-stream")] {
         assert_eq!(fetch(&srv.url(path), &[]).header("content-type"), Some(want), "{path}");
     }
@@ -166,11 +164,7 @@ fn mime_type_overrides() {
 /// OPTIONS, and a site's own rules replacing the top level's.
 #[test]
 fn header_rules_and_cors_end_to_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("ktlsd.toml");
-    std::fs::write(
-        &cfg,
-        r#"cors = ["https://a.example"]
+    const CONFIG: &str = r#"cors = ["https://a.example"]
 
 [[headers]]
 path = "/assets/**"
@@ -180,15 +174,12 @@ set = { "Cache-Control" = "public, max-age=31536000, immutable" }
 extensions = ["html"]
 expires = "30d"
 add = { "X-Frame-Options" = "DENY" }
-"#,
-    )
-    .unwrap();
+"#;
     let srv = Server::builder()
         .file("assets/app.1234.js", b"1")
         .file("index.html", b"<p>i</p>")
         .file("plain.txt", b"t")
-        .arg("--config")
-        .arg(&cfg)
+        .config(CONFIG)
         .start();
     for proto in ["--http1.1", "--http2"] {
         let r = fetch(&srv.url("/assets/app.1234.js"), &[proto, "-H", "Origin: https://a.example"]);

@@ -233,8 +233,7 @@ fn an_invalid_reload_keeps_the_running_configuration() {
 #[test]
 fn reload_applies_settings_to_new_connections_and_leaves_listeners_for_a_restart() {
     let b = Server::builder().listen(&[]);
-    let conf = b.dir().join("ktlsd.toml");
-    std::fs::write(&conf, "listen = [\"127.0.0.1:0\"]\n").unwrap();
+    let conf = b.write_config("listen = [\"127.0.0.1:0\"]\n");
     let srv = b.arg("--config").arg(&conf).file(".hidden", "secret\n").file("d/x.txt", "x").start();
     let mut before = TlsClient::connect(srv.addr());
     assert_eq!(before.get("/d/").status, 403);

@@ -260,8 +260,7 @@ fn options_are_validated_at_start_and_by_check() {
 #[test]
 fn file_keys_and_reload() {
     let b = Server::builder().file("a.txt", "a");
-    let cfg = b.dir().join("ktlsd.toml");
-    std::fs::write(&cfg, "http_listen = [\"127.0.0.1:0\"]\nhsts = \"max-age=60\"\n").expect("write config");
+    let cfg = b.write_config("http_listen = [\"127.0.0.1:0\"]\nhsts = \"max-age=60\"\n");
     let s = b.arg("--config").arg(&cfg).start();
     let line = s.wait_stderr("listening on http://", Duration::from_secs(5)).expect("plain listener from the file");
     let http: SocketAddr = line.split("listening on http://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();

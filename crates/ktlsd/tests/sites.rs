@@ -78,9 +78,7 @@ fn curl(port: u16, name: &str, path: &str, host: Option<&str>) -> (u16, String) 
 fn start(config: &str, dir_setup: impl FnOnce(&Path) -> String) -> (Server, String) {
     let b = Server::builder().file("f.txt", "default");
     let extra = dir_setup(b.dir());
-    let cfg = b.dir().join("ktlsd.toml");
-    std::fs::write(&cfg, format!("{config}{extra}")).unwrap();
-    let srv = b.arg("--config").arg(&cfg).start();
+    let srv = b.config(&format!("{config}{extra}")).start();
     let default_fp = srv
         .stderr()
         .lines()
@@ -203,9 +201,8 @@ fn a_sites_self_signed_certificate_is_kept() {
     };
     let start_with_state = || {
         let b = Server::builder().file("f.txt", "default").no_state_dir();
-        let cfg = b.dir().join("ktlsd.toml");
-        std::fs::write(&cfg, block(b.dir())).unwrap();
-        b.arg("--config").arg(&cfg).arg("--state-dir").arg(state.path()).start()
+        let text = block(b.dir());
+        b.config(&text).arg("--state-dir").arg(state.path()).start()
     };
     let srv = start_with_state();
     let first = s_client(srv.port(), "x.s.test").expect("handshake");

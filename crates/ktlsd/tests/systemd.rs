@@ -92,9 +92,7 @@ fn user_drops_every_thread_and_root_only_files_are_refused() {
 #[test]
 fn user_and_group_from_the_config_file() {
     let b = ServerBuilder::new().file("a.txt", "a\n").no_allow_root();
-    let cfg = b.dir().join("ktlsd.toml");
-    std::fs::write(&cfg, "user = \"nobody\"\ngroup = \"nogroup\"\n").unwrap();
-    let b = b.arg("--config").arg(&cfg);
+    let b = b.config("user = \"nobody\"\ngroup = \"nogroup\"\n");
     if !running_as_root() {
         b.run_to_exit().assert_startup_error(&["only root"]);
         return;

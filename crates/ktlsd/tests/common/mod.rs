@@ -191,6 +191,19 @@ impl ServerBuilder {
         self.dir.path()
     }
 
+    /// Writes `text` as `ktlsd.toml` in the test's directory; returns its path.
+    pub fn write_config(&self, text: &str) -> PathBuf {
+        let p = self.dir().join("ktlsd.toml");
+        std::fs::write(&p, text).expect("write ktlsd.toml");
+        p
+    }
+
+    /// [`Self::write_config`], and `--config` naming the file.
+    pub fn config(self, text: &str) -> Self {
+        let p = self.write_config(text);
+        self.arg("--config").arg(p)
+    }
+
     /// Writes `contents` to `rel` under ROOT, creating parent directories.
     pub fn file(self, rel: &str, contents: impl AsRef<[u8]>) -> Self {
         write_file(&self.root.join(rel), contents.as_ref());
