@@ -1,6 +1,6 @@
 //! After the handshake, the userspace record layer answers every record that
-//! breaks the protocol with the fatal alert RFC 8446 prescribes (the one rustls
-//! queues), then closes at once: no bare FIN, no wait for the idle timeout.
+//! breaks the protocol with the fatal alert the RFCs prescribe, then closes at
+//! once: no bare FIN, no wait for the idle timeout.
 //!
 //! A client completes a real handshake, takes the connection's keys and forges
 //! the bad records itself (tests/common `ForgingClient`); it decrypts the
@@ -50,7 +50,7 @@ fn bad_records_get_their_alert_at_once() {
             checked += 1;
             let alerts = end.alerts();
             println!("[{fixture}] {}: alerts {alerts:?}, {:?} after {:?}", case.name, end.how, end.elapsed);
-            let want: Vec<(u8, u8)> = case.userspace.map(|d| (2, d)).into_iter().collect();
+            let want = vec![(2, case.userspace)];
             if alerts != want {
                 failures.push(format!("{fixture}: {}: alerts {alerts:?}, want {want:?}", case.name));
             }

@@ -375,7 +375,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         Ok(s) => s,
         Err(e) => {
             Stats::bump(&stats.ktls_install_failures);
-            tracing::warn!("kernel TLS install failed for {peer}: {e}");
+            tracing::warn!("the record layer could not take over the session of {peer}: {e}");
             return;
         }
     };

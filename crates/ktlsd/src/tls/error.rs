@@ -24,9 +24,10 @@ pub enum SessionError {
     #[error("the peer sent alert {0:?}")]
     PeerAlert(AlertDescription),
     /// The peer broke the TLS protocol after the handshake (a malformed control
-    /// record, an oversized record, a record rustls could not authenticate).
-    #[error("the peer broke the TLS protocol ({detail}); {sent}")]
-    Protocol { sent: SentAlert, detail: String },
+    /// record, an oversized record, a record that failed authentication); `alert`
+    /// was sent to say so.
+    #[error("the peer broke the TLS protocol ({detail}); sent alert {alert:?}")]
+    Protocol { alert: AlertDescription, detail: String },
     /// The kernel rejected a record (authentication failure, oversized record,
     /// malformed header): kTLS only.
     #[error("the kernel rejected a record ({reason}); sent alert {alert:?}")]
@@ -46,27 +47,6 @@ pub enum SessionError {
     /// Any other socket or TLS library failure.
     #[error(transparent)]
     Io(io::Error),
-}
-
-/// The fatal alert this side sent after the peer broke the protocol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SentAlert {
-    /// We chose and sent this alert (kTLS).
-    Alert(AlertDescription),
-    /// rustls chose the alert for its error and it was sent (userspace).
-    FromRustls,
-    /// No alert could be encoded; only FIN was sent.
-    Nothing,
-}
-
-impl std::fmt::Display for SentAlert {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SentAlert::Alert(a) => write!(f, "sent alert {a:?}"),
-            SentAlert::FromRustls => f.write_str("sent rustls' alert"),
-            SentAlert::Nothing => f.write_str("no alert could be sent"),
-        }
-    }
 }
 
 impl SessionError {

@@ -39,8 +39,9 @@ pub struct SessionSettings {
     pub send_timeout: Duration,
 }
 
-/// The kernel refused this connection's keys after they were handed over: the
-/// rustls state went with them, so the connection cannot go on in user space.
+/// This connection's keys could not be taken over from rustls (by the kernel, or by
+/// the userspace record layer): the rustls state went with them, so the connection
+/// cannot go on.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct InstallError(#[from] kernel_tls::Error);
@@ -71,7 +72,7 @@ pub fn establish(
     });
     let tls = match prepared {
         Some((k, prepared)) => KernelTls::install(&stream, prepared, conn, k.record_cap(settings.record_policy))?,
-        None => return Ok(Session::userspace(stream, UserspaceTls::new(conn), sizer, settings.send_timeout).with_info(info)),
+        None => return Ok(Session::userspace(stream, UserspaceTls::new(conn)?, sizer, settings.send_timeout).with_info(info)),
     };
     Ok(Session::kernel(stream, tls, sizer, settings.send_timeout).with_info(info))
 }

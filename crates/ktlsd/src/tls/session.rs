@@ -1,9 +1,6 @@
 //! A connection after its handshake: the socket, the record layer it uses, and the
 //! body writer state. The HTTP layer talks to it only through `http::Transport`.
 //! Not where the record layer is chosen: see [`super::establish`].
-//!
-//! The userspace body writer's plaintext buffer is lent by the worker for one
-//! response at a time ([`super::pool`]): an idle connection holds none.
 
 use std::fmt;
 use std::time::Duration;
@@ -21,11 +18,6 @@ use crate::files::FileRange;
 use crate::http::Transport;
 use crate::stats::Stats;
 use super::SessionError;
-use super::pool::{self, Pool};
-
-thread_local! {
-    static PLAINTEXT: Pool<userspace::body::Buffers> = const { Pool::new(pool::KEEP) };
-}
 
 /// Where a connection's records are encrypted and decrypted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,12 +152,9 @@ impl Session {
     pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         let r = match &mut self.layer {
             RecordLayer::Userspace(tls) => {
-                // The plaintext buffer is the worker's, lent for this response only.
-                let mut bufs = pool::borrow(&PLAINTEXT, userspace::body::Buffers::default);
                 let cold = &mut self.counters.cold;
                 let end = if self.last { Ending::CloseNotify } else { Ending::KeepOpen };
-                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, &mut bufs, cold, head, body, end, self.send_timeout).await;
-                pool::give_back(&PLAINTEXT, bufs);
+                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, cold, head, body, end, self.send_timeout).await;
                 self.notified = self.last && r.is_ok();
                 r
             }
@@ -180,9 +169,11 @@ impl Session {
     /// Adds this connection's record-layer counters to the worker's.
     pub fn count_into(&self, stats: &Stats) {
         let c = &self.counters;
-        if let RecordLayer::Kernel(tls) = &self.layer {
-            Stats::add_to(&stats.key_updates, tls.key_updates());
-        }
+        let key_updates = match &self.layer {
+            RecordLayer::Kernel(tls) => tls.key_updates(),
+            RecordLayer::Userspace(tls) => tls.key_updates(),
+        };
+        Stats::add_to(&stats.key_updates, key_updates);
         Stats::add_to(&stats.rekey_unsupported, c.rekey_unsupported);
         Stats::add_to(&stats.ktls_record_errors, c.record_errors);
         Stats::add_to(&stats.cold_windows, c.cold.cold_windows);

@@ -1630,9 +1630,9 @@ pub struct BadRecord {
     pub versions: Versions,
     /// The bytes to send, protected with the connection's keys where they need to be.
     pub forge: fn(&mut ForgingClient) -> Vec<u8>,
-    /// The alert of the userspace record layer (rustls); `None`: rustls queues
-    /// none for this error, and the connection ends with a bare FIN.
-    pub userspace: Option<u8>,
+    /// The alert of the userspace record layer: the one the RFCs prescribe
+    /// (RFC 8446 §5, §5.2, §5.4, §6; RFC 5246 §6); always sent.
+    pub userspace: u8,
     /// The alert of the kernel record layer; `None`: the kernel refuses to
     /// send anything once a record failed authentication (every send returns
     /// EBADMSG, Linux 6.1 and 7.3 alike), so the connection ends with a FIN.
@@ -1653,7 +1653,7 @@ pub fn bad_records() -> Vec<BadRecord> {
                 r[last] ^= 1;
                 r
             },
-            userspace: Some(BAD_RECORD_MAC),
+            userspace: BAD_RECORD_MAC,
             kernel: None,
         },
         BadRecord {
@@ -1667,14 +1667,14 @@ pub fn bad_records() -> Vec<BadRecord> {
                 r.extend_from_slice(&[23, 3, 3, 0, 32, 0, 0, 0]);
                 r
             },
-            userspace: Some(BAD_RECORD_MAC),
+            userspace: BAD_RECORD_MAC,
             kernel: Some(BAD_RECORD_MAC),
         },
         BadRecord {
             name: "plaintext over 2^14 bytes",
             versions: Versions::Both,
             forge: |c| c.seal(23, &[b'a'; 16 * 1024 + 1], 0),
-            userspace: Some(RECORD_OVERFLOW),
+            userspace: RECORD_OVERFLOW,
             kernel: Some(RECORD_OVERFLOW),
         },
         BadRecord {
@@ -1685,76 +1685,74 @@ pub fn bad_records() -> Vec<BadRecord> {
                 r.extend_from_slice(&[0u8; 64]);
                 r
             },
-            // rustls refuses lengths past its deframer's limit as undecodable.
-            userspace: Some(DECODE_ERROR),
+            userspace: RECORD_OVERFLOW,
             kernel: Some(RECORD_OVERFLOW),
         },
         BadRecord {
             name: "KeyUpdate with request_update 2",
             versions: Versions::Tls13,
             forge: |c| c.seal(22, &[24, 0, 0, 1, 2], 0),
-            userspace: Some(ILLEGAL_PARAMETER),
+            userspace: ILLEGAL_PARAMETER,
             kernel: Some(ILLEGAL_PARAMETER),
         },
         BadRecord {
             name: "KeyUpdate with a two-byte body",
             versions: Versions::Tls13,
             forge: |c| c.seal(22, &[24, 0, 0, 2, 0, 0], 0),
-            userspace: Some(DECODE_ERROR),
+            userspace: DECODE_ERROR,
             kernel: Some(DECODE_ERROR),
         },
         BadRecord {
             name: "KeyUpdate not last in its record",
             versions: Versions::Tls13,
             forge: |c| c.seal(22, &[24, 0, 0, 1, 0, 24, 0, 0, 1, 0], 0),
-            userspace: Some(UNEXPECTED_MESSAGE),
+            userspace: UNEXPECTED_MESSAGE,
             kernel: Some(UNEXPECTED_MESSAGE),
         },
         BadRecord {
             name: "KeyUpdate on TLS 1.2",
             versions: Versions::Tls12,
             forge: |c| c.seal(22, &[24, 0, 0, 1, 0], 0),
-            userspace: Some(UNEXPECTED_MESSAGE),
+            userspace: UNEXPECTED_MESSAGE,
             kernel: Some(UNEXPECTED_MESSAGE),
         },
         BadRecord {
             name: "ChangeCipherSpec after Finished",
             versions: Versions::Tls13,
             forge: |c| c.seal(20, &[1], 0),
-            userspace: Some(UNEXPECTED_MESSAGE),
+            userspace: UNEXPECTED_MESSAGE,
             kernel: Some(UNEXPECTED_MESSAGE),
         },
         BadRecord {
             name: "ChangeCipherSpec after Finished",
             versions: Versions::Tls12,
             forge: |c| c.seal(20, &[1], 0),
-            // rustls' answer to a CCS in TLS 1.2 application traffic.
-            userspace: Some(DECODE_ERROR),
+            userspace: UNEXPECTED_MESSAGE,
             kernel: Some(UNEXPECTED_MESSAGE),
         },
         BadRecord {
             name: "empty alert",
             versions: Versions::Both,
             forge: |c| c.seal(21, &[], 0),
-            userspace: Some(DECODE_ERROR),
+            userspace: DECODE_ERROR,
             kernel: Some(DECODE_ERROR),
         },
         BadRecord {
             name: "inner plaintext without a content type",
             versions: Versions::Tls13,
             forge: |c| c.seal_raw(23, &[0, 0, 0]),
-            // rustls rejects it (RFC 8446 §5.4) but queues no alert; the kernel
-            // reports it as a record that failed authentication.
-            userspace: None,
+            // RFC 8446 §5.4: unexpected_message. The kernel reports it as a
+            // record that failed authentication, and can send nothing after that.
+            userspace: UNEXPECTED_MESSAGE,
             kernel: None,
         },
         BadRecord {
             name: "content type 0",
             versions: Versions::Tls12,
             forge: |c| c.seal_raw(0, b"x"),
-            // rustls' deframer refuses unknown record types as undecodable; the
+            // RFC 5246 §6: an unknown record type is unexpected_message. The
             // kernel refuses the record before it could deliver its type.
-            userspace: Some(DECODE_ERROR),
+            userspace: UNEXPECTED_MESSAGE,
             kernel: Some(BAD_RECORD_MAC),
         },
     ]

@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 
 use crate::net;
 use crate::tls::pool::{self, Pool};
-use crate::tls::error::{SentAlert, SessionError};
+use crate::tls::error::SessionError;
 use crate::tls::sizing::{RecordPolicy, MAX_RECORD};
 
 /// What the running kernel can do, probed once at start-up.
@@ -263,7 +263,7 @@ fn session_error(e: kernel_tls::Error) -> SessionError {
         kernel_tls::Error::RekeyUnsupported { .. } => SessionError::RekeyUnsupported,
         kernel_tls::Error::ConfidentialityLimit => SessionError::ConfidentialityLimit,
         e => match e.alert() {
-            Some(alert) => SessionError::Protocol { sent: SentAlert::Alert(alert), detail: e.to_string() },
+            Some(alert) => SessionError::Protocol { alert, detail: e.to_string() },
             None => SessionError::Io(io::Error::other(e.to_string())),
         },
     }

@@ -1,6 +1,7 @@
-//! The userspace body writer: read a file chunk, encrypt it one record at a time
-//! into the connection's output buffer, write several records per syscall.
-//! File bytes are read with `RWF_NOWAIT`; a chunk not in the page cache is read
+//! The userspace body writer: each record is laid out in the connection's output
+//! buffer, the head and file bytes are copied straight into its slot, and it is
+//! sealed where it lies; several records leave in one `write`.
+//! File bytes are read with `RWF_NOWAIT`; a window not in the page cache is read
 //! ahead off the event loop first (see [`crate::files::residency`]).
 
 use std::os::fd::AsFd;
@@ -11,22 +12,14 @@ use tokio::net::TcpStream;
 use super::UserspaceTls;
 use crate::files::residency::ColdReads;
 use crate::files::FileRange;
-use crate::tls::sizing::{RecordSizer, MAX_RECORD};
 use crate::tls::error::SessionError;
+use crate::tls::sizing::{RecordSizer, MAX_RECORD};
 
-/// File bytes read per `pread`, and encrypted before the writer yields to the
-/// worker's other connections: encryption runs on the worker's thread, and a
-/// large body encrypted in one go (a 1 MiB window takes hundreds of ms on a
-/// software-emulated CPU) holds up every other connection on the worker.
-pub const READ_AHEAD: usize = 64 * 1024;
-
-/// Per-connection plaintext buffer, kept between responses: the head and the
-/// file bytes that follow it are laid out in it back to back, so every record,
-/// the first (head and body) included, is encrypted straight from it.
-#[derive(Default)]
-pub struct Buffers {
-    plain: Vec<u8>,
-}
+/// Body bytes encrypted before the writer yields to the worker's other
+/// connections: encryption runs on the worker's thread, and a large body
+/// encrypted in one go (a 1 MiB window takes hundreds of ms on a
+/// software-emulated CPU) would hold up every other connection on the worker.
+pub const YIELD_EVERY: usize = 64 * 1024;
 
 /// What follows a response on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,57 +34,44 @@ pub enum Ending {
 ///
 /// # Cancel safety
 /// Not cancel-safe as a whole (a response cut short cannot be resumed), but the
-/// records already encrypted are never sent twice: see [`UserspaceTls::flush`].
+/// records already sealed are never sent twice: see [`UserspaceTls::flush`].
 // Each argument is a separate borrow of the session's parts.
 #[allow(clippy::too_many_arguments)]
 pub async fn send(
     tls: &mut UserspaceTls,
     stream: &TcpStream,
     sizer: &mut RecordSizer,
-    bufs: &mut Buffers,
     cold: &mut ColdReads,
-    head: &[u8],
+    mut head: &[u8],
     body: Option<FileRange<'_>>,
     ending: Ending,
     timeout: Duration,
 ) -> Result<u64, SessionError> {
-    let body = body.as_ref();
-    let (mut offset, mut left) = body.map_or((0, 0), |r| (r.range.start, r.len()));
-    let capacity = head.len() + if body.is_some() { READ_AHEAD } else { 0 };
-    let plain = &mut bufs.plain;
-    if plain.len() < capacity {
-        plain.resize(capacity, 0);
-    }
-    plain[..head.len()].copy_from_slice(head);
-    // Bytes ready to encrypt: plain[start..end].
-    let (mut start, mut end) = (0usize, head.len());
-
+    let (mut offset, mut left) = body.as_ref().map_or((0, 0), |r| (r.range.start, r.len()));
+    let mut since_yield = 0;
     loop {
-        let now = Instant::now();
-        let want = sizer.next_record(stream.as_fd(), now);
-
-        if let Some(range) = body {
-            if end - start < want && left > 0 {
-                if offset > range.range.start {
-                    // The previous read is encrypted: let other connections run.
-                    tokio::task::yield_now().await;
-                }
-                plain.copy_within(start..end, 0);
-                end -= start;
-                start = 0;
-                let n = (plain.len() - end).min(usize::try_from(left).unwrap_or(usize::MAX));
-                read_exact_at(cold, range.file, &mut plain[end..end + n], offset, range.range.end).await?;
-                end += n;
-                offset += n as u64;
-                left -= n as u64;
-            }
-        }
-        if start == end {
+        let total = head.len() as u64 + left;
+        if total == 0 {
             break;
         }
-        let n = want.min(end - start);
-        tls.encrypt_record(&plain[start..start + n])?;
-        start += n;
+        if since_yield >= YIELD_EVERY {
+            tokio::task::yield_now().await;
+            since_yield = 0;
+        }
+        let now = Instant::now();
+        let n = usize::try_from(total).unwrap_or(usize::MAX).min(sizer.next_record(stream.as_fd(), now));
+        let slot = tls.begin_record(n)?;
+        let h = head.len().min(n);
+        slot[..h].copy_from_slice(&head[..h]);
+        head = &head[h..];
+        if let Some(range) = body.as_ref().filter(|_| n > h) {
+            read_exact_at(cold, range.file, &mut slot[h..], offset, range.range.end).await?;
+            let read = (n - h) as u64;
+            offset += read;
+            left -= read;
+            since_yield += n - h;
+        }
+        tls.seal_record(n);
         sizer.sent(now);
 
         // Small records are a decision about the wire right now: send them at once.
@@ -142,10 +122,10 @@ mod tests {
     /// A large body on a socket that never fills: without yields of its own the
     /// writer would encrypt all of it without letting the worker's other tasks
     /// run (its only awaits are for a full socket or a cold window). With them,
-    /// another task on the same event loop runs about once per [`READ_AHEAD`].
+    /// another task on the same event loop runs about once per [`YIELD_EVERY`].
     #[test]
     fn large_body_lets_other_tasks_run_between_reads() {
-        const BODY: usize = 16 * READ_AHEAD;
+        const BODY: usize = 16 * YIELD_EVERY;
         let (config, root) = test_server_config(vec![TlsVersion::Tls13]);
         let data: Vec<u8> = (0..BODY).map(|i| (i % 251) as u8).collect();
         let mut file = tempfile::tempfile().unwrap();
@@ -168,7 +148,7 @@ mod tests {
             let (stream, _) = listener.accept().await.unwrap();
             socket2::SockRef::from(&stream).set_send_buffer_size(4 << 20).unwrap();
             let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
-            let mut tls = UserspaceTls::new(established.conn);
+            let mut tls = UserspaceTls::new(established.conn).unwrap();
 
             let ticks = Rc::new(Cell::new(0u64));
             let ticker = tokio::task::spawn_local({
@@ -183,9 +163,9 @@ mod tests {
             tokio::task::yield_now().await; // the ticker is running
             let before = ticks.get();
             let mut sizer = RecordSizer::new(RecordPolicy::Static(MAX_RECORD), 22);
-            let (mut bufs, mut cold) = (Buffers::default(), ColdReads::default());
+            let mut cold = ColdReads::default();
             let body = FileRange { file: &file, range: 0..BODY as u64 };
-            let sent = send(&mut tls, &stream, &mut sizer, &mut bufs, &mut cold, head, Some(body), Ending::KeepOpen, Duration::from_secs(10))
+            let sent = send(&mut tls, &stream, &mut sizer, &mut cold, head, Some(body), Ending::KeepOpen, Duration::from_secs(10))
                 .await
                 .unwrap();
             let ran = ticks.get() - before;
@@ -195,7 +175,7 @@ mod tests {
         });
         let got = got.unwrap();
         assert!(got[..head.len()] == head[..] && got[head.len()..] == data[..], "the client received other bytes");
-        let reads = (BODY / READ_AHEAD) as u64;
+        let reads = (BODY / YIELD_EVERY) as u64;
         assert!(ran >= reads - 1, "another task ran {ran} times while {reads} reads of the body were encrypted");
     }
 }

@@ -1,44 +1,51 @@
-//! The userspace record layer: rustls encrypts and decrypts records in this
-//! process, for kernels without kTLS or suites the kernel cannot carry.
+//! The userspace record layer, for kernels without kTLS or suites the kernel cannot
+//! carry: records are protected in this process with the traffic keys rustls hands
+//! over once the handshake is done, the same keys the kernel would get.
 //!
-//! Each `encrypt` call produces exactly one record into the connection's output
-//! buffer, so the body writer alone decides record boundaries; several records
-//! then leave in one `write`.
+//! rustls keeps the key schedule: its `KernelConnection` derives the next keys when
+//! either side updates them (TLS 1.3 KeyUpdate). [`record`] seals and opens single
+//! records in place. The body writer lays each record out in the output buffer and
+//! reads file bytes straight into it ([`UserspaceTls::begin_record`]), so a body
+//! byte is copied once, from the page cache, and encrypted where it lies; several
+//! records then leave in one `write`.
 //!
-//! Its input and output buffers are borrowed from the worker's pools
+//! Input and output buffers are borrowed from the worker's pools
 //! ([`crate::tls::pool`]) while a read or a send is under way and given back as
 //! soon as they are empty: an idle keep-alive connection holds neither. Only a
 //! partial record (input) or records not yet written (output) keep one.
 //!
-//! When the peer breaks the protocol after the handshake (a record that fails
-//! authentication, an oversized record, a malformed KeyUpdate, ...), rustls
-//! queues the fatal alert for it; this layer sends that alert and a FIN before
-//! the error reaches the caller, so the peer learns at once why the connection
-//! ended. (For the few errors rustls queues no alert for, such as a TLS 1.3
-//! record without a content type, only the FIN is sent: once rustls has failed,
-//! nothing can encrypt one.)
+//! When the peer breaks the protocol (a record that fails authentication, an
+//! oversized record, a malformed alert or KeyUpdate, renegotiation, ...), this
+//! layer seals the fatal alert that says why, sends it and a FIN, and only then
+//! returns the error: the peer learns at once why the connection ended.
 
 use std::io;
 use std::time::Duration;
 
-use rustls::server::UnbufferedServerConnection;
-use rustls::unbuffered::{ConnectionState, EncryptError};
+use kernel_tls::{key_update_message, parse_server_post_handshake, Alert, ProtocolError, TlsVersion};
+use rustls::kernel::KernelConnection;
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::{AlertDescription, ContentType};
 use tokio::net::TcpStream;
 
 pub mod body;
+pub mod record;
+
+use record::{OpenError, RecordKey, MAX_WIRE_RECORD};
 
 use crate::net;
+use crate::tls::error::SessionError;
 use crate::tls::pool::{self, Pool};
-use crate::tls::error::{SentAlert, SessionError};
 use crate::tls::sizing::MAX_RECORD;
 
-/// Per-record expansion: header (5) + explicit nonce (8, TLS 1.2) + tag (16) + type (1, TLS 1.3).
-pub const RECORD_OVERHEAD: usize = 5 + 8 + 16 + 1;
-/// Output buffered before a `write`: four full records.
-const OUT_CAPACITY: usize = 4 * (MAX_RECORD + RECORD_OVERHEAD);
-const IN_CAPACITY: usize = 5 + MAX_RECORD + 2048;
+/// Output buffered before a `write`: four full records and their framing.
+const OUT_CAPACITY: usize = 4 * (MAX_RECORD + 64);
+/// One whole record of the largest size a peer may send.
+const IN_CAPACITY: usize = MAX_WIRE_RECORD;
 /// How long a fatal alert may wait for room in the socket before the connection is dropped without it.
 const ALERT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The highest sequence number rustls lets a key reach (its `SEQ_SOFT_LIMIT`).
+const SEQ_SOFT_LIMIT: u64 = 0xffff_ffff_ffff_0000;
 
 thread_local! {
     static INPUT: Pool<Box<[u8]>> = const { Pool::new(pool::KEEP) };
@@ -63,9 +70,40 @@ fn reserve_output(out: &mut Vec<u8>, needed: usize) {
     }
 }
 
-/// A connection whose records are protected by rustls in user space.
+/// Why received input ended the session.
+enum Refused {
+    /// A record this side refuses: the alert for it is sent.
+    Record(OpenError),
+    /// A control record that breaks the protocol: the alert for it is sent.
+    Protocol(ProtocolError),
+    /// The peer ended the session with a fatal alert: nothing is sent back.
+    PeerAlert(AlertDescription),
+    /// rustls could not derive the peer's next key.
+    Keys(String),
+}
+
+impl From<OpenError> for Refused {
+    fn from(e: OpenError) -> Self {
+        Refused::Record(e)
+    }
+}
+
+impl From<ProtocolError> for Refused {
+    fn from(e: ProtocolError) -> Self {
+        Refused::Protocol(e)
+    }
+}
+
+/// A connection whose records are protected in user space.
 pub struct UserspaceTls {
-    conn: UnbufferedServerConnection,
+    /// rustls's key schedule, kept for key updates.
+    keys: KernelConnection<ServerConnectionData>,
+    version: TlsVersion,
+    tx: RecordKey,
+    rx: RecordKey,
+    /// Records one TX key may protect: the suite's confidentiality limit.
+    tx_budget: u64,
+    key_updates: u64,
     /// Borrowed from [`INPUT`] to read into, and kept while it holds a partial
     /// record (`in_len > 0`); empty otherwise.
     incoming: Box<[u8]>,
@@ -76,27 +114,48 @@ pub struct UserspaceTls {
     /// flush already wrote is never written again.
     out_len: usize,
     out_sent: usize,
+    /// The peer sent close_notify or closed the stream.
     peer_closed: bool,
-    /// Plaintext decrypted while looking for a writable state, handed out by the next read.
-    stash: Vec<u8>,
-    /// rustls rejected the peer's input: the connection is over, and the fatal
-    /// alert rustls queued for it (if any) is in the output buffer.
-    failed: Option<SentAlert>,
+    /// The session ended in a fatal alert (sent or received): nothing more is sealed.
+    failed: bool,
 }
 
 impl UserspaceTls {
-    pub fn new(conn: UnbufferedServerConnection) -> Self {
-        UserspaceTls {
-            conn,
+    /// Takes over a finished handshake (complete, nothing left to send, input at a
+    /// record boundary: see `handshake::Established`).
+    ///
+    /// # Errors
+    /// rustls refuses to hand its keys over (secret extraction disabled, handshake
+    /// not complete), or the suite is one this layer has no cipher for. The
+    /// connection cannot go on: its rustls state is consumed.
+    pub fn new(conn: UnbufferedServerConnection) -> Result<Self, kernel_tls::Error> {
+        let (secrets, keys) = conn.dangerous_into_kernel_connection()?;
+        let version = TlsVersion::from_rustls(keys.protocol_version())
+            .ok_or(kernel_tls::Error::UnsupportedCipher { what: "only TLS 1.2 and TLS 1.3 are supported" })?;
+        let unsupported = |_| kernel_tls::Error::UnsupportedCipher { what: "no userspace cipher for the negotiated suite" };
+        let tx = RecordKey::new(version, &secrets.tx.1, secrets.tx.0).map_err(unsupported)?;
+        let rx = RecordKey::new(version, &secrets.rx.1, secrets.rx.0).map_err(unsupported)?;
+        let tx_budget = kernel_tls::confidentiality_limit(&keys.negotiated_cipher_suite()).min(SEQ_SOFT_LIMIT);
+        Ok(UserspaceTls {
+            keys,
+            version,
+            tx,
+            rx,
+            tx_budget,
+            key_updates: 0,
             incoming: Box::default(),
             in_len: 0,
             outgoing: Vec::new(),
             out_len: 0,
             out_sent: 0,
             peer_closed: false,
-            stash: Vec::new(),
-            failed: None,
-        }
+            failed: false,
+        })
+    }
+
+    /// TLS 1.3 key updates made so far, in either direction.
+    pub fn key_updates(&self) -> u64 {
+        self.key_updates
     }
 
     /// Appends decrypted application data to `out`; returns how much, 0 once the
@@ -107,33 +166,25 @@ impl UserspaceTls {
     /// decrypted data is appended before any further wait, and a queued answer
     /// (KeyUpdate) is flushed by the cancel-safe [`Self::flush`].
     pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
-        if !self.stash.is_empty() {
-            // Taken, not drained: the stash keeps no capacity once handed out.
-            let stash = std::mem::take(&mut self.stash);
-            out.extend_from_slice(&stash);
-            return Ok(stash.len());
+        if self.failed {
+            return Err(SessionError::PeerClosed);
         }
         loop {
-            let got = match self.process(out) {
+            let got = match self.open_records(out) {
                 Ok(got) => got,
-                Err(e) => {
-                    self.send_alert(stream, timeout).await;
-                    return Err(e);
-                }
+                Err(refused) => return Err(self.fail(stream, refused, timeout).await),
             };
             if got > 0 || self.peer_closed {
                 self.release_input();
                 return Ok(got);
             }
             if self.out_len > 0 {
-                // A KeyUpdate answer (or similar) is queued: send it before blocking on reads.
+                // A KeyUpdate answer is queued: send it before blocking on reads.
                 self.flush(stream, timeout).await?;
             }
             if self.in_len == IN_CAPACITY {
-                return Err(SessionError::Protocol {
-                    sent: SentAlert::Nothing,
-                    detail: "a TLS record larger than allowed".into(),
-                });
+                // Unreachable: a complete record of at most IN_CAPACITY bytes was opened above.
+                return Err(self.fail(stream, Refused::Record(OpenError::RecordOverflow), timeout).await);
             }
             let n = self.read_input(stream, timeout).await?;
             if n == 0 {
@@ -143,6 +194,73 @@ impl UserspaceTls {
             }
             self.in_len += n;
         }
+    }
+
+    /// Opens every whole record in the input buffer: application data goes to
+    /// `out`, control records are acted on. Stops after close_notify.
+    fn open_records(&mut self, out: &mut Vec<u8>) -> Result<usize, Refused> {
+        let (mut pos, mut got) = (0, 0);
+        while !self.peer_closed {
+            let len = match record::record_len(&self.incoming[pos..self.in_len], self.version) {
+                None => break,
+                Some(len) => len?,
+            };
+            if self.in_len - pos < len {
+                break;
+            }
+            let rec = &mut self.incoming[pos..pos + len];
+            pos += len;
+            let (typ, plain) = self.rx.open(rec)?;
+            let plain = &rec[plain];
+            match typ {
+                ContentType::ApplicationData => {
+                    out.extend_from_slice(plain);
+                    got += plain.len();
+                }
+                ContentType::Alert => {
+                    let alert = Alert::parse(plain)?;
+                    if alert.description == AlertDescription::CloseNotify {
+                        self.peer_closed = true;
+                    } else if alert.is_fatal(self.version) {
+                        self.failed = true;
+                        return Err(Refused::PeerAlert(alert.description));
+                    }
+                }
+                ContentType::Handshake => {
+                    let update_requested = parse_server_post_handshake(self.version, plain)?;
+                    self.peer_key_update(update_requested)?;
+                }
+                content_type => return Err(ProtocolError::UnexpectedContentType { content_type }.into()),
+            }
+        }
+        if pos > 0 {
+            self.incoming.copy_within(pos..self.in_len, 0);
+            self.in_len -= pos;
+        }
+        Ok(got)
+    }
+
+    /// The peer's TLS 1.3 KeyUpdate: its next records use the next key; when it
+    /// asks, ours answers with a KeyUpdate under the current key and then changes
+    /// too (RFC 8446 §4.6.3).
+    fn peer_key_update(&mut self, update_requested: bool) -> Result<(), Refused> {
+        let (seq, secrets) = self.keys.update_rx_secret().map_err(|e| Refused::Keys(e.to_string()))?;
+        self.rx = RecordKey::new(self.version, &secrets, seq).map_err(|_| Refused::Keys("the next key has another cipher".into()))?;
+        self.key_updates += 1;
+        if update_requested {
+            self.update_tx_key().map_err(Refused::Keys)?;
+        }
+        Ok(())
+    }
+
+    /// Queues our KeyUpdate (update_not_requested) under the current key, then
+    /// changes to the next key.
+    fn update_tx_key(&mut self) -> Result<(), String> {
+        self.seal_control(ContentType::Handshake, &key_update_message(false));
+        let (seq, secrets) = self.keys.update_tx_secret().map_err(|e| e.to_string())?;
+        self.tx = RecordKey::new(self.version, &secrets, seq).map_err(|_| "the next key has another cipher".to_string())?;
+        self.key_updates += 1;
+        Ok(())
     }
 
     /// Reads what the socket has after the buffered input. The input buffer is
@@ -184,161 +302,79 @@ impl UserspaceTls {
         }
     }
 
-
-    /// Runs rustls over the buffered input until it needs more bytes; plaintext
-    /// goes to `out`, handshake answers to the output buffer.
-    fn process(&mut self, out: &mut Vec<u8>) -> Result<usize, SessionError> {
-        let mut got = 0;
-        loop {
-            let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
-            let discard = status.discard;
-            let mut progressed = true;
-            let state = match status.state {
-                Ok(state) => state,
-                Err(e) => {
-                    self.discard(discard);
-                    return Err(self.fail(e));
-                }
-            };
-            match state {
-                ConnectionState::ReadTraffic(mut r) => {
-                    // `next_record` only hands out records rustls already decrypted.
-                    while let Some(Ok(rec)) = r.next_record() {
-                        got += rec.payload.len();
-                        out.extend_from_slice(rec.payload);
-                    }
-                }
-                ConnectionState::EncodeTlsData(mut enc) => {
-                    reserve_output(&mut self.outgoing, self.out_len);
-                    super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len)
-                }
-                // Queued bytes leave with the next flush, in order.
-                ConnectionState::TransmitTlsData(tx) => tx.done(),
-                ConnectionState::PeerClosed | ConnectionState::Closed => {
-                    self.peer_closed = true;
-                    progressed = false;
-                }
-                _ => progressed = false,
-            }
-            self.discard(discard);
-            if !progressed {
-                return Ok(got);
-            }
-        }
-    }
-
-    /// Drops the first `n` input bytes, which rustls has consumed.
-    fn discard(&mut self, n: usize) {
-        if n > 0 {
-            self.incoming.copy_within(n..self.in_len, 0);
-            self.in_len -= n;
-        }
-    }
-
-    /// rustls rejected the peer's input with `e`. It has queued the fatal alert
-    /// for it, handed out by the next `process_tls_records` call(s) as
-    /// `EncodeTlsData`: encode it into the output buffer, and describe `e`.
-    fn fail(&mut self, e: rustls::Error) -> SessionError {
-        let mut sent = SentAlert::Nothing;
-        // Bounded: rustls queues one alert; more rounds would only see its error again.
-        for _ in 0..4 {
-            let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
-            let discard = status.discard;
-            let encoded = match status.state {
-                Ok(ConnectionState::EncodeTlsData(mut enc)) => {
-                    reserve_output(&mut self.outgoing, self.out_len);
-                    super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len);
-                    sent = SentAlert::FromRustls;
-                    true
-                }
-                _ => false,
-            };
-            self.discard(discard);
-            if !encoded {
-                break;
-            }
-        }
-        self.failed = Some(sent);
-        SessionError::Protocol { sent, detail: e.to_string() }
-    }
-
-    /// After a failure: sends what is buffered, which ends with the fatal alert,
-    /// and shuts the write side so the peer sees the end at once. Best effort,
+    /// Ends the session over `refused`: seals the alert that says why (none for the
+    /// peer's own fatal alert), sends what is buffered, then FIN. Best effort,
     /// within a short bound: the connection is being dropped anyway.
-    async fn send_alert(&mut self, stream: &TcpStream, timeout: Duration) {
-        if self.failed.is_none() {
-            return;
+    async fn fail(&mut self, stream: &TcpStream, refused: Refused, timeout: Duration) -> SessionError {
+        let (alert, error) = match refused {
+            Refused::PeerAlert(desc) => (None, SessionError::PeerAlert(desc)),
+            Refused::Record(e) => refusal(e.alert(), e.to_string()),
+            Refused::Protocol(e) => refusal(e.alert(), e.to_string()),
+            Refused::Keys(detail) => refusal(AlertDescription::InternalError, detail),
+        };
+        if let Some(alert) = alert.filter(|_| !self.failed) {
+            self.seal_control(ContentType::Alert, &Alert::fatal(alert).encode());
         }
+        self.failed = true;
         let _ = self.flush(stream, timeout.min(ALERT_TIMEOUT)).await;
         (self.out_sent, self.out_len) = (0, 0);
         self.release_output();
         // FIN right after the alert, so the peer sees the end at once, whatever
         // the later close() does (with unread input left, it sends a reset).
         let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
+        error
     }
 
     /// Room left in the output buffer for plaintext of whole records.
     pub fn spare_plaintext(&self) -> usize {
-        OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(RECORD_OVERHEAD)
+        OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(self.overhead())
     }
 
-    /// Encrypts `data` (at most [`MAX_RECORD`] bytes) as exactly one record.
-    pub fn encrypt_record(&mut self, data: &[u8]) -> Result<(), SessionError> {
-        debug_assert!(data.len() <= MAX_RECORD);
-        reserve_output(&mut self.outgoing, self.out_len + data.len() + RECORD_OVERHEAD);
-        loop {
-            let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
-            let discard = status.discard;
-            let state = match status.state {
-                Ok(state) => state,
-                // Only input `read` left incomplete is looked at here (it processes
-                // every complete record); should it break the protocol, the
-                // response ends with the error.
-                Err(e) => {
-                    self.discard(discard);
-                    return Err(self.fail(e));
-                }
-            };
-            let done = match state {
-                ConnectionState::WriteTraffic(mut w) => {
-                    match w.encrypt(data, &mut self.outgoing[self.out_len..]) {
-                        Ok(n) => self.out_len += n,
-                        Err(EncryptError::InsufficientSize(e)) => {
-                            return Err(SessionError::Io(io::Error::other(format!("record buffer too small: {e:?}"))))
-                        }
-                        Err(e) => return Err(SessionError::Io(io::Error::other(e.to_string()))),
-                    }
-                    true
-                }
-                // Pipelined input decrypted on the way: keep it for the next read.
-                ConnectionState::ReadTraffic(mut r) => {
-                    while let Some(Ok(rec)) = r.next_record() {
-                        self.stash.extend_from_slice(rec.payload);
-                    }
-                    false
-                }
-                ConnectionState::EncodeTlsData(mut enc) => {
-                    super::encode_into(&mut enc, &mut self.outgoing, &mut self.out_len);
-                    // Keep room for the record being encrypted after it.
-                    reserve_output(&mut self.outgoing, self.out_len + data.len() + RECORD_OVERHEAD);
-                    false
-                }
-                ConnectionState::TransmitTlsData(tx) => {
-                    tx.done();
-                    false
-                }
-                ConnectionState::PeerClosed => {
-                    self.peer_closed = true;
-                    false
-                }
-                // The peer's close_notify (or an earlier failure) ended the session.
-                _ => return Err(SessionError::PeerClosed),
-            };
-            self.discard(discard);
-            if done {
-                return Ok(());
-            }
+    /// Bytes a record adds to its plaintext.
+    fn overhead(&self) -> usize {
+        self.tx.prefix_len() + self.tx.suffix_len()
+    }
+
+    /// Lays out the next record, of `len` plaintext bytes (at most [`MAX_RECORD`]),
+    /// at the end of the output buffer and returns its plaintext slot: fill it,
+    /// then [`Self::seal_record`] with the same `len`. A slot left unsealed is
+    /// simply overwritten by the next one.
+    ///
+    /// Keeps the TX key within its confidentiality limit: TLS 1.3 changes keys
+    /// first (a KeyUpdate goes out ahead of the record); TLS 1.2 cannot, and the
+    /// session ends.
+    pub fn begin_record(&mut self, len: usize) -> Result<&mut [u8], SessionError> {
+        debug_assert!(len <= MAX_RECORD);
+        if self.failed {
+            return Err(SessionError::PeerClosed);
         }
+        if self.tx.seq() >= self.tx_budget {
+            if self.version != TlsVersion::Tls13 {
+                return Err(SessionError::ConfidentialityLimit);
+            }
+            self.update_tx_key().map_err(|e| SessionError::Io(io::Error::other(e)))?;
+        }
+        let start = self.out_len + self.tx.prefix_len();
+        let end = self.out_len + len + self.overhead();
+        reserve_output(&mut self.outgoing, end);
+        Ok(&mut self.outgoing[start..start + len])
+    }
+
+    /// Seals the record [`Self::begin_record`] laid out, whose slot now holds `len` bytes.
+    pub fn seal_record(&mut self, len: usize) {
+        let end = self.out_len + len + self.overhead();
+        self.tx.seal(ContentType::ApplicationData, &mut self.outgoing[self.out_len..end], len);
+        self.out_len = end;
+    }
+
+    /// Seals a small control record (alert, KeyUpdate) after the buffered ones.
+    fn seal_control(&mut self, typ: ContentType, payload: &[u8]) {
+        let start = self.out_len + self.tx.prefix_len();
+        let end = self.out_len + payload.len() + self.overhead();
+        reserve_output(&mut self.outgoing, end);
+        self.outgoing[start..start + payload.len()].copy_from_slice(payload);
+        self.tx.seal(typ, &mut self.outgoing[self.out_len..end], payload.len());
+        self.out_len = end;
     }
 
     /// Writes every buffered record to the socket.
@@ -358,14 +394,15 @@ impl UserspaceTls {
 
     /// Queues a close_notify alert; it leaves with the next flush.
     pub fn queue_close_notify(&mut self) {
-        reserve_output(&mut self.outgoing, self.out_len + 64);
-        let status = self.conn.process_tls_records(&mut self.incoming[..self.in_len]);
-        if let Ok(ConnectionState::WriteTraffic(mut w)) = status.state {
-            if let Ok(n) = w.queue_close_notify(&mut self.outgoing[self.out_len..]) {
-                self.out_len += n;
-            }
+        if !self.failed {
+            self.seal_control(ContentType::Alert, &Alert::close_notify().encode());
         }
     }
+}
+
+/// The alert to send for a refused input, and the error to return.
+fn refusal(alert: AlertDescription, detail: String) -> (Option<AlertDescription>, SessionError) {
+    (Some(alert), SessionError::Protocol { alert, detail })
 }
 
 impl Drop for UserspaceTls {
@@ -412,9 +449,22 @@ mod tests {
         sock: std::net::TcpStream,
         root: rustls::pki_types::CertificateDer<'static>,
     ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        test_client_for(sock, root, None)
+    }
+
+    /// [`test_client`] offering only `suite`, when given.
+    fn test_client_for(
+        sock: std::net::TcpStream,
+        root: rustls::pki_types::CertificateDer<'static>,
+        suite: Option<rustls::SupportedCipherSuite>,
+    ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(root).unwrap();
-        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+        if let Some(suite) = suite {
+            provider.cipher_suites = vec![suite];
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_root_certificates(roots)
@@ -469,9 +519,10 @@ mod tests {
             let (stream, _) = listener.accept().await.unwrap();
             socket2::SockRef::from(&stream).set_send_buffer_size(4096).unwrap();
             let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
-            let mut tls = UserspaceTls::new(established.conn);
+            let mut tls = UserspaceTls::new(established.conn).unwrap();
             for chunk in data.chunks(MAX_RECORD) {
-                tls.encrypt_record(chunk).unwrap();
+                tls.begin_record(chunk.len()).unwrap().copy_from_slice(chunk);
+                tls.seal_record(chunk.len());
             }
             let cut = tokio::time::timeout(Duration::from_millis(200), tls.flush(&stream, Duration::from_secs(10))).await;
             assert!(cut.is_err(), "the flush finished although the client reads nothing");
@@ -489,6 +540,89 @@ mod tests {
         match got {
             Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
             Err(e) => panic!("the client saw: {e}"),
+        }
+    }
+
+    /// Records sealed and opened here are the records a real rustls peer sends and
+    /// accepts, for every suite and both versions, across key updates: ours when
+    /// the TX key reaches its budget (set tiny here), and the peer's with
+    /// update_requested, which this side must answer before its next data.
+    /// TLS 1.2 has no key update: at the budget the session ends instead.
+    #[test]
+    fn records_round_trip_with_a_rustls_peer_across_key_updates() {
+        use rustls::crypto::aws_lc_rs::cipher_suite as cs;
+        let table = [
+            (cs::TLS13_AES_128_GCM_SHA256, true),
+            (cs::TLS13_AES_256_GCM_SHA384, true),
+            (cs::TLS13_CHACHA20_POLY1305_SHA256, true),
+            (cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, false),
+            (cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, false),
+            (cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, false),
+        ];
+        // Sizes that cross the edges: empty, one byte, a full record.
+        let sizes = [1usize, 0, 1000, MAX_RECORD, 7, MAX_RECORD - 1];
+        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for (suite, tls13) in table {
+            let name = format!("{:?}", suite.suite());
+            let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect()).collect();
+            let expected: Vec<u8> = data.concat();
+            rt.block_on(async {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = listener.local_addr().unwrap();
+                let root = root.clone();
+                let want = expected.len();
+                let client = std::thread::spawn(move || {
+                    let sock = std::net::TcpStream::connect(addr).unwrap();
+                    sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                    let mut tls = test_client_for(sock, root, Some(suite));
+                    let mut got = vec![0u8; want];
+                    tls.read_exact(&mut got).map_err(|e| format!("reading the records: {e}"))?;
+                    if tls13 {
+                        tls.conn.refresh_traffic_keys().map_err(|e| format!("client key update: {e}"))?;
+                    }
+                    std::io::Write::write_all(&mut tls, b"ping").map_err(|e| format!("writing: {e}"))?;
+                    let mut pong = [0u8; 4];
+                    tls.read_exact(&mut pong).map_err(|e| format!("reading the answer: {e}"))?;
+                    Ok::<_, String>((got, pong))
+                });
+                let (stream, _) = listener.accept().await.unwrap();
+                let established = handshake::accept(&stream, config.clone(), Duration::from_secs(10)).await.unwrap();
+                let mut tls = UserspaceTls::new(established.conn).unwrap();
+                // Two records per key; the handshake's key already protected its tickets.
+                tls.tx_budget = 2;
+                let under_first_key = 2u64.saturating_sub(tls.tx.seq()) as usize;
+                let ours = if tls13 { (data.len() - under_first_key).div_ceil(2) as u64 } else { 0 };
+                let mut sealed = 0;
+                for chunk in &data {
+                    match tls.begin_record(chunk.len()) {
+                        Ok(slot) => slot.copy_from_slice(chunk),
+                        Err(SessionError::ConfidentialityLimit) if !tls13 => break,
+                        Err(e) => panic!("{name}: {e}"),
+                    }
+                    tls.seal_record(chunk.len());
+                    sealed += 1;
+                }
+                tls.flush(&stream, Duration::from_secs(10)).await.unwrap();
+                if !tls13 {
+                    assert_eq!(sealed, under_first_key, "{name}: TLS 1.2 must stop at the budget");
+                    assert_eq!(tls.key_updates(), 0);
+                    return;
+                }
+                let mut ping = Vec::new();
+                let n = tls.read(&stream, &mut ping, Duration::from_secs(10)).await.unwrap();
+                assert_eq!(&ping[..n], b"ping", "{name}");
+                tls.tx_budget = u64::MAX;
+                tls.begin_record(4).unwrap().copy_from_slice(b"pong");
+                tls.seal_record(4);
+                tls.flush(&stream, Duration::from_secs(10)).await.unwrap();
+                let (got, pong) = tokio::task::spawn_blocking(move || client.join().unwrap()).await.unwrap().unwrap();
+                assert!(got == expected, "{name}: the client read other bytes");
+                assert_eq!(&pong, b"pong", "{name}");
+                // Ours at the budget, then the peer's and our answer to it.
+                assert!(ours >= 2);
+                assert_eq!(tls.key_updates(), ours + 2, "{name}");
+            });
         }
     }
 }
