@@ -1,5 +1,6 @@
 //! TLS: configuration, the userspace handshake, and the two record layers a
-//! finished handshake can continue on: the kernel's (kTLS) or rustls' in user space.
+//! finished handshake can continue on: the kernel's (kTLS) or ours in user space.
+//! Both take the traffic keys from rustls, which keeps the key schedule.
 //!
 //! A connection goes [`handshake::accept`] -> [`establish`] (the one place that
 //! chooses the record layer) -> [`Session`], which the HTTP layer drives through
