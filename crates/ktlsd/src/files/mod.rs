@@ -28,11 +28,20 @@ pub struct FileRange<'a> {
     pub file: &'a File,
     /// Half-open: `start..end`, within the file's length.
     pub range: std::ops::Range<u64>,
+    /// The whole file's bytes, checked against this request's `fstat` (see
+    /// [`Found::content`]); a body writer that copies bytes may take them from here.
+    pub cached: Option<&'a [u8]>,
 }
 
 impl FileRange<'_> {
     pub fn len(&self) -> u64 {
         self.range.end - self.range.start
+    }
+
+    /// The file's bytes `offset..offset + len` from memory, when they are kept.
+    pub fn cached_at(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        self.cached?.get(start..start.checked_add(len)?)
     }
 }
 
@@ -90,7 +99,18 @@ pub struct Found {
     pub file: Rc<File>,
     pub meta: Metadata,
     /// Path relative to ROOT, for the Content-Type.
-    pub rel: PathBuf,
+    pub rel: Rc<Path>,
+    /// The whole file, for a small file the worker keeps in memory: the same bytes
+    /// a read would give now, as far as `meta` can tell (read when the file had
+    /// this very size, inode and times).
+    pub content: Option<Rc<[u8]>>,
+}
+
+impl Found {
+    /// `range` of this file as a response body.
+    pub fn body(&self, range: std::ops::Range<u64>) -> FileRange<'_> {
+        FileRange { file: &self.file, range, cached: self.content.as_deref() }
+    }
 }
 
 /// A directory to list (only with `--autoindex`).
@@ -182,13 +202,10 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
     let now = Instant::now();
     let (segments, trailing_slash) = normalize(path, opts)?;
     let key = cache_key(root.id(), &segments, trailing_slash);
-    if let Some((file, rel)) = cache::get(&key, now) {
-        // The binding is cached; the file's size and times are not.
-        if let Ok(meta) = file.metadata() {
-            return Ok(Resolved::File(Found { file, meta, rel }));
-        }
+    if let Some(hit) = cache::get(&key, now) {
+        return Ok(Resolved::File(Found { file: hit.file, meta: hit.meta, rel: hit.rel, content: hit.content }));
     }
-    let resolved = match resolve_uncached(root, path, &segments, trailing_slash, opts) {
+    let mut resolved = match resolve_uncached(root, path, &segments, trailing_slash, opts) {
         // Out of descriptors: give back the cached ones and try once more.
         Err(Refusal::NoDescriptors) => {
             cache::clear();
@@ -196,8 +213,8 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
         }
         other => other?,
     };
-    if let Resolved::File(found) = &resolved {
-        cache::put(&key, found.file.clone(), found.rel.clone(), now, opts.cache_entries);
+    if let Resolved::File(found) = &mut resolved {
+        found.content = cache::put(&key, found.file.clone(), &found.meta, found.rel.clone(), now, opts.cache_entries);
     }
     Ok(resolved)
 }
@@ -215,16 +232,14 @@ pub fn variant(root: &Root, rel: &Path, suffix: &str, opts: Options) -> Option<F
     key.extend_from_slice(&root.id().to_be_bytes());
     key.push(b'/');
     key.extend_from_slice(rel.as_os_str().as_bytes());
-    if let Some((file, rel)) = cache::get(&key, now) {
-        if let Ok(meta) = file.metadata() {
-            return Some(Found { file, meta, rel });
-        }
+    if let Some(hit) = cache::get(&key, now) {
+        return Some(Found { file: hit.file, meta: hit.meta, rel: hit.rel, content: hit.content });
     }
     match root.open(&rel) {
         Ok((file, meta)) if meta.is_file() => {
-            let file = Rc::new(file);
-            cache::put(&key, file.clone(), rel.clone(), now, opts.cache_entries);
-            Some(Found { file, meta, rel })
+            let (file, rel) = (Rc::new(file), Rc::<Path>::from(rel));
+            let content = cache::put(&key, file.clone(), &meta, rel.clone(), now, opts.cache_entries);
+            Some(Found { file, meta, rel, content })
         }
         _ => None,
     }
@@ -263,7 +278,7 @@ fn resolve_uncached(
         if trailing_slash && !segments.is_empty() {
             return Err(Refusal::NotFound);
         }
-        return Ok(Resolved::File(Found { file: Rc::new(file), meta, rel }));
+        return Ok(Resolved::File(Found { file: Rc::new(file), meta, rel: rel.into(), content: None }));
     }
     if !meta.is_dir() {
         return Err(Refusal::Forbidden("not a regular file"));
@@ -281,7 +296,7 @@ fn resolve_uncached(
     }
     let index = rel.join("index.html");
     match root.open(&index) {
-        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found { file: Rc::new(file), meta, rel: index })),
+        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found { file: Rc::new(file), meta, rel: index.into(), content: None })),
         Err(Refusal::NotFound) | Ok(_) if opts.autoindex => {
             Ok(Resolved::Directory(Listing { dir: file, url_path: path.to_string() }))
         }

@@ -80,7 +80,7 @@ pub async fn send(
                 end -= start;
                 start = 0;
                 let n = (plain.len() - end).min(usize::try_from(left).unwrap_or(usize::MAX));
-                read_exact_at(cold, range.file, &mut plain[end..end + n], offset, range.range.end).await?;
+                read_exact_at(cold, range, &mut plain[end..end + n], offset).await?;
                 end += n;
                 offset += n as u64;
                 left -= n as u64;
@@ -109,13 +109,17 @@ pub async fn send(
 
 async fn read_exact_at(
     cold: &mut ColdReads,
-    file: &std::fs::File,
+    range: &FileRange<'_>,
     mut buf: &mut [u8],
     mut offset: u64,
-    end: u64,
 ) -> Result<(), SessionError> {
+    // A small file the worker keeps in memory, checked for this request: no read.
+    if let Some(bytes) = range.cached_at(offset, buf.len()) {
+        buf.copy_from_slice(bytes);
+        return Ok(());
+    }
     while !buf.is_empty() {
-        match cold.read_at(file, buf, offset, end).await {
+        match cold.read_at(range.file, buf, offset, range.range.end).await {
             Ok(0) => return Err(SessionError::FileShrank),
             Ok(n) => {
                 buf = &mut buf[n..];
@@ -184,7 +188,7 @@ mod tests {
             let before = ticks.get();
             let mut sizer = RecordSizer::new(RecordPolicy::Static(MAX_RECORD), 22);
             let (mut bufs, mut cold) = (Buffers::default(), ColdReads::default());
-            let body = FileRange { file: &file, range: 0..BODY as u64 };
+            let body = FileRange { file: &file, range: 0..BODY as u64, cached: None };
             let sent = send(&mut tls, &stream, &mut sizer, &mut bufs, &mut cold, head, Some(body), Ending::KeepOpen, Duration::from_secs(10))
                 .await
                 .unwrap();
