@@ -33,6 +33,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::residency::{read_nowait, Nowait};
+use super::Found;
 
 /// How long a name stays bound to an open file.
 pub const VALID: Duration = Duration::from_secs(1);
@@ -74,6 +75,7 @@ impl Stamp {
 struct Entry {
     file: Rc<File>,
     rel: Rc<Path>,
+    mime: &'static str,
     opened: Instant,
     /// The whole file as read when it had this stamp.
     content: Option<(Stamp, Rc<[u8]>)>,
@@ -83,15 +85,6 @@ impl Entry {
     fn content_len(&self) -> usize {
         self.content.as_ref().map_or(0, |(_, b)| b.len())
     }
-}
-
-/// A cached binding, checked afresh for this request.
-pub struct Hit {
-    pub file: Rc<File>,
-    pub meta: Metadata,
-    pub rel: Rc<Path>,
-    /// The whole file, valid for `meta`.
-    pub content: Option<Rc<[u8]>>,
 }
 
 #[derive(Default)]
@@ -183,7 +176,7 @@ thread_local! {
 /// The open file for normalised path `key`, if bound within the last [`VALID`],
 /// with its metadata read now and, for a small file, its bytes when they are
 /// still the file's. `None` also when the `fstat` fails (look the path up again).
-pub fn get(key: &[u8], now: Instant) -> Option<Hit> {
+pub fn get(key: &[u8], now: Instant) -> Option<Found> {
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         c.sweep(now, false);
@@ -191,7 +184,7 @@ pub fn get(key: &[u8], now: Instant) -> Option<Hit> {
             c.misses += 1;
             return None;
         };
-        let (file, rel, kept) = (e.file.clone(), e.rel.clone(), e.content.clone());
+        let (file, rel, mime, kept) = (e.file.clone(), e.rel.clone(), e.mime, e.content.clone());
         c.hits += 1;
         // The binding is cached; the file's size and times are not.
         let meta = file.metadata().ok()?;
@@ -208,7 +201,7 @@ pub fn get(key: &[u8], now: Instant) -> Option<Hit> {
         if content.is_some() {
             c.content_hits += 1;
         }
-        Some(Hit { file, meta, rel, content })
+        Some(Found { file, meta, rel, mime, content })
     })
 }
 
@@ -236,10 +229,10 @@ pub fn counts() -> Counts {
     })
 }
 
-/// Binds normalised path `key` to an open file whose metadata was just read,
+/// Binds normalised path `key` to a file just opened (its metadata just read),
 /// keeping at most `capacity` entries: expired ones go first, then the oldest. A
 /// capacity of 0 caches nothing. Returns the file's bytes when they are kept.
-pub fn put(key: &[u8], file: Rc<File>, meta: &Metadata, rel: Rc<Path>, now: Instant, capacity: usize) -> Option<Rc<[u8]>> {
+pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<Rc<[u8]>> {
     if capacity == 0 {
         return None;
     }
@@ -256,9 +249,10 @@ pub fn put(key: &[u8], file: Rc<File>, meta: &Metadata, rel: Rc<Path>, now: Inst
                 };
             }
         }
-        let content = c.fill(&file, meta);
+        let content = c.fill(&found.file, &found.meta);
         let bytes = content.as_ref().map(|(_, b)| b.clone());
-        c.entries.insert(key.to_vec(), Entry { file, rel, opened: now, content });
+        let (file, rel, mime) = (found.file.clone(), found.rel.clone(), found.mime);
+        c.entries.insert(key.to_vec(), Entry { file, rel, mime, opened: now, content });
         bytes
     })
 }
@@ -285,14 +279,10 @@ mod tests {
     use std::os::unix::fs::FileExt;
     use std::path::PathBuf;
 
-    fn file() -> (Rc<File>, Metadata) {
-        let f = File::open("/dev/null").expect("open /dev/null");
-        let meta = f.metadata().expect("fstat /dev/null");
-        (Rc::new(f), meta)
-    }
-
-    fn rel() -> Rc<Path> {
-        Rc::from(PathBuf::from("x"))
+    fn open(p: &Path) -> Found {
+        let f = File::open(p).unwrap();
+        let meta = f.metadata().unwrap();
+        Found { file: Rc::new(f), meta, rel: Rc::from(PathBuf::from("x")), mime: "x/y", content: None }
     }
 
     #[test]
@@ -300,8 +290,7 @@ mod tests {
         // Each test runs on its own thread, so this cache is this test's alone.
         let t0 = Instant::now();
         let put = |k: &[u8], at: Instant, cap: usize| {
-            let (f, meta) = file();
-            assert!(put(k, f, &meta, rel(), at, cap).is_none(), "no bytes of a device");
+            assert!(put(k, &open(Path::new("/dev/null")), at, cap).is_none(), "no bytes of a device");
         };
         for i in 0..10u8 {
             put(&[i], t0 + Duration::from_millis(i.into()), 4);
@@ -338,12 +327,6 @@ mod tests {
         p
     }
 
-    fn open(p: &Path) -> (Rc<File>, Metadata) {
-        let f = File::open(p).unwrap();
-        let meta = f.metadata().unwrap();
-        (Rc::new(f), meta)
-    }
-
     /// Waits until times set now are [`SETTLED`].
     fn settle() {
         std::thread::sleep(SETTLED + Duration::from_millis(100));
@@ -353,13 +336,11 @@ mod tests {
     fn kept_bytes_follow_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = aged(dir.path(), "f", 1000, Duration::from_secs(10));
-        let (f, meta) = open(&p);
         let t0 = Instant::now();
-        assert!(put(b"f", f.clone(), &meta, rel(), t0, 8).is_none(), "its ctime is less than a second old");
+        assert!(put(b"f", &open(&p), t0, 8).is_none(), "its ctime is less than a second old");
         settle();
-        let (f, meta) = open(&p);
         let t0 = Instant::now();
-        let kept = put(b"f", f, &meta, rel(), t0, 8).expect("a settled small file is kept");
+        let kept = put(b"f", &open(&p), t0, 8).expect("a settled small file is kept");
         assert_eq!(&kept[..], &std::fs::read(&p).unwrap()[..]);
         let hit = get(b"f", t0).unwrap();
         assert!(hit.content.is_some_and(|c| Rc::ptr_eq(&c, &kept)), "the same bytes, not read again");
@@ -390,14 +371,11 @@ mod tests {
         settle();
         let recent = aged(dir.path(), "recent", 10, Duration::ZERO);
         let t0 = Instant::now();
-        let (f, meta) = open(&big);
-        assert!(put(b"big", f, &meta, rel(), t0, 1000).is_none(), "over SMALL_FILE");
-        let (f, meta) = open(&recent);
-        assert!(put(b"recent", f, &meta, rel(), t0, 1000).is_none(), "changed just now");
+        assert!(put(b"big", &open(&big), t0, 1000).is_none(), "over SMALL_FILE");
+        assert!(put(b"recent", &open(&recent), t0, 1000).is_none(), "changed just now");
         let mut kept = 0;
         for (i, p) in small.iter().enumerate() {
-            let (f, meta) = open(p);
-            kept += usize::from(put(i.to_string().as_bytes(), f, &meta, rel(), t0, 1000).is_some());
+            kept += usize::from(put(i.to_string().as_bytes(), &open(p), t0, 1000).is_some());
             assert!(counts().content_bytes as usize <= CONTENT_BUDGET);
         }
         assert_eq!(kept, CONTENT_BUDGET / max, "as many as the budget holds");

@@ -17,6 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 pub use cache::counts as cache_counts;
@@ -100,6 +101,9 @@ pub struct Found {
     pub meta: Metadata,
     /// Path relative to ROOT, for the Content-Type.
     pub rel: Rc<Path>,
+    /// The built-in Content-Type of `rel` ([`content_type`]), looked up once per
+    /// open-file cache entry rather than per request.
+    pub mime: &'static str,
     /// The whole file, for a small file the worker keeps in memory: the same bytes
     /// a read would give now, as far as `meta` can tell (read when the file had
     /// this very size, inode and times).
@@ -107,6 +111,12 @@ pub struct Found {
 }
 
 impl Found {
+    /// A file just opened, its bytes not (yet) kept.
+    fn new(file: File, meta: Metadata, rel: PathBuf) -> Found {
+        let mime = content_type(&rel);
+        Found { file: Rc::new(file), meta, rel: rel.into(), mime, content: None }
+    }
+
     /// `range` of this file as a response body.
     pub fn body(&self, range: std::ops::Range<u64>) -> FileRange<'_> {
         FileRange { file: &self.file, range, cached: self.content.as_deref() }
@@ -202,8 +212,8 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
     let now = Instant::now();
     let (segments, trailing_slash) = normalize(path, opts)?;
     let key = cache_key(root.id(), &segments, trailing_slash);
-    if let Some(hit) = cache::get(&key, now) {
-        return Ok(Resolved::File(Found { file: hit.file, meta: hit.meta, rel: hit.rel, content: hit.content }));
+    if let Some(found) = cache::get(&key, now) {
+        return Ok(Resolved::File(found));
     }
     let mut resolved = match resolve_uncached(root, path, &segments, trailing_slash, opts) {
         // Out of descriptors: give back the cached ones and try once more.
@@ -214,7 +224,7 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
         other => other?,
     };
     if let Resolved::File(found) = &mut resolved {
-        found.content = cache::put(&key, found.file.clone(), &found.meta, found.rel.clone(), now, opts.cache_entries);
+        found.content = cache::put(&key, found, now, opts.cache_entries);
     }
     Ok(resolved)
 }
@@ -232,14 +242,14 @@ pub fn variant(root: &Root, rel: &Path, suffix: &str, opts: Options) -> Option<F
     key.extend_from_slice(&root.id().to_be_bytes());
     key.push(b'/');
     key.extend_from_slice(rel.as_os_str().as_bytes());
-    if let Some(hit) = cache::get(&key, now) {
-        return Some(Found { file: hit.file, meta: hit.meta, rel: hit.rel, content: hit.content });
+    if let Some(found) = cache::get(&key, now) {
+        return Some(found);
     }
     match root.open(&rel) {
         Ok((file, meta)) if meta.is_file() => {
-            let (file, rel) = (Rc::new(file), Rc::<Path>::from(rel));
-            let content = cache::put(&key, file.clone(), &meta, rel.clone(), now, opts.cache_entries);
-            Some(Found { file, meta, rel, content })
+            let mut found = Found::new(file, meta, rel);
+            found.content = cache::put(&key, &found, now, opts.cache_entries);
+            Some(found)
         }
         _ => None,
     }
@@ -278,7 +288,7 @@ fn resolve_uncached(
         if trailing_slash && !segments.is_empty() {
             return Err(Refusal::NotFound);
         }
-        return Ok(Resolved::File(Found { file: Rc::new(file), meta, rel: rel.into(), content: None }));
+        return Ok(Resolved::File(Found::new(file, meta, rel)));
     }
     if !meta.is_dir() {
         return Err(Refusal::Forbidden("not a regular file"));
@@ -296,7 +306,7 @@ fn resolve_uncached(
     }
     let index = rel.join("index.html");
     match root.open(&index) {
-        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found { file: Rc::new(file), meta, rel: index.into(), content: None })),
+        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found::new(file, meta, index))),
         Err(Refusal::NotFound) | Ok(_) if opts.autoindex => {
             Ok(Resolved::Directory(Listing { dir: file, url_path: path.to_string() }))
         }
@@ -322,14 +332,28 @@ pub fn modified(meta: &Metadata) -> SystemTime {
     SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs)
 }
 
-/// Content-Type by extension.
-pub fn content_type(rel: &Path) -> String {
+/// Content-Type by extension, from the built-in table.
+pub fn content_type(rel: &Path) -> &'static str {
     let mime = mime_guess::from_path(rel).first_raw().unwrap_or("application/octet-stream");
     if mime.starts_with("text/") || mime == "application/javascript" || mime == "application/json" {
-        format!("{mime}; charset=utf-8")
+        with_charset(mime)
     } else {
-        mime.to_string()
+        mime
     }
+}
+
+/// `mime; charset=utf-8`, made once per type and kept for the process's life, so
+/// that a Content-Type is a `&'static str` like the table's own. The types come
+/// from mime_guess's fixed table, so at most one string per text type in it is kept.
+fn with_charset(mime: &'static str) -> &'static str {
+    static MADE: Mutex<Vec<(&str, &str)>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, t)) = made.iter().find(|(m, _)| *m == mime) {
+        return t;
+    }
+    let t: &'static str = Box::leak(format!("{mime}; charset=utf-8").into_boxed_str());
+    made.push((mime, t));
+    t
 }
 
 #[cfg(test)]

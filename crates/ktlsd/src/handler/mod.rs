@@ -149,10 +149,10 @@ fn with_error_page(mut response: Response, site: &Site<'_>) -> Response {
         return response;
     };
     let len = page.meta.len();
-    let content_type = site.content.content_type(&page.rel);
+    let content_type = site.content.content_type(&page.rel, page.mime);
     for h in &mut response.headers {
         match h {
-            Header::ContentType(t) => *t = content_type.clone().into(),
+            Header::ContentType(t) => *t = content_type.clone(),
             Header::ContentLength(n) => *n = len,
             _ => {}
         }
@@ -199,7 +199,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     };
 
     // The original decides the Content-Type and the rules; the variant, if any, is what is sent.
-    let content_type = site.content.content_type(&found.rel);
+    let content_type = site.content.content_type(&found.rel, found.mime);
     let rule_path = format!("/{}", found.rel.to_string_lossy());
     let (found, coding) = choose_variant(req, site, found);
     let vary = site.content.varies_by_encoding();
@@ -237,7 +237,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
         }
     };
     let mut headers = vec![
-        Header::ContentType(content_type.into()),
+        Header::ContentType(content_type),
         Header::ContentLength(range.end - range.start),
         Header::LastModified(v.modified),
         Header::ETag(v.etag),
