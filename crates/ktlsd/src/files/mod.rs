@@ -150,39 +150,72 @@ const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
 /// The top-level directory of well-known URIs, served even when dot-files are hidden.
 const WELL_KNOWN: &[u8] = b".well-known";
 
-/// Decodes and normalises the path part of a request target (no query). Returns the
-/// segments relative to ROOT and whether the target ended with a slash.
-pub fn normalize(path: &str, opts: Options) -> Result<(Vec<Vec<u8>>, bool), Refusal> {
+/// A request path decoded and normalised, laid out as its open-file cache key:
+/// the ROOT's id (a reload opens a new one), then `/segment` for each segment (no
+/// segment is empty or holds a `/` or NUL, so the layout is unambiguous), then a
+/// final `/` when the request had one (always at ROOT).
+pub struct Normalized {
+    key: Vec<u8>,
+    pub trailing_slash: bool,
+}
+
+/// Bytes of the ROOT's id at the start of a key.
+const ID: usize = 8;
+
+impl Normalized {
+    /// The segments relative to ROOT.
+    pub fn segments(&self) -> impl Iterator<Item = &[u8]> {
+        self.key[ID..].split(|&b| b == b'/').filter(|s| !s.is_empty())
+    }
+
+    fn at_root(&self) -> bool {
+        self.segments().next().is_none()
+    }
+}
+
+/// Decodes and normalises the path part of a request target (no query) for the
+/// ROOT with id `root`.
+pub fn normalize(path: &str, root: u64, opts: Options) -> Result<Normalized, Refusal> {
     if !path.starts_with('/') {
         return Err(Refusal::BadPath("target is not an absolute path"));
     }
-    let decoded = decode(path.as_bytes())?;
+    // Most paths hold no escape: read them in place.
+    let decoded = match path.contains('%') {
+        true => std::borrow::Cow::Owned(decode(path.as_bytes())?),
+        false => std::borrow::Cow::Borrowed(path.as_bytes()),
+    };
     if decoded.contains(&0) {
         return Err(Refusal::BadPath("NUL byte"));
     }
-    let trailing_slash = decoded.ends_with(b"/");
-    let mut segments: Vec<Vec<u8>> = Vec::new();
+    let mut key = Vec::with_capacity(ID + decoded.len() + 1);
+    key.extend_from_slice(&root.to_be_bytes());
     for seg in decoded.split(|&b| b == b'/') {
         match seg {
             b"" | b"." => {}
             b".." => {
-                if segments.pop().is_none() {
-                    return Err(Refusal::Escape);
+                // Drop the last `/segment`.
+                match key[ID..].iter().rposition(|&b| b == b'/') {
+                    Some(at) => key.truncate(ID + at),
+                    None => return Err(Refusal::Escape),
                 }
             }
             s => {
                 // RFC 8615 well-known URIs (ACME challenges, security.txt) are public by
                 // design; dot-files inside them stay hidden.
-                let well_known = segments.is_empty() && s == WELL_KNOWN;
+                let well_known = key.len() == ID && s == WELL_KNOWN;
                 if s[0] == b'.' && !opts.dotfiles && !well_known {
                     return Err(Refusal::Hidden);
                 }
-                segments.push(s.to_vec());
+                key.push(b'/');
+                key.extend_from_slice(s);
             }
         }
     }
-    let at_root = segments.is_empty();
-    Ok((segments, trailing_slash || at_root))
+    let trailing_slash = decoded.ends_with(b"/") || key.len() == ID;
+    if trailing_slash {
+        key.push(b'/');
+    }
+    Ok(Normalized { key, trailing_slash })
 }
 
 fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
@@ -210,21 +243,20 @@ fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
 /// through the worker's open-file cache.
 pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
     let now = Instant::now();
-    let (segments, trailing_slash) = normalize(path, opts)?;
-    let key = cache_key(root.id(), &segments, trailing_slash);
-    if let Some(found) = cache::get(&key, now) {
+    let normal = normalize(path, root.id(), opts)?;
+    if let Some(found) = cache::get(&normal.key, now) {
         return Ok(Resolved::File(found));
     }
-    let mut resolved = match resolve_uncached(root, path, &segments, trailing_slash, opts) {
+    let mut resolved = match resolve_uncached(root, path, &normal, opts) {
         // Out of descriptors: give back the cached ones and try once more.
         Err(Refusal::NoDescriptors) => {
             cache::clear();
-            resolve_uncached(root, path, &segments, trailing_slash, opts)?
+            resolve_uncached(root, path, &normal, opts)?
         }
         other => other?,
     };
     if let Resolved::File(found) = &mut resolved {
-        found.content = cache::put(&key, found, now, opts.cache_entries);
+        found.content = cache::put(&normal.key, found, now, opts.cache_entries);
     }
     Ok(resolved)
 }
@@ -238,7 +270,7 @@ pub fn variant(root: &Root, rel: &Path, suffix: &str, opts: Options) -> Option<F
     name.push(suffix);
     let rel = PathBuf::from(name);
     let now = Instant::now();
-    let mut key = Vec::with_capacity(8 + rel.as_os_str().len() + 1);
+    let mut key = Vec::with_capacity(ID + 1 + rel.as_os_str().len());
     key.extend_from_slice(&root.id().to_be_bytes());
     key.push(b'/');
     key.extend_from_slice(rel.as_os_str().as_bytes());
@@ -255,37 +287,16 @@ pub fn variant(root: &Root, rel: &Path, suffix: &str, opts: Options) -> Option<F
     }
 }
 
-/// The cache key of a normalised path: its segments joined by `/` (no segment holds
-/// a `/` or NUL, so the join is unambiguous), and a final `/` when the request had one.
-/// The cache key: the ROOT's id (a reload opens a new one), then the normalised path.
-fn cache_key(root: u64, segments: &[Vec<u8>], trailing_slash: bool) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
-    key.extend_from_slice(&root.to_be_bytes());
-    for s in segments {
-        key.push(b'/');
-        key.extend_from_slice(s);
-    }
-    if trailing_slash {
-        key.push(b'/');
-    }
-    key
-}
-
-fn resolve_uncached(
-    root: &Root,
-    path: &str,
-    segments: &[Vec<u8>],
-    trailing_slash: bool,
-    opts: Options,
-) -> Result<Resolved, Refusal> {
+fn resolve_uncached(root: &Root, path: &str, normal: &Normalized, opts: Options) -> Result<Resolved, Refusal> {
+    let trailing_slash = normal.trailing_slash;
     let mut rel = PathBuf::new();
-    for s in segments {
+    for s in normal.segments() {
         rel.push(OsStr::from_bytes(s));
     }
     let (file, meta) = root.open(&rel)?;
     if meta.is_file() {
         // `/file.txt/` names a directory that does not exist (nginx: 404).
-        if trailing_slash && !segments.is_empty() {
+        if trailing_slash && !normal.at_root() {
             return Err(Refusal::NotFound);
         }
         return Ok(Resolved::File(Found::new(file, meta, rel)));
@@ -297,7 +308,7 @@ fn resolve_uncached(
         // Built from the normalised segments: the raw path could start with `//`,
         // which a browser would read as another host.
         let mut location = String::new();
-        for s in segments {
+        for s in normal.segments() {
             location.push('/');
             location.extend(percent_encoding::percent_encode(s, PATH_SEGMENT));
         }
@@ -317,13 +328,37 @@ fn resolve_uncached(
 
 /// The entity tag of a file: modification time and size, in hex (nginx's form).
 pub fn etag(meta: &Metadata) -> String {
-    format!("\"{:x}-{:x}\"", meta.mtime(), meta.size())
+    etag_with(meta, "")
 }
 
 /// The entity tag of a precompressed variant: the variant's own time and size, and
 /// its coding, so it differs from the original's and from other codings'.
 pub fn etag_of_variant(meta: &Metadata, coding: &str) -> String {
-    format!("\"{:x}-{:x}-{coding}\"", meta.mtime(), meta.size())
+    etag_with(meta, coding)
+}
+
+/// `"mtime-size"` or `"mtime-size-coding"`, written without `core::fmt` (one per
+/// request). A negative mtime reads as its two's complement, as `{:x}` of an i64 does.
+fn etag_with(meta: &Metadata, coding: &str) -> String {
+    let mut tag = String::with_capacity(36 + coding.len());
+    tag.push('"');
+    push_hex(&mut tag, meta.mtime() as u64);
+    tag.push('-');
+    push_hex(&mut tag, meta.size());
+    if !coding.is_empty() {
+        tag.push('-');
+        tag.push_str(coding);
+    }
+    tag.push('"');
+    tag
+}
+
+/// Appends `n` in lower-case hex without leading zeros.
+fn push_hex(out: &mut String, n: u64) {
+    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(char::from(b"0123456789abcdef"[((n >> (i * 4)) & 0xf) as usize]));
+    }
 }
 
 /// Modification time, truncated to whole seconds as HTTP dates are.
@@ -363,7 +398,7 @@ mod tests {
     const OPTS: Options = Options { dotfiles: false, autoindex: false, cache_entries: 16 };
 
     fn segs(p: &str) -> Result<Vec<String>, Refusal> {
-        normalize(p, OPTS).map(|(s, _)| s.into_iter().map(|s| String::from_utf8(s).unwrap()).collect())
+        normalize(p, 0, OPTS).map(|n| n.segments().map(|s| String::from_utf8(s.to_vec()).unwrap()).collect())
     }
 
     #[test]
@@ -377,8 +412,7 @@ mod tests {
     #[test]
     fn spellings_of_one_path_share_a_cache_key() {
         let key = |p: &str| {
-            let (s, slash) = normalize(p, OPTS).unwrap();
-            let k = cache_key(7, &s, slash);
+            let k = normalize(p, 7, OPTS).unwrap().key;
             assert_eq!(k[..8], 7u64.to_be_bytes(), "the key starts with the ROOT's id");
             k[8..].to_vec()
         };
@@ -438,12 +472,22 @@ mod resolve_tests {
     }
 
     #[test]
+    fn hex_as_format_writes_it() {
+        for n in [0u64, 1, 9, 10, 15, 16, 255, 256, 0x1234_5678, u64::MAX, (-5i64) as u64] {
+            let mut s = String::new();
+            push_hex(&mut s, n);
+            assert_eq!(s, format!("{n:x}"));
+        }
+    }
+
+    #[test]
     fn validators_of_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, b"12345").unwrap();
         let meta = std::fs::metadata(&p).unwrap();
         assert_eq!(etag(&meta), format!("\"{:x}-5\"", meta.mtime()));
+        assert_eq!(etag_of_variant(&meta, "br"), format!("\"{:x}-5-br\"", meta.mtime()));
         let m = modified(&meta);
         assert_eq!(m.duration_since(SystemTime::UNIX_EPOCH).unwrap().subsec_nanos(), 0, "whole seconds");
         assert_eq!(m.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs(), meta.mtime() as u64);
