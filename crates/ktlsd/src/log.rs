@@ -161,28 +161,19 @@ impl AccessLog {
         }
         let mut buf = self.buf.borrow_mut();
         let _ = match self.format.get() {
-            LogFormat::Ktlsd => writeln!(
-                buf,
-                "{} - - [{}] \"{}\" {} {} rt={} tls={}",
-                e.peer.ip(),
-                ClfNow,
-                Quoted(e.request),
-                e.status,
-                e.bytes,
-                Seconds(elapsed),
-                e.label
-            ),
-            LogFormat::Combined => writeln!(
-                buf,
-                "{} - - [{}] \"{}\" {} {} \"{}\" \"{}\"",
-                e.peer.ip(),
-                ClfNow,
-                Quoted(e.request),
-                e.status,
-                e.bytes,
-                Escaped(e.referer.unwrap_or("-")),
-                Escaped(e.user_agent.unwrap_or("-")),
-            ),
+            LogFormat::Ktlsd => {
+                common_fields(&mut buf, e);
+                buf.extend_from_slice(b" rt=");
+                Seconds(elapsed).write_to(&mut buf);
+                buf.extend_from_slice(b" tls=");
+                buf.extend_from_slice(e.label.as_bytes());
+                buf.push(b'\n');
+                Ok(())
+            }
+            LogFormat::Combined => {
+                common_fields(&mut buf, e);
+                writeln!(buf, " \"{}\" \"{}\"", Escaped(e.referer.unwrap_or("-")), Escaped(e.user_agent.unwrap_or("-")))
+            }
             LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64())),
         };
         let full = buf.len() >= FLUSH_AT;
@@ -205,6 +196,18 @@ impl AccessLog {
         }
         buf.clear();
     }
+}
+
+/// The common log format's fields, `peer - - [time] "request" status bytes`, the
+/// numbers written without `core::fmt` (they are in every line).
+fn common_fields(buf: &mut Vec<u8>, e: &AccessEntry<'_>) {
+    let _ = write!(buf, "{} - - [", e.peer.ip());
+    with_clf_now(|t| buf.extend_from_slice(t.as_bytes()));
+    let _ = write!(buf, "] \"{}\" ", Quoted(e.request));
+    let mut n = itoa::Buffer::new();
+    buf.extend_from_slice(n.format(e.status).as_bytes());
+    buf.push(b' ');
+    buf.extend_from_slice(n.format(e.bytes).as_bytes());
 }
 
 /// One entry as a JSON object (absent fields are `null`).
@@ -239,15 +242,6 @@ fn clf_now() -> String {
     with_clf_now(str::to_string)
 }
 
-/// [`clf_now`] written where it goes, without a copy of its own.
-struct ClfNow;
-
-impl std::fmt::Display for ClfNow {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        with_clf_now(|t| f.write_str(t))
-    }
-}
-
 fn with_clf_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     CLF_NOW.with(|c| {
@@ -269,6 +263,16 @@ fn with_clf_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
 /// A duration in seconds with three decimals (`0.012`), from integer
 /// microseconds rather than float formatting.
 struct Seconds(Duration);
+
+impl Seconds {
+    /// Appends what `Display` writes, without `core::fmt` (one per log line).
+    fn write_to(&self, out: &mut Vec<u8>) {
+        let ms = (self.0.as_micros() + 500) / 1000;
+        out.extend_from_slice(itoa::Buffer::new().format(ms / 1000).as_bytes());
+        let frac = (ms % 1000) as u16;
+        out.extend_from_slice(&[b'.', b'0' + (frac / 100) as u8, b'0' + (frac / 10 % 10) as u8, b'0' + (frac % 10) as u8]);
+    }
+}
 
 impl std::fmt::Display for Seconds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -348,6 +352,9 @@ mod tests {
     fn seconds_have_three_decimals() {
         for (us, want) in [(0, "0.000"), (499, "0.000"), (500, "0.001"), (12_345, "0.012"), (1_999_600, "2.000"), (61_250_000, "61.250")] {
             assert_eq!(Seconds(Duration::from_micros(us)).to_string(), want, "{us} us");
+            let mut written = Vec::new();
+            Seconds(Duration::from_micros(us)).write_to(&mut written);
+            assert_eq!(written, want.as_bytes(), "{us} us, as a log line holds it");
         }
     }
 

@@ -487,6 +487,32 @@ fn in_place_rewrite_is_seen_at_once() {
     assert_eq!(r.content_length(), Some(39));
 }
 
+/// A small file the worker keeps in memory, rewritten in place with bytes of the
+/// same size: the next response on the same connection carries the new bytes.
+#[test]
+fn small_file_rewritten_in_place_with_its_size_is_seen_at_once() {
+    use std::os::unix::fs::FileExt;
+    let old: Vec<u8> = (0..4096).map(|i| b'a' + (i % 26) as u8).collect();
+    let new: Vec<u8> = (0..4096).map(|i| b'A' + (i % 26) as u8).collect();
+    let srv = Server::builder().file("s.txt", &old).start();
+    let path = srv.root().join("s.txt");
+    let past = std::time::SystemTime::now() - Duration::from_secs(10);
+    let times = std::fs::FileTimes::new().set_modified(past).set_accessed(past);
+    std::fs::File::options().write(true).open(&path).unwrap().set_times(times).unwrap();
+    // Setting the times changed the ctime: only a file left alone for a second is kept.
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut c = TlsClient::connect(srv.addr());
+    for _ in 0..20 {
+        assert!(c.get("/s.txt").body == old, "the file as written");
+    }
+    std::fs::File::options().write(true).open(&path).unwrap().write_all_at(&new, 0).unwrap();
+    for i in 0..50 {
+        let r = c.get("/s.txt");
+        assert!(r.body == new, "response {i} after the rewrite carries the old bytes");
+        assert_eq!(r.content_length(), Some(4096));
+    }
+}
+
 #[test]
 fn replaced_or_deleted_file_is_noticed() {
     let srv = hello_server(&[]);

@@ -12,21 +12,79 @@
 //! are one entry), holds at most the worker's share of the fd budget (see
 //! [`crate::files::Options::cache_entries`]), drops expired entries as time goes
 //! by, and when full evicts the oldest entry rather than refuse anything.
+//!
+//! Beside its descriptor an entry may keep the bytes of a small regular file (at
+//! most [`SMALL_FILE`]), so that the userspace record layer encrypts them from
+//! memory instead of reading the file again for every request. Those bytes are
+//! used only while the request's fresh `fstat` says the file is the one they were
+//! read from (device, inode, size, modification and change times to the
+//! nanosecond), are read only from files left alone for at least [`SETTLED`] and
+//! only when already in the page cache, and the worker holds at most
+//! [`CONTENT_BUDGET`] of them. They go with their entry. This is not a cache of
+//! file contents beyond that: nothing is prefetched and large files are always
+//! read from the page cache.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fs::File;
-use std::path::PathBuf;
+use std::fs::{File, Metadata};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::residency::{read_nowait, Nowait};
+use super::Found;
 
 /// How long a name stays bound to an open file.
 pub const VALID: Duration = Duration::from_secs(1);
 
+/// Largest file whose bytes an entry keeps.
+pub const SMALL_FILE: u64 = 64 * 1024;
+
+/// File bytes one worker keeps at most.
+pub const CONTENT_BUDGET: usize = 8 << 20;
+
+/// How long a file must have been left alone before its bytes are kept: file
+/// times tick in steps of milliseconds, so a write in the same tick as the one
+/// before would leave the times as they were; one that long after cannot.
+pub const SETTLED: Duration = Duration::from_secs(1);
+
+/// What a file's bytes were read under; a fresh `fstat` that differs means they
+/// may be stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
 struct Entry {
     file: Rc<File>,
-    rel: PathBuf,
+    rel: Rc<Path>,
+    mime: &'static str,
     opened: Instant,
+    /// The whole file as read when it had this stamp.
+    content: Option<(Stamp, Rc<[u8]>)>,
+}
+
+impl Entry {
+    fn content_len(&self) -> usize {
+        self.content.as_ref().map_or(0, |(_, b)| b.len())
+    }
 }
 
 #[derive(Default)]
@@ -34,8 +92,11 @@ struct Cache {
     entries: HashMap<Vec<u8>, Entry>,
     /// When expired entries were last dropped.
     swept: Option<Instant>,
+    /// File bytes held by the entries.
+    content_bytes: usize,
     hits: u64,
     misses: u64,
+    content_hits: u64,
 }
 
 /// What this worker's cache has done, for its metrics.
@@ -45,69 +106,164 @@ pub struct Counts {
     pub misses: u64,
     /// Entries (so descriptors) held now.
     pub entries: u64,
+    /// Hits whose file bytes were served from memory.
+    pub content_hits: u64,
+    /// File bytes held now.
+    pub content_bytes: u64,
 }
 
 impl Cache {
     /// Drops expired entries, at most once per [`VALID`] (or at once when `force`).
     fn sweep(&mut self, now: Instant, force: bool) {
         if force || self.swept.is_none_or(|t| now.duration_since(t) >= VALID) {
-            self.entries.retain(|_, e| now.duration_since(e.opened) < VALID);
+            let mut freed = 0;
+            self.entries.retain(|_, e| {
+                let keep = now.duration_since(e.opened) < VALID;
+                if !keep {
+                    freed += e.content_len();
+                }
+                keep
+            });
+            self.content_bytes -= freed;
             self.swept = Some(now);
         }
     }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(e) = self.entries.remove(key) {
+            self.content_bytes -= e.content_len();
+        }
+    }
+
+    /// Reads `file`'s bytes for keeping, when it may be kept and the budget allows.
+    fn fill(&mut self, file: &File, meta: &Metadata) -> Option<(Stamp, Rc<[u8]>)> {
+        let size = meta.size();
+        if !meta.is_file() || size == 0 || size > SMALL_FILE || self.content_bytes + size as usize > CONTENT_BUDGET {
+            return None;
+        }
+        let settled = SystemTime::now().checked_sub(SETTLED)?;
+        let (Ok(m), Ok(c)) = (meta.modified(), ctime(meta)) else { return None };
+        if m > settled || c > settled {
+            return None;
+        }
+        let mut bytes = vec![0u8; size as usize];
+        // From the page cache only: a cold file is served as any other, from disk
+        // off the loop, and not kept.
+        let n = match read_nowait(file, &mut bytes, 0) {
+            Ok(Nowait::Read(n)) => n,
+            // The filesystem cannot tell: read it as the body writer would.
+            Ok(Nowait::Unsupported) => std::os::unix::fs::FileExt::read_at(file, &mut bytes, 0).ok()?,
+            Ok(Nowait::Cold) | Err(_) => return None,
+        };
+        if n as u64 != size {
+            return None;
+        }
+        self.content_bytes += bytes.len();
+        Some((Stamp::of(meta), bytes.into()))
+    }
+}
+
+fn ctime(meta: &Metadata) -> Result<SystemTime, ()> {
+    let secs = u64::try_from(meta.ctime()).map_err(|_| ())?;
+    let nanos = u32::try_from(meta.ctime_nsec()).map_err(|_| ())?;
+    Ok(SystemTime::UNIX_EPOCH + Duration::new(secs, nanos))
 }
 
 thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
 }
 
-/// The open file for normalised path `key`, if bound within the last [`VALID`].
-pub fn get(key: &[u8], now: Instant) -> Option<(Rc<File>, PathBuf)> {
+/// The open file for normalised path `key`, if bound within the last [`VALID`],
+/// with its metadata read now and, for a small file, its bytes when they are
+/// still the file's. `None` also when the `fstat` fails (look the path up again).
+pub fn get(key: &[u8], now: Instant) -> Option<Found> {
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         c.sweep(now, false);
-        let found = c.entries.get(key).filter(|e| now.duration_since(e.opened) < VALID).map(|e| (e.file.clone(), e.rel.clone()));
-        match found {
-            Some(_) => c.hits += 1,
-            None => c.misses += 1,
+        let Some(e) = c.entries.get(key).filter(|e| now.duration_since(e.opened) < VALID) else {
+            c.misses += 1;
+            return None;
+        };
+        let (file, rel, mime, kept) = (e.file.clone(), e.rel.clone(), e.mime, e.content.clone());
+        c.hits += 1;
+        // The binding is cached; the file's size and times are not.
+        let meta = file.metadata().ok()?;
+        let content = match kept {
+            Some((s, bytes)) if s == Stamp::of(&meta) => Some(bytes),
+            Some(_) => {
+                // Changed since it was read: forget the bytes and maybe read them again.
+                let stale = c.entries.get_mut(key).and_then(|e| e.content.take());
+                c.content_bytes -= stale.map_or(0, |(_, b)| b.len());
+                refill(&mut c, key, &file, &meta)
+            }
+            None => refill(&mut c, key, &file, &meta),
+        };
+        if content.is_some() {
+            c.content_hits += 1;
         }
-        found
+        Some(Found { file, meta, rel, mime, content })
     })
+}
+
+fn refill(c: &mut Cache, key: &[u8], file: &File, meta: &Metadata) -> Option<Rc<[u8]>> {
+    let filled = c.fill(file, meta)?;
+    let bytes = filled.1.clone();
+    match c.entries.get_mut(key) {
+        Some(e) => e.content = Some(filled),
+        None => c.content_bytes -= bytes.len(),
+    }
+    Some(bytes)
 }
 
 /// This worker's counts so far.
 pub fn counts() -> Counts {
     CACHE.with(|c| {
         let c = c.borrow();
-        Counts { hits: c.hits, misses: c.misses, entries: c.entries.len() as u64 }
+        Counts {
+            hits: c.hits,
+            misses: c.misses,
+            entries: c.entries.len() as u64,
+            content_hits: c.content_hits,
+            content_bytes: c.content_bytes as u64,
+        }
     })
 }
 
-/// Binds normalised path `key` to an open file, keeping at most `capacity` entries:
-/// expired ones go first, then the oldest. A capacity of 0 caches nothing.
-pub fn put(key: &[u8], file: Rc<File>, rel: PathBuf, now: Instant, capacity: usize) {
+/// Binds normalised path `key` to a file just opened (its metadata just read),
+/// keeping at most `capacity` entries: expired ones go first, then the oldest. A
+/// capacity of 0 caches nothing. Returns the file's bytes when they are kept.
+pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<Rc<[u8]>> {
     if capacity == 0 {
-        return;
+        return None;
     }
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
-        if !c.entries.contains_key(key) && c.entries.len() >= capacity {
+        c.remove(key);
+        if c.entries.len() >= capacity {
             c.sweep(now, true);
             while c.entries.len() >= capacity {
                 let oldest = c.entries.iter().min_by_key(|(_, e)| e.opened).map(|(k, _)| k.clone());
                 match oldest {
-                    Some(k) => c.entries.remove(&k),
+                    Some(k) => c.remove(&k),
                     None => break,
                 };
             }
         }
-        c.entries.insert(key.to_vec(), Entry { file, rel, opened: now });
+        let content = c.fill(&found.file, &found.meta);
+        let bytes = content.as_ref().map(|(_, b)| b.clone());
+        let (file, rel, mime) = (found.file.clone(), found.rel.clone(), found.mime);
+        c.entries.insert(key.to_vec(), Entry { file, rel, mime, opened: now, content });
+        bytes
     })
 }
 
 /// Closes every cached descriptor (when the process has run out of them).
 pub fn clear() {
-    CACHE.with(|c| c.borrow_mut().entries.clear());
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        c.entries.clear();
+        c.content_bytes = 0;
+    });
 }
 
 /// Entries held now.
@@ -119,17 +275,25 @@ pub fn len() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::FileTimes;
+    use std::os::unix::fs::FileExt;
+    use std::path::PathBuf;
 
-    fn file() -> Rc<File> {
-        Rc::new(File::open("/dev/null").expect("open /dev/null"))
+    fn open(p: &Path) -> Found {
+        let f = File::open(p).unwrap();
+        let meta = f.metadata().unwrap();
+        Found { file: Rc::new(f), meta, rel: Rc::from(PathBuf::from("x")), mime: "x/y", content: None }
     }
 
     #[test]
     fn bounded_by_capacity_and_time() {
         // Each test runs on its own thread, so this cache is this test's alone.
         let t0 = Instant::now();
+        let put = |k: &[u8], at: Instant, cap: usize| {
+            assert!(put(k, &open(Path::new("/dev/null")), at, cap).is_none(), "no bytes of a device");
+        };
         for i in 0..10u8 {
-            put(&[i], file(), PathBuf::from("x"), t0 + Duration::from_millis(i.into()), 4);
+            put(&[i], t0 + Duration::from_millis(i.into()), 4);
             assert!(len() <= 4);
         }
         // The newest four are kept; the oldest went first.
@@ -137,18 +301,86 @@ mod tests {
         assert!(get(&[6], t0 + Duration::from_millis(10)).is_some());
         assert!(get(&[5], t0 + Duration::from_millis(10)).is_none());
         // Re-binding a key does not evict another.
-        put(&[9], file(), PathBuf::from("x"), t0 + Duration::from_millis(11), 4);
+        put(&[9], t0 + Duration::from_millis(11), 4);
         assert_eq!(len(), 4);
         // Expired entries are dropped on the next use after VALID, not kept open.
         assert!(get(&[9], t0 + VALID + Duration::from_millis(100)).is_none());
         assert!(get(&[1], t0 + 2 * VALID + Duration::from_millis(100)).is_none());
         assert_eq!(len(), 0);
-        put(&[1], file(), PathBuf::from("x"), t0, 0);
+        put(&[1], t0, 0);
         assert_eq!(len(), 0, "capacity 0 caches nothing");
-        put(&[1], file(), PathBuf::from("x"), t0, 2);
+        put(&[1], t0, 2);
         clear();
         assert_eq!(len(), 0);
         // Two lookups above found their entry, three did not.
-        assert_eq!(counts(), Counts { hits: 2, misses: 3, entries: 0 });
+        assert_eq!(counts(), Counts { hits: 2, misses: 3, entries: 0, content_hits: 0, content_bytes: 0 });
+    }
+
+    /// A file of `len` bytes last changed `age` ago as far as its mtime goes
+    /// (its ctime is now: setting times changes it).
+    fn aged(dir: &Path, name: &str, len: usize, age: Duration) -> PathBuf {
+        let p = dir.join(name);
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, bytes).unwrap();
+        let past = SystemTime::now() - age;
+        File::options().write(true).open(&p).unwrap().set_times(FileTimes::new().set_modified(past).set_accessed(past)).unwrap();
+        p
+    }
+
+    /// Waits until times set now are [`SETTLED`].
+    fn settle() {
+        std::thread::sleep(SETTLED + Duration::from_millis(100));
+    }
+
+    #[test]
+    fn kept_bytes_follow_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = aged(dir.path(), "f", 1000, Duration::from_secs(10));
+        let t0 = Instant::now();
+        assert!(put(b"f", &open(&p), t0, 8).is_none(), "its ctime is less than a second old");
+        settle();
+        let t0 = Instant::now();
+        let kept = put(b"f", &open(&p), t0, 8).expect("a settled small file is kept");
+        assert_eq!(&kept[..], &std::fs::read(&p).unwrap()[..]);
+        let hit = get(b"f", t0).unwrap();
+        assert!(hit.content.is_some_and(|c| Rc::ptr_eq(&c, &kept)), "the same bytes, not read again");
+
+        // Rewritten in place, same size, new bytes: the fresh fstat differs, the bytes go.
+        File::options().write(true).open(&p).unwrap().write_all_at(&[b'z'; 1000], 0).unwrap();
+        let hit = get(b"f", t0).unwrap();
+        assert!(hit.content.is_none(), "stale bytes served after a rewrite");
+        assert_eq!(counts().content_bytes, 0);
+        // Settled again: the new bytes are read and kept.
+        settle();
+        let hit = get(b"f", t0).unwrap();
+        assert_eq!(hit.content.as_deref(), Some(&[b'z'; 1000][..]));
+        assert_eq!(counts().content_bytes, 1000);
+        assert_eq!(counts().content_hits, 2);
+        // The bytes go with their entry.
+        assert!(get(b"f", t0 + VALID).is_none());
+        assert_eq!(counts().content_bytes, 0);
+    }
+
+    #[test]
+    fn only_small_settled_files_are_kept_within_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let max = SMALL_FILE as usize;
+        let big = aged(dir.path(), "big", max + 1, Duration::from_secs(10));
+        let files = CONTENT_BUDGET / max + 2;
+        let small: Vec<PathBuf> = (0..files).map(|i| aged(dir.path(), &i.to_string(), max, Duration::from_secs(10))).collect();
+        settle();
+        let recent = aged(dir.path(), "recent", 10, Duration::ZERO);
+        let t0 = Instant::now();
+        assert!(put(b"big", &open(&big), t0, 1000).is_none(), "over SMALL_FILE");
+        assert!(put(b"recent", &open(&recent), t0, 1000).is_none(), "changed just now");
+        let mut kept = 0;
+        for (i, p) in small.iter().enumerate() {
+            kept += usize::from(put(i.to_string().as_bytes(), &open(p), t0, 1000).is_some());
+            assert!(counts().content_bytes as usize <= CONTENT_BUDGET);
+        }
+        assert_eq!(kept, CONTENT_BUDGET / max, "as many as the budget holds");
+        assert_eq!(len(), files + 2, "files not kept in memory are still cached open");
+        clear();
+        assert_eq!(counts().content_bytes, 0);
     }
 }

@@ -17,6 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 pub use cache::counts as cache_counts;
@@ -28,11 +29,20 @@ pub struct FileRange<'a> {
     pub file: &'a File,
     /// Half-open: `start..end`, within the file's length.
     pub range: std::ops::Range<u64>,
+    /// The whole file's bytes, checked against this request's `fstat` (see
+    /// [`Found::content`]); a body writer that copies bytes may take them from here.
+    pub cached: Option<&'a [u8]>,
 }
 
 impl FileRange<'_> {
     pub fn len(&self) -> u64 {
         self.range.end - self.range.start
+    }
+
+    /// The file's bytes `offset..offset + len` from memory, when they are kept.
+    pub fn cached_at(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        self.cached?.get(start..start.checked_add(len)?)
     }
 }
 
@@ -90,7 +100,27 @@ pub struct Found {
     pub file: Rc<File>,
     pub meta: Metadata,
     /// Path relative to ROOT, for the Content-Type.
-    pub rel: PathBuf,
+    pub rel: Rc<Path>,
+    /// The built-in Content-Type of `rel` ([`content_type`]), looked up once per
+    /// open-file cache entry rather than per request.
+    pub mime: &'static str,
+    /// The whole file, for a small file the worker keeps in memory: the same bytes
+    /// a read would give now, as far as `meta` can tell (read when the file had
+    /// this very size, inode and times).
+    pub content: Option<Rc<[u8]>>,
+}
+
+impl Found {
+    /// A file just opened, its bytes not (yet) kept.
+    fn new(file: File, meta: Metadata, rel: PathBuf) -> Found {
+        let mime = content_type(&rel);
+        Found { file: Rc::new(file), meta, rel: rel.into(), mime, content: None }
+    }
+
+    /// `range` of this file as a response body.
+    pub fn body(&self, range: std::ops::Range<u64>) -> FileRange<'_> {
+        FileRange { file: &self.file, range, cached: self.content.as_deref() }
+    }
 }
 
 /// A directory to list (only with `--autoindex`).
@@ -120,39 +150,72 @@ const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
 /// The top-level directory of well-known URIs, served even when dot-files are hidden.
 const WELL_KNOWN: &[u8] = b".well-known";
 
-/// Decodes and normalises the path part of a request target (no query). Returns the
-/// segments relative to ROOT and whether the target ended with a slash.
-pub fn normalize(path: &str, opts: Options) -> Result<(Vec<Vec<u8>>, bool), Refusal> {
+/// A request path decoded and normalised, laid out as its open-file cache key:
+/// the ROOT's id (a reload opens a new one), then `/segment` for each segment (no
+/// segment is empty or holds a `/` or NUL, so the layout is unambiguous), then a
+/// final `/` when the request had one (always at ROOT).
+pub struct Normalized {
+    key: Vec<u8>,
+    pub trailing_slash: bool,
+}
+
+/// Bytes of the ROOT's id at the start of a key.
+const ID: usize = 8;
+
+impl Normalized {
+    /// The segments relative to ROOT.
+    pub fn segments(&self) -> impl Iterator<Item = &[u8]> {
+        self.key[ID..].split(|&b| b == b'/').filter(|s| !s.is_empty())
+    }
+
+    fn at_root(&self) -> bool {
+        self.segments().next().is_none()
+    }
+}
+
+/// Decodes and normalises the path part of a request target (no query) for the
+/// ROOT with id `root`.
+pub fn normalize(path: &str, root: u64, opts: Options) -> Result<Normalized, Refusal> {
     if !path.starts_with('/') {
         return Err(Refusal::BadPath("target is not an absolute path"));
     }
-    let decoded = decode(path.as_bytes())?;
+    // Most paths hold no escape: read them in place.
+    let decoded = match path.contains('%') {
+        true => std::borrow::Cow::Owned(decode(path.as_bytes())?),
+        false => std::borrow::Cow::Borrowed(path.as_bytes()),
+    };
     if decoded.contains(&0) {
         return Err(Refusal::BadPath("NUL byte"));
     }
-    let trailing_slash = decoded.ends_with(b"/");
-    let mut segments: Vec<Vec<u8>> = Vec::new();
+    let mut key = Vec::with_capacity(ID + decoded.len() + 1);
+    key.extend_from_slice(&root.to_be_bytes());
     for seg in decoded.split(|&b| b == b'/') {
         match seg {
             b"" | b"." => {}
             b".." => {
-                if segments.pop().is_none() {
-                    return Err(Refusal::Escape);
+                // Drop the last `/segment`.
+                match key[ID..].iter().rposition(|&b| b == b'/') {
+                    Some(at) => key.truncate(ID + at),
+                    None => return Err(Refusal::Escape),
                 }
             }
             s => {
                 // RFC 8615 well-known URIs (ACME challenges, security.txt) are public by
                 // design; dot-files inside them stay hidden.
-                let well_known = segments.is_empty() && s == WELL_KNOWN;
+                let well_known = key.len() == ID && s == WELL_KNOWN;
                 if s[0] == b'.' && !opts.dotfiles && !well_known {
                     return Err(Refusal::Hidden);
                 }
-                segments.push(s.to_vec());
+                key.push(b'/');
+                key.extend_from_slice(s);
             }
         }
     }
-    let at_root = segments.is_empty();
-    Ok((segments, trailing_slash || at_root))
+    let trailing_slash = decoded.ends_with(b"/") || key.len() == ID;
+    if trailing_slash {
+        key.push(b'/');
+    }
+    Ok(Normalized { key, trailing_slash })
 }
 
 fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
@@ -180,24 +243,20 @@ fn decode(input: &[u8]) -> Result<Vec<u8>, Refusal> {
 /// through the worker's open-file cache.
 pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refusal> {
     let now = Instant::now();
-    let (segments, trailing_slash) = normalize(path, opts)?;
-    let key = cache_key(root.id(), &segments, trailing_slash);
-    if let Some((file, rel)) = cache::get(&key, now) {
-        // The binding is cached; the file's size and times are not.
-        if let Ok(meta) = file.metadata() {
-            return Ok(Resolved::File(Found { file, meta, rel }));
-        }
+    let normal = normalize(path, root.id(), opts)?;
+    if let Some(found) = cache::get(&normal.key, now) {
+        return Ok(Resolved::File(found));
     }
-    let resolved = match resolve_uncached(root, path, &segments, trailing_slash, opts) {
+    let mut resolved = match resolve_uncached(root, path, &normal, opts) {
         // Out of descriptors: give back the cached ones and try once more.
         Err(Refusal::NoDescriptors) => {
             cache::clear();
-            resolve_uncached(root, path, &segments, trailing_slash, opts)?
+            resolve_uncached(root, path, &normal, opts)?
         }
         other => other?,
     };
-    if let Resolved::File(found) = &resolved {
-        cache::put(&key, found.file.clone(), found.rel.clone(), now, opts.cache_entries);
+    if let Resolved::File(found) = &mut resolved {
+        found.content = cache::put(&normal.key, found, now, opts.cache_entries);
     }
     Ok(resolved)
 }
@@ -211,59 +270,36 @@ pub fn variant(root: &Root, rel: &Path, suffix: &str, opts: Options) -> Option<F
     name.push(suffix);
     let rel = PathBuf::from(name);
     let now = Instant::now();
-    let mut key = Vec::with_capacity(8 + rel.as_os_str().len() + 1);
+    let mut key = Vec::with_capacity(ID + 1 + rel.as_os_str().len());
     key.extend_from_slice(&root.id().to_be_bytes());
     key.push(b'/');
     key.extend_from_slice(rel.as_os_str().as_bytes());
-    if let Some((file, rel)) = cache::get(&key, now) {
-        if let Ok(meta) = file.metadata() {
-            return Some(Found { file, meta, rel });
-        }
+    if let Some(found) = cache::get(&key, now) {
+        return Some(found);
     }
     match root.open(&rel) {
         Ok((file, meta)) if meta.is_file() => {
-            let file = Rc::new(file);
-            cache::put(&key, file.clone(), rel.clone(), now, opts.cache_entries);
-            Some(Found { file, meta, rel })
+            let mut found = Found::new(file, meta, rel);
+            found.content = cache::put(&key, &found, now, opts.cache_entries);
+            Some(found)
         }
         _ => None,
     }
 }
 
-/// The cache key of a normalised path: its segments joined by `/` (no segment holds
-/// a `/` or NUL, so the join is unambiguous), and a final `/` when the request had one.
-/// The cache key: the ROOT's id (a reload opens a new one), then the normalised path.
-fn cache_key(root: u64, segments: &[Vec<u8>], trailing_slash: bool) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1);
-    key.extend_from_slice(&root.to_be_bytes());
-    for s in segments {
-        key.push(b'/');
-        key.extend_from_slice(s);
-    }
-    if trailing_slash {
-        key.push(b'/');
-    }
-    key
-}
-
-fn resolve_uncached(
-    root: &Root,
-    path: &str,
-    segments: &[Vec<u8>],
-    trailing_slash: bool,
-    opts: Options,
-) -> Result<Resolved, Refusal> {
+fn resolve_uncached(root: &Root, path: &str, normal: &Normalized, opts: Options) -> Result<Resolved, Refusal> {
+    let trailing_slash = normal.trailing_slash;
     let mut rel = PathBuf::new();
-    for s in segments {
+    for s in normal.segments() {
         rel.push(OsStr::from_bytes(s));
     }
     let (file, meta) = root.open(&rel)?;
     if meta.is_file() {
         // `/file.txt/` names a directory that does not exist (nginx: 404).
-        if trailing_slash && !segments.is_empty() {
+        if trailing_slash && !normal.at_root() {
             return Err(Refusal::NotFound);
         }
-        return Ok(Resolved::File(Found { file: Rc::new(file), meta, rel }));
+        return Ok(Resolved::File(Found::new(file, meta, rel)));
     }
     if !meta.is_dir() {
         return Err(Refusal::Forbidden("not a regular file"));
@@ -272,7 +308,7 @@ fn resolve_uncached(
         // Built from the normalised segments: the raw path could start with `//`,
         // which a browser would read as another host.
         let mut location = String::new();
-        for s in segments {
+        for s in normal.segments() {
             location.push('/');
             location.extend(percent_encoding::percent_encode(s, PATH_SEGMENT));
         }
@@ -281,7 +317,7 @@ fn resolve_uncached(
     }
     let index = rel.join("index.html");
     match root.open(&index) {
-        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found { file: Rc::new(file), meta, rel: index })),
+        Ok((file, meta)) if meta.is_file() => Ok(Resolved::File(Found::new(file, meta, index))),
         Err(Refusal::NotFound) | Ok(_) if opts.autoindex => {
             Ok(Resolved::Directory(Listing { dir: file, url_path: path.to_string() }))
         }
@@ -292,13 +328,37 @@ fn resolve_uncached(
 
 /// The entity tag of a file: modification time and size, in hex (nginx's form).
 pub fn etag(meta: &Metadata) -> String {
-    format!("\"{:x}-{:x}\"", meta.mtime(), meta.size())
+    etag_with(meta, "")
 }
 
 /// The entity tag of a precompressed variant: the variant's own time and size, and
 /// its coding, so it differs from the original's and from other codings'.
 pub fn etag_of_variant(meta: &Metadata, coding: &str) -> String {
-    format!("\"{:x}-{:x}-{coding}\"", meta.mtime(), meta.size())
+    etag_with(meta, coding)
+}
+
+/// `"mtime-size"` or `"mtime-size-coding"`, written without `core::fmt` (one per
+/// request). A negative mtime reads as its two's complement, as `{:x}` of an i64 does.
+fn etag_with(meta: &Metadata, coding: &str) -> String {
+    let mut tag = String::with_capacity(36 + coding.len());
+    tag.push('"');
+    push_hex(&mut tag, meta.mtime() as u64);
+    tag.push('-');
+    push_hex(&mut tag, meta.size());
+    if !coding.is_empty() {
+        tag.push('-');
+        tag.push_str(coding);
+    }
+    tag.push('"');
+    tag
+}
+
+/// Appends `n` in lower-case hex without leading zeros.
+fn push_hex(out: &mut String, n: u64) {
+    let digits = (64 - n.leading_zeros()).div_ceil(4).max(1);
+    for i in (0..digits).rev() {
+        out.push(char::from(b"0123456789abcdef"[((n >> (i * 4)) & 0xf) as usize]));
+    }
 }
 
 /// Modification time, truncated to whole seconds as HTTP dates are.
@@ -307,14 +367,28 @@ pub fn modified(meta: &Metadata) -> SystemTime {
     SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs)
 }
 
-/// Content-Type by extension.
-pub fn content_type(rel: &Path) -> String {
+/// Content-Type by extension, from the built-in table.
+pub fn content_type(rel: &Path) -> &'static str {
     let mime = mime_guess::from_path(rel).first_raw().unwrap_or("application/octet-stream");
     if mime.starts_with("text/") || mime == "application/javascript" || mime == "application/json" {
-        format!("{mime}; charset=utf-8")
+        with_charset(mime)
     } else {
-        mime.to_string()
+        mime
     }
+}
+
+/// `mime; charset=utf-8`, made once per type and kept for the process's life, so
+/// that a Content-Type is a `&'static str` like the table's own. The types come
+/// from mime_guess's fixed table, so at most one string per text type in it is kept.
+fn with_charset(mime: &'static str) -> &'static str {
+    static MADE: Mutex<Vec<(&str, &str)>> = Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, t)) = made.iter().find(|(m, _)| *m == mime) {
+        return t;
+    }
+    let t: &'static str = Box::leak(format!("{mime}; charset=utf-8").into_boxed_str());
+    made.push((mime, t));
+    t
 }
 
 #[cfg(test)]
@@ -324,7 +398,7 @@ mod tests {
     const OPTS: Options = Options { dotfiles: false, autoindex: false, cache_entries: 16 };
 
     fn segs(p: &str) -> Result<Vec<String>, Refusal> {
-        normalize(p, OPTS).map(|(s, _)| s.into_iter().map(|s| String::from_utf8(s).unwrap()).collect())
+        normalize(p, 0, OPTS).map(|n| n.segments().map(|s| String::from_utf8(s.to_vec()).unwrap()).collect())
     }
 
     #[test]
@@ -338,8 +412,7 @@ mod tests {
     #[test]
     fn spellings_of_one_path_share_a_cache_key() {
         let key = |p: &str| {
-            let (s, slash) = normalize(p, OPTS).unwrap();
-            let k = cache_key(7, &s, slash);
+            let k = normalize(p, 7, OPTS).unwrap().key;
             assert_eq!(k[..8], 7u64.to_be_bytes(), "the key starts with the ROOT's id");
             k[8..].to_vec()
         };
@@ -399,12 +472,22 @@ mod resolve_tests {
     }
 
     #[test]
+    fn hex_as_format_writes_it() {
+        for n in [0u64, 1, 9, 10, 15, 16, 255, 256, 0x1234_5678, u64::MAX, (-5i64) as u64] {
+            let mut s = String::new();
+            push_hex(&mut s, n);
+            assert_eq!(s, format!("{n:x}"));
+        }
+    }
+
+    #[test]
     fn validators_of_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, b"12345").unwrap();
         let meta = std::fs::metadata(&p).unwrap();
         assert_eq!(etag(&meta), format!("\"{:x}-5\"", meta.mtime()));
+        assert_eq!(etag_of_variant(&meta, "br"), format!("\"{:x}-5-br\"", meta.mtime()));
         let m = modified(&meta);
         assert_eq!(m.duration_since(SystemTime::UNIX_EPOCH).unwrap().subsec_nanos(), 0, "whole seconds");
         assert_eq!(m.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs(), meta.mtime() as u64);

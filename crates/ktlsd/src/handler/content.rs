@@ -5,6 +5,7 @@
 //! It only describes and chooses; opening files is `files`' business and the
 //! answer is assembled in [`super::handle`]. Nothing is compressed on the fly.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use super::request::{AcceptEncoding, Coding};
@@ -49,12 +50,16 @@ impl Content {
     }
 
     /// The Content-Type of the file at `rel`: the site's override for its extension,
-    /// else the built-in table's (application/octet-stream without an extension).
-    pub fn content_type(&self, rel: &Path) -> String {
+    /// else `builtin`, the built-in table's ([`crate::files::content_type`] of `rel`,
+    /// which [`crate::files::Found::mime`] holds).
+    pub fn content_type(&self, rel: &Path, builtin: &'static str) -> Cow<'static, str> {
+        if self.mime_types.is_empty() {
+            return Cow::Borrowed(builtin);
+        }
         let ext = rel.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
         match ext.and_then(|e| self.mime_types.iter().find(|(x, _)| *x == e)) {
-            Some((_, t)) => t.clone(),
-            None => crate::files::content_type(rel),
+            Some((_, t)) => Cow::Owned(t.clone()),
+            None => Cow::Borrowed(builtin),
         }
     }
 
@@ -96,7 +101,8 @@ mod tests {
             ("md", "application/octet-stream"),
             ("Makefile", "application/octet-stream"),
         ] {
-            assert_eq!(c.content_type(Path::new(name)), want, "{name}");
+            let rel = Path::new(name);
+            assert_eq!(c.content_type(rel, crate::files::content_type(rel)), want, "{name}");
         }
     }
 

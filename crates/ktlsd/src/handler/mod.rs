@@ -130,6 +130,14 @@ fn with_rules(headers: &mut Vec<Header>, site: &Site<'_>, path: &str) {
     }
 }
 
+/// [`with_rules`] for the file at `rel` beneath ROOT; its rule path (`/rel`) is
+/// made only when the site has rules.
+fn with_file_rules(headers: &mut Vec<Header>, site: &Site<'_>, rel: &std::path::Path) {
+    if !site.content.headers.is_empty() {
+        with_rules(headers, site, &format!("/{}", rel.to_string_lossy()));
+    }
+}
+
 /// Whether a path that names nothing may be answered from the site's fallback.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Fallback {
@@ -149,10 +157,10 @@ fn with_error_page(mut response: Response, site: &Site<'_>) -> Response {
         return response;
     };
     let len = page.meta.len();
-    let content_type = site.content.content_type(&page.rel);
+    let content_type = site.content.content_type(&page.rel, page.mime);
     for h in &mut response.headers {
         match h {
-            Header::ContentType(t) => *t = content_type.clone().into(),
+            Header::ContentType(t) => *t = content_type.clone(),
             Header::ContentLength(n) => *n = len,
             _ => {}
         }
@@ -199,8 +207,8 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     };
 
     // The original decides the Content-Type and the rules; the variant, if any, is what is sent.
-    let content_type = site.content.content_type(&found.rel);
-    let rule_path = format!("/{}", found.rel.to_string_lossy());
+    let content_type = site.content.content_type(&found.rel, found.mime);
+    let rel = found.rel.clone();
     let (found, coding) = choose_variant(req, site, found);
     let vary = site.content.varies_by_encoding();
     let size = found.meta.len();
@@ -218,7 +226,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
                 headers.push(Header::VaryAcceptEncoding);
             }
             // A 304 carries the Cache-Control and Expires a 200 would (RFC 9110 section 15.4.5).
-            with_rules(&mut headers, site, &rule_path);
+            with_file_rules(&mut headers, site, &rel);
             return Response { status: Status::NOT_MODIFIED, headers, body: Body::Empty, refused: None };
         }
         Outcome::Failed => return Response::page(Status::PRECONDITION_FAILED),
@@ -237,7 +245,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
         }
     };
     let mut headers = vec![
-        Header::ContentType(content_type.into()),
+        Header::ContentType(content_type),
         Header::ContentLength(range.end - range.start),
         Header::LastModified(v.modified),
         Header::ETag(v.etag),
@@ -249,7 +257,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     if vary {
         headers.push(Header::VaryAcceptEncoding);
     }
-    with_rules(&mut headers, site, &rule_path);
+    with_file_rules(&mut headers, site, &rel);
     if status == Status::PARTIAL_CONTENT {
         headers.push(Header::ContentRange(ContentRange::Bytes { range: range.clone(), size }));
     }

@@ -74,11 +74,14 @@ fn is_dns_name(name: &str) -> bool {
 /// The host of a Host header or :authority, or a TLS server name: port and a
 /// final dot stripped, lower-case. IPv6 literals keep their brackets.
 pub fn host_of(authority: &str) -> String {
-    let host = match authority.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().map_or(authority.to_string(), |h| format!("[{h}]")),
-        None => authority.split(':').next().unwrap_or(authority).to_string(),
+    // One allocation: this runs for every request of a server with named sites.
+    let mut host = match authority.strip_prefix('[') {
+        // Ends with `]`: no trailing dot to trim.
+        Some(v6) => ["[", v6.split(']').next().unwrap_or(v6), "]"].concat(),
+        None => authority.split(':').next().unwrap_or(authority).trim_end_matches('.').to_string(),
     };
-    host.trim_end_matches('.').to_ascii_lowercase()
+    host.make_ascii_lowercase();
+    host
 }
 
 /// The item whose names match `host` (already [`host_of`]-normalised): an exact
@@ -141,11 +144,15 @@ impl<'a> Sites<'a> {
     /// connects by address.
     pub fn pick(&self, authority: Option<&str>) -> Pick<'a> {
         let Some(authority) = authority else { return Pick::Site(self.default) };
+        if self.named.is_empty() {
+            // One site: nothing to look up, so the Host is not even normalised.
+            return Pick::Site(self.default);
+        }
         let named: &'a [NamedSite] = self.named;
         let host = host_of(authority);
         match find(named, |s| &s.names, &host) {
             Some(s) => Pick::Site(s.site()),
-            None if self.named.is_empty() || is_ip_literal(&host) => Pick::Site(self.default),
+            None if is_ip_literal(&host) => Pick::Site(self.default),
             None => match self.unknown {
                 UnknownHost::Default => Pick::Site(self.default),
                 UnknownHost::Misdirected => Pick::Misdirected,
@@ -180,6 +187,8 @@ mod tests {
             ("[::1]:8443", "[::1]"),
             ("[::1]", "[::1]"),
             ("127.0.0.1:80", "127.0.0.1"),
+            ("[ABCD::1]:443", "[abcd::1]"),
+            ("[::1", "[::1]"),
         ] {
             assert_eq!(host_of(input), want, "{input:?}");
         }

@@ -150,7 +150,7 @@ mod tests {
 
         let mut file = tempfile::tempfile().unwrap();
         std::io::Write::write_all(&mut file, b"0123456789").unwrap();
-        assert_eq!(m.send(b"H", Some(FileRange { file: &file, range: 3..6 })).await, Ok(3));
+        assert_eq!(m.send(b"H", Some(FileRange { file: &file, range: 3..6, cached: None })).await, Ok(3));
         m.fail_sends = Some((1, MemError::Broken));
         assert_eq!(m.send(b"X", None).await, Err(MemError::Broken));
         assert_eq!(m.output, b"H345");

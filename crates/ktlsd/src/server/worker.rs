@@ -63,6 +63,7 @@ impl Worker {
         Stats::set(&s.open_file_cache_hits, cache.hits);
         Stats::set(&s.open_file_cache_misses, cache.misses);
         Stats::set(&s.open_file_cache_entries, cache.entries);
+        Stats::set(&s.open_file_cache_content_hits, cache.content_hits);
     }
 
     /// Takes a new configuration or access log if one was sent since the last look

@@ -71,6 +71,7 @@ counters! {
     open_file_cache_hits: "Requests whose file was found in the open-file cache.",
     open_file_cache_misses: "Requests whose path was looked up in the file system.",
     open_file_cache_entries: "Descriptors held by the open-file cache now (a gauge).",
+    open_file_cache_content_hits: "Open-file cache hits whose small file's bytes were kept in memory (not read again).",
     cold_windows: "File windows (up to 1 MiB) found out of the page cache and read ahead off the event loop.",
     readahead_waits: "Cold windows that waited for a free reader of the bounded readahead pool.",
 }

@@ -87,6 +87,7 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         ("ktlsd_connections_refused_total", "Connections closed at once because the worker held max_connections.", &s.connections_refused),
         ("ktlsd_open_file_cache_hits_total", "Requests whose file was found in the open-file cache.", &s.open_file_cache_hits),
         ("ktlsd_open_file_cache_misses_total", "Requests whose path was looked up in the file system.", &s.open_file_cache_misses),
+        ("ktlsd_open_file_cache_content_hits_total", "Open-file cache hits whose small file's bytes were kept in memory.", &s.open_file_cache_content_hits),
         ("ktlsd_cold_windows_total", "File windows found out of the page cache and read ahead off the event loop.", &s.cold_windows),
         ("ktlsd_readahead_waits_total", "Cold windows that waited for a free reader of the readahead pool.", &s.readahead_waits),
     ] {

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::Transport;
-use crate::files::FileRange;
 use crate::handler::{self, Body, Pick, Response, Site, Sites, Status};
 use crate::log::{AccessEntry, AccessLog, RequestLine};
 use parse::{BadRequest, Head, Version};
@@ -201,7 +200,7 @@ async fn send<T: Transport>(conn: &mut T, response: &Response, version: Version,
     match &response.body {
         Body::File { found, range } if !range.is_empty() => {
             let head = write::head(response, version, keep_alive);
-            conn.send(&head, Some(FileRange { file: &found.file, range: range.clone() })).await
+            conn.send(&head, Some(found.body(range.clone()))).await
         }
         body => {
             conn.send(&write::head_and_bytes(response, version, keep_alive), None).await?;

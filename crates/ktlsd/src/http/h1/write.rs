@@ -2,7 +2,6 @@
 //! header fields in order, and the Connection field that tells the connection's fate.
 
 use std::cell::RefCell;
-use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::parse::Version;
@@ -36,11 +35,18 @@ fn with_http_date_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
 pub fn head(response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
     let status = response.status;
     let mut buf = String::with_capacity(256);
-    let _ = write!(buf, "HTTP/1.1 {} {}\r\nServer: ktlsd\r\nDate: ", status.0, status.reason());
+    buf.push_str("HTTP/1.1 ");
+    buf.push_str(itoa::Buffer::new().format(status.0));
+    buf.push(' ');
+    buf.push_str(status.reason());
+    buf.push_str("\r\nServer: ktlsd\r\nDate: ");
     with_http_date_now(|d| buf.push_str(d));
     buf.push_str("\r\n");
     for h in &response.headers {
-        let _ = write!(buf, "{}: {h}\r\n", h.name());
+        buf.push_str(h.name());
+        buf.push_str(": ");
+        h.write_value(&mut buf);
+        buf.push_str("\r\n");
     }
     match (keep_alive, version) {
         (false, _) => buf.push_str("Connection: close\r\n"),

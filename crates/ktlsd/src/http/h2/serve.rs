@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
-use crate::files::{FileRange, Found};
+use crate::files::Found;
 use crate::handler::request::{HeaderFields, Method, Request};
 use crate::handler::{self, Body, Pick, Response, Sites, Status};
 use crate::http::h1::{write::http_date_now, End};
@@ -111,7 +111,7 @@ pub async fn serve<T: Transport>(
                     let r = match &o.file {
                         Some((found, start)) => {
                             let from = start + offset;
-                            conn.send(&head, Some(FileRange { file: &found.file, range: from..from + u64::from(len) })).await
+                            conn.send(&head, Some(found.body(from..from + u64::from(len)))).await
                         }
                         _ => conn.send(&head, None).await,
                     };

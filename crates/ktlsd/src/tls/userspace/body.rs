@@ -65,7 +65,7 @@ pub async fn send(
         slot[..h].copy_from_slice(&head[..h]);
         head = &head[h..];
         if let Some(range) = body.as_ref().filter(|_| n > h) {
-            read_exact_at(cold, range.file, &mut slot[h..], offset, range.range.end).await?;
+            read_exact_at(cold, range, &mut slot[h..], offset).await?;
             let read = (n - h) as u64;
             offset += read;
             left -= read;
@@ -89,13 +89,17 @@ pub async fn send(
 
 async fn read_exact_at(
     cold: &mut ColdReads,
-    file: &std::fs::File,
+    range: &FileRange<'_>,
     mut buf: &mut [u8],
     mut offset: u64,
-    end: u64,
 ) -> Result<(), SessionError> {
+    // A small file the worker keeps in memory, checked for this request: no read.
+    if let Some(bytes) = range.cached_at(offset, buf.len()) {
+        buf.copy_from_slice(bytes);
+        return Ok(());
+    }
     while !buf.is_empty() {
-        match cold.read_at(file, buf, offset, end).await {
+        match cold.read_at(range.file, buf, offset, range.range.end).await {
             Ok(0) => return Err(SessionError::FileShrank),
             Ok(n) => {
                 buf = &mut buf[n..];
@@ -164,7 +168,7 @@ mod tests {
             let before = ticks.get();
             let mut sizer = RecordSizer::new(RecordPolicy::Static(MAX_RECORD), 22);
             let mut cold = ColdReads::default();
-            let body = FileRange { file: &file, range: 0..BODY as u64 };
+            let body = FileRange { file: &file, range: 0..BODY as u64, cached: None };
             let sent = send(&mut tls, &stream, &mut sizer, &mut cold, head, Some(body), Ending::KeepOpen, Duration::from_secs(10))
                 .await
                 .unwrap();
