@@ -169,11 +169,9 @@ impl Session {
     /// Adds this connection's record-layer counters to the worker's.
     pub fn count_into(&self, stats: &Stats) {
         let c = &self.counters;
-        let key_updates = match &self.layer {
-            RecordLayer::Kernel(tls) => tls.key_updates(),
-            RecordLayer::Userspace(tls) => tls.key_updates(),
-        };
-        Stats::add_to(&stats.key_updates, key_updates);
+        if let RecordLayer::Kernel(tls) = &self.layer {
+            Stats::add_to(&stats.key_updates, tls.key_updates());
+        }
         Stats::add_to(&stats.rekey_unsupported, c.rekey_unsupported);
         Stats::add_to(&stats.ktls_record_errors, c.record_errors);
         Stats::add_to(&stats.cold_windows, c.cold.cold_windows);

@@ -103,6 +103,7 @@ pub struct UserspaceTls {
     rx: RecordKey,
     /// Records one TX key may protect: the suite's confidentiality limit.
     tx_budget: u64,
+    /// Key updates made, both directions (for tests; the metric counts kTLS's).
     key_updates: u64,
     /// Borrowed from [`INPUT`] to read into, and kept while it holds a partial
     /// record (`in_len > 0`); empty otherwise.
@@ -154,7 +155,8 @@ impl UserspaceTls {
     }
 
     /// TLS 1.3 key updates made so far, in either direction.
-    pub fn key_updates(&self) -> u64 {
+    #[cfg(test)]
+    fn key_updates(&self) -> u64 {
         self.key_updates
     }
 
