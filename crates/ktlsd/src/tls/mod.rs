@@ -91,11 +91,11 @@ pub fn record_expansion(conn: &UnbufferedServerConnection) -> usize {
         conn.negotiated_cipher_suite().map(|s| s.suite()),
         Some(CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256)
     );
-    match conn.protocol_version() {
-        Some(ProtocolVersion::TLSv1_3) => 5 + 16 + 1,
-        _ if chacha => 5 + 16,
-        _ => 5 + 8 + 16,
-    }
+    let version = match conn.protocol_version() {
+        Some(ProtocolVersion::TLSv1_3) => kernel_tls::TlsVersion::Tls13,
+        _ => kernel_tls::TlsVersion::Tls12,
+    };
+    userspace::record::expansion(version, !chacha)
 }
 
 /// Appends the handshake record rustls wants sent to `out[..*used]`, growing `out` as needed.

@@ -246,8 +246,7 @@ impl UserspaceTls {
     /// asks, ours answers with a KeyUpdate under the current key and then changes
     /// too (RFC 8446 §4.6.3).
     fn peer_key_update(&mut self, update_requested: bool) -> Result<(), Refused> {
-        let (seq, secrets) = self.keys.update_rx_secret().map_err(|e| Refused::Keys(e.to_string()))?;
-        self.rx = RecordKey::new(self.version, &secrets, seq).map_err(|_| Refused::Keys("the next key has another cipher".into()))?;
+        self.rx = next_key(self.version, self.keys.update_rx_secret()).map_err(Refused::Keys)?;
         self.key_updates += 1;
         if update_requested {
             self.update_tx_key().map_err(Refused::Keys)?;
@@ -259,8 +258,7 @@ impl UserspaceTls {
     /// changes to the next key.
     fn update_tx_key(&mut self) -> Result<(), String> {
         self.seal_control(ContentType::Handshake, &key_update_message(false));
-        let (seq, secrets) = self.keys.update_tx_secret().map_err(|e| e.to_string())?;
-        self.tx = RecordKey::new(self.version, &secrets, seq).map_err(|_| "the next key has another cipher".to_string())?;
+        self.tx = next_key(self.version, self.keys.update_tx_secret())?;
         self.key_updates += 1;
         Ok(())
     }
@@ -400,6 +398,12 @@ impl UserspaceTls {
             self.seal_control(ContentType::Alert, &Alert::close_notify().encode());
         }
     }
+}
+
+/// The key rustls derived for one direction's next traffic secret.
+fn next_key(version: TlsVersion, derived: Result<(u64, rustls::ConnectionTrafficSecrets), rustls::Error>) -> Result<RecordKey, String> {
+    let (seq, secrets) = derived.map_err(|e| format!("rustls could not derive the next key: {e}"))?;
+    RecordKey::new(version, &secrets, seq).map_err(|_| "the next key has another cipher".to_string())
 }
 
 /// The alert to send for a refused input, and the error to return.

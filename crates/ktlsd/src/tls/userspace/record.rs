@@ -100,12 +100,12 @@ impl RecordKey {
 
     /// Bytes before a record's plaintext: header, and TLS 1.2 AES-GCM's explicit nonce.
     pub fn prefix_len(&self) -> usize {
-        HEADER_LEN + if self.explicit_nonce { EXPLICIT_NONCE_LEN } else { 0 }
+        prefix_len(self.explicit_nonce)
     }
 
     /// Bytes after a record's plaintext: TLS 1.3's inner content type, and the tag.
     pub fn suffix_len(&self) -> usize {
-        TAG_LEN + usize::from(self.version == TlsVersion::Tls13)
+        suffix_len(self.version)
     }
 
     /// The nonce of the record with sequence number `seq`: the IV XOR the number
@@ -213,6 +213,20 @@ impl RecordKey {
 
 }
 
+fn prefix_len(explicit_nonce: bool) -> usize {
+    HEADER_LEN + if explicit_nonce { EXPLICIT_NONCE_LEN } else { 0 }
+}
+
+fn suffix_len(version: TlsVersion) -> usize {
+    TAG_LEN + usize::from(version == TlsVersion::Tls13)
+}
+
+/// Bytes each record adds to its plaintext under `version` (with AES-GCM or
+/// not): the same for both record layers, since the kernel frames records alike.
+pub fn expansion(version: TlsVersion, gcm: bool) -> usize {
+    prefix_len(gcm && version == TlsVersion::Tls12) + suffix_len(version)
+}
+
 fn header(typ: ContentType, len: usize) -> [u8; HEADER_LEN] {
     let [hi, lo] = (len as u16).to_be_bytes();
     [u8::from(typ), 3, 3, hi, lo]
@@ -248,5 +262,24 @@ fn max_ciphertext(version: TlsVersion) -> usize {
     match version {
         TlsVersion::Tls13 => MAX_CIPHERTEXT_13,
         _ => MAX_CIPHERTEXT_12,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 8446 §5.2 and RFC 5246 §6.2.3.3 / RFC 7905: header 5, tag 16, plus TLS
+    /// 1.3's content type or TLS 1.2 AES-GCM's 8-byte explicit nonce.
+    #[test]
+    fn expansion_per_version_and_cipher() {
+        for (version, gcm, want) in [
+            (TlsVersion::Tls13, true, 22),
+            (TlsVersion::Tls13, false, 22),
+            (TlsVersion::Tls12, true, 29),
+            (TlsVersion::Tls12, false, 21),
+        ] {
+            assert_eq!(expansion(version, gcm), want, "{version:?} gcm={gcm}");
+        }
     }
 }
