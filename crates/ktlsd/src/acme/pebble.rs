@@ -16,6 +16,8 @@ pub struct Pebble {
     listen: u16,
     pub directory: String,
     pub ca: PathBuf,
+    /// pebble-challtestsrv's DNS port (UDP).
+    dns: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -59,7 +61,22 @@ fn spawn_pebble(args: &[String], dir: &std::path::Path) -> Child {
 impl Pebble {
     /// Starts pebble validating http-01 at 127.0.0.1:`http_port` and tls-alpn-01 at
     /// 127.0.0.1:`tls_port`; `validity` sets the issued certificates' lifetime.
+    ///
+    /// Its ports are picked free before the servers bind them, so a test running
+    /// alongside may take one first: a start whose servers do not all come up is
+    /// retried on new ports.
     pub fn start(http_port: u16, tls_port: u16, validity: Option<Duration>) -> Pebble {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Pebble::try_start(http_port, tls_port, validity) {
+                Ok(pebble) => return pebble,
+                Err(why) => last = why,
+            }
+        }
+        panic!("pebble did not start three times; the last time: {last}")
+    }
+
+    fn try_start(http_port: u16, tls_port: u16, validity: Option<Duration>) -> Result<Pebble, String> {
         let dir = tempfile::tempdir().expect("temporary directory");
         // The TLS certificate of pebble's own listener, from a CA of the test's.
         let ca_key = rcgen::KeyPair::generate().expect("CA key");
@@ -114,9 +131,9 @@ impl Pebble {
         let pebble_args = vec!["-config".to_string(), config_path.display().to_string(), "-dnsserver".to_string(), dns_addr];
         children.push(spawn_pebble(&pebble_args, dir.path()));
         let directory = format!("https://127.0.0.1:{listen}/dir");
-        let mut pebble = Pebble { children, pebble_args, listen, directory, ca, _dir: dir };
-        pebble.wait_listening(&[listen, dns_management]);
-        pebble
+        let mut pebble = Pebble { children, pebble_args, listen, directory, ca, dns, _dir: dir };
+        pebble.wait_ready(&[listen, dns_management])?;
+        Ok(pebble)
     }
 
     /// Stops pebble and starts it again on the same addresses: a CA that has forgotten
@@ -127,22 +144,41 @@ impl Pebble {
             let _ = old.wait();
         }
         self.children.push(spawn_pebble(&self.pebble_args, self._dir.path()));
-        self.wait_listening(&[self.listen]);
+        if let Err(why) = self.wait_ready(&[self.listen]) {
+            panic!("pebble did not start again: {why}");
+        }
     }
 
-    fn wait_listening(&mut self, ports: &[u16]) {
+    /// Waits until `ports` accept connections and the DNS server answers, then checks
+    /// that no server has exited meanwhile (one that could not bind its port exits,
+    /// while the connection went to whoever holds the port).
+    fn wait_ready(&mut self, ports: &[u16]) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(20);
+        let check = |pebble: &mut Pebble, what: &str| -> Result<(), String> {
+            for child in &mut pebble.children {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("a server exited at start-up ({status}); logs:\n{}", pebble.logs()));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{what} after 20 s; logs:\n{}", pebble.logs()));
+            }
+            Ok(())
+        };
         for &port in ports {
             while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                for child in &mut self.children {
-                    if let Ok(Some(status)) = child.try_wait() {
-                        panic!("pebble exited at start-up ({status}); logs:\n{}", self.logs());
-                    }
-                }
-                assert!(Instant::now() < deadline, "pebble not listening on {port} after 20 s; logs:\n{}", self.logs());
+                check(self, &format!("nothing listening on {port}"))?;
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        // pebble resolves every name through this server; its UDP side may come up
+        // after its management port.
+        while !dns_answers(self.dns) {
+            check(self, &format!("no DNS answer on udp/{}", self.dns))?;
+        }
+        // A server that lost its port to another process exits within moments.
+        std::thread::sleep(Duration::from_millis(200));
+        check(self, "")
     }
 
     /// Both servers' output, for failure messages.
@@ -153,6 +189,17 @@ impl Pebble {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// Whether a DNS server on 127.0.0.1:`port` answers an A query within 200 ms.
+fn dns_answers(port: u16) -> bool {
+    // ID 0x6b74, recursion desired, one question: probe.invalid. A IN.
+    const QUERY: &[u8] = b"\x6b\x74\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05probe\x07invalid\x00\x00\x01\x00\x01";
+    let Ok(socket) = UdpSocket::bind("127.0.0.1:0") else { return false };
+    let mut answer = [0u8; 512];
+    socket.set_read_timeout(Some(Duration::from_millis(200))).is_ok()
+        && socket.send_to(QUERY, ("127.0.0.1", port)).is_ok()
+        && matches!(socket.recv(&mut answer), Ok(n) if n >= 2 && answer[..2] == QUERY[..2])
 }
 
 impl Drop for Pebble {
