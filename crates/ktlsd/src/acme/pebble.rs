@@ -21,11 +21,9 @@ pub struct Pebble {
     _dir: tempfile::TempDir,
 }
 
-/// A port free now on 127.0.0.1 (TCP, and UDP when `udp`); another process could take
-/// it before pebble binds it, which the start-up check then reports.
-/// A loopback port free now and never handed out before in this process: each
-/// pebble binds its ports only later, so a port released here must not be given
-/// to a pebble of a test running alongside meanwhile.
+/// A port free now on 127.0.0.1 (TCP, and UDP when `udp`) and never handed out before
+/// in this process, so two pebbles starting alongside never share one. Another socket
+/// may still take it before pebble binds it: [`Pebble::start`] then retries.
 fn free_port(udp: bool) -> u16 {
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
@@ -178,7 +176,7 @@ impl Pebble {
         }
         // A server that lost its port to another process exits within moments.
         std::thread::sleep(Duration::from_millis(200));
-        check(self, "")
+        check(self, "servers not settled")
     }
 
     /// Both servers' output, for failure messages.
