@@ -134,33 +134,33 @@ impl Cache {
             self.content_bytes -= e.content_len();
         }
     }
+}
 
-    /// Reads `file`'s bytes for keeping, when it may be kept and the budget allows.
-    fn fill(&mut self, file: &File, meta: &Metadata) -> Option<(Stamp, Rc<[u8]>)> {
-        let size = meta.size();
-        if !meta.is_file() || size == 0 || size > SMALL_FILE || self.content_bytes + size as usize > CONTENT_BUDGET {
-            return None;
-        }
-        let settled = SystemTime::now().checked_sub(SETTLED)?;
-        let (Ok(m), Ok(c)) = (meta.modified(), ctime(meta)) else { return None };
-        if m > settled || c > settled {
-            return None;
-        }
-        let mut bytes = vec![0u8; size as usize];
-        // From the page cache only: a cold file is served as any other, from disk
-        // off the loop, and not kept.
-        let n = match read_nowait(file, &mut bytes, 0) {
-            Ok(Nowait::Read(n)) => n,
-            // The filesystem cannot tell: read it as the body writer would.
-            Ok(Nowait::Unsupported) => std::os::unix::fs::FileExt::read_at(file, &mut bytes, 0).ok()?,
-            Ok(Nowait::Cold) | Err(_) => return None,
-        };
-        if n as u64 != size {
-            return None;
-        }
-        self.content_bytes += bytes.len();
-        Some((Stamp::of(meta), bytes.into()))
+/// Reads `file`'s bytes for keeping, when it may be kept and fits in the worker's
+/// budget beside the `held` bytes kept already.
+fn keepable(file: &File, meta: &Metadata, held: usize) -> Option<(Stamp, Rc<[u8]>)> {
+    let size = meta.size();
+    if !meta.is_file() || size == 0 || size > SMALL_FILE || size as usize > CONTENT_BUDGET.saturating_sub(held) {
+        return None;
     }
+    let settled = SystemTime::now().checked_sub(SETTLED)?;
+    let (Ok(m), Ok(c)) = (meta.modified(), ctime(meta)) else { return None };
+    if m > settled || c > settled {
+        return None;
+    }
+    let mut bytes = vec![0u8; size as usize];
+    // From the page cache only: a cold file is served as any other, from disk
+    // off the loop, and not kept.
+    let n = match read_nowait(file, &mut bytes, 0) {
+        Ok(Nowait::Read(n)) => n,
+        // The filesystem cannot tell: read it as the body writer would.
+        Ok(Nowait::Unsupported) => std::os::unix::fs::FileExt::read_at(file, &mut bytes, 0).ok()?,
+        Ok(Nowait::Cold) | Err(_) => return None,
+    };
+    if n as u64 != size {
+        return None;
+    }
+    Some((Stamp::of(meta), bytes.into()))
 }
 
 fn ctime(meta: &Metadata) -> Result<SystemTime, ()> {
@@ -178,41 +178,28 @@ thread_local! {
 /// still the file's. `None` also when the `fstat` fails (look the path up again).
 pub fn get(key: &[u8], now: Instant) -> Option<Found> {
     CACHE.with(|c| {
-        let mut c = c.borrow_mut();
+        let c = &mut *c.borrow_mut();
         c.sweep(now, false);
-        let Some(e) = c.entries.get(key).filter(|e| now.duration_since(e.opened) < VALID) else {
+        let Some(e) = c.entries.get_mut(key).filter(|e| now.duration_since(e.opened) < VALID) else {
             c.misses += 1;
             return None;
         };
-        let (file, rel, mime, kept) = (e.file.clone(), e.rel.clone(), e.mime, e.content.clone());
         c.hits += 1;
         // The binding is cached; the file's size and times are not.
-        let meta = file.metadata().ok()?;
-        let content = match kept {
-            Some((s, bytes)) if s == Stamp::of(&meta) => Some(bytes),
-            Some(_) => {
-                // Changed since it was read: forget the bytes and maybe read them again.
-                let stale = c.entries.get_mut(key).and_then(|e| e.content.take());
-                c.content_bytes -= stale.map_or(0, |(_, b)| b.len());
-                refill(&mut c, key, &file, &meta)
-            }
-            None => refill(&mut c, key, &file, &meta),
-        };
+        let meta = e.file.metadata().ok()?;
+        if e.content.as_ref().is_none_or(|(s, _)| *s != Stamp::of(&meta)) {
+            // Never kept, or changed since it was read: forget any old bytes and keep
+            // the file's bytes now if they may be kept.
+            c.content_bytes -= e.content_len();
+            e.content = keepable(&e.file, &meta, c.content_bytes);
+            c.content_bytes += e.content_len();
+        }
+        let content = e.content.as_ref().map(|(_, b)| b.clone());
         if content.is_some() {
             c.content_hits += 1;
         }
-        Some(Found { file, meta, rel, mime, content })
+        Some(Found { file: e.file.clone(), meta, rel: e.rel.clone(), mime: e.mime, content })
     })
-}
-
-fn refill(c: &mut Cache, key: &[u8], file: &File, meta: &Metadata) -> Option<Rc<[u8]>> {
-    let filled = c.fill(file, meta)?;
-    let bytes = filled.1.clone();
-    match c.entries.get_mut(key) {
-        Some(e) => e.content = Some(filled),
-        None => c.content_bytes -= bytes.len(),
-    }
-    Some(bytes)
 }
 
 /// This worker's counts so far.
@@ -249,10 +236,12 @@ pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<R
                 };
             }
         }
-        let content = c.fill(&found.file, &found.meta);
+        let content = keepable(&found.file, &found.meta, c.content_bytes);
         let bytes = content.as_ref().map(|(_, b)| b.clone());
         let (file, rel, mime) = (found.file.clone(), found.rel.clone(), found.mime);
-        c.entries.insert(key.to_vec(), Entry { file, rel, mime, opened: now, content });
+        let entry = Entry { file, rel, mime, opened: now, content };
+        c.content_bytes += entry.content_len();
+        c.entries.insert(key.to_vec(), entry);
         bytes
     })
 }
