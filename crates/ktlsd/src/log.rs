@@ -265,19 +265,12 @@ fn with_clf_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
 struct Seconds(Duration);
 
 impl Seconds {
-    /// Appends what `Display` writes, without `core::fmt` (one per log line).
+    /// Appends the seconds, without `core::fmt` (one per log line).
     fn write_to(&self, out: &mut Vec<u8>) {
         let ms = (self.0.as_micros() + 500) / 1000;
         out.extend_from_slice(itoa::Buffer::new().format(ms / 1000).as_bytes());
         let frac = (ms % 1000) as u16;
         out.extend_from_slice(&[b'.', b'0' + (frac / 100) as u8, b'0' + (frac / 10 % 10) as u8, b'0' + (frac % 10) as u8]);
-    }
-}
-
-impl std::fmt::Display for Seconds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ms = (self.0.as_micros() + 500) / 1000;
-        write!(f, "{}.{:03}", ms / 1000, ms % 1000)
     }
 }
 
@@ -351,7 +344,6 @@ mod tests {
     #[test]
     fn seconds_have_three_decimals() {
         for (us, want) in [(0, "0.000"), (499, "0.000"), (500, "0.001"), (12_345, "0.012"), (1_999_600, "2.000"), (61_250_000, "61.250")] {
-            assert_eq!(Seconds(Duration::from_micros(us)).to_string(), want, "{us} us");
             let mut written = Vec::new();
             Seconds(Duration::from_micros(us)).write_to(&mut written);
             assert_eq!(written, want.as_bytes(), "{us} us, as a log line holds it");
