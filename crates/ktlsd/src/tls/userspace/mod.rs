@@ -354,26 +354,31 @@ impl UserspaceTls {
             }
             self.update_tx_key().map_err(|e| SessionError::Io(io::Error::other(e)))?;
         }
-        let start = self.out_len + self.tx.prefix_len();
-        let end = self.out_len + len + self.overhead();
-        reserve_output(&mut self.outgoing, end);
-        Ok(&mut self.outgoing[start..start + len])
+        Ok(self.slot(len))
     }
 
     /// Seals the record [`Self::begin_record`] laid out, whose slot now holds `len` bytes.
     pub fn seal_record(&mut self, len: usize) {
-        let end = self.out_len + len + self.overhead();
-        self.tx.seal(ContentType::ApplicationData, &mut self.outgoing[self.out_len..end], len);
-        self.out_len = end;
+        self.seal(ContentType::ApplicationData, len);
     }
 
     /// Seals a small control record (alert, KeyUpdate) after the buffered ones.
     fn seal_control(&mut self, typ: ContentType, payload: &[u8]) {
-        let start = self.out_len + self.tx.prefix_len();
-        let end = self.out_len + payload.len() + self.overhead();
+        self.slot(payload.len()).copy_from_slice(payload);
+        self.seal(typ, payload.len());
+    }
+
+    /// The plaintext slot of a record of `len` bytes after the buffered ones.
+    fn slot(&mut self, len: usize) -> &mut [u8] {
+        let (start, end) = (self.out_len + self.tx.prefix_len(), self.out_len + len + self.overhead());
         reserve_output(&mut self.outgoing, end);
-        self.outgoing[start..start + payload.len()].copy_from_slice(payload);
-        self.tx.seal(typ, &mut self.outgoing[self.out_len..end], payload.len());
+        &mut self.outgoing[start..start + len]
+    }
+
+    /// Seals the record whose [`Self::slot`] holds `len` bytes of type `typ`.
+    fn seal(&mut self, typ: ContentType, len: usize) {
+        let end = self.out_len + len + self.overhead();
+        self.tx.seal(typ, &mut self.outgoing[self.out_len..end], len);
         self.out_len = end;
     }
 
