@@ -7,9 +7,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-use std::net::TcpListener;
-use std::sync::Mutex;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -21,18 +18,10 @@ use common::*;
 mod pebble;
 use pebble::Pebble;
 
-/// A loopback port free now and never handed out before in this process: the
-/// tests' ktlsd and pebbles take theirs only later, so a port released by one
-/// test must not be given to another meanwhile.
+/// A loopback port for a test's ktlsd, from the same never-reused set as the
+/// pebbles' own ports, so a ktlsd and a pebble starting alongside never share one.
 fn free_port() -> u16 {
-    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    loop {
-        let tcp = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = tcp.local_addr().expect("address").port();
-        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
-            return port;
-        }
-    }
+    pebble::free_port(false)
 }
 
 /// The certificate ktlsd presents for SNI `name`: its issuer and its DER bytes.

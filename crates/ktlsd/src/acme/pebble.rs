@@ -24,7 +24,7 @@ pub struct Pebble {
 /// A port free now on 127.0.0.1 (TCP, and UDP when `udp`) and never handed out before
 /// in this process, so two pebbles starting alongside never share one. Another socket
 /// may still take it before pebble binds it: [`Pebble::start`] then retries.
-fn free_port(udp: bool) -> u16 {
+pub fn free_port(udp: bool) -> u16 {
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     loop {
