@@ -192,9 +192,8 @@ impl KtlsConnection {
         check_ready(&conn)?;
         let (secrets, kernel) = conn.dangerous_into_kernel_connection()?;
         let protocol = kernel.protocol_version();
-        let version = TlsVersion::from_rustls(protocol).ok_or(Error::UnsupportedCipher {
-            what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel",
-        })?;
+        let version = TlsVersion::from_rustls(protocol)
+            .ok_or(Error::UnsupportedCipher { what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel" })?;
         let suite = kernel.negotiated_cipher_suite();
         let (tx_seq, tx_secrets) = secrets.tx;
         let (rx_seq, rx_secrets) = secrets.rx;
@@ -425,15 +424,11 @@ fn check_ready(conn: &UnbufferedServerConnection) -> Result<(), Error> {
         return Err(Error::Rustls(rustls::Error::HandshakeNotComplete));
     }
     let version = conn.protocol_version().ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
-    TlsVersion::from_rustls(version).ok_or(Error::UnsupportedCipher {
-        what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel",
-    })?;
-    let suite = conn
-        .negotiated_cipher_suite()
-        .ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
-    Cipher::for_suite(suite.suite()).ok_or(Error::UnsupportedCipher {
-        what: "the negotiated cipher suite has no kernel TLS equivalent",
-    })?;
+    TlsVersion::from_rustls(version)
+        .ok_or(Error::UnsupportedCipher { what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel" })?;
+    let suite = conn.negotiated_cipher_suite().ok_or(Error::Rustls(rustls::Error::HandshakeNotComplete))?;
+    Cipher::for_suite(suite.suite())
+        .ok_or(Error::UnsupportedCipher { what: "the negotiated cipher suite has no kernel TLS equivalent" })?;
     Ok(())
 }
 

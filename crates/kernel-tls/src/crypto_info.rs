@@ -65,86 +65,47 @@ impl CryptoInfo {
     ///
     /// Fails with [`Error::UnsupportedCipher`] for a protocol version other
     /// than TLS 1.2/1.3 or a cipher the kernel interface has no structure for.
-    pub fn new(
-        version: ProtocolVersion,
-        secrets: &ConnectionTrafficSecrets,
-        seq: u64,
-    ) -> Result<Self, Error> {
-        let tls_version = TlsVersion::from_rustls(version).ok_or(Error::UnsupportedCipher {
-            what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel",
-        })?;
+    pub fn new(version: ProtocolVersion, secrets: &ConnectionTrafficSecrets, seq: u64) -> Result<Self, Error> {
+        let tls_version = TlsVersion::from_rustls(version)
+            .ok_or(Error::UnsupportedCipher { what: "only TLS 1.2 and TLS 1.3 can be handed to the kernel" })?;
         let (cipher, key, iv) = match secrets {
-            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => {
-                (Cipher::Aes128Gcm, key.as_ref(), iv.as_ref())
-            }
-            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => {
-                (Cipher::Aes256Gcm, key.as_ref(), iv.as_ref())
-            }
+            ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (Cipher::Aes128Gcm, key.as_ref(), iv.as_ref()),
+            ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (Cipher::Aes256Gcm, key.as_ref(), iv.as_ref()),
             ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
                 (Cipher::Chacha20Poly1305, key.as_ref(), iv.as_ref())
             }
-            _ => {
-                return Err(Error::UnsupportedCipher {
-                    what: "the negotiated AEAD has no kernel TLS equivalent",
-                })
-            }
+            _ => return Err(Error::UnsupportedCipher { what: "the negotiated AEAD has no kernel TLS equivalent" }),
         };
-        let iv: &[u8; 12] = iv.try_into().map_err(|_| Error::UnsupportedCipher {
-            what: "the traffic IV is not 12 bytes long",
-        })?;
+        let iv: &[u8; 12] =
+            iv.try_into().map_err(|_| Error::UnsupportedCipher { what: "the traffic IV is not 12 bytes long" })?;
         Self::from_parts(tls_version, cipher, key, iv, seq)
     }
 
     /// Builds the structure from raw parts: a key of [`Cipher::key_len`]
     /// bytes, the full 12-byte IV (the split is done here) and the next
     /// record sequence number.
-    pub fn from_parts(
-        version: TlsVersion,
-        cipher: Cipher,
-        key: &[u8],
-        iv: &[u8; 12],
-        seq: u64,
-    ) -> Result<Self, Error> {
+    pub fn from_parts(version: TlsVersion, cipher: Cipher, key: &[u8], iv: &[u8; 12], seq: u64) -> Result<Self, Error> {
         if key.len() != cipher.key_len() {
-            return Err(Error::UnsupportedCipher {
-                what: "the key length does not match the cipher",
-            });
+            return Err(Error::UnsupportedCipher { what: "the key length does not match the cipher" });
         }
-        let info = uapi::TlsCryptoInfo {
-            version: version.kernel_value(),
-            cipher_type: cipher.kernel_value(),
-        };
+        let info = uapi::TlsCryptoInfo { version: version.kernel_value(), cipher_type: cipher.kernel_value() };
         let rec_seq = seq.to_be_bytes();
         let gcm_iv = gcm_explicit_iv(version, iv, seq);
         let inner = match cipher {
             Cipher::Aes128Gcm => {
-                let mut s = uapi::Tls12CryptoInfoAesGcm128 {
-                    info,
-                    rec_seq,
-                    iv: gcm_iv,
-                    ..Default::default()
-                };
+                let mut s = uapi::Tls12CryptoInfoAesGcm128 { info, rec_seq, iv: gcm_iv, ..Default::default() };
                 s.salt.copy_from_slice(&iv[..4]);
                 s.key.copy_from_slice(key);
                 Inner::Aes128Gcm(s)
             }
             Cipher::Aes256Gcm => {
-                let mut s = uapi::Tls12CryptoInfoAesGcm256 {
-                    info,
-                    rec_seq,
-                    iv: gcm_iv,
-                    ..Default::default()
-                };
+                let mut s = uapi::Tls12CryptoInfoAesGcm256 { info, rec_seq, iv: gcm_iv, ..Default::default() };
                 s.salt.copy_from_slice(&iv[..4]);
                 s.key.copy_from_slice(key);
                 Inner::Aes256Gcm(s)
             }
             Cipher::Chacha20Poly1305 => {
-                let mut s = uapi::Tls12CryptoInfoChacha20Poly1305 {
-                    info,
-                    rec_seq,
-                    ..Default::default()
-                };
+                let mut s = uapi::Tls12CryptoInfoChacha20Poly1305 { info, rec_seq, ..Default::default() };
                 s.iv.copy_from_slice(iv);
                 s.key.copy_from_slice(key);
                 Inner::Chacha20Poly1305(s)
@@ -283,14 +244,9 @@ mod tests {
     fn aes128_tls13_layout() {
         // rustls only lets outside code build 32-byte `AeadKey`s, so the
         // 16-byte case goes through `from_parts` (which `new` calls).
-        let info = CryptoInfo::from_parts(
-            TlsVersion::Tls13,
-            Cipher::Aes128Gcm,
-            &key32()[..16],
-            &IV,
-            0x0102_0304_0506_0708,
-        )
-        .unwrap();
+        let info =
+            CryptoInfo::from_parts(TlsVersion::Tls13, Cipher::Aes128Gcm, &key32()[..16], &IV, 0x0102_0304_0506_0708)
+                .unwrap();
         let b = info.as_bytes();
         assert_eq!(b.len(), 40);
         assert_eq!(&b[0..2], &native(0x0304));
@@ -305,10 +261,7 @@ mod tests {
 
     #[test]
     fn aes256_tls12_layout_from_rustls() {
-        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
-            key: AeadKey::from(key32()),
-            iv: Iv::new(IV),
-        };
+        let secrets = ConnectionTrafficSecrets::Aes256Gcm { key: AeadKey::from(key32()), iv: Iv::new(IV) };
         let info = CryptoInfo::new(ProtocolVersion::TLSv1_2, &secrets, 7).unwrap();
         let b = info.as_bytes();
         assert_eq!(b.len(), 56);
@@ -324,8 +277,7 @@ mod tests {
 
     #[test]
     fn tls12_gcm_seq0_is_plain_split() {
-        let info =
-            CryptoInfo::from_parts(TlsVersion::Tls12, Cipher::Aes128Gcm, &[1; 16], &IV, 0).unwrap();
+        let info = CryptoInfo::from_parts(TlsVersion::Tls12, Cipher::Aes128Gcm, &[1; 16], &IV, 0).unwrap();
         assert_eq!(&info.as_bytes()[4..12], &IV[4..12]);
         assert_eq!(&info.as_bytes()[28..32], &IV[0..4]);
     }
@@ -352,17 +304,13 @@ mod tests {
 
     #[test]
     fn tls13_gcm_iv_is_not_shifted() {
-        let info =
-            CryptoInfo::from_parts(TlsVersion::Tls13, Cipher::Aes256Gcm, &key32(), &IV, 99).unwrap();
+        let info = CryptoInfo::from_parts(TlsVersion::Tls13, Cipher::Aes256Gcm, &key32(), &IV, 99).unwrap();
         assert_eq!(&info.as_bytes()[4..12], &IV[4..12]);
     }
 
     #[test]
     fn chacha_layout_has_whole_iv_and_no_salt() {
-        let secrets = ConnectionTrafficSecrets::Chacha20Poly1305 {
-            key: AeadKey::from(key32()),
-            iv: Iv::new(IV),
-        };
+        let secrets = ConnectionTrafficSecrets::Chacha20Poly1305 { key: AeadKey::from(key32()), iv: Iv::new(IV) };
         let info = CryptoInfo::new(ProtocolVersion::TLSv1_3, &secrets, 1).unwrap();
         let b = info.as_bytes();
         assert_eq!(b.len(), 56);
@@ -376,14 +324,8 @@ mod tests {
 
     #[test]
     fn rejects_unsupported_versions_and_bad_keys() {
-        let secrets = ConnectionTrafficSecrets::Aes256Gcm {
-            key: AeadKey::from(key32()),
-            iv: Iv::new(IV),
-        };
-        assert!(matches!(
-            CryptoInfo::new(ProtocolVersion::TLSv1_1, &secrets, 0),
-            Err(Error::UnsupportedCipher { .. })
-        ));
+        let secrets = ConnectionTrafficSecrets::Aes256Gcm { key: AeadKey::from(key32()), iv: Iv::new(IV) };
+        assert!(matches!(CryptoInfo::new(ProtocolVersion::TLSv1_1, &secrets, 0), Err(Error::UnsupportedCipher { .. })));
         assert!(matches!(
             CryptoInfo::from_parts(TlsVersion::Tls13, Cipher::Aes128Gcm, &[0; 32], &IV, 0),
             Err(Error::UnsupportedCipher { .. })
@@ -392,8 +334,7 @@ mod tests {
 
     #[test]
     fn debug_redacts_key() {
-        let info =
-            CryptoInfo::from_parts(TlsVersion::Tls12, Cipher::Aes256Gcm, &key32(), &IV, 0).unwrap();
+        let info = CryptoInfo::from_parts(TlsVersion::Tls12, Cipher::Aes256Gcm, &key32(), &IV, 0).unwrap();
         let s = format!("{info:?}");
         assert!(s.contains("redacted"));
         assert!(!s.contains("16, 17"));

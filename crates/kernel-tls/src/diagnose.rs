@@ -116,9 +116,7 @@ impl Unavailable {
                 "in a container, run `modprobe tls` on the host; otherwise this kernel was \
                  probably built without CONFIG_TLS: use a distribution kernel"
             }
-            Unavailable::Denied { .. } => {
-                "allow setsockopt(SOL_TCP, TCP_ULP) in the seccomp/LSM policy"
-            }
+            Unavailable::Denied { .. } => "allow setsockopt(SOL_TCP, TCP_ULP) in the seccomp/LSM policy",
             Unavailable::UnsupportedSocket { .. } => {
                 "use Linux 4.13 or newer (kTLS RX needs 4.17+, TLS 1.3 5.1+) on a TCP socket"
             }
@@ -175,12 +173,7 @@ impl Evidence {
             || std::fs::read_to_string("/proc/modules")
                 .map(|m| m.lines().any(|l| l.starts_with("tls ")))
                 .unwrap_or(false);
-        let mut ev = Evidence {
-            release: release.clone(),
-            available_ulp,
-            module_loaded,
-            ..Default::default()
-        };
+        let mut ev = Evidence { release: release.clone(), available_ulp, module_loaded, ..Default::default() };
         if let Some(rel) = release.as_deref() {
             for base in ["/lib/modules", "/usr/lib/modules"] {
                 let dir = Path::new(base).join(rel);
@@ -245,10 +238,7 @@ fn read_kernel_config(release: Option<&str>) -> Option<(String, String)> {
             .output()
             .ok()?;
         if out.status.success() {
-            return Some((
-                "/proc/config.gz".to_owned(),
-                String::from_utf8_lossy(&out.stdout).into_owned(),
-            ));
+            return Some(("/proc/config.gz".to_owned(), String::from_utf8_lossy(&out.stdout).into_owned()));
         }
     }
     None
@@ -274,11 +264,7 @@ pub(crate) fn parse_config(text: &str) -> (ConfigTls, bool) {
 /// Turns gathered facts into the most likely explanation.
 pub(crate) fn decide(ev: &Evidence) -> Unavailable {
     let rel = ev.release.as_deref().unwrap_or("the running kernel");
-    let ulp_list = ev
-        .available_ulp
-        .as_deref()
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default();
+    let ulp_list = ev.available_ulp.as_deref().map(|s| s.trim().to_owned()).unwrap_or_default();
     let ulp_has_tls = ulp_list.split_whitespace().any(|u| u == "tls");
     let ulp_note = match &ev.available_ulp {
         Some(_) => format!("tcp_available_ulp is \"{ulp_list}\""),
@@ -286,21 +272,15 @@ pub(crate) fn decide(ev: &Evidence) -> Unavailable {
     };
 
     if let Some((source, ConfigTls::NotSet)) = &ev.config {
-        return Unavailable::NotBuilt {
-            evidence: format!("{source} says `# CONFIG_TLS is not set`; {ulp_note}"),
-        };
+        return Unavailable::NotBuilt { evidence: format!("{source} says `# CONFIG_TLS is not set`; {ulp_note}") };
     }
     if ulp_has_tls || ev.module_loaded {
         return Unavailable::Other {
-            detail: format!(
-                "the tls module is loaded but attaching the tls ULP failed with ENOENT ({ulp_note})"
-            ),
+            detail: format!("the tls module is loaded but attaching the tls ULP failed with ENOENT ({ulp_note})"),
         };
     }
     if let Some(module) = &ev.module_file {
-        return Unavailable::ModuleNotLoaded {
-            module: module.display().to_string(),
-        };
+        return Unavailable::ModuleNotLoaded { module: module.display().to_string() };
     }
     match &ev.config {
         Some((source, ConfigTls::Module)) => {
@@ -315,9 +295,7 @@ pub(crate) fn decide(ev: &Evidence) -> Unavailable {
         }
         Some((source, ConfigTls::BuiltIn)) => {
             return Unavailable::Other {
-                detail: format!(
-                    "{source} says CONFIG_TLS=y but the tls ULP is not registered ({ulp_note})"
-                ),
+                detail: format!("{source} says CONFIG_TLS=y but the tls ULP is not registered ({ulp_note})"),
             }
         }
         _ => {}
@@ -328,9 +306,9 @@ pub(crate) fn decide(ev: &Evidence) -> Unavailable {
         };
     }
     match &ev.modules_dir {
-        Some(dir) if !ev.builtin => Unavailable::NotBuilt {
-            evidence: format!("no tls.ko in {} and {ulp_note}", dir.display()),
-        },
+        Some(dir) if !ev.builtin => {
+            Unavailable::NotBuilt { evidence: format!("no tls.ko in {} and {ulp_note}", dir.display()) }
+        }
         _ => Unavailable::NotFound {
             evidence: format!("{ulp_note}; no /lib/modules/{rel} and no kernel config to read"),
         },
@@ -349,11 +327,7 @@ mod tests {
     use super::*;
 
     fn ev() -> Evidence {
-        Evidence {
-            release: Some("6.1.0-test".into()),
-            available_ulp: Some("mptcp\n".into()),
-            ..Default::default()
-        }
+        Evidence { release: Some("6.1.0-test".into()), available_ulp: Some("mptcp\n".into()), ..Default::default() }
     }
 
     #[test]

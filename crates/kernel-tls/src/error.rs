@@ -132,21 +132,10 @@ impl fmt::Display for Error {
                 "unsupported for kernel TLS: {what}; restrict the TLS configuration \
                  to TLS 1.2/1.3 AES-GCM or ChaCha20-Poly1305 suites"
             ),
-            Error::KernelRefused {
-                direction,
-                version,
-                cipher,
-                source,
-            } => {
-                write!(
-                    f,
-                    "the kernel refused {direction} keys for {version} {cipher}: {}",
-                    errno_name(source)
-                )?;
+            Error::KernelRefused { direction, version, cipher, source } => {
+                write!(f, "the kernel refused {direction} keys for {version} {cipher}: {}", errno_name(source))?;
                 let hint = match source.raw_os_error() {
-                    Some(libc::ENOPROTOOPT) => {
-                        "; SOL_TLS options need the tls ULP: call enable_ulp first"
-                    }
+                    Some(libc::ENOPROTOOPT) => "; SOL_TLS options need the tls ULP: call enable_ulp first",
                     Some(libc::EINVAL) => {
                         "; this kernel does not implement this version/cipher \
                          (TLS 1.3 needs Linux 5.1+, ChaCha20-Poly1305 5.11+, RX 4.17+)"
@@ -264,9 +253,7 @@ impl ProtocolError {
     /// The alert that describes this violation to the peer.
     pub fn alert(&self) -> AlertDescription {
         match self {
-            ProtocolError::MalformedAlert { .. } | ProtocolError::MalformedHandshake => {
-                AlertDescription::DecodeError
-            }
+            ProtocolError::MalformedAlert { .. } | ProtocolError::MalformedHandshake => AlertDescription::DecodeError,
             ProtocolError::InvalidKeyUpdate => AlertDescription::IllegalParameter,
             ProtocolError::UnexpectedHandshake { .. }
             | ProtocolError::Renegotiation
@@ -289,9 +276,7 @@ impl fmt::Display for ProtocolError {
             }
             ProtocolError::Renegotiation => f.write_str("TLS 1.2 renegotiation is not supported"),
             ProtocolError::KeyUpdateOnTls12 => f.write_str("KeyUpdate on a TLS 1.2 connection"),
-            ProtocolError::KeyUpdateNotLast => {
-                f.write_str("KeyUpdate not at the end of its record")
-            }
+            ProtocolError::KeyUpdateNotLast => f.write_str("KeyUpdate not at the end of its record"),
             ProtocolError::InvalidKeyUpdate => f.write_str("invalid KeyUpdate body"),
             ProtocolError::UnexpectedContentType { content_type } => {
                 write!(f, "unexpected {content_type:?} record after the handshake")

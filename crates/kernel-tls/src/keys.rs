@@ -31,12 +31,7 @@ fn first_install(fd: impl AsFd, direction: Direction, info: &CryptoInfo) -> Resu
         // EBUSY: keys already present in this direction, i.e. this was a
         // re-key on a kernel (or TLS version) that cannot do it.
         Some(libc::EBUSY) => Error::RekeyUnsupported { direction, source },
-        _ => Error::KernelRefused {
-            direction,
-            version: info.version(),
-            cipher: info.cipher(),
-            source,
-        },
+        _ => Error::KernelRefused { direction, version: info.version(), cipher: info.cipher(), source },
     })
 }
 
@@ -48,12 +43,7 @@ fn rekey(fd: impl AsFd, direction: Direction, info: &CryptoInfo) -> Result<(), E
         Some(libc::EBUSY) | Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => {
             Error::RekeyUnsupported { direction, source }
         }
-        _ => Error::KernelRefused {
-            direction,
-            version: info.version(),
-            cipher: info.cipher(),
-            source,
-        },
+        _ => Error::KernelRefused { direction, version: info.version(), cipher: info.cipher(), source },
     })
 }
 
@@ -100,24 +90,14 @@ pub fn update_rx(fd: impl AsFd, info: &CryptoInfo) -> Result<(), Error> {
 /// Kernels without the option answer `ENOPROTOOPT`; out-of-range values
 /// (below 64, or 63 for TLS 1.3; above 16384) `EINVAL`.
 pub fn set_tx_max_payload_len(fd: impl AsFd, len: u16) -> io::Result<()> {
-    sys::setsockopt(
-        fd.as_fd().as_raw_fd(),
-        uapi::SOL_TLS,
-        uapi::TLS_TX_MAX_PAYLOAD_LEN,
-        &len.to_ne_bytes(),
-    )
+    sys::setsockopt(fd.as_fd().as_raw_fd(), uapi::SOL_TLS, uapi::TLS_TX_MAX_PAYLOAD_LEN, &len.to_ne_bytes())
 }
 
 /// Reads the current record plaintext cap (`getsockopt(SOL_TLS,
 /// TLS_TX_MAX_PAYLOAD_LEN)`); `ENOPROTOOPT` on kernels without it.
 pub fn tx_max_payload_len(fd: impl AsFd) -> io::Result<u16> {
     let mut buf = [0u8; 2];
-    let n = sys::getsockopt(
-        fd.as_fd().as_raw_fd(),
-        uapi::SOL_TLS,
-        uapi::TLS_TX_MAX_PAYLOAD_LEN,
-        &mut buf,
-    )?;
+    let n = sys::getsockopt(fd.as_fd().as_raw_fd(), uapi::SOL_TLS, uapi::TLS_TX_MAX_PAYLOAD_LEN, &mut buf)?;
     if n != 2 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -133,12 +113,7 @@ pub fn tx_max_payload_len(fd: impl AsFd) -> io::Result<u16> {
 /// A wrong guess only costs a re-decryption (counted in `TlsDecryptRetry`),
 /// but a hostile peer can use it to double decryption work.
 pub fn set_rx_expect_no_pad(fd: impl AsFd, enable: bool) -> io::Result<()> {
-    sys::setsockopt(
-        fd.as_fd().as_raw_fd(),
-        uapi::SOL_TLS,
-        uapi::TLS_RX_EXPECT_NO_PAD,
-        &u32::from(enable).to_ne_bytes(),
-    )
+    sys::setsockopt(fd.as_fd().as_raw_fd(), uapi::SOL_TLS, uapi::TLS_RX_EXPECT_NO_PAD, &u32::from(enable).to_ne_bytes())
 }
 
 /// Lets `sendfile` encrypt directly from the page cache
@@ -147,10 +122,5 @@ pub fn set_rx_expect_no_pad(fd: impl AsFd, enable: bool) -> io::Result<()> {
 /// Only safe if files are never modified while being sent: a concurrent
 /// write can corrupt the record (the peer then sees a bad MAC).
 pub fn set_tx_zerocopy_sendfile(fd: impl AsFd, enable: bool) -> io::Result<()> {
-    sys::setsockopt(
-        fd.as_fd().as_raw_fd(),
-        uapi::SOL_TLS,
-        uapi::TLS_TX_ZEROCOPY_RO,
-        &u32::from(enable).to_ne_bytes(),
-    )
+    sys::setsockopt(fd.as_fd().as_raw_fd(), uapi::SOL_TLS, uapi::TLS_TX_ZEROCOPY_RO, &u32::from(enable).to_ne_bytes())
 }

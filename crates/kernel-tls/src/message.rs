@@ -10,8 +10,8 @@
 
 use rustls::{AlertDescription, HandshakeType};
 
-use crate::types::TlsVersion;
 use crate::error::ProtocolError;
+use crate::types::TlsVersion;
 
 /// A TLS alert: two bytes, level then description.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,27 +32,18 @@ impl Alert {
     /// `close_notify` (warning level, description 0): orderly end of the
     /// sender's data.
     pub fn close_notify() -> Self {
-        Alert {
-            level: Alert::LEVEL_WARNING,
-            description: AlertDescription::CloseNotify,
-        }
+        Alert { level: Alert::LEVEL_WARNING, description: AlertDescription::CloseNotify }
     }
 
     /// A fatal alert with the given description.
     pub fn fatal(description: AlertDescription) -> Self {
-        Alert {
-            level: Alert::LEVEL_FATAL,
-            description,
-        }
+        Alert { level: Alert::LEVEL_FATAL, description }
     }
 
     /// Parses an alert record's payload, which must be exactly two bytes.
     pub fn parse(payload: &[u8]) -> Result<Self, ProtocolError> {
         match *payload {
-            [level, description] => Ok(Alert {
-                level,
-                description: AlertDescription::from(description),
-            }),
+            [level, description] => Ok(Alert { level, description: AlertDescription::from(description) }),
             _ => Err(ProtocolError::MalformedAlert { len: payload.len() }),
         }
     }
@@ -99,10 +90,7 @@ pub(crate) struct HandshakeMessages<'a> {
 /// empty handshake record as malformed (RFC 8446 §5.1 forbids zero-length
 /// handshake fragments), as [`parse_server_post_handshake`] does.
 pub(crate) fn handshake_messages(payload: &[u8]) -> HandshakeMessages<'_> {
-    HandshakeMessages {
-        rest: payload,
-        failed: false,
-    }
+    HandshakeMessages { rest: payload, failed: false }
 }
 
 impl<'a> Iterator for HandshakeMessages<'a> {
@@ -161,15 +149,11 @@ pub fn parse_server_post_handshake(version: TlsVersion, payload: &[u8]) -> Resul
             (TlsVersion::Tls13, HandshakeType::KeyUpdate) => {
                 key_update = Some(parse_key_update(msg.body)?);
             }
-            (TlsVersion::Tls12, HandshakeType::KeyUpdate) => {
-                return Err(ProtocolError::KeyUpdateOnTls12)
-            }
+            (TlsVersion::Tls12, HandshakeType::KeyUpdate) => return Err(ProtocolError::KeyUpdateOnTls12),
             (TlsVersion::Tls12, HandshakeType::ClientHello | HandshakeType::HelloRequest) => {
                 return Err(ProtocolError::Renegotiation)
             }
-            (_, other) => {
-                return Err(ProtocolError::UnexpectedHandshake { msg_type: other })
-            }
+            (_, other) => return Err(ProtocolError::UnexpectedHandshake { msg_type: other }),
         }
     }
     key_update.ok_or(ProtocolError::MalformedHandshake)
@@ -202,20 +186,14 @@ mod tests {
         let a = Alert::parse(&[2, 40]).unwrap();
         assert_eq!(a.description, AlertDescription::HandshakeFailure);
         assert!(a.is_fatal(TlsVersion::Tls12));
-        assert_eq!(
-            Alert::parse(&[1]).unwrap_err(),
-            ProtocolError::MalformedAlert { len: 1 }
-        );
+        assert_eq!(Alert::parse(&[1]).unwrap_err(), ProtocolError::MalformedAlert { len: 1 });
         assert!(Alert::parse(&[1, 0, 1, 0]).is_err());
         assert!(Alert::parse(&[]).is_err());
     }
 
     #[test]
     fn alert_fatality_rules() {
-        let warn = |d| Alert {
-            level: Alert::LEVEL_WARNING,
-            description: d,
-        };
+        let warn = |d| Alert { level: Alert::LEVEL_WARNING, description: d };
         assert!(!Alert::close_notify().is_fatal(TlsVersion::Tls13));
         assert!(!warn(AlertDescription::UserCanceled).is_fatal(TlsVersion::Tls13));
         // TLS 1.3: a warning-level alert other than the two above is fatal.
@@ -251,10 +229,7 @@ mod tests {
         assert!(handshake_messages(&[24, 0, 0]).any(|m| m.is_err()));
         assert!(handshake_messages(&[24, 0, 0, 2, 0]).any(|m| m.is_err()));
         assert_eq!(handshake_messages(&[]).count(), 0);
-        assert_eq!(
-            parse_server_post_handshake(TlsVersion::Tls13, &[]),
-            Err(ProtocolError::MalformedHandshake)
-        );
+        assert_eq!(parse_server_post_handshake(TlsVersion::Tls13, &[]), Err(ProtocolError::MalformedHandshake));
         assert_eq!(
             parse_server_post_handshake(TlsVersion::Tls13, &[24, 0, 0, 2, 0]),
             Err(ProtocolError::MalformedHandshake)
@@ -271,19 +246,10 @@ mod tests {
         // KeyUpdate followed by another message in the same record.
         let mut ku_then = key_update_message(false).to_vec();
         ku_then.extend_from_slice(&key_update_message(false));
-        assert_eq!(
-            parse_server_post_handshake(TlsVersion::Tls13, &ku_then),
-            Err(ProtocolError::KeyUpdateNotLast)
-        );
+        assert_eq!(parse_server_post_handshake(TlsVersion::Tls13, &ku_then), Err(ProtocolError::KeyUpdateNotLast));
         // TLS 1.2 renegotiation and KeyUpdate.
-        assert_eq!(
-            parse_server_post_handshake(TlsVersion::Tls12, &[1, 0, 0, 0]),
-            Err(ProtocolError::Renegotiation)
-        );
-        assert_eq!(
-            parse_server_post_handshake(TlsVersion::Tls12, &[0, 0, 0, 0]),
-            Err(ProtocolError::Renegotiation)
-        );
+        assert_eq!(parse_server_post_handshake(TlsVersion::Tls12, &[1, 0, 0, 0]), Err(ProtocolError::Renegotiation));
+        assert_eq!(parse_server_post_handshake(TlsVersion::Tls12, &[0, 0, 0, 0]), Err(ProtocolError::Renegotiation));
         assert_eq!(
             parse_server_post_handshake(TlsVersion::Tls12, &key_update_message(false)),
             Err(ProtocolError::KeyUpdateOnTls12)

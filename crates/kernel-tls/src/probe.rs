@@ -83,10 +83,7 @@ impl Capabilities {
 
     /// `(tx, rx)` support for a version and cipher.
     pub fn supports(&self, version: TlsVersion, cipher: Cipher) -> (bool, bool) {
-        self.suites
-            .iter()
-            .find(|s| s.version == version && s.cipher == cipher)
-            .map_or((false, false), |s| (s.tx, s.rx))
+        self.suites.iter().find(|s| s.version == version && s.cipher == cipher).map_or((false, false), |s| (s.tx, s.rx))
     }
 
     /// `(tx, rx)` support for a rustls cipher suite.
@@ -136,9 +133,8 @@ fn probe_into(caps: &mut Capabilities) -> Result<(), Unavailable> {
     let listener = Loopback::new().map_err(|e| Unavailable::Other {
         detail: format!("cannot create a loopback TCP connection to probe with: {e}"),
     })?;
-    let other = |e: io::Error| Unavailable::Other {
-        detail: format!("loopback TCP connection for probing failed: {e}"),
-    };
+    let other =
+        |e: io::Error| Unavailable::Other { detail: format!("loopback TCP connection for probing failed: {e}") };
 
     // 1. Can the ULP attach at all?
     let (client, _server) = listener.pair().map_err(other)?;
@@ -146,21 +142,9 @@ fn probe_into(caps: &mut Capabilities) -> Result<(), Unavailable> {
         Ok(()) => {}
         // Only here, once, is the system examined for the cause.
         Err(Error::UlpMissing) => return Err(diagnose()),
-        Err(Error::UlpDenied(e)) => {
-            return Err(Unavailable::Denied {
-                detail: e.to_string(),
-            })
-        }
-        Err(Error::UlpUnsupported(e)) => {
-            return Err(Unavailable::UnsupportedSocket {
-                detail: e.to_string(),
-            })
-        }
-        Err(e) => {
-            return Err(Unavailable::Other {
-                detail: e.to_string(),
-            })
-        }
+        Err(Error::UlpDenied(e)) => return Err(Unavailable::Denied { detail: e.to_string() }),
+        Err(Error::UlpUnsupported(e)) => return Err(Unavailable::UnsupportedSocket { detail: e.to_string() }),
+        Err(e) => return Err(Unavailable::Other { detail: e.to_string() }),
     }
     // 2. Record-size cap: a getsockopt that only kernels with the option know.
     caps.tx_max_payload_len = keys::tx_max_payload_len(&client).ok();
@@ -168,14 +152,7 @@ fn probe_into(caps: &mut Capabilities) -> Result<(), Unavailable> {
     // 3. Every version × cipher, TX on one end and RX on the other.
     for version in TlsVersion::ALL {
         for cipher in Cipher::ALL {
-            let mut s = SuiteSupport {
-                version,
-                cipher,
-                tx: false,
-                rx: false,
-                tx_error: None,
-                rx_error: None,
-            };
+            let mut s = SuiteSupport { version, cipher, tx: false, rx: false, tx_error: None, rx_error: None };
             match listener.pair() {
                 Ok((a, b)) => {
                     match try_install(&a, version, cipher, Install::Tx) {
@@ -209,8 +186,7 @@ enum Install {
 
 fn dummy(version: TlsVersion, cipher: Cipher, fill: u8) -> Result<CryptoInfo, String> {
     let key = [fill; 32];
-    CryptoInfo::from_parts(version, cipher, &key[..cipher.key_len()], &[fill ^ 0x5a; 12], 0)
-        .map_err(|e| e.to_string())
+    CryptoInfo::from_parts(version, cipher, &key[..cipher.key_len()], &[fill ^ 0x5a; 12], 0).map_err(|e| e.to_string())
 }
 
 fn try_install(sock: &TcpStream, version: TlsVersion, cipher: Cipher, dir: Install) -> Result<(), String> {
@@ -267,8 +243,8 @@ struct Loopback {
 
 impl Loopback {
     fn new() -> io::Result<Self> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .or_else(|_| TcpListener::bind((Ipv6Addr::LOCALHOST, 0)))?;
+        let listener =
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).or_else(|_| TcpListener::bind((Ipv6Addr::LOCALHOST, 0)))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         Ok(Loopback { listener, addr })
@@ -289,9 +265,7 @@ impl Loopback {
                 Ok((server, peer)) if peer == client_addr => return Ok((client, server)),
                 // A stray connection from someone else: drop it.
                 Ok(_) => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_micros(500))
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_micros(500)),
                 Err(e) => return Err(e),
             }
         }

@@ -137,10 +137,7 @@ pub fn recv_record(fd: impl AsFd, buf: &mut [u8]) -> io::Result<Received> {
     // No control message: plain data (the kernel reports a type for every
     // record it decrypts; a 0-byte read at EOF has none).
     let content_type = msg.record_type.map_or(ContentType::ApplicationData, ContentType::from);
-    Ok(Received {
-        content_type,
-        len: msg.len,
-    })
+    Ok(Received { content_type, len: msg.len })
 }
 
 /// What a receive error means for the connection.

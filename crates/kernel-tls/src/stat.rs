@@ -55,16 +55,15 @@ impl TlsStat {
         for (i, line) in text.lines().enumerate() {
             let mut fields = line.split_whitespace();
             let Some(name) = fields.next() else { continue };
-            let value = fields
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .filter(|_| fields.next().is_none())
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("tls_stat line {}: expected `Name value`, got {line:?}", i + 1),
-                    )
-                })?;
+            let value =
+                fields.next().and_then(|v| v.parse::<u64>().ok()).filter(|_| fields.next().is_none()).ok_or_else(
+                    || {
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("tls_stat line {}: expected `Name value`, got {line:?}", i + 1),
+                        )
+                    },
+                )?;
             entries.push((name.to_owned(), value));
         }
         Ok(TlsStat { entries })
@@ -72,10 +71,7 @@ impl TlsStat {
 
     /// The value of a counter, e.g. `get("TlsTxSw")`.
     pub fn get(&self, name: &str) -> Option<u64> {
-        self.entries
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, v)| v)
+        self.entries.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
     }
 
     /// All counters in file order.

@@ -32,8 +32,7 @@ fn check_len(ret: libc::ssize_t) -> io::Result<usize> {
 
 /// `setsockopt(fd, level, name, value.as_ptr(), value.len())`.
 pub(crate) fn setsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &[u8]) -> io::Result<()> {
-    let len = libc::socklen_t::try_from(value.len())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let len = libc::socklen_t::try_from(value.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `value` is a live slice of exactly `len` readable bytes; the
     // kernel only reads from it during the call. An invalid `fd` yields EBADF.
     check(unsafe { libc::setsockopt(fd, level, name, value.as_ptr().cast(), len) }).map(drop)
@@ -41,8 +40,7 @@ pub(crate) fn setsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, value
 
 /// `getsockopt(fd, level, name, out, &len)`; returns how many bytes the kernel wrote.
 pub(crate) fn getsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, out: &mut [u8]) -> io::Result<usize> {
-    let mut len = libc::socklen_t::try_from(out.len())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut len = libc::socklen_t::try_from(out.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `out` is a live, exclusively borrowed buffer of `len` writable
     // bytes and `len` is a valid socklen_t the kernel updates in place; the
     // kernel never writes more than the `len` it was given.
@@ -131,10 +129,7 @@ pub(crate) struct RecvMsg {
 /// `recvmsg` into `buf` with room for the kernel's record-type control message.
 pub(crate) fn recvmsg_record(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<RecvMsg> {
     let mut control = CmsgBuf([0; 64]);
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut msg = empty_msghdr();
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
@@ -184,12 +179,7 @@ pub(crate) fn kernel_release() -> Option<String> {
     if unsafe { libc::uname(&mut uts) } != 0 {
         return None;
     }
-    let bytes: Vec<u8> = uts
-        .release
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
+    let bytes: Vec<u8> = uts.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 

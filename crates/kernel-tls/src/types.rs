@@ -129,9 +129,7 @@ impl Cipher {
             | CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => Some(Cipher::Aes256Gcm),
             CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
             | CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
-            | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => {
-                Some(Cipher::Chacha20Poly1305)
-            }
+            | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => Some(Cipher::Chacha20Poly1305),
             _ => None,
         }
     }
@@ -167,10 +165,7 @@ mod tests {
 
     #[test]
     fn suite_mapping() {
-        assert_eq!(
-            Cipher::for_suite(CipherSuite::TLS13_AES_256_GCM_SHA384),
-            Some(Cipher::Aes256Gcm)
-        );
+        assert_eq!(Cipher::for_suite(CipherSuite::TLS13_AES_256_GCM_SHA384), Some(Cipher::Aes256Gcm));
         assert_eq!(
             Cipher::for_suite(CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256),
             Some(Cipher::Chacha20Poly1305)

@@ -18,16 +18,15 @@ use std::sync::Arc;
 use kernel_tls::{key_update_message, parse_server_post_handshake, Cipher, CryptoInfo, TlsVersion};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::cipher::{
-    AeadKey, InboundOpaqueMessage, Iv, MessageDecrypter, MessageEncrypter, OutboundChunks,
-    OutboundPlainMessage,
+    AeadKey, InboundOpaqueMessage, Iv, MessageDecrypter, MessageEncrypter, OutboundChunks, OutboundPlainMessage,
 };
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::ConnectionState;
 use rustls::{
-    ClientConfig, ClientConnection, ContentType, DigitallySignedStruct, ProtocolVersion, ServerConfig,
-    SignatureScheme, SupportedCipherSuite,
+    ClientConfig, ClientConnection, ContentType, DigitallySignedStruct, ProtocolVersion, ServerConfig, SignatureScheme,
+    SupportedCipherSuite,
 };
 
 #[derive(Debug)]
@@ -66,10 +65,7 @@ impl ServerCertVerifier for AcceptAnyCert {
 }
 
 fn configs(suite: SupportedCipherSuite) -> (Arc<ServerConfig>, Arc<ClientConfig>) {
-    let provider = Arc::new(CryptoProvider {
-        cipher_suites: vec![suite],
-        ..aws_lc_rs::default_provider()
-    });
+    let provider = Arc::new(CryptoProvider { cipher_suites: vec![suite], ..aws_lc_rs::default_provider() });
     let versions = [suite.version()];
     let cert = CertificateDer::from(include_bytes!("data/cert.der").to_vec());
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(include_bytes!("data/key.pk8.der").to_vec()));
@@ -165,11 +161,7 @@ struct EmulatedKernel {
 
 impl EmulatedKernel {
     fn new(info: &CryptoInfo, suite: SupportedCipherSuite) -> Self {
-        EmulatedKernel {
-            keys: kernel_view(info),
-            suite,
-            count: 0,
-        }
+        EmulatedKernel { keys: kernel_view(info), suite, count: 0 }
     }
 
     fn seq(&self) -> u64 {
@@ -216,11 +208,8 @@ impl EmulatedKernel {
 
     /// Protects one record, as `send`/`sendmsg` would.
     fn seal(&mut self, typ: ContentType, data: &[u8]) -> Vec<u8> {
-        let msg = OutboundPlainMessage {
-            typ,
-            version: ProtocolVersion::TLSv1_2,
-            payload: OutboundChunks::Single(data),
-        };
+        let msg =
+            OutboundPlainMessage { typ, version: ProtocolVersion::TLSv1_2, payload: OutboundChunks::Single(data) };
         let record = self.encrypter().encrypt(msg, self.seq()).unwrap().encode();
         self.count += 1;
         record
@@ -385,9 +374,8 @@ fn tls12_gcm_first_kernel_nonce_differs_from_finished() {
         _ => unreachable!(),
     };
     let info = CryptoInfo::new(ProtocolVersion::TLSv1_2, &secrets.tx.1, secrets.tx.0).unwrap();
-    let used: Vec<u64> = (0..secrets.tx.0)
-        .map(|s| u64::from_be_bytes(rustls_iv[4..12].try_into().unwrap()) ^ s)
-        .collect();
+    let used: Vec<u64> =
+        (0..secrets.tx.0).map(|s| u64::from_be_bytes(rustls_iv[4..12].try_into().unwrap()) ^ s).collect();
     let field = u64::from_be_bytes(kernel_view(&info).iv.try_into().unwrap());
     for k in 0..1000 {
         assert!(!used.contains(&field.wrapping_add(k)));

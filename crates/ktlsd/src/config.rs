@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::cli::ServeArgs;
 use crate::tls::config::{Http2, TlsVersion};
 use crate::tls::sizing::RecordPolicy;
-use crate::cli::ServeArgs;
 
 /// Why the configuration was refused. Each message names the offending value.
 #[derive(Debug, thiserror::Error)]
@@ -316,7 +316,9 @@ impl FileContent {
             let (essence, _) = t.split_once(';').unwrap_or((&t, ""));
             let essence_ok = essence.trim().split_once('/').is_some_and(|(a, b)| is_token(a) && is_token(b));
             if !essence_ok || !t.bytes().all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic()) {
-                return Err(e(format!("mime_types {ext}: {t:?} is not a media type such as \"text/markdown; charset=utf-8\"")));
+                return Err(e(format!(
+                    "mime_types {ext}: {t:?} is not a media type such as \"text/markdown; charset=utf-8\""
+                )));
             }
             mime_types.push((ext.to_ascii_lowercase(), t.trim().to_string()));
         }
@@ -366,7 +368,9 @@ fn local_path(p: &str) -> Result<String, String> {
     if ok {
         Ok(p.to_string())
     } else {
-        Err(format!("{p:?} is not a path beneath the root such as /404.html (absolute, printable, no `..`, `?` or `#`)"))
+        Err(format!(
+            "{p:?} is not a path beneath the root such as /404.html (absolute, printable, no `..`, `?` or `#`)"
+        ))
     }
 }
 
@@ -560,9 +564,7 @@ impl Config {
             match s.parse::<SocketAddr>() {
                 Ok(a) => listen.push(a),
                 Err(_) => {
-                    return err(format!(
-                        "listen address {s:?} is not IP:PORT (e.g. 127.0.0.1:8443 or [::1]:8443)"
-                    ))
+                    return err(format!("listen address {s:?} is not IP:PORT (e.g. 127.0.0.1:8443 or [::1]:8443)"))
                 }
             }
         }
@@ -644,7 +646,12 @@ impl Config {
             timeout(flag, cli.as_deref(), file.as_ref(), file_path, default)
         };
         let timeouts = Timeouts {
-            handshake: t("handshake_timeout", args.handshake_timeout, file.handshake_timeout, DEFAULT_HANDSHAKE_TIMEOUT)?,
+            handshake: t(
+                "handshake_timeout",
+                args.handshake_timeout,
+                file.handshake_timeout,
+                DEFAULT_HANDSHAKE_TIMEOUT,
+            )?,
             header: t("header_timeout", args.header_timeout, file.header_timeout, DEFAULT_HEADER_TIMEOUT)?,
             idle: t("idle_timeout", args.idle_timeout, file.idle_timeout, DEFAULT_IDLE_TIMEOUT)?,
             send: t("send_timeout", args.send_timeout, file.send_timeout, DEFAULT_SEND_TIMEOUT)?,
@@ -669,15 +676,19 @@ impl Config {
         };
         let ephemeral_cert = cli_ephemeral.or(file.ephemeral_cert).unwrap_or(false);
         let state_dir = args.state_dir.or(file.state_dir).or_else(default_state_dir_here);
-        let ticket_keys = if !args.ticket_keys.is_empty() { args.ticket_keys } else { file.ticket_keys.unwrap_or_default() };
-        let http_strs = if !args.http_listen.is_empty() { args.http_listen } else { file.http_listen.unwrap_or_default() };
+        let ticket_keys =
+            if !args.ticket_keys.is_empty() { args.ticket_keys } else { file.ticket_keys.unwrap_or_default() };
+        let http_strs =
+            if !args.http_listen.is_empty() { args.http_listen } else { file.http_listen.unwrap_or_default() };
         let mut http_listen = Vec::new();
         for s in &http_strs {
             let Ok(a) = s.parse::<SocketAddr>() else {
                 return err(format!("http_listen address {s:?} is not IP:PORT (e.g. 0.0.0.0:80 or [::]:80)"));
             };
             if a.port() != 0 && listen.contains(&a) {
-                return err(format!("http_listen address {a} is also a listen (HTTPS) address; give each its own port"));
+                return err(format!(
+                    "http_listen address {a} is also a listen (HTTPS) address; give each its own port"
+                ));
             }
             http_listen.push(a);
         }
@@ -747,7 +758,13 @@ impl Config {
                     return err(format!("--header {item:?}: expected GLOB=NAME: VALUE, e.g. \"/assets/**=Cache-Control: max-age=31536000\""));
                 };
                 let set = std::collections::BTreeMap::from([(name.trim().to_string(), value.trim().to_string())]);
-                rules.push(FileHeaderRule { path: Some(glob.to_string()), extensions: None, set: Some(set), add: None, expires: None });
+                rules.push(FileHeaderRule {
+                    path: Some(glob.to_string()),
+                    extensions: None,
+                    set: Some(set),
+                    add: None,
+                    expires: None,
+                });
             }
             top.headers = Some(rules);
         }
@@ -757,10 +774,14 @@ impl Config {
             let SiteCert::Acme(acme) = &site.cert else { continue };
             let which = site.names.dns_names().join(", ");
             if acme.challenge == crate::acme::Challenge::Http01 && http_listen.is_empty() {
-                return err(format!("site {which}: ACME http-01 needs a plain-HTTP listener: set http_listen (e.g. [\"0.0.0.0:80\"])"));
+                return err(format!(
+                    "site {which}: ACME http-01 needs a plain-HTTP listener: set http_listen (e.g. [\"0.0.0.0:80\"])"
+                ));
             }
             if state_dir.is_none() {
-                return err(format!("site {which}: ACME needs a state directory for the account and certificates: set state_dir"));
+                return err(format!(
+                    "site {which}: ACME needs a state directory for the account and certificates: set state_dir"
+                ));
             }
         }
         let admin_public = args.admin_public || file.admin_public.unwrap_or(false);
@@ -794,15 +815,13 @@ impl Config {
             })?),
             None => None,
         };
-        let h2_limits = h2_limits(
-            [
-                args.h2_max_streams.or(file.h2_max_streams),
-                args.h2_max_header_list.or(file.h2_max_header_list),
-                args.h2_hpack_table.or(file.h2_hpack_table),
-                args.h2_max_resets.or(file.h2_max_resets),
-                args.h2_max_control.or(file.h2_max_control),
-            ],
-        )?;
+        let h2_limits = h2_limits([
+            args.h2_max_streams.or(file.h2_max_streams),
+            args.h2_max_header_list.or(file.h2_max_header_list),
+            args.h2_hpack_table.or(file.h2_hpack_table),
+            args.h2_max_resets.or(file.h2_max_resets),
+            args.h2_max_control.or(file.h2_max_control),
+        ])?;
 
         Ok(Config {
             root,
@@ -878,7 +897,9 @@ const H2_LIMITS: [(&str, std::ops::RangeInclusive<u32>, SetLimit); 5] = [
 fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
     use crate::acme::Challenge;
     if names.dns_names().len() != names.exact().len() {
-        return err(format!("{which}: ACME cannot validate wildcard names by http-01 or tls-alpn-01: list exact names"));
+        return err(format!(
+            "{which}: ACME cannot validate wildcard names by http-01 or tls-alpn-01: list exact names"
+        ));
     }
     if !a.directory.starts_with("https://") {
         return err(format!("{which}: acme directory {:?}: expected an https:// URL (e.g. https://acme-v02.api.letsencrypt.org/directory)", a.directory));
@@ -910,7 +931,8 @@ fn sites(
     let mut seen = std::collections::HashMap::new();
     for (i, s) in file.into_iter().enumerate() {
         let which = format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
-        let names = crate::handler::sites::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
+        let names =
+            crate::handler::sites::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
         for n in names.dns_names() {
             if let Some(other) = seen.insert(n.clone(), which.clone()) {
                 return err(format!("{which}: name {n} is also in {other}; each name belongs to one site"));
@@ -935,14 +957,16 @@ fn sites(
             Some(v) => Some(validate_hsts(&v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
             None => hsts.map(String::from),
         };
-        let site_content = content.under(FileContent {
-            precompressed: s.precompressed,
-            error_page: s.error_page,
-            fallback: s.fallback,
-            mime_types: s.mime_types,
-            headers: s.headers,
-            cors: s.cors,
-        }).build(&format!("{which}: "))?;
+        let site_content = content
+            .under(FileContent {
+                precompressed: s.precompressed,
+                error_page: s.error_page,
+                fallback: s.fallback,
+                mime_types: s.mime_types,
+                headers: s.headers,
+                cors: s.cors,
+            })
+            .build(&format!("{which}: "))?;
         out.push(SiteConfig {
             content: site_content,
             names,
@@ -979,8 +1003,7 @@ fn split_list(s: &str) -> Vec<String> {
 }
 
 /// How a duration may be written, for error messages.
-const DURATION_FORMS: &str =
-    "expected seconds (65) or a number with a unit (65s, 500ms, 2m, 1h), from 1ms to 24h";
+const DURATION_FORMS: &str = "expected seconds (65) or a number with a unit (65s, 500ms, 2m, 1h), from 1ms to 24h";
 
 /// One timeout: the command line's string over the file's value (an integer or float of
 /// seconds, or a string as on the command line) over `default`. An error names the flag or,
@@ -1195,14 +1218,24 @@ mod tests {
         let mut f = FileConfig { access_log: Some("-".into()), ..Default::default() };
         f.resolve_paths(&conf);
         assert_eq!(f.access_log.as_deref(), Some("-"));
-        let mut f = FileConfig { access_log: Some("off".into()), state_dir: Some("/var/x".into()), ..Default::default() };
+        let mut f =
+            FileConfig { access_log: Some("off".into()), state_dir: Some("/var/x".into()), ..Default::default() };
         f.resolve_paths(&conf);
         assert_eq!((f.access_log.as_deref(), f.state_dir), (Some("off"), Some(PathBuf::from("/var/x"))));
 
         // The command line's relative paths are the working directory's.
         let cfg_s = cfg.to_str().unwrap();
         let c = Config::from_args(serve_args(&[
-            "--config", cfg_s, "--access-log", "cli.log", "--state-dir", "st", "--ticket-keys", "k1", "--ticket-keys", "k2",
+            "--config",
+            cfg_s,
+            "--access-log",
+            "cli.log",
+            "--state-dir",
+            "st",
+            "--ticket-keys",
+            "k1",
+            "--ticket-keys",
+            "k2",
         ]))
         .unwrap();
         assert_eq!(c.access_log, AccessLogTarget::File(PathBuf::from("cli.log")));
@@ -1324,7 +1357,8 @@ mod tests {
         assert_eq!(b.error_pages, [(404, "/e.html".to_string())]);
         assert_eq!((b.fallback.as_deref(), b.mime_types.len()), (Some("/index.html"), 1));
         // The command line sets the top level.
-        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--precompressed", "zstd,br"])).unwrap();
+        let c =
+            Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--precompressed", "zstd,br"])).unwrap();
         assert_eq!(c.content.precompressed, [Coding::Zstd, Coding::Br]);
         assert_eq!(c.sites[0].content.precompressed, [Coding::Zstd, Coding::Br]);
         assert_eq!(c.sites[1].content.precompressed, [Coding::Br]);
@@ -1351,12 +1385,29 @@ mod tests {
         assert_eq!(a, &c.content, "a site without the keys takes the top level's");
         assert_eq!(b.cors, Some(Cors::Origins(vec!["https://b.example".into()])));
         assert_eq!(b.headers.len(), 1, "a site's list replaces the top level's");
-        assert_eq!((&b.headers[0].paths, &b.headers[0].set[..]), (&PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap()), &[("X-A".to_string(), "1".to_string())][..]));
+        assert_eq!(
+            (&b.headers[0].paths, &b.headers[0].set[..]),
+            (
+                &PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap()),
+                &[("X-A".to_string(), "1".to_string())][..]
+            )
+        );
         // The command line sets the top level.
-        let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--header", "*.js=Cache-Control: no-cache", "--cors", "https://c.example"])).unwrap();
+        let c = Config::from_args(serve_args(&[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--header",
+            "*.js=Cache-Control: no-cache",
+            "--cors",
+            "https://c.example",
+        ]))
+        .unwrap();
         assert_eq!(c.content.headers[0].set, [("Cache-Control".to_string(), "no-cache".to_string())]);
         assert_eq!(c.sites[0].content.cors, Some(Cors::Origins(vec!["https://c.example".into()])));
-        assert_eq!(c.sites[1].content.headers[0].paths, PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap()));
+        assert_eq!(
+            c.sites[1].content.headers[0].paths,
+            PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap())
+        );
     }
 
     #[test]

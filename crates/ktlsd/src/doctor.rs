@@ -104,8 +104,7 @@ struct Stat {
     counters: BTreeMap<String, u64>,
 }
 
-const USERSPACE_NOTE: &str =
-    "ktlsd serves HTTPS with its user-space record layer (--ktls auto, the default)";
+const USERSPACE_NOTE: &str = "ktlsd serves HTTPS with its user-space record layer (--ktls auto, the default)";
 
 impl Report {
     fn gather() -> Report {
@@ -139,12 +138,7 @@ impl Report {
                     fix: Some("use a newer kernel with its crypto modules (gcm, chacha20poly1305)".to_owned()),
                 }
             }
-            None => Availability {
-                usable: true,
-                reason_kind: None,
-                reason: None,
-                fix: None,
-            },
+            None => Availability { usable: true, reason_kind: None, reason: None, fix: None },
         };
 
         let mut suites = Vec::new();
@@ -162,11 +156,8 @@ impl Report {
             }
         }
         if caps.unavailable.is_none() {
-            let missing: Vec<String> = suites
-                .iter()
-                .filter(|s| !(s.tx && s.rx))
-                .map(|s| format!("{} {}", s.version, s.cipher))
-                .collect();
+            let missing: Vec<String> =
+                suites.iter().filter(|s| !(s.tx && s.rx)).map(|s| format!("{} {}", s.version, s.cipher)).collect();
             if !missing.is_empty() {
                 advice.push(format!(
                     "suites: {} lack kernel support in at least one direction; connections that \
@@ -208,28 +199,21 @@ impl Report {
 
         if congestion_control.is_empty() {
             advice.push(
-                "congestion control: /proc/sys/net/ipv4/tcp_available_congestion_control is unreadable"
-                    .to_owned(),
+                "congestion control: /proc/sys/net/ipv4/tcp_available_congestion_control is unreadable".to_owned(),
             );
         } else if !congestion_control.iter().any(|c| c == "bbr") {
             advice.push("congestion control: `bbr` is not loaded; `modprobe tcp_bbr` if you want it".to_owned());
         }
 
         let tls_stat = match stat {
-            Ok(s) => Stat {
-                available: true,
-                error: None,
-                counters: s.iter().map(|(n, v)| (n.to_owned(), v)).collect(),
-            },
+            Ok(s) => {
+                Stat { available: true, error: None, counters: s.iter().map(|(n, v)| (n.to_owned(), v)).collect() }
+            }
             Err(e) => {
                 if caps.unavailable.is_none() {
                     advice.push(format!("tls_stat: {e}"));
                 }
-                Stat {
-                    available: false,
-                    error: Some(e.to_string()),
-                    counters: BTreeMap::new(),
-                }
+                Stat { available: false, error: Some(e.to_string()), counters: BTreeMap::new() }
             }
         };
 
@@ -284,10 +268,7 @@ impl Report {
         writeln!(out)?;
 
         let rekey = if !self.rekey.tested {
-            format!(
-                "not tested ({})",
-                self.rekey.detail.as_deref().unwrap_or("kernel TLS unavailable")
-            )
+            format!("not tested ({})", self.rekey.detail.as_deref().unwrap_or("kernel TLS unavailable"))
         } else if self.rekey.supported && self.rekey.rx {
             "yes".to_owned()
         } else if self.rekey.supported {
@@ -312,11 +293,8 @@ impl Report {
             (false, None) => "not tested (kernel TLS unavailable)".to_owned(),
         };
         row(out, "record size cap", &cap)?;
-        let cc = if self.congestion_control.is_empty() {
-            "unknown".to_owned()
-        } else {
-            self.congestion_control.join(" ")
-        };
+        let cc =
+            if self.congestion_control.is_empty() { "unknown".to_owned() } else { self.congestion_control.join(" ") };
         row(out, "congestion control", &cc)?;
         let fds = match crate::server::FdBudget::read() {
             Ok(b) => format!(
@@ -401,12 +379,7 @@ mod tests {
             kernel_release: Some("6.1.0-18-amd64".into()),
             unavailable: None,
             suites,
-            rekey: kernel_tls::RekeySupport {
-                tested: true,
-                tx: false,
-                rx: false,
-                detail: Some("EBUSY".into()),
-            },
+            rekey: kernel_tls::RekeySupport { tested: true, tx: false, rx: false, detail: Some("EBUSY".into()) },
             tx_max_payload_len: None,
             elapsed: std::time::Duration::from_millis(3),
         }

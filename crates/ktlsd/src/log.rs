@@ -122,7 +122,12 @@ pub struct AccessLog {
 impl AccessLog {
     /// `out` is the destination (a dup of stdout or the log file), `None` when logging is off.
     pub fn new(out: Option<Arc<File>>) -> AccessLog {
-        AccessLog { out: RefCell::new(out), buf: RefCell::new(Vec::with_capacity(FLUSH_AT)), metrics: None, format: Cell::default() }
+        AccessLog {
+            out: RefCell::new(out),
+            buf: RefCell::new(Vec::with_capacity(FLUSH_AT)),
+            metrics: None,
+            format: Cell::default(),
+        }
     }
 
     /// Writes later lines in `format` (start-up and reload).
@@ -270,7 +275,12 @@ impl Seconds {
         let ms = (self.0.as_micros() + 500) / 1000;
         out.extend_from_slice(itoa::Buffer::new().format(ms / 1000).as_bytes());
         let frac = (ms % 1000) as u16;
-        out.extend_from_slice(&[b'.', b'0' + (frac / 100) as u8, b'0' + (frac / 10 % 10) as u8, b'0' + (frac % 10) as u8]);
+        out.extend_from_slice(&[
+            b'.',
+            b'0' + (frac / 100) as u8,
+            b'0' + (frac / 10 % 10) as u8,
+            b'0' + (frac % 10) as u8,
+        ]);
     }
 }
 
@@ -285,8 +295,30 @@ mod tests {
         let log = AccessLog::new(Some(file));
         let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
         let line = RequestLine { method: "GET", target: "/a\"b\x01", version: "HTTP/1.1" };
-        log.write(&AccessEntry { peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), ttfb: Duration::ZERO, label: "ktls", referer: None, user_agent: None, tls: None });
-        log.write(&AccessEntry { peer, request: None, status: 408, bytes: 0, started: Instant::now(), ttfb: Duration::ZERO, label: "userspace", referer: None, user_agent: None, tls: None });
+        log.write(&AccessEntry {
+            peer,
+            request: Some(line),
+            status: 200,
+            bytes: 7,
+            started: Instant::now(),
+            ttfb: Duration::ZERO,
+            label: "ktls",
+            referer: None,
+            user_agent: None,
+            tls: None,
+        });
+        log.write(&AccessEntry {
+            peer,
+            request: None,
+            status: 408,
+            bytes: 0,
+            started: Instant::now(),
+            ttfb: Duration::ZERO,
+            label: "userspace",
+            referer: None,
+            user_agent: None,
+            tls: None,
+        });
         log.flush();
         let text = std::fs::read_to_string(&path).unwrap();
         let _ = std::fs::remove_file(&path);
@@ -307,8 +339,16 @@ mod tests {
         let line = RequestLine { method: "GET", target: "/a", version: "HTTP/1.1" };
         let tls = Some(TlsInfo { version: "TLSv1_3", cipher: "TLS13_AES_128_GCM_SHA256" });
         let entry = |referer, user_agent| AccessEntry {
-            peer, request: Some(line), status: 200, bytes: 7, started: Instant::now(), ttfb: Duration::from_micros(250),
-            label: "ktls", referer, user_agent, tls,
+            peer,
+            request: Some(line),
+            status: 200,
+            bytes: 7,
+            started: Instant::now(),
+            ttfb: Duration::from_micros(250),
+            label: "ktls",
+            referer,
+            user_agent,
+            tls,
         };
         log.set_format(LogFormat::Combined);
         log.write(&entry(Some("https://e.test/\"x"), Some("curl/8.0")));
@@ -321,29 +361,60 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
         assert!(lines[0].starts_with("192.0.2.1 - - ["), "{}", lines[0]);
-        assert!(lines[0].ends_with("] \"GET /a HTTP/1.1\" 200 7 \"https://e.test/\\\"x\" \"curl/8.0\""), "{}", lines[0]);
+        assert!(
+            lines[0].ends_with("] \"GET /a HTTP/1.1\" 200 7 \"https://e.test/\\\"x\" \"curl/8.0\""),
+            "{}",
+            lines[0]
+        );
         assert!(lines[1].ends_with("] \"GET /a HTTP/1.1\" 200 7 \"-\" \"-\""), "{}", lines[1]);
         let v: serde_json::Value = serde_json::from_str(lines[2]).unwrap();
         for (k, want) in [
-            ("peer", "192.0.2.1"), ("method", "GET"), ("target", "/a"), ("protocol", "HTTP/1.1"), ("record_layer", "ktls"),
-            ("tls_version", "TLSv1_3"), ("cipher", "TLS13_AES_128_GCM_SHA256"), ("user_agent", "curl/8.0"),
+            ("peer", "192.0.2.1"),
+            ("method", "GET"),
+            ("target", "/a"),
+            ("protocol", "HTTP/1.1"),
+            ("record_layer", "ktls"),
+            ("tls_version", "TLSv1_3"),
+            ("cipher", "TLS13_AES_128_GCM_SHA256"),
+            ("user_agent", "curl/8.0"),
         ] {
             assert_eq!(v[k], want, "{k} in {v}");
         }
-        assert_eq!((v["status"].as_u64(), v["bytes"].as_u64(), v["ttfb"].as_f64()), (Some(200), Some(7), Some(0.00025)));
+        assert_eq!(
+            (v["status"].as_u64(), v["bytes"].as_u64(), v["ttfb"].as_f64()),
+            (Some(200), Some(7), Some(0.00025))
+        );
         assert!(v["rt"].is_f64() && v["time"].is_string() && v["referer"].is_null(), "{v}");
     }
 
     #[test]
     fn escaped_fields_match_escape_default() {
-        for s in ["/a.txt?x=1&y=%20", "", "say \"hi\"", "back\\slash", "it's", "tab\there", "nl\n", "\u{7f}", "caf\u{e9}", "~ !#$"] {
+        for s in [
+            "/a.txt?x=1&y=%20",
+            "",
+            "say \"hi\"",
+            "back\\slash",
+            "it's",
+            "tab\there",
+            "nl\n",
+            "\u{7f}",
+            "caf\u{e9}",
+            "~ !#$",
+        ] {
             assert_eq!(Escaped(s).to_string(), s.escape_default().to_string(), "{s:?}");
         }
     }
 
     #[test]
     fn seconds_have_three_decimals() {
-        for (us, want) in [(0, "0.000"), (499, "0.000"), (500, "0.001"), (12_345, "0.012"), (1_999_600, "2.000"), (61_250_000, "61.250")] {
+        for (us, want) in [
+            (0, "0.000"),
+            (499, "0.000"),
+            (500, "0.001"),
+            (12_345, "0.012"),
+            (1_999_600, "2.000"),
+            (61_250_000, "61.250"),
+        ] {
             let mut written = Vec::new();
             Seconds(Duration::from_micros(us)).write_to(&mut written);
             assert_eq!(written, want.as_bytes(), "{us} us, as a log line holds it");
@@ -357,7 +428,10 @@ mod tests {
         assert_eq!(zone, "+0000");
         let parts: Vec<&str> = date.split(['/', ':']).collect();
         assert_eq!(parts.len(), 6, "{t}");
-        assert!(["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"].contains(&parts[1]), "{t}");
+        assert!(
+            ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"].contains(&parts[1]),
+            "{t}"
+        );
         assert!(parts.iter().enumerate().all(|(i, p)| i == 1 || p.bytes().all(|b| b.is_ascii_digit())), "{t}");
     }
 }

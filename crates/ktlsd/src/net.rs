@@ -76,9 +76,7 @@ pub async fn write_all(stream: &TcpStream, mut buf: &[u8], timeout: Duration) ->
         match stream.try_write(buf) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => buf = &buf[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                ready(stream, Interest::WRITABLE, timeout).await?
-            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready(stream, Interest::WRITABLE, timeout).await?,
             Err(e) => return Err(e),
         }
     }

@@ -56,16 +56,21 @@ fn metrics_count_a_known_mix_exactly() {
         let args: Vec<&str> = ["--http1.1", "-w", "%{size_download}\n"].into_iter().chain(args).collect();
         let out = curl(&args);
         assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        body_bytes += String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<f64>().ok()).sum::<f64>();
+        body_bytes +=
+            String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<f64>().ok()).sum::<f64>();
     }
     // 15 + 20000 bytes of files, and the bodies of the 404 and 405 pages.
     assert!(body_bytes > 20_015.0, "{body_bytes}");
     let rtt_count = "ktlsd_connection_rtt_seconds_count";
     // Six requests look a file up (the 405 does not): each is a hit or a miss of its
     // worker's open-file cache, published within a tick.
-    let lookups = |m: &HashMap<String, f64>| delta(&before, m, "ktlsd_open_file_cache_hits_total") + delta(&before, m, "ktlsd_open_file_cache_misses_total");
+    let lookups = |m: &HashMap<String, f64>| {
+        delta(&before, m, "ktlsd_open_file_cache_hits_total") + delta(&before, m, "ktlsd_open_file_cache_misses_total")
+    };
     let after = scrape_when(&sock, |m| {
-        delta(&before, m, rtt_count) >= 5.0 && delta(&before, m, "ktlsd_response_seconds_count") >= 7.0 && lookups(m) >= 6.0
+        delta(&before, m, rtt_count) >= 5.0
+            && delta(&before, m, "ktlsd_response_seconds_count") >= 7.0
+            && lookups(m) >= 6.0
     });
     assert_eq!(lookups(&after), 6.0);
     assert!(after["ktlsd_open_file_cache_hits_total"] >= 1.0, "the kept-alive GETs of /a.txt: {after:?}");
@@ -130,8 +135,21 @@ fn status_advisor_and_the_status_command() {
     assert_eq!(code, 200);
     let adv: serde_json::Value = serde_json::from_str(&body).unwrap();
     for field in [
-        "samples", "body_p50", "body_p95", "body_max", "over_initial_window", "connections", "lossy_connections",
-        "loss_p50", "loss_p95", "rtt_p50_ms", "rtt_p95_ms", "current", "recommended", "reason", "config",
+        "samples",
+        "body_p50",
+        "body_p95",
+        "body_max",
+        "over_initial_window",
+        "connections",
+        "lossy_connections",
+        "loss_p50",
+        "loss_p95",
+        "rtt_p50_ms",
+        "rtt_p95_ms",
+        "current",
+        "recommended",
+        "reason",
+        "config",
     ] {
         assert!(adv.get(field).is_some(), "/advisor has no {field}: {adv}");
     }
@@ -193,8 +211,13 @@ fn json_and_combined_access_log_lines() {
     let lines = s.wait_access_log(1, Duration::from_secs(10));
     let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap_or_else(|e| panic!("{e}: {}", lines[0]));
     for (k, want) in [
-        ("method", "GET"), ("target", "/a.txt"), ("protocol", "HTTP/2.0"), ("peer", "127.0.0.1"),
-        ("record_layer", s.ready_tls()), ("referer", "https://ref.test/x"), ("user_agent", "probe/1.0"),
+        ("method", "GET"),
+        ("target", "/a.txt"),
+        ("protocol", "HTTP/2.0"),
+        ("peer", "127.0.0.1"),
+        ("record_layer", s.ready_tls()),
+        ("referer", "https://ref.test/x"),
+        ("user_agent", "probe/1.0"),
     ] {
         assert_eq!(v[k], want, "{k} in {v}");
     }
@@ -205,7 +228,9 @@ fn json_and_combined_access_log_lines() {
     s.stop().assert_clean_exit();
 
     let s = Server::builder().file("a.txt", "hello").args(["--access-log-format", "combined"]).start();
-    assert!(curl(&["--http1.1", "-o", "/dev/null", "-e", "https://ref.test/x", "-A", "probe/1.0", &s.url("/a.txt")]).status.success());
+    assert!(curl(&["--http1.1", "-o", "/dev/null", "-e", "https://ref.test/x", "-A", "probe/1.0", &s.url("/a.txt")])
+        .status
+        .success());
     let lines = s.wait_access_log(1, Duration::from_secs(10));
     // nginx: $remote_addr - $remote_user [$time_local] "$request" $status $body_bytes_sent "$http_referer" "$http_user_agent"
     let l = &lines[0];

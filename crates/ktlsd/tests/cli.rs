@@ -133,8 +133,8 @@ fn no_subcommand_or_unknown_flag_is_a_usage_error() {
 /// `doctor --json`'s report; its exit status is checked against the report's verdict.
 fn doctor_json() -> serde_json::Value {
     let out = ktlsd(&["doctor", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}):\n{out:?}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("doctor --json is not JSON ({e}):\n{out:?}"));
     let usable = v["ktls"]["usable"].as_bool().unwrap_or_else(|| panic!("no ktls.usable verdict:\n{v}"));
     assert_eq!(out.status.code(), Some(if usable { 0 } else { 1 }), "usable={usable}: {out:?}");
     v
@@ -286,12 +286,7 @@ fn key_not_matching_cert() {
     let (cert, _) = make_cert(b.dir(), "one", "ec");
     let (_, other_key) = make_cert(b.dir(), "two", "ec");
     let k = other_key.to_str().unwrap().to_string();
-    b.arg("--cert")
-        .arg(&cert)
-        .arg("--key")
-        .arg(&other_key)
-        .run_to_exit()
-        .assert_startup_error(&["does not match", &k]);
+    b.arg("--cert").arg(&cert).arg("--key").arg(&other_key).run_to_exit().assert_startup_error(&["does not match", &k]);
 }
 
 #[test]
@@ -319,10 +314,7 @@ fn cert_without_key_and_key_without_cert() {
 fn port_in_use() {
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = holder.local_addr().unwrap().to_string();
-    Server::builder()
-        .listen(&[&addr])
-        .run_to_exit()
-        .assert_startup_error(&[&addr, "address already in use"]);
+    Server::builder().listen(&[&addr]).run_to_exit().assert_startup_error(&[&addr, "address already in use"]);
     drop(holder);
 }
 
@@ -430,17 +422,20 @@ fn bad_numbers() {
     Server::builder().workers(Some(0)).run_to_exit().assert_startup_error(&["workers"]);
     Server::builder().args(["--idle-timeout", "0"]).run_to_exit().assert_startup_error(&["--idle-timeout", "\"0\""]);
     Server::builder().args(["--send-timeout=-1"]).run_to_exit().assert_startup_error(&["--send-timeout", "\"-1\""]);
-    Server::builder().args(["--header-timeout", "NaN"]).run_to_exit().assert_startup_error(&["--header-timeout", "NaN"]);
-    Server::builder().args(["--max-header-bytes", "10"]).run_to_exit().assert_startup_error(&["max_header_bytes", "10"]);
+    Server::builder()
+        .args(["--header-timeout", "NaN"])
+        .run_to_exit()
+        .assert_startup_error(&["--header-timeout", "NaN"]);
+    Server::builder()
+        .args(["--max-header-bytes", "10"])
+        .run_to_exit()
+        .assert_startup_error(&["max_header_bytes", "10"]);
     Server::builder().args(["--tcp-notsent-lowat", "0"]).run_to_exit().assert_startup_error(&["tcp_notsent_lowat"]);
 }
 
 #[test]
 fn bad_tcp_congestion() {
-    Server::builder()
-        .args(["--tcp-congestion", "no-such-cc"])
-        .run_to_exit()
-        .assert_startup_error(&["\"no-such-cc\""]);
+    Server::builder().args(["--tcp-congestion", "no-such-cc"]).run_to_exit().assert_startup_error(&["\"no-such-cc\""]);
 }
 
 #[test]
@@ -463,7 +458,6 @@ fn access_log_in_missing_directory() {
 // ---------------------------------------------------------------------------
 // The configuration file.
 // ---------------------------------------------------------------------------
-
 
 #[test]
 fn config_unknown_key() {
@@ -533,7 +527,10 @@ fn cli_overrides_config() {
     assert!(srv.stderr().contains("record size static:8192"), "{}", srv.stderr());
     let r = fetch(&srv.url("/a.txt"), &[]);
     assert_eq!(r.body, b"from-root");
-    assert!(!curl(&["--tlsv1.3".to_string(), srv.url("/a.txt")]).status.success(), "tls_versions from the file ignored");
+    assert!(
+        !curl(&["--tlsv1.3".to_string(), srv.url("/a.txt")]).status.success(),
+        "tls_versions from the file ignored"
+    );
     let r = fetch(&srv.url("/a.txt"), &["--tls-max", "1.2"]);
     assert_eq!(r.body, b"from-root");
 }
@@ -577,7 +574,10 @@ max_body_bytes = 4096
     std::fs::write(b.root().join("d/x.txt"), b"x").unwrap();
     let srv = b.arg("--config").arg(&cfg).start();
     let line = srv.wait_stderr(" serving ", Duration::from_secs(1)).unwrap();
-    assert!(line.contains("with 2 workers") && line.contains("(loaded)") && line.contains("record size dynamic"), "{line}");
+    assert!(
+        line.contains("with 2 workers") && line.contains("(loaded)") && line.contains("record size dynamic"),
+        "{line}"
+    );
     assert_eq!(fetch(&srv.url("/.dot"), &[]).body, b"dotted", "dotfiles from the config");
     assert!(fetch(&srv.url("/d/"), &[]).body_str().contains("x.txt"), "autoindex from the config");
     let r = fetch(&srv.url("/a.txt"), &["-v", "--tlsv1.3"]);
@@ -612,10 +612,7 @@ fn listen_twice_on_the_same_address() {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = probe.local_addr().unwrap().to_string();
     drop(probe);
-    Server::builder()
-        .listen(&[&addr, &addr])
-        .run_to_exit()
-        .assert_startup_error(&[&addr, "twice"]);
+    Server::builder().listen(&[&addr, &addr]).run_to_exit().assert_startup_error(&[&addr, "twice"]);
 }
 
 // ---------------------------------------------------------------------------
@@ -624,7 +621,8 @@ fn listen_twice_on_the_same_address() {
 
 #[test]
 fn idle_timeout_with_a_unit_applies() {
-    let srv = Server::builder().file("a.txt", b"a").args(["--idle-timeout", "2s", "--header-timeout", "1500ms"]).start();
+    let srv =
+        Server::builder().file("a.txt", b"a").args(["--idle-timeout", "2s", "--header-timeout", "1500ms"]).start();
     let mut c = TlsClient::connect(srv.addr());
     assert_eq!(c.get("/a.txt").body, b"a");
     let t = std::time::Instant::now();

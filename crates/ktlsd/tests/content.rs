@@ -16,7 +16,10 @@ fn compress(tool: &str, original: &Path, out: &Path) {
     let mut cmd = match tool {
         "brotli" => {
             let mut c = Command::new("/usr/bin/python3");
-            c.args(["-c", "import brotli,sys; sys.stdout.buffer.write(brotli.compress(open(sys.argv[1],'rb').read()))"]);
+            c.args([
+                "-c",
+                "import brotli,sys; sys.stdout.buffer.write(brotli.compress(open(sys.argv[1],'rb').read()))",
+            ]);
             c
         }
         _ => {
@@ -110,18 +113,46 @@ fn check_refuses(dir: &Path, args: &[&str], config: Option<&str>, want: &str) {
 fn check_refuses_bad_content_options() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    check_refuses(d, &["--precompressed", "br,deflate"], None, "precompressed \"deflate\": expected br, zstd, gzip or none");
+    check_refuses(
+        d,
+        &["--precompressed", "br,deflate"],
+        None,
+        "precompressed \"deflate\": expected br, zstd, gzip or none",
+    );
     check_refuses(d, &[], Some("precompressed = [\"lz4\"]\n"), "precompressed \"lz4\"");
     check_refuses(d, &["--error-page", "404"], None, "--error-page \"404\": expected CODE=PATH");
-    check_refuses(d, &["--error-page", "200=/x.html"], None, "error_page \"200\": expected a status code from 400 to 599");
-    check_refuses(d, &[], Some("error_page = { 404 = \"../x.html\" }\n"), "error_page 404: \"../x.html\" is not a path beneath the root");
+    check_refuses(
+        d,
+        &["--error-page", "200=/x.html"],
+        None,
+        "error_page \"200\": expected a status code from 400 to 599",
+    );
+    check_refuses(
+        d,
+        &[],
+        Some("error_page = { 404 = \"../x.html\" }\n"),
+        "error_page 404: \"../x.html\" is not a path beneath the root",
+    );
     check_refuses(d, &["--fallback", "index.html"], None, "fallback: \"index.html\" is not a path");
     check_refuses(d, &["--mime-type", "md"], None, "--mime-type \"md\": expected EXT=TYPE");
-    check_refuses(d, &[], Some("[mime_types]\n\".md\" = \"text/markdown\"\n"), "mime_types \".md\": expected an extension");
-    check_refuses(d, &[], Some("[mime_types]\nmd = \"text markdown\"\n"), "mime_types md: \"text markdown\" is not a media type");
+    check_refuses(
+        d,
+        &[],
+        Some("[mime_types]\n\".md\" = \"text/markdown\"\n"),
+        "mime_types \".md\": expected an extension",
+    );
+    check_refuses(
+        d,
+        &[],
+        Some("[mime_types]\nmd = \"text markdown\"\n"),
+        "mime_types md: \"text markdown\" is not a media type",
+    );
     check_refuses(d, &["--mime-type", "md=text/x\r\nX-A: b"], None, "is not a media type");
     std::fs::create_dir(d.join("s")).unwrap();
-    let site = format!("[[site]]\nnames = [\"a.test\"]\nroot = {:?}\nprecompressed = [\"xz\"]\n", d.join("s").display().to_string());
+    let site = format!(
+        "[[site]]\nnames = [\"a.test\"]\nroot = {:?}\nprecompressed = [\"xz\"]\n",
+        d.join("s").display().to_string()
+    );
     check_refuses(d, &[], Some(&site), "site 1 (a.test): precompressed \"xz\"");
 }
 
@@ -141,7 +172,8 @@ fn error_page_and_fallback_end_to_end() {
         assert_eq!((r.status, r.body_str().as_str()), (404, "<p>not here</p>"), "{proto}");
     }
     // The command line wins over the file.
-    let srv2 = Server::builder().file("a.txt", b"a").file("e.html", b"<p>e</p>").args(["--error-page", "404=/e.html"]).start();
+    let srv2 =
+        Server::builder().file("a.txt", b"a").file("e.html", b"<p>e</p>").args(["--error-page", "404=/e.html"]).start();
     let r = fetch(&srv2.url("/nope"), &[]);
     assert_eq!((r.status, r.body_str().as_str()), (404, "<p>e</p>"));
 }
@@ -154,7 +186,11 @@ fn mime_type_overrides() {
         .file("noext", b"x")
         .config("[mime_types]\nmd = \"text/markdown; charset=utf-8\"\nJS = \"application/x-test\"\n")
         .start();
-    for (path, want) in [("/r.md", "text/markdown; charset=utf-8"), ("/a.js", "application/x-test"), ("/noext", "application/octet-stream")] {
+    for (path, want) in [
+        ("/r.md", "text/markdown; charset=utf-8"),
+        ("/a.js", "application/x-test"),
+        ("/noext", "application/octet-stream"),
+    ] {
         assert_eq!(fetch(&srv.url(path), &[]).header("content-type"), Some(want), "{path}");
     }
 }
@@ -189,7 +225,11 @@ add = { "X-Frame-Options" = "DENY" }
         assert_eq!(r.header("vary"), Some("Origin"), "{proto}");
         let tag = r.header("etag").unwrap().to_string();
         let r = fetch(&srv.url("/assets/app.1234.js"), &[proto, "-H", &format!("If-None-Match: {tag}")]);
-        assert_eq!((r.status, r.header("cache-control")), (304, Some("public, max-age=31536000, immutable")), "{proto}: 304");
+        assert_eq!(
+            (r.status, r.header("cache-control")),
+            (304, Some("public, max-age=31536000, immutable")),
+            "{proto}: 304"
+        );
 
         let r = fetch(&srv.url("/index.html"), &[proto, "-H", "Origin: https://evil.example"]);
         assert_eq!(r.header("cache-control"), Some("max-age=2592000"), "{proto}");
@@ -204,7 +244,17 @@ add = { "X-Frame-Options" = "DENY" }
         assert_eq!((r.header("cache-control"), r.header("x-frame-options")), (None, None), "{proto}");
 
         // A preflight from a listed origin.
-        let preflight = [proto, "-X", "OPTIONS", "-H", "Origin: https://a.example", "-H", "Access-Control-Request-Method: GET", "-H", "Access-Control-Request-Headers: range, x-custom"];
+        let preflight = [
+            proto,
+            "-X",
+            "OPTIONS",
+            "-H",
+            "Origin: https://a.example",
+            "-H",
+            "Access-Control-Request-Method: GET",
+            "-H",
+            "Access-Control-Request-Headers: range, x-custom",
+        ];
         let r = fetch(&srv.url("/assets/app.1234.js"), &preflight);
         assert_eq!(r.status, 204, "{proto}: {:?}", r.headers);
         assert_eq!(r.header("access-control-allow-origin"), Some("https://a.example"), "{proto}");
@@ -214,7 +264,10 @@ add = { "X-Frame-Options" = "DENY" }
         assert_eq!(r.header("vary"), Some("Origin"), "{proto}");
         assert!(r.body.is_empty(), "{proto}");
         // From another origin: no permission.
-        let r = fetch(&srv.url("/plain.txt"), &[proto, "-X", "OPTIONS", "-H", "Origin: https://evil.example", "-H", "Access-Control-Request-Method: GET"]);
+        let r = fetch(
+            &srv.url("/plain.txt"),
+            &[proto, "-X", "OPTIONS", "-H", "Origin: https://evil.example", "-H", "Access-Control-Request-Method: GET"],
+        );
         assert_eq!((r.status, r.header("access-control-allow-origin")), (204, None), "{proto}");
         // Plain OPTIONS.
         let r = fetch(&srv.url("/plain.txt"), &[proto, "-X", "OPTIONS"]);
@@ -226,7 +279,10 @@ add = { "X-Frame-Options" = "DENY" }
     for proto in ["--http1.1", "--http2"] {
         let r = fetch(&srv.url("/a.txt"), &[proto, "-H", "Origin: https://x.example"]);
         assert_eq!((r.header("access-control-allow-origin"), r.header("vary")), (Some("*"), None), "{proto}");
-        let r = fetch(&srv.url("/a.txt"), &[proto, "-X", "OPTIONS", "-H", "Origin: https://x.example", "-H", "Access-Control-Request-Method: GET"]);
+        let r = fetch(
+            &srv.url("/a.txt"),
+            &[proto, "-X", "OPTIONS", "-H", "Origin: https://x.example", "-H", "Access-Control-Request-Method: GET"],
+        );
         assert_eq!((r.status, r.header("access-control-allow-origin")), (204, Some("*")), "{proto}");
     }
 }
@@ -234,7 +290,11 @@ add = { "X-Frame-Options" = "DENY" }
 /// Seconds since the epoch of an HTTP date, by Python (the tests have no date parser).
 fn httpdate_secs(s: &str) -> u64 {
     let o = Command::new("/usr/bin/python3")
-        .args(["-c", "import email.utils,sys; print(int(email.utils.parsedate_to_datetime(sys.argv[1]).timestamp()))", s])
+        .args([
+            "-c",
+            "import email.utils,sys; print(int(email.utils.parsedate_to_datetime(sys.argv[1]).timestamp()))",
+            s,
+        ])
         .output()
         .unwrap();
     String::from_utf8_lossy(&o.stdout).trim().parse().unwrap_or_else(|_| panic!("not an HTTP date: {s:?}"))
@@ -245,12 +305,42 @@ fn check_refuses_bad_header_rules() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let rule = |body: &str| format!("[[headers]]\n{body}\n");
-    check_refuses(d, &[], Some(&rule("path = \"*\"\nset = { \"Bad Name\" = \"x\" }")), "header name \"Bad Name\" is not an HTTP token");
-    check_refuses(d, &[], Some(&rule("path = \"*\"\nset = { \"X-A\" = \"a\\r\\nSet-Cookie: b\" }")), "may hold only visible ASCII");
-    check_refuses(d, &[], Some(&rule("path = \"*\"\nset = { \"Content-Length\" = \"1\" }")), "header Content-Length is set by the server itself");
-    check_refuses(d, &[], Some(&rule("path = \"*\"\nadd = { \"Transfer-Encoding\" = \"chunked\" }")), "header Transfer-Encoding is set by the server");
-    check_refuses(d, &[], Some(&rule("set = { \"X-A\" = \"1\" }")), "headers 1: give path (a glob such as \"/assets/**\") or extensions");
-    check_refuses(d, &[], Some(&rule("path = \"*\"\nexpires = \"1y\"")), "headers 1: expires: \"1y\" is not a duration");
+    check_refuses(
+        d,
+        &[],
+        Some(&rule("path = \"*\"\nset = { \"Bad Name\" = \"x\" }")),
+        "header name \"Bad Name\" is not an HTTP token",
+    );
+    check_refuses(
+        d,
+        &[],
+        Some(&rule("path = \"*\"\nset = { \"X-A\" = \"a\\r\\nSet-Cookie: b\" }")),
+        "may hold only visible ASCII",
+    );
+    check_refuses(
+        d,
+        &[],
+        Some(&rule("path = \"*\"\nset = { \"Content-Length\" = \"1\" }")),
+        "header Content-Length is set by the server itself",
+    );
+    check_refuses(
+        d,
+        &[],
+        Some(&rule("path = \"*\"\nadd = { \"Transfer-Encoding\" = \"chunked\" }")),
+        "header Transfer-Encoding is set by the server",
+    );
+    check_refuses(
+        d,
+        &[],
+        Some(&rule("set = { \"X-A\" = \"1\" }")),
+        "headers 1: give path (a glob such as \"/assets/**\") or extensions",
+    );
+    check_refuses(
+        d,
+        &[],
+        Some(&rule("path = \"*\"\nexpires = \"1y\"")),
+        "headers 1: expires: \"1y\" is not a duration",
+    );
     check_refuses(d, &[], Some(&rule("path = \"*\"")), "headers 1: the rule sets nothing");
     check_refuses(d, &[], Some("cors = [\"a.example\"]\n"), "cors: \"a.example\" is not an origin");
     check_refuses(d, &["--cors", "ftp://x"], None, "cors: \"ftp://x\" is not an origin");
@@ -275,7 +365,14 @@ fn listing_end_to_end() {
         assert_eq!(r.header("vary"), Some("Accept"), "{proto}");
         let page = r.body_str();
         let at = |s: &str| page.find(s).unwrap_or_else(|| panic!("{proto}: {s:?} missing from {page}"));
-        let order = ["Alpha/</a>", "zeta/</a>", "caf\u{e9} &lt;b&gt;.txt</a>", "File1.txt</a>", "file2.txt</a>", "file10.txt</a>"];
+        let order = [
+            "Alpha/</a>",
+            "zeta/</a>",
+            "caf\u{e9} &lt;b&gt;.txt</a>",
+            "File1.txt</a>",
+            "file2.txt</a>",
+            "file10.txt</a>",
+        ];
         let pos: Vec<usize> = order.iter().map(|s| at(s)).collect();
         assert!(pos.windows(2).all(|w| w[0] < w[1]), "{proto}: order {pos:?} in {page}");
         assert!(page.contains("<td class=\"n\">10 B</td>"), "{proto}: {page}");
@@ -286,7 +383,10 @@ fn listing_end_to_end() {
         let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         let names: Vec<&str> = j.as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["Alpha", "zeta", "caf\u{e9} <b>.txt", "File1.txt", "file2.txt", "file10.txt"], "{proto}");
-        assert_eq!((j[0]["type"].as_str(), j[5]["type"].as_str(), j[5]["size"].as_u64()), (Some("directory"), Some("file"), Some(10)));
+        assert_eq!(
+            (j[0]["type"].as_str(), j[5]["type"].as_str(), j[5]["size"].as_u64()),
+            (Some("directory"), Some("file"), Some(10))
+        );
         assert!(j[5]["mtime"].as_str().is_some_and(|t| t.len() == 20 && t.ends_with('Z')), "{proto}: {}", j[5]);
     }
     let r = fetch(&srv.url("/d/zeta%20%3Cq%3E/"), &[]);
@@ -300,13 +400,20 @@ fn listing_end_to_end() {
 /// that is a real PNG with more than a blank page's colours.
 #[test]
 fn chromium_renders_a_listing() {
-    let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success())) else {
+    let Some(chromium) = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+    else {
         panic!("chromium is not installed (scripts/test installs Debian's chromium)");
     };
     let names = ["alpha.txt", "beta-2.css", "beta-10.css", "gamma dir", "\u{e9}t\u{e9}.html"];
     let mut b = Server::builder().arg("--autoindex");
     for n in names {
-        b = if n.ends_with("dir") { b.file(&format!("list/{n}/x"), b"x") } else { b.file(&format!("list/{n}"), b"some bytes") };
+        b = if n.ends_with("dir") {
+            b.file(&format!("list/{n}/x"), b"x")
+        } else {
+            b.file(&format!("list/{n}"), b"some bytes")
+        };
     }
     let srv = b.start();
     let profile = srv.dir().join("chromium-profile");

@@ -48,7 +48,8 @@ fn ranges_head_304_404() {
     assert_eq!(r.body, &body[100..16484]);
 
     // nghttp shows the frames: HEAD gets HEADERS with END_STREAM and no DATA.
-    let out = run_with_timeout(tool("nghttp").args(["-nv", "-H", ":method: HEAD", &url]), None, Duration::from_secs(30));
+    let out =
+        run_with_timeout(tool("nghttp").args(["-nv", "-H", ":method: HEAD", &url]), None, Duration::from_secs(30));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains(":status: 200") && text.contains("content-length: 50000"), "{text}");
@@ -67,7 +68,8 @@ fn ranges_head_304_404() {
 /// Several URLs at once share one connection (curl waits to multiplex).
 #[test]
 fn multiplexed_on_one_connection() {
-    let files: Vec<(String, Vec<u8>)> = (0..6).map(|i| (format!("m{i}"), pattern(100_000 + i * 7919, i as u64))).collect();
+    let files: Vec<(String, Vec<u8>)> =
+        (0..6).map(|i| (format!("m{i}"), pattern(100_000 + i * 7919, i as u64))).collect();
     let mut b = Server::builder();
     for (name, data) in &files {
         b = b.file(name, data);
@@ -132,7 +134,11 @@ fn nghttp_verbose() {
 #[test]
 fn h2load_completes_without_failures() {
     let srv = Server::builder().file("f", pattern(20_000, 9)).no_access_log().start();
-    let out = run_with_timeout(tool("h2load").args(["-n", "2000", "-c", "4", "-m", "16", &srv.url("/f")]), None, Duration::from_secs(120));
+    let out = run_with_timeout(
+        tool("h2load").args(["-n", "2000", "-c", "4", "-m", "16", &srv.url("/f")]),
+        None,
+        Duration::from_secs(120),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("2000 succeeded, 0 failed, 0 errored, 0 timeout"), "{text}");
@@ -146,7 +152,12 @@ fn conformance_script() {
     let srv = Server::builder().file("100k", pattern(100_000, 5)).no_access_log().start();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h2/conformance.py");
     let out = run_with_timeout(
-        tool("/usr/bin/python3").arg(&script).args([&srv.addr().ip().to_string(), &srv.port().to_string(), "--path", "/100k"]),
+        tool("/usr/bin/python3").arg(&script).args([
+            &srv.addr().ip().to_string(),
+            &srv.port().to_string(),
+            "--path",
+            "/100k",
+        ]),
         None,
         Duration::from_secs(300),
     );
@@ -162,7 +173,10 @@ fn conformance_script() {
 /// client port: one connection.
 #[test]
 fn chromium_loads_fifty_subresources_over_one_connection() {
-    let Some(chromium) = ["chromium", "chromium-browser"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success())) else {
+    let Some(chromium) = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+    else {
         panic!("chromium is not installed (scripts/test installs Debian's chromium)");
     };
     // A 1x1 transparent GIF.
@@ -174,7 +188,10 @@ fn chromium_loads_fifty_subresources_over_one_connection() {
         tags += &format!("<img src=\"/img/{i}.gif\" onload=\"ok()\" onerror=\"bad()\">\n");
     }
     for i in 0..15 {
-        b = b.file(&format!("js/{i}.js"), format!("window.scripts = (window.scripts || 0) + 1; // {}\n", "x".repeat(i * 500)));
+        b = b.file(
+            &format!("js/{i}.js"),
+            format!("window.scripts = (window.scripts || 0) + 1; // {}\n", "x".repeat(i * 500)),
+        );
         tags += &format!("<script src=\"/js/{i}.js\" onload=\"ok()\" onerror=\"bad()\"></script>\n");
     }
     for i in 0..15 {
@@ -226,7 +243,8 @@ fn chromium_loads_fifty_subresources_over_one_connection() {
     // On one connection: Chromium's net log has one HTTP/2 session, which sent all
     // 51 requests. (Chromium may open a spare TLS connection that carries no
     // request, so the server's accepted-connection count is not the measure.)
-    let log: serde_json::Value = serde_json::from_slice(&std::fs::read(&netlog).expect("chromium wrote its net log")).expect("net log JSON");
+    let log: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&netlog).expect("chromium wrote its net log")).expect("net log JSON");
     let event_type = |name: &str| log["constants"]["logEventTypes"][name].as_u64().expect("known net log event");
     let send_headers = event_type("HTTP2_SESSION_SEND_HEADERS");
     let mut per_session: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
@@ -235,7 +253,11 @@ fn chromium_loads_fifty_subresources_over_one_connection() {
             *per_session.entry(e["source"]["id"].as_u64().unwrap_or(0)).or_default() += 1;
         }
     }
-    assert_eq!(per_session.values().copied().collect::<Vec<_>>(), vec![51], "requests per HTTP/2 session: {per_session:?}");
+    assert_eq!(
+        per_session.values().copied().collect::<Vec<_>>(),
+        vec![51],
+        "requests per HTTP/2 session: {per_session:?}"
+    );
     assert!(stopped.stat("connections") <= 2, "{}", stopped.stderr);
 }
 

@@ -49,11 +49,7 @@ fn assert_serves_then_stops_promptly(srv: Server) -> Stopped {
     assert_eq!(fetch(&srv.url("/f.txt"), &[]).body, F_TXT.as_bytes(), "a normal request after the bad inputs");
     let st = srv.stop();
     st.assert_clean_exit();
-    assert!(
-        !st.stderr.contains("panicked"),
-        "the server panicked:\n{}",
-        st.stderr
-    );
+    assert!(!st.stderr.contains("panicked"), "the server panicked:\n{}", st.stderr);
     assert_eq!(st.stat("panics"), 0, "{}", st.stderr);
     assert!(
         st.took < PROMPT,
@@ -236,7 +232,10 @@ fn s_client_max_send_frag_512_completes_a_request() {
     let srv = server(&[]);
     for version in ["-tls1_3", "-tls1_2"] {
         // A long ALPN list makes the ClientHello span several 512-byte records.
-        let alpn = format!("http/1.1,{}", (0..40).map(|i| format!("proto-{i:02}-{}", "x".repeat(20))).collect::<Vec<_>>().join(","));
+        let alpn = format!(
+            "http/1.1,{}",
+            (0..40).map(|i| format!("proto-{i:02}-{}", "x".repeat(20))).collect::<Vec<_>>().join(",")
+        );
         let o = s_client_output(
             srv.addr(),
             &["-quiet", version, "-max_send_frag", "512", "-alpn", &alpn],
@@ -255,7 +254,10 @@ fn s_client_max_send_frag_512_completes_a_request() {
 }
 
 /// A ClientHello over 16 KiB (a long ALPN list), which rustls sends as two records.
-fn big_hello_config(versions: &[&'static rustls::SupportedProtocolVersion], alpn_len: usize) -> Arc<rustls::ClientConfig> {
+fn big_hello_config(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn_len: usize,
+) -> Arc<rustls::ClientConfig> {
     let mut cfg = (*client_config(versions)).clone();
     cfg.alpn_protocols = (0..alpn_len).map(|i| format!("p{i:03}-{}", "y".repeat(200)).into_bytes()).collect();
     cfg.alpn_protocols.push(b"http/1.1".to_vec());
@@ -355,7 +357,12 @@ fn alpn_mismatch_gets_a_complete_alert() {
 
 #[test]
 fn failed_handshakes_are_counted_and_logged_by_reason() {
-    let srv = server(&["--handshake-timeout", "1", "--cipher-suites", "TLS_AES_128_GCM_SHA256,ECDHE-ECDSA-AES128-GCM-SHA256"]);
+    let srv = server(&[
+        "--handshake-timeout",
+        "1",
+        "--cipher-suites",
+        "TLS_AES_128_GCM_SHA256,ECDHE-ECDSA-AES128-GCM-SHA256",
+    ]);
     let addr = srv.addr();
     let mut expect: Vec<(SocketAddr, &str)> = Vec::new();
 
@@ -367,7 +374,11 @@ fn failed_handshakes_are_counted_and_logged_by_reason() {
 
     // Protocol error: no common suite.
     let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(&client_hello(client_config_with(&[&rustls::version::TLS12], Some(cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384)))).unwrap();
+    s.write_all(&client_hello(client_config_with(
+        &[&rustls::version::TLS12],
+        Some(cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384),
+    )))
+    .unwrap();
     assert!(read_raw_until_closed(&mut s, Duration::from_secs(10)).1);
     expect.push((s.local_addr().unwrap(), "protocol error"));
 
@@ -402,7 +413,11 @@ fn failed_handshakes_are_counted_and_logged_by_reason() {
 
     for (peer, reason) in &expect {
         let needle = format!("handshake with {peer} failed ({reason})");
-        assert!(srv.wait_stderr(&needle, Duration::from_secs(10)).is_some(), "no INFO line {needle:?}:\n{}", srv.stderr());
+        assert!(
+            srv.wait_stderr(&needle, Duration::from_secs(10)).is_some(),
+            "no INFO line {needle:?}:\n{}",
+            srv.stderr()
+        );
     }
     let st = srv.stop();
     st.assert_clean_exit();
@@ -461,7 +476,11 @@ fn plain_http_gets_a_readable_400() {
     assert_eq!(r.header("content-type"), Some("text/html"));
     assert!(r.body_str().contains(PLAIN_HTTP_TEXT), "{}", r.body_str());
 
-    for request in [&b"GET /f.txt HTTP/1.1\r\nHost: x\r\n\r\n"[..], b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", b"HEAD / HTTP/1.0\r\n\r\n"] {
+    for request in [
+        &b"GET /f.txt HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HEAD / HTTP/1.0\r\n\r\n",
+    ] {
         let got = send_raw(srv.addr(), request);
         let (resp, used) = parse_response(&got, false).unwrap_or_else(|| panic!("no complete response: {got:?}"));
         assert_eq!(used, got.len(), "bytes after the 400");

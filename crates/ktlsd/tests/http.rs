@@ -277,10 +277,7 @@ fn missing_file_is_404() {
 
 #[test]
 fn directory_serves_index_html() {
-    let srv = Server::builder()
-        .file("index.html", b"<h1>root</h1>")
-        .file("sub/index.html", b"<h1>sub</h1>")
-        .start();
+    let srv = Server::builder().file("index.html", b"<h1>root</h1>").file("sub/index.html", b"<h1>sub</h1>").start();
     let r = fetch(&srv.url("/"), &[]);
     assert_eq!(r.status, 200);
     assert_eq!(r.body, b"<h1>root</h1>");

@@ -267,20 +267,34 @@ impl rustls::client::ClientSessionStore for CountingStore {
     fn kx_hint(&self, name: &rustls_pki_types::ServerName<'_>) -> Option<rustls::NamedGroup> {
         self.inner.kx_hint(name)
     }
-    fn set_tls12_session(&self, name: rustls_pki_types::ServerName<'static>, v: rustls::client::Tls12ClientSessionValue) {
+    fn set_tls12_session(
+        &self,
+        name: rustls_pki_types::ServerName<'static>,
+        v: rustls::client::Tls12ClientSessionValue,
+    ) {
         self.inner.set_tls12_session(name, v)
     }
-    fn tls12_session(&self, name: &rustls_pki_types::ServerName<'_>) -> Option<rustls::client::Tls12ClientSessionValue> {
+    fn tls12_session(
+        &self,
+        name: &rustls_pki_types::ServerName<'_>,
+    ) -> Option<rustls::client::Tls12ClientSessionValue> {
         self.inner.tls12_session(name)
     }
     fn remove_tls12_session(&self, name: &rustls_pki_types::ServerName<'static>) {
         self.inner.remove_tls12_session(name)
     }
-    fn insert_tls13_ticket(&self, name: rustls_pki_types::ServerName<'static>, v: rustls::client::Tls13ClientSessionValue) {
+    fn insert_tls13_ticket(
+        &self,
+        name: rustls_pki_types::ServerName<'static>,
+        v: rustls::client::Tls13ClientSessionValue,
+    ) {
         self.tickets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.insert_tls13_ticket(name, v)
     }
-    fn take_tls13_ticket(&self, name: &rustls_pki_types::ServerName<'static>) -> Option<rustls::client::Tls13ClientSessionValue> {
+    fn take_tls13_ticket(
+        &self,
+        name: &rustls_pki_types::ServerName<'static>,
+    ) -> Option<rustls::client::Tls13ClientSessionValue> {
         self.inner.take_tls13_ticket(name)
     }
 }

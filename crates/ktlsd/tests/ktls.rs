@@ -41,9 +41,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    admin_get, scrape,
-    assert_body, bin_from_env, client_config_with, fetch, get_request, get_request_with, parse_response,
-    pattern, run_with_timeout, s_client_output, sha256, LineLog, RawResponse, Server, Stopped,
+    admin_get, assert_body, bin_from_env, client_config_with, fetch, get_request, get_request_with, parse_response,
+    pattern, run_with_timeout, s_client_output, scrape, sha256, LineLog, RawResponse, Server, Stopped,
 };
 use kernel_tls::TlsStat;
 use rustls::crypto::aws_lc_rs;
@@ -78,9 +77,9 @@ fn file<'a>(files: &'a [(&str, Vec<u8>)], name: &str) -> &'a [u8] {
 fn read_tls_stat() -> TlsStat {
     match TlsStat::read() {
         Ok(s) => s,
-        Err(e) => panic!(
-            "{e}\nthis suite needs a kernel with kTLS: run it with tests/ktls-vm (it boots VMs on real kernels)"
-        ),
+        Err(e) => {
+            panic!("{e}\nthis suite needs a kernel with kTLS: run it with tests/ktls-vm (it boots VMs on real kernels)")
+        }
     }
 }
 
@@ -219,11 +218,21 @@ impl Expect {
 /// directions, and nothing failed to decrypt.
 #[track_caller]
 fn assert_ktls(test: &str, s: &KtlsStopped, want: &Expect) {
-    let server_line = ["connections", "ktls", "userspace", "ktls_install_failures", "ktls_record_errors", "rekey_unsupported", "key_updates", "errors", "timeouts"]
-        .iter()
-        .filter_map(|k| s.stats.get(*k).map(|v| format!("{k}={v}")))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let server_line = [
+        "connections",
+        "ktls",
+        "userspace",
+        "ktls_install_failures",
+        "ktls_record_errors",
+        "rekey_unsupported",
+        "key_updates",
+        "errors",
+        "timeouts",
+    ]
+    .iter()
+    .filter_map(|k| s.stats.get(*k).map(|v| format!("{k}={v}")))
+    .collect::<Vec<_>>()
+    .join(" ");
     println!("[tls_stat] {test}: {} | server: {server_line}", s.tls.summary());
 
     let ctx = || format!("\n--- server stderr:\n{}\n--- access log:\n{}", s.stderr, s.access_log.join("\n"));
@@ -250,7 +259,12 @@ fn assert_ktls(test: &str, s: &KtlsStopped, want: &Expect) {
         s.tls.summary()
     );
     for gauge in ["TlsCurrTxSw", "TlsCurrRxSw"] {
-        assert_eq!(s.tls.get(gauge), 0, "{gauge} did not return to its value before the test (leaked kTLS socket?); {}", s.tls.summary());
+        assert_eq!(
+            s.tls.get(gauge),
+            0,
+            "{gauge} did not return to its value before the test (leaked kTLS socket?); {}",
+            s.tls.summary()
+        );
     }
 
     assert_eq!(s.access_log.len(), want.requests, "access log lines{}", ctx());
@@ -592,7 +606,10 @@ fn doctor_reports_ktls_usable() {
     assert!(o.status.success(), "ktlsd doctor: {}\n{human}", o.status);
     assert!(human.contains("usable") && !human.contains("NOT usable"), "{human}");
     let after = read_tls_stat();
-    println!("[tls_stat] doctor_reports_ktls_usable: {} | rekey supported: {rekey}", StatDelta { before, after }.summary());
+    println!(
+        "[tls_stat] doctor_reports_ktls_usable: {} | rekey supported: {rekey}",
+        StatDelta { before, after }.summary()
+    );
 }
 
 // ============================================================== tests: matrix
@@ -629,7 +646,11 @@ fn matrix(test: &str, v: V, c: Cipher) {
     assert_body(&format!("curl range ({test})"), &body, &big[1_000_000..3_500_000]);
     expected_log.push(("/big".into(), 206, 2_500_000));
     let r16385 = file(&files, "r16385");
-    let r = s_client_get(server.addr(), &ossl_tls, &get_request_with("/r16385", "Range: bytes=16000-16384\r\nConnection: close\r\n"));
+    let r = s_client_get(
+        server.addr(),
+        &ossl_tls,
+        &get_request_with("/r16385", "Range: bytes=16000-16384\r\nConnection: close\r\n"),
+    );
     assert_eq!(r.status, 206, "s_client range");
     assert_eq!(r.header("Content-Range"), Some("bytes 16000-16384/16385"));
     assert_body(&format!("s_client range ({test})"), &r.body, &r16385[16000..]);
@@ -644,7 +665,8 @@ fn matrix(test: &str, v: V, c: Cipher) {
     for (path, status, bytes) in &expected_log {
         let i = seen.entry(path.clone()).or_default();
         let entries = logged(&s, path);
-        let (st, b) = entries.get(*i).copied().unwrap_or_else(|| panic!("no log line #{i} for {path}: {:?}", s.access_log));
+        let (st, b) =
+            entries.get(*i).copied().unwrap_or_else(|| panic!("no log line #{i} for {path}: {:?}", s.access_log));
         assert_eq!(st, *status, "access log status for GET {path} (#{i}): {:?}", s.access_log);
         assert_eq!(b, *bytes, "access log bytes for GET {path} (#{i}): {:?}", s.access_log);
         *i += 1;
@@ -707,7 +729,9 @@ fn precompressed_variant_over_ktls() {
     let server = KtlsServer::start(&files, &["--precompressed", "br,gzip"]);
     let mut requests = 0;
     for proto in ["--http1.1", "--http2"] {
-        for (path, accept, coding, variant) in [("/big", "gzip", "gzip", "big.gz"), ("/odd", "br, gzip", "br", "odd.br")] {
+        for (path, accept, coding, variant) in
+            [("/big", "gzip", "gzip", "big.gz"), ("/odd", "br, gzip", "br", "odd.br")]
+        {
             let r = fetch(&server.url(path), &[proto, "--max-time", "90", "-H", &format!("Accept-Encoding: {accept}")]);
             assert_eq!((r.status, r.header("content-encoding")), (200, Some(coding)), "{proto} {path}");
             assert_body(&format!("{proto} {path} as {coding}"), &r.body, file(&files, variant));
@@ -976,8 +1000,9 @@ fn key_update_from_rustls_client() {
 fn key_update_from_openssl_s_client() {
     let test = "key_update_from_openssl_s_client";
     let rekey = kernel_can_rekey();
-    let bodies: Vec<(String, Vec<u8>)> =
-        (1..=3).map(|i| (format!("ku{i}.txt"), format!("key-update-body-{i}-{}\n", sha256(&[i])).into_bytes())).collect();
+    let bodies: Vec<(String, Vec<u8>)> = (1..=3)
+        .map(|i| (format!("ku{i}.txt"), format!("key-update-body-{i}-{}\n", sha256(&[i])).into_bytes()))
+        .collect();
     let files: Vec<(&str, Vec<u8>)> = bodies.iter().map(|(n, b)| (n.as_str(), b.clone())).collect();
     let server = KtlsServer::start(&files, &[]);
 
@@ -1056,7 +1081,12 @@ fn key_update_from_openssl_s_client() {
     if rekey {
         assert!(status.success(), "s_client: {status}{}", diag(&out, &err));
         assert_eq!(sent_updates, 2, "KeyUpdates s_client sent{}", diag(&out, &err));
-        assert_eq!(got_updates, 1, "the server answers `K` (update requested) with its own KeyUpdate{}", diag(&out, &err));
+        assert_eq!(
+            got_updates,
+            1,
+            "the server answers `K` (update requested) with its own KeyUpdate{}",
+            diag(&out, &err)
+        );
         assert_ktls(test, &s, &Expect { exact_installs: false, ..Expect::conns(1, served) });
         assert_eq!(s.stat("key_updates"), 2, "{}", s.stderr);
         assert_eq!(s.stat("errors"), 0, "{}", s.stderr);
@@ -1151,18 +1181,14 @@ fn records(raw: &[u8]) -> Vec<(usize, u8, usize)> {
 fn record_size_policies() {
     let files = standard_files();
     let odd = file(&files, "odd");
-    let cases: [(&str, &[&str]); 4] = [
-        ("static:4k", &[]),
-        ("dynamic", &[]),
-        ("adaptive", &[]),
-        ("static:16k", &["--tcp-notsent-lowat", "16384"]),
-    ];
+    let cases: [(&str, &[&str]); 4] =
+        [("static:4k", &[]), ("dynamic", &[]), ("adaptive", &[]), ("static:16k", &["--tcp-notsent-lowat", "16384"])];
     for (policy, extra) in cases {
         // A stall shows as the send timeout cutting the connection.
         let mut args = vec!["--send-timeout", "20", "--record-size", policy];
         args.extend_from_slice(extra);
         let server = KtlsServer::start(&files, &args);
-            for v in [V::Tls13, V::Tls12] {
+        for v in [V::Tls13, V::Tls12] {
             // AES-128-GCM: 17 bytes of expansion per TLS 1.3 record, 24 per TLS 1.2 one.
             let expansion = if v == V::Tls13 { 17 } else { 24 };
             let mut c = WireClient::start(server.addr(), &client_config(v, Some(rustls_suite(v, Cipher::Aes128Gcm))));
@@ -1187,7 +1213,10 @@ fn record_size_policies() {
             // The last one or two may be the close_notify alert (TLS 1.3 hides its type).
             let body_records: Vec<usize> = sizes.iter().copied().filter(|&n| n > 2).collect();
             let total: usize = body_records.iter().sum();
-            assert!((ODD..ODD + 1024).contains(&total), "{policy} {v:?}: {total} plaintext bytes in the response records");
+            assert!(
+                (ODD..ODD + 1024).contains(&total),
+                "{policy} {v:?}: {total} plaintext bytes in the response records"
+            );
             let max = body_records.iter().copied().max().unwrap_or(0);
             println!(
                 "[record_size_policies] {policy} {v:?}: {} records, max {max}, first {:?}",
@@ -1205,7 +1234,11 @@ fn record_size_policies() {
                     // the request for /one used the first.
                     assert!(body_records.len() > 80, "{policy} {v:?}: {} records", body_records.len());
                     assert!(body_records[..38].iter().all(|&n| n <= 1369), "{policy} {v:?}: {:?}", &body_records[..40]);
-                    assert!(body_records[40..78].iter().all(|&n| n <= 4229 && n > 1369), "{policy} {v:?}: {:?}", &body_records[38..80]);
+                    assert!(
+                        body_records[40..78].iter().all(|&n| n <= 4229 && n > 1369),
+                        "{policy} {v:?}: {:?}",
+                        &body_records[38..80]
+                    );
                     assert_eq!(max, 16384, "{policy} {v:?}: full records after the ramp");
                 }
                 _ => assert!(max <= 16384, "{policy} {v:?}: a record of {max} bytes"),
@@ -1375,7 +1408,8 @@ fn refused_handshake_alert_is_complete_then_ktls() {
         }
     }
     let mut s = TcpStream::connect(server.addr()).unwrap();
-    s.write_all(&common::client_hello(client_config(V::Tls12, Some(rustls_suite(V::Tls12, Cipher::Aes128Gcm))))).unwrap();
+    s.write_all(&common::client_hello(client_config(V::Tls12, Some(rustls_suite(V::Tls12, Cipher::Aes128Gcm)))))
+        .unwrap();
     // A fatal alert from the client after its ClientHello ends that handshake too.
     s.write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 46]).unwrap();
     let (_, closed) = common::read_raw_until_closed(&mut s, Duration::from_secs(20));
@@ -1445,7 +1479,6 @@ fn lingering_close_delivers_whole_responses() {
     assert_ktls("lingering_close_delivers_whole_responses", &s, &Expect::conns(connections, requests));
     assert_eq!((s.stat("errors"), s.stat("timeouts")), (0, 0), "{}", s.stderr);
 }
-
 
 // ============================================================== tests: bad records
 
@@ -1626,7 +1659,10 @@ fn h2_bodies_and_one_frame_per_record() {
     assert!(out.status.success(), "nghttp failed: {}", String::from_utf8_lossy(&out.stderr));
     let frames = data_frames(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(frames.iter().sum::<usize>(), BIG, "DATA bytes");
-    assert!(frames.iter().any(|&n| n != 16384 - 9 && n != *frames.last().unwrap_or(&0)), "no odd-sized frame: {frames:?}");
+    assert!(
+        frames.iter().any(|&n| n != 16384 - 9 && n != *frames.last().unwrap_or(&0)),
+        "no odd-sized frame: {frames:?}"
+    );
     frames_one_per_record(&frames, &records.join().expect("proxy"), "small windows");
 
     let s = server.stop();
@@ -1700,7 +1736,9 @@ fn metrics_count_ktls_connections_and_relay_tls_stat() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let after = loop {
         let m = scrape(&sock);
-        if sample(&m, &layer("ktls")) - before.get(&layer("ktls")).copied().unwrap_or(0.0) >= 3.0 || Instant::now() > deadline {
+        if sample(&m, &layer("ktls")) - before.get(&layer("ktls")).copied().unwrap_or(0.0) >= 3.0
+            || Instant::now() > deadline
+        {
             break m;
         }
         thread::sleep(Duration::from_millis(100));
@@ -1722,7 +1760,12 @@ fn metrics_count_ktls_connections_and_relay_tls_stat() {
 /// Runs `ktlsd` over kTLS with `files`, fetches `urls` on `connections` kept-alive
 /// curl connections (through netem's `link` on lo if given, set up once the
 /// server has started), and returns `/advisor`'s recommendation and reason.
-fn advice_after(files: &[(&str, Vec<u8>)], urls: &[&str], connections: usize, link: Option<&[&str]>) -> (String, String) {
+fn advice_after(
+    files: &[(&str, Vec<u8>)],
+    urls: &[&str],
+    connections: usize,
+    link: Option<&[&str]>,
+) -> (String, String) {
     let (server, _dir, sock) = ktls_with_admin(files, &["--record-size", "dynamic"]);
     let netem = link.map(Netem::on);
     for _ in 0..connections {
@@ -1739,7 +1782,9 @@ fn advice_after(files: &[(&str, Vec<u8>)], urls: &[&str], connections: usize, li
         let (status, body) = admin_get(&sock, "/advisor");
         assert_eq!(status, 200, "{body}");
         let v: serde_json::Value = serde_json::from_str(&body).expect("advisor JSON");
-        if v["samples"].as_u64() >= Some(want) && v["connections"].as_u64() >= Some(connections as u64) || Instant::now() > deadline {
+        if v["samples"].as_u64() >= Some(want) && v["connections"].as_u64() >= Some(connections as u64)
+            || Instant::now() > deadline
+        {
             break v;
         }
         thread::sleep(Duration::from_millis(100));
@@ -1748,7 +1793,10 @@ fn advice_after(files: &[(&str, Vec<u8>)], urls: &[&str], connections: usize, li
     assert!(advice["current"].as_str().is_some_and(|c| c.starts_with("dynamic")), "{advice}");
     drop(netem);
     server.stop();
-    (advice["recommended"].as_str().unwrap_or_default().to_string(), advice["reason"].as_str().unwrap_or_default().to_string())
+    (
+        advice["recommended"].as_str().unwrap_or_default().to_string(),
+        advice["reason"].as_str().unwrap_or_default().to_string(),
+    )
 }
 
 /// `tc qdisc` on lo for the life of the guard.

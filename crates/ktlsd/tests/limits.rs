@@ -373,4 +373,3 @@ fn concurrent_clients_are_all_served() {
     assert_eq!(st.stat("connections"), 16);
     assert_eq!(st.stat("errors"), 0);
 }
-

@@ -103,7 +103,13 @@ fn reload_swaps_the_certificate_without_a_failed_request_or_an_interrupted_downl
                 if let Some(end) = find(&got, b"\r\n\r\n") {
                     let (_, status, headers) = parse_head(&String::from_utf8_lossy(&got[..end + 4]));
                     assert_eq!(status, 200);
-                    let len: usize = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-length")).unwrap().1.parse().unwrap();
+                    let len: usize = headers
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                        .unwrap()
+                        .1
+                        .parse()
+                        .unwrap();
                     got.drain(..end + 4);
                     body_left = Some(len);
                 }
@@ -160,7 +166,9 @@ fn reload_swaps_the_certificate_without_a_failed_request_or_an_interrupted_downl
         }
     };
     wait_requests(20);
-    for (i, (c, k, fp)) in [(&cert_b, &key_b, &fp_b), (&cert_a, &key_a, &fp_a), (&cert_b, &key_b, &fp_b)].into_iter().enumerate() {
+    for (i, (c, k, fp)) in
+        [(&cert_b, &key_b, &fp_b), (&cert_a, &key_a, &fp_a), (&cert_b, &key_b, &fp_b)].into_iter().enumerate()
+    {
         replace_file(c, &cert);
         replace_file(k, &key);
         let line = reload(&srv, i + 1);
@@ -177,7 +185,12 @@ fn reload_swaps_the_certificate_without_a_failed_request_or_an_interrupted_downl
     assert_eq!(sum, want, "the download arrived corrupted");
     assert_eq!((status, body.as_str()), (200, "small\n"));
     let failures = failures.lock().unwrap();
-    assert!(failures.is_empty(), "{} failed request(s) during reloads: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "{} failed request(s) during reloads: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= 4, "the loop saw only {seen:?} (wanted A, B, A, B in turn)");
     assert_eq!(seen.first(), Some(&fp_a));
@@ -217,7 +230,11 @@ fn an_invalid_reload_keeps_the_running_configuration() {
 
     // A root that is gone.
     replace_file(&key_a, &key);
-    std::fs::write(&conf, format!("{good}root = \"/nonexistent/www\"\n").replace(&format!("root = {:?}\n", srv.root()), "")).unwrap();
+    std::fs::write(
+        &conf,
+        format!("{good}root = \"/nonexistent/www\"\n").replace(&format!("root = {:?}\n", srv.root()), ""),
+    )
+    .unwrap();
     let line = reload(&srv, 3);
     assert!(line.contains("reload failed") && line.contains("/nonexistent/www"), "{line}");
     assert_eq!(count_lines(&srv, "reload failed"), 3, "one line per failed reload:\n{}", srv.stderr());

@@ -83,7 +83,8 @@ fn redirect_omits_port_443() {
     let b = Server::builder().listen(&["127.0.0.1:443"]).args(["--http-listen", "127.0.0.1:0"]);
     let s = b.try_start().unwrap_or_else(|e| panic!("this test binds 127.0.0.1:443 and needs privileges for it: {e}"));
     let line = s.wait_stderr("listening on http://", Duration::from_secs(5)).expect("plain listener line");
-    let http: SocketAddr = line.split("listening on http://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let http: SocketAddr =
+        line.split("listening on http://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     let resp = raw(http, b"GET /p?q=1 HTTP/1.1\r\nHost: example.com\r\n\r\n");
     assert_eq!(header(&resp, "location"), Some("https://example.com/p?q=1"));
 }
@@ -172,7 +173,9 @@ fn hsts_on_every_https_response_and_not_on_plain() {
     let not_modified = fetch(&s.url("/a.txt"), &["-H", &format!("If-None-Match: {etag}")]);
     let missing = fetch(&s.url("/nope"), &[]);
     let post = fetch(&s.url("/a.txt"), &["-X", "POST"]);
-    for (what, r, status) in [("200", &ok, 200), ("304", &not_modified, 304), ("404", &missing, 404), ("405", &post, 405)] {
+    for (what, r, status) in
+        [("200", &ok, 200), ("304", &not_modified, 304), ("404", &missing, 404), ("405", &post, 405)]
+    {
         assert_eq!(r.status, status, "{what}");
         assert_eq!(r.header("strict-transport-security"), Some(HSTS), "{what}: {:?}", r.headers);
         assert_eq!(r.header_count("strict-transport-security"), 1, "{what}");
@@ -232,7 +235,8 @@ fn options_are_validated_at_start_and_by_check() {
                 .expect("run ktlsd");
             let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "{sub} {args:?} succeeded");
-            let line = stderr.lines().find(|l| l.contains("error")).unwrap_or_else(|| panic!("{sub} {args:?}: {stderr}"));
+            let line =
+                stderr.lines().find(|l| l.contains("error")).unwrap_or_else(|| panic!("{sub} {args:?}: {stderr}"));
             for n in needles {
                 assert!(line.contains(n), "{sub} {args:?}: {line:?} lacks {n:?}");
             }
@@ -263,7 +267,8 @@ fn file_keys_and_reload() {
     let cfg = b.write_config("http_listen = [\"127.0.0.1:0\"]\nhsts = \"max-age=60\"\n");
     let s = b.arg("--config").arg(&cfg).start();
     let line = s.wait_stderr("listening on http://", Duration::from_secs(5)).expect("plain listener from the file");
-    let http: SocketAddr = line.split("listening on http://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let http: SocketAddr =
+        line.split("listening on http://").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     assert_eq!(fetch(&s.url("/a.txt"), &[]).header("strict-transport-security"), Some("max-age=60"));
 
     // HSTS follows a reload; the plain listener's addresses need a restart.

@@ -159,11 +159,8 @@ fn dynamic_records_ramp_in_stages() {
 #[test]
 fn dynamic_records_start_small_again_after_idle() {
     let body = pattern(50_000, 3);
-    let server = Server::builder()
-        .file("f.bin", &body)
-        .arg("--record-size")
-        .arg("dynamic:threshold=2,timeout=300ms")
-        .start();
+    let server =
+        Server::builder().file("f.bin", &body).arg("--record-size").arg("dynamic:threshold=2,timeout=300ms").start();
     let mut c = WireClient::connect(&server);
     c.get("/f.bin");
     let head = head_len_of(&mut c, body.len());
@@ -203,4 +200,3 @@ fn adaptive_records_grow_with_the_window() {
     let first_full = lens.iter().position(|&l| l == 16384).unwrap();
     assert!(lens[..first_full].iter().all(|&l| l < 16384));
 }
-

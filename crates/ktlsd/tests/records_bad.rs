@@ -21,10 +21,8 @@ const PROMPT: Duration = Duration::from_secs(3);
 
 #[test]
 fn bad_records_get_their_alert_at_once() {
-    let server = Server::builder()
-        .file("index.html", "hello\n")
-        .args(["--ktls", "off", "--idle-timeout", IDLE])
-        .start();
+    let server =
+        Server::builder().file("index.html", "hello\n").args(["--ktls", "off", "--idle-timeout", IDLE]).start();
     let fixtures = [
         ("TLS 1.3 AES-128-GCM", &rustls::version::TLS13, cs::TLS13_AES_128_GCM_SHA256),
         ("TLS 1.3 ChaCha20", &rustls::version::TLS13, cs::TLS13_CHACHA20_POLY1305_SHA256),
@@ -61,7 +59,11 @@ fn bad_records_get_their_alert_at_once() {
                 failures.push(format!("{fixture}: {}: ended {:?} after {:?}", case.name, end.how, end.elapsed));
             }
             if !end.data().is_empty() {
-                failures.push(format!("{fixture}: {}: {} bytes of data after the bad record", case.name, end.data().len()));
+                failures.push(format!(
+                    "{fixture}: {}: {} bytes of data after the bad record",
+                    case.name,
+                    end.data().len()
+                ));
             }
         }
     }
@@ -78,10 +80,7 @@ fn bad_records_get_their_alert_at_once() {
 #[test]
 fn bad_record_during_a_response_gets_its_alert_after_it() {
     let big = common::pattern(8 << 20, 7);
-    let server = Server::builder()
-        .file("big", &big)
-        .args(["--ktls", "off", "--idle-timeout", IDLE])
-        .start();
+    let server = Server::builder().file("big", &big).args(["--ktls", "off", "--idle-timeout", IDLE]).start();
     for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
         let v = version.version;
         let mut c = ForgingClient::connect(server.addr(), version, None);
@@ -94,12 +93,23 @@ fn bad_record_during_a_response_gets_its_alert_after_it() {
         c.send_raw(&bad);
         let end = c.read_until_end(Duration::from_secs(20));
         let data = end.data();
-        println!("[{v:?}] {} response bytes, then {:?}, {:?} after {:?}", data.len(), end.alerts(), end.how, end.elapsed);
-        let (resp, used) = common::parse_response(&data, false).unwrap_or_else(|| panic!("{v:?}: no complete response"));
+        println!(
+            "[{v:?}] {} response bytes, then {:?}, {:?} after {:?}",
+            data.len(),
+            end.alerts(),
+            end.how,
+            end.elapsed
+        );
+        let (resp, used) =
+            common::parse_response(&data, false).unwrap_or_else(|| panic!("{v:?}: no complete response"));
         assert_eq!(resp.status, 200, "{v:?}");
         common::assert_body("/big before the bad record's alert", &resp.body, &big);
         assert_eq!(used, data.len(), "{v:?}: data after the response");
-        assert_eq!(end.records.last().map(|(t, p)| (*t, p.clone())), Some((21, vec![2, 20])), "{v:?}: the last record must be bad_record_mac");
+        assert_eq!(
+            end.records.last().map(|(t, p)| (*t, p.clone())),
+            Some((21, vec![2, 20])),
+            "{v:?}: the last record must be bad_record_mac"
+        );
         assert_eq!(end.how, Closing::Eof, "{v:?}");
         assert!(end.elapsed < PROMPT, "{v:?}: ended after {:?}", end.elapsed);
     }

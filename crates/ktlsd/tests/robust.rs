@@ -22,8 +22,9 @@ fn server(extra: &[&str]) -> Server {
 fn exchange(srv: &Server, request: &[u8], head: bool) -> RawResponse {
     let mut c = TlsClient::connect(srv.addr());
     c.send(request);
-    c.try_read_response(head)
-        .unwrap_or_else(|e| panic!("no response to {:?}: {e}", String::from_utf8_lossy(&request[..request.len().min(200)])))
+    c.try_read_response(head).unwrap_or_else(|e| {
+        panic!("no response to {:?}: {e}", String::from_utf8_lossy(&request[..request.len().min(200)]))
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -163,7 +164,10 @@ fn lingering_close_after_http10() {
 #[test]
 fn lingering_close_after_error_on_pipelined_request() {
     let big = pattern(MIB, 9);
-    lingering_case("GET /big HTTP/1.1\r\nHost: x\r\n\r\nGET /a.txt HTTP/1.1\r\nHost x\r\n\r\n", &[(200, Some(&big)), (400, None)]);
+    lingering_case(
+        "GET /big HTTP/1.1\r\nHost: x\r\n\r\nGET /a.txt HTTP/1.1\r\nHost x\r\n\r\n",
+        &[(200, Some(&big)), (400, None)],
+    );
 }
 
 #[test]
@@ -271,7 +275,16 @@ fn expect_100_continue_with_refused_method_is_405_without_reading_the_body() {
     let t = Instant::now();
     let r = fetch(
         &srv.url("/a.txt"),
-        &["-X", "POST", "--expect100-timeout", "20", "-H", "Expect: 100-continue", "--data-binary", &format!("@{}", body.display())],
+        &[
+            "-X",
+            "POST",
+            "--expect100-timeout",
+            "20",
+            "-H",
+            "Expect: 100-continue",
+            "--data-binary",
+            &format!("@{}", body.display()),
+        ],
     );
     assert_eq!(r.status, 405);
     assert!(t.elapsed() < Duration::from_secs(10), "curl waited {:?}", t.elapsed());
@@ -377,7 +390,9 @@ fn directory_redirect_keeps_the_query() {
 #[test]
 fn invalid_host_is_400() {
     let srv = server(&[]);
-    for host in ["Host: a b\r\n", "Host: a/b\r\n", "Host: \r\n", "Host: x\r\nHost: y\r\n", "Host: a\\b\r\n", "Host: u@h\r\n"] {
+    for host in
+        ["Host: a b\r\n", "Host: a/b\r\n", "Host: \r\n", "Host: x\r\nHost: y\r\n", "Host: a\\b\r\n", "Host: u@h\r\n"]
+    {
         let req = format!("GET /a.txt HTTP/1.1\r\n{host}\r\n");
         let r = exchange(&srv, req.as_bytes(), false);
         assert_eq!(r.status, 400, "{host:?}");
@@ -432,6 +447,7 @@ fn unknown_transfer_codings_are_501() {
     }
     let r = exchange(&srv, b"POST /a.txt HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n0\r\n\r\n", false);
     assert_eq!(r.status, 411);
-    let r = fetch(&srv.url("/a.txt"), &["--http1.1", "-H", "Transfer-Encoding: gzip", "-X", "POST", "--data-binary", "x"]);
+    let r =
+        fetch(&srv.url("/a.txt"), &["--http1.1", "-H", "Transfer-Encoding: gzip", "-X", "POST", "--data-binary", "x"]);
     assert_eq!(r.status, 501);
 }

@@ -63,7 +63,11 @@ fn assert_still_serving(srv: &Server) {
 fn dotdot_plain() {
     let srv = setup().start();
     get_as_is(&srv, "/../secret.txt", 400);
-    assert!(srv.wait_stderr("\"GET /../secret.txt HTTP/1.1\": 400", Duration::from_secs(5)).is_some(), "{}", srv.stderr());
+    assert!(
+        srv.wait_stderr("\"GET /../secret.txt HTTP/1.1\": 400", Duration::from_secs(5)).is_some(),
+        "{}",
+        srv.stderr()
+    );
     assert_still_serving(&srv);
 }
 

@@ -70,11 +70,7 @@ fn idle_connections_hold_no_buffers() {
 #[test]
 fn max_connections_refuses_extra_then_admits() {
     let big = body();
-    let srv = Server::builder()
-        .file("big.bin", &big)
-        .workers(Some(1))
-        .args(["--max-connections", "5"])
-        .start();
+    let srv = Server::builder().file("big.bin", &big).workers(Some(1)).args(["--max-connections", "5"]).start();
     let mut held = idle_clients(&srv, 5, &big);
     let refused = TlsClient::connect_with(srv.addr(), client_config(&[&rustls::version::TLS13]));
     assert!(refused.is_err(), "a sixth connection was served over --max-connections 5");

@@ -30,10 +30,7 @@ fn sigterm_lets_an_inflight_download_finish() {
 
     srv.signal(libc::SIGTERM);
     assert!(srv.wait_stderr("stopping:", Duration::from_secs(10)).is_some(), "{}", srv.stderr());
-    assert!(
-        wait_connect_refused(srv.addr(), Duration::from_secs(5)),
-        "new connections still accepted after SIGTERM"
-    );
+    assert!(wait_connect_refused(srv.addr(), Duration::from_secs(5)), "new connections still accepted after SIGTERM");
 
     let (rest, how) = c.read_until_close();
     first.extend_from_slice(&rest);
@@ -108,15 +105,7 @@ fn stopped_line_has_every_counter() {
     let st = srv.stop();
     st.assert_clean_exit();
     assert!(st.took < Duration::from_secs(5), "an idle server took {:?} to stop", st.took);
-    for c in [
-        "connections",
-        "handshake_failures",
-        "handshake_timeouts",
-        "ktls",
-        "userspace",
-        "timeouts",
-        "errors",
-    ] {
+    for c in ["connections", "handshake_failures", "handshake_timeouts", "ktls", "userspace", "timeouts", "errors"] {
         st.stat(c);
     }
     assert_eq!(st.stat("connections"), 1);

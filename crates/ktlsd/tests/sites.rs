@@ -55,7 +55,8 @@ fn s_client(port: u16, name: &str) -> Result<String, String> {
     let Some(start) = text.find("-----BEGIN CERTIFICATE-----") else { return Err(text) };
     let end = text.find("-----END CERTIFICATE-----").ok_or_else(|| text.clone())? + "-----END CERTIFICATE-----".len();
     use rustls::pki_types::pem::PemObject;
-    let der = rustls::pki_types::CertificateDer::from_pem_slice(&text.as_bytes()[start..end]).map_err(|e| format!("{e:?}"))?;
+    let der = rustls::pki_types::CertificateDer::from_pem_slice(&text.as_bytes()[start..end])
+        .map_err(|e| format!("{e:?}"))?;
     use sha2::{Digest, Sha256};
     Ok(Sha256::digest(der.as_ref()).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":"))
 }
@@ -100,7 +101,14 @@ fn each_site_gets_its_certificate_and_files_by_name() {
     let port = srv.port();
     let (fa, fw) = (&fps[0], &fps[1]);
     assert!(!default_fp.is_empty(), "no fingerprint in the start-up line: {}", srv.stderr());
-    for (name, want) in [("a.test", fa), ("A.TEST", fa), ("x.w.test", fw), ("w.test", fw), ("other.test", &default_fp), ("x.y.w.test", &default_fp)] {
+    for (name, want) in [
+        ("a.test", fa),
+        ("A.TEST", fa),
+        ("x.w.test", fw),
+        ("w.test", fw),
+        ("other.test", &default_fp),
+        ("x.y.w.test", &default_fp),
+    ] {
         assert_eq!(&s_client(port, name).unwrap_or_else(|e| panic!("{name}: {e}")), want, "certificate for {name}");
     }
     for (name, want) in [("a.test", "a"), ("x.w.test", "w"), ("other.test", "default")] {
@@ -170,7 +178,12 @@ fn check_refuses_bad_sites_in_one_line() {
         let cfg = d.join("ktlsd.toml");
         std::fs::write(&cfg, &body).unwrap();
         let out = run_with_timeout(
-            Command::new(BIN).args(["check", "--config"]).arg(&cfg).args(["--ephemeral-cert", "--listen", "127.0.0.1:0"]).args(allow_root_args()).arg(d.join("www")),
+            Command::new(BIN)
+                .args(["check", "--config"])
+                .arg(&cfg)
+                .args(["--ephemeral-cert", "--listen", "127.0.0.1:0"])
+                .args(allow_root_args())
+                .arg(d.join("www")),
             None,
             Duration::from_secs(20),
         );
@@ -182,7 +195,12 @@ fn check_refuses_bad_sites_in_one_line() {
     let cfg = d.join("ktlsd.toml");
     std::fs::write(&cfg, format!("{a}{}", site(d, "b", &["b.test", "*.b.test"]).0)).unwrap();
     let out = run_with_timeout(
-        Command::new(BIN).args(["check", "--config"]).arg(&cfg).args(["--ephemeral-cert", "--listen", "127.0.0.1:0"]).args(allow_root_args()).arg(d.join("www")),
+        Command::new(BIN)
+            .args(["check", "--config"])
+            .arg(&cfg)
+            .args(["--ephemeral-cert", "--listen", "127.0.0.1:0"])
+            .args(allow_root_args())
+            .arg(d.join("www")),
         None,
         Duration::from_secs(20),
     );

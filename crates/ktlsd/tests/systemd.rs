@@ -18,7 +18,8 @@ use common::*;
 const NOBODY: u32 = 65534;
 
 fn chmod(path: &Path, mode: u32) {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
 }
 
 /// The `Uid:`/`Gid:` lines of every thread of `pid`: (thread id, uid fields, gid fields).
@@ -115,10 +116,11 @@ fn root_without_user_is_refused_unless_allowed() {
         assert!(!server.stderr().contains("running as root"), "{}", server.stderr());
         return;
     }
-    let line = ServerBuilder::new()
-        .no_allow_root()
-        .run_to_exit()
-        .assert_startup_error(&["refusing to serve as root", "--user", "--allow-root"]);
+    let line = ServerBuilder::new().no_allow_root().run_to_exit().assert_startup_error(&[
+        "refusing to serve as root",
+        "--user",
+        "--allow-root",
+    ]);
     assert!(!line.contains('\n'));
 
     let dir = tempfile::tempdir().unwrap();
@@ -138,7 +140,10 @@ fn root_without_user_is_refused_unless_allowed() {
 fn bad_user_or_group_is_refused_at_start_up() {
     for (args, needles) in [
         (&["--user", "no-such-user-ktlsd"][..], &["user \"no-such-user-ktlsd\" does not exist"][..]),
-        (&["--user", "nobody", "--group", "no-such-group-ktlsd"][..], &["group \"no-such-group-ktlsd\" does not exist"][..]),
+        (
+            &["--user", "nobody", "--group", "no-such-group-ktlsd"][..],
+            &["group \"no-such-group-ktlsd\" does not exist"][..],
+        ),
         (&["--group", "nogroup"][..], &["group was given without user"][..]),
     ] {
         ServerBuilder::new().args(args).run_to_exit().assert_startup_error(needles);
@@ -174,7 +179,8 @@ fn reload_after_dropping_privileges() {
 
     chmod(&key, 0o600);
     server.signal(libc::SIGHUP);
-    let failed = server.wait_stderr("reload failed", Duration::from_secs(30)).unwrap_or_else(|| panic!("{}", server.stderr()));
+    let failed =
+        server.wait_stderr("reload failed", Duration::from_secs(30)).unwrap_or_else(|| panic!("{}", server.stderr()));
     assert!(failed.contains("runs as user nobody") && failed.contains("readable by it"), "{failed}");
     assert_eq!(status_of(&server, "/a.txt"), 200);
     let log = server.wait_access_log(3, Duration::from_secs(10));
@@ -218,7 +224,11 @@ fn socket_activation_serves_on_the_passed_sockets() {
     assert_eq!(first.join().expect("first request"), "activated\n 200");
     let stderr = server.stderr();
     assert_eq!(server.addrs(), &[a1, a2], "{stderr}");
-    assert!(stderr.contains("socket activation: using the 2 socket(s)") && stderr.contains("listen (127.0.0.1:0) is ignored"), "{stderr}");
+    assert!(
+        stderr.contains("socket activation: using the 2 socket(s)")
+            && stderr.contains("listen (127.0.0.1:0) is ignored"),
+        "{stderr}"
+    );
     for addr in [a1, a2, a1, a2, a1, a2] {
         let r = fetch(&url_for(addr, "/a.txt"), &[]);
         assert_eq!((r.status, r.body_str().as_str()), (200, "activated\n"), "{addr}");
@@ -242,7 +252,10 @@ fn notify_socket_gets_ready_reloading_and_stopping() {
     let dir = tempfile::tempdir().unwrap();
     let path: PathBuf = dir.path().join("notify");
     let abstract_name = format!("ktlsd-test-notify-{}", std::process::id());
-    for (listen, env) in [(path.to_string_lossy().into_owned(), path.to_string_lossy().into_owned()), (String::new(), format!("@{abstract_name}"))] {
+    for (listen, env) in [
+        (path.to_string_lossy().into_owned(), path.to_string_lossy().into_owned()),
+        (String::new(), format!("@{abstract_name}")),
+    ] {
         let sock = if listen.is_empty() {
             use std::os::linux::net::SocketAddrExt;
             let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
@@ -276,11 +289,20 @@ fn unit_files_verify_cleanly() {
         std::fs::write(dir.path().join(unit), text.replace("/usr/local/bin/ktlsd", BIN)).unwrap();
     }
     let service = std::fs::read_to_string(dist.join("ktlsd.service")).unwrap();
-    for line in ["Type=notify", "ExecReload=/bin/kill -HUP $MAINPID", "NoNewPrivileges=yes", "ProtectSystem=strict", "LimitNOFILE=65536", "--user "] {
+    for line in [
+        "Type=notify",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "LimitNOFILE=65536",
+        "--user ",
+    ] {
         assert!(service.contains(line), "ktlsd.service lacks {line:?}");
     }
     let out = run_with_timeout(
-        Command::new("systemd-analyze").args(["verify", "--man=no", "./ktlsd.socket", "./ktlsd.service"]).current_dir(dir.path()),
+        Command::new("systemd-analyze")
+            .args(["verify", "--man=no", "./ktlsd.socket", "./ktlsd.service"])
+            .current_dir(dir.path()),
         None,
         Duration::from_secs(60),
     );
@@ -317,5 +339,9 @@ fn check_accepts_a_port_held_for_socket_activation() {
     let _ = manager.kill();
     let _ = manager.wait();
     assert_eq!((out.status.code(), out.stdout.as_str()), (Some(0), "configuration OK\n"), "{}", out.stderr);
-    assert!(out.stderr.contains(&format!("{addr} is held by systemd-socket-")) && out.stderr.contains("socket activation"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("{addr} is held by systemd-socket-")) && out.stderr.contains("socket activation"),
+        "{}",
+        out.stderr
+    );
 }

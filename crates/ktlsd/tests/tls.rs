@@ -40,10 +40,7 @@ fn bodies_with_curl(version_args: &[&str], expect_version: &str) {
     let out = curl(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains(&format!("SSL connection using {expect_version}")),
-        "expected {expect_version}:\n{stderr}"
-    );
+    assert!(stderr.contains(&format!("SSL connection using {expect_version}")), "expected {expect_version}:\n{stderr}");
     for &n in SIZES {
         let got = tmp.path().join(format!("out{n}"));
         let want = srv.root().join(format!("s{n}.bin"));
@@ -127,7 +124,9 @@ fn body_100_mib_tls13() {
 fn record_size_policies_serve_identical_bytes() {
     let data = pattern(300_000, 55);
     let want = sha256(&data);
-    for policy in ["static:1k", "static:16k", "static:4096", "dynamic", "dynamic:lo=1000,hi=3000,threshold=3", "adaptive"] {
+    for policy in
+        ["static:1k", "static:16k", "static:4096", "dynamic", "dynamic:lo=1000,hi=3000,threshold=3", "adaptive"]
+    {
         let srv = Server::builder().file("d.bin", &data).args(["--record-size", policy]).start();
         assert!(srv.stderr().contains("record size "), "{}", srv.stderr());
         let r = fetch(&srv.url("/d.bin"), &[]);
@@ -158,7 +157,12 @@ fn startup_line_reports_record_size_and_fingerprint() {
     // The generated certificate names localhost, 127.0.0.1 and ::1.
     let out = openssl(&["x509", "-noout", "-ext", "subjectAltName"], Some(pem.as_bytes()));
     let san = String::from_utf8_lossy(&out.stdout);
-    assert!(san.contains("DNS:localhost") && san.contains("IP Address:127.0.0.1") && san.contains("IP Address:0:0:0:0:0:0:0:1"), "{san}");
+    assert!(
+        san.contains("DNS:localhost")
+            && san.contains("IP Address:127.0.0.1")
+            && san.contains("IP Address:0:0:0:0:0:0:0:1"),
+        "{san}"
+    );
     assert!(srv.stderr().contains("self-signed"), "{}", srv.stderr());
 }
 
@@ -269,7 +273,12 @@ fn openssl_tls12_ecdhe_rsa_chacha20() {
 #[test]
 fn rsa_cert_serves_tls13_and_refuses_ecdsa_suites() {
     let srv = rsa_server(&[]);
-    assert_s_client_ok(&srv, &["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"], "TLSv1.3", "TLS_AES_128_GCM_SHA256");
+    assert_s_client_ok(
+        &srv,
+        &["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"],
+        "TLSv1.3",
+        "TLS_AES_128_GCM_SHA256",
+    );
     assert_s_client_refused(&srv, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"]);
     let r = fetch(&srv.url("/f.txt"), &[]);
     assert_eq!(r.body, F_TXT.as_bytes());
@@ -289,17 +298,42 @@ fn loaded_ecdsa_cert_is_presented() {
     let b = Server::builder().file("f.txt", F_TXT);
     let (cert, key) = make_cert(b.dir(), "ec", "ec");
     let srv = b.arg("--cert").arg(&cert).arg("--key").arg(&key).start();
-    let out = openssl(&["x509".as_ref(), "-noout".as_ref(), "-fingerprint".as_ref(), "-sha256".as_ref(), "-in".as_ref(), cert.as_os_str()], None);
+    let out = openssl(
+        &[
+            "x509".as_ref(),
+            "-noout".as_ref(),
+            "-fingerprint".as_ref(),
+            "-sha256".as_ref(),
+            "-in".as_ref(),
+            cert.as_os_str(),
+        ],
+        None,
+    );
     let fp = String::from_utf8_lossy(&out.stdout).trim().split('=').nth(1).unwrap().to_string();
     assert!(srv.stderr().contains(&format!("fingerprint {fp}")), "expected {fp} in:\n{}", srv.stderr());
-    assert_s_client_ok(&srv, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"], "TLSv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256");
+    assert_s_client_ok(
+        &srv,
+        &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"],
+        "TLSv1.2",
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+    );
 }
 
 #[test]
 fn cipher_suite_turned_off_is_refused() {
     let srv = ecdsa_server(&["--cipher-suites", "TLS_AES_128_GCM_SHA256,ECDHE-ECDSA-AES256-GCM-SHA384"]);
-    assert_s_client_ok(&srv, &["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"], "TLSv1.3", "TLS_AES_128_GCM_SHA256");
-    assert_s_client_ok(&srv, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384"], "TLSv1.2", "ECDHE-ECDSA-AES256-GCM-SHA384");
+    assert_s_client_ok(
+        &srv,
+        &["-tls1_3", "-ciphersuites", "TLS_AES_128_GCM_SHA256"],
+        "TLSv1.3",
+        "TLS_AES_128_GCM_SHA256",
+    );
+    assert_s_client_ok(
+        &srv,
+        &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES256-GCM-SHA384"],
+        "TLSv1.2",
+        "ECDHE-ECDSA-AES256-GCM-SHA384",
+    );
     assert_s_client_refused(&srv, &["-tls1_3", "-ciphersuites", "TLS_AES_256_GCM_SHA384"]);
     assert_s_client_refused(&srv, &["-tls1_3", "-ciphersuites", "TLS_CHACHA20_POLY1305_SHA256"]);
     assert_s_client_refused(&srv, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"]);
@@ -312,7 +346,12 @@ fn cipher_suite_turned_off_is_refused() {
 #[test]
 fn cipher_suites_accept_iana_names() {
     let srv = ecdsa_server(&["--cipher-suites", "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256"]);
-    assert_s_client_ok(&srv, &["-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305"], "TLSv1.2", "ECDHE-ECDSA-CHACHA20-POLY1305");
+    assert_s_client_ok(
+        &srv,
+        &["-tls1_2", "-cipher", "ECDHE-ECDSA-CHACHA20-POLY1305"],
+        "TLSv1.2",
+        "ECDHE-ECDSA-CHACHA20-POLY1305",
+    );
     assert_s_client_refused(&srv, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"]);
     // Only a 1.2 suite is left, so 1.3 cannot be negotiated.
     assert_s_client_refused(&srv, &["-tls1_3"]);
@@ -332,7 +371,12 @@ fn tls13_only_refuses_tls12() {
 #[test]
 fn tls12_only_refuses_tls13() {
     let srv = ecdsa_server(&["--tls-versions", "1.2"]);
-    assert_s_client_ok(&srv, &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"], "TLSv1.2", "ECDHE-ECDSA-AES128-GCM-SHA256");
+    assert_s_client_ok(
+        &srv,
+        &["-tls1_2", "-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"],
+        "TLSv1.2",
+        "ECDHE-ECDSA-AES128-GCM-SHA256",
+    );
     assert_s_client_refused(&srv, &["-tls1_3"]);
     let out = curl(&["--tlsv1.3".to_string(), srv.url("/f.txt")]);
     assert!(!out.status.success(), "curl over TLS 1.3 must fail against --tls-versions 1.2");

@@ -42,8 +42,8 @@ impl Issued {
             .map_err(|e| format!("certificate PEM: {e}"))?;
         let key = PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| format!("private key PEM: {e}"))?;
         let Some(leaf) = chain.first() else { return Err("no certificate in it".into()) };
-        let (_, parsed) =
-            x509_parser::parse_x509_certificate(leaf.as_ref()).map_err(|e| format!("certificate does not parse: {e}"))?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(leaf.as_ref())
+            .map_err(|e| format!("certificate does not parse: {e}"))?;
         let validity = parsed.validity();
         let not_before = unix_time(validity.not_before.timestamp());
         let not_after = unix_time(validity.not_after.timestamp());

@@ -50,8 +50,12 @@ impl Challenge {
     /// What must hold for the validation to succeed, for error messages.
     fn requirement(self) -> &'static str {
         match self {
-            Challenge::TlsAlpn01 => "the names must resolve to this server and its TLS port must be reachable as port 443",
-            Challenge::Http01 => "the names must resolve to this server and its plain-HTTP listener must be reachable as port 80",
+            Challenge::TlsAlpn01 => {
+                "the names must resolve to this server and its TLS port must be reachable as port 443"
+            }
+            Challenge::Http01 => {
+                "the names must resolve to this server and its plain-HTTP listener must be reachable as port 80"
+            }
         }
     }
 }
@@ -102,7 +106,9 @@ pub enum AcmeError {
     NoChallenge { directory: String, challenge: Challenge, name: String },
     #[error("the certificate the CA issued is unusable: {0}")]
     Issued(String),
-    #[error("ACME state directory: {path}: {source} (check that the state directory is writable by the server's user)")]
+    #[error(
+        "ACME state directory: {path}: {source} (check that the state directory is writable by the server's user)"
+    )]
     Store {
         path: PathBuf,
         #[source]
@@ -147,7 +153,8 @@ pub enum Source {
 }
 
 /// How long to wait for the CA to validate and to issue.
-const POLL: RetryPolicy = RetryPolicy::new().initial_delay(Duration::from_millis(250)).backoff(2.0).timeout(Duration::from_secs(180));
+const POLL: RetryPolicy =
+    RetryPolicy::new().initial_delay(Duration::from_millis(250)).backoff(2.0).timeout(Duration::from_secs(180));
 
 /// The longest single sleep of the renewal task, so a wall clock jump is noticed.
 const RENEW_SLEEP_STEP: Duration = Duration::from_secs(3600);
@@ -226,7 +233,10 @@ impl Acme {
             {
                 // The CA no longer knows the stored account (a reset test CA, a deactivated
                 // account): register again, once.
-                tracing::warn!("ACME server {} does not know the stored account; registering a new one", self.settings.directory);
+                tracing::warn!(
+                    "ACME server {} does not know the stored account; registering a new one",
+                    self.settings.directory
+                );
                 let account = self.create_account().await?;
                 self.order(&account).await
             }
@@ -374,7 +384,8 @@ impl Acme {
             .map_err(|source| self.protocol(Step::Account, source))?;
         let dir = &self.settings.state_dir;
         let stored = StoredAccount { directory: self.settings.directory.clone(), credentials };
-        store::save_account(dir, &stored).map_err(|source| AcmeError::Store { path: store::account_path(dir), source })?;
+        store::save_account(dir, &stored)
+            .map_err(|source| AcmeError::Store { path: store::account_path(dir), source })?;
         tracing::info!("ACME: registered account {} at {}", account.id(), self.settings.directory);
         Ok(account)
     }
@@ -417,10 +428,16 @@ impl Acme {
                     Err(e) => {
                         let delay = backoff.next_delay();
                         let still = match current.not_after.duration_since(SystemTime::now()) {
-                            Ok(left) => format!("the current certificate stays in use; it expires in {} h", left.as_secs() / 3600),
+                            Ok(left) => format!(
+                                "the current certificate stays in use; it expires in {} h",
+                                left.as_secs() / 3600
+                            ),
                             Err(_) => "the current certificate has expired and stays in use".to_string(),
                         };
-                        tracing::warn!("ACME renewal of {names} failed: {e}; retrying in {} s ({still})", delay.as_secs());
+                        tracing::warn!(
+                            "ACME renewal of {names} failed: {e}; retrying in {} s ({still})",
+                            delay.as_secs()
+                        );
                         tokio::time::sleep(delay).await;
                     }
                 }
@@ -436,7 +453,10 @@ fn check_name(name: &str) -> Result<(), String> {
     let valid = !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|l| {
-            !l.is_empty() && l.len() <= 63 && !l.starts_with('-') && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         });
     if valid {
         Ok(())

@@ -93,7 +93,8 @@ impl Pebble {
         std::fs::write(dir.path().join("cert.pem"), leaf.pem()).expect("write certificate");
         std::fs::write(dir.path().join("key.pem"), leaf_key.serialize_pem()).expect("write key");
 
-        let (listen, management, dns, dns_management) = (free_port(false), free_port(false), free_port(true), free_port(false));
+        let (listen, management, dns, dns_management) =
+            (free_port(false), free_port(false), free_port(true), free_port(false));
         let mut config = serde_json::json!({"pebble": {
             "listenAddress": format!("127.0.0.1:{listen}"),
             "managementListenAddress": format!("127.0.0.1:{management}"),
@@ -117,16 +118,27 @@ impl Pebble {
         children.push(spawn(
             "pebble-challtestsrv",
             &[
-                "-http01", "", "-https01", "", "-tlsalpn01", "",
-                "-dns01", &dns_addr,
-                "-management", &format!("127.0.0.1:{dns_management}"),
-                "-defaultIPv4", "127.0.0.1", "-defaultIPv6", "",
+                "-http01",
+                "",
+                "-https01",
+                "",
+                "-tlsalpn01",
+                "",
+                "-dns01",
+                &dns_addr,
+                "-management",
+                &format!("127.0.0.1:{dns_management}"),
+                "-defaultIPv4",
+                "127.0.0.1",
+                "-defaultIPv6",
+                "",
             ]
             .map(String::from),
             &[],
             dir.path().join("challtestsrv.log"),
         ));
-        let pebble_args = vec!["-config".to_string(), config_path.display().to_string(), "-dnsserver".to_string(), dns_addr];
+        let pebble_args =
+            vec!["-config".to_string(), config_path.display().to_string(), "-dnsserver".to_string(), dns_addr];
         children.push(spawn_pebble(&pebble_args, dir.path()));
         let directory = format!("https://127.0.0.1:{listen}/dir");
         let mut pebble = Pebble { children, pebble_args, listen, directory, ca, dns, _dir: dir };

@@ -60,7 +60,9 @@ mod tests {
     #[test]
     fn renewal_is_two_thirds_into_the_lifetime() {
         let t0 = SystemTime::UNIX_EPOCH + 1000 * DAY;
-        for (lifetime, expect) in [(90 * DAY, 60 * DAY), (Duration::from_secs(6), Duration::from_secs(4)), (7 * DAY, 7 * DAY * 2 / 3)] {
+        for (lifetime, expect) in
+            [(90 * DAY, 60 * DAY), (Duration::from_secs(6), Duration::from_secs(4)), (7 * DAY, 7 * DAY * 2 / 3)]
+        {
             assert_eq!(renew_at(t0, t0 + lifetime), t0 + expect, "lifetime {lifetime:?}");
         }
         // Backwards window: renew at once (at its start, which is in the past).

@@ -80,7 +80,12 @@ impl std::fmt::Display for Unusable {
 
 /// The stored certificate of the site `names`, if it covers exactly those names
 /// (`sorted`, the same sorted) and is valid `now`.
-pub fn load_site(dir: &Path, names: &[String], sorted: &[String], now: std::time::SystemTime) -> Result<Issued, Unusable> {
+pub fn load_site(
+    dir: &Path,
+    names: &[String],
+    sorted: &[String],
+    now: std::time::SystemTime,
+) -> Result<Issued, Unusable> {
     let pem = match std::fs::read_to_string(site_path(dir, names)) {
         Ok(p) => p,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Unusable::Missing),

@@ -34,7 +34,9 @@ async fn http01_responder(challenges: Arc<Challenges>) -> u16 {
                 let path = head.split(' ').nth(1).unwrap_or("");
                 let answer = path.strip_prefix(HTTP01_PATH_PREFIX).and_then(|t| challenges.http01(t));
                 let response = match answer {
-                    Some(body) => format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()),
+                    Some(body) => {
+                        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+                    }
                     None => "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string(),
                 };
                 let _ = sock.write_all(response.as_bytes()).await;
@@ -126,7 +128,8 @@ async fn obtains_a_certificate_by_http01() {
     let state = tempfile::tempdir().expect("tempdir");
     let dir = state.path().join("acme");
     let names = ["www.example.com", "example.com"];
-    let acme = Acme::new(settings(&pebble, Challenge::Http01, &names, &dir), Arc::clone(&challenges)).expect("settings");
+    let acme =
+        Acme::new(settings(&pebble, Challenge::Http01, &names, &dir), Arc::clone(&challenges)).expect("settings");
     let issued = acme.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
     check_issued(&issued, &names, &dir);
     // The answers were withdrawn once validated.
@@ -141,7 +144,8 @@ async fn obtains_a_certificate_by_tls_alpn01() {
     let state = tempfile::tempdir().expect("tempdir");
     let dir = state.path().join("acme");
     let names = ["alpn.example.com"];
-    let acme = Acme::new(settings(&pebble, Challenge::TlsAlpn01, &names, &dir), Arc::clone(&challenges)).expect("settings");
+    let acme =
+        Acme::new(settings(&pebble, Challenge::TlsAlpn01, &names, &dir), Arc::clone(&challenges)).expect("settings");
     let issued = acme.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
     check_issued(&issued, &names, &dir);
     assert!(challenges.is_empty());
@@ -154,13 +158,15 @@ async fn a_second_run_reuses_the_stored_account_and_certificate() {
     let pebble = Pebble::start(http, 1, None);
     let state = tempfile::tempdir().expect("tempdir");
     let names = ["kept.example.com"];
-    let first = Acme::new(settings(&pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges)).expect("settings");
+    let first = Acme::new(settings(&pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges))
+        .expect("settings");
     let (issued, source) = first.certificate().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
     assert_eq!(source, Source::Issued);
     let account = std::fs::read(state.path().join("account.json")).expect("account stored");
 
     // A new start: the valid certificate comes from the state directory, no order.
-    let second = Acme::new(settings(&pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges)).expect("settings");
+    let second = Acme::new(settings(&pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges))
+        .expect("settings");
     let (again, source) = second.certificate().await.expect("stored certificate");
     assert_eq!(source, Source::Stored);
     assert_eq!(again.chain, issued.chain);
@@ -188,7 +194,8 @@ async fn an_account_the_ca_does_not_know_is_registered_again() {
     let mut pebble = Pebble::start(http, 1, None);
     let state = tempfile::tempdir().expect("tempdir");
     let names = ["forgotten.example.com"];
-    let make = |pebble: &Pebble| Acme::new(settings(pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges));
+    let make =
+        |pebble: &Pebble| Acme::new(settings(pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges));
     make(&pebble).expect("settings").obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
     let account = std::fs::read(state.path().join("account.json")).expect("account stored");
 
@@ -216,7 +223,8 @@ async fn renewal_replaces_a_short_lived_certificate() {
     let state = tempfile::tempdir().expect("tempdir");
     let dir = state.path().join("acme");
     let names = ["renew.example.com"];
-    let acme = Acme::new(settings(&pebble, Challenge::Http01, &names, &dir), Arc::clone(&challenges)).expect("settings");
+    let acme =
+        Acme::new(settings(&pebble, Challenge::Http01, &names, &dir), Arc::clone(&challenges)).expect("settings");
     let first = acme.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
     let due = renew_at(first.not_before, first.not_after);
     assert!(due < first.not_after && due > first.not_before);
@@ -244,13 +252,19 @@ async fn an_unanswered_challenge_fails_with_the_name_and_what_to_check() {
     let pebble = Pebble::start(http, 1, None);
     let state = tempfile::tempdir().expect("tempdir");
     let names = ["unanswered.example.com"];
-    let acme = Acme::new(settings(&pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges)).expect("settings");
+    let acme = Acme::new(settings(&pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges))
+        .expect("settings");
     let err = acme.obtain().await.expect_err("validation must fail");
-    let AcmeError::Validation { challenge, ref name, ref detail } = err else { panic!("not a validation error: {err}") };
+    let AcmeError::Validation { challenge, ref name, ref detail } = err else {
+        panic!("not a validation error: {err}")
+    };
     assert_eq!((challenge, name.as_str()), (Challenge::Http01, "unanswered.example.com"));
     assert!(detail.contains("404"), "{detail}");
     let message = err.to_string();
-    assert!(message.contains("http-01 validation of unanswered.example.com failed") && message.contains("port 80"), "{message}");
+    assert!(
+        message.contains("http-01 validation of unanswered.example.com failed") && message.contains("port 80"),
+        "{message}"
+    );
     assert!(!state.path().join("unanswered.example.com.pem").exists());
     assert!(challenges.is_empty());
 }
@@ -269,7 +283,10 @@ fn settings_refuse_names_that_cannot_be_validated_or_stored() {
         let s = AcmeSettings { names: bad.iter().map(|n| n.to_string()).collect(), ..base.clone() };
         assert!(matches!(Acme::new(s, Challenges::new()), Err(AcmeError::Settings(_))), "{bad:?}");
     }
-    let s = AcmeSettings { names: vec!["WWW.Example.com".into(), "a.example.com".into(), "www.example.com".into()], ..base };
+    let s = AcmeSettings {
+        names: vec!["WWW.Example.com".into(), "a.example.com".into(), "www.example.com".into()],
+        ..base
+    };
     let acme = Acme::new(s, Challenges::new()).expect("valid names");
     assert_eq!(acme.settings().names, ["www.example.com", "a.example.com"]);
 }

@@ -312,7 +312,12 @@ mod tests {
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         std::fs::write(&p, bytes).unwrap();
         let past = SystemTime::now() - age;
-        File::options().write(true).open(&p).unwrap().set_times(FileTimes::new().set_modified(past).set_accessed(past)).unwrap();
+        File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_times(FileTimes::new().set_modified(past).set_accessed(past))
+            .unwrap();
         p
     }
 
@@ -356,7 +361,8 @@ mod tests {
         let max = SMALL_FILE as usize;
         let big = aged(dir.path(), "big", max + 1, Duration::from_secs(10));
         let files = CONTENT_BUDGET / max + 2;
-        let small: Vec<PathBuf> = (0..files).map(|i| aged(dir.path(), &i.to_string(), max, Duration::from_secs(10))).collect();
+        let small: Vec<PathBuf> =
+            (0..files).map(|i| aged(dir.path(), &i.to_string(), max, Duration::from_secs(10))).collect();
         settle();
         let recent = aged(dir.path(), "recent", 10, Duration::ZERO);
         let t0 = Instant::now();

@@ -145,7 +145,18 @@ pub struct Options {
 
 /// Bytes escaped when a path segment is written back into a URL.
 const PATH_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
-    .add(b' ').add(b'"').add(b'#').add(b'%').add(b'/').add(b'<').add(b'>').add(b'?').add(b'`').add(b'{').add(b'}').add(b'\\');
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'\\');
 
 /// The top-level directory of well-known URIs, served even when dot-files are hidden.
 const WELL_KNOWN: &[u8] = b".well-known";
@@ -428,7 +439,9 @@ mod tests {
 
     #[test]
     fn well_known_is_public_at_the_top_only() {
-        for p in ["/.well-known/security.txt", "/%2Ewell-known/x", "/a/../.well-known/x", "/.well-known/acme-challenge/t"] {
+        for p in
+            ["/.well-known/security.txt", "/%2Ewell-known/x", "/a/../.well-known/x", "/.well-known/acme-challenge/t"]
+        {
             assert_eq!(segs(p).unwrap()[0], ".well-known", "{p}");
         }
     }

@@ -99,7 +99,11 @@ fn preadv2_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
     // call, so the kernel writes at most `buf.len()` bytes into memory we own;
     // `fd` is borrowed from a live `File` by the caller.
     let n = unsafe { libc::preadv2(fd, &iov, 1, offset, libc::RWF_NOWAIT) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// Whether a window is in the page cache.
@@ -183,7 +187,8 @@ thread_local! {
 /// disk sees one large request rather than a series), then reads it through a
 /// scratch buffer, which returns when every page is in.
 fn read_through(file: &File, range: Range<u64>) -> io::Result<()> {
-    let (Ok(start), Ok(len)) = (libc::off_t::try_from(range.start), libc::off_t::try_from(range.end - range.start)) else {
+    let (Ok(start), Ok(len)) = (libc::off_t::try_from(range.start), libc::off_t::try_from(range.end - range.start))
+    else {
         return Err(io::ErrorKind::InvalidInput.into());
     };
     // SAFETY: plain syscall on a descriptor we own; advice only, no memory passed.
@@ -290,7 +295,10 @@ mod tests {
         match read_nowait(f.as_file(), &mut b, 0).unwrap() {
             Nowait::Cold => Some((f, data)),
             other => {
-                eprintln!("skipped: {} keeps the file cached after DONTNEED ({other:?})", std::env::temp_dir().display());
+                eprintln!(
+                    "skipped: {} keeps the file cached after DONTNEED ({other:?})",
+                    std::env::temp_dir().display()
+                );
                 None
             }
         }

@@ -199,7 +199,9 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
         }
         Err(refusal) => {
             // Only a path that names nothing: a refused one (dot-file, escape, 403) never.
-            if let (Refusal::NotFound, Fallback::Allowed, Some(to)) = (&refusal, fallback, site.content.fallback.as_deref()) {
+            if let (Refusal::NotFound, Fallback::Allowed, Some(to)) =
+                (&refusal, fallback, site.content.fallback.as_deref())
+            {
                 return answer(req, site, to, Fallback::Used);
             }
             return Response::refusal(Status(refusal.status()), refusal.reason());

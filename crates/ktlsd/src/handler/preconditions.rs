@@ -81,7 +81,10 @@ mod tests {
     }
 
     fn validators() -> Validators {
-        Validators { etag: EntityTag::strong("\"a-1\"".into()), modified: SystemTime::UNIX_EPOCH + Duration::from_secs(T) }
+        Validators {
+            etag: EntityTag::strong("\"a-1\"".into()),
+            modified: SystemTime::UNIX_EPOCH + Duration::from_secs(T),
+        }
     }
 
     #[test]

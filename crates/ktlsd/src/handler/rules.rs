@@ -85,8 +85,20 @@ pub struct HeaderRule {
 /// Fields a rule may not touch: hop-by-hop and framing fields belong to the codec,
 /// Date and Server too, and the validators and coding describe the body sent.
 const RESERVED: &[&str] = &[
-    "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade",
-    "content-length", "content-range", "content-encoding", "date", "server", "etag", "last-modified",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+    "content-range",
+    "content-encoding",
+    "date",
+    "server",
+    "etag",
+    "last-modified",
 ];
 
 impl HeaderRule {
@@ -267,7 +279,9 @@ mod tests {
         assert!(!PathMatch::Glob(stars).matches(&long));
         assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         let e = PathMatch::Extensions(vec!["css".into(), "js".into()]);
-        for (path, want) in [("/a.css", true), ("/a.CSS", true), ("/x/a.js", true), ("/.js", false), ("/js", false), ("/a.json", false)] {
+        for (path, want) in
+            [("/a.css", true), ("/a.CSS", true), ("/x/a.js", true), ("/.js", false), ("/js", false), ("/a.json", false)]
+        {
             assert_eq!(e.matches(path), want, "{path}");
         }
     }
@@ -295,7 +309,16 @@ mod tests {
 
     #[test]
     fn durations() {
-        for (s, secs) in [("30d", Some(2_592_000)), ("12h", Some(43_200)), ("90", Some(90)), ("2w", Some(1_209_600)), ("1y", None), ("d", None), ("-1s", None), ("99999w", None)] {
+        for (s, secs) in [
+            ("30d", Some(2_592_000)),
+            ("12h", Some(43_200)),
+            ("90", Some(90)),
+            ("2w", Some(1_209_600)),
+            ("1y", None),
+            ("d", None),
+            ("-1s", None),
+            ("99999w", None),
+        ] {
             assert_eq!(parse_duration(s).ok().map(|d| d.as_secs()), secs, "{s}");
         }
     }
@@ -310,7 +333,13 @@ mod tests {
             None,
         )
         .unwrap();
-        let css = HeaderRule::new(PathMatch::Extensions(vec!["css".into()]), vec![], vec![("X-Kind".into(), "style".into())], Some(Duration::from_secs(86_400))).unwrap();
+        let css = HeaderRule::new(
+            PathMatch::Extensions(vec!["css".into()]),
+            vec![],
+            vec![("X-Kind".into(), "style".into())],
+            Some(Duration::from_secs(86_400)),
+        )
+        .unwrap();
         let rules = [css, hashed];
         let f = fields_for(&rules, "/assets/a.css", now);
         assert_eq!(

@@ -59,7 +59,9 @@ impl Names {
 
     /// A wildcard covers exactly one label, as in certificates (RFC 6125 section 6.4.3).
     fn matches_wildcard(&self, host: &str) -> bool {
-        self.wildcard.iter().any(|w| host.strip_suffix(w.as_str()).is_some_and(|label| !label.is_empty() && !label.contains('.')))
+        self.wildcard
+            .iter()
+            .any(|w| host.strip_suffix(w.as_str()).is_some_and(|label| !label.is_empty() && !label.contains('.')))
     }
 }
 
@@ -67,7 +69,10 @@ fn is_dns_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|l| {
-            !l.is_empty() && l.len() <= 63 && !l.starts_with('-') && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
 }
 
@@ -87,7 +92,10 @@ pub fn host_of(authority: &str) -> String {
 /// The item whose names match `host` (already [`host_of`]-normalised): an exact
 /// name in any item first, then a wildcard.
 pub fn find<'s, T>(items: &'s [T], names: impl Fn(&T) -> &Names, host: &str) -> Option<&'s T> {
-    items.iter().find(|i| names(i).matches_exact(host)).or_else(|| items.iter().find(|i| names(i).matches_wildcard(host)))
+    items
+        .iter()
+        .find(|i| names(i).matches_exact(host))
+        .or_else(|| items.iter().find(|i| names(i).matches_wildcard(host)))
 }
 
 /// A `[[site]]` ready to serve: its names, its open root and its options.
@@ -196,7 +204,8 @@ mod tests {
 
     #[test]
     fn exact_before_wildcard_and_one_label_only() {
-        let items = [(1, names(&["*.example.com"])), (2, names(&["www.example.com", "example.com"])), (3, names(&["b.org"]))];
+        let items =
+            [(1, names(&["*.example.com"])), (2, names(&["www.example.com", "example.com"])), (3, names(&["b.org"]))];
         let got = |h: &str| find(&items, |i| &i.1, &host_of(h)).map(|i| i.0);
         for (host, want) in [
             ("www.example.com", Some(2)),

@@ -257,7 +257,10 @@ fn dotfiles_are_hidden_except_well_known() {
 #[test]
 fn missing_files_are_404() {
     let t = tree();
-    check(&t.site(PLAIN), &[("/nope", 404, None), ("/a.txt/", 404, None), ("/a.txt/below", 404, None), ("/sub/nope/x", 404, None)]);
+    check(
+        &t.site(PLAIN),
+        &[("/nope", 404, None), ("/a.txt/", 404, None), ("/a.txt/below", 404, None), ("/sub/nope/x", 404, None)],
+    );
 }
 
 #[test]
@@ -570,7 +573,11 @@ fn precompressed_variants_follow_accept_encoding() {
         assert_eq!(r.status, Status::OK, "{path} {accept:?}");
         assert_eq!(header(&r, "Content-Encoding").as_deref(), coding, "{path} {accept:?}");
         assert_eq!(body(&r), want, "{path} {accept:?}");
-        assert_eq!(header(&r, "Vary").as_deref(), Some("Accept-Encoding"), "{path} {accept:?}: Vary on every file answer");
+        assert_eq!(
+            header(&r, "Vary").as_deref(),
+            Some("Accept-Encoding"),
+            "{path} {accept:?}: Vary on every file answer"
+        );
         assert_eq!(header(&r, "Content-Length"), Some(want.len().to_string()), "{path} {accept:?}");
     }
     // The variant keeps the original's Content-Type.
@@ -600,7 +607,10 @@ fn precompressed_variants_have_their_own_validators_and_ranges() {
     let r = gz(&[]);
     let tag = header(&r, "ETag").unwrap();
     assert_ne!(Some(&tag), header(&original, "ETag").as_ref(), "distinct from the original's");
-    assert_ne!(Some(&tag), header(&handle(&with_fields(get("/app.js"), &[("Accept-Encoding", "br")]), &site), "ETag").as_ref());
+    assert_ne!(
+        Some(&tag),
+        header(&handle(&with_fields(get("/app.js"), &[("Accept-Encoding", "br")]), &site), "ETag").as_ref()
+    );
     // Conditionals are the variant's.
     let r = gz(&[("If-None-Match", &tag)]);
     assert_eq!(r.status, Status::NOT_MODIFIED);
@@ -633,7 +643,11 @@ fn error_pages_keep_their_status() {
     write(&t.dir.path().join("root/errors/404.html"), b"<h1>custom 404</h1>");
     write(&t.dir.path().join("root/errors/403.html"), b"<h1>custom 403</h1>");
     let content = Content {
-        error_pages: vec![(404, "/errors/404.html".into()), (403, "/errors/403.html".into()), (405, "/missing.html".into())],
+        error_pages: vec![
+            (404, "/errors/404.html".into()),
+            (403, "/errors/403.html".into()),
+            (405, "/missing.html".into()),
+        ],
         ..Content::NONE
     };
     let site = Site { content: &content, ..t.site(PLAIN) };
@@ -736,7 +750,13 @@ fn options_and_cors_preflights() {
     };
     // (site, request, allow-origin, allow-headers, vary)
     for (site, req, origin, allow_headers, vary) in [
-        (&list_site, pre("https://a.example", "GET", Some("range, x-a")), Some("https://a.example"), Some("range, x-a"), true),
+        (
+            &list_site,
+            pre("https://a.example", "GET", Some("range, x-a")),
+            Some("https://a.example"),
+            Some("range, x-a"),
+            true,
+        ),
         (&list_site, pre("https://a.example", "HEAD", None), Some("https://a.example"), None, true),
         (&list_site, pre("https://evil.example", "GET", None), None, None, true),
         (&list_site, pre("https://a.example", "DELETE", None), None, None, true),
@@ -750,7 +770,11 @@ fn options_and_cors_preflights() {
         assert_eq!(field(&r, "Access-Control-Allow-Origin").first().copied(), origin, "{what}");
         assert_eq!(field(&r, "Access-Control-Allow-Headers").first().copied(), allow_headers, "{what}");
         let allowed = origin.is_some();
-        assert_eq!(field(&r, "Access-Control-Allow-Methods").first().copied(), allowed.then_some("GET, HEAD, OPTIONS"), "{what}");
+        assert_eq!(
+            field(&r, "Access-Control-Allow-Methods").first().copied(),
+            allowed.then_some("GET, HEAD, OPTIONS"),
+            "{what}"
+        );
         assert_eq!(field(&r, "Access-Control-Max-Age").first().copied(), allowed.then_some("86400"), "{what}");
         assert_eq!(field(&r, "Vary"), if vary { vec!["Origin"] } else { vec![] }, "{what}");
     }
@@ -783,10 +807,30 @@ fn header_rules_on_files_304s_and_listings() {
     };
     let content = Content {
         headers: vec![
-            rule(PathMatch::Extensions(vec!["css".into()]), &[("Cache-Control", "public, max-age=31536000, immutable")], &[], None),
-            rule(PathMatch::Glob(crate::handler::rules::Glob::new("/sub/**").unwrap()), &[], &[("X-Sub", "1"), ("X-Sub", "2")], Some(Duration::from_secs(60))),
-            rule(PathMatch::Glob(crate::handler::rules::Glob::new("/list/").unwrap()), &[("X-Listing", "yes")], &[], None),
-            rule(PathMatch::Glob(crate::handler::rules::Glob::new("*.txt").unwrap()), &[("Content-Type", "text/x-test")], &[], None),
+            rule(
+                PathMatch::Extensions(vec!["css".into()]),
+                &[("Cache-Control", "public, max-age=31536000, immutable")],
+                &[],
+                None,
+            ),
+            rule(
+                PathMatch::Glob(crate::handler::rules::Glob::new("/sub/**").unwrap()),
+                &[],
+                &[("X-Sub", "1"), ("X-Sub", "2")],
+                Some(Duration::from_secs(60)),
+            ),
+            rule(
+                PathMatch::Glob(crate::handler::rules::Glob::new("/list/").unwrap()),
+                &[("X-Listing", "yes")],
+                &[],
+                None,
+            ),
+            rule(
+                PathMatch::Glob(crate::handler::rules::Glob::new("*.txt").unwrap()),
+                &[("Content-Type", "text/x-test")],
+                &[],
+                None,
+            ),
         ],
         ..Content::NONE
     };
@@ -795,7 +839,10 @@ fn header_rules_on_files_304s_and_listings() {
     assert_eq!(field(&r, "Cache-Control"), ["public, max-age=31536000, immutable"]);
     let tag = header(&r, "ETag").unwrap();
     let r = handle(&req_with(Method::Get, "/style.css", &[("If-None-Match", &tag)]), &site);
-    assert_eq!((r.status, field(&r, "Cache-Control")), (Status::NOT_MODIFIED, vec!["public, max-age=31536000, immutable"]));
+    assert_eq!(
+        (r.status, field(&r, "Cache-Control")),
+        (Status::NOT_MODIFIED, vec!["public, max-age=31536000, immutable"])
+    );
     let r = handle(&get("/sub/b.txt"), &site);
     assert_eq!(field(&r, "X-Sub"), ["1", "2"]);
     assert_eq!(field(&r, "Cache-Control"), ["max-age=60"]);
@@ -827,12 +874,20 @@ fn listings_sort_and_answer_json() {
     let r = handle(&get("/list/"), &site);
     let html = String::from_utf8(body(&r)).unwrap();
     let pos = |s: &str| html.find(s).unwrap_or_else(|| panic!("{s} in {html}"));
-    assert!(pos(">Zdir/</a>") < pos(">a&amp;b") && pos(">file2.txt<") < pos(">file10.txt<") && pos(">file10.txt<") < pos(">x.txt<"), "{html}");
+    assert!(
+        pos(">Zdir/</a>") < pos(">a&amp;b")
+            && pos(">file2.txt<") < pos(">file10.txt<")
+            && pos(">file10.txt<") < pos(">x.txt<"),
+        "{html}"
+    );
     assert_eq!(field(&r, "Vary"), ["Accept"]);
     let r = handle(&req_with(Method::Get, "/list/", &[("Accept", "application/json")]), &site);
     assert_eq!(header(&r, "Content-Type").as_deref(), Some("application/json"));
     let j: serde_json::Value = serde_json::from_slice(&body(&r)).unwrap();
     let names: Vec<&str> = j.as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["Zdir", "a&b<c>.txt", "file2.txt", "file10.txt", "x.txt"]);
-    assert_eq!((j[3]["size"].as_u64(), j[0]["type"].as_str(), j[0]["size"].is_null()), (Some(10), Some("directory"), true));
+    assert_eq!(
+        (j[3]["size"].as_u64(), j[0]["type"].as_str(), j[0]["size"].is_null()),
+        (Some(10), Some("directory"), true)
+    );
 }

@@ -50,7 +50,10 @@ pub struct AcmeSites {
 
 impl AcmeSites {
     pub fn new() -> anyhow::Result<AcmeSites> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the ACME event loop")?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the ACME event loop")?;
         let handle = rt.handle().clone();
         let (stop, mut stopped) = tokio::sync::watch::channel(());
         std::thread::Builder::new()
@@ -59,7 +62,13 @@ impl AcmeSites {
             .spawn(move || rt.block_on(async move { while stopped.changed().await.is_ok() {} }))
             .context("cannot start the ACME thread")?;
         let gate = tokio::sync::watch::Sender::new(false);
-        Ok(AcmeSites { challenges: Challenges::new(), rt: handle, _stop: stop, gate, running: Mutex::new(HashMap::new()) })
+        Ok(AcmeSites {
+            challenges: Challenges::new(),
+            rt: handle,
+            _stop: stop,
+            gate,
+            running: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Lets the tasks start ordering (the listeners are up).
@@ -146,9 +155,14 @@ async fn run(client: Acme, stored: Option<crate::acme::Issued>, slot: Arc<SiteKe
     let swap = |issued: &crate::acme::Issued| match issued.certified_key() {
         Ok(k) => {
             slot.replace(k);
-            tracing::info!("ACME: site {which} now serves its new certificate (valid until {})", httpdate::fmt_http_date(issued.not_after));
+            tracing::info!(
+                "ACME: site {which} now serves its new certificate (valid until {})",
+                httpdate::fmt_http_date(issued.not_after)
+            );
         }
-        Err(e) => tracing::error!("ACME: site {which}: the issued certificate is unusable: {e}; keeping the current one"),
+        Err(e) => {
+            tracing::error!("ACME: site {which}: the issued certificate is unusable: {e}; keeping the current one")
+        }
     };
     let current = match stored {
         Some(issued) => issued,

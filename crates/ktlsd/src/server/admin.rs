@@ -46,9 +46,13 @@ pub fn bind(addr: &AdminAddr) -> anyhow::Result<Bound> {
         AdminAddr::Unix(p) => {
             if let Ok(m) = std::fs::symlink_metadata(p) {
                 if !m.file_type().is_socket() {
-                    return Err(anyhow!("admin socket path {} exists and is not a socket; remove it or choose another path", p.display()));
+                    return Err(anyhow!(
+                        "admin socket path {} exists and is not a socket; remove it or choose another path",
+                        p.display()
+                    ));
                 }
-                std::fs::remove_file(p).with_context(|| format!("cannot replace the stale admin socket {}", p.display()))?;
+                std::fs::remove_file(p)
+                    .with_context(|| format!("cannot replace the stale admin socket {}", p.display()))?;
             }
             let l = std::os::unix::net::UnixListener::bind(p)
                 .with_context(|| format!("cannot listen on admin socket {}", p.display()))?;
@@ -283,7 +287,8 @@ pub fn print_status(addr: &str) -> anyhow::Result<()> {
     if !head.starts_with("HTTP/1.1 200") {
         return Err(anyhow!("{addr} answered {}", head.lines().next().unwrap_or_default()));
     }
-    let v: serde_json::Value = serde_json::from_str(body).with_context(|| format!("{addr} sent a /status that is not JSON"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(body).with_context(|| format!("{addr} sent a /status that is not JSON"))?;
     print!("{}", readable(&v));
     Ok(())
 }
@@ -299,7 +304,8 @@ fn readable(v: &serde_json::Value) -> String {
                         walk(out, v, indent + 2);
                     }
                     serde_json::Value::Array(a) => {
-                        let items: Vec<String> = a.iter().map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string)).collect();
+                        let items: Vec<String> =
+                            a.iter().map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_string)).collect();
                         out.push_str(&format!("{:indent$}{k}: {}\n", "", items.join(", ")));
                     }
                     serde_json::Value::String(s) => out.push_str(&format!("{:indent$}{k}: {s}\n", "")),

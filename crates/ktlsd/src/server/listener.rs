@@ -55,7 +55,10 @@ pub enum PortState {
     Free,
     /// A service manager (systemd, systemd-socket-activate) listens there for
     /// socket activation: `serve` started by it receives that very socket.
-    HeldForActivation { pid: u32, command: String },
+    HeldForActivation {
+        pid: u32,
+        command: String,
+    },
 }
 
 /// [`check_free`] for `ktlsd check`, which may run while the service manager
@@ -97,8 +100,12 @@ pub fn bind_all(addrs: &[SocketAddr], workers: usize) -> Result<(Vec<Vec<TcpList
 
 fn describe(addr: SocketAddr, e: io::Error) -> String {
     match e.kind() {
-        io::ErrorKind::AddrInUse => format!("cannot listen on {addr}: address already in use (another server is running there?)"),
-        io::ErrorKind::PermissionDenied => format!("cannot listen on {addr}: permission denied (ports below 1024 need privileges)"),
+        io::ErrorKind::AddrInUse => {
+            format!("cannot listen on {addr}: address already in use (another server is running there?)")
+        }
+        io::ErrorKind::PermissionDenied => {
+            format!("cannot listen on {addr}: permission denied (ports below 1024 need privileges)")
+        }
         io::ErrorKind::AddrNotAvailable => format!("cannot listen on {addr}: no such local address"),
         _ => format!("cannot listen on {addr}: {e}"),
     }
@@ -111,7 +118,9 @@ pub fn share(sockets: Vec<TcpListener>, workers: usize) -> Result<(Vec<Vec<TcpLi
     let mut per_worker: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
     let mut bound = Vec::new();
     for socket in sockets {
-        let addr = socket.local_addr().map_err(|e| format!("socket activation: cannot read a passed socket's address: {e}"))?;
+        let addr = socket
+            .local_addr()
+            .map_err(|e| format!("socket activation: cannot read a passed socket's address: {e}"))?;
         for w in per_worker.iter_mut().skip(1) {
             w.push(socket.try_clone().map_err(|e| format!("cannot duplicate the passed socket {addr}: {e}"))?);
         }
@@ -166,10 +175,7 @@ mod holder {
             SocketAddr::V4(a) => a.ip().octets().to_vec(),
             SocketAddr::V6(a) => a.ip().octets().to_vec(),
         };
-        octets
-            .chunks(4)
-            .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
-            .collect()
+        octets.chunks(4).map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))).collect()
     }
 
     #[cfg(test)]

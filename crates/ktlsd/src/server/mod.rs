@@ -5,8 +5,8 @@
 //! single-threaded event loop over its own `SO_REUSEPORT` listeners; nothing is
 //! handed between threads on the data path.
 
-pub(crate) mod admin;
 mod acme;
+pub(crate) mod admin;
 pub(crate) mod congestion;
 mod listener;
 mod plain;
@@ -25,17 +25,17 @@ use rustls::ServerConfig;
 
 use tokio::signal::unix::Signal;
 
+use crate::acme::{Challenge, Challenges};
 use crate::cli::ServeArgs;
 use crate::config::{AccessLogTarget, Config, KtlsMode, SiteCert, UnknownSni};
 use crate::files::{self, Root};
 use crate::handler::sites::{NamedSite, UnknownHost};
 use crate::handler::{Site, Sites};
+use crate::stats::Stats;
 use crate::tls::config::{server_config, Identity, TlsSettings};
 use crate::tls::sni::{SiteKey, UnknownName};
-use crate::acme::{Challenge, Challenges};
-use acme::AcmeSites;
 use crate::tls::TlsMode;
-use crate::stats::Stats;
+use acme::AcmeSites;
 
 /// What every worker reads and nobody writes. A reload builds a new one; each
 /// connection holds the `Arc` it started with, so in-flight connections finish
@@ -56,7 +56,12 @@ pub struct Shared {
 impl Shared {
     /// The sites a connection chooses from, by Host, for each request.
     pub fn sites(&self) -> Sites<'_> {
-        let default = Site { root: &self.root, files: self.file_options, hsts: self.config.hsts.as_deref(), content: &self.config.content };
+        let default = Site {
+            root: &self.root,
+            files: self.file_options,
+            hsts: self.config.hsts.as_deref(),
+            content: &self.config.content,
+        };
         let unknown = match self.config.unknown_sni {
             UnknownSni::Default => UnknownHost::Default,
             UnknownSni::Refuse => UnknownHost::Misdirected,
@@ -86,7 +91,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(n) => format!("{n} per worker (--max-connections)"),
         None => format!("{} per worker", fds.connections_per_worker(config.workers, cache_entries)),
     };
-    tracing::info!("{}; open-file cache up to {cache_entries} per worker; connections up to {connections}", fds.describe());
+    tracing::info!(
+        "{}; open-file cache up to {cache_entries} per worker; connections up to {connections}",
+        fds.describe()
+    );
     let acme = AcmeSites::new()?;
     let mut prepared = prepare(config, None, cache_entries, Some(&acme))?;
     let access_out = open_access_log(&prepared.shared.config.access_log)?;
@@ -265,7 +273,9 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let config = &prepared.shared.config;
     check_access_log(&config.access_log)?;
     for &addr in config.listen.iter().chain(&config.http_listen) {
-        if let listener::PortState::HeldForActivation { pid, command } = listener::check_port(addr).map_err(|e| anyhow!(e))? {
+        if let listener::PortState::HeldForActivation { pid, command } =
+            listener::check_port(addr).map_err(|e| anyhow!(e))?
+        {
             tracing::info!("{addr} is held by {command} (pid {pid}) for socket activation: serve started by it receives that socket");
         }
     }
@@ -286,7 +296,12 @@ struct Prepared {
 /// the kTLS mode is unchanged (a reload), so the kernel is probed once.
 /// Without `acme` (`check`) nothing is written to the state directory and no ACME
 /// task starts: ACME sites get a placeholder.
-fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, acme: Option<&AcmeSites>) -> anyhow::Result<Prepared> {
+fn prepare(
+    config: Config,
+    previous: Option<&Shared>,
+    cache_entries: usize,
+    acme: Option<&AcmeSites>,
+) -> anyhow::Result<Prepared> {
     let persist = acme.is_some();
     let settings = tls_settings(&config);
     let identity = Identity::load(&settings, persist)?;
@@ -306,28 +321,44 @@ fn prepare(config: Config, previous: Option<&Shared>, cache_entries: usize, acme
         let key = match &site.cert {
             SiteCert::Files { cert, key } => {
                 let id = Identity::site_files(cert, key)?;
-                if let Some(warning) = id.chain.first().and_then(|leaf| expiry_warning(&cert.display().to_string(), leaf.as_ref(), SystemTime::now())) {
+                if let Some(warning) = id
+                    .chain
+                    .first()
+                    .and_then(|leaf| expiry_warning(&cert.display().to_string(), leaf.as_ref(), SystemTime::now()))
+                {
                     tracing::warn!("site {which}: {warning}");
                 }
                 Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
             }
             SiteCert::SelfSigned => {
                 let id = Identity::site_self_signed(site.names.dns_names(), &settings, persist)?;
-                tracing::warn!("site {which}: no cert and key; serving a self-signed certificate for its names ({})", id.origin);
+                tracing::warn!(
+                    "site {which}: no cert and key; serving a self-signed certificate for its names ({})",
+                    id.origin
+                );
                 Arc::new(SiteKey::new(site.names.clone(), id.certified_key(&which)?))
             }
             SiteCert::Acme(a) => {
                 alpn01 |= a.challenge == Challenge::TlsAlpn01;
                 match (acme, &config.state_dir) {
-                    (Some(acme), Some(dir)) => acme.slot(&site.names, a, dir).with_context(|| format!("site {which}"))?,
+                    (Some(acme), Some(dir)) => {
+                        acme.slot(&site.names, a, dir).with_context(|| format!("site {which}"))?
+                    }
                     _ => Arc::new(SiteKey::new(site.names.clone(), acme::placeholder(&site.names)?)),
                 }
             }
         };
         keys.push(key);
-        let root = Root::new(&site.root).with_context(|| format!("site {which}: cannot open root {}", site.root.display()))?;
+        let root =
+            Root::new(&site.root).with_context(|| format!("site {which}: cannot open root {}", site.root.display()))?;
         let files = files::Options { dotfiles: site.dotfiles, autoindex: site.autoindex, cache_entries };
-        sites.push(NamedSite { names: site.names.clone(), root, files, hsts: site.hsts.clone(), content: site.content.clone() });
+        sites.push(NamedSite {
+            names: site.names.clone(),
+            root,
+            files,
+            hsts: site.hsts.clone(),
+            content: site.content.clone(),
+        });
     }
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
     let unknown = match config.unknown_sni {
@@ -425,7 +456,8 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, start
             }
             Err(e) => return Err(e),
         };
-        let Prepared { shared, fingerprint, origin } = prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, Some(acme))?;
+        let Prepared { shared, fingerprint, origin } =
+            prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, Some(acme))?;
         Ok((Current { shared: Arc::new(shared), log }, fingerprint, origin))
     })();
     // ACME tasks of sites the configuration now in force no longer has stop.
@@ -449,7 +481,9 @@ fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, start
                 c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
             }) || chain.iter().any(|c| c.contains("Permission denied"));
             let hint = match (&started.user, denied) {
-                (Some(user), true) => format!(" (ktlsd now runs as user {user}: the configuration, certificate and key must be readable by it)"),
+                (Some(user), true) => format!(
+                    " (ktlsd now runs as user {user}: the configuration, certificate and key must be readable by it)"
+                ),
                 _ => String::new(),
             };
             tracing::error!(
@@ -491,10 +525,7 @@ impl FdBudget {
     /// per-process ceiling (`fs.nr_open`) when the hard limit is unlimited.
     pub fn target(&self) -> u64 {
         if self.hard == libc::RLIM_INFINITY {
-            std::fs::read_to_string("/proc/sys/fs/nr_open")
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(1 << 20)
+            std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1 << 20)
         } else {
             self.hard
         }
@@ -676,10 +707,7 @@ fn expiry_warning(name: &str, leaf: &[u8], now: SystemTime) -> Option<String> {
     if left <= 0 {
         Some(format!("{name} has expired (not valid after {when}); clients will refuse it: renew it and send SIGHUP"))
     } else if left < EXPIRY_WARNING_DAYS * 86_400 {
-        Some(format!(
-            "{name} expires in {} day(s) ({when}); renew it and send SIGHUP",
-            left / 86_400
-        ))
+        Some(format!("{name} expires in {} day(s) ({when}); renew it and send SIGHUP", left / 86_400))
     } else {
         None
     }
@@ -793,7 +821,10 @@ mod tests {
             let got = expiry_warning("c.pem", &cert_ending(end), now);
             match want {
                 None => assert_eq!(got, None, "ends {end:?}"),
-                Some(w) => assert!(got.as_deref().is_some_and(|g| g.contains(w) && g.contains("c.pem")), "ends {end:?}: {got:?}"),
+                Some(w) => assert!(
+                    got.as_deref().is_some_and(|g| g.contains(w) && g.contains("c.pem")),
+                    "ends {end:?}: {got:?}"
+                ),
             }
         }
     }
@@ -802,10 +833,7 @@ mod tests {
     fn ready_line_is_one_json_object() {
         let https: Vec<SocketAddr> = vec!["127.0.0.1:8443".parse().unwrap(), "[::1]:8443".parse().unwrap()];
         let line = ready_line(&https, &[], 42, TlsMode::Userspace);
-        assert_eq!(
-            line,
-            r#"{"ready":{"https":["127.0.0.1:8443","[::1]:8443"],"http":[],"pid":42,"tls":"userspace"}}"#
-        );
+        assert_eq!(line, r#"{"ready":{"https":["127.0.0.1:8443","[::1]:8443"],"http":[],"pid":42,"tls":"userspace"}}"#);
         let http: Vec<SocketAddr> = vec!["0.0.0.0:80".parse().unwrap()];
         let v: serde_json::Value = serde_json::from_str(&ready_line(&https[..1], &http, 7, TlsMode::Kernel)).unwrap();
         assert_eq!(v["ready"]["http"][0], "0.0.0.0:80");
@@ -827,9 +855,19 @@ mod tests {
     fn connection_share_of_the_fd_budget() {
         let b = |limit| FdBudget { before: limit, hard: limit, limit };
         // (limit, workers, cache per worker, connections per worker)
-        let cases = [(20_000, 2, 1024, 8944), (1024, 1, 256, 704), (1024, 0, 256, 704), (100, 2, 64, 1), (1 << 20, 4, 1024, 261_104)];
+        let cases = [
+            (20_000, 2, 1024, 8944),
+            (1024, 1, 256, 704),
+            (1024, 0, 256, 704),
+            (100, 2, 64, 1),
+            (1 << 20, 4, 1024, 261_104),
+        ];
         for (limit, workers, cache, want) in cases {
-            assert_eq!(b(limit).connections_per_worker(workers, cache), want, "{limit} fds, {workers} workers, {cache} cached");
+            assert_eq!(
+                b(limit).connections_per_worker(workers, cache),
+                want,
+                "{limit} fds, {workers} workers, {cache} cached"
+            );
         }
     }
 }

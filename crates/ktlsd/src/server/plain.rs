@@ -71,7 +71,12 @@ pub fn spawn(
         .context("cannot start the plain-HTTP listener thread")
 }
 
-fn run(listeners: Vec<StdListener>, target: Arc<Target>, current: watch::Receiver<Current>, mut stop: watch::Receiver<bool>) {
+fn run(
+    listeners: Vec<StdListener>,
+    target: Arc<Target>,
+    current: watch::Receiver<Current>,
+    mut stop: watch::Receiver<bool>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -157,7 +162,10 @@ fn answer(head: &Head, root: &Root, challenges: &Challenges, target: &Target, pe
                 let body = key_authorization.into_bytes();
                 Response {
                     status: Status::OK,
-                    headers: vec![Header::ContentType("application/octet-stream".into()), Header::ContentLength(body.len() as u64)],
+                    headers: vec![
+                        Header::ContentType("application/octet-stream".into()),
+                        Header::ContentLength(body.len() as u64),
+                    ],
                     body: Body::Bytes(body),
                     refused: None,
                 }
@@ -273,10 +281,25 @@ mod tests {
         for (request, status_line, has, body) in [
             ("GET /a?b HTTP/1.1\r\nHost: h:80\r\n\r\n", "HTTP/1.1 301 ", "\r\nLocation: https://h:8443/a?b\r\n", true),
             ("HEAD /a HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 301 ", "\r\nLocation: https://h:8443/a\r\n", false),
-            ("POST /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 301 ", "Location: https://h:8443/.well-known/acme-challenge/tok_en-1\r\n", true),
+            (
+                "POST /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n",
+                "HTTP/1.1 301 ",
+                "Location: https://h:8443/.well-known/acme-challenge/tok_en-1\r\n",
+                true,
+            ),
             ("GET / HTTP/1.0\r\n\r\n", "HTTP/1.1 400 ", "\r\nConnection: close\r\n", true),
-            ("GET /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 200 ", "\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n", true),
-            ("HEAD /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 200 ", "Content-Length: 12\r\n", false),
+            (
+                "GET /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n",
+                "HTTP/1.1 200 ",
+                "\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n",
+                true,
+            ),
+            (
+                "HEAD /.well-known/acme-challenge/tok_en-1 HTTP/1.1\r\nHost: h\r\n\r\n",
+                "HTTP/1.1 200 ",
+                "Content-Length: 12\r\n",
+                false,
+            ),
             ("GET /.well-known/acme-challenge/nope HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
             ("GET /.well-known/acme-challenge/big HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),
             ("GET /.well-known/acme-challenge/a%2Fb HTTP/1.1\r\nHost: h\r\n\r\n", "HTTP/1.1 404 ", "", true),

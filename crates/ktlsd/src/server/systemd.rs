@@ -43,7 +43,9 @@ pub fn listen_fds() -> Result<Option<Vec<TcpListener>>, String> {
         // handed to this process and nothing else in it owns them; TAKEN makes sure
         // they are wrapped once.
         let socket = unsafe { Socket::from_raw_fd(fd) };
-        let bad = |what: &str| format!("socket activation: descriptor {fd} is {what}; ktlsd needs listening TCP sockets (ListenStream= with an IP address and port)");
+        let bad = |what: &str| {
+            format!("socket activation: descriptor {fd} is {what}; ktlsd needs listening TCP sockets (ListenStream= with an IP address and port)")
+        };
         match (socket.domain(), socket.r#type(), socket.is_listener()) {
             (Ok(d), Ok(t), Ok(true)) if (d == Domain::IPV4 || d == Domain::IPV6) && t == Type::STREAM => {}
             (Ok(_), Ok(_), Ok(false)) => return Err(bad("not listening")),

@@ -32,8 +32,8 @@ use crate::http::h1::{self, End};
 use crate::http::h2;
 use crate::log::AccessLog;
 use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
-use crate::tls::tcp;
 use crate::tls::handshake::{self, AppProtocol, FailureKind};
+use crate::tls::tcp;
 use crate::tls::{self, SessionSettings, TlsMode};
 
 /// Everything a connection task borrows from its worker.
@@ -185,7 +185,12 @@ pub fn spawn(
         .context("cannot start a worker thread")
 }
 
-fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop: watch::Receiver<bool>, metrics: Arc<Metrics>) -> Stats {
+fn run(
+    listeners: Vec<StdListener>,
+    mut current: watch::Receiver<Current>,
+    stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> Stats {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -262,7 +267,10 @@ fn run(listeners: Vec<StdListener>, mut current: watch::Receiver<Current>, stop:
             })
             .await;
             if drained.is_err() {
-                tracing::warn!("{} connection(s) still busy after the shutdown timeout; closing them", worker.tasks.active.get());
+                tracing::warn!(
+                    "{} connection(s) still busy after the shutdown timeout; closing them",
+                    worker.tasks.active.get()
+                );
             }
             flusher.abort();
             log_suppressed_handshakes(worker.handshake_log.roll(Instant::now() + RateLimit::WINDOW));
@@ -325,7 +333,13 @@ fn refuse(stream: TcpStream, peer: SocketAddr, worker: &Worker, cap: usize) {
     }
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared: &Shared, stop: watch::Receiver<bool>) {
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    worker: &Worker,
+    shared: &Shared,
+    stop: watch::Receiver<bool>,
+) {
     let cfg = &shared.config;
     let stats = &worker.metrics.stats;
     let traffic = &worker.metrics.traffic;

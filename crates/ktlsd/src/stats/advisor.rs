@@ -171,8 +171,18 @@ mod tests {
         // (traffic, current, rule, recommended)
         let table = [
             (mix(&[(2_000, 50)], &[]), "static:16384", Rule::TooFewSamples, "static:16384"),
-            (mix(&[(300, 500), (3_000, 480), (100_000, 20)], &[(50_000, 0, 100)]), "static:16384", Rule::SmallBodies, "static:4k"),
-            (mix(&[(8_000, 500), (12_000, 480), (100_000, 20)], &[(50_000, 2, 100)]), "adaptive", Rule::FitInitialWindow, "static:16k"),
+            (
+                mix(&[(300, 500), (3_000, 480), (100_000, 20)], &[(50_000, 0, 100)]),
+                "static:16384",
+                Rule::SmallBodies,
+                "static:4k",
+            ),
+            (
+                mix(&[(8_000, 500), (12_000, 480), (100_000, 20)], &[(50_000, 2, 100)]),
+                "adaptive",
+                Rule::FitInitialWindow,
+                "static:16k",
+            ),
             (mix(&[(8_000, 500), (100_000, 300)], &[(200, 0, 100)]), "static:16384", Rule::NearClients, "static:16k"),
             (
                 mix(&[(8_000, 500), (100_000, 300), (1_000_000, 100)], &[(100_000, 0, 92), (100_000, 3, 8)]),

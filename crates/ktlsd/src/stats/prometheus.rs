@@ -30,10 +30,20 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
     family(out, "ktlsd_connections", "gauge", "Connections open now, by record layer and protocol.");
     for l in Layer::ALL {
         for p in Protocol::ALL {
-            let _ = writeln!(out, "ktlsd_connections{{record_layer=\"{l}\",protocol=\"{}\"}} {}", p.label(), v(&t.open[l as usize][p as usize]));
+            let _ = writeln!(
+                out,
+                "ktlsd_connections{{record_layer=\"{l}\",protocol=\"{}\"}} {}",
+                p.label(),
+                v(&t.open[l as usize][p as usize])
+            );
         }
     }
-    family(out, "ktlsd_connections_total", "counter", "Connections that completed their handshake and got a record layer, by record layer and protocol.");
+    family(
+        out,
+        "ktlsd_connections_total",
+        "counter",
+        "Connections that completed their handshake and got a record layer, by record layer and protocol.",
+    );
     for l in Layer::ALL {
         for p in Protocol::ALL {
             let _ = writeln!(
@@ -63,33 +73,92 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
     family(out, "ktlsd_requests_total", "counter", "Requests answered, by status class and method.");
     for (i, class) in STATUS_CLASSES.iter().enumerate() {
         for mth in Method::ALL {
-            let _ = writeln!(out, "ktlsd_requests_total{{code=\"{class}\",method=\"{}\"}} {}", mth.label(), v(&t.requests[i][mth as usize]));
+            let _ = writeln!(
+                out,
+                "ktlsd_requests_total{{code=\"{class}\",method=\"{}\"}} {}",
+                mth.label(),
+                v(&t.requests[i][mth as usize])
+            );
         }
     }
     family(out, "ktlsd_sent_body_bytes_total", "counter", "Response body bytes sent, by record layer.");
     for l in Layer::ALL {
         let _ = writeln!(out, "ktlsd_sent_body_bytes_total{{record_layer=\"{l}\"}} {}", v(&t.body_bytes[l as usize]));
     }
-    histogram(out, "ktlsd_response_seconds", "Time from the request head's first byte to the response's last byte handed to the socket.", &t.response_time, 6);
-    histogram(out, "ktlsd_ttfb_seconds", "Time from the request head's first byte to the start of the response.", &t.ttfb, 6);
+    histogram(
+        out,
+        "ktlsd_response_seconds",
+        "Time from the request head's first byte to the response's last byte handed to the socket.",
+        &t.response_time,
+        6,
+    );
+    histogram(
+        out,
+        "ktlsd_ttfb_seconds",
+        "Time from the request head's first byte to the start of the response.",
+        &t.ttfb,
+        6,
+    );
     histogram(out, "ktlsd_response_body_bytes", "Response body sizes.", &t.body_size, 0);
     histogram(out, "ktlsd_connection_rtt_seconds", "Smoothed RTT (TCP_INFO) of each connection at its end.", &t.rtt, 6);
-    histogram(out, "ktlsd_connection_loss_ratio", "Retransmitted over sent segments (TCP_INFO) of each connection at its end.", &t.loss, 6);
+    histogram(
+        out,
+        "ktlsd_connection_loss_ratio",
+        "Retransmitted over sent segments (TCP_INFO) of each connection at its end.",
+        &t.loss,
+        6,
+    );
 
     for (name, help, c) in [
-        ("ktlsd_ktls_install_failures_total", "Connections lost because the kernel refused the TLS keys.", &s.ktls_install_failures),
-        ("ktlsd_ktls_record_errors_total", "kTLS connections closed on a record the kernel rejected.", &s.ktls_record_errors),
+        (
+            "ktlsd_ktls_install_failures_total",
+            "Connections lost because the kernel refused the TLS keys.",
+            &s.ktls_install_failures,
+        ),
+        (
+            "ktlsd_ktls_record_errors_total",
+            "kTLS connections closed on a record the kernel rejected.",
+            &s.ktls_record_errors,
+        ),
         ("ktlsd_ktls_key_updates_total", "TLS 1.3 KeyUpdates installed in the kernel.", &s.key_updates),
-        ("ktlsd_ktls_rekey_unsupported_total", "TLS 1.3 KeyUpdates the kernel could not install (connection closed).", &s.rekey_unsupported),
+        (
+            "ktlsd_ktls_rekey_unsupported_total",
+            "TLS 1.3 KeyUpdates the kernel could not install (connection closed).",
+            &s.rekey_unsupported,
+        ),
         ("ktlsd_timeouts_total", "Connections closed on an idle, header or send timeout.", &s.timeouts),
         ("ktlsd_connection_errors_total", "Connections cut by socket or TLS errors after the handshake.", &s.errors),
         ("ktlsd_panics_total", "Connection tasks that panicked.", &s.panics),
-        ("ktlsd_connections_refused_total", "Connections closed at once because the worker held max_connections.", &s.connections_refused),
-        ("ktlsd_open_file_cache_hits_total", "Requests whose file was found in the open-file cache.", &s.open_file_cache_hits),
-        ("ktlsd_open_file_cache_misses_total", "Requests whose path was looked up in the file system.", &s.open_file_cache_misses),
-        ("ktlsd_open_file_cache_content_hits_total", "Open-file cache hits whose small file's bytes were kept in memory.", &s.open_file_cache_content_hits),
-        ("ktlsd_cold_windows_total", "File windows found out of the page cache and read ahead off the event loop.", &s.cold_windows),
-        ("ktlsd_readahead_waits_total", "Cold windows that waited for a free reader of the readahead pool.", &s.readahead_waits),
+        (
+            "ktlsd_connections_refused_total",
+            "Connections closed at once because the worker held max_connections.",
+            &s.connections_refused,
+        ),
+        (
+            "ktlsd_open_file_cache_hits_total",
+            "Requests whose file was found in the open-file cache.",
+            &s.open_file_cache_hits,
+        ),
+        (
+            "ktlsd_open_file_cache_misses_total",
+            "Requests whose path was looked up in the file system.",
+            &s.open_file_cache_misses,
+        ),
+        (
+            "ktlsd_open_file_cache_content_hits_total",
+            "Open-file cache hits whose small file's bytes were kept in memory.",
+            &s.open_file_cache_content_hits,
+        ),
+        (
+            "ktlsd_cold_windows_total",
+            "File windows found out of the page cache and read ahead off the event loop.",
+            &s.cold_windows,
+        ),
+        (
+            "ktlsd_readahead_waits_total",
+            "Cold windows that waited for a free reader of the readahead pool.",
+            &s.readahead_waits,
+        ),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));
@@ -214,11 +283,17 @@ mod tests {
                 declared.push(rest.split(' ').next().unwrap_or_default().to_string());
             } else if !l.starts_with('#') {
                 let name = l.split(['{', ' ']).next().unwrap_or_default();
-                assert!(declared.iter().any(|d| name == d || name.strip_prefix(d.as_str()).is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))), "{l}");
+                assert!(
+                    declared.iter().any(|d| name == d
+                        || name.strip_prefix(d.as_str()).is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))),
+                    "{l}"
+                );
             }
         }
         assert!(out.lines().any(|l| l == "ktlsd_response_seconds_bucket{le=\"0.025\"} 2"), "{out}");
-        for (v, shift, want) in [(0, 6, "0"), (25_000, 6, "0.025"), (1_500_000, 6, "1.5"), (7, 6, "0.000007"), (14_600, 0, "14600")] {
+        for (v, shift, want) in
+            [(0, 6, "0"), (25_000, 6, "0.025"), (1_500_000, 6, "1.5"), (7, 6, "0.000007"), (14_600, 0, "14600")]
+        {
             assert_eq!(decimal(v, shift), want);
         }
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");

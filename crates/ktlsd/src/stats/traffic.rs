@@ -34,7 +34,11 @@ impl Layer {
     /// The layer a transport names itself by (`ktls`, `userspace`); anything
     /// else is counted as userspace.
     pub fn from_label(label: &str) -> Layer {
-        if label == "ktls" { Layer::Kernel } else { Layer::Userspace }
+        if label == "ktls" {
+            Layer::Kernel
+        } else {
+            Layer::Userspace
+        }
     }
 }
 
@@ -152,12 +156,29 @@ impl Histogram {
 }
 
 /// Response and first-byte times, microseconds: 0.5 ms to 10 s.
-pub const TIME_BOUNDS_US: &[u64] =
-    &[500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000];
+pub const TIME_BOUNDS_US: &[u64] = &[
+    500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
+    10_000_000,
+];
 /// Response body sizes, bytes, with the record and window sizes the advisor decides on.
 pub const SIZE_BOUNDS: &[u64] = &[
-    0, 512, 1_024, 2_048, 4_096, 8_192, INITIAL_WINDOW_BYTES, 16_384, 32_768, 65_536, 131_072, 262_144, 524_288,
-    1_048_576, 4_194_304, 16_777_216, 67_108_864,
+    0,
+    512,
+    1_024,
+    2_048,
+    4_096,
+    8_192,
+    INITIAL_WINDOW_BYTES,
+    16_384,
+    32_768,
+    65_536,
+    131_072,
+    262_144,
+    524_288,
+    1_048_576,
+    4_194_304,
+    16_777_216,
+    67_108_864,
 ];
 /// Per-connection loss (retransmitted / sent segments), parts per million: 0 to 20%.
 pub const LOSS_BOUNDS_PPM: &[u64] = &[0, 1_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000];

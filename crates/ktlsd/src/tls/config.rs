@@ -79,15 +79,51 @@ struct SuiteName {
 fn known_suites() -> [SuiteName; 9] {
     use aws_lc_rs::cipher_suite as cs;
     [
-        SuiteName { suite: cs::TLS13_AES_128_GCM_SHA256, iana: "TLS_AES_128_GCM_SHA256", openssl: "TLS_AES_128_GCM_SHA256" },
-        SuiteName { suite: cs::TLS13_AES_256_GCM_SHA384, iana: "TLS_AES_256_GCM_SHA384", openssl: "TLS_AES_256_GCM_SHA384" },
-        SuiteName { suite: cs::TLS13_CHACHA20_POLY1305_SHA256, iana: "TLS_CHACHA20_POLY1305_SHA256", openssl: "TLS_CHACHA20_POLY1305_SHA256" },
-        SuiteName { suite: cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, iana: "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", openssl: "ECDHE-ECDSA-AES128-GCM-SHA256" },
-        SuiteName { suite: cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, iana: "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", openssl: "ECDHE-ECDSA-AES256-GCM-SHA384" },
-        SuiteName { suite: cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256, iana: "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", openssl: "ECDHE-ECDSA-CHACHA20-POLY1305" },
-        SuiteName { suite: cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, iana: "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", openssl: "ECDHE-RSA-AES128-GCM-SHA256" },
-        SuiteName { suite: cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384, iana: "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", openssl: "ECDHE-RSA-AES256-GCM-SHA384" },
-        SuiteName { suite: cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256, iana: "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256", openssl: "ECDHE-RSA-CHACHA20-POLY1305" },
+        SuiteName {
+            suite: cs::TLS13_AES_128_GCM_SHA256,
+            iana: "TLS_AES_128_GCM_SHA256",
+            openssl: "TLS_AES_128_GCM_SHA256",
+        },
+        SuiteName {
+            suite: cs::TLS13_AES_256_GCM_SHA384,
+            iana: "TLS_AES_256_GCM_SHA384",
+            openssl: "TLS_AES_256_GCM_SHA384",
+        },
+        SuiteName {
+            suite: cs::TLS13_CHACHA20_POLY1305_SHA256,
+            iana: "TLS_CHACHA20_POLY1305_SHA256",
+            openssl: "TLS_CHACHA20_POLY1305_SHA256",
+        },
+        SuiteName {
+            suite: cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            iana: "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+            openssl: "ECDHE-ECDSA-AES128-GCM-SHA256",
+        },
+        SuiteName {
+            suite: cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+            iana: "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+            openssl: "ECDHE-ECDSA-AES256-GCM-SHA384",
+        },
+        SuiteName {
+            suite: cs::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+            iana: "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+            openssl: "ECDHE-ECDSA-CHACHA20-POLY1305",
+        },
+        SuiteName {
+            suite: cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+            iana: "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+            openssl: "ECDHE-RSA-AES128-GCM-SHA256",
+        },
+        SuiteName {
+            suite: cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+            iana: "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+            openssl: "ECDHE-RSA-AES256-GCM-SHA384",
+        },
+        SuiteName {
+            suite: cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+            iana: "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+            openssl: "ECDHE-RSA-CHACHA20-POLY1305",
+        },
     ]
 }
 
@@ -138,20 +174,26 @@ impl Identity {
                     let origin = format!("self-signed, kept in {}", path.display());
                     return Ok(Identity { chain, key, generated: true, origin });
                 }
-                Err(why) => tracing::warn!("{}: {why}; replacing it with a new self-signed certificate", path.display()),
+                Err(why) => {
+                    tracing::warn!("{}: {why}; replacing it with a new self-signed certificate", path.display())
+                }
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!("cannot read {}: {e}; replacing it with a new self-signed certificate", path.display()),
+            Err(e) => {
+                tracing::warn!("cannot read {}: {e}; replacing it with a new self-signed certificate", path.display())
+            }
         }
         let fix = "give --state-dir DIR, --ephemeral-cert, or --cert and --key";
         if !persist {
-            check_creatable(dir).map_err(|e| SetupError::new(format!("state directory {}: {e} ({fix})", dir.display())))?;
+            check_creatable(dir)
+                .map_err(|e| SetupError::new(format!("state directory {}: {e} ({fix})", dir.display())))?;
             let (id, _) = Self::self_signed(names, &format!("self-signed, to be stored in {}", path.display()))?;
             return Ok(id);
         }
         let (id, pem) = Self::self_signed(names, &format!("self-signed, generated and stored in {}", path.display()))?;
-        crate::state_file::write_private(dir, path, pem.as_bytes())
-            .map_err(|e| SetupError::new(format!("cannot store the self-signed certificate in {}: {e} ({fix})", path.display())))?;
+        crate::state_file::write_private(dir, path, pem.as_bytes()).map_err(|e| {
+            SetupError::new(format!("cannot store the self-signed certificate in {}: {e} ({fix})", path.display()))
+        })?;
         Ok(id)
     }
 
@@ -230,12 +272,14 @@ impl Identity {
     /// error names `which` site.
     pub fn certified_key(self, which: &str) -> Result<Arc<rustls::sign::CertifiedKey>, SetupError> {
         let origin = self.origin.clone();
-        rustls::sign::CertifiedKey::from_der(self.chain, self.key, &aws_lc_rs::default_provider()).map(Arc::new).map_err(|e| match e {
-            rustls::Error::InconsistentKeys(_) => {
-                SetupError::new(format!("site {which}: the private key does not match the certificate ({origin})"))
-            }
-            other => SetupError::new(format!("site {which}: certificate/key: {other}")),
-        })
+        rustls::sign::CertifiedKey::from_der(self.chain, self.key, &aws_lc_rs::default_provider())
+            .map(Arc::new)
+            .map_err(|e| match e {
+                rustls::Error::InconsistentKeys(_) => {
+                    SetupError::new(format!("site {which}: the private key does not match the certificate ({origin})"))
+                }
+                other => SetupError::new(format!("site {which}: certificate/key: {other}")),
+            })
     }
 
     fn from_files(cert: &Path, key: &Path) -> Result<Self, SetupError> {
@@ -243,10 +287,7 @@ impl Identity {
             .and_then(|it| it.collect::<Result<Vec<_>, _>>())
             .map_err(|e| SetupError::new(format!("certificate {}: {}", cert.display(), pem_error(e))))?;
         if chain.is_empty() {
-            return Err(SetupError::new(format!(
-                "certificate {}: no CERTIFICATE block found",
-                cert.display()
-            )));
+            return Err(SetupError::new(format!("certificate {}: no CERTIFICATE block found", cert.display())));
         }
         let key = PrivateKeyDer::from_pem_file(key)
             .map_err(|e| SetupError::new(format!("private key {}: {}", key.display(), pem_error(e))))?;
@@ -323,7 +364,8 @@ const TICKET_LIFETIME_SECS: u32 = 6 * 60 * 60;
 impl std::fmt::Debug for FileTicketer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Names only: the keys are secret.
-        let names: Vec<String> = self.keys.iter().map(|k| k.name.iter().map(|b| format!("{b:02x}")).collect()).collect();
+        let names: Vec<String> =
+            self.keys.iter().map(|k| k.name.iter().map(|b| format!("{b:02x}")).collect()).collect();
         f.debug_struct("FileTicketer").field("names", &names).finish()
     }
 }
@@ -333,8 +375,8 @@ impl FileTicketer {
     pub fn from_files(paths: &[PathBuf]) -> Result<Self, SetupError> {
         let mut keys = Vec::new();
         for path in paths {
-            let bytes = std::fs::read(path)
-                .map_err(|e| SetupError::new(format!("ticket key {}: {e}", path.display())))?;
+            let bytes =
+                std::fs::read(path).map_err(|e| SetupError::new(format!("ticket key {}: {e}", path.display())))?;
             let key = Self::key_from_bytes(&bytes).map_err(|why| {
                 SetupError::new(format!(
                     "ticket key {}: {why}; make one with `openssl rand 80 > {}`",
@@ -564,7 +606,8 @@ mod tests {
         let pem = format!("{key}{cert}");
         let now = SystemTime::now();
         assert!(Identity::parse_stored(pem.as_bytes(), now, Some(&["localhost".to_string()])).is_ok());
-        let e = Identity::parse_stored(pem.as_bytes(), now, Some(&["localhost".to_string(), "b.test".to_string()])).unwrap_err();
+        let e = Identity::parse_stored(pem.as_bytes(), now, Some(&["localhost".to_string(), "b.test".to_string()]))
+            .unwrap_err();
         assert!(e.contains("b.test"), "{e}");
     }
 

@@ -50,7 +50,8 @@ const PLAIN_HTTP_LINGER: Duration = Duration::from_secs(1);
 const PLAIN_HTTP_LINGER_BYTES: usize = 64 * 1024;
 
 /// The answer to a plain HTTP request on the TLS port (nginx gives the same one).
-const PLAIN_HTTP_BODY: &str = "<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>\r\n\
+const PLAIN_HTTP_BODY: &str =
+    "<html>\r\n<head><title>400 The plain HTTP request was sent to HTTPS port</title></head>\r\n\
 <body>\r\n<center><h1>400 Bad Request</h1></center>\r\n\
 <center>The plain HTTP request was sent to HTTPS port</center>\r\n<hr><center>ktlsd</center>\r\n</body>\r\n</html>\r\n";
 
@@ -69,7 +70,9 @@ pub enum HandshakeError {
     ClientAlert(AlertDescription),
     #[error("record of {0} bytes exceeds the TLS limit")]
     RecordTooLarge(usize),
-    #[error("handshake data of {0} bytes exceeds the {MAX_BUFFERED}-byte limit (one handshake message over many records)")]
+    #[error(
+        "handshake data of {0} bytes exceeds the {MAX_BUFFERED}-byte limit (one handshake message over many records)"
+    )]
     TooLarge(usize),
     #[error("plain HTTP request on the TLS port (answered 400)")]
     PlainHttp,
@@ -168,7 +171,8 @@ pub async fn accept(
     timeout: Duration,
 ) -> Result<Established, HandshakeError> {
     let deadline = Instant::now() + timeout;
-    let mut conn = UnbufferedServerConnection::new(config).map_err(|error| HandshakeError::Tls { error, alert: SentAlert::None })?;
+    let mut conn = UnbufferedServerConnection::new(config)
+        .map_err(|error| HandshakeError::Tls { error, alert: SentAlert::None })?;
     let mut incoming = Incoming::default();
     let mut outgoing: Vec<u8> = Vec::with_capacity(8192);
     let mut out_len = 0usize;
@@ -317,7 +321,11 @@ fn record_len(part: &[u8]) -> Option<usize> {
 /// Reads the first bytes of the connection: a record header, and when it starts
 /// like an HTTP request line, up to [`SNIFF_LEN`] bytes to be sure. True when the
 /// client speaks plain HTTP.
-async fn sniff_plain_http(stream: &TcpStream, incoming: &mut Incoming, deadline: Instant) -> Result<bool, HandshakeError> {
+async fn sniff_plain_http(
+    stream: &TcpStream,
+    incoming: &mut Incoming,
+    deadline: Instant,
+) -> Result<bool, HandshakeError> {
     // No record end is noted here: these bytes may be no TLS at all, and rustls
     // judges them first (a header alone is not a whole record it could move).
     while incoming.filled < HEADER_LEN {
@@ -576,7 +584,10 @@ mod tests {
         let cases: &[(&[u8], SentAlert)] = &[
             (b"", SentAlert::None),
             (&[0x15, 3, 3, 0, 2, 2, 40], SentAlert::Plain(AlertDescription::HandshakeFailure)),
-            (&[0x16, 3, 3, 0, 1, 9, 0x15, 3, 3, 0, 2, 2, 120], SentAlert::Plain(AlertDescription::NoApplicationProtocol)),
+            (
+                &[0x16, 3, 3, 0, 1, 9, 0x15, 3, 3, 0, 2, 2, 120],
+                SentAlert::Plain(AlertDescription::NoApplicationProtocol),
+            ),
             (&[0x14, 3, 3, 0, 1, 1, 0x17, 3, 3, 0, 3, 1, 2, 3], SentAlert::Encrypted),
             (&[0x15, 3, 3, 0, 2, 2], SentAlert::None),
         ];

@@ -59,7 +59,10 @@ pub fn establish(
     settings: &SessionSettings,
 ) -> Result<Session, InstallError> {
     let conn = established.conn;
-    let info = match (conn.protocol_version().and_then(|v| v.as_str()), conn.negotiated_cipher_suite().and_then(|s| s.suite().as_str())) {
+    let info = match (
+        conn.protocol_version().and_then(|v| v.as_str()),
+        conn.negotiated_cipher_suite().and_then(|s| s.suite().as_str()),
+    ) {
         (Some(version), Some(cipher)) => Some(crate::log::TlsInfo { version, cipher }),
         _ => None,
     };
@@ -73,7 +76,11 @@ pub fn establish(
     });
     let tls = match prepared {
         Some((k, prepared)) => KernelTls::install(&stream, prepared, conn, k.record_cap(settings.record_policy))?,
-        None => return Ok(Session::userspace(stream, UserspaceTls::new(conn)?, sizer, settings.send_timeout).with_info(info)),
+        None => {
+            return Ok(
+                Session::userspace(stream, UserspaceTls::new(conn)?, sizer, settings.send_timeout).with_info(info)
+            )
+        }
     };
     Ok(Session::kernel(stream, tls, sizer, settings.send_timeout).with_info(info))
 }
@@ -89,7 +96,10 @@ use rustls::{CipherSuite, ProtocolVersion};
 pub fn record_expansion(conn: &UnbufferedServerConnection) -> usize {
     let chacha = matches!(
         conn.negotiated_cipher_suite().map(|s| s.suite()),
-        Some(CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256)
+        Some(
+            CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+                | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+        )
     );
     let version = match conn.protocol_version() {
         Some(ProtocolVersion::TLSv1_3) => kernel_tls::TlsVersion::Tls13,

@@ -9,15 +9,15 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::kernel::KernelTls;
+use super::sizing::RecordSizer;
 use super::userspace::body::Ending;
 use super::userspace::UserspaceTls;
-use super::sizing::RecordSizer;
+use super::SessionError;
 use super::{kernel, userspace};
 use crate::files::residency::ColdReads;
 use crate::files::FileRange;
 use crate::http::Transport;
 use crate::stats::Stats;
-use super::SessionError;
 
 /// Where a connection's records are encrypted and decrypted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +98,12 @@ pub const LINGERING_TIME: Duration = Duration::from_secs(30);
 pub const LINGERING_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Session {
-    pub(super) fn userspace(stream: TcpStream, tls: UserspaceTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
+    pub(super) fn userspace(
+        stream: TcpStream,
+        tls: UserspaceTls,
+        sizer: RecordSizer,
+        send_timeout: Duration,
+    ) -> Session {
         Session::new(stream, RecordLayer::Userspace(Box::new(tls)), sizer, send_timeout)
     }
 
@@ -107,7 +112,17 @@ impl Session {
     }
 
     fn new(stream: TcpStream, layer: RecordLayer, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session { stream, layer, sizer, send_timeout, linger: None, counters: Counters::default(), info: None, last: false, notified: false }
+        Session {
+            stream,
+            layer,
+            sizer,
+            send_timeout,
+            linger: None,
+            counters: Counters::default(),
+            info: None,
+            last: false,
+            notified: false,
+        }
     }
 
     /// Records the negotiated version and suite (see [`Transport::tls`]).
@@ -154,7 +169,9 @@ impl Session {
             RecordLayer::Userspace(tls) => {
                 let cold = &mut self.counters.cold;
                 let end = if self.last { Ending::CloseNotify } else { Ending::KeepOpen };
-                let r = userspace::body::send(tls, &self.stream, &mut self.sizer, cold, head, body, end, self.send_timeout).await;
+                let r =
+                    userspace::body::send(tls, &self.stream, &mut self.sizer, cold, head, body, end, self.send_timeout)
+                        .await;
                 self.notified = self.last && r.is_ok();
                 r
             }

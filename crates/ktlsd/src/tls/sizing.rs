@@ -127,7 +127,9 @@ impl FromStr for RecordPolicy {
                             })?
                         }
                         "timeout" => p.timeout = parse_duration(v)?,
-                        other => return Err(format!("unknown dynamic parameter {other:?} (lo, hi, threshold, timeout)")),
+                        other => {
+                            return Err(format!("unknown dynamic parameter {other:?} (lo, hi, threshold, timeout)"))
+                        }
                     }
                 }
                 if p.lo > p.hi {
@@ -246,7 +248,17 @@ mod tests {
 
     #[test]
     fn rejects_bad_policies() {
-        for bad in ["static:0", "static:16385", "static:17k", "static", "dynamic:lo=5000,hi=4000", "fast", "dynamic:threshold=0", "dynamic:x=1", "static:abc"] {
+        for bad in [
+            "static:0",
+            "static:16385",
+            "static:17k",
+            "static",
+            "dynamic:lo=5000,hi=4000",
+            "fast",
+            "dynamic:threshold=0",
+            "dynamic:x=1",
+            "static:abc",
+        ] {
             assert!(bad.parse::<RecordPolicy>().is_err(), "{bad} accepted");
         }
     }

@@ -114,12 +114,16 @@ mod tests {
     fn picks_exact_then_wildcard_then_default_or_refuses() {
         let (a, w, d) = (key("a.test"), key("*.w.test"), key("localhost"));
         let mut r = SniResolver {
-            sites: vec![Arc::new(SiteKey::new(names(&["*.w.test"]), w.clone())), Arc::new(SiteKey::new(names(&["a.test", "x.w.test"]), a.clone()))],
+            sites: vec![
+                Arc::new(SiteKey::new(names(&["*.w.test"]), w.clone())),
+                Arc::new(SiteKey::new(names(&["a.test", "x.w.test"]), a.clone())),
+            ],
             default: d.clone(),
             unknown: UnknownName::Default,
             challenges: None,
         };
-        let same = |got: Option<Arc<CertifiedKey>>, want: &Arc<CertifiedKey>| got.is_some_and(|g| Arc::ptr_eq(&g, want));
+        let same =
+            |got: Option<Arc<CertifiedKey>>, want: &Arc<CertifiedKey>| got.is_some_and(|g| Arc::ptr_eq(&g, want));
         assert!(same(r.pick(Some("A.test")), &a));
         assert!(same(r.pick(Some("x.w.test")), &a), "exact before wildcard");
         assert!(same(r.pick(Some("y.w.test")), &w));

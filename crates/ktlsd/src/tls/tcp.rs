@@ -40,7 +40,11 @@ impl TcpState {
 /// RTT, and segments sent and retransmitted over its life.
 pub fn read_end(fd: BorrowedFd<'_>) -> io::Result<crate::stats::TcpEnd> {
     let info = tcp_info(fd)?;
-    Ok(crate::stats::TcpEnd { rtt_us: info.tcpi_rtt, retransmits: info.tcpi_total_retrans, segments: info.tcpi_segs_out })
+    Ok(crate::stats::TcpEnd {
+        rtt_us: info.tcpi_rtt,
+        retransmits: info.tcpi_total_retrans,
+        segments: info.tcpi_segs_out,
+    })
 }
 
 fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<libc::tcp_info> {
@@ -51,7 +55,13 @@ fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<libc::tcp_info> {
     // borrowed for the duration of the call; the kernel writes at most `len` bytes
     // (an older kernel fewer: the rest stays zero).
     let rc = unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&mut info as *mut libc::tcp_info).cast(), &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());

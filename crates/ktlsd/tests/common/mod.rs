@@ -606,11 +606,7 @@ impl Server {
 
     /// Current access log lines.
     pub fn access_log(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.access_log)
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
-            .collect()
+        std::fs::read_to_string(&self.access_log).unwrap_or_default().lines().map(String::from).collect()
     }
 
     /// Polls the access log (flushed every 200 ms) until it has at least `n` lines.
@@ -804,10 +800,8 @@ pub fn parse_head(head: &str) -> (String, u16, Vec<(String, String)>) {
     let status_line = lines.next().unwrap_or_else(|| panic!("empty response head: {head:?}"));
     let mut parts = status_line.splitn(3, ' ');
     let version = parts.next().unwrap_or("").to_string();
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let status: u16 =
+        parts.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("bad status line {status_line:?}"));
     let headers = lines
         .map(|l| {
             let (n, v) = l.split_once(':').unwrap_or_else(|| panic!("bad header line {l:?} in {head:?}"));
@@ -1018,9 +1012,7 @@ pub enum Closing {
 fn closing_of(e: &io::Error) -> Closing {
     match e.kind() {
         io::ErrorKind::UnexpectedEof => Closing::Eof,
-        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe => {
-            Closing::Reset
-        }
+        io::ErrorKind::ConnectionReset | io::ErrorKind::ConnectionAborted | io::ErrorKind::BrokenPipe => Closing::Reset,
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Closing::TimedOut,
         _ => Closing::Other(e.to_string()),
     }
@@ -1277,12 +1269,7 @@ pub fn make_cert(dir: &Path, name: &str, kind: &str) -> (PathBuf, PathBuf) {
         "ec" => "ec".to_string(),
         other => panic!("unknown key kind {other}"),
     };
-    let mut args: Vec<OsString> = vec![
-        "req".into(),
-        "-x509".into(),
-        "-newkey".into(),
-        newkey.into(),
-    ];
+    let mut args: Vec<OsString> = vec!["req".into(), "-x509".into(), "-newkey".into(), newkey.into()];
     if kind == "ec" {
         args.extend(["-pkeyopt".into(), "ec_paramgen_curve:P-256".into()]);
     }
@@ -1350,7 +1337,6 @@ pub fn tls_records(bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
     }
     out
 }
-
 
 // ---------------------------------------------------------------------------
 // Records forged with the connection's own keys, for protocol-violation tests.
@@ -1764,7 +1750,8 @@ pub fn bad_records() -> Vec<BadRecord> {
 
 /// `GET target` on the admin Unix socket `sock`: the status and the body.
 pub fn admin_get(sock: &Path, target: &str) -> (u16, String) {
-    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap_or_else(|e| panic!("admin socket {}: {e}", sock.display()));
+    let mut s = std::os::unix::net::UnixStream::connect(sock)
+        .unwrap_or_else(|e| panic!("admin socket {}: {e}", sock.display()));
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(s, "GET {target} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n").unwrap();
     let mut reply = String::new();
@@ -1791,8 +1778,16 @@ for fam in text_string_to_metric_families(sys.stdin.read()):
 print(json.dumps(out))
 "#;
     // This machine may put another python3 first in PATH; the packaged parser is the system one's.
-    let out = run_with_timeout(Command::new("/usr/bin/python3").args(["-c", PARSE]), Some(text.as_bytes()), Duration::from_secs(30));
-    assert!(out.status.success(), "the Prometheus parser refused /metrics: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    let out = run_with_timeout(
+        Command::new("/usr/bin/python3").args(["-c", PARSE]),
+        Some(text.as_bytes()),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "the Prometheus parser refused /metrics: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_f64().unwrap())).collect()
 }

@@ -96,7 +96,8 @@ pub async fn serve<T: Transport>(
                     if buf.is_empty() {
                         return End::Timeout;
                     }
-                    let bad = BadRequest { status: Status::REQUEST_TIMEOUT, reason: "request head not received in time" };
+                    let bad =
+                        BadRequest { status: Status::REQUEST_TIMEOUT, reason: "request head not received in time" };
                     refuse_unparsed(conn, &sites.default, log, peer, &buf, &bad).await;
                     return End::Timeout;
                 }
@@ -196,7 +197,12 @@ pub async fn serve<T: Transport>(
 
 /// Sends `response`; returns the body bytes sent (the head not counted, as nginx's
 /// `$body_bytes_sent`), for the access log.
-async fn send<T: Transport>(conn: &mut T, response: &Response, version: Version, keep_alive: bool) -> Result<u64, T::Error> {
+async fn send<T: Transport>(
+    conn: &mut T,
+    response: &Response,
+    version: Version,
+    keep_alive: bool,
+) -> Result<u64, T::Error> {
     match &response.body {
         Body::File { found, range } if !range.is_empty() => {
             let head = write::head(response, version, keep_alive);
@@ -217,7 +223,14 @@ fn line(head: &Head) -> RequestLine<'_> {
 }
 
 fn refused(head: &Head, status: Status, why: &str, peer: SocketAddr) {
-    tracing::info!("refused {peer} \"{} {} {}\": {} {}", head.request.method, head.target, head.version.as_str(), status.0, why);
+    tracing::info!(
+        "refused {peer} \"{} {} {}\": {} {}",
+        head.request.method,
+        head.target,
+        head.version.as_str(),
+        status.0,
+        why
+    );
 }
 
 /// Answers a request whose head could not be parsed, then the connection ends.
@@ -285,7 +298,12 @@ fn entry<'a, T: Transport>(
 
 /// Reads and drops `left` body bytes (those already in `buf` first). `Ok(false)`:
 /// the peer closed before the end.
-async fn discard_body<T: Transport>(conn: &mut T, buf: &mut Vec<u8>, mut left: u64, timeout: Duration) -> Result<bool, T::Error> {
+async fn discard_body<T: Transport>(
+    conn: &mut T,
+    buf: &mut Vec<u8>,
+    mut left: u64,
+    timeout: Duration,
+) -> Result<bool, T::Error> {
     loop {
         let take = (buf.len() as u64).min(left) as usize;
         buf.drain(..take);

@@ -149,9 +149,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
         Err(httparse::Error::TooManyHeaders) => {
             return Err(bad(Status::HEADERS_TOO_LARGE, "more than 100 request headers"))
         }
-        Err(httparse::Error::Version) => {
-            return Err(bad(Status::VERSION_NOT_SUPPORTED, "HTTP version not supported"))
-        }
+        Err(httparse::Error::Version) => return Err(bad(Status::VERSION_NOT_SUPPORTED, "HTTP version not supported")),
         Err(_) => return Err(bad(Status::BAD_REQUEST, "malformed request head")),
     };
 

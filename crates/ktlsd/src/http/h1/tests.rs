@@ -160,8 +160,9 @@ async fn a_head_split_across_reads_is_one_request() {
 #[tokio::test]
 async fn connection_close_ends_after_the_answer() {
     let f = fixture();
-    let mut mem =
-        Memory::sending(b"GET /a.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut mem = Memory::sending(
+        b"GET /a.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n",
+    );
     let end = f.serve(&mut mem).await;
     assert!(matches!(end, End::Done));
     let r = replies(&mem.output, &[]);
@@ -233,7 +234,9 @@ async fn malformed_heads_are_refused_and_closed() {
 #[tokio::test]
 async fn refusals_of_head_requests_have_no_body() {
     let f = fixture();
-    for input in ["HEAD / HTTP/2.0\r\nHost: x\r\n\r\n", "HEAD / HTTP/1.1\r\n\r\n", "HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n"] {
+    for input in
+        ["HEAD / HTTP/2.0\r\nHost: x\r\n\r\n", "HEAD / HTTP/1.1\r\n\r\n", "HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\n"]
+    {
         let mut mem = Memory::sending(input.as_bytes());
         f.serve(&mut mem).await;
         let r = replies(&mem.output, &[true]);
@@ -276,7 +279,9 @@ async fn bodies_over_the_limit_are_refused_unread() {
         assert!(mem.lingered);
     }
     // At the limit, it is read.
-    let mut mem = Memory::sending(format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}", "b".repeat(100)).as_bytes());
+    let mut mem = Memory::sending(
+        format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}", "b".repeat(100)).as_bytes(),
+    );
     f.serve(&mut mem).await;
     assert_eq!(statuses(&replies(&mem.output, &[])), [405]);
 }
@@ -322,7 +327,8 @@ async fn a_body_cut_short_ends_the_connection() {
     let mut mem = Memory::sending(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc");
     assert!(matches!(f.serve(&mut mem).await, End::Truncated));
     assert!(mem.output.is_empty());
-    let mut mem = Memory::new([Step::Data(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".to_vec()), Step::Timeout]);
+    let mut mem =
+        Memory::new([Step::Data(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n".to_vec()), Step::Timeout]);
     assert!(matches!(f.serve(&mut mem).await, End::Error(MemError::Timeout)));
 }
 
@@ -421,7 +427,8 @@ async fn hsts_is_on_every_response() {
     let mut mem = Memory::sending(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n");
     f.serve(&mut mem).await;
     let etag = replies(&mem.output, &[])[0].header("ETag").unwrap().to_string();
-    let mut mem = Memory::sending(format!("GET /a.txt HTTP/1.1\r\nHost: x\r\nIf-None-Match: {etag}\r\n\r\n").as_bytes());
+    let mut mem =
+        Memory::sending(format!("GET /a.txt HTTP/1.1\r\nHost: x\r\nIf-None-Match: {etag}\r\n\r\n").as_bytes());
     f.serve(&mut mem).await;
     let r = replies(&mem.output, &[]);
     assert_eq!(statuses(&r), [304]);

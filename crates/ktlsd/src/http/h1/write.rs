@@ -85,7 +85,10 @@ mod tests {
         let h = text(head(&r, Version::Http11, true));
         assert!(h.starts_with("HTTP/1.1 301 Moved Permanently\r\nServer: ktlsd\r\nDate: "), "{h}");
         let page = "<html><head><title>301 Moved Permanently</title></head><body><h1>301 Moved Permanently</h1></body></html>\n";
-        let tail = format!("Content-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nLocation: /d/\r\n\r\n", page.len());
+        let tail = format!(
+            "Content-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\nLocation: /d/\r\n\r\n",
+            page.len()
+        );
         assert!(h.ends_with(&tail), "{h}");
         let h = text(head(&r, Version::Http10, true));
         assert!(h.ends_with("Location: /d/\r\nConnection: keep-alive\r\n\r\n"), "{h}");

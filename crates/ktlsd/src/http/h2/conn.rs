@@ -117,15 +117,26 @@ pub enum RespondError {
 enum Send {
     /// The caller has not responded yet.
     Waiting,
-    Bytes { data: Vec<u8>, pos: usize },
-    File { len: u64, offset: u64 },
+    Bytes {
+        data: Vec<u8>,
+        pos: usize,
+    },
+    File {
+        len: u64,
+        offset: u64,
+    },
     Done,
 }
 
 /// What we still receive on a stream.
 #[derive(Debug)]
 enum Recv {
-    Open { content_length: Option<u64>, received: u64, window: i64, unacked: u32 },
+    Open {
+        content_length: Option<u64>,
+        received: u64,
+        window: i64,
+        unacked: u32,
+    },
     /// The client sent END_STREAM (half-closed remote).
     Closed,
 }
@@ -378,7 +389,8 @@ impl Connection {
         // trip later.
         let shares = |i: usize| {
             self.out.is_empty()
-                || (self.out.len() <= max_payload / 2 && self.streams[i].remaining() <= (max_payload - self.out.len()) as u64)
+                || (self.out.len() <= max_payload / 2
+                    && self.streams[i].remaining() <= (max_payload - self.out.len()) as u64)
         };
         let Some(index) = next.filter(|&i| shares(i)) else {
             return (!self.out.is_empty()).then(|| Write::Bytes(std::mem::take(&mut self.out)));
@@ -407,7 +419,8 @@ impl Connection {
                 write = Write::Bytes(head);
             }
             Send::File { offset, .. } => {
-                write = Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
+                write =
+                    Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
                 *offset += len;
             }
             // `next_stream` offers only streams with bytes left to send.
@@ -450,11 +463,7 @@ impl Connection {
         if self.send_window <= 0 {
             return None;
         }
-        let ready = self
-            .streams
-            .iter()
-            .filter(|s| s.send_window > 0 && s.remaining() > 0)
-            .map(|s| (s.id, s.priority));
+        let ready = self.streams.iter().filter(|s| s.send_window > 0 && s.remaining() > 0).map(|s| (s.id, s.priority));
         let id = priority::pick(ready, self.last_served)?;
         self.index(id)
     }
@@ -554,7 +563,9 @@ impl Connection {
             self.phase = Phase::Open;
         }
         match parsed {
-            Frame::Data { stream, end_stream, data, flow_len } => self.on_data(stream, end_stream, data.len(), flow_len),
+            Frame::Data { stream, end_stream, data, flow_len } => {
+                self.on_data(stream, end_stream, data.len(), flow_len)
+            }
             Frame::Headers { stream, end_stream, end_headers, dependency, block } => {
                 if stream % 2 == 0 {
                     return Err(Conn(ProtocolError));

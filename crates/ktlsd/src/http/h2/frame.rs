@@ -230,9 +230,7 @@ use FrameError::Connection;
 /// Iterates the (identifier, value) pairs of a SETTINGS payload whose length is a
 /// multiple of six (checked by `decode`).
 pub fn settings_params(params: &[u8]) -> impl Iterator<Item = (u16, u32)> + '_ {
-    params.chunks_exact(6).map(|p| {
-        (u16::from_be_bytes([p[0], p[1]]), u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
-    })
+    params.chunks_exact(6).map(|p| (u16::from_be_bytes([p[0], p[1]]), u32::from_be_bytes([p[2], p[3], p[4], p[5]])))
 }
 
 /// Removes the padding of a PADDED frame; padding as long as the payload is a

@@ -188,7 +188,9 @@ mod tests {
 
     fn fields(d: Decoded) -> Vec<(String, String)> {
         match d {
-            Decoded::Fields(f) => f.into_iter().map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap())).collect(),
+            Decoded::Fields(f) => {
+                f.into_iter().map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap())).collect()
+            }
             Decoded::TooLarge => panic!("too large"),
         }
     }
@@ -200,12 +202,30 @@ mod tests {
         let pairs = |v: &[(&str, &str)]| v.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect::<Vec<_>>();
         let c41 = hex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff");
         assert!(unhuffman(&c41).is_some(), "the block has a Huffman string to rewrite");
-        assert_eq!(fields(d.decode(&c41).unwrap()),
-            pairs(&[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com")]));
-        assert_eq!(fields(d.decode(&hex("8286 84be 5886 a8eb 1064 9cbf")).unwrap()),
-            pairs(&[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com"), ("cache-control", "no-cache")]));
-        assert_eq!(fields(d.decode(&hex("8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf")).unwrap()),
-            pairs(&[(":method", "GET"), (":scheme", "https"), (":path", "/index.html"), (":authority", "www.example.com"), ("custom-key", "custom-value")]));
+        assert_eq!(
+            fields(d.decode(&c41).unwrap()),
+            pairs(&[(":method", "GET"), (":scheme", "http"), (":path", "/"), (":authority", "www.example.com")])
+        );
+        assert_eq!(
+            fields(d.decode(&hex("8286 84be 5886 a8eb 1064 9cbf")).unwrap()),
+            pairs(&[
+                (":method", "GET"),
+                (":scheme", "http"),
+                (":path", "/"),
+                (":authority", "www.example.com"),
+                ("cache-control", "no-cache")
+            ])
+        );
+        assert_eq!(
+            fields(d.decode(&hex("8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf")).unwrap()),
+            pairs(&[
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":path", "/index.html"),
+                (":authority", "www.example.com"),
+                ("custom-key", "custom-value")
+            ])
+        );
     }
 
     #[test]

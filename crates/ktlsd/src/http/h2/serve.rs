@@ -77,7 +77,9 @@ pub async fn serve<T: Transport>(
     loop {
         while let Some(event) = h2.poll_event() {
             match event {
-                Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, sites, log, peer, (conn.label(), conn.tls())),
+                Event::Request { stream, head, .. } => {
+                    answer(&mut h2, &mut open, stream, &head, sites, log, peer, (conn.label(), conn.tls()))
+                }
                 Event::Reset { stream, code } => {
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
@@ -249,7 +251,9 @@ fn answer(
     let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
     fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
     let (size, file) = match response.body {
-        Body::File { found, range } if !range.is_empty() => (BodySize::File { len: range.end - range.start }, Some((found, range.start))),
+        Body::File { found, range } if !range.is_empty() => {
+            (BodySize::File { len: range.end - range.start }, Some((found, range.start)))
+        }
         Body::Bytes(b) if !b.is_empty() => (BodySize::Bytes(b), None),
         _ => (BodySize::None, None),
     };
@@ -298,7 +302,11 @@ fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
 
 fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, (label, tls): (&'static str, Option<TlsInfo>)) {
     let request = RequestLine { method: o.method.as_str(), target: &o.target, version: "HTTP/2.0" };
-    log.write(&AccessEntry { peer, request: Some(request), status: o.status, bytes: o.sent,
+    log.write(&AccessEntry {
+        peer,
+        request: Some(request),
+        status: o.status,
+        bytes: o.sent,
         started: o.started,
         ttfb: o.ttfb,
         label,

@@ -30,12 +30,17 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 /// Preface and SETTINGS (with `params`), then a GET or HEAD of each path on streams 1, 3, ...
 fn client(params: &[(u16, u32)], requests: &[(&str, &str)]) -> Vec<u8> {
     let mut out = PREFACE.to_vec();
-    let settings: Vec<u8> = params.iter().flat_map(|(id, v)| id.to_be_bytes().into_iter().chain(v.to_be_bytes())).collect();
+    let settings: Vec<u8> =
+        params.iter().flat_map(|(id, v)| id.to_be_bytes().into_iter().chain(v.to_be_bytes())).collect();
     out.extend(frame(FRAME_SETTINGS, 0, 0, &settings));
     let mut enc = loona_hpack::Encoder::new();
     for (i, (method, path)) in requests.iter().enumerate() {
-        let fields: [(&[u8], &[u8]); 4] =
-            [(b":method", method.as_bytes()), (b":scheme", b"https"), (b":authority", b"example.test"), (b":path", path.as_bytes())];
+        let fields: [(&[u8], &[u8]); 4] = [
+            (b":method", method.as_bytes()),
+            (b":scheme", b"https"),
+            (b":authority", b"example.test"),
+            (b":path", path.as_bytes()),
+        ];
         let block = enc.encode(fields);
         out.extend(frame(FRAME_HEADERS, END_HEADERS | END_STREAM, 1 + 2 * i as u32, &block));
     }
@@ -71,7 +76,10 @@ fn responses(got: &[Got]) -> Vec<(u32, u16, Vec<u8>)> {
         match f.kind {
             FRAME_HEADERS => {
                 let fields = dec.decode(&f.payload).expect("HPACK");
-                let status = fields.iter().find(|(n, _)| n == b":status").map(|(_, v)| String::from_utf8_lossy(v).parse().unwrap());
+                let status = fields
+                    .iter()
+                    .find(|(n, _)| n == b":status")
+                    .map(|(_, v)| String::from_utf8_lossy(v).parse().unwrap());
                 all.push((f.stream, status.unwrap_or(0), Vec::new()));
             }
             FRAME_DATA => {
@@ -106,7 +114,12 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     async fn serve(&self, mem: &mut Memory, shutdown: watch::Receiver<bool>) -> End<MemError> {
-        let site = Site { root: &self.root, files: Options { dotfiles: false, autoindex: false, cache_entries: 0 }, hsts: None, content: crate::handler::Content::none() };
+        let site = Site {
+            root: &self.root,
+            files: Options { dotfiles: false, autoindex: false, cache_entries: 0 },
+            hsts: None,
+            content: crate::handler::Content::none(),
+        };
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
         serve(mem, &self.settings, &Sites::single(site), &log, peer, shutdown).await

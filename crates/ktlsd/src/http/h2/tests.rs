@@ -49,7 +49,8 @@ impl Got {
     }
 }
 
-const GET: &[(&str, &str)] = &[(":method", "GET"), (":scheme", "https"), (":authority", "example.test"), (":path", "/")];
+const GET: &[(&str, &str)] =
+    &[(":method", "GET"), (":scheme", "https"), (":authority", "example.test"), (":path", "/")];
 
 struct Client {
     conn: Connection,
@@ -446,13 +447,17 @@ fn settings_frame_rules() {
     assert_eq!(connection_error(|_| settings(&[(setting::MAX_FRAME_SIZE, 1 << 24)])), Some(ProtocolError));
     assert_eq!(connection_error(|_| settings(&[(0xff, 7)])), None, "unknown settings are ignored");
     let (_, got) = after_setup(|_| settings(&[(setting::MAX_FRAME_SIZE, 1 << 20)]));
-    assert!(got.iter().any(|f| f.head.kind == frame::SETTINGS && f.head.flags == frame::FLAG_ACK && f.payload.is_empty()));
+    assert!(got
+        .iter()
+        .any(|f| f.head.kind == frame::SETTINGS && f.head.flags == frame::FLAG_ACK && f.payload.is_empty()));
 }
 
 #[test]
 fn ping_frame_rules() {
     let (_, got) = after_setup(|_| raw(frame::PING, 0, 0, b"12345678"));
-    assert!(got.iter().any(|f| f.head.kind == frame::PING && f.head.flags == frame::FLAG_ACK && f.payload == b"12345678"));
+    assert!(got
+        .iter()
+        .any(|f| f.head.kind == frame::PING && f.head.flags == frame::FLAG_ACK && f.payload == b"12345678"));
     let (_, got) = after_setup(|_| raw(frame::PING, frame::FLAG_ACK, 0, b"12345678"));
     assert!(got.is_empty(), "a PING ACK is not answered");
     assert_eq!(connection_error(|_| raw(frame::PING, 0, 1, &[0; 8])), Some(ProtocolError));
@@ -473,7 +478,10 @@ fn goaway_frame_rules() {
 
 #[test]
 fn push_promise_from_a_client_is_an_error() {
-    assert_eq!(connection_error(|_| raw(frame::PUSH_PROMISE, frame::FLAG_END_HEADERS, 1, &[0, 0, 0, 2])), Some(ProtocolError));
+    assert_eq!(
+        connection_error(|_| raw(frame::PUSH_PROMISE, frame::FLAG_END_HEADERS, 1, &[0, 0, 0, 2])),
+        Some(ProtocolError)
+    );
 }
 
 #[test]
@@ -502,7 +510,10 @@ fn continuation_assembles_a_field_block() {
 
 #[test]
 fn continuation_rules() {
-    assert_eq!(connection_error(|_| raw(frame::CONTINUATION, frame::FLAG_END_HEADERS, 1, &[0x82])), Some(ProtocolError));
+    assert_eq!(
+        connection_error(|_| raw(frame::CONTINUATION, frame::FLAG_END_HEADERS, 1, &[0x82])),
+        Some(ProtocolError)
+    );
     let other_stream = |c: &mut Client| {
         let block = c.block(GET);
         let mut b = raw(frame::HEADERS, 0, 5, &block);
@@ -560,7 +571,15 @@ fn malformed_requests_are_stream_errors() {
 #[test]
 fn well_formed_request_head() {
     let mut c = Client::new();
-    let fields = [(":method", "GET"), (":scheme", "https"), (":path", "/a?b"), ("host", "h.test"), ("te", "trailers"), ("priority", "u=1, i"), ("accept", "*/*")];
+    let fields = [
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":path", "/a?b"),
+        ("host", "h.test"),
+        ("te", "trailers"),
+        ("priority", "u=1, i"),
+        ("accept", "*/*"),
+    ];
     let bytes = c.headers(1, &fields, true);
     c.send(&bytes);
     let events = c.events();
@@ -621,7 +640,11 @@ fn request_bodies_are_discarded_and_credit_returned() {
     }
     let updates: Vec<_> = c.frames().into_iter().filter(|f| f.head.kind == frame::WINDOW_UPDATE).collect();
     let credit = |id: u32| -> u32 {
-        updates.iter().filter(|f| f.head.stream == id).map(|f| u32::from_be_bytes(f.payload[..4].try_into().unwrap())).sum()
+        updates
+            .iter()
+            .filter(|f| f.head.stream == id)
+            .map(|f| u32::from_be_bytes(f.payload[..4].try_into().unwrap()))
+            .sum()
     };
     assert_eq!(credit(0), 48_000);
     assert_eq!(credit(1), 48_000);
@@ -645,7 +668,14 @@ fn data_frames(got: &[Got]) -> Vec<(u32, usize, bool)> {
 fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
     let mut c = Client::new();
     c.get(1);
-    c.conn.respond(StreamId(1), 200, [("Content-Type", "text/plain"), ("Connection", "close")], BodySize::File { len: 40_000 }).unwrap();
+    c.conn
+        .respond(
+            StreamId(1),
+            200,
+            [("Content-Type", "text/plain"), ("Connection", "close")],
+            BodySize::File { len: 40_000 },
+        )
+        .unwrap();
     let mut writes = Vec::new();
     while let Some(w) = c.conn.poll_write(c.max_payload) {
         writes.push(w);
@@ -668,10 +698,13 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
     assert_eq!(fields, [(":status".into(), "200".into()), ("content-type".into(), "text/plain".into())]);
     assert_eq!(files[0], (StreamId(1), 9, 0, 16_375));
     assert_eq!(files[1], (StreamId(1), 9, 16_375, 16_375));
-    let ends: Vec<bool> = writes.iter().filter_map(|w| match w {
-        Write::FileData { end_stream, .. } => Some(*end_stream),
-        Write::Bytes(_) => None,
-    }).collect();
+    let ends: Vec<bool> = writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::FileData { end_stream, .. } => Some(*end_stream),
+            Write::Bytes(_) => None,
+        })
+        .collect();
     assert_eq!(ends.iter().filter(|e| **e).count(), 1);
     assert_eq!(ends.last(), Some(&true));
     let total: u64 = files.iter().map(|f| u64::from(f.3)).sum();
@@ -901,7 +934,8 @@ fn shutdown_finishes_streams_then_closes() {
     c.conn.shutdown();
     let got = c.frames();
     assert_eq!(goaway(&got), Some(NoError));
-    let last = u32::from_be_bytes(got.iter().find(|f| f.head.kind == frame::GOAWAY).unwrap().payload[..4].try_into().unwrap());
+    let last =
+        u32::from_be_bytes(got.iter().find(|f| f.head.kind == frame::GOAWAY).unwrap().payload[..4].try_into().unwrap());
     assert_eq!(last, 3);
     c.events();
     // A new stream after GOAWAY is ignored.
@@ -1063,7 +1097,10 @@ fn huffman_coded_requests_decode() {
     // A field name of one Huffman byte: '0' (00000) padded with zero bits instead
     // of the start of EOS (ones).
     let bad = [0x82, 0x86, 0x84, 0x00, 0x81, 0x00, 0x00];
-    assert_eq!(connection_error(|_| raw(frame::HEADERS, frame::FLAG_END_HEADERS | frame::FLAG_END_STREAM, 5, &bad)), Some(CompressionError));
+    assert_eq!(
+        connection_error(|_| raw(frame::HEADERS, frame::FLAG_END_HEADERS | frame::FLAG_END_STREAM, 5, &bad)),
+        Some(CompressionError)
+    );
 }
 
 #[test]

@@ -22,8 +22,8 @@ use super::KernelTls;
 use crate::files::residency::ColdReads;
 use crate::files::FileRange;
 use crate::net;
-use crate::tls::sizing::{RecordSizer, MAX_RECORD};
 use crate::tls::error::SessionError;
+use crate::tls::sizing::{RecordSizer, MAX_RECORD};
 
 /// Largest single `sendfile`: bounds how long one connection holds the worker,
 /// since the kernel encrypts everything a call moves inside the call, on this
@@ -121,7 +121,8 @@ pub async fn send(
 
 async fn send_all(stream: &TcpStream, mut data: &[u8], more: bool, timeout: Duration) -> io::Result<()> {
     while !data.is_empty() {
-        let n = net::retry(stream, Interest::WRITABLE, timeout, || kernel_tls::send(stream.as_fd(), data, more)).await?;
+        let n =
+            net::retry(stream, Interest::WRITABLE, timeout, || kernel_tls::send(stream.as_fd(), data, more)).await?;
         data = &data[n..];
     }
     Ok(())

@@ -22,8 +22,8 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::net;
-use crate::tls::pool::{self, Pool};
 use crate::tls::error::SessionError;
+use crate::tls::pool::{self, Pool};
 use crate::tls::sizing::{RecordPolicy, MAX_RECORD};
 
 /// What the running kernel can do, probed once at start-up.
@@ -61,7 +61,11 @@ impl Support {
         format!(
             "TX+RX for {}; TLS 1.3 key update {}",
             both.join(", "),
-            if self.caps.rekey_supported() { "supported" } else { "not supported (connections that update keys are closed)" }
+            if self.caps.rekey_supported() {
+                "supported"
+            } else {
+                "not supported (connections that update keys are closed)"
+            }
         )
     }
 
@@ -104,7 +108,10 @@ pub struct KernelTls {
 impl KernelTls {
     /// Checks that this connection can move into the kernel and attaches the `tls`
     /// ULP, without consuming the rustls state: on error it can carry on in user space.
-    pub fn prepare<'s>(stream: &'s TcpStream, conn: &UnbufferedServerConnection) -> Result<Prepared<'s>, kernel_tls::Error> {
+    pub fn prepare<'s>(
+        stream: &'s TcpStream,
+        conn: &UnbufferedServerConnection,
+    ) -> Result<Prepared<'s>, kernel_tls::Error> {
         KtlsConnection::prepare(stream, conn)
     }
 
@@ -121,11 +128,7 @@ impl KernelTls {
         // Set before any data, while no record is open (the kernel ignores it otherwise).
         let kernel_cuts_records =
             record_cap.is_some_and(|cap| kernel_tls::set_tx_max_payload_len(stream.as_fd(), cap).is_ok());
-        Ok(KernelTls {
-            conn,
-            kernel_cuts_records,
-            key_updates: 0,
-        })
+        Ok(KernelTls { conn, kernel_cuts_records, key_updates: 0 })
     }
 
     /// Whether the kernel cuts records at the policy's size by itself.
@@ -139,7 +142,12 @@ impl KernelTls {
     /// Cancel-safe. Each `recv` takes one whole record from the kernel and the data
     /// is appended before any other wait; a KeyUpdate answer cut short stays owed
     /// and is sent by the next read or send.
-    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
+    pub async fn read(
+        &mut self,
+        stream: &TcpStream,
+        out: &mut Vec<u8>,
+        timeout: Duration,
+    ) -> Result<usize, SessionError> {
         loop {
             // Borrowed only inside each attempt: none is held while waiting.
             let got = net::retry_recv(stream, timeout, || {

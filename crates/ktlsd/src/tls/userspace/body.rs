@@ -169,9 +169,18 @@ mod tests {
             let mut sizer = RecordSizer::new(RecordPolicy::Static(MAX_RECORD), 22);
             let mut cold = ColdReads::default();
             let body = FileRange { file: &file, range: 0..BODY as u64, cached: None };
-            let sent = send(&mut tls, &stream, &mut sizer, &mut cold, head, Some(body), Ending::KeepOpen, Duration::from_secs(10))
-                .await
-                .unwrap();
+            let sent = send(
+                &mut tls,
+                &stream,
+                &mut sizer,
+                &mut cold,
+                head,
+                Some(body),
+                Ending::KeepOpen,
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
             let ran = ticks.get() - before;
             ticker.abort();
             assert_eq!(sent, BODY as u64);

@@ -133,7 +133,8 @@ impl UserspaceTls {
         let (secrets, keys) = conn.dangerous_into_kernel_connection()?;
         let version = TlsVersion::from_rustls(keys.protocol_version())
             .ok_or(kernel_tls::Error::UnsupportedCipher { what: "only TLS 1.2 and TLS 1.3 are supported" })?;
-        let unsupported = |_| kernel_tls::Error::UnsupportedCipher { what: "no userspace cipher for the negotiated suite" };
+        let unsupported =
+            |_| kernel_tls::Error::UnsupportedCipher { what: "no userspace cipher for the negotiated suite" };
         let tx = RecordKey::new(version, &secrets.tx.1, secrets.tx.0).map_err(unsupported)?;
         let rx = RecordKey::new(version, &secrets.rx.1, secrets.rx.0).map_err(unsupported)?;
         let tx_budget = kernel_tls::confidentiality_limit(&keys.negotiated_cipher_suite()).min(SEQ_SOFT_LIMIT);
@@ -167,7 +168,12 @@ impl UserspaceTls {
     /// Cancel-safe: input read from the socket is kept in the connection's buffer,
     /// decrypted data is appended before any further wait, and a queued answer
     /// (KeyUpdate) is flushed by the cancel-safe [`Self::flush`].
-    pub async fn read(&mut self, stream: &TcpStream, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
+    pub async fn read(
+        &mut self,
+        stream: &TcpStream,
+        out: &mut Vec<u8>,
+        timeout: Duration,
+    ) -> Result<usize, SessionError> {
         if self.failed {
             return Err(SessionError::PeerClosed);
         }
@@ -406,7 +412,10 @@ impl UserspaceTls {
 }
 
 /// The key rustls derived for one direction's next traffic secret.
-fn next_key(version: TlsVersion, derived: Result<(u64, rustls::ConnectionTrafficSecrets), rustls::Error>) -> Result<RecordKey, String> {
+fn next_key(
+    version: TlsVersion,
+    derived: Result<(u64, rustls::ConnectionTrafficSecrets), rustls::Error>,
+) -> Result<RecordKey, String> {
     let (seq, secrets) = derived.map_err(|e| format!("rustls could not derive the next key: {e}"))?;
     RecordKey::new(version, &secrets, seq).map_err(|_| "the next key has another cipher".to_string())
 }
@@ -438,7 +447,9 @@ mod tests {
 
     /// A server config with ktlsd's own self-signed certificate for `versions`,
     /// and the certificate a client must trust.
-    pub(crate) fn test_server_config(versions: Vec<TlsVersion>) -> (Arc<rustls::ServerConfig>, rustls::pki_types::CertificateDer<'static>) {
+    pub(crate) fn test_server_config(
+        versions: Vec<TlsVersion>,
+    ) -> (Arc<rustls::ServerConfig>, rustls::pki_types::CertificateDer<'static>) {
         let settings = TlsSettings {
             cert: None,
             key: None,
@@ -451,7 +462,8 @@ mod tests {
         };
         let identity = Identity::load(&settings, false).unwrap();
         let root = identity.chain[0].clone();
-        let config = server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
+        let config =
+            server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
         (config, root)
     }
 
@@ -535,7 +547,8 @@ mod tests {
                 tls.begin_record(chunk.len()).unwrap().copy_from_slice(chunk);
                 tls.seal_record(chunk.len());
             }
-            let cut = tokio::time::timeout(Duration::from_millis(200), tls.flush(&stream, Duration::from_secs(10))).await;
+            let cut =
+                tokio::time::timeout(Duration::from_millis(200), tls.flush(&stream, Duration::from_secs(10))).await;
             assert!(cut.is_err(), "the flush finished although the client reads nothing");
             assert!(
                 tls.out_sent > 0 && tls.out_sent < tls.out_len,
@@ -544,7 +557,8 @@ mod tests {
                 tls.out_len
             );
             go_tx.send(()).unwrap();
-            let session = Session::userspace(stream, tls, RecordSizer::new(RecordPolicy::default(), 22), Duration::from_secs(10));
+            let session =
+                Session::userspace(stream, tls, RecordSizer::new(RecordPolicy::default(), 22), Duration::from_secs(10));
             session.close().await;
             client.join().unwrap()
         });
@@ -576,7 +590,8 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         for (suite, tls13) in table {
             let name = format!("{:?}", suite.suite());
-            let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect()).collect();
+            let data: Vec<Vec<u8>> =
+                sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect()).collect();
             let expected: Vec<u8> = data.concat();
             rt.block_on(async {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

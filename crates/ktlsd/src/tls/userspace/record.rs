@@ -80,11 +80,17 @@ pub struct RecordKey {
 
 impl RecordKey {
     /// The key of `secrets` for `version`, whose next record has sequence number `seq`.
-    pub fn new(version: TlsVersion, secrets: &ConnectionTrafficSecrets, seq: u64) -> Result<RecordKey, UnsupportedCipher> {
+    pub fn new(
+        version: TlsVersion,
+        secrets: &ConnectionTrafficSecrets,
+        seq: u64,
+    ) -> Result<RecordKey, UnsupportedCipher> {
         let (alg, key, iv, gcm) = match secrets {
             ConnectionTrafficSecrets::Aes128Gcm { key, iv } => (&AES_128_GCM, key.as_ref(), iv.as_ref(), true),
             ConnectionTrafficSecrets::Aes256Gcm { key, iv } => (&AES_256_GCM, key.as_ref(), iv.as_ref(), true),
-            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => (&CHACHA20_POLY1305, key.as_ref(), iv.as_ref(), false),
+            ConnectionTrafficSecrets::Chacha20Poly1305 { key, iv } => {
+                (&CHACHA20_POLY1305, key.as_ref(), iv.as_ref(), false)
+            }
             _ => return Err(UnsupportedCipher),
         };
         let key = UnboundKey::new(alg, key).map_err(|_| UnsupportedCipher)?;
@@ -181,7 +187,10 @@ impl RecordKey {
                 return Err(OpenError::UnexpectedMessage);
             }
             let nonce = Nonce::assume_unique_for_key(self.nonce(seq));
-            let plain = self.key.open_in_place(nonce, Aad::from(&header_bytes[..]), body).map_err(|_| OpenError::BadRecordMac)?;
+            let plain = self
+                .key
+                .open_in_place(nonce, Aad::from(&header_bytes[..]), body)
+                .map_err(|_| OpenError::BadRecordMac)?;
             // The inner type is the last non-zero byte; zeros after it are padding.
             let inner = plain.iter().rposition(|&b| b != 0).ok_or(OpenError::UnexpectedMessage)?;
             if inner > MAX_RECORD {
@@ -210,7 +219,6 @@ impl RecordKey {
             Ok((typ, start..start + plain_len))
         }
     }
-
 }
 
 fn prefix_len(explicit_nonce: bool) -> usize {
