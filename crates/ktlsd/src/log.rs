@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stats::{Layer, Method, Metrics};
 
 /// The access log's line format (`access_log_format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum LogFormat {
     /// Common log format plus `rt=` and `tls=` (the example above).
     #[default]

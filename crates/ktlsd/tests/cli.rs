@@ -214,9 +214,26 @@ fn ktls_off_uses_userspace() {
     assert_eq!((st.stat("userspace"), st.stat("ktls")), (1, 0));
 }
 
+/// A value outside a choice is a usage error naming the flag and the accepted values;
+/// in the file, a configuration error naming the line.
 #[test]
 fn ktls_bogus_is_refused() {
-    Server::builder().args(["--ktls", "bogus"]).run_to_exit().assert_startup_error(&["ktls", "\"bogus\""]);
+    for (flag, value, accepted) in [
+        ("--ktls", "bogus", "auto, on, off"),
+        ("--unknown-sni", "maybe", "default, refuse"),
+        ("--access-log-format", "xml", "ktlsd, combined, json"),
+        ("--http2", "yes", "on, off"),
+    ] {
+        let out = ktlsd(&["check", flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        for needle in [flag, value, accepted] {
+            assert!(out.stderr.contains(needle), "{flag} {value}: no {needle:?} in {}", out.stderr);
+        }
+    }
+    let b = Server::builder();
+    std::fs::write(b.dir().join("bad.toml"), "ktls = \"bogus\"\n").unwrap();
+    let cfg = b.dir().join("bad.toml");
+    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["bad.toml", "line 1", "bogus", "auto"]);
 }
 
 // ---------------------------------------------------------------------------

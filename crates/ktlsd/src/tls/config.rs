@@ -46,15 +46,7 @@ pub struct TlsSettings {
     /// Session-ticket key files; the first encrypts. Empty: a random key per process.
     pub ticket_keys: Vec<PathBuf>,
     /// Whether ALPN offers HTTP/2.
-    pub http2: Http2,
-}
-
-/// Whether HTTP/2 is offered in ALPN (preferred when the client offers it too).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Http2 {
-    #[default]
-    On,
-    Off,
+    pub http2: bool,
 }
 
 /// Why the TLS configuration could not be built. Each message names the file or
@@ -535,7 +527,7 @@ pub fn server_config(
         // Offered only with tls-alpn-01 sites; such connections end after the handshake.
         tls.alpn_protocols.push(ACME_TLS_ALPN.to_vec());
     }
-    if config.http2 == Http2::On {
+    if config.http2 {
         tls.alpn_protocols.insert(0, b"h2".to_vec());
     }
     tls.ticketer = if config.ticket_keys.is_empty() {

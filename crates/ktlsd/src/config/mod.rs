@@ -1,0 +1,283 @@
+//! Configuration: the TOML file and the command line merged into one validated [`Config`].
+//!
+//! Everything a running server needs is checked here, before any socket is opened,
+//! so that a mistake stops start-up with one line naming the file or value.
+//! Every command-line flag has a config key of the same name (dashes become underscores);
+//! a switch's `--no-` form is the same key set to false. The reference of every option
+//! is `docs/configuration.md`, generated from the schema ([`reference`]).
+//!
+//! The parts: [`options`] declares every option once (flag, key, type, help, default
+//! in the help); the command line's [`options::Options`] are merged over the file's
+//! (`Options::or`), and each section module validates its own options into its part
+//! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`],
+//! [`content`] and [`sites`]. This module is not where the server applies them.
+//!
+//! # How to add an option
+//!
+//! 1. Declare it once in [`options`]: a doc comment (the help, ending in
+//!    `[default: ...]`), `#[arg(long, value_name = "...")]`, and a field whose name is
+//!    the TOML key and whose type is what is written (an enum deriving `clap::ValueEnum`
+//!    and `Deserialize` for a choice; a `bool` switch takes `num_args = 0,
+//!    default_missing_value = "true"`). Put it under `per_site` when a `[[site]]` may
+//!    set it too, under `global` otherwise; a file-only section (`[[proxy]]`, `[cache]`)
+//!    is a `global` field with `#[arg(skip)]` and a type of its own.
+//! 2. Validate it in its section module (or a new one), from the merged `Options` into
+//!    a field of [`Config`] (or [`SiteConfig`] for a per-site option), with a table
+//!    test there.
+//! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
+
+pub mod admin;
+pub mod content;
+pub mod h2;
+pub mod listen;
+pub mod options;
+pub mod privileges;
+#[cfg(test)]
+mod reference;
+pub mod sites;
+pub mod timeouts;
+pub mod tls;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub use self::admin::AdminAddr;
+pub use self::sites::{SiteAcme, SiteCert, SiteConfig};
+pub use self::timeouts::{Limits, Timeouts};
+pub use self::tls::TcpOptions;
+use crate::tls::config::TlsVersion;
+use crate::tls::sizing::RecordPolicy;
+use options::{Options, ServeArgs};
+
+/// Why the configuration was refused. Each message names the offending value.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+impl ConfigError {
+    pub fn new(msg: impl Into<String>) -> Self {
+        ConfigError(msg.into())
+    }
+}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// Whether connections use the kernel's TLS record layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum KtlsMode {
+    /// Probe the kernel; use kTLS for every suite it supports, userspace otherwise.
+    #[default]
+    Auto,
+    /// Refuse to start unless the kernel offers kTLS.
+    On,
+    /// Userspace record layer only.
+    Off,
+}
+
+/// What a name no `[[site]]` has gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum UnknownSni {
+    /// The default site (the top-level keys) serves it.
+    #[default]
+    Default,
+    /// The handshake fails with `unrecognized_name`; a request naming it gets 421.
+    Refuse,
+}
+
+/// Where access-log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Stdout,
+    File(PathBuf),
+    Off,
+}
+
+/// The validated configuration of one `ktlsd serve`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Canonical path of the served directory.
+    pub root: PathBuf,
+    pub listen: Vec<SocketAddr>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub workers: usize,
+    pub ktls: KtlsMode,
+    pub tls_versions: Vec<TlsVersion>,
+    /// Cipher suite names as given (validated against the provider in `tls`).
+    pub cipher_suites: Option<Vec<String>>,
+    pub record_policy: RecordPolicy,
+    pub tcp: TcpOptions,
+    pub autoindex: bool,
+    pub dotfiles: bool,
+    pub access_log: AccessLogTarget,
+    pub timeouts: Timeouts,
+    pub limits: Limits,
+    /// Where the generated self-signed certificate is kept; `None` when no default applies
+    /// (no HOME) and none was given.
+    pub state_dir: Option<PathBuf>,
+    /// Generate the self-signed certificate in memory only, never stored.
+    pub ephemeral_cert: bool,
+    /// Session-ticket key files; the first encrypts. Empty: a random key per process.
+    pub ticket_keys: Vec<PathBuf>,
+    /// Plain-HTTP listeners (redirect to HTTPS, ACME HTTP-01); empty: none.
+    pub http_listen: Vec<SocketAddr>,
+    /// The Strict-Transport-Security value for HTTPS responses.
+    pub hsts: Option<String>,
+    /// Account to switch to after binding; resolved and checked in `server::privileges`.
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub allow_root: bool,
+    /// The `[[site]]` blocks of the config file; the top-level keys form the default site.
+    pub sites: Vec<SiteConfig>,
+    pub unknown_sni: UnknownSni,
+    /// The admin listener; `None`: off.
+    pub admin: Option<AdminAddr>,
+    /// Whether ALPN offers HTTP/2.
+    pub http2: bool,
+    pub access_log_format: crate::log::LogFormat,
+    /// Most connections per worker; `None`: as many as the file descriptor budget allows.
+    pub max_connections: Option<std::num::NonZeroUsize>,
+    /// HTTP/2 settings and flood limits.
+    pub h2_limits: crate::http::h2::Limits,
+    /// The default site's content-delivery options (each `[[site]]` has its own).
+    pub content: crate::handler::Content,
+}
+
+/// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
+/// it are relative to the file, as in nginx.
+fn load(path: &Path) -> Result<Options, ConfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return err(format!("cannot read config file {}: {e}", path.display())),
+    };
+    let mut file: Options = match toml::from_str(&text) {
+        Ok(f) => f,
+        Err(e) => {
+            // One line: where, then what (toml's own rendering spans several lines).
+            let at = e.span().map(|s| {
+                let before = &text[..s.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(" line {line}, column {col}:")
+            });
+            return err(format!(
+                "config file {}:{} {}",
+                path.display(),
+                at.unwrap_or_default(),
+                e.message().trim().replace('\n', " ")
+            ));
+        }
+    };
+    resolve_paths(&mut file, path.parent().unwrap_or(Path::new(".")));
+    Ok(file)
+}
+
+/// Every path in the file is relative to the file's directory `base`, as in nginx;
+/// `-` and `off` for the access log are not paths.
+fn resolve_paths(file: &mut Options, base: &Path) {
+    let rel = |p: &mut PathBuf| {
+        if p.is_relative() {
+            *p = base.join(&*p);
+        }
+    };
+    for p in [&mut file.root, &mut file.cert, &mut file.key, &mut file.state_dir].into_iter().flatten() {
+        rel(p);
+    }
+    for p in file.ticket_keys.iter_mut().flatten() {
+        rel(p);
+    }
+    for site in file.site.iter_mut().flatten() {
+        for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
+            rel(p);
+        }
+        rel(&mut site.root);
+        if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
+            rel(p);
+        }
+    }
+    if let Some(log) = &mut file.access_log {
+        if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
+            *log = base.join(log.as_str()).to_string_lossy().into_owned();
+        }
+    }
+    if let Some(admin) = &mut file.admin {
+        if admin.contains('/') && Path::new(admin.as_str()).is_relative() {
+            *admin = base.join(admin.as_str()).to_string_lossy().into_owned();
+        }
+    }
+}
+
+impl Config {
+    /// Merges the config file (if any) under the command line and validates the result.
+    pub fn from_args(args: ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => load(path)?,
+            None => Options::default(),
+        };
+        let o = args.options.fold_switches().or(file);
+        let file_path = args.config.as_deref();
+
+        let root = o.root.clone().unwrap_or_else(|| PathBuf::from("."));
+        let root = match root.canonicalize() {
+            Ok(r) if r.is_dir() => r,
+            Ok(_) => return err(format!("root {} is not a directory", root.display())),
+            Err(e) => return err(format!("root {}: {e}", root.display())),
+        };
+        let listen = listen::listen(&o)?;
+        let http_listen = listen::http_listen(&o, &listen)?;
+        let tls = tls::tls(&o)?;
+        let timeouts = timeouts::timeouts(&o, file_path)?;
+        let limits = timeouts::limits(&o)?;
+        let privileges = privileges::privileges(&o)?;
+        let hsts = o.hsts.as_deref().map(sites::validate_hsts).transpose()?;
+        let top = o.site_options();
+        let content = content::content(&top, "")?;
+        let sites = sites::sites(o.site.clone().unwrap_or_default(), &top)?;
+        sites::check_acme(&sites, &http_listen, privileges.state_dir.as_deref())?;
+        let admin = admin::admin(&o, &listen, &http_listen)?;
+        let access_log = match o.access_log.as_deref() {
+            None | Some("-") => AccessLogTarget::Stdout,
+            Some("off") => AccessLogTarget::Off,
+            Some(p) => AccessLogTarget::File(PathBuf::from(p)),
+        };
+
+        Ok(Config {
+            root,
+            listen,
+            cert: tls.cert,
+            key: tls.key,
+            workers: listen::workers(&o)?,
+            ktls: o.ktls.unwrap_or_default(),
+            tls_versions: tls.versions,
+            cipher_suites: tls.cipher_suites,
+            record_policy: tls.record_policy,
+            tcp: tls.tcp,
+            autoindex: o.autoindex.unwrap_or(false),
+            dotfiles: o.dotfiles.unwrap_or(false),
+            access_log,
+            timeouts,
+            limits,
+            state_dir: privileges.state_dir,
+            ephemeral_cert: privileges.ephemeral_cert,
+            ticket_keys: tls.ticket_keys,
+            http_listen,
+            hsts,
+            user: privileges.user,
+            group: privileges.group,
+            allow_root: privileges.allow_root,
+            sites,
+            unknown_sni: o.unknown_sni.unwrap_or_default(),
+            admin,
+            http2: o.http2.unwrap_or(true),
+            access_log_format: o.access_log_format.unwrap_or_default(),
+            max_connections: timeouts::max_connections(&o)?,
+            h2_limits: h2::h2_limits(&o)?,
+            content,
+        })
+    }
+}

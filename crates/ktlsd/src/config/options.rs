@@ -1,0 +1,464 @@
+//! The options schema: every option of `ktlsd serve` declared once.
+//!
+//! One declaration (doc comment = help, `#[arg]` = the flag, the field name = the TOML
+//! key, its type) gives the command-line flag, the configuration file key, the merge
+//! (command line over file over default, [`Options::or`]), `--help` and the generated
+//! reference ([`super::reference`]). Options are values as given, not yet validated:
+//! each section module of [`super`] turns its own into the validated [`super::Config`].
+//! Defaults are applied there too; each option's help repeats its default.
+//!
+//! This module is not where values are checked (only typed: numbers, enums, lists).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{KtlsMode, UnknownSni};
+use crate::log::LogFormat;
+
+/// Declares the options: `per_site` ones are keys of the top level (the default site,
+/// where the command line sets them) and of each `[[site]]`; `site_block` keys belong
+/// to a `[[site]]` only; `global` ones to the top level only. Every option is an
+/// `Option` (not given: `None`), so that files and the command line merge field by field.
+macro_rules! schema {
+    (
+        site_block { $( $(#[$bm:meta])* $bf:ident : $bt:ty, )* }
+        per_site { $( $(#[$sm:meta])* $sf:ident : $st:ty, )* }
+        global { $( $(#[$gm:meta])* $gf:ident : $gt:ty, )* }
+    ) => {
+        /// The options of `ktlsd serve`: the command line's flags and the configuration file's top-level keys.
+        #[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Options {
+            $( $(#[$gm])* pub $gf: Option<$gt>, )*
+            $( $(#[$sm])* pub $sf: Option<$st>, )*
+        }
+
+        /// A `[[site]]` block as written: its own keys, and the per-site options.
+        #[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct FileSite {
+            $( $(#[$bm])* pub $bf: $bt, )*
+            $( $(#[$sm])* pub $sf: Option<$st>, )*
+        }
+
+        /// The per-site options of one site, or of the top level (the default site).
+        #[derive(Debug, Default, Clone)]
+        pub struct SiteOptions {
+            $( pub $sf: Option<$st>, )*
+        }
+
+        /// The keys only a `[[site]]` block has (the rest of [`FileSite`]'s are per-site options).
+        #[cfg(test)]
+        pub const SITE_BLOCK_KEYS: &[&str] = &[$( stringify!($bf), )*];
+
+        impl Options {
+            /// `self`'s options where given, else `under`'s.
+            pub fn or(self, under: Options) -> Options {
+                Options { $( $gf: self.$gf.or(under.$gf), )* $( $sf: self.$sf.or(under.$sf), )* }
+            }
+
+            /// The top level's per-site options: the default site's.
+            pub fn site_options(&self) -> SiteOptions {
+                SiteOptions { $( $sf: self.$sf.clone(), )* }
+            }
+        }
+
+        impl FileSite {
+            /// This site's per-site options, over the top level's.
+            pub fn site_options(&self, top: &SiteOptions) -> SiteOptions {
+                SiteOptions { $( $sf: self.$sf.clone().or_else(|| top.$sf.clone()), )* }
+            }
+        }
+    };
+}
+
+schema! {
+    site_block {
+        /// The site's names: exact names and `*.example.com` wildcards.
+        #[arg(skip)]
+        names: Vec<String>,
+        /// The site's directory.
+        #[arg(skip)]
+        root: PathBuf,
+        /// The site's certificate chain, PEM (with `key`).
+        #[arg(skip)]
+        cert: Option<PathBuf>,
+        /// The site's private key, PEM (with `cert`).
+        #[arg(skip)]
+        key: Option<PathBuf>,
+        /// The site's certificate from an ACME CA instead of `cert` and `key`.
+        #[arg(skip)]
+        acme: Option<FileAcme>,
+    }
+    per_site {
+        /// Answer directory requests without index.html with an HTML listing instead of 403 [default: off]
+        #[arg(long, num_args = 0, default_missing_value = "true", overrides_with = "no_autoindex")]
+        autoindex: bool,
+        /// Answer directory requests without index.html with 403, whatever the config file says.
+        #[arg(long, num_args = 0, default_missing_value = "true", overrides_with = "autoindex")]
+        #[serde(skip)]
+        no_autoindex: bool,
+        /// Serve files and directories whose name starts with a dot [default: off]
+        #[arg(long, num_args = 0, default_missing_value = "true", overrides_with = "no_dotfiles")]
+        dotfiles: bool,
+        /// Hide files and directories whose name starts with a dot, whatever the config file says.
+        #[arg(long, num_args = 0, default_missing_value = "true", overrides_with = "dotfiles")]
+        #[serde(skip)]
+        no_dotfiles: bool,
+        /// Strict-Transport-Security value sent on every HTTPS response, e.g. "max-age=31536000; includeSubDomains" [default: none]
+        #[arg(long, value_name = "VALUE")]
+        hsts: String,
+        /// Precompressed variants served beside a file to clients that accept them, in order of preference: br (FILE.br), zstd (FILE.zst), gzip (FILE.gz), comma-separated, or none [default: none]
+        #[arg(long, value_name = "LIST")]
+        precompressed: List,
+        /// Page served for an error status, with that status, as CODE=/PATH (repeatable; e.g. 404=/404.html) [default: none: the built-in page]
+        #[arg(long = "error-page", value_name = "CODE=PATH")]
+        #[serde(default, deserialize_with = "table")]
+        error_page: Vec<Entry>,
+        /// Path served, with 200, for a request whose path does not exist (a single-page app's /index.html); never for refused paths [default: none]
+        #[arg(long, value_name = "PATH")]
+        fallback: String,
+        /// Content-Type for files with an extension, as EXT=TYPE (repeatable; e.g. md="text/markdown; charset=utf-8"); files without an extension are application/octet-stream [default: none: the built-in table]
+        #[arg(long = "mime-type", value_name = "EXT=TYPE")]
+        #[serde(default, deserialize_with = "table")]
+        mime_types: Vec<Entry>,
+        /// A response field set on files whose path matches GLOB, as GLOB=NAME: VALUE (repeatable; e.g. "/assets/**=Cache-Control: max-age=31536000, immutable"); replaces the file's [[headers]] rules [default: none]
+        #[arg(long = "header", value_name = "GLOB=NAME: VALUE")]
+        headers: Vec<HeaderRule>,
+        /// CORS: origins whose scripts may read the answers, comma-separated (https://a.example), or * for any; OPTIONS preflights are answered for GET and HEAD [default: none: no CORS fields]
+        #[arg(long, value_name = "ORIGINS")]
+        cors: Cors,
+    }
+    global {
+        /// Directory to serve [default: the current directory]
+        #[arg(value_name = "ROOT")]
+        root: PathBuf,
+        /// Address to listen on (repeatable; IPv4 or [IPv6]:port) [default: 127.0.0.1:8443]
+        #[arg(long, value_name = "ADDR")]
+        listen: Vec<String>,
+        /// Certificate chain, PEM [default: a self-signed certificate for localhost, generated at start]
+        #[arg(long, value_name = "PEM")]
+        cert: PathBuf,
+        /// Private key (ECDSA, RSA or Ed25519), PEM [default: the generated certificate's key]
+        #[arg(long, value_name = "PEM")]
+        key: PathBuf,
+        /// Worker threads, each with its own event loop and listener [default: one per CPU]
+        #[arg(long, value_name = "N")]
+        workers: usize,
+        /// Kernel TLS: auto (use it where the kernel can), on (refuse to start without it), off [default: auto]
+        #[arg(long, value_name = "MODE", hide_possible_values = true)]
+        ktls: KtlsMode,
+        /// TLS protocol versions, comma-separated [default: 1.2,1.3]
+        #[arg(long, value_name = "LIST")]
+        tls_versions: List,
+        /// Cipher suites, comma-separated IANA or OpenSSL names [default: all kTLS-capable suites]
+        #[arg(long, value_name = "LIST")]
+        cipher_suites: List,
+        /// TLS record size policy: static:SIZE (e.g. static:16k), dynamic[:lo=N,hi=N,threshold=N,timeout=1s], adaptive [default: static:16k]
+        #[arg(long, value_name = "POLICY")]
+        record_size: String,
+        /// TCP_NOTSENT_LOWAT in bytes for accepted connections [default: unset; 16384 with --record-size adaptive]
+        #[arg(long, value_name = "BYTES")]
+        tcp_notsent_lowat: u32,
+        /// TCP congestion control for accepted connections, e.g. cubic, bbr [default: the system's]
+        #[arg(long, value_name = "NAME")]
+        tcp_congestion: String,
+        /// Access log destination: a file path, `-` for standard output, or `off` [default: -]
+        #[arg(long, value_name = "PATH")]
+        access_log: String,
+        /// Time allowed for the TLS handshake [default: 10s]
+        #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+        handshake_timeout: RawDuration,
+        /// Time allowed to receive a complete request head once it has started [default: 15s]
+        #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+        header_timeout: RawDuration,
+        /// Time a keep-alive connection may stay idle between requests [default: 65s]
+        #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+        idle_timeout: RawDuration,
+        /// Time a send may make no progress before the client is dropped as a slow reader [default: 60s]
+        #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+        send_timeout: RawDuration,
+        /// Time in-flight responses may take to finish after SIGTERM/SIGINT [default: 10s]
+        #[arg(long, value_name = "DURATION", help_heading = TIMEOUTS)]
+        shutdown_timeout: RawDuration,
+        /// Largest request head (request line plus headers) in bytes [default: 16384]
+        #[arg(long, value_name = "BYTES")]
+        max_header_bytes: usize,
+        /// Largest request body that is read and discarded before answering 413 [default: 1048576]
+        #[arg(long, value_name = "BYTES")]
+        max_body_bytes: u64,
+        /// Directory keeping the generated self-signed certificate and key between starts [default: /var/lib/ktlsd as root, else $XDG_STATE_HOME/ktlsd or ~/.local/state/ktlsd]
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+        /// Without --cert/--key, generate a new self-signed certificate in memory at every start instead of keeping one in --state-dir [default: off]
+        #[arg(long, num_args = 0, default_missing_value = "true", overrides_with = "no_ephemeral_cert")]
+        ephemeral_cert: bool,
+        /// Keep the generated self-signed certificate in --state-dir, whatever the config file says.
+        #[arg(long, num_args = 0, default_missing_value = "true", overrides_with = "ephemeral_cert")]
+        #[serde(skip)]
+        no_ephemeral_cert: bool,
+        /// Session-ticket key file, 80 random bytes as nginx's ssl_session_ticket_key (repeatable; the first encrypts, all decrypt) [default: none: a random key per process]
+        #[arg(long, value_name = "FILE")]
+        ticket_keys: Vec<PathBuf>,
+        /// Plain-HTTP address answering with a redirect to HTTPS and ACME HTTP-01 challenges from ROOT/.well-known/acme-challenge/ (repeatable; e.g. 0.0.0.0:80, [::]:80) [default: none]
+        #[arg(long, value_name = "ADDR")]
+        http_listen: Vec<String>,
+        /// User to serve as once the listeners are bound and the keys read (needed when started as root) [default: none]
+        #[arg(long, value_name = "NAME", help_heading = PRIVILEGES)]
+        user: String,
+        /// Group to serve as (with --user) [default: the user's primary group]
+        #[arg(long, value_name = "NAME", help_heading = PRIVILEGES)]
+        group: String,
+        /// Serve as root when started as root without --user (a warning is logged) [default: off]
+        #[arg(long, num_args = 0, default_missing_value = "true", help_heading = PRIVILEGES)]
+        allow_root: bool,
+        /// What a TLS server name or Host that no [[site]] of the config file has gets: "default" (the default site) or "refuse" (the handshake fails with an unrecognized_name alert; a request gets 421) [default: default]
+        #[arg(long, value_name = "default|refuse", hide_possible_values = true)]
+        unknown_sni: UnknownSni,
+        /// Admin listener (plain HTTP: /metrics, /status, /advisor): a loopback IP:PORT such as 127.0.0.1:9443, a Unix socket path, or off [default: off]
+        #[arg(long, value_name = "ADDR")]
+        admin: String,
+        /// Let --admin listen on a non-loopback address (its endpoints have no authentication) [default: off]
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        admin_public: bool,
+        /// Offer HTTP/2 in ALPN (preferred over HTTP/1.1 when the client offers both) [default: on]
+        #[arg(long, value_name = "on|off", value_parser = on_off())]
+        http2: bool,
+        /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent) or json (one object per line) [default: ktlsd]
+        #[arg(long, value_name = "FORMAT", hide_possible_values = true)]
+        access_log_format: LogFormat,
+        /// Most connections each worker holds at once; more are accepted and closed at once (counted as connections_refused) [default: the file descriptor budget shared among the workers]
+        #[arg(long, value_name = "N")]
+        max_connections: usize,
+        /// HTTP/2: streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM [default: 128]
+        #[arg(long, value_name = "N")]
+        h2_max_streams: u32,
+        /// HTTP/2: largest decoded request header list in bytes, counted as RFC 9113 does (name + value + 32 per field; SETTINGS_MAX_HEADER_LIST_SIZE); a larger request gets 431 [default: 32768]
+        #[arg(long, value_name = "BYTES")]
+        h2_max_header_list: u32,
+        /// HTTP/2: largest HPACK table the client may make the server keep (SETTINGS_HEADER_TABLE_SIZE) [default: 4096]
+        #[arg(long, value_name = "BYTES")]
+        h2_hpack_table: u32,
+        /// HTTP/2: streams a client may cancel (or provoke a reset of) per 10 seconds before the connection ends with ENHANCE_YOUR_CALM (rapid reset) [default: 200]
+        #[arg(long, value_name = "N")]
+        h2_max_resets: u32,
+        /// HTTP/2: frames carrying no request (SETTINGS, PING, PRIORITY, empty DATA, small WINDOW_UPDATE...) a client may send per 10 seconds before the connection ends with ENHANCE_YOUR_CALM [default: 1000]
+        #[arg(long, value_name = "N")]
+        h2_max_control: u32,
+        /// Named sites, each with its own names, root and certificate; file only
+        #[arg(skip)]
+        site: Vec<FileSite>,
+    }
+}
+
+/// `serve`'s and `check`'s arguments: the configuration file and the options over it.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file; command-line flags override its keys.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub options: Options,
+}
+
+/// The `serve` command as clap describes it (for `--help`-like introspection).
+#[cfg(test)]
+pub fn serve_command() -> clap::Command {
+    <ServeArgs as clap::Args>::augment_args(clap::Command::new("serve"))
+}
+
+/// Heading of the privilege flags in `--help`.
+const PRIVILEGES: &str = "Privileges";
+
+/// Heading of the timeout flags in `--help`, which also says how a duration is written.
+const TIMEOUTS: &str = "Timeouts (DURATION: seconds, or a number with a unit: 65s, 500ms, 2m, 1h)";
+
+impl Options {
+    /// Folds each `--no-x` switch into its `x` (clap's `overrides_with` leaves at most one
+    /// of a pair set), so that merging sees one value per switch.
+    pub fn fold_switches(mut self) -> Options {
+        for (on, off) in [
+            (&mut self.autoindex, self.no_autoindex.take()),
+            (&mut self.dotfiles, self.no_dotfiles.take()),
+            (&mut self.ephemeral_cert, self.no_ephemeral_cert.take()),
+        ] {
+            if off == Some(true) {
+                *on = Some(false);
+            }
+        }
+        self
+    }
+}
+
+/// A choice in the file reads as on the command line (the `clap::ValueEnum` names); a
+/// value outside it is refused naming the key and the names.
+macro_rules! choice {
+    ($($t:ty => $key:literal,)*) => {$(
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<$t, D::Error> {
+                let s = String::deserialize(d)?;
+                clap::ValueEnum::from_str(&s, false)
+                    .map_err(|_| serde::de::Error::custom(format!("{} {s:?}: expected {}", $key, names::<$t>())))
+            }
+        }
+    )*};
+}
+
+choice! {
+    KtlsMode => "ktls",
+    UnknownSni => "unknown_sni",
+    LogFormat => "access_log_format",
+}
+
+/// A choice's names: `a, b or c`.
+fn names<T: clap::ValueEnum>() -> String {
+    let names: Vec<String> =
+        T::value_variants().iter().filter_map(|v| Some(v.to_possible_value()?.get_name().to_string())).collect();
+    match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// `--http2 on|off`: a switch written as a word, as in the file's `http2 = true`.
+fn on_off() -> impl clap::builder::TypedValueParser<Value = bool> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["on", "off"]).map(|s| s == "on")
+}
+
+/// A list: comma-separated on the command line, an array in the file.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct List(pub Vec<String>);
+
+impl std::str::FromStr for List {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<List, Self::Err> {
+        Ok(List(split_list(s)))
+    }
+}
+
+/// The items of a comma-separated list, trimmed, empty ones left out.
+pub fn split_list(s: &str) -> Vec<String> {
+    s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+}
+
+/// A duration as given: the command line's text, or the file's value (seconds as an
+/// integer or float, or text as on the command line). Checked in [`super::timeouts`],
+/// whose errors name the flag or the key accordingly.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "toml::Value")]
+pub enum RawDuration {
+    Flag(String),
+    File(toml::Value),
+}
+
+impl From<toml::Value> for RawDuration {
+    fn from(v: toml::Value) -> RawDuration {
+        RawDuration::File(v)
+    }
+}
+
+impl std::str::FromStr for RawDuration {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<RawDuration, Self::Err> {
+        Ok(RawDuration::Flag(s.to_string()))
+    }
+}
+
+/// One entry of a table option: the command line's `KEY=VALUE` text (split when
+/// validated, so that a malformed one is a configuration error naming the flag), or a
+/// key and value of the file's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    Flag(String),
+    Pair(String, String),
+}
+
+impl std::str::FromStr for Entry {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Entry, Self::Err> {
+        Ok(Entry::Flag(s.to_string()))
+    }
+}
+
+/// A table of strings in the file (`[mime_types]`, `error_page = { 404 = "/e.html" }`), as entries.
+fn table<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<Entry>>, D::Error> {
+    let map = BTreeMap::<String, String>::deserialize(d)?;
+    Ok(Some(map.into_iter().map(|(k, v)| Entry::Pair(k, v)).collect()))
+}
+
+/// A header rule as given: the command line's `GLOB=NAME: VALUE`, or a `[[headers]]` block.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(from = "FileHeaderRule")]
+pub enum HeaderRule {
+    Flag(String),
+    File(FileHeaderRule),
+}
+
+impl From<FileHeaderRule> for HeaderRule {
+    fn from(r: FileHeaderRule) -> HeaderRule {
+        HeaderRule::File(r)
+    }
+}
+
+impl std::str::FromStr for HeaderRule {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<HeaderRule, Self::Err> {
+        Ok(HeaderRule::Flag(s.to_string()))
+    }
+}
+
+/// A `[[headers]]` block as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHeaderRule {
+    pub path: Option<String>,
+    pub extensions: Option<Vec<String>>,
+    pub set: Option<BTreeMap<String, String>>,
+    pub add: Option<BTreeMap<String, String>>,
+    pub expires: Option<String>,
+}
+
+/// `cors = "*"` or `cors = ["https://a.example", ...]`; comma-separated on the command line.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Cors {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Cors {
+    pub fn into_list(self) -> Vec<String> {
+        match self {
+            Cors::One(s) => vec![s],
+            Cors::Many(v) => v,
+        }
+    }
+}
+
+impl std::str::FromStr for Cors {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Cors, Self::Err> {
+        Ok(Cors::Many(split_list(s)))
+    }
+}
+
+/// An `acme = { ... }` table as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAcme {
+    pub directory: String,
+    pub email: Option<String>,
+    pub challenge: Option<String>,
+    pub directory_ca: Option<PathBuf>,
+}

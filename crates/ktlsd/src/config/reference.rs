@@ -1,0 +1,130 @@
+//! The configuration reference, `docs/configuration.md`, generated from the schema:
+//! clap's own description of `serve`'s arguments (flag, value, help, default) and the
+//! keys serde reads (the TOML keys, top level and `[[site]]`).
+//!
+//! A test compares the file with what this module generates and says how to
+//! regenerate it. Nothing here is used by the running server.
+
+use std::fmt::Write;
+
+use serde::Deserialize;
+
+use super::options::{FileSite, Options, SITE_BLOCK_KEYS};
+
+/// The reference's path, from the crate's directory.
+pub const PATH: &str = "../../docs/configuration.md";
+
+/// The keys serde reads for `T`, in declaration order: the field list a derived
+/// `Deserialize` hands to its deserializer.
+fn keys<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("only structs are probed"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("probed"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
+/// `docs/configuration.md` as the schema describes it.
+pub fn generate() -> String {
+    let serve = super::options::serve_command();
+    let (top, site) = (keys::<Options>(), keys::<FileSite>());
+    let mut out = String::from(
+        "# ktlsd configuration reference\n\n\
+         <!-- Generated from the options schema (crates/ktlsd/src/config/options.rs); do not edit. \
+         Regenerate: KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference -->\n\n\
+         Every option of `ktlsd serve` (and `ktlsd check`) is a command-line flag and a key of the TOML \
+         file given with `--config`. The command line wins over the file, the file over the default. \
+         Relative paths in the file are relative to the file's directory. A switch's `--no-` form is \
+         its key set to `false`. Options marked *site* may also be set in each `[[site]]` block, \
+         where they override the top level's for that site.\n\n\
+         | Flag | TOML key | Default | Description |\n|---|---|---|---|\n",
+    );
+    for arg in serve.get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "help" {
+            continue;
+        }
+        let value = arg.get_value_names().and_then(|v| v.first()).map(|v| v.to_string());
+        let takes_value = arg.get_num_args().is_none_or(|n| n.takes_values());
+        let flag = match (arg.get_long(), &value) {
+            (Some(long), Some(v)) if takes_value => format!("`--{long} <{v}>`"),
+            (Some(long), _) => format!("`--{long}`"),
+            (None, Some(v)) => format!("`[{v}]`"),
+            (None, None) => format!("`{id}`"),
+        };
+        let key = match id.strip_prefix("no_") {
+            Some(on) if top.contains(&on) => format!("`{on} = false`"),
+            _ if top.contains(&id) => format!("`{id}`"),
+            _ => "(command line only)".to_string(),
+        };
+        let scope = if site.contains(&id) && !SITE_BLOCK_KEYS.contains(&id) { " *site*" } else { "" };
+        let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        let (text, default) = match help.rfind(" [default: ") {
+            Some(i) if help.ends_with(']') => (&help[..i], &help[i + 11..help.len() - 1]),
+            _ => (help.as_str(), ""),
+        };
+        let cell = |s: &str| s.replace('|', "\\|");
+        let _ = writeln!(out, "| {flag} | {key}{scope} | {} | {} |", cell(default), cell(text));
+    }
+    out.push_str(
+        "\n## In the file\n\n\
+         Lists are arrays (`tls_versions = [\"1.3\"]`); `mime_types` and `error_page` are tables \
+         (`[mime_types]` `md = \"text/markdown\"`, `error_page = { 404 = \"/404.html\" }`); `headers` is \
+         an array of tables, `[[headers]]` with `path` (a glob) or `extensions`, and `set`, `add` \
+         (tables of fields) and `expires` (a duration); `cors` is `\"*\"` or an array of origins; a \
+         duration is seconds (a number) or a string such as `\"500ms\"`.\n",
+    );
+    for key in top.iter().filter(|k| !serve.get_arguments().any(|a| a.get_id() == **k)) {
+        let _ = writeln!(out, "\nFile only: `{key}`, below.");
+    }
+    out.push_str("\n### `[[site]]`\n\nA named site: its own names, root and certificate. Keys:\n\n");
+    for key in SITE_BLOCK_KEYS {
+        let what = match *key {
+            "names" => "exact names and `*.example.com` wildcards the site answers (required)",
+            "root" => "the site's directory (required)",
+            "cert" | "key" => "certificate chain and private key, PEM, both or neither; neither (nor `acme`): self-signed",
+            _ => "`{ directory = \"https://...\", email, challenge = \"tls-alpn-01\" or \"http-01\", directory_ca }`: a certificate from an ACME CA",
+        };
+        let _ = writeln!(out, "- `{key}`: {what}");
+    }
+    out.push_str("\nand every option marked *site* above.\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    /// `docs/configuration.md` is what the schema generates.
+    #[test]
+    fn config_reference() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(super::PATH);
+        let want = super::generate();
+        if std::env::var_os("KTLSD_BLESS").is_some() {
+            std::fs::write(&path, &want).unwrap();
+        }
+        let got = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            got == want,
+            "{} is out of date with the options schema; regenerate it with\n  \
+             KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference",
+            path.display()
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! The sites section: the `[[site]]` blocks (names, root, certificate, ACME) with their
+//! per-site options over the top level's, and the HSTS value they share.
+//!
+//! Which site answers a name is `handler::sites`' and the TLS layer's; this module only
+//! validates the blocks.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use super::options::{FileAcme, FileSite, SiteOptions};
+use super::{err, ConfigError};
+
+/// Where a site's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SiteCert {
+    /// `cert` and `key` files.
+    Files { cert: PathBuf, key: PathBuf },
+    /// Neither: a self-signed certificate for the site's names, made at start-up.
+    SelfSigned,
+    /// From an ACME CA; a self-signed placeholder until the first is issued.
+    Acme(SiteAcme),
+}
+
+/// A site's `acme = { ... }` table, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SiteAcme {
+    pub directory: String,
+    pub email: Option<String>,
+    pub challenge: crate::acme::Challenge,
+    pub directory_ca: Option<PathBuf>,
+}
+
+/// One validated `[[site]]`.
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// Exact names and `*.example.com` wildcards, validated.
+    pub names: crate::handler::sites::Names,
+    /// Canonical path of the site's directory.
+    pub root: PathBuf,
+    pub cert: SiteCert,
+    /// Per site; when absent, the top-level value.
+    pub hsts: Option<String>,
+    pub autoindex: bool,
+    pub dotfiles: bool,
+    /// Per site; what a site leaves out is the top level's.
+    pub content: crate::handler::Content,
+}
+
+/// Validates the `[[site]]` blocks: names well formed and each in one site only,
+/// roots directories, `cert` and `key` together. Options a site leaves out are
+/// the top level's (`top`).
+pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, ConfigError> {
+    let mut out: Vec<SiteConfig> = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (i, s) in file.into_iter().enumerate() {
+        let which = format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
+        let names =
+            crate::handler::sites::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
+        for n in names.dns_names() {
+            if let Some(other) = seen.insert(n.clone(), which.clone()) {
+                return err(format!("{which}: name {n} is also in {other}; each name belongs to one site"));
+            }
+        }
+        let root = match s.root.canonicalize() {
+            Ok(r) if r.is_dir() => r,
+            Ok(_) => return err(format!("{which}: root {} is not a directory", s.root.display())),
+            Err(e) => return err(format!("{which}: root {}: {e}", s.root.display())),
+        };
+        let options = s.site_options(top);
+        let cert = match (s.cert, s.key, s.acme) {
+            (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+                return err(format!("{which}: give either cert and key or acme, not both"))
+            }
+            (None, None, Some(acme)) => SiteCert::Acme(site_acme(&which, &names, acme)?),
+            (Some(cert), Some(key), None) => SiteCert::Files { cert, key },
+            (None, None, None) => SiteCert::SelfSigned,
+            (Some(_), None, None) => return err(format!("{which}: cert was given without key")),
+            (None, Some(_), None) => return err(format!("{which}: key was given without cert")),
+        };
+        let hsts = match &options.hsts {
+            Some(v) => Some(validate_hsts(v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
+            None => None,
+        };
+        out.push(SiteConfig {
+            content: super::content::content(&options, &format!("{which}: "))?,
+            names,
+            root,
+            cert,
+            hsts,
+            autoindex: options.autoindex.unwrap_or(false),
+            dotfiles: options.dotfiles.unwrap_or(false),
+        });
+    }
+    Ok(out)
+}
+
+/// What ACME sites need beyond their block: a plain-HTTP listener for http-01, and a
+/// state directory for the account and certificates.
+pub fn check_acme(
+    sites: &[SiteConfig],
+    http_listen: &[SocketAddr],
+    state_dir: Option<&Path>,
+) -> Result<(), ConfigError> {
+    for site in sites {
+        let SiteCert::Acme(acme) = &site.cert else { continue };
+        let which = site.names.dns_names().join(", ");
+        if acme.challenge == crate::acme::Challenge::Http01 && http_listen.is_empty() {
+            return err(format!(
+                "site {which}: ACME http-01 needs a plain-HTTP listener: set http_listen (e.g. [\"0.0.0.0:80\"])"
+            ));
+        }
+        if state_dir.is_none() {
+            return err(format!(
+                "site {which}: ACME needs a state directory for the account and certificates: set state_dir"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A site's `acme` table: a URL directory, a challenge type, exact names only
+/// (a CA validates wildcards by DNS-01, which ktlsd does not answer).
+fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
+    use crate::acme::Challenge;
+    if names.dns_names().len() != names.exact().len() {
+        return err(format!(
+            "{which}: ACME cannot validate wildcard names by http-01 or tls-alpn-01: list exact names"
+        ));
+    }
+    if !a.directory.starts_with("https://") {
+        return err(format!(
+            "{which}: acme directory {:?}: expected an https:// URL (e.g. https://acme-v02.api.letsencrypt.org/directory)",
+            a.directory
+        ));
+    }
+    let challenge = match a.challenge.as_deref() {
+        None | Some("tls-alpn-01") => Challenge::TlsAlpn01,
+        Some("http-01") => Challenge::Http01,
+        Some(other) => return err(format!("{which}: acme challenge {other:?}: expected tls-alpn-01 or http-01")),
+    };
+    if let Some(ca) = &a.directory_ca {
+        if !ca.is_file() {
+            return err(format!("{which}: acme directory_ca {}: no such file", ca.display()));
+        }
+    }
+    Ok(SiteAcme { directory: a.directory, email: a.email, challenge, directory_ca: a.directory_ca })
+}
+
+/// A Strict-Transport-Security value: `max-age=SECONDS` first (RFC 6797 section 6.1),
+/// then any directives, in characters a header value may hold.
+pub fn validate_hsts(v: &str) -> Result<String, ConfigError> {
+    let v = v.trim();
+    let age = v.get(..8).filter(|p| p.eq_ignore_ascii_case("max-age=")).map(|_| &v[8..]);
+    let digits = age.map_or(0, |a| a.bytes().take_while(u8::is_ascii_digit).count());
+    let rest_ok = age.is_some_and(|a| a[digits..].is_empty() || a[digits..].trim_start().starts_with(';'));
+    if digits == 0 || !rest_ok {
+        return err(format!(
+            "hsts {v:?}: expected max-age=SECONDS first, e.g. \"max-age=31536000; includeSubDomains\""
+        ));
+    }
+    if !v.bytes().all(|b| b == b' ' || b == b'\t' || b.is_ascii_graphic()) {
+        return err(format!("hsts {v:?}: only printable ASCII may appear in a header value"));
+    }
+    Ok(v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hsts_values() {
+        for (v, ok) in [
+            ("max-age=31536000; includeSubDomains", true),
+            ("max-age=0", true),
+            ("MAX-AGE=63072000; includeSubDomains; preload", true),
+            (" max-age=1 ", true),
+            ("max-age=1 ;preload", true),
+            ("includeSubDomains; max-age=1", false),
+            ("max-age=", false),
+            ("max-age=abc", false),
+            ("max-age=1x", false),
+            ("max-age=\"1\"", false),
+            ("max-age=1; a\r\nSet-Cookie: x", false),
+            ("", false),
+        ] {
+            let got = validate_hsts(v);
+            assert_eq!(got.is_ok(), ok, "{v:?}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.to_string().starts_with("hsts "), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn site_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let site = |names: &[&str]| FileSite {
+            names: names.iter().map(|s| s.to_string()).collect(),
+            root: root.clone(),
+            ..Default::default()
+        };
+        let acme = |dir: &str| Some(FileAcme { directory: dir.into(), ..Default::default() });
+        let table: Vec<(Vec<FileSite>, Result<(), &str>)> = vec![
+            (vec![site(&["a.test"]), site(&["*.b.test"])], Ok(())),
+            (vec![site(&["a.test"]), site(&["a.test"])], Err("name a.test is also in site 1")),
+            (vec![FileSite { root: root.join("nope"), ..site(&["a.test"]) }], Err("site 1 (a.test): root")),
+            (vec![FileSite { cert: Some("c".into()), ..site(&["a.test"]) }], Err("cert was given without key")),
+            (vec![FileSite { acme: acme("http://x"), ..site(&["a.test"]) }], Err("expected an https:// URL")),
+            (vec![FileSite { acme: acme("https://x"), ..site(&["*.a.test"]) }], Err("wildcard names")),
+            (
+                vec![FileSite { acme: acme("https://x"), key: Some("k".into()), ..site(&["a.test"]) }],
+                Err("either cert and key or acme"),
+            ),
+            (vec![FileSite { hsts: Some("x".into()), ..site(&["a.test"]) }], Err("site 1 (a.test): hsts \"x\"")),
+        ];
+        for (blocks, want) in table {
+            let shown = format!("{blocks:?}");
+            match (sites(blocks, &SiteOptions::default()), want) {
+                (Ok(_), Ok(())) => {}
+                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{shown}: {e}"),
+                (Ok(_), Err(w)) => panic!("{shown}: accepted, want {w:?}"),
+                (Err(e), Ok(())) => panic!("{shown}: {e}"),
+            }
+        }
+    }
+}
