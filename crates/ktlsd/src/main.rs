@@ -24,7 +24,11 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    init_tracing();
+    let level = match &cli.command {
+        cli::Command::Serve(args) | cli::Command::Check(args) => config::log_level(args),
+        _ => config::options::LogLevel::default(),
+    };
+    init_tracing(level.name());
     let result = match cli.command {
         cli::Command::Serve(args) => server::run(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Check(args) => server::check(args).map(|()| ExitCode::SUCCESS),
@@ -42,9 +46,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing() {
+/// Logging to standard error at `level` (`--log-level`), or as the KTLSD_LOG variable says when set.
+fn init_tracing(level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("KTLSD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("KTLSD_LOG").unwrap_or_else(|_| EnvFilter::new(level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -212,6 +212,13 @@ fn resolve_paths(file: &mut Options, base: &Path) {
     }
 }
 
+/// The log level, known before the rest is validated (logging starts first): the command
+/// line's over the file's. A file that cannot be read here is reported by [`Config::from_args`].
+pub fn log_level(args: &ServeArgs) -> options::LogLevel {
+    let file = args.config.as_deref().and_then(|p| load(p).ok()).and_then(|f| f.log_level);
+    args.options.log_level.or(file).unwrap_or_default()
+}
+
 impl Config {
     /// Merges the config file (if any) under the command line and validates the result.
     pub fn from_args(args: ServeArgs) -> Result<Self, ConfigError> {

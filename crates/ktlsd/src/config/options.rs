@@ -247,6 +247,9 @@ schema! {
         /// HTTP/2: frames carrying no request (SETTINGS, PING, PRIORITY, empty DATA, small WINDOW_UPDATE...) a client may send per 10 seconds before the connection ends with ENHANCE_YOUR_CALM [default: 1000]
         #[arg(long, value_name = "N")]
         h2_max_control: u32,
+        /// Level of ktlsd's own messages on standard error: error, warn, info, debug or trace; the KTLSD_LOG variable (a tracing filter such as debug), when set, wins [default: info]
+        #[arg(long, value_name = "LEVEL", hide_possible_values = true)]
+        log_level: LogLevel,
         /// Named sites, each with its own names, root and certificate; file only
         #[arg(skip)]
         site: Vec<FileSite>,
@@ -311,6 +314,31 @@ choice! {
     KtlsMode => "ktls",
     UnknownSni => "unknown_sni",
     LogFormat => "access_log_format",
+    LogLevel => "log_level",
+}
+
+/// The least severe of ktlsd's own messages that is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The level's name, as a tracing filter reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
 }
 
 /// A choice's names: `a, b or c`.

@@ -287,3 +287,20 @@ fn choices_read_as_on_the_command_line() {
         }
     }
 }
+
+#[test]
+fn log_level_from_the_command_line_over_the_file() {
+    use options::LogLevel;
+    let (_dir, cfg) = config_file(&[], "log_level = \"warn\"\n");
+    let cfg = cfg.to_str().unwrap();
+    for (argv, want) in [
+        (&[][..], LogLevel::Info),
+        (&["--log-level", "debug"][..], LogLevel::Debug),
+        (&["--config", cfg][..], LogLevel::Warn),
+        (&["--config", cfg, "--log-level", "trace"][..], LogLevel::Trace),
+        (&["--config", "/nonexistent.toml"][..], LogLevel::Info),
+    ] {
+        assert_eq!(log_level(&serve_args(argv)), want, "{argv:?}");
+    }
+    assert!(options::serve_command().try_get_matches_from(["serve", "--log-level", "loud"]).is_err());
+}
