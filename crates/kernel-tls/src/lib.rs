@@ -92,7 +92,7 @@ pub use keys::{
     set_rx, set_rx_expect_no_pad, set_tx, set_tx_max_payload_len, set_tx_zerocopy_sendfile, tx_max_payload_len,
     update_rx, update_tx,
 };
-pub use message::{key_update_message, parse_server_post_handshake, Alert};
+pub use message::{key_update_message, parse_server_post_handshake, Alert, PostHandshake, PostHandshakeOutcome};
 pub use probe::{probe, Capabilities, RekeySupport, SuiteSupport};
 pub use record::{
     recv_record, send, send_alert, send_alert_record, send_close_notify, send_key_update, send_record, sendfile,
