@@ -1720,8 +1720,9 @@ pub fn bad_records() -> Vec<BadRecord> {
             name: "empty alert",
             versions: Versions::Both,
             forge: |c| c.seal(21, &[], 0),
-            userspace: DECODE_ERROR,
-            kernel: Some(DECODE_ERROR),
+            // RFC 8446 §5.4, as nginx answers.
+            userspace: UNEXPECTED_MESSAGE,
+            kernel: Some(UNEXPECTED_MESSAGE),
         },
         BadRecord {
             name: "inner plaintext without a content type",

@@ -451,7 +451,7 @@ impl Drop for UserspaceTls {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::Read;
     use std::net::SocketAddr;
     use std::sync::{mpsc, Arc};
