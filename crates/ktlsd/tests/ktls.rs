@@ -30,6 +30,8 @@
 //! kTLS-specific.
 
 mod common;
+#[path = "ktls/conformance.rs"]
+mod conformance;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
