@@ -1619,9 +1619,10 @@ pub struct BadRecord {
     /// The alert of the userspace record layer: the one the RFCs prescribe
     /// (RFC 8446 §5, §5.2, §5.4, §6; RFC 5246 §6); always sent.
     pub userspace: u8,
-    /// The alert of the kernel record layer; `None`: the kernel refuses to
-    /// send anything once a record failed authentication (every send returns
-    /// EBADMSG, Linux 6.1 and 7.3 alike), so the connection ends with a FIN.
+    /// The alert of the kernel record layer; `None`: none is sent. After a
+    /// record fails authentication every send fails while the socket's pending
+    /// error (EBADMSG) is set; ktlsd reads it (`SO_ERROR`, which clears it) and
+    /// then sends the alert.
     pub kernel: Option<u8>,
 }
 
@@ -1640,7 +1641,7 @@ pub fn bad_records() -> Vec<BadRecord> {
                 r
             },
             userspace: BAD_RECORD_MAC,
-            kernel: None,
+            kernel: Some(BAD_RECORD_MAC),
         },
         BadRecord {
             name: "record shorter than its tag",
@@ -1729,9 +1730,9 @@ pub fn bad_records() -> Vec<BadRecord> {
             versions: Versions::Tls13,
             forge: |c| c.seal_raw(23, &[0, 0, 0]),
             // RFC 8446 §5.4: unexpected_message. The kernel reports it as a
-            // record that failed authentication, and can send nothing after that.
+            // record that failed authentication.
             userspace: UNEXPECTED_MESSAGE,
-            kernel: None,
+            kernel: Some(BAD_RECORD_MAC),
         },
         BadRecord {
             name: "content type 0",
