@@ -3,6 +3,9 @@
 //! The data's way through the modules: [`config`] -> [`server`] (listeners, workers)
 //! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
 //! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use.
+//! [`sys`] holds every system call behind safe functions: the crate's only `unsafe` code.
+
+#![deny(unsafe_code)]
 
 mod acme;
 mod cli;
@@ -16,6 +19,8 @@ mod net;
 mod server;
 mod state_file;
 mod stats;
+#[allow(unsafe_code)] // the crate's one module of `unsafe` code
+mod sys;
 mod tls;
 
 use std::process::ExitCode;

@@ -278,4 +278,5 @@ fn choose_variant(req: &Request, site: &Site<'_>, found: files::Found) -> (files
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)] // its fixtures plant FIFOs with mkfifo
 mod tests;

@@ -34,7 +34,7 @@ use crate::log::AccessLog;
 use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
 use crate::tls::handshake::{self, AppProtocol, FailureKind};
 use crate::tls::tcp;
-use crate::tls::{self, SessionSettings, TlsMode};
+use crate::tls::{self, TlsMode};
 
 /// Everything a connection task borrows from its worker.
 struct Worker {
@@ -200,10 +200,8 @@ fn run(
     };
     let Current { shared, log } = current.borrow_and_update().clone();
     let format = shared.config.access_log_format;
-    let default_cap = match super::FdBudget::read() {
-        Ok(fds) => fds.connections_per_worker(shared.config.workers, shared.file_options.cache_entries),
-        Err(_) => usize::MAX,
-    };
+    let default_cap =
+        super::FdBudget::read().connections_per_worker(shared.config.workers, shared.file_options.cache_entries);
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
@@ -385,8 +383,7 @@ async fn connection(
     }
 
     let protocol = established.protocol();
-    let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
-    let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
+    let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &shared.session) {
         Ok(s) => s,
         Err(e) => {
             Stats::bump(&stats.ktls_install_failures);
@@ -414,23 +411,8 @@ async fn connection(
     let site_table = shared.sites();
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
-        AppProtocol::Http2 => {
-            let settings = h2::Settings {
-                limits: cfg.h2_limits.clone(),
-                idle_timeout: cfg.timeouts.idle,
-                stall_timeout: cfg.timeouts.send,
-            };
-            h2::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
-        }
-        AppProtocol::Http1 => {
-            let settings = h1::Settings {
-                max_head_bytes: cfg.limits.max_header_bytes,
-                max_body_bytes: cfg.limits.max_body_bytes,
-                header_timeout: cfg.timeouts.header,
-                idle_timeout: cfg.timeouts.idle,
-            };
-            h1::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
-        }
+        AppProtocol::Http2 => h2::serve(&mut session, &shared.h2, &site_table, &worker.log, peer, stop).await,
+        AppProtocol::Http1 => h1::serve(&mut session, &shared.h1, &site_table, &worker.log, peer, stop).await,
     };
     session.count_into(stats);
     if let Ok(end) = tcp::read_end(session.socket()) {

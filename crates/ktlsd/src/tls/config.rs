@@ -333,9 +333,8 @@ fn check_creatable(dir: &Path) -> Result<(), String> {
         }
     }
     let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).map_err(|_| "path contains NUL".to_string())?;
-    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
-    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-        return Err(format!("{} is not writable: {}", at.display(), std::io::Error::last_os_error()));
+    if let Err(e) = crate::sys::can_write_dir(&c) {
+        return Err(format!("{} is not writable: {e}", at.display()));
     }
     Ok(())
 }
