@@ -2,7 +2,9 @@
 //!
 //! The data's way through the modules: [`config`] -> [`server`] (listeners, workers)
 //! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
-//! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use.
+//! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use,
+//! and [`vocab`] and [`names`] the leaf words (record layer, HTTP version, method,
+//! site names) they all speak.
 
 mod acme;
 mod cli;
@@ -12,11 +14,13 @@ mod files;
 mod handler;
 mod http;
 mod log;
+mod names;
 mod net;
 mod server;
 mod state_file;
 mod stats;
 mod tls;
+mod vocab;
 
 use std::process::ExitCode;
 

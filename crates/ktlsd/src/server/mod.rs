@@ -27,14 +27,14 @@ use tokio::signal::unix::Signal;
 
 use crate::acme::{Challenge, Challenges};
 use crate::cli::ServeArgs;
-use crate::config::{AccessLogTarget, Config, KtlsMode, SiteCert, UnknownSni};
+use crate::config::{AccessLogTarget, Config, KtlsMode, SiteCert};
 use crate::files::{self, Root};
-use crate::handler::sites::{NamedSite, UnknownHost};
+use crate::handler::sites::NamedSite;
 use crate::handler::{Site, Sites};
 use crate::stats::Stats;
 use crate::tls::config::{server_config, Identity, TlsSettings};
-use crate::tls::sni::{SiteKey, UnknownName};
-use crate::tls::TlsMode;
+use crate::tls::sni::SiteKey;
+use crate::vocab::RecordLayer;
 use acme::AcmeSites;
 
 /// What every worker reads and nobody writes. A reload builds a new one; each
@@ -62,11 +62,7 @@ impl Shared {
             hsts: self.config.hsts.as_deref(),
             content: &self.config.content,
         };
-        let unknown = match self.config.unknown_sni {
-            UnknownSni::Default => UnknownHost::Default,
-            UnknownSni::Refuse => UnknownHost::Misdirected,
-        };
-        Sites { named: &self.sites, default, unknown }
+        Sites { named: &self.sites, default, unknown: self.config.unknown_sni }
     }
 }
 
@@ -159,7 +155,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     // Before any worker runs, so it is the first line on stdout even when the
     // access log goes there too.
-    let tls = if shared.ktls.is_some() { TlsMode::Kernel } else { TlsMode::Userspace };
+    let tls = if shared.ktls.is_some() { RecordLayer::Kernel } else { RecordLayer::Userspace };
     let started_at = std::time::Instant::now();
     announce_ready(&ready_line(&bound, &http_bound, std::process::id(), tls));
 
@@ -235,7 +231,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// process id, and the record layer new connections get when their suite allows
 /// (`ktls`) or always (`userspace`). One JSON object on one line, e.g.
 /// `{"ready":{"https":["127.0.0.1:8443"],"http":[],"pid":123,"tls":"ktls"}}`.
-fn ready_line(https: &[SocketAddr], http: &[SocketAddr], pid: u32, tls: TlsMode) -> String {
+fn ready_line(https: &[SocketAddr], http: &[SocketAddr], pid: u32, tls: RecordLayer) -> String {
     #[derive(serde::Serialize)]
     struct Line<'a> {
         ready: Ready<'a>,
@@ -361,11 +357,7 @@ fn prepare(
         });
     }
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
-    let unknown = match config.unknown_sni {
-        UnknownSni::Default => UnknownName::Default,
-        UnknownSni::Refuse => UnknownName::Refuse,
-    };
-    let tls = server_config(&settings, identity, keys, unknown, alpn01.then(|| challenges.clone()))?;
+    let tls = server_config(&settings, identity, keys, config.unknown_sni, alpn01.then(|| challenges.clone()))?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
     let ktls = match previous {
         Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),
@@ -399,7 +391,7 @@ fn tls_settings(config: &Config) -> TlsSettings {
 }
 
 /// The ACME sites of `config`, for [`AcmeSites::retain`].
-fn acme_sites(config: &Config) -> Vec<(&crate::handler::sites::Names, &crate::config::SiteAcme)> {
+fn acme_sites(config: &Config) -> Vec<(&crate::names::Names, &crate::config::SiteAcme)> {
     config
         .sites
         .iter()
@@ -832,10 +824,11 @@ mod tests {
     #[test]
     fn ready_line_is_one_json_object() {
         let https: Vec<SocketAddr> = vec!["127.0.0.1:8443".parse().unwrap(), "[::1]:8443".parse().unwrap()];
-        let line = ready_line(&https, &[], 42, TlsMode::Userspace);
+        let line = ready_line(&https, &[], 42, RecordLayer::Userspace);
         assert_eq!(line, r#"{"ready":{"https":["127.0.0.1:8443","[::1]:8443"],"http":[],"pid":42,"tls":"userspace"}}"#);
         let http: Vec<SocketAddr> = vec!["0.0.0.0:80".parse().unwrap()];
-        let v: serde_json::Value = serde_json::from_str(&ready_line(&https[..1], &http, 7, TlsMode::Kernel)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&ready_line(&https[..1], &http, 7, RecordLayer::Kernel)).unwrap();
         assert_eq!(v["ready"]["http"][0], "0.0.0.0:80");
         assert_eq!(v["ready"]["tls"], "ktls");
         assert!(!line.contains('\n'));

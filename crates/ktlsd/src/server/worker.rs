@@ -31,10 +31,11 @@ use super::{Current, Shared};
 use crate::http::h1::{self, End};
 use crate::http::h2;
 use crate::log::AccessLog;
-use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
-use crate::tls::handshake::{self, AppProtocol, FailureKind};
+use crate::stats::{Metrics, Stats, Traffic};
+use crate::tls::handshake::{self, FailureKind};
 use crate::tls::tcp;
-use crate::tls::{self, SessionSettings, TlsMode};
+use crate::tls::{self, SessionSettings};
+use crate::vocab::{HttpVersion, RecordLayer};
 
 /// Everything a connection task borrows from its worker.
 struct Worker {
@@ -395,26 +396,15 @@ async fn connection(
         }
     };
     Stats::bump(match session.mode() {
-        TlsMode::Kernel => &stats.ktls,
-        TlsMode::Userspace => &stats.userspace,
+        RecordLayer::Kernel => &stats.ktls,
+        RecordLayer::Userspace => &stats.userspace,
     });
-    let layer = match session.mode() {
-        TlsMode::Kernel => Layer::Kernel,
-        TlsMode::Userspace => Layer::Userspace,
-    };
-    let _open = Open::new(
-        traffic,
-        layer,
-        match protocol {
-            AppProtocol::Http2 => Protocol::H2,
-            AppProtocol::Http1 => Protocol::Http1,
-        },
-    );
+    let _open = Open::new(traffic, session.mode(), protocol);
 
     let site_table = shared.sites();
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
-        AppProtocol::Http2 => {
+        HttpVersion::Http2 => {
             let settings = h2::Settings {
                 limits: cfg.h2_limits.clone(),
                 idle_timeout: cfg.timeouts.idle,
@@ -422,7 +412,7 @@ async fn connection(
             };
             h2::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
         }
-        AppProtocol::Http1 => {
+        HttpVersion::Http1 => {
             let settings = h1::Settings {
                 max_head_bytes: cfg.limits.max_header_bytes,
                 max_body_bytes: cfg.limits.max_body_bytes,
@@ -447,12 +437,12 @@ async fn connection(
 /// its task ends.
 struct Open<'a> {
     traffic: &'a Traffic,
-    layer: Layer,
-    protocol: Protocol,
+    layer: RecordLayer,
+    protocol: HttpVersion,
 }
 
 impl<'a> Open<'a> {
-    fn new(traffic: &'a Traffic, layer: Layer, protocol: Protocol) -> Open<'a> {
+    fn new(traffic: &'a Traffic, layer: RecordLayer, protocol: HttpVersion) -> Open<'a> {
         traffic.opened(layer, protocol);
         Open { traffic, layer, protocol }
     }

@@ -219,7 +219,7 @@ async fn send<T: Transport>(
 }
 
 fn line(head: &Head) -> RequestLine<'_> {
-    RequestLine { method: head.request.method.as_str(), target: &head.target, version: head.version.as_str() }
+    RequestLine { method: &head.request.method, target: &head.target, version: head.version.as_str() }
 }
 
 fn refused(head: &Head, status: Status, why: &str, peer: SocketAddr) {
@@ -289,7 +289,7 @@ fn entry<'a, T: Transport>(
         bytes,
         started,
         ttfb,
-        label: conn.label(),
+        layer: conn.layer(),
         referer: head.and_then(|h| h.referer.as_deref()),
         user_agent: head.and_then(|h| h.user_agent.as_deref()),
         tls: conn.tls(),

@@ -559,10 +559,10 @@ async fn every_request_is_logged() {
     assert_eq!(
         got,
         [
-            "192.0.2.7 \"GET /digits.txt HTTP/1.1\" 200 10 tls=memory".to_string(),
-            "192.0.2.7 \"HEAD /a.txt HTTP/1.0\" 200 0 tls=memory".to_string(),
-            format!("192.0.2.7 \"GET /nope?q HTTP/1.1\" 404 {} tls=memory", page(404)),
-            format!("192.0.2.7 \"-\" 505 {} tls=memory", page(505)),
+            "192.0.2.7 \"GET /digits.txt HTTP/1.1\" 200 10 tls=userspace".to_string(),
+            "192.0.2.7 \"HEAD /a.txt HTTP/1.0\" 200 0 tls=userspace".to_string(),
+            format!("192.0.2.7 \"GET /nope?q HTTP/1.1\" 404 {} tls=userspace", page(404)),
+            format!("192.0.2.7 \"-\" 505 {} tls=userspace", page(505)),
         ]
     );
 }

@@ -22,6 +22,7 @@ use crate::handler::{self, Body, Pick, Response, Sites, Status};
 use crate::http::h1::{write::http_date_now, End};
 use crate::http::Transport;
 use crate::log::{AccessEntry, AccessLog, RequestLine, TlsInfo};
+use crate::vocab::RecordLayer;
 
 /// Limits and timeouts of the HTTP/2 codec.
 #[derive(Debug, Clone)]
@@ -33,9 +34,6 @@ pub struct Settings {
     /// keeps its flow-control window shut, or a request body that stops).
     pub stall_timeout: Duration,
 }
-
-/// The length of a frame header: DATA payload is the record size less this.
-const FRAME_HEADER: usize = 9;
 
 /// A response under way, kept until its last frame is sent (the file stays open).
 struct Open {
@@ -78,12 +76,12 @@ pub async fn serve<T: Transport>(
         while let Some(event) = h2.poll_event() {
             match event {
                 Event::Request { stream, head, .. } => {
-                    answer(&mut h2, &mut open, stream, &head, sites, log, peer, (conn.label(), conn.tls()))
+                    answer(&mut h2, &mut open, stream, &head, sites, log, peer, (conn.layer(), conn.tls()))
                 }
                 Event::Reset { stream, code } => {
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
-                        write_log(log, peer, &o, (conn.label(), conn.tls()));
+                        write_log(log, peer, &o, (conn.layer(), conn.tls()));
                     }
                 }
                 Event::PeerGoAway { .. } => {}
@@ -99,7 +97,7 @@ pub async fn serve<T: Transport>(
             going_away = true;
         }
 
-        let max_payload = conn.next_record().saturating_sub(FRAME_HEADER).max(1);
+        let max_payload = conn.next_record().saturating_sub(super::frame::HEADER_LEN).max(1);
         if let Some(write) = h2.poll_write(max_payload) {
             let sent = match write {
                 Write::Bytes(bytes) => conn.send(&bytes, None).await.map(|_| ()),
@@ -123,7 +121,7 @@ pub async fn serve<T: Transport>(
                     }
                     if end_stream {
                         if let Some(o) = open.remove(&stream) {
-                            write_log(log, peer, &o, (conn.label(), conn.tls()));
+                            write_log(log, peer, &o, (conn.layer(), conn.tls()));
                         }
                     }
                     r.map(|_| ())
@@ -213,7 +211,7 @@ fn answer(
     sites: &Sites<'_>,
     log: &AccessLog,
     peer: SocketAddr,
-    layer: (&'static str, Option<TlsInfo>),
+    layer: (RecordLayer, Option<TlsInfo>),
 ) {
     let started = Instant::now();
     let target = head.path.clone().unwrap_or_default();
@@ -300,8 +298,8 @@ fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
     })
 }
 
-fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, (label, tls): (&'static str, Option<TlsInfo>)) {
-    let request = RequestLine { method: o.method.as_str(), target: &o.target, version: "HTTP/2.0" };
+fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, (layer, tls): (RecordLayer, Option<TlsInfo>)) {
+    let request = RequestLine { method: &o.method, target: &o.target, version: "HTTP/2.0" };
     log.write(&AccessEntry {
         peer,
         request: Some(request),
@@ -309,7 +307,7 @@ fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, (label, tls): (&'stati
         bytes: o.sent,
         started: o.started,
         ttfb: o.ttfb,
-        label,
+        layer,
         referer: o.referer.as_deref(),
         user_agent: o.user_agent.as_deref(),
         tls,
