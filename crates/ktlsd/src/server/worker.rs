@@ -28,8 +28,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
-use crate::http::h1::{self, End};
-use crate::http::h2;
+use crate::http::{self, h1, h2, End};
 use crate::log::AccessLog;
 use crate::stats::{Metrics, Stats, Traffic};
 use crate::tls::handshake::{self, FailureKind};
@@ -410,7 +409,8 @@ async fn connection(
                 idle_timeout: cfg.timeouts.idle,
                 stall_timeout: cfg.timeouts.send,
             };
-            h2::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
+            let ctx = http::Context { peer, settings: &settings, sites: site_table, log: &worker.log, shutdown: stop };
+            h2::serve(&mut session, ctx).await
         }
         HttpVersion::Http1 => {
             let settings = h1::Settings {
@@ -419,7 +419,8 @@ async fn connection(
                 header_timeout: cfg.timeouts.header,
                 idle_timeout: cfg.timeouts.idle,
             };
-            h1::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
+            let ctx = http::Context { peer, settings: &settings, sites: site_table, log: &worker.log, shutdown: stop };
+            h1::serve(&mut session, ctx).await
         }
     };
     session.count_into(stats);

@@ -1,6 +1,7 @@
 //! The HTTP/1.x connection loop over the in-memory transport: framing, keep-alive,
 //! limits, timeouts and shutdown, byte for byte as a client reads them.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -8,7 +9,9 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::files::{Options, Root};
+use crate::handler::Sites;
 use crate::http::testing::{MemError, Memory, Step};
+use crate::log::AccessLog;
 
 const A_TXT: &[u8] = b"inside\n";
 const DIGITS: &[u8] = b"0123456789";
@@ -55,7 +58,8 @@ impl Fixture {
     async fn serve_until(&self, mem: &mut Memory, shutdown: watch::Receiver<bool>) -> End<MemError> {
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
-        serve(mem, &self.settings, &Sites::single(self.site()), &log, peer, shutdown).await
+        serve(mem, Context { peer, settings: &self.settings, sites: Sites::single(self.site()), log: &log, shutdown })
+            .await
     }
 }
 
@@ -536,7 +540,8 @@ async fn every_request_is_logged() {
     let mut mem = Memory::sending(
         b"GET /digits.txt HTTP/1.1\r\nHost: x\r\n\r\nHEAD /a.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /nope?q HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/9.9\r\n\r\n",
     );
-    serve(&mut mem, &f.settings, &Sites::single(f.site()), &log, peer, rx).await;
+    serve(&mut mem, Context { peer, settings: &f.settings, sites: Sites::single(f.site()), log: &log, shutdown: rx })
+        .await;
     log.flush();
     let text = std::fs::read_to_string(&path).unwrap();
     let got: Vec<String> = text
