@@ -10,7 +10,6 @@
 pub mod parse;
 pub mod write;
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -258,14 +257,8 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
 
     /// Sends a final refusal with `Connection: close` and logs it; a failure to send
     /// changes nothing, the connection ends anyway.
-    async fn refuse(
-        &mut self,
-        head: Option<&Head>,
-        response: Response,
-        why: impl Into<Cow<'static, str>>,
-        started: Instant,
-    ) {
-        self.refused(head, response.status, &why.into());
+    async fn refuse(&mut self, head: Option<&Head>, response: Response, why: &str, started: Instant) {
+        self.refused(head, response.status, why);
         let version = head.map_or(Version::Http11, |h| h.version);
         let ttfb = started.elapsed();
         self.conn.last_response();
