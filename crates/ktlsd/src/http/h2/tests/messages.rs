@@ -4,8 +4,6 @@
 use super::*;
 use crate::http::h2::priority::Priority;
 
-// ---- 8.1 HTTP message rules ----
-
 #[test]
 fn malformed_requests_are_stream_errors() {
     let cases: &[(&str, &[(&str, &str)])] = &[

@@ -3,8 +3,6 @@
 
 use super::*;
 
-// ---- responses, flow control out, frame sizes ----
-
 #[test]
 fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
     let mut c = Client::new();
