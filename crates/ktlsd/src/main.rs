@@ -2,8 +2,10 @@
 //!
 //! The data's way through the modules: [`config`] -> [`server`] (listeners, workers)
 //! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
-//! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use.
-//! [`sys`] holds every system call behind safe functions: the crate's only `unsafe` code.
+//! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use,
+//! and [`vocab`] and [`names`] the leaf words (record layer, HTTP version, method,
+//! site names) they all speak. [`sys`] holds every system call behind safe functions:
+//! the crate's only `unsafe` code.
 
 #![deny(unsafe_code)]
 
@@ -15,6 +17,7 @@ mod files;
 mod handler;
 mod http;
 mod log;
+mod names;
 mod net;
 mod server;
 mod state_file;
@@ -22,6 +25,7 @@ mod stats;
 #[allow(unsafe_code)] // the crate's one module of `unsafe` code
 mod sys;
 mod tls;
+mod vocab;
 
 use std::process::ExitCode;
 

@@ -48,9 +48,9 @@ use std::sync::Arc;
 use rustls::ServerConfig;
 
 use crate::acme::Challenges;
-use crate::config::{Config, UnknownSni};
+use crate::config::Config;
 use crate::files::{self, Root};
-use crate::handler::sites::{NamedSite, UnknownHost};
+use crate::handler::sites::NamedSite;
 use crate::handler::{Site, Sites};
 use crate::http::{h1, h2};
 use crate::tls::SessionSettings;
@@ -89,11 +89,7 @@ impl Shared {
             hsts: self.config.hsts.as_deref(),
             content: &self.config.content,
         };
-        let unknown = match self.config.unknown_sni {
-            UnknownSni::Default => UnknownHost::Default,
-            UnknownSni::Refuse => UnknownHost::Misdirected,
-        };
-        Sites { named: &self.sites, default, unknown }
+        Sites { named: &self.sites, default, unknown: self.config.unknown_sni }
     }
 }
 

@@ -12,12 +12,12 @@ use anyhow::{anyhow, Context};
 use super::acme::{self, AcmeSites};
 use super::{congestion, Shared};
 use crate::acme::{Challenge, Challenges};
-use crate::config::{Config, KtlsMode, SiteCert, UnknownSni};
+use crate::config::{Config, KtlsMode, SiteCert};
 use crate::files::{self, Root};
 use crate::handler::sites::NamedSite;
 use crate::http::{h1, h2};
 use crate::tls::config::{server_config, Identity, TlsSettings};
-use crate::tls::sni::{SiteKey, UnknownName};
+use crate::tls::sni::SiteKey;
 use crate::tls::SessionSettings;
 
 /// A configuration turned into what workers serve with.
@@ -53,11 +53,7 @@ pub fn prepare(
     }
     let (keys, sites, alpn01) = open_sites(&config, &settings, cache_entries, acme)?;
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
-    let unknown = match config.unknown_sni {
-        UnknownSni::Default => UnknownName::Default,
-        UnknownSni::Refuse => UnknownName::Refuse,
-    };
-    let tls = server_config(&settings, identity, keys, unknown, alpn01.then(|| challenges.clone()))?;
+    let tls = server_config(&settings, identity, keys, config.unknown_sni, alpn01.then(|| challenges.clone()))?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
     let ktls = match previous {
         Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),

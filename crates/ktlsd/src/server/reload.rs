@@ -126,7 +126,7 @@ fn report_failure(e: &anyhow::Error, started: &Started) {
 }
 
 /// The ACME sites of `config`, for [`AcmeSites::retain`].
-fn acme_sites(config: &Config) -> Vec<(&crate::handler::sites::Names, &crate::config::SiteAcme)> {
+fn acme_sites(config: &Config) -> Vec<(&crate::names::Names, &crate::config::SiteAcme)> {
     config
         .sites
         .iter()

@@ -20,7 +20,7 @@ use super::{access_log, admin, listener, plain, privileges, systemd, worker, Cur
 use crate::cli::ServeArgs;
 use crate::config::Config;
 use crate::stats::{Metrics, Stats};
-use crate::tls::TlsMode;
+use crate::vocab::RecordLayer;
 
 /// Starts the server and blocks until it has stopped.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -164,7 +164,7 @@ fn announce_ready(prepared: Prepared, sockets: &Sockets) -> (Arc<Shared>, Instan
         fingerprint,
         shared.config.record_policy,
     );
-    let tls = if shared.ktls.is_some() { TlsMode::Kernel } else { TlsMode::Userspace };
+    let tls = if shared.ktls.is_some() { RecordLayer::Kernel } else { RecordLayer::Userspace };
     let started_at = Instant::now();
     write_ready_line(&ready_line(&sockets.https_bound, &sockets.http_bound, std::process::id(), tls));
     (Arc::new(shared), started_at)
@@ -174,7 +174,7 @@ fn announce_ready(prepared: Prepared, sockets: &Sockets) -> (Arc<Shared>, Instan
 /// process id, and the record layer new connections get when their suite allows
 /// (`ktls`) or always (`userspace`). One JSON object on one line, e.g.
 /// `{"ready":{"https":["127.0.0.1:8443"],"http":[],"pid":123,"tls":"ktls"}}`.
-fn ready_line(https: &[SocketAddr], http: &[SocketAddr], pid: u32, tls: TlsMode) -> String {
+fn ready_line(https: &[SocketAddr], http: &[SocketAddr], pid: u32, tls: RecordLayer) -> String {
     #[derive(serde::Serialize)]
     struct Line<'a> {
         ready: Ready<'a>,
@@ -298,10 +298,11 @@ mod tests {
     #[test]
     fn ready_line_is_one_json_object() {
         let https: Vec<SocketAddr> = vec!["127.0.0.1:8443".parse().unwrap(), "[::1]:8443".parse().unwrap()];
-        let line = ready_line(&https, &[], 42, TlsMode::Userspace);
+        let line = ready_line(&https, &[], 42, RecordLayer::Userspace);
         assert_eq!(line, r#"{"ready":{"https":["127.0.0.1:8443","[::1]:8443"],"http":[],"pid":42,"tls":"userspace"}}"#);
         let http: Vec<SocketAddr> = vec!["0.0.0.0:80".parse().unwrap()];
-        let v: serde_json::Value = serde_json::from_str(&ready_line(&https[..1], &http, 7, TlsMode::Kernel)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&ready_line(&https[..1], &http, 7, RecordLayer::Kernel)).unwrap();
         assert_eq!(v["ready"]["http"][0], "0.0.0.0:80");
         assert_eq!(v["ready"]["tls"], "ktls");
         assert!(!line.contains('\n'));

@@ -28,13 +28,13 @@ use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
-use crate::http::h1::{self, End};
-use crate::http::h2;
+use crate::http::{self, h1, h2, End};
 use crate::log::AccessLog;
-use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
-use crate::tls::handshake::{self, AppProtocol, FailureKind};
+use crate::stats::{Metrics, Stats, Traffic};
+use crate::tls;
+use crate::tls::handshake::{self, FailureKind};
 use crate::tls::tcp;
-use crate::tls::{self, TlsMode};
+use crate::vocab::{HttpVersion, RecordLayer};
 
 /// Everything a connection task borrows from its worker.
 struct Worker {
@@ -392,27 +392,22 @@ async fn connection(
         }
     };
     Stats::bump(match session.mode() {
-        TlsMode::Kernel => &stats.ktls,
-        TlsMode::Userspace => &stats.userspace,
+        RecordLayer::Kernel => &stats.ktls,
+        RecordLayer::Userspace => &stats.userspace,
     });
-    let layer = match session.mode() {
-        TlsMode::Kernel => Layer::Kernel,
-        TlsMode::Userspace => Layer::Userspace,
-    };
-    let _open = Open::new(
-        traffic,
-        layer,
-        match protocol {
-            AppProtocol::Http2 => Protocol::H2,
-            AppProtocol::Http1 => Protocol::Http1,
-        },
-    );
+    let _open = Open::new(traffic, session.mode(), protocol);
 
     let site_table = shared.sites();
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
-        AppProtocol::Http2 => h2::serve(&mut session, &shared.h2, &site_table, &worker.log, peer, stop).await,
-        AppProtocol::Http1 => h1::serve(&mut session, &shared.h1, &site_table, &worker.log, peer, stop).await,
+        HttpVersion::Http2 => {
+            let ctx = http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: stop };
+            h2::serve(&mut session, ctx).await
+        }
+        HttpVersion::Http1 => {
+            let ctx = http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: stop };
+            h1::serve(&mut session, ctx).await
+        }
     };
     session.count_into(stats);
     if let Ok(end) = tcp::read_end(session.socket()) {
@@ -429,12 +424,12 @@ async fn connection(
 /// its task ends.
 struct Open<'a> {
     traffic: &'a Traffic,
-    layer: Layer,
-    protocol: Protocol,
+    layer: RecordLayer,
+    protocol: HttpVersion,
 }
 
 impl<'a> Open<'a> {
-    fn new(traffic: &'a Traffic, layer: Layer, protocol: Protocol) -> Open<'a> {
+    fn new(traffic: &'a Traffic, layer: RecordLayer, protocol: HttpVersion) -> Open<'a> {
         traffic.opened(layer, protocol);
         Open { traffic, layer, protocol }
     }
