@@ -219,79 +219,58 @@ fn ktls_off_uses_userspace() {
 // Certificates and keys.
 // ---------------------------------------------------------------------------
 
-#[test]
-fn missing_cert_file() {
-    let b = Server::builder(BIN);
-    let (_, key) = make_cert(b.dir(), "k", "ec");
-    let missing = b.dir().join("nope.crt");
-    let m = missing.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&missing).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &m]);
+/// One `#[test]` per spoiled certificate or key, named by its variant: a good
+/// ECDSA pair is made, then `$which` (`cert` or `key`) is replaced by the path
+/// `$spoil(dir, cert, key)` returns; the one error line must name that path
+/// and every needle.
+macro_rules! refused_pair {
+    ($($name:ident: $which:ident <- $spoil:expr => [$($needle:expr),*];)+) => {$(
+        #[test]
+        fn $name() {
+            let b = Server::builder(BIN);
+            let (cert, key) = make_cert(b.dir(), "k", "ec");
+            let spoil: fn(&Path, &Path, &Path) -> PathBuf = $spoil;
+            let bad = spoil(b.dir(), &cert, &key);
+            let (cert, key) = match stringify!($which) {
+                "cert" => (bad.clone(), key),
+                _ => (cert, bad.clone()),
+            };
+            let shown = bad.to_str().unwrap().to_string();
+            b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&[$($needle,)* &shown]);
+        }
+    )+};
 }
 
-#[test]
-fn missing_key_file() {
-    let b = Server::builder(BIN);
-    let (cert, _) = make_cert(b.dir(), "k", "ec");
-    let missing = b.dir().join("nope.key");
-    let m = missing.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&missing).run_to_exit().assert_startup_error(&["key", &m]);
-}
+/// Certificates and keys refused at start-up.
+mod refused_pair {
+    use std::path::{Path, PathBuf};
 
-#[test]
-fn garbage_key_file() {
-    let b = Server::builder(BIN);
-    let (cert, _) = make_cert(b.dir(), "k", "ec");
-    let key = b.dir().join("garbage.key");
-    std::fs::write(&key, "this is not a key\n").unwrap();
-    let k = key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["key", &k]);
-}
+    use super::*;
 
-#[test]
-fn unreadable_key_path() {
-    let b = Server::builder(BIN);
-    let (cert, _) = make_cert(b.dir(), "k", "ec");
-    let key = b.dir().join("keydir");
-    std::fs::create_dir(&key).unwrap();
-    let k = key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["key", &k]);
-}
+    /// `text` written to `name` in `dir`.
+    fn written(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        write_file(&p, text.as_bytes());
+        p
+    }
 
-#[test]
-fn garbage_cert_file() {
-    let b = Server::builder(BIN);
-    let (_, key) = make_cert(b.dir(), "k", "ec");
-    let cert = b.dir().join("garbage.crt");
-    std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n").unwrap();
-    let c = cert.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &c]);
-}
-
-#[test]
-fn cert_file_with_only_a_key_in_it() {
-    let b = Server::builder(BIN);
-    let (_, key) = make_cert(b.dir(), "k", "ec");
-    let k = key.to_str().unwrap().to_string();
-    // The key file given as the certificate: no CERTIFICATE block.
-    b.arg("--cert").arg(&key).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &k]);
-}
-
-#[test]
-fn key_not_matching_cert() {
-    let b = Server::builder(BIN);
-    let (cert, _) = make_cert(b.dir(), "one", "ec");
-    let (_, other_key) = make_cert(b.dir(), "two", "ec");
-    let k = other_key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&other_key).run_to_exit().assert_startup_error(&["does not match", &k]);
-}
-
-#[test]
-fn rsa_key_with_ecdsa_cert_does_not_match() {
-    let b = Server::builder(BIN);
-    let (cert, _) = make_cert(b.dir(), "ec", "ec");
-    let (_, rsa_key) = make_cert(b.dir(), "rsa", "rsa");
-    let k = rsa_key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&rsa_key).run_to_exit().assert_startup_error(&[&k]);
+    refused_pair! {
+        missing_cert: cert <- |dir, _, _| dir.join("nope.crt") => ["certificate"];
+        missing_key: key <- |dir, _, _| dir.join("nope.key") => ["key"];
+        garbage_key: key <- |dir, _, _| written(dir, "garbage.key", "this is not a key\n") => ["key"];
+        key_is_a_directory: key <- |dir, _, _| {
+            let p = dir.join("keydir");
+            std::fs::create_dir(&p).unwrap();
+            p
+        } => ["key"];
+        garbage_cert: cert <- |dir, _, _| {
+            written(dir, "garbage.crt", "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n")
+        } => ["certificate"];
+        // The key file given as the certificate: no CERTIFICATE block.
+        cert_holding_only_a_key: cert <- |_, _, key| key.to_path_buf() => ["certificate"];
+        key_of_another_cert: key <- |dir, _, _| make_cert(dir, "two", "ec").1 => ["does not match"];
+        rsa_key_with_ecdsa_cert: key <- |dir, _, _| make_cert(dir, "rsa", "rsa").1 => [];
+    }
 }
 
 #[test]
