@@ -236,7 +236,8 @@ macro_rules! refused_pair {
                 _ => (cert, bad.clone()),
             };
             let shown = bad.to_str().unwrap().to_string();
-            b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&[$($needle,)* &shown]);
+            let exited = b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit();
+            exited.assert_startup_error(&[$($needle,)* &shown]);
         }
     )+};
 }

@@ -6,8 +6,8 @@
 //! handshake is response data, and its plaintext is the record length minus the
 //! AES-GCM expansion (8 nonce + 16 tag bytes). Bodies are checked too.
 //!
-//! These run on the userspace record layer; `record_size_policies` in `ktls.rs`
-//! checks the same policies on the kernel's, in the VM suite.
+//! These run on the userspace record layer; `record_size_policies` in the VM
+//! suite (`tests/ktls/records.rs`) checks the same policies on the kernel's.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -3,9 +3,9 @@
 //! once: no bare FIN, no wait for the idle timeout.
 //!
 //! A client completes a real handshake, takes the connection's keys and forges
-//! the bad records itself (tests/common `ForgingClient`); it decrypts the
+//! the bad records itself (`testkit::ForgingClient`); it decrypts the
 //! server's answer and checks the alert. The kernel record layer gets the same
-//! table in `ktls.rs` (`bad_records_*`), in the VM suite.
+//! table in the VM suite (`tests/ktls/bad_records.rs`).
 
 use std::time::Duration;
 

@@ -389,7 +389,7 @@ pub fn parse_stats(stderr: &str) -> HashMap<String, u64> {
 }
 
 impl Server {
-    /// Starts a server with default options over an empty ROOT.
+    /// A `ktlsd serve` of `bin` with default options over an empty ROOT.
     pub fn builder(bin: impl Into<PathBuf>) -> ServerBuilder {
         ServerBuilder::new(bin)
     }

@@ -58,4 +58,9 @@ fn bad_records_on_ktls(test: &str, v: V, c: Cipher) {
     assert_ktls(test, &s, &Expect { decrypt_errors, ..Expect::conns(conns, requests) });
 }
 
-cells!(bad_records_on_ktls; tls13_aes128gcm: Tls13 Aes128Gcm, tls13_chacha20: Tls13 Chacha20, tls12_aes128gcm: Tls12 Aes128Gcm, tls12_chacha20: Tls12 Chacha20);
+cells!(bad_records_on_ktls;
+    tls13_aes128gcm: Tls13 Aes128Gcm,
+    tls13_chacha20: Tls13 Chacha20,
+    tls12_aes128gcm: Tls12 Aes128Gcm,
+    tls12_chacha20: Tls12 Chacha20,
+);
