@@ -19,7 +19,7 @@ def curl_download(url, extra=()):
 
 
 def download_runs(servers, path, size, runs):
-    """Interleaved single-connection downloads: speed (MB/s) and server CPU s/GiB."""
+    """Interleaved single-connection HTTP/1.1 downloads: speed (MB/s) and server CPU s/GiB."""
     res = {s.name: {"speed": [], "cpu_per_gib": []} for s in servers}
     for i in range(runs):
         order = servers[:]
@@ -27,7 +27,7 @@ def download_runs(servers, path, size, runs):
         for s in order:
             c0 = cpu_seconds(s.pids())
             got, speed, _, _ = curl_download(f"https://localhost:{s.port}/{path}",
-                                             ["--resolve", f"localhost:{s.port}:127.0.0.1"])
+                                             ["--http1.1", "--resolve", f"localhost:{s.port}:127.0.0.1"])
             c1 = cpu_seconds(s.pids())
             if got != size:
                 raise RuntimeError(f"{s.name}: got {got} bytes of {size}")

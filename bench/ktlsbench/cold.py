@@ -7,7 +7,8 @@ import subprocess
 import time
 
 from .clients import curl_download, wrk_latency
-from .servers import Ktlsd, Nginx, require_ktls
+from .peers import Nginx
+from .servers import Ktlsd, require_ktls
 from .system import log, make_file, sh
 
 

@@ -5,7 +5,8 @@ import os
 import random
 
 from .clients import download_runs, h2_download
-from .servers import Ktlsd, Nginx, require_ktls
+from .peers import Nginx
+from .servers import Ktlsd, require_ktls
 from .stats import median
 from .system import cpu_seconds, log, make_file, tls_tx_contexts
 

@@ -5,7 +5,8 @@ import os
 import time
 
 from .clients import open_idle
-from .servers import Ktlsd, Nginx, require_ktls
+from .peers import Nginx
+from .servers import Ktlsd, require_ktls
 from .system import log, proc_counters_flat, rss_kib
 
 

@@ -10,7 +10,8 @@ import re
 import subprocess
 import time
 
-from .servers import Ktlsd, Nginx, require_ktls
+from .peers import Nginx
+from .servers import Ktlsd, require_ktls
 from .stats import pct, ratio_ci
 from .system import backlog_drops, log, make_file, sh, tcp_ext, tcp_retransmits
 
