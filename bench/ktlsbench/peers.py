@@ -24,6 +24,7 @@ class Peer:
     kind = ""
     ktls = False  # can hand its TLS records to the kernel (through OpenSSL's KTLS option)
     http2 = True
+    start_seconds = 20  # how long it may take to listen
 
     def __init__(self, name, root, port, work, ktls=False, http2=False, connections=4096):
         self.name, self.port = name, port
@@ -35,9 +36,10 @@ class Peer:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.err, env={**os.environ, **env},
                                      start_new_session=True)
         try:
-            wait_port(port)
+            wait_port(port, self.start_seconds)
         except RuntimeError:
             self.proc.kill()
+            self.proc.wait()
             with open(os.path.join(self.dir, "stderr.log")) as f:
                 raise RuntimeError(f"{name} did not start on port {port}:\n{f.read()[-2000:]}") from None
 
@@ -179,6 +181,7 @@ class Caddy(Peer):
     automatic HTTPS, GOMAXPROCS workers; Go's crypto/tls, so no kTLS. ALPN offers h2 only when
     asked (`protocols h1 h2`; never h3)."""
     kind = "caddy"
+    start_seconds = 180  # a 40 MB Go binary: slow to load and start under the VM's emulated CPU
 
     def launch(self, root, port, ktls, http2, connections):
         log = self.access_log()
