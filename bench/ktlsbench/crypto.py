@@ -84,10 +84,9 @@ def limit_lines(aead, kernel, server_cpu, kernel_servers=()):
     it ({name: s/GiB}); servers in kernel_servers are read against the kernel's reference."""
     lines = ["", "| crypto limit (same machine, same run) | CPU s/GiB |", "|---|---|",
              f"| AEAD alone: AES-128-GCM seal of 16 KiB records, aws-lc-rs, one core | {aead['cpu_s_per_gib']:.4f} |"]
-    if kernel is None:
-        lines.append("| kernel AES-GCM as kTLS uses it (tls_sw) | not measured (no kTLS in this kernel) |"
-                     if kernel_servers else "")
-    else:
+    if kernel is None and kernel_servers:
+        lines.append("| kernel AES-GCM as kTLS uses it (tls_sw) | not measured (no kTLS in this kernel) |")
+    elif kernel is not None:
         lines.append(f"| kernel kTLS send over loopback (tls_sw AES-128-GCM plus the TCP send path) | "
                      f"{kernel['cpu_s_per_gib']:.4f} |")
     lines += ["", "Server CPU s/GiB as a multiple of the crypto limit:"]
@@ -99,4 +98,4 @@ def limit_lines(aead, kernel, server_cpu, kernel_servers=()):
             lines.append(f"- {name}: {cpu:.3f} s/GiB; {what} not measured")
         else:
             lines.append(f"- {name}: {cpu / ref['cpu_s_per_gib']:.1f}x {what}")
-    return "\n".join(l for l in lines if l is not None)
+    return "\n".join(lines)
