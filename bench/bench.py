@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""ktlsd benchmarks, always side by side with nginx in one run, reported as ratios.
+"""ktlsd benchmarks, always side by side with its peers (nginx, H2O, lighttpd, Caddy; --peers) in
+one run, reported as ratios ktlsd/peer.
 
 Scenarios:
   throughput  (host)  1 GiB single-connection download with curl (speed, server CPU s/GiB)
-                      and 10 KiB requests with wrk (64 keep-alive connections): ktlsd vs nginx.
-  ktls        (VM)    32 MiB download: ktlsd kTLS vs ktlsd userspace vs nginx kTLS
-                      (ssl_conf_command Options KTLS, sendfile on).
+                      and 10 KiB requests with wrk (64 keep-alive connections): ktlsd vs peers;
+                      the AEAD alone (aws-lc-rs AES-128-GCM, one core) as the crypto limit.
+  h2          (host)  the same over HTTP/2 with h2load.
+  ktls        (VM)    32 MiB download: ktlsd kTLS vs ktlsd userspace vs the peers with kTLS
+                      (nginx, lighttpd through OpenSSL's KTLS option); the kernel's and
+                      aws-lc-rs's AES-GCM as the crypto limit.
   scale-ktls  (VM)    memory per idle keep-alive connection with kTLS in both servers, at 1,000
                       and 2,000 connections.
   scale       (host)  memory per idle keep-alive TLS connection (after one small response, and
@@ -13,10 +17,11 @@ Scenarios:
                       fresh; 10 KiB with wrk over 1000 keep-alive connections, and with a new
                       TLS connection per request (Connection: close).
   tail        (VM)    cold connections over netem 50 ms delay / 1% loss: TTFB and total time
-                      per record-size policy and nginx, for 10 KB, 100 KB and 1 MB files.
+                      per record-size policy and each peer, for 10 KB, 100 KB and 1 MB files.
   cold        (VM)    a hot 10 KiB file fetched by wrk while other clients download cold large
                       files from a slow disk (ext4 on a loop file under dm-delay): the hot file's
-                      p50/p99, idle and loaded, for ktlsd kTLS, nginx default, nginx aio threads.
+                      p50/p99, idle and loaded, for ktlsd kTLS and userspace, nginx default, nginx
+                      aio threads, and the other peers.
 
 Run through bench/run, which installs what is needed and boots a VM for the VM scenarios. Each scenario
 is a module of the ktlsbench package beside this file, with the helpers they share.
@@ -28,7 +33,7 @@ import os
 import shutil
 import tempfile
 
-from ktlsbench import cold, ktls, scale, scale_ktls, servers, tail, throughput, throughput_h2
+from ktlsbench import cold, ktls, peers, scale, scale_ktls, servers, tail, throughput, throughput_h2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -58,6 +63,12 @@ def main():
     p.add_argument("--cold-clients", type=int, default=4, help="cold: clients downloading cold files")
     p.add_argument("--cold-rate", default="2M", help="cold: each cold client's curl --limit-rate")
     p.add_argument("--cold-delay-ms", type=int, default=20, help="cold: dm-delay read delay")
+    p.add_argument("--peers", default=",".join(peers.PEERS),
+                   help="servers to compare with, comma-separated (default: all of %(default)s)")
+    p.add_argument("--aead-limit", default=os.path.join(REPO, "target/release/examples/aead_limit"),
+                   help="the aead_limit example program (bench/run builds it)")
+    p.add_argument("--aead-seconds", type=float, default=3.0,
+                   help="throughput, h2, ktls: CPU seconds each crypto-limit measurement runs")
     p.add_argument("--http2", action="store_true",
                    help="ktls, tail: over HTTP/2 (h2load; curl --http2); results under OUT/h2/")
     args = p.parse_args()
@@ -66,11 +77,18 @@ def main():
             p.error("--http2 applies to the ktls and tail scenarios (h2 is HTTP/2 on this machine)")
         args.out = os.path.join(args.out, "h2")
     servers.WORKERS = args.workers
+    peers.PEERS = [n for n in args.peers.split(",") if n]
+    unknown = set(peers.PEERS) - set(peers.KINDS)
+    if unknown:
+        p.error(f"--peers: unknown {', '.join(sorted(unknown))}; choose from {', '.join(peers.KINDS)}")
+    # The VM scenarios check ktlsd's access log (tls=ktls): there every server writes one, alike.
+    servers.ACCESS_LOG = args.scenario in ("ktls", "tail", "cold", "scale-ktls")
     os.makedirs(args.out, exist_ok=True)
     if args.report_only:
         with open(os.path.join(args.out, "tail.csv")) as f:
             rows = [(r["condition"], r["size"], float(r["ttfb_ms"]), float(r["total_ms"])) for r in csv.DictReader(f)]
-        names = [n for n, _ in tail.TAIL_CONDITIONS] + ["nginx-16k"]
+        conds = [n for n, _ in tail.TAIL_CONDITIONS]
+        names = conds + sorted({r[0] for r in rows} - set(conds))  # ktlsd's policies, then the peers
         table, _ = tail.tail_report(rows, tail.TAIL_SIZES, names, args.out)
         print(table)
         return
@@ -84,7 +102,10 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = os.uname().release
-    report = f"## {args.scenario} (kernel {kernel}, {servers.WORKERS} workers)\n\n{table}\n"
+    versions = "; ".join(f"{k}: {v}" for k, v in peers.versions().items())
+    logs = "access logs on for every server" if servers.ACCESS_LOG else "access logs off for every server"
+    report = (f"## {args.scenario} (kernel {kernel}, {servers.WORKERS} workers, {logs})\n\n"
+              f"Peers: {versions or 'none'}\n\n{table}\n")
     print(report)
     with open(os.path.join(args.out, f"{args.scenario}.md"), "w") as f:
         f.write(report)

@@ -5,7 +5,7 @@ import random
 import re
 import time
 
-from .system import cpu_seconds, log, rss_kib, sh
+from .system import cpu_seconds, log, rss_kib, sh, tls_tx_contexts
 
 
 def curl_download(url, extra=()):
@@ -19,16 +19,18 @@ def curl_download(url, extra=()):
 
 
 def download_runs(servers, path, size, runs):
-    """Interleaved single-connection downloads: speed (MB/s) and server CPU s/GiB."""
-    res = {s.name: {"speed": [], "cpu_per_gib": []} for s in servers}
+    """Interleaved single-connection HTTP/1.1 downloads: speed (MB/s), server CPU s/GiB and the
+    kernel TLS transmit contexts each download installed (None without kTLS in the kernel)."""
+    res = {s.name: {"speed": [], "cpu_per_gib": [], "ktls_tx": []} for s in servers}
     for i in range(runs):
         order = servers[:]
         random.shuffle(order)
         for s in order:
-            c0 = cpu_seconds(s.pids())
+            t0, c0 = tls_tx_contexts(), cpu_seconds(s.pids())
             got, speed, _, _ = curl_download(f"https://localhost:{s.port}/{path}",
-                                             ["--resolve", f"localhost:{s.port}:127.0.0.1"])
-            c1 = cpu_seconds(s.pids())
+                                             ["--http1.1", "--resolve", f"localhost:{s.port}:127.0.0.1"])
+            c1, t1 = cpu_seconds(s.pids()), tls_tx_contexts()
+            res[s.name]["ktls_tx"].append(None if t0 is None else t1 - t0)
             if got != size:
                 raise RuntimeError(f"{s.name}: got {got} bytes of {size}")
             res[s.name]["speed"].append(speed / 1e6)

@@ -1,17 +1,21 @@
 """Scenario scale-ktls (VM): memory per idle keep-alive connection with kTLS carrying the
-connections in both servers."""
+connections in ktlsd and in every selected peer that has kTLS (nginx, lighttpd); the others are
+listed as such."""
 
+import functools
 import os
 import time
 
+from . import peers
 from .clients import open_idle
-from .servers import Ktlsd, Nginx, require_ktls
+from .servers import Ktlsd, require_ktls
+from .stats import versus_table
 from .system import log, proc_counters_flat, rss_kib
 
 
 def scenario_scale_ktls(args, work):
     """VM: KiB per idle keep-alive connection (after one small response) with kTLS carrying
-    the connections in both servers: ktlsd --ktls on, nginx with ssl_conf_command Options KTLS.
+    the connections in every server: ktlsd --ktls on, the peers with OpenSSL's KTLS option.
     Fails unless the kernel's TlsCurrTxSw gauge rose by the connection count while they were
     held, and unless ktlsd's access log says tls=ktls for every response."""
     import resource
@@ -22,10 +26,15 @@ def scenario_scale_ktls(args, work):
     with open(os.path.join(root, "small.txt"), "w") as f:
         f.write("hello\n" * 20)
     counts = [int(c) for c in args.scale_ktls_conns.split(",")]
-    makers = {
-        "nginx": lambda: Nginx("nginx-ktls", root, 18448, work, ktls=True, connections=max(counts) + 1024),
-        "ktlsd": lambda: Ktlsd("ktlsd-ktls", args.ktlsd, root, 18447, work, ["--ktls", "on"]),
-    }
+    makers = {"ktlsd": lambda: Ktlsd("ktlsd-ktls", args.ktlsd, root, 18447, work, ["--ktls", "on"])}
+    missing = {}
+    for i, kind in enumerate(peers.PEERS):
+        why = peers.missing(kind, ktls=True)
+        if why:
+            missing[kind] = why
+        else:
+            makers[kind] = functools.partial(peers.KINDS[kind], f"{kind}-ktls", root, 18450 + i, work, ktls=True,
+                                             connections=max(counts) + 1024)
 
     def gauges():
         c = proc_counters_flat("/proc/net/tls_stat")
@@ -58,7 +67,6 @@ def scenario_scale_ktls(args, work):
                                   "tls_curr_tx_sw_rise": tx1 - tx0, "tls_curr_rx_sw_rise": rx1 - rx0}
             log(f"  {name} kTLS, {n} idle keep-alive connections: {per[name]:.1f} KiB each (RSS {before} -> "
                 f"{after} KiB; TlsCurrTxSw +{tx1 - tx0}, TlsCurrRxSw +{rx1 - rx0})")
-        rows.append((f"KiB per connection, {n} idle keep-alive after one response, kTLS", per["ktlsd"], per["nginx"]))
-    table = ["| measure | ktlsd | nginx | ktlsd/nginx |", "|---|---|---|---|"]
-    table += [f"| {m} | {a:.1f} | {b:.1f} | {a / b:.2f}x |" for m, a, b in rows]
-    return "\n".join(table), raw
+        rows.append((f"KiB per connection, {n} idle keep-alive after one response, kTLS", per.pop("ktlsd"),
+                     {**missing, **per}, ""))
+    return versus_table(rows, peers.PEERS, digits=1), raw

@@ -1,5 +1,5 @@
 """Statistics and tables: medians, percentiles, bootstrap intervals of ratios, the Markdown
-ktlsd-vs-nginx table and size names. Pure functions, no I/O."""
+ktlsd-vs-peers table and size names. Pure functions, no I/O."""
 
 import random
 import statistics
@@ -26,10 +26,21 @@ def ratio_ci(a, b, p, rounds=2000):
     return pct(a, p) / pct(b, p), pct(boot, 2.5), pct(boot, 97.5)
 
 
-def versus_table(rows, measure="measure", digits=2):
-    """A Markdown table of (measure, ktlsd, nginx, goal) rows with the ktlsd/nginx ratio."""
-    table = [f"| {measure} | ktlsd | nginx | ktlsd/nginx | goal |", "|---|---|---|---|---|"]
-    table += [f"| {m} | {a:.{digits}f} | {b:.{digits}f} | {a / b:.2f}x | {g} |" for m, a, b, g in rows]
+def versus_table(rows, peers, measure="measure", digits=2, ours="ktlsd"):
+    """A Markdown table of (measure, ktlsd's value, {peer: value}, goal) rows: a value and a
+    ktlsd/peer ratio column per peer. A peer's value may be a string saying why it has none
+    (e.g. "no kTLS"); its cells then say so."""
+    head = f"| {measure} | {ours} | " + " | ".join(f"{p} | {ours}/{p}" for p in peers) + " | goal |"
+    table = [head, "|---" * (3 + 2 * len(peers)) + "|"]
+    for m, a, others, goal in rows:
+        cells = []
+        for p in peers:
+            b = others.get(p, "not run")
+            if isinstance(b, str):
+                cells += [f"n/a ({b})", "-"]
+            else:
+                cells += [f"{b:.{digits}f}", f"{a / b:.2f}x" if b else "-"]
+        table.append(f"| {m} | {a:.{digits}f} | " + " | ".join(cells) + f" | {goal} |")
     return "\n".join(table)
 
 

@@ -1,6 +1,6 @@
 """Scenario tail (VM): cold connections over netem delay and loss, TTFB and total time per
-record-size policy and nginx, for 10 KB, 100 KB and 1 MB files; the report (table, ratios with
-bootstrap intervals, chart) can be rebuilt from its CSV."""
+record-size policy and each selected peer (with kTLS where it has it), for 10 KB, 100 KB and 1 MB
+files; the report (table, ratios with bootstrap intervals, chart) can be rebuilt from its CSV."""
 
 import concurrent.futures
 import csv
@@ -10,7 +10,8 @@ import re
 import subprocess
 import time
 
-from .servers import Ktlsd, Nginx, require_ktls
+from . import peers
+from .servers import Ktlsd, require_ktls
 from .stats import pct, ratio_ci
 from .system import backlog_drops, log, make_file, sh, tcp_ext, tcp_retransmits
 
@@ -30,7 +31,7 @@ def tail_batch(jobs, resolve):
     """One curl process fetches `jobs` [(server, size)] in order, each on a new
     connection with a full handshake (`Connection: close`, no TLS session reuse),
     so a batch costs one process start instead of one per connection."""
-    cmd = ["curl", "-sk", "--no-sessionid", "-H", "Connection: close", "--max-time", "60",
+    cmd = ["curl", "-sk", "--http1.1", "--no-sessionid", "-H", "Connection: close", "--max-time", "60",
            "-w", CURL_FIELDS, *resolve]
     for s, size in jobs:
         cmd += ["-o", "/dev/null", f"https://localhost:{s.port}/{size}"]
@@ -78,7 +79,17 @@ def scenario_tail(args, work):
     for name, extra in TAIL_CONDITIONS:
         servers.append(Ktlsd(name, args.ktlsd, root, port, work, ["--ktls", args.tail_ktls, *extra]))
         port += 1
-    servers.append(Nginx("nginx-16k", root, port, work, ktls=args.tail_ktls != "off", buffer="16k", http2=args.http2))
+    try:
+        for kind in peers.PEERS:  # nginx with ssl_buffer_size 16k (its default), the others as they come
+            ktls = args.tail_ktls != "off" and peers.missing(kind, ktls=True) is None
+            servers.append(peers.KINDS[kind]("nginx-16k" if kind == "nginx" else kind, root, port, work, ktls=ktls,
+                                             http2=args.http2))
+            log(f"  {servers[-1].name}: {'kTLS' if ktls else 'userspace TLS'}")
+            port += 1
+    except Exception:
+        for s in servers:
+            s.stop()
+        raise
     resolve = [a for s in servers for a in ("--resolve", f"localhost:{s.port}:127.0.0.1")]
     # Loopback's 64 KiB MTU and segmentation offloads would hand netem one
     # 64 KiB packet where a real link carries 45: give lo a 1500-byte MTU and
@@ -150,6 +161,13 @@ def tail_report(rows, sizes, names, out):
     for size, what, col, p, goal in goals:
         r, lo, hi = ratio_ci(cell("adaptive", size, col), cell("static:16k", size, col), p)
         table.append(f"- {size} p{p} {what}: {r:.2f}x [{lo:.2f}, {hi:.2f}] (goal <= {goal}x)")
+    ours = {n for n, _ in TAIL_CONDITIONS}
+    for peer in [n for n in names if n not in ours]:
+        table += ["", f"adaptive vs {peer}, p95 TTFB and p95 total, with a 95% bootstrap interval:"]
+        for size in sizes:
+            got = [ratio_ci(cell("adaptive", size, col), cell(peer, size, col), 95) for col in (2, 3)]
+            table.append(f"- {size}: TTFB {got[0][0]:.2f}x [{got[0][1]:.2f}, {got[0][2]:.2f}], "
+                         f"total {got[1][0]:.2f}x [{got[1][1]:.2f}, {got[1][2]:.2f}]")
     chart(stats, rows, sizes, names, os.path.join(out, "tail.png"))
     return "\n".join(table), {"stats": {f"{k[0]} {k[1]}": v for k, v in stats.items()}}
 
