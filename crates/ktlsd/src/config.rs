@@ -12,8 +12,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::cli::ServeArgs;
-use crate::tls::config::{Http2, TlsVersion};
+use crate::tls::config::Http2;
 use crate::tls::sizing::RecordPolicy;
+use crate::vocab::{TlsVersion, UnknownName};
 
 /// Why the configuration was refused. Each message names the offending value.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +139,7 @@ pub struct Config {
     pub allow_root: bool,
     /// The `[[site]]` blocks of the config file; the top-level keys form the default site.
     pub sites: Vec<SiteConfig>,
-    pub unknown_sni: UnknownSni,
+    pub unknown_sni: UnknownName,
     /// The admin listener; `None`: off.
     pub admin: Option<AdminAddr>,
     /// Whether ALPN offers HTTP/2.
@@ -150,15 +151,6 @@ pub struct Config {
     pub h2_limits: crate::http::h2::Limits,
     /// The default site's content-delivery options (each `[[site]]` has its own).
     pub content: crate::handler::Content,
-}
-
-/// What a name no `[[site]]` has gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnknownSni {
-    /// The default site (the top-level keys) serves it.
-    Default,
-    /// The handshake fails with `unrecognized_name`; a request naming it gets 421.
-    Refuse,
 }
 
 /// Where a site's certificate comes from.
@@ -195,7 +187,7 @@ struct FileAcme {
 #[derive(Debug, Clone)]
 pub struct SiteConfig {
     /// Exact names and `*.example.com` wildcards, validated.
-    pub names: crate::handler::sites::Names,
+    pub names: crate::names::Names,
     /// Canonical path of the site's directory.
     pub root: PathBuf,
     pub cert: SiteCert,
@@ -515,8 +507,7 @@ fn default_state_dir(
 
 /// [`default_state_dir`] for this process.
 fn default_state_dir_here() -> Option<PathBuf> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let is_root = unsafe { libc::geteuid() } == 0;
+    let is_root = crate::sys::effective_uid() == 0;
     let var_lib_usable = is_root && (Path::new("/var/lib/ktlsd").is_dir() || Path::new("/var/lib").is_dir());
     let xdg = std::env::var("XDG_STATE_HOME").ok();
     let home = std::env::var("HOME").ok();
@@ -708,8 +699,8 @@ impl Config {
         }
         let allow_root = args.allow_root || file.allow_root.unwrap_or(false);
         let unknown_sni = match args.unknown_sni.or(file.unknown_sni).as_deref() {
-            None | Some("default") => UnknownSni::Default,
-            Some("refuse") => UnknownSni::Refuse,
+            None | Some("default") => UnknownName::Default,
+            Some("refuse") => UnknownName::Refuse,
             Some(other) => return err(format!("unknown_sni {other:?}: expected default or refuse")),
         };
         // The command line's content options over the file's top level.
@@ -894,7 +885,7 @@ const H2_LIMITS: [(&str, std::ops::RangeInclusive<u32>, SetLimit); 5] = [
 
 /// A site's `acme` table: a URL directory, a challenge type, exact names only
 /// (a CA validates wildcards by DNS-01, which ktlsd does not answer).
-fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
+fn site_acme(which: &str, names: &crate::names::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
     use crate::acme::Challenge;
     if names.dns_names().len() != names.exact().len() {
         return err(format!(
@@ -931,8 +922,7 @@ fn sites(
     let mut seen = std::collections::HashMap::new();
     for (i, s) in file.into_iter().enumerate() {
         let which = format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
-        let names =
-            crate::handler::sites::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
+        let names = crate::names::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
         for n in names.dns_names() {
             if let Some(other) = seen.insert(n.clone(), which.clone()) {
                 return err(format!("{which}: name {n} is also in {other}; each name belongs to one site"));
@@ -1332,7 +1322,7 @@ mod tests {
         assert_eq!((default_of("http_listen").as_str(), default_of("hsts").as_str()), ("none", "none"));
         assert_eq!((c.user.as_deref(), c.group.as_deref(), c.allow_root), (None, None, false));
         assert_eq!((default_of("user").as_str(), default_of("allow_root").as_str()), ("none", "off"));
-        assert_eq!((c.unknown_sni, default_of("unknown_sni").as_str()), (UnknownSni::Default, "default"));
+        assert_eq!((c.unknown_sni, default_of("unknown_sni").as_str()), (UnknownName::Default, "default"));
         assert!(c.sites.is_empty());
     }
 

@@ -26,9 +26,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::net;
+use crate::vocab::HttpVersion;
 
-/// TLS record header: type (1), legacy version (2), length (2).
-const HEADER_LEN: usize = 5;
+use super::RECORD_HEADER_LEN as HEADER_LEN;
 /// Largest record a peer may send: 2^14 plaintext plus the TLS 1.2/1.3 expansion allowance.
 const MAX_RECORD_LEN: usize = 16384 + 2048;
 /// rustls' limit for one handshake message: a 2^16 - 1 byte body and its 4-byte header.
@@ -149,22 +149,10 @@ pub struct Established {
     pub conn: UnbufferedServerConnection,
 }
 
-/// The application protocol the handshake agreed on (ALPN).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AppProtocol {
-    /// `http/1.1`, `http/1.0`, or no ALPN at all.
-    Http1,
-    /// `h2`.
-    Http2,
-}
-
 impl Established {
     /// What ALPN chose; a client that offered nothing speaks HTTP/1.x.
-    pub fn protocol(&self) -> AppProtocol {
-        match self.conn.alpn_protocol() {
-            Some(b"h2") => AppProtocol::Http2,
-            _ => AppProtocol::Http1,
-        }
+    pub fn protocol(&self) -> HttpVersion {
+        HttpVersion::from_alpn(self.conn.alpn_protocol())
     }
 }
 

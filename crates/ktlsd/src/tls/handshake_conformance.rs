@@ -13,8 +13,8 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{AlertDescription, DigitallySignedStruct, SignatureScheme};
 
 use super::{accept, HandshakeError};
-use crate::tls::config::TlsVersion;
 use crate::tls::userspace::tests::test_server_config;
+use crate::vocab::TlsVersion;
 
 /// Runs `client` against [`accept`] on ktlsd's test configuration; returns
 /// how the handshake ended and what the client made of it.

@@ -2,7 +2,12 @@
 //! inputs a peer may legally send after the handshake, and the answers nginx
 //! gives them.
 
-use super::*;
+use std::time::Duration;
+
+use testkit::ForgingClient;
+
+use crate::harness::*;
+use crate::suites::*;
 
 /// RFC 5746 §4.4 / RFC 5246 §7.2.2: a TLS 1.2 renegotiation (a ClientHello,
 /// here split over two records) gets the warning no_renegotiation, and the
@@ -12,7 +17,7 @@ use super::*;
 fn renegotiation_gets_a_warning_and_the_connection_goes_on() {
     let files = standard_files();
     let server = KtlsServer::start(&files, &[]);
-    let mut c = common::ForgingClient::connect(server.addr(), V::Tls12.rustls(), None);
+    let mut c = ForgingClient::connect(server.addr(), V::Tls12.rustls(), None);
     assert_eq!(c.get("/one").status, 200);
     let mut hello = vec![1, 0, 0, 40, 3, 3];
     hello.resize(44, 0x5a);

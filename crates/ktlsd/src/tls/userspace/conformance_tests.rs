@@ -14,7 +14,6 @@ use rustls::{AlertDescription, ContentType};
 use super::record::{RecordKey, HEADER_LEN};
 use super::tests::test_server_config;
 use super::UserspaceTls;
-use crate::tls::config;
 use crate::tls::handshake;
 use crate::tls::SessionError;
 
@@ -90,7 +89,7 @@ fn against_echo_server(
     version: TlsVersion,
     client: impl FnOnce(RawClient) + Send + 'static,
 ) -> Result<(), SessionError> {
-    let (config, root) = test_server_config(vec![config::TlsVersion::Tls13, config::TlsVersion::Tls12]);
+    let (config, root) = test_server_config(vec![crate::vocab::TlsVersion::Tls13, crate::vocab::TlsVersion::Tls12]);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

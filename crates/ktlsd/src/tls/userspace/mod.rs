@@ -457,10 +457,11 @@ pub(crate) mod tests {
     use std::sync::{mpsc, Arc};
 
     use super::*;
-    use crate::tls::config::{server_config, Identity, TlsSettings, TlsVersion};
+    use crate::tls::config::{server_config, Identity, TlsSettings};
     use crate::tls::handshake;
     use crate::tls::sizing::{RecordPolicy, RecordSizer};
     use crate::tls::Session;
+    use crate::vocab::TlsVersion;
 
     /// A server config with ktlsd's own self-signed certificate for `versions`,
     /// and the certificate a client must trust.
@@ -479,8 +480,7 @@ pub(crate) mod tests {
         };
         let identity = Identity::load(&settings, false).unwrap();
         let root = identity.chain[0].clone();
-        let config =
-            server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
+        let config = server_config(&settings, identity, Vec::new(), crate::vocab::UnknownName::Default, None).unwrap();
         (config, root)
     }
 
