@@ -28,7 +28,7 @@ use rustls::{AlertDescription, ContentType, ProtocolVersion, SupportedCipherSuit
 use crate::crypto_info::CryptoInfo;
 use crate::error::{Error, ProtocolError};
 use crate::keys;
-use crate::message::{parse_server_post_handshake, Alert};
+use crate::message::{Alert, PostHandshake};
 use crate::record::send_key_update;
 use crate::types::{Cipher, TlsVersion};
 use crate::uapi;
@@ -54,6 +54,11 @@ pub enum ControlOutcome {
         /// Whether our TX key was updated too.
         tx_too: bool,
     },
+    /// The peer asked to renegotiate (TLS 1.2 `ClientHello`): send the
+    /// warning alert `no_renegotiation` and go on (RFC 5746 §4.4).
+    RenegotiationRefused,
+    /// Part of a handshake message split over records: nothing to do yet.
+    Partial,
 }
 
 /// What the confidentiality limit requires of the sender right now.
@@ -139,6 +144,8 @@ pub struct KtlsConnection {
     pending_tx_update: Option<bool>,
     rx_key_updates: u64,
     tx_key_updates: u64,
+    /// The peer's post-handshake messages, which may span records.
+    handshake: PostHandshake,
 }
 
 /// The highest sequence number rustls lets a key reach before refreshing
@@ -215,6 +222,7 @@ impl KtlsConnection {
             pending_tx_update: None,
             rx_key_updates: 0,
             tx_key_updates: 0,
+            handshake: PostHandshake::default(),
         })
     }
 
@@ -249,7 +257,9 @@ impl KtlsConnection {
     /// - fatal alert → [`ControlOutcome::PeerAlert`]; warning → [`ControlOutcome::Warning`];
     /// - TLS 1.3 `KeyUpdate` → derive and install the new RX key; if the peer
     ///   requested it, send our `KeyUpdate` under the old TX key, then install
-    ///   the new TX key → [`ControlOutcome::KeyUpdated`].
+    ///   the new TX key → [`ControlOutcome::KeyUpdated`];
+    /// - TLS 1.2 `ClientHello` → [`ControlOutcome::RenegotiationRefused`];
+    /// - the first part of a message split over records → [`ControlOutcome::Partial`].
     ///
     /// # Errors
     /// - [`Error::Protocol`]: the record breaks the protocol (malformed
@@ -264,6 +274,9 @@ impl KtlsConnection {
         content_type: ContentType,
         payload: &[u8],
     ) -> Result<ControlOutcome, Error> {
+        if content_type != ContentType::Handshake && self.handshake.in_message() {
+            return Err(Error::Protocol(ProtocolError::InterleavedHandshake));
+        }
         match content_type {
             ContentType::Alert => {
                 let alert = Alert::parse(payload)?;
@@ -276,8 +289,12 @@ impl KtlsConnection {
                 })
             }
             ContentType::Handshake => {
-                let update_requested = parse_server_post_handshake(self.version, payload)?;
-                self.apply_peer_key_update(fd.as_fd(), update_requested)
+                let out = self.handshake.push(self.version, payload)?;
+                match out.key_update {
+                    Some(update_requested) => self.apply_peer_key_update(fd.as_fd(), update_requested),
+                    None if out.renegotiation => Ok(ControlOutcome::RenegotiationRefused),
+                    None => Ok(ControlOutcome::Partial),
+                }
             }
             other => Err(Error::Protocol(ProtocolError::UnexpectedContentType { content_type: other })),
         }
@@ -306,6 +323,13 @@ impl KtlsConnection {
             Err(e) if e.is_would_block() => Ok(ControlOutcome::KeyUpdated { tx_too: false }),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether a handshake message split over records has begun and not
+    /// ended: application data may not arrive now (RFC 8446 §5.1); see
+    /// [`ProtocolError::InterleavedHandshake`].
+    pub fn in_handshake_message(&self) -> bool {
+        self.handshake.in_message()
     }
 
     /// True if a TX key update is owed (the peer requested one and our

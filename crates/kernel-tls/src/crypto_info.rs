@@ -33,11 +33,11 @@
 //! field.) With `n == 0` this is the plain split.
 
 use core::fmt;
-use core::mem::size_of;
 
 use rustls::{ConnectionTrafficSecrets, ProtocolVersion};
 
 use crate::error::Error;
+use crate::sys;
 use crate::types::{Cipher, TlsVersion};
 use crate::uapi;
 
@@ -145,9 +145,9 @@ impl CryptoInfo {
     /// Contains the key: handle with care.
     pub fn as_bytes(&self) -> &[u8] {
         match &self.inner {
-            Inner::Aes128Gcm(s) => struct_bytes(s),
-            Inner::Aes256Gcm(s) => struct_bytes(s),
-            Inner::Chacha20Poly1305(s) => struct_bytes(s),
+            Inner::Aes128Gcm(s) => sys::struct_bytes(s),
+            Inner::Aes256Gcm(s) => sys::struct_bytes(s),
+            Inner::Chacha20Poly1305(s) => sys::struct_bytes(s),
         }
     }
 }
@@ -163,22 +163,6 @@ fn gcm_explicit_iv(version: TlsVersion, iv: &[u8; 12], seq: u64) -> [u8; 8] {
     }
 }
 
-/// Views one of the padding-free uapi structures as bytes.
-fn struct_bytes<T: PodCryptoInfo>(value: &T) -> &[u8] {
-    // SAFETY: `T` is one of the `#[repr(C)]` uapi structures (sealed by the
-    // `PodCryptoInfo` trait), whose sizes are asserted at compile time to be
-    // the sum of their fields: they have no padding, so all `size_of::<T>()`
-    // bytes are initialised. `u8` has alignment 1 and the slice borrows
-    // `value`, so it cannot outlive it.
-    unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
-}
-
-/// Marker for the padding-free structures [`struct_bytes`] may view.
-trait PodCryptoInfo {}
-impl PodCryptoInfo for uapi::Tls12CryptoInfoAesGcm128 {}
-impl PodCryptoInfo for uapi::Tls12CryptoInfoAesGcm256 {}
-impl PodCryptoInfo for uapi::Tls12CryptoInfoChacha20Poly1305 {}
-
 impl Drop for CryptoInfo {
     fn drop(&mut self) {
         let (key, iv, salt): (&mut [u8], &mut [u8], &mut [u8]) = match &mut self.inner {
@@ -186,10 +170,8 @@ impl Drop for CryptoInfo {
             Inner::Aes256Gcm(s) => (&mut s.key, &mut s.iv, &mut s.salt),
             Inner::Chacha20Poly1305(s) => (&mut s.key, &mut s.iv, &mut s.salt),
         };
-        for byte in key.iter_mut().chain(iv.iter_mut()).chain(salt.iter_mut()) {
-            // SAFETY: `byte` is a valid, aligned, exclusive reference; a
-            // volatile write keeps the compiler from eliding the wipe.
-            unsafe { core::ptr::write_volatile(byte, 0) };
+        for secret in [key, iv, salt] {
+            sys::wipe(secret);
         }
     }
 }

@@ -223,10 +223,16 @@ pub enum ProtocolError {
         /// Its length.
         len: usize,
     },
-    /// A handshake record whose messages do not parse (truncated header,
-    /// length running past the record, empty record, or a message split
-    /// across records, which this crate does not reassemble).
+    /// An alert record with no alert in it (RFC 8446 §5.1: a record of type
+    /// alert holds exactly one).
+    EmptyAlert,
+    /// A handshake record whose messages do not parse (empty record, a
+    /// `KeyUpdate` of another length than 1, or a message left incomplete
+    /// where it must be whole).
     MalformedHandshake,
+    /// A record of another type arrived in the middle of a handshake message
+    /// split over records (RFC 8446 §5.1).
+    InterleavedHandshake,
     /// A handshake message a server never accepts after the handshake
     /// (e.g. `NewSessionTicket`, `Finished`).
     UnexpectedHandshake {
@@ -259,6 +265,8 @@ impl ProtocolError {
             | ProtocolError::Renegotiation
             | ProtocolError::KeyUpdateOnTls12
             | ProtocolError::KeyUpdateNotLast
+            | ProtocolError::EmptyAlert
+            | ProtocolError::InterleavedHandshake
             | ProtocolError::UnexpectedContentType { .. } => AlertDescription::UnexpectedMessage,
         }
     }
@@ -270,7 +278,11 @@ impl fmt::Display for ProtocolError {
             ProtocolError::MalformedAlert { len } => {
                 write!(f, "alert record of {len} bytes (must be 2)")
             }
+            ProtocolError::EmptyAlert => f.write_str("empty alert record"),
             ProtocolError::MalformedHandshake => f.write_str("malformed handshake record"),
+            ProtocolError::InterleavedHandshake => {
+                f.write_str("another record arrived in the middle of a handshake message split over records")
+            }
             ProtocolError::UnexpectedHandshake { msg_type } => {
                 write!(f, "unexpected post-handshake message {msg_type:?}")
             }

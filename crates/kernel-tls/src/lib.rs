@@ -26,7 +26,7 @@
 //! | `message` | [`Alert`] and `KeyUpdate` encoding/parsing (pure functions) |
 //! | `connection` | [`KtlsConnection`]: a rustls server connection living in the kernel, via [`Prepared`] |
 //! | `stat` | [`TlsStat`]: `/proc/net/tls_stat` counters |
-//! | `uapi`, `sys` | `linux/tls.h` constants and structures; the `unsafe` system calls (internal) |
+//! | `uapi`, `sys` | `linux/tls.h` constants and structures; the system calls and the crate's only `unsafe` (internal) |
 //!
 //! ## Typical server flow
 //!
@@ -67,6 +67,7 @@
 //! trusting these numbers. On kernels without re-keying, a peer's
 //! `KeyUpdate` yields [`Error::RekeyUnsupported`]: close the connection.
 
+#![deny(unsafe_code)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
@@ -79,6 +80,7 @@ mod message;
 mod probe;
 mod record;
 mod stat;
+#[allow(unsafe_code)] // the crate's one module of `unsafe` code
 mod sys;
 mod types;
 mod uapi;
@@ -92,7 +94,7 @@ pub use keys::{
     set_rx, set_rx_expect_no_pad, set_tx, set_tx_max_payload_len, set_tx_zerocopy_sendfile, tx_max_payload_len,
     update_rx, update_tx,
 };
-pub use message::{key_update_message, parse_server_post_handshake, Alert};
+pub use message::{key_update_message, parse_server_post_handshake, Alert, PostHandshake, PostHandshakeOutcome};
 pub use probe::{probe, Capabilities, RekeySupport, SuiteSupport};
 pub use record::{
     recv_record, send, send_alert, send_alert_record, send_close_notify, send_key_update, send_record, sendfile,

@@ -40,10 +40,16 @@ impl Alert {
         Alert { level: Alert::LEVEL_FATAL, description }
     }
 
+    /// A warning-level alert with the given description.
+    pub fn warning(description: AlertDescription) -> Self {
+        Alert { level: Alert::LEVEL_WARNING, description }
+    }
+
     /// Parses an alert record's payload, which must be exactly two bytes.
     pub fn parse(payload: &[u8]) -> Result<Self, ProtocolError> {
         match *payload {
             [level, description] => Ok(Alert { level, description: AlertDescription::from(description) }),
+            [] => Err(ProtocolError::EmptyAlert),
             _ => Err(ProtocolError::MalformedAlert { len: payload.len() }),
         }
     }
@@ -66,67 +72,115 @@ impl Alert {
     }
 }
 
-/// One handshake message inside a handshake record.
+/// What the post-handshake handshake messages completed by one record ask of a server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PostHandshakeOutcome {
+    /// A TLS 1.3 `KeyUpdate` ended the record: its `update_requested`.
+    pub key_update: Option<bool>,
+    /// A TLS 1.2 `ClientHello` asked for renegotiation: refuse it with a
+    /// warning-level `no_renegotiation` alert and go on (RFC 5746 §4.4,
+    /// RFC 5246 §7.2.2).
+    pub renegotiation: bool,
+}
+
+/// The kind of the post-handshake message being received.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct HandshakeMessage<'a> {
-    /// The message type (`msg_type`).
-    pub(crate) msg_type: HandshakeType,
-    /// The body, without the 4-byte header.
-    pub(crate) body: &'a [u8],
+enum Pending {
+    KeyUpdate,
+    ClientHello,
 }
 
-/// Iterator over the handshake messages of one handshake record.
+/// Reassembles the handshake messages a client sends after the handshake,
+/// which may be split over several records (RFC 8446 §5.1), with a fixed
+/// amount of memory: a message header, and one byte of a `KeyUpdate` body.
+/// The body of a renegotiating `ClientHello` is skipped, not kept.
 ///
-/// Yields an error (and then stops) if a header is truncated or a length
-/// runs past the record: this crate does not reassemble messages split
-/// across records, which a peer has no reason to do after the handshake.
-pub(crate) struct HandshakeMessages<'a> {
-    rest: &'a [u8],
-    failed: bool,
+/// Not a general handshake parser: any message other than TLS 1.3
+/// `KeyUpdate` and TLS 1.2 `ClientHello` is refused as soon as its type is
+/// known.
+#[derive(Clone, Debug, Default)]
+pub struct PostHandshake {
+    header: [u8; 4],
+    header_len: usize,
+    /// The message whose body is being received, once its header is whole.
+    pending: Option<Pending>,
+    /// Body bytes still to come.
+    left: usize,
+    key_update_byte: u8,
 }
 
-/// Splits a handshake record's payload into messages (`msg_type`, 24-bit
-/// length, body). An empty payload yields nothing; callers should treat an
-/// empty handshake record as malformed (RFC 8446 §5.1 forbids zero-length
-/// handshake fragments), as [`parse_server_post_handshake`] does.
-pub(crate) fn handshake_messages(payload: &[u8]) -> HandshakeMessages<'_> {
-    HandshakeMessages { rest: payload, failed: false }
-}
+impl PostHandshake {
+    /// Whether a message has begun and not ended: no record of another type
+    /// may come before the rest of it (RFC 8446 §5.1).
+    pub fn in_message(&self) -> bool {
+        self.header_len > 0
+    }
 
-impl<'a> Iterator for HandshakeMessages<'a> {
-    type Item = Result<HandshakeMessage<'a>, ProtocolError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed || self.rest.is_empty() {
-            return None;
+    /// Takes the payload of one handshake record.
+    ///
+    /// # Errors
+    /// `MalformedHandshake` for an empty record or a `KeyUpdate` whose length
+    /// is not 1; `KeyUpdateNotLast` when anything follows a `KeyUpdate` in its
+    /// record; `KeyUpdateOnTls12`, `Renegotiation` (a client's `HelloRequest`),
+    /// `UnexpectedHandshake` for other messages; `InvalidKeyUpdate`.
+    pub fn push(&mut self, version: TlsVersion, mut payload: &[u8]) -> Result<PostHandshakeOutcome, ProtocolError> {
+        if payload.is_empty() {
+            // RFC 8446 §5.1 forbids zero-length handshake fragments.
+            return Err(ProtocolError::MalformedHandshake);
         }
-        let parsed = match self.rest {
-            [typ, a, b, c, body @ ..] => {
-                let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
-                match (body.get(..len), body.get(len..)) {
-                    (Some(msg), Some(rest)) => Some((HandshakeType::from(*typ), msg, rest)),
-                    _ => None,
+        let mut out = PostHandshakeOutcome::default();
+        while !payload.is_empty() {
+            if out.key_update.is_some() {
+                // Key changes align with record boundaries (RFC 8446 §5.1).
+                return Err(ProtocolError::KeyUpdateNotLast);
+            }
+            let pending = match self.pending {
+                Some(p) => p,
+                None => {
+                    let take = (4 - self.header_len).min(payload.len());
+                    self.header[self.header_len..self.header_len + take].copy_from_slice(&payload[..take]);
+                    self.header_len += take;
+                    payload = &payload[take..];
+                    if self.header_len < 4 {
+                        break;
+                    }
+                    let [typ, a, b, c] = self.header;
+                    self.left = u32::from_be_bytes([0, a, b, c]) as usize;
+                    let pending = match (version, HandshakeType::from(typ)) {
+                        (TlsVersion::Tls13, HandshakeType::KeyUpdate) if self.left == 1 => Pending::KeyUpdate,
+                        (TlsVersion::Tls13, HandshakeType::KeyUpdate) => return Err(ProtocolError::MalformedHandshake),
+                        (TlsVersion::Tls12, HandshakeType::KeyUpdate) => return Err(ProtocolError::KeyUpdateOnTls12),
+                        (TlsVersion::Tls12, HandshakeType::ClientHello) => Pending::ClientHello,
+                        (TlsVersion::Tls12, HandshakeType::HelloRequest) => return Err(ProtocolError::Renegotiation),
+                        (_, msg_type) => return Err(ProtocolError::UnexpectedHandshake { msg_type }),
+                    };
+                    self.pending = Some(pending);
+                    pending
                 }
+            };
+            let take = self.left.min(payload.len());
+            if pending == Pending::KeyUpdate && take > 0 {
+                self.key_update_byte = payload[0];
             }
-            _ => None,
-        };
-        match parsed {
-            Some((msg_type, body, rest)) => {
-                self.rest = rest;
-                Some(Ok(HandshakeMessage { msg_type, body }))
+            self.left -= take;
+            payload = &payload[take..];
+            if self.left > 0 {
+                break;
             }
-            None => {
-                self.failed = true;
-                self.rest = &[];
-                Some(Err(ProtocolError::MalformedHandshake))
+            match pending {
+                Pending::KeyUpdate => out.key_update = Some(parse_key_update(&[self.key_update_byte])?),
+                Pending::ClientHello => out.renegotiation = true,
             }
+            (self.header_len, self.pending) = (0, None);
         }
+        Ok(out)
     }
 }
 
 /// Parses a handshake record for a server that has finished its handshake:
-/// the only acceptable content is TLS 1.3 `KeyUpdate`, as the last message
-/// of the record (RFC 8446 §5.1: key changes align with record boundaries).
+/// the only acceptable content is TLS 1.3 `KeyUpdate`, whole, as the last
+/// message of the record (RFC 8446 §5.1: key changes align with record
+/// boundaries). For messages split over records, see [`PostHandshake`].
 ///
 /// Returns `update_requested` of that `KeyUpdate`.
 ///
@@ -135,28 +189,15 @@ impl<'a> Iterator for HandshakeMessages<'a> {
 /// `KeyUpdateOnTls12`, `KeyUpdateNotLast`, `InvalidKeyUpdate`,
 /// `UnexpectedHandshake` for anything else, `MalformedHandshake` for bad framing.
 pub fn parse_server_post_handshake(version: TlsVersion, payload: &[u8]) -> Result<bool, ProtocolError> {
-    if payload.is_empty() {
-        return Err(ProtocolError::MalformedHandshake);
+    let mut messages = PostHandshake::default();
+    let out = messages.push(version, payload)?;
+    if out.renegotiation {
+        return Err(ProtocolError::Renegotiation);
     }
-    let mut key_update: Option<bool> = None;
-    for msg in handshake_messages(payload) {
-        let msg = msg?;
-        if key_update.is_some() {
-            // Something follows a KeyUpdate within the same record.
-            return Err(ProtocolError::KeyUpdateNotLast);
-        }
-        match (version, msg.msg_type) {
-            (TlsVersion::Tls13, HandshakeType::KeyUpdate) => {
-                key_update = Some(parse_key_update(msg.body)?);
-            }
-            (TlsVersion::Tls12, HandshakeType::KeyUpdate) => return Err(ProtocolError::KeyUpdateOnTls12),
-            (TlsVersion::Tls12, HandshakeType::ClientHello | HandshakeType::HelloRequest) => {
-                return Err(ProtocolError::Renegotiation)
-            }
-            (_, other) => return Err(ProtocolError::UnexpectedHandshake { msg_type: other }),
-        }
+    match out.key_update {
+        Some(requested) if !messages.in_message() => Ok(requested),
+        _ => Err(ProtocolError::MalformedHandshake),
     }
-    key_update.ok_or(ProtocolError::MalformedHandshake)
 }
 
 /// Parses a `KeyUpdate` body: one byte, 0 (`update_not_requested`) or
@@ -216,24 +257,56 @@ mod tests {
 
     #[test]
     fn handshake_framing() {
-        let mut two = Vec::new();
-        two.extend_from_slice(&[4, 0, 0, 2, 0xaa, 0xbb]);
-        two.extend_from_slice(&key_update_message(false));
-        let msgs: Vec<_> = handshake_messages(&two).collect::<Result<_, _>>().unwrap();
-        assert_eq!(msgs.len(), 2);
-        assert_eq!(msgs[0].msg_type, HandshakeType::NewSessionTicket);
-        assert_eq!(msgs[0].body, &[0xaa, 0xbb]);
-        assert_eq!(msgs[1].msg_type, HandshakeType::KeyUpdate);
-
         // Truncated header, length past the end, empty record.
-        assert!(handshake_messages(&[24, 0, 0]).any(|m| m.is_err()));
-        assert!(handshake_messages(&[24, 0, 0, 2, 0]).any(|m| m.is_err()));
-        assert_eq!(handshake_messages(&[]).count(), 0);
-        assert_eq!(parse_server_post_handshake(TlsVersion::Tls13, &[]), Err(ProtocolError::MalformedHandshake));
-        assert_eq!(
-            parse_server_post_handshake(TlsVersion::Tls13, &[24, 0, 0, 2, 0]),
-            Err(ProtocolError::MalformedHandshake)
-        );
+        for bad in [&[24u8, 0, 0][..], &[24, 0, 0, 2, 0], &[24, 0, 0, 1], &[]] {
+            assert_eq!(parse_server_post_handshake(TlsVersion::Tls13, bad), Err(ProtocolError::MalformedHandshake));
+        }
+        assert_eq!(Alert::parse(&[]), Err(ProtocolError::EmptyAlert));
+        assert_eq!(ProtocolError::EmptyAlert.alert(), AlertDescription::UnexpectedMessage);
+    }
+
+    /// RFC 8446 §5.1: a message may be split over records, however finely.
+    #[test]
+    fn key_update_split_over_records() {
+        let ku = key_update_message(true);
+        for cut in 1..ku.len() {
+            let mut p = PostHandshake::default();
+            assert_eq!(p.push(TlsVersion::Tls13, &ku[..cut]), Ok(PostHandshakeOutcome::default()));
+            assert!(p.in_message());
+            let out = p.push(TlsVersion::Tls13, &ku[cut..]).unwrap();
+            assert_eq!(out.key_update, Some(true), "cut at {cut}");
+            assert!(!p.in_message());
+        }
+        // One byte per record, then a second KeyUpdate whole.
+        let mut p = PostHandshake::default();
+        for (i, b) in ku.iter().enumerate() {
+            let out = p.push(TlsVersion::Tls13, &[*b]).unwrap();
+            assert_eq!(out.key_update.is_some(), i == ku.len() - 1);
+        }
+        assert_eq!(p.push(TlsVersion::Tls13, &key_update_message(false)).unwrap().key_update, Some(false));
+        // The end of a split KeyUpdate must still end its record.
+        let mut p = PostHandshake::default();
+        p.push(TlsVersion::Tls13, &ku[..2]).unwrap();
+        let tail = [&ku[2..], &[24u8][..]].concat();
+        assert_eq!(p.push(TlsVersion::Tls13, &tail), Err(ProtocolError::KeyUpdateNotLast));
+    }
+
+    /// A TLS 1.2 ClientHello is skipped, however long and however split, and
+    /// reported once whole; several can follow one another.
+    #[test]
+    fn renegotiation_client_hello_is_skipped() {
+        let mut hello = vec![1, 0, 0x40, 0];
+        hello.extend(std::iter::repeat_n(0xab, 0x4000));
+        let mut p = PostHandshake::default();
+        let mut seen = 0;
+        for chunk in hello.chunks(1000) {
+            seen += usize::from(p.push(TlsVersion::Tls12, chunk).unwrap().renegotiation);
+        }
+        assert_eq!(seen, 1);
+        assert!(!p.in_message());
+        let two = [&[1u8, 0, 0, 0][..], &[1, 0, 0, 1, 9]].concat();
+        assert!(p.push(TlsVersion::Tls12, &two).unwrap().renegotiation);
+        assert_eq!(parse_server_post_handshake(TlsVersion::Tls12, &two), Err(ProtocolError::Renegotiation));
     }
 
     #[test]

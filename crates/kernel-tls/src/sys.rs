@@ -1,9 +1,12 @@
-//! Thin wrappers over the system calls kTLS needs.
+//! Thin wrappers over the system calls kTLS needs, and the crate's only
+//! `unsafe` code.
 //!
-//! This is the only module with `unsafe` system calls. Each function does one
-//! call, checks its return value and converts failures to [`io::Error`]
-//! (including `EAGAIN`, which surfaces as `WouldBlock`). Nothing here retries,
-//! blocks or interprets errors: that is left to the callers.
+//! Each system-call function does one call, checks its return value and
+//! converts failures to [`io::Error`] (including `EAGAIN`, which surfaces as
+//! `WouldBlock`). Nothing here retries, blocks or interprets errors: that is
+//! left to the callers. Besides the calls, two memory operations on key
+//! material live here: viewing a key structure as the bytes the kernel reads
+//! ([`struct_bytes`]) and wiping it ([`wipe`]).
 
 use core::mem;
 use std::io;
@@ -181,6 +184,32 @@ pub(crate) fn kernel_release() -> Option<String> {
     }
     let bytes: Vec<u8> = uts.release.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Views one of the padding-free uapi structures as bytes.
+pub(crate) fn struct_bytes<T: NoPadding>(value: &T) -> &[u8] {
+    // SAFETY: `T` is one of the `#[repr(C)]` uapi structures (sealed by the
+    // `NoPadding` trait), whose sizes are asserted at compile time to be
+    // the sum of their fields: they have no padding, so all `size_of::<T>()`
+    // bytes are initialised. `u8` has alignment 1 and the slice borrows
+    // `value`, so it cannot outlive it.
+    unsafe { core::slice::from_raw_parts((value as *const T).cast::<u8>(), mem::size_of::<T>()) }
+}
+
+/// Marker for the padding-free structures [`struct_bytes`] may view.
+pub(crate) trait NoPadding {}
+impl NoPadding for uapi::Tls12CryptoInfoAesGcm128 {}
+impl NoPadding for uapi::Tls12CryptoInfoAesGcm256 {}
+impl NoPadding for uapi::Tls12CryptoInfoChacha20Poly1305 {}
+
+/// Overwrites `secret` with zeros in a way the compiler cannot elide (key
+/// material about to be dropped).
+pub(crate) fn wipe(secret: &mut [u8]) {
+    for byte in secret {
+        // SAFETY: `byte` is a valid, aligned, exclusive reference; a
+        // volatile write keeps the compiler from eliding the wipe.
+        unsafe { core::ptr::write_volatile(byte, 0) };
+    }
 }
 
 /// The symbolic name of an errno value, for messages (`"EBUSY"`).

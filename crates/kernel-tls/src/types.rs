@@ -42,6 +42,14 @@ impl TlsVersion {
         }
     }
 
+    /// The rustls version a configuration enables to offer this one.
+    pub fn supported(self) -> &'static rustls::SupportedProtocolVersion {
+        match self {
+            TlsVersion::Tls12 => &rustls::version::TLS12,
+            TlsVersion::Tls13 => &rustls::version::TLS13,
+        }
+    }
+
     /// The value of `tls_crypto_info.version` (`TLS_1_2_VERSION`/`TLS_1_3_VERSION`).
     pub fn kernel_value(self) -> u16 {
         match self {
@@ -179,5 +187,8 @@ mod tests {
             assert_eq!(TlsVersion::from_rustls(v.to_rustls()), Some(v));
         }
         assert_eq!(TlsVersion::from_rustls(ProtocolVersion::TLSv1_1), None);
+        for v in TlsVersion::ALL {
+            assert_eq!(v.supported().version, v.to_rustls());
+        }
     }
 }

@@ -16,53 +16,15 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use kernel_tls::{key_update_message, parse_server_post_handshake, Cipher, CryptoInfo, TlsVersion};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::cipher::{
     AeadKey, InboundOpaqueMessage, Iv, MessageDecrypter, MessageEncrypter, OutboundChunks, OutboundPlainMessage,
 };
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::ConnectionState;
-use rustls::{
-    ClientConfig, ClientConnection, ContentType, DigitallySignedStruct, ProtocolVersion, ServerConfig, SignatureScheme,
-    SupportedCipherSuite,
-};
-
-#[derive(Debug)]
-struct AcceptAnyCert(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyCert {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
+use rustls::{ClientConfig, ClientConnection, ContentType, ProtocolVersion, ServerConfig, SupportedCipherSuite};
+use testkit::AcceptAnyCert;
 
 fn configs(suite: SupportedCipherSuite) -> (Arc<ServerConfig>, Arc<ClientConfig>) {
     let provider = Arc::new(CryptoProvider { cipher_suites: vec![suite], ..aws_lc_rs::default_provider() });
@@ -80,7 +42,7 @@ fn configs(suite: SupportedCipherSuite) -> (Arc<ServerConfig>, Arc<ClientConfig>
         .with_protocol_versions(&versions)
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert::new(&provider)))
         .with_no_client_auth();
     (Arc::new(server), Arc::new(client))
 }

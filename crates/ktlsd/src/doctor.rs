@@ -296,15 +296,13 @@ impl Report {
         let cc =
             if self.congestion_control.is_empty() { "unknown".to_owned() } else { self.congestion_control.join(" ") };
         row(out, "congestion control", &cc)?;
-        let fds = match crate::server::FdBudget::read() {
-            Ok(b) => format!(
-                "soft {}, hard {}: ktlsd serves with {} (its open-file cache takes at most a quarter, connections the rest unless --max-connections is lower)",
-                b.before,
-                b.hard,
-                b.target()
-            ),
-            Err(e) => format!("unknown ({e})"),
-        };
+        let b = crate::server::FdBudget::read();
+        let fds = format!(
+            "soft {}, hard {}: ktlsd serves with {} (its open-file cache takes at most a quarter, connections the rest unless --max-connections is lower)",
+            b.before,
+            b.hard,
+            b.target()
+        );
         row(out, "file descriptors", &fds)?;
         writeln!(out)?;
 

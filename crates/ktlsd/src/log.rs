@@ -16,7 +16,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::stats::{Layer, Method, Metrics};
+use crate::stats::Metrics;
+use crate::vocab::{Method, RecordLayer};
 
 /// The access log's line format (`access_log_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -61,8 +62,8 @@ pub struct AccessEntry<'a> {
     pub started: Instant,
     /// From `started` to the moment the response began to be sent.
     pub ttfb: Duration,
-    /// How the bytes are protected (`ktls`, `userspace`).
-    pub label: &'static str,
+    /// Where the bytes were protected (logged as `ktls`, `userspace`).
+    pub layer: RecordLayer,
     pub referer: Option<&'a str>,
     pub user_agent: Option<&'a str>,
     pub tls: Option<TlsInfo>,
@@ -71,7 +72,7 @@ pub struct AccessEntry<'a> {
 /// What a request asked, as received.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestLine<'a> {
-    pub method: &'a str,
+    pub method: &'a Method,
     pub target: &'a str,
     /// `HTTP/1.1`, `HTTP/1.0`.
     pub version: &'a str,
@@ -85,7 +86,7 @@ impl std::fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
             None => f.write_str("-"),
-            Some(r) => write!(f, "{} {} {}", Escaped(r.method), Escaped(r.target), Escaped(r.version)),
+            Some(r) => write!(f, "{} {} {}", Escaped(r.method.as_str()), Escaped(r.target), Escaped(r.version)),
         }
     }
 }
@@ -158,8 +159,7 @@ impl AccessLog {
     pub fn write(&self, e: &AccessEntry<'_>) {
         let elapsed = e.started.elapsed();
         if let Some(m) = &self.metrics {
-            let method = e.request.map_or(Method::Other, |r| Method::from_name(r.method));
-            m.traffic.request(method, e.status, Layer::from_label(e.label), e.bytes, elapsed, e.ttfb);
+            m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb);
         }
         if self.out.borrow().is_none() {
             return;
@@ -171,7 +171,7 @@ impl AccessLog {
                 buf.extend_from_slice(b" rt=");
                 Seconds(elapsed).write_to(&mut buf);
                 buf.extend_from_slice(b" tls=");
-                buf.extend_from_slice(e.label.as_bytes());
+                buf.extend_from_slice(e.layer.label().as_bytes());
                 buf.push(b'\n');
                 Ok(())
             }
@@ -221,7 +221,7 @@ fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
     let v = serde_json::json!({
         "time": clf_now(),
         "peer": e.peer.ip().to_string(),
-        "method": r.map(|r| r.method),
+        "method": r.map(|r| r.method.as_str()),
         "target": r.map(|r| r.target),
         "protocol": r.map(|r| r.version),
         "status": e.status,
@@ -230,7 +230,7 @@ fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
         "ttfb": (e.ttfb.as_secs_f64() * 1e6).round() / 1e6,
         "tls_version": e.tls.map(|t| t.version),
         "cipher": e.tls.map(|t| t.cipher),
-        "record_layer": e.label,
+        "record_layer": e.layer.label(),
         "referer": e.referer,
         "user_agent": e.user_agent,
     });
@@ -294,7 +294,7 @@ mod tests {
         let file = Arc::new(File::create(&path).expect("temp file"));
         let log = AccessLog::new(Some(file));
         let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
-        let line = RequestLine { method: "GET", target: "/a\"b\x01", version: "HTTP/1.1" };
+        let line = RequestLine { method: &Method::Get, target: "/a\"b\x01", version: "HTTP/1.1" };
         log.write(&AccessEntry {
             peer,
             request: Some(line),
@@ -302,7 +302,7 @@ mod tests {
             bytes: 7,
             started: Instant::now(),
             ttfb: Duration::ZERO,
-            label: "ktls",
+            layer: RecordLayer::Kernel,
             referer: None,
             user_agent: None,
             tls: None,
@@ -314,7 +314,7 @@ mod tests {
             bytes: 0,
             started: Instant::now(),
             ttfb: Duration::ZERO,
-            label: "userspace",
+            layer: RecordLayer::Userspace,
             referer: None,
             user_agent: None,
             tls: None,
@@ -336,7 +336,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("ktlsd-log-formats-{}", std::process::id()));
         let log = AccessLog::new(Some(Arc::new(File::create(&path).expect("temp file"))));
         let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
-        let line = RequestLine { method: "GET", target: "/a", version: "HTTP/1.1" };
+        let line = RequestLine { method: &Method::Get, target: "/a", version: "HTTP/1.1" };
         let tls = Some(TlsInfo { version: "TLSv1_3", cipher: "TLS13_AES_128_GCM_SHA256" });
         let entry = |referer, user_agent| AccessEntry {
             peer,
@@ -345,7 +345,7 @@ mod tests {
             bytes: 7,
             started: Instant::now(),
             ttfb: Duration::from_micros(250),
-            label: "ktls",
+            layer: RecordLayer::Kernel,
             referer,
             user_agent,
             tls,

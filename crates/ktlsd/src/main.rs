@@ -2,7 +2,12 @@
 //!
 //! The data's way through the modules: [`config`] -> [`server`] (listeners, workers)
 //! -> [`tls`] (handshake, then the kernel or userspace record layer) -> [`http`]
-//! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use.
+//! -> [`files`]; [`net`], [`log`], [`stats`] and [`state_file`] are leaf helpers any layer may use,
+//! and [`vocab`] and [`names`] the leaf words (record layer, HTTP version, method,
+//! site names) they all speak. [`sys`] holds every system call behind safe functions:
+//! the crate's only `unsafe` code.
+
+#![deny(unsafe_code)]
 
 mod acme;
 mod cli;
@@ -12,11 +17,15 @@ mod files;
 mod handler;
 mod http;
 mod log;
+mod names;
 mod net;
 mod server;
 mod state_file;
 mod stats;
+#[allow(unsafe_code)] // the crate's one module of `unsafe` code
+mod sys;
 mod tls;
+mod vocab;
 
 use std::process::ExitCode;
 

@@ -5,18 +5,14 @@
 //! certificate; a validation that cannot reach ktlsd leaves the placeholder
 //! served and one log line naming the retry.
 
-mod common;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::pebble::{self, Pebble};
+use testkit::*;
 
-// The same launcher the ACME module's own tests use.
-#[allow(dead_code)]
-#[path = "../src/acme/pebble.rs"]
-mod pebble;
-use pebble::Pebble;
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// A loopback port for a test's ktlsd, from the same never-reused set as the
 /// pebbles' own ports, so a ktlsd and a pebble starting alongside never share one.
@@ -48,7 +44,7 @@ fn issuer(port: u16, name: &str) -> String {
 
 /// ktlsd on `https_port`/`http_port` with one ACME site `acme.test` at `pebble`.
 fn ktlsd(pebble: &Pebble, https_port: u16, http_port: u16, challenge: &str) -> Server {
-    let b = Server::builder().listen(&[&format!("127.0.0.1:{https_port}")]).file("f.txt", "acme site");
+    let b = Server::builder(BIN).listen(&[&format!("127.0.0.1:{https_port}")]).file("f.txt", "acme site");
     let text = format!(
         "http_listen = [\"127.0.0.1:{http_port}\"]\n[[site]]\nnames = [\"acme.test\"]\nroot = {:?}\n\
          acme = {{ directory = {:?}, challenge = {challenge:?}, directory_ca = {:?} }}\n",

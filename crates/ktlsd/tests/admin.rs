@@ -3,17 +3,18 @@
 //! counter deltas), `/status` and `/advisor` JSON, `ktlsd status`, and where
 //! the listener may and may not be reached.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 fn admin_server() -> (Server, PathBuf) {
-    let b = Server::builder().file("a.txt", "hello").file("big.bin", vec![7u8; 20_000]).no_access_log();
+    let b = Server::builder(BIN).file("a.txt", "hello").file("big.bin", vec![7u8; 20_000]).no_access_log();
     let sock = b.dir().join("admin.sock");
     let s = b.arg("--admin").arg(&sock).start();
     (s, sock)
@@ -187,10 +188,10 @@ fn free_port() -> u16 {
 fn admin_is_loopback_only_unless_told_and_not_on_the_https_port() {
     let port = free_port();
     let public = format!("0.0.0.0:{port}");
-    let exited = Server::builder().args(["--admin", &public]).run_to_exit();
+    let exited = Server::builder(BIN).args(["--admin", &public]).run_to_exit();
     exited.assert_startup_error(&["admin address", "not a loopback address", "admin_public"]);
 
-    let s = Server::builder().args(["--admin", &public, "--admin-public"]).no_access_log().start();
+    let s = Server::builder(BIN).args(["--admin", &public, "--admin-public"]).no_access_log().start();
     // Reachable over TCP on its own port...
     let out = curl(&["-s", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://127.0.0.1:{port}/metrics")]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
@@ -204,7 +205,7 @@ fn admin_is_loopback_only_unless_told_and_not_on_the_https_port() {
 
 #[test]
 fn json_and_combined_access_log_lines() {
-    let s = Server::builder().file("a.txt", "hello").args(["--access-log-format", "json"]).start();
+    let s = Server::builder(BIN).file("a.txt", "hello").args(["--access-log-format", "json"]).start();
     // curl prefers HTTP/2: the JSON line comes from the h2 loop.
     let out = curl(&["-o", "/dev/null", "-e", "https://ref.test/x", "-A", "probe/1.0", &s.url("/a.txt")]);
     assert!(out.status.success());
@@ -227,7 +228,7 @@ fn json_and_combined_access_log_lines() {
     assert!(v["rt"].is_number() && v["ttfb"].is_number() && v["time"].is_string(), "{v}");
     s.stop().assert_clean_exit();
 
-    let s = Server::builder().file("a.txt", "hello").args(["--access-log-format", "combined"]).start();
+    let s = Server::builder(BIN).file("a.txt", "hello").args(["--access-log-format", "combined"]).start();
     assert!(curl(&["--http1.1", "-o", "/dev/null", "-e", "https://ref.test/x", "-A", "probe/1.0", &s.url("/a.txt")])
         .status
         .success());

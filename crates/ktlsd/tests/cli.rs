@@ -2,12 +2,13 @@
 //! every start-up mistake (one `ktlsd: error:` line naming the file or value,
 //! exit status 1), and the config file merged under the command line.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 fn ktlsd(args: &[&str]) -> Exited {
     let mut cmd = Command::new(BIN);
@@ -177,7 +178,7 @@ fn doctor_exit_status_is_the_verdict() {
 #[test]
 fn ktls_on_requires_kernel_tls() {
     let usable = doctor_json()["ktls"]["usable"].as_bool().unwrap();
-    let b = Server::builder().file("a.txt", b"a").arg("--ktls").arg("on");
+    let b = Server::builder(BIN).file("a.txt", b"a").arg("--ktls").arg("on");
     if usable {
         // Where the kernel offers kTLS, `on` starts and connections use it.
         let srv = b.start();
@@ -193,7 +194,7 @@ fn ktls_on_requires_kernel_tls() {
 #[test]
 fn ktls_auto_falls_back_to_userspace_when_unavailable() {
     let usable = doctor_json()["ktls"]["usable"].as_bool().unwrap();
-    let srv = Server::builder().file("a.txt", b"a").arg("--ktls").arg("auto").start();
+    let srv = Server::builder(BIN).file("a.txt", b"a").arg("--ktls").arg("auto").start();
     assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
     let log = srv.wait_access_log(1, Duration::from_secs(10));
     let st = srv.stop();
@@ -207,7 +208,7 @@ fn ktls_auto_falls_back_to_userspace_when_unavailable() {
 
 #[test]
 fn ktls_off_uses_userspace() {
-    let srv = Server::builder().file("a.txt", b"a").arg("--ktls").arg("off").start();
+    let srv = Server::builder(BIN).file("a.txt", b"a").arg("--ktls").arg("off").start();
     assert!(srv.stderr().contains("kernel TLS: off"), "{}", srv.stderr());
     assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
     let st = srv.stop();
@@ -230,7 +231,7 @@ fn ktls_bogus_is_refused() {
             assert!(out.stderr.contains(needle), "{flag} {value}: no {needle:?} in {}", out.stderr);
         }
     }
-    let b = Server::builder();
+    let b = Server::builder(BIN);
     std::fs::write(b.dir().join("bad.toml"), "ktls = \"bogus\"\n").unwrap();
     let cfg = b.dir().join("bad.toml");
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["bad.toml", "line 1", "bogus", "auto"]);
@@ -240,87 +241,67 @@ fn ktls_bogus_is_refused() {
 // Certificates and keys.
 // ---------------------------------------------------------------------------
 
-#[test]
-fn missing_cert_file() {
-    let b = Server::builder();
-    let (_, key) = make_cert(b.dir(), "k", "ec");
-    let missing = b.dir().join("nope.crt");
-    let m = missing.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&missing).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &m]);
+/// One `#[test]` per spoiled certificate or key, named by its variant: a good
+/// ECDSA pair is made, then `$which` (`cert` or `key`) is replaced by the path
+/// `$spoil(dir, cert, key)` returns; the one error line must name that path
+/// and every needle.
+macro_rules! refused_pair {
+    ($($name:ident: $which:ident <- $spoil:expr => [$($needle:expr),*];)+) => {$(
+        #[test]
+        fn $name() {
+            let b = Server::builder(BIN);
+            let (cert, key) = make_cert(b.dir(), "k", "ec");
+            let spoil: fn(&Path, &Path, &Path) -> PathBuf = $spoil;
+            let bad = spoil(b.dir(), &cert, &key);
+            let (cert, key) = match stringify!($which) {
+                "cert" => (bad.clone(), key),
+                _ => (cert, bad.clone()),
+            };
+            let shown = bad.to_str().unwrap().to_string();
+            let exited = b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit();
+            exited.assert_startup_error(&[$($needle,)* &shown]);
+        }
+    )+};
 }
 
-#[test]
-fn missing_key_file() {
-    let b = Server::builder();
-    let (cert, _) = make_cert(b.dir(), "k", "ec");
-    let missing = b.dir().join("nope.key");
-    let m = missing.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&missing).run_to_exit().assert_startup_error(&["key", &m]);
-}
+/// Certificates and keys refused at start-up.
+mod refused_pair {
+    use std::path::{Path, PathBuf};
 
-#[test]
-fn garbage_key_file() {
-    let b = Server::builder();
-    let (cert, _) = make_cert(b.dir(), "k", "ec");
-    let key = b.dir().join("garbage.key");
-    std::fs::write(&key, "this is not a key\n").unwrap();
-    let k = key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["key", &k]);
-}
+    use super::*;
 
-#[test]
-fn unreadable_key_path() {
-    let b = Server::builder();
-    let (cert, _) = make_cert(b.dir(), "k", "ec");
-    let key = b.dir().join("keydir");
-    std::fs::create_dir(&key).unwrap();
-    let k = key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["key", &k]);
-}
+    /// `text` written to `name` in `dir`.
+    fn written(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        write_file(&p, text.as_bytes());
+        p
+    }
 
-#[test]
-fn garbage_cert_file() {
-    let b = Server::builder();
-    let (_, key) = make_cert(b.dir(), "k", "ec");
-    let cert = b.dir().join("garbage.crt");
-    std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n").unwrap();
-    let c = cert.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &c]);
-}
-
-#[test]
-fn cert_file_with_only_a_key_in_it() {
-    let b = Server::builder();
-    let (_, key) = make_cert(b.dir(), "k", "ec");
-    let k = key.to_str().unwrap().to_string();
-    // The key file given as the certificate: no CERTIFICATE block.
-    b.arg("--cert").arg(&key).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["certificate", &k]);
-}
-
-#[test]
-fn key_not_matching_cert() {
-    let b = Server::builder();
-    let (cert, _) = make_cert(b.dir(), "one", "ec");
-    let (_, other_key) = make_cert(b.dir(), "two", "ec");
-    let k = other_key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&other_key).run_to_exit().assert_startup_error(&["does not match", &k]);
-}
-
-#[test]
-fn rsa_key_with_ecdsa_cert_does_not_match() {
-    let b = Server::builder();
-    let (cert, _) = make_cert(b.dir(), "ec", "ec");
-    let (_, rsa_key) = make_cert(b.dir(), "rsa", "rsa");
-    let k = rsa_key.to_str().unwrap().to_string();
-    b.arg("--cert").arg(&cert).arg("--key").arg(&rsa_key).run_to_exit().assert_startup_error(&[&k]);
+    refused_pair! {
+        missing_cert: cert <- |dir, _, _| dir.join("nope.crt") => ["certificate"];
+        missing_key: key <- |dir, _, _| dir.join("nope.key") => ["key"];
+        garbage_key: key <- |dir, _, _| written(dir, "garbage.key", "this is not a key\n") => ["key"];
+        key_is_a_directory: key <- |dir, _, _| {
+            let p = dir.join("keydir");
+            std::fs::create_dir(&p).unwrap();
+            p
+        } => ["key"];
+        garbage_cert: cert <- |dir, _, _| {
+            written(dir, "garbage.crt", "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n")
+        } => ["certificate"];
+        // The key file given as the certificate: no CERTIFICATE block.
+        cert_holding_only_a_key: cert <- |_, _, key| key.to_path_buf() => ["certificate"];
+        key_of_another_cert: key <- |dir, _, _| make_cert(dir, "two", "ec").1 => ["does not match"];
+        rsa_key_with_ecdsa_cert: key <- |dir, _, _| make_cert(dir, "rsa", "rsa").1 => [];
+    }
 }
 
 #[test]
 fn cert_without_key_and_key_without_cert() {
-    let b = Server::builder();
+    let b = Server::builder(BIN);
     let (cert, key) = make_cert(b.dir(), "k", "ec");
     b.arg("--cert").arg(&cert).run_to_exit().assert_startup_error(&["--cert", "--key"]);
-    Server::builder().arg("--key").arg(&key).run_to_exit().assert_startup_error(&["--key", "--cert"]);
+    Server::builder(BIN).arg("--key").arg(&key).run_to_exit().assert_startup_error(&["--key", "--cert"]);
 }
 
 // ---------------------------------------------------------------------------
@@ -331,25 +312,25 @@ fn cert_without_key_and_key_without_cert() {
 fn port_in_use() {
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = holder.local_addr().unwrap().to_string();
-    Server::builder().listen(&[&addr]).run_to_exit().assert_startup_error(&[&addr, "address already in use"]);
+    Server::builder(BIN).listen(&[&addr]).run_to_exit().assert_startup_error(&[&addr, "address already in use"]);
     drop(holder);
 }
 
 #[test]
 fn bad_listen_address() {
-    Server::builder().listen(&["localhost:https"]).run_to_exit().assert_startup_error(&["\"localhost:https\""]);
-    Server::builder().listen(&["127.0.0.1"]).run_to_exit().assert_startup_error(&["\"127.0.0.1\""]);
+    Server::builder(BIN).listen(&["localhost:https"]).run_to_exit().assert_startup_error(&["\"localhost:https\""]);
+    Server::builder(BIN).listen(&["127.0.0.1"]).run_to_exit().assert_startup_error(&["\"127.0.0.1\""]);
 }
 
 #[test]
 fn listen_on_foreign_address() {
     // 192.0.2.1 (TEST-NET-1) is not an address of this machine: bind fails.
-    Server::builder().listen(&["192.0.2.1:0"]).run_to_exit().assert_startup_error(&["192.0.2.1"]);
+    Server::builder(BIN).listen(&["192.0.2.1:0"]).run_to_exit().assert_startup_error(&["192.0.2.1"]);
 }
 
 #[test]
 fn root_not_a_directory() {
-    let b = Server::builder().file("file.txt", b"x").no_root_arg();
+    let b = Server::builder(BIN).file("file.txt", b"x").no_root_arg();
     let file = b.root().join("file.txt");
     let f = file.to_str().unwrap().to_string();
     b.arg(&file).run_to_exit().assert_startup_error(&[&f, "not a directory"]);
@@ -357,45 +338,55 @@ fn root_not_a_directory() {
 
 #[test]
 fn root_missing() {
-    let b = Server::builder().no_root_arg();
+    let b = Server::builder(BIN).no_root_arg();
     let missing = b.dir().join("no-such-root");
     let m = missing.to_str().unwrap().to_string();
     b.arg(&missing).run_to_exit().assert_startup_error(&[&m]);
 }
 
-#[test]
-fn bad_record_size_static_zero() {
-    Server::builder().args(["--record-size", "static:0"]).run_to_exit().assert_startup_error(&["\"static:0\""]);
+/// One `#[test]` per refused command line, named by its variant: the
+/// arguments after the harness's own, and what the one error line must name.
+macro_rules! refused {
+    ($($name:ident: [$($arg:expr),+] => [$($needle:expr),+];)+) => {$(
+        #[test]
+        fn $name() {
+            Server::builder(BIN).args([$($arg),+]).run_to_exit().assert_startup_error(&[$($needle),+]);
+        }
+    )+};
 }
 
-#[test]
-fn bad_record_size_static_over_16k() {
-    Server::builder().args(["--record-size", "static:17k"]).run_to_exit().assert_startup_error(&["\"static:17k\""]);
-    Server::builder().args(["--record-size", "static:16385"]).run_to_exit().assert_startup_error(&["\"static:16385\""]);
-}
+/// Values the command line refuses at start-up.
+mod refused {
+    use super::*;
 
-#[test]
-fn bad_record_size_dynamic_lo_above_hi() {
-    Server::builder()
-        .args(["--record-size", "dynamic:lo=5000,hi=4000"])
-        .run_to_exit()
-        .assert_startup_error(&["\"dynamic:lo=5000,hi=4000\"", "lo"]);
-}
+    refused! {
+        record_size_static_zero: ["--record-size", "static:0"] => ["\"static:0\""];
+        record_size_static_17k: ["--record-size", "static:17k"] => ["\"static:17k\""];
+        record_size_static_16385: ["--record-size", "static:16385"] => ["\"static:16385\""];
+        record_size_lo_above_hi: ["--record-size", "dynamic:lo=5000,hi=4000"] => ["\"dynamic:lo=5000,hi=4000\"", "lo"];
+        record_size_bogus: ["--record-size", "bogus"] => ["\"bogus\""];
+        record_size_static_without_size: ["--record-size", "static"] => ["\"static\""];
+        record_size_static_abc: ["--record-size", "static:abc"] => ["\"static:abc\""];
+        record_size_adaptive_with_size: ["--record-size", "adaptive:5"] => ["\"adaptive:5\""];
+        record_size_threshold_zero: ["--record-size", "dynamic:threshold=0"] => ["\"dynamic:threshold=0\""];
+        record_size_unknown_key: ["--record-size", "dynamic:color=red"] => ["\"dynamic:color=red\"", "color"];
+        tls_version_1_1: ["--tls-versions", "1.1"] => ["\"1.1\""];
+        tls_versions_empty: ["--tls-versions", ""] => ["tls_versions"];
+        cipher_suite_rc4: ["--cipher-suites", "TLS_AES_128_GCM_SHA256,RC4-MD5"] => ["\"RC4-MD5\""];
+        suites_and_versions_leaving_nothing:
+            ["--cipher-suites", "TLS_AES_128_GCM_SHA256", "--tls-versions", "1.2"] => ["cipher_suites", "tls_versions"];
+        idle_timeout_zero: ["--idle-timeout", "0"] => ["--idle-timeout", "\"0\""];
+        send_timeout_negative: ["--send-timeout=-1"] => ["--send-timeout", "\"-1\""];
+        header_timeout_nan: ["--header-timeout", "NaN"] => ["--header-timeout", "NaN"];
+        max_header_bytes_10: ["--max-header-bytes", "10"] => ["max_header_bytes", "10"];
+        tcp_notsent_lowat_zero: ["--tcp-notsent-lowat", "0"] => ["tcp_notsent_lowat"];
+        tcp_congestion_unknown: ["--tcp-congestion", "no-such-cc"] => ["\"no-such-cc\""];
+    }
 
-#[test]
-fn bad_record_size_bogus() {
-    Server::builder().args(["--record-size", "bogus"]).run_to_exit().assert_startup_error(&["\"bogus\""]);
-    Server::builder().args(["--record-size", "static"]).run_to_exit().assert_startup_error(&["\"static\""]);
-    Server::builder().args(["--record-size", "static:abc"]).run_to_exit().assert_startup_error(&["\"static:abc\""]);
-    Server::builder().args(["--record-size", "adaptive:5"]).run_to_exit().assert_startup_error(&["\"adaptive:5\""]);
-    Server::builder()
-        .args(["--record-size", "dynamic:threshold=0"])
-        .run_to_exit()
-        .assert_startup_error(&["\"dynamic:threshold=0\""]);
-    Server::builder()
-        .args(["--record-size", "dynamic:color=red"])
-        .run_to_exit()
-        .assert_startup_error(&["\"dynamic:color=red\"", "color"]);
+    #[test]
+    fn workers_zero() {
+        Server::builder(BIN).workers(Some(0)).run_to_exit().assert_startup_error(&["workers"]);
+    }
 }
 
 #[test]
@@ -407,57 +398,14 @@ fn good_record_sizes_start() {
         ("dynamic:lo=1k,hi=8k,threshold=10,timeout=250ms", "dynamic:lo=1024,hi=8192,threshold=10,timeout=250ms"),
         ("adaptive", "adaptive"),
     ] {
-        let srv = Server::builder().args(["--record-size", policy]).start();
+        let srv = Server::builder(BIN).args(["--record-size", policy]).start();
         assert!(srv.stderr().contains(&format!("record size {shown}")), "{policy}:\n{}", srv.stderr());
     }
 }
 
 #[test]
-fn bad_tls_versions() {
-    Server::builder().args(["--tls-versions", "1.1"]).run_to_exit().assert_startup_error(&["\"1.1\""]);
-    Server::builder().args(["--tls-versions", ""]).run_to_exit().assert_startup_error(&["tls_versions"]);
-}
-
-#[test]
-fn bad_cipher_suite() {
-    Server::builder()
-        .args(["--cipher-suites", "TLS_AES_128_GCM_SHA256,RC4-MD5"])
-        .run_to_exit()
-        .assert_startup_error(&["\"RC4-MD5\""]);
-}
-
-#[test]
-fn suites_and_versions_leaving_nothing() {
-    Server::builder()
-        .args(["--cipher-suites", "TLS_AES_128_GCM_SHA256", "--tls-versions", "1.2"])
-        .run_to_exit()
-        .assert_startup_error(&["cipher_suites", "tls_versions"]);
-}
-
-#[test]
-fn bad_numbers() {
-    Server::builder().workers(Some(0)).run_to_exit().assert_startup_error(&["workers"]);
-    Server::builder().args(["--idle-timeout", "0"]).run_to_exit().assert_startup_error(&["--idle-timeout", "\"0\""]);
-    Server::builder().args(["--send-timeout=-1"]).run_to_exit().assert_startup_error(&["--send-timeout", "\"-1\""]);
-    Server::builder()
-        .args(["--header-timeout", "NaN"])
-        .run_to_exit()
-        .assert_startup_error(&["--header-timeout", "NaN"]);
-    Server::builder()
-        .args(["--max-header-bytes", "10"])
-        .run_to_exit()
-        .assert_startup_error(&["max_header_bytes", "10"]);
-    Server::builder().args(["--tcp-notsent-lowat", "0"]).run_to_exit().assert_startup_error(&["tcp_notsent_lowat"]);
-}
-
-#[test]
-fn bad_tcp_congestion() {
-    Server::builder().args(["--tcp-congestion", "no-such-cc"]).run_to_exit().assert_startup_error(&["\"no-such-cc\""]);
-}
-
-#[test]
 fn good_tcp_options_start() {
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("a.txt", b"a")
         .args(["--tcp-notsent-lowat", "16384", "--tcp-congestion", "cubic"])
         .start();
@@ -466,7 +414,7 @@ fn good_tcp_options_start() {
 
 #[test]
 fn access_log_in_missing_directory() {
-    let b = Server::builder().no_access_log();
+    let b = Server::builder(BIN).no_access_log();
     let path = b.dir().join("no/such/dir/access.log");
     let p = path.to_str().unwrap().to_string();
     b.arg("--access-log").arg(&path).run_to_exit().assert_startup_error(&["access log", &p]);
@@ -476,48 +424,49 @@ fn access_log_in_missing_directory() {
 // The configuration file.
 // ---------------------------------------------------------------------------
 
-#[test]
-fn config_unknown_key() {
-    let b = Server::builder();
-    let cfg = b.write_config("listen = [\"127.0.0.1:0\"]\ncolour = \"blue\"\n");
-    let c = cfg.to_str().unwrap().to_string();
-    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "colour"]);
+/// One `#[test]` per refused configuration file, named by its variant: the
+/// file's text, and what the one error line must name besides the file.
+macro_rules! refused_config {
+    ($($name:ident: $text:expr => [$($needle:expr),*];)+) => {$(
+        #[test]
+        fn $name() {
+            let b = Server::builder(BIN);
+            let cfg = b.write_config($text);
+            let c = cfg.to_str().unwrap().to_string();
+            b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, $($needle),*]);
+        }
+    )+};
+}
+
+/// Configuration files refused at start-up.
+mod refused_config {
+    use super::*;
+
+    refused_config! {
+        unknown_key: "listen = [\"127.0.0.1:0\"]\ncolour = \"blue\"\n" => ["colour"];
+        not_toml: "listen = [127.0.0.1:0\n" => [];
+        wrong_type: "workers = \"two\"\n" => ["\"two\""];
+    }
 }
 
 #[test]
 fn config_missing_file() {
-    let b = Server::builder();
+    let b = Server::builder(BIN);
     let cfg = b.dir().join("absent.toml");
     let c = cfg.to_str().unwrap().to_string();
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c]);
 }
 
 #[test]
-fn config_not_toml() {
-    let b = Server::builder();
-    let cfg = b.write_config("listen = [127.0.0.1:0\n");
-    let c = cfg.to_str().unwrap().to_string();
-    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c]);
-}
-
-#[test]
-fn config_wrong_type() {
-    let b = Server::builder();
-    let cfg = b.write_config("workers = \"two\"\n");
-    let c = cfg.to_str().unwrap().to_string();
-    b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "\"two\""]);
-}
-
-#[test]
 fn config_bad_value_is_named() {
-    let b = Server::builder();
+    let b = Server::builder(BIN);
     let cfg = b.write_config("record_size = \"static:0\"\n");
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["\"static:0\""]);
 }
 
 #[test]
 fn config_sets_listen_and_root() {
-    let b = Server::builder().no_root_arg().listen(&[]).file("a.txt", b"from-root");
+    let b = Server::builder(BIN).no_root_arg().listen(&[]).file("a.txt", b"from-root");
     std::fs::create_dir(b.dir().join("site")).unwrap();
     std::fs::write(b.dir().join("site/a.txt"), b"from-site").unwrap();
     // Relative root: relative to the config file's directory.
@@ -530,7 +479,7 @@ fn config_sets_listen_and_root() {
 
 #[test]
 fn cli_overrides_config() {
-    let b = Server::builder().file("a.txt", b"from-root");
+    let b = Server::builder(BIN).file("a.txt", b"from-root");
     std::fs::create_dir(b.dir().join("site")).unwrap();
     std::fs::write(b.dir().join("site/a.txt"), b"from-site").unwrap();
     let cfg = b.write_config(
@@ -554,7 +503,7 @@ fn cli_overrides_config() {
 
 #[test]
 fn config_accepts_every_key() {
-    let b = Server::builder().no_root_arg().listen(&[]).workers(None).no_access_log().file("a.txt", b"a");
+    let b = Server::builder(BIN).no_root_arg().listen(&[]).workers(None).no_access_log().file("a.txt", b"a");
     let (cert, key) = make_cert(b.dir(), "c", "ec");
     let log = b.dir().join("from-config.log");
     let text = format!(
@@ -612,14 +561,14 @@ max_body_bytes = 4096
 #[test]
 fn default_workers_is_one_per_cpu() {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let srv = Server::builder().workers(None).start();
+    let srv = Server::builder(BIN).workers(None).start();
     let want = if cpus == 1 { "with 1 worker,".to_string() } else { format!("with {cpus} workers,") };
     assert!(srv.stderr().contains(&want), "expected {want:?}:\n{}", srv.stderr());
 }
 
 #[test]
 fn config_empty_listen_list() {
-    let b = Server::builder().listen(&[]);
+    let b = Server::builder(BIN).listen(&[]);
     let cfg = b.write_config("listen = []\n");
     b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&["listen"]);
 }
@@ -629,7 +578,7 @@ fn listen_twice_on_the_same_address() {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = probe.local_addr().unwrap().to_string();
     drop(probe);
-    Server::builder().listen(&[&addr, &addr]).run_to_exit().assert_startup_error(&[&addr, "twice"]);
+    Server::builder(BIN).listen(&[&addr, &addr]).run_to_exit().assert_startup_error(&[&addr, "twice"]);
 }
 
 // ---------------------------------------------------------------------------
@@ -639,7 +588,7 @@ fn listen_twice_on_the_same_address() {
 #[test]
 fn idle_timeout_with_a_unit_applies() {
     let srv =
-        Server::builder().file("a.txt", b"a").args(["--idle-timeout", "2s", "--header-timeout", "1500ms"]).start();
+        Server::builder(BIN).file("a.txt", b"a").args(["--idle-timeout", "2s", "--header-timeout", "1500ms"]).start();
     let mut c = TlsClient::connect(srv.addr());
     assert_eq!(c.get("/a.txt").body, b"a");
     let t = std::time::Instant::now();
@@ -653,7 +602,7 @@ fn idle_timeout_with_a_unit_applies() {
 
 #[test]
 fn config_timeouts_take_units_and_bad_ones_are_named() {
-    let b = Server::builder().file("a.txt", b"a");
+    let b = Server::builder(BIN).file("a.txt", b"a");
     let cfg = b.write_config(
         "handshake_timeout = 5\nheader_timeout = 2.5\nidle_timeout = \"2m\"\nsend_timeout = \"500ms\"\nshutdown_timeout = \"1h\"\n",
     );
@@ -662,12 +611,12 @@ fn config_timeouts_take_units_and_bad_ones_are_named() {
     srv.stop().assert_clean_exit();
 
     for bad in ["\"soon\"", "\"5d\"", "0", "-1", "true"] {
-        let b = Server::builder();
+        let b = Server::builder(BIN);
         let cfg = b.write_config(&format!("idle_timeout = {bad}\n"));
         let c = cfg.to_str().unwrap().to_string();
         b.arg("--config").arg(&cfg).run_to_exit().assert_startup_error(&[&c, "idle_timeout", "65s, 500ms, 2m, 1h"]);
     }
-    Server::builder()
+    Server::builder(BIN)
         .args(["--idle-timeout", "soon"])
         .run_to_exit()
         .assert_startup_error(&["--idle-timeout \"soon\"", "65s, 500ms, 2m, 1h"]);
@@ -676,7 +625,7 @@ fn config_timeouts_take_units_and_bad_ones_are_named() {
 #[test]
 fn no_autoindex_overrides_the_config_file() {
     let setup = || {
-        let b = Server::builder();
+        let b = Server::builder(BIN);
         std::fs::create_dir(b.root().join("d")).unwrap();
         std::fs::write(b.root().join("d/x.txt"), b"x").unwrap();
         std::fs::write(b.root().join(".dot"), b"dotted").unwrap();

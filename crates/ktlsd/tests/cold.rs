@@ -8,14 +8,15 @@
 //! filesystem under the temporary directory cannot drop pages (tmpfs), the
 //! tests say so and pass without checking anything.
 
-mod common;
-
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const WINDOW: usize = 1 << 20;
 
@@ -53,7 +54,7 @@ fn evict(path: &Path) -> bool {
 #[test]
 fn cold_file_arrives_whole_and_its_windows_are_counted() {
     let body = data(3 * WINDOW + 777);
-    let srv = Server::builder().file("big.bin", &body).start();
+    let srv = Server::builder(BIN).file("big.bin", &body).start();
     let path = srv.root().join("big.bin");
 
     if !evict(&path) {
@@ -85,7 +86,7 @@ fn cold_file_arrives_whole_and_its_windows_are_counted() {
 #[test]
 fn cached_file_takes_no_cold_window() {
     let body = data(WINDOW + 4096);
-    let srv = Server::builder().file("hot.bin", &body).start();
+    let srv = Server::builder(BIN).file("hot.bin", &body).start();
     let mut warm = Vec::new();
     File::open(srv.root().join("hot.bin")).and_then(|mut f| f.read_to_end(&mut warm)).expect("read the file");
     for proto in ["--http1.1", "--http2"] {

@@ -3,13 +3,14 @@
 //! HTTP/1.1 and HTTP/2), error pages, the single-page-app fallback, and the
 //! start-up validation of these options.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// `gzip -c`/`zstd -c`/Debian Python's `brotli` of `original` into `out`.
 fn compress(tool: &str, original: &Path, out: &Path) {
@@ -37,7 +38,7 @@ fn compress(tool: &str, original: &Path, out: &Path) {
 /// real tools, and its .br by Python's brotli.
 fn precompressed_server(extra: &[&str]) -> (Server, Vec<u8>) {
     let text: Vec<u8> = (0..4000).flat_map(|i| format!("console.log('line {i}');\n").into_bytes()).collect();
-    let srv = Server::builder().file("app.js", &text).args(extra).start();
+    let srv = Server::builder(BIN).file("app.js", &text).args(extra).start();
     let js = srv.root().join("app.js");
     compress("gzip", &js, &srv.root().join("app.js.gz"));
     compress("zstd", &js, &srv.root().join("app.js.zst"));
@@ -158,7 +159,7 @@ fn check_refuses_bad_content_options() {
 
 #[test]
 fn error_page_and_fallback_end_to_end() {
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("index.html", b"<p>spa</p>")
         .file("404.html", b"<p>not here</p>")
         .file(".env", b"SECRET=1")
@@ -172,15 +173,18 @@ fn error_page_and_fallback_end_to_end() {
         assert_eq!((r.status, r.body_str().as_str()), (404, "<p>not here</p>"), "{proto}");
     }
     // The command line wins over the file.
-    let srv2 =
-        Server::builder().file("a.txt", b"a").file("e.html", b"<p>e</p>").args(["--error-page", "404=/e.html"]).start();
+    let srv2 = Server::builder(BIN)
+        .file("a.txt", b"a")
+        .file("e.html", b"<p>e</p>")
+        .args(["--error-page", "404=/e.html"])
+        .start();
     let r = fetch(&srv2.url("/nope"), &[]);
     assert_eq!((r.status, r.body_str().as_str()), (404, "<p>e</p>"));
 }
 
 #[test]
 fn mime_type_overrides() {
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("r.md", b"# r")
         .file("a.js", b"1")
         .file("noext", b"x")
@@ -211,7 +215,7 @@ extensions = ["html"]
 expires = "30d"
 add = { "X-Frame-Options" = "DENY" }
 "#;
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("assets/app.1234.js", b"1")
         .file("index.html", b"<p>i</p>")
         .file("plain.txt", b"t")
@@ -275,7 +279,7 @@ add = { "X-Frame-Options" = "DENY" }
     }
 
     // `cors = "*"` on the command line: any origin, no Vary.
-    let srv = Server::builder().file("a.txt", b"a").args(["--cors", "*"]).start();
+    let srv = Server::builder(BIN).file("a.txt", b"a").args(["--cors", "*"]).start();
     for proto in ["--http1.1", "--http2"] {
         let r = fetch(&srv.url("/a.txt"), &[proto, "-H", "Origin: https://x.example"]);
         assert_eq!((r.header("access-control-allow-origin"), r.header("vary")), (Some("*"), None), "{proto}");
@@ -350,7 +354,7 @@ fn check_refuses_bad_header_rules() {
 /// Listings: directories first, natural order, sizes, decoded title, and the JSON form.
 #[test]
 fn listing_end_to_end() {
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("d/file10.txt", b"0123456789")
         .file("d/file2.txt", b"22")
         .file("d/File1.txt", b"1")
@@ -407,7 +411,7 @@ fn chromium_renders_a_listing() {
         panic!("chromium is not installed (scripts/test installs Debian's chromium)");
     };
     let names = ["alpha.txt", "beta-2.css", "beta-10.css", "gamma dir", "\u{e9}t\u{e9}.html"];
-    let mut b = Server::builder().arg("--autoindex");
+    let mut b = Server::builder(BIN).arg("--autoindex");
     for n in names {
         b = if n.ends_with("dir") {
             b.file(&format!("list/{n}/x"), b"x")

@@ -3,13 +3,14 @@
 //! packages; Debian's `/usr/bin/python3`, which has them from `python3-h2`).
 //! The codec's tables run in-process (`http::h2::tests`).
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// Bodies around the frame and record edges (16384 - 9 bytes is one full DATA
 /// frame in one full record), and large ones.
@@ -17,7 +18,7 @@ const SIZES: [usize; 7] = [0, 1, 16375, 16376, 16384, 16385, 1 << 20];
 
 #[test]
 fn bodies_intact_by_sha256() {
-    let mut b = Server::builder();
+    let mut b = Server::builder(BIN);
     for (i, n) in SIZES.iter().enumerate() {
         b = b.file(&format!("f{n}"), pattern(*n, i as u64 + 1));
     }
@@ -39,7 +40,7 @@ fn bodies_intact_by_sha256() {
 #[test]
 fn ranges_head_304_404() {
     let body = pattern(50_000, 7);
-    let srv = Server::builder().file("f", &body).start();
+    let srv = Server::builder(BIN).file("f", &body).start();
     let url = srv.url("/f");
 
     let r = fetch(&url, &["--http2", "-r", "100-16483"]);
@@ -70,7 +71,7 @@ fn ranges_head_304_404() {
 fn multiplexed_on_one_connection() {
     let files: Vec<(String, Vec<u8>)> =
         (0..6).map(|i| (format!("m{i}"), pattern(100_000 + i * 7919, i as u64))).collect();
-    let mut b = Server::builder();
+    let mut b = Server::builder(BIN);
     for (name, data) in &files {
         b = b.file(name, data);
     }
@@ -93,7 +94,7 @@ fn multiplexed_on_one_connection() {
 
 #[test]
 fn http2_off_falls_back_to_http11() {
-    let srv = Server::builder().file("a.txt", b"hello\n").args(["--http2", "off"]).start();
+    let srv = Server::builder(BIN).file("a.txt", b"hello\n").args(["--http2", "off"]).start();
     let r = fetch(&srv.url("/a.txt"), &["--http2"]);
     assert_eq!((r.version.as_str(), r.status), ("HTTP/1.1", 200));
     assert_eq!(r.body, b"hello\n");
@@ -101,7 +102,7 @@ fn http2_off_falls_back_to_http11() {
 
 #[test]
 fn access_log_says_http2() {
-    let srv = Server::builder().file("a.txt", b"hello\n").start();
+    let srv = Server::builder(BIN).file("a.txt", b"hello\n").start();
     let r = fetch(&srv.url("/a.txt"), &["--http2"]);
     assert_eq!(r.status, 200);
     let log = srv.wait_access_log(1, Duration::from_secs(5));
@@ -117,7 +118,7 @@ fn tool(name: &str) -> Command {
 #[test]
 fn nghttp_verbose() {
     let body = pattern(40_000, 3);
-    let srv = Server::builder().file("f", &body).start();
+    let srv = Server::builder(BIN).file("f", &body).start();
     let out = run_with_timeout(tool("nghttp").args(["-nv", &srv.url("/f")]), None, Duration::from_secs(30));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -133,7 +134,7 @@ fn nghttp_verbose() {
 
 #[test]
 fn h2load_completes_without_failures() {
-    let srv = Server::builder().file("f", pattern(20_000, 9)).no_access_log().start();
+    let srv = Server::builder(BIN).file("f", pattern(20_000, 9)).no_access_log().start();
     let out = run_with_timeout(
         tool("h2load").args(["-n", "2000", "-c", "4", "-m", "16", &srv.url("/f")]),
         None,
@@ -149,7 +150,7 @@ fn h2load_completes_without_failures() {
 /// and the flood limits).
 #[test]
 fn conformance_script() {
-    let srv = Server::builder().file("100k", pattern(100_000, 5)).no_access_log().start();
+    let srv = Server::builder(BIN).file("100k", pattern(100_000, 5)).no_access_log().start();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h2/conformance.py");
     let out = run_with_timeout(
         tool("/usr/bin/python3").arg(&script).args([
@@ -181,7 +182,7 @@ fn chromium_loads_fifty_subresources_over_one_connection() {
     };
     // A 1x1 transparent GIF.
     const GIF: &[u8] = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;";
-    let mut b = Server::builder();
+    let mut b = Server::builder(BIN);
     let mut tags = String::new();
     for i in 0..20 {
         b = b.file(&format!("img/{i}.gif"), GIF);
@@ -266,7 +267,7 @@ fn chromium_loads_fifty_subresources_over_one_connection() {
 /// refused; a value out of range stops the start with a one-line error.
 #[test]
 fn limit_flags_are_applied_and_checked() {
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("f", pattern(300_000, 4))
         .args(["--h2-max-streams", "3", "--h2-hpack-table", "1024"])
         .start();
@@ -307,6 +308,6 @@ print(f"ended={ended} refused={refused}")
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ended=3 refused=1"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
 
-    let exited = Server::builder().args(["--h2-max-streams", "0"]).run_to_exit();
+    let exited = Server::builder(BIN).args(["--h2-max-streams", "0"]).run_to_exit();
     exited.assert_startup_error(&["h2_max_streams 0: expected 1 to 10000"]);
 }

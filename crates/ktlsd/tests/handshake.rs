@@ -7,15 +7,16 @@
 //! `KTLSD_BIN` runs another server binary (e.g. an older build, to see these
 //! tests fail against it).
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
 use rustls::crypto::aws_lc_rs::cipher_suite as cs;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const F_TXT: &str = "the quick brown fox\n";
 /// A shutdown timeout long enough that a connection task left counted would show
@@ -25,7 +26,7 @@ const LONG_SHUTDOWN: &str = "60";
 const PROMPT: Duration = Duration::from_secs(5);
 
 fn server(args: &[&str]) -> Server {
-    Server::builder().bin_from_env().file("f.txt", F_TXT).args(args).start()
+    Server::builder(BIN).bin_from_env().file("f.txt", F_TXT).args(args).start()
 }
 
 fn tls12_and_13() -> Arc<rustls::ClientConfig> {

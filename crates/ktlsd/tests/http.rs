@@ -2,16 +2,17 @@
 //! client where the exact bytes on the wire matter. One or two cases per feature;
 //! the full tables run in-process (`handler::tests`, `http::h1::tests`).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const HELLO: &[u8] = b"hello\n";
 
 fn hello_server(extra: &[&str]) -> Server {
-    Server::builder().file("a.txt", HELLO).args(extra).start()
+    Server::builder(BIN).file("a.txt", HELLO).args(extra).start()
 }
 
 #[test]
@@ -92,7 +93,7 @@ fn standard_headers_present() {
 #[test]
 fn range_single() {
     let data = pattern(1000, 7);
-    let srv = Server::builder().file("r.bin", &data).start();
+    let srv = Server::builder(BIN).file("r.bin", &data).start();
     let r = fetch(&srv.url("/r.bin"), &["-r", "100-199"]);
     assert_eq!(r.status, 206);
     assert_eq!(r.header("content-range"), Some("bytes 100-199/1000"));
@@ -124,7 +125,7 @@ fn range_single() {
 #[test]
 fn range_across_record_boundaries() {
     let data = pattern(100_000, 8);
-    let srv = Server::builder().file("r.bin", &data).start();
+    let srv = Server::builder(BIN).file("r.bin", &data).start();
     let r = fetch(&srv.url("/r.bin"), &["-r", "16000-70000"]);
     assert_eq!(r.status, 206);
     assert_eq!(r.header("content-range"), Some("bytes 16000-70000/100000"));
@@ -152,7 +153,7 @@ fn conditional_if_none_match() {
 
 #[test]
 fn keep_alive_several_urls_one_connection() {
-    let srv = Server::builder().file("a.txt", HELLO).file("b.txt", b"bb").file("c.txt", b"ccc").start();
+    let srv = Server::builder(BIN).file("a.txt", HELLO).file("b.txt", b"bb").file("c.txt", b"ccc").start();
     let tmp = tempfile::tempdir().unwrap();
     let outs: Vec<_> = ["a", "b", "c"].iter().map(|n| tmp.path().join(n)).collect();
     let out = curl(&[
@@ -203,7 +204,7 @@ pub fn assert_access_line(line: &str, method: &str, path: &str, version: &str, s
 
 #[test]
 fn connection_close_is_honoured() {
-    let srv = Server::builder().file("a.txt", HELLO).file("b.txt", b"bb").start();
+    let srv = Server::builder(BIN).file("a.txt", HELLO).file("b.txt", b"bb").start();
     let out = curl(&[
         "-v".to_string(),
         "--http1.1".into(),
@@ -239,7 +240,7 @@ fn connection_close_is_honoured() {
 #[test]
 fn head_has_headers_and_no_body() {
     let data = pattern(5000, 4);
-    let srv = Server::builder().file("h.bin", &data).file("a.txt", HELLO).start();
+    let srv = Server::builder(BIN).file("h.bin", &data).file("a.txt", HELLO).start();
     let get = fetch(&srv.url("/h.bin"), &["--http1.1"]);
     let out = curl(&["--http1.1".to_string(), "-I".into(), srv.url("/h.bin")]);
     assert!(out.status.success());
@@ -277,7 +278,7 @@ fn missing_file_is_404() {
 
 #[test]
 fn directory_serves_index_html() {
-    let srv = Server::builder().file("index.html", b"<h1>root</h1>").file("sub/index.html", b"<h1>sub</h1>").start();
+    let srv = Server::builder(BIN).file("index.html", b"<h1>root</h1>").file("sub/index.html", b"<h1>sub</h1>").start();
     let r = fetch(&srv.url("/"), &[]);
     assert_eq!(r.status, 200);
     assert_eq!(r.body, b"<h1>root</h1>");
@@ -290,7 +291,7 @@ fn directory_serves_index_html() {
 
 #[test]
 fn autoindex_lists_directory() {
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("sub/file.txt", b"x")
         .file("sub/<b>&.txt", b"y")
         .file("sub/.secret", b"z")
@@ -315,7 +316,7 @@ fn autoindex_lists_directory() {
 
 #[test]
 fn directory_without_slash_redirects() {
-    let srv = Server::builder().file("sub/index.html", b"sub").start();
+    let srv = Server::builder(BIN).file("sub/index.html", b"sub").start();
     let r = fetch(&srv.url("/sub"), &[]);
     assert_eq!(r.status, 301);
     assert_eq!(r.header("location"), Some("/sub/"));
@@ -344,7 +345,7 @@ fn content_type_by_extension() {
         ("noext", &["application/octet-stream"]),
         ("weird.zzqq", &["application/octet-stream"]),
     ];
-    let mut b = Server::builder();
+    let mut b = Server::builder(BIN);
     for (name, _) in cases {
         b = b.file(name, b"x");
     }
@@ -375,7 +376,7 @@ fn access_log_records_requests() {
 
 #[test]
 fn access_log_off_writes_nothing() {
-    let b = Server::builder().file("a.txt", HELLO).no_access_log().arg("--access-log").arg("off");
+    let b = Server::builder(BIN).file("a.txt", HELLO).no_access_log().arg("--access-log").arg("off");
     let log_path = b.dir().join("access.log");
     let srv = b.start();
     assert_eq!(fetch(&srv.url("/a.txt"), &["--http1.1"]).status, 200);
@@ -387,7 +388,7 @@ fn access_log_off_writes_nothing() {
 
 #[test]
 fn pipelined_requests_split_across_writes() {
-    let srv = Server::builder().file("1.txt", b"one").file("2.txt", b"two").start();
+    let srv = Server::builder(BIN).file("1.txt", b"one").file("2.txt", b"two").start();
     let mut c = TlsClient::connect(srv.addr());
     let all = format!("{}{}", get_request("/1.txt"), get_request("/2.txt"));
     // Split in the middle of the second request's head.
@@ -403,7 +404,7 @@ fn pipelined_requests_split_across_writes() {
 
 #[test]
 fn ipv6_listen() {
-    let srv = Server::builder().file("a.txt", HELLO).listen(&["[::1]:0"]).start();
+    let srv = Server::builder(BIN).file("a.txt", HELLO).listen(&["[::1]:0"]).start();
     assert!(srv.addr().is_ipv6(), "{:?}", srv.addrs());
     let url = format!("https://[::1]:{}/a.txt", srv.port());
     let r = fetch(&url, &["-g"]);
@@ -417,7 +418,7 @@ fn ipv6_listen() {
 
 #[test]
 fn ipv4_and_ipv6_together() {
-    let srv = Server::builder().file("a.txt", HELLO).workers(Some(2)).listen(&["127.0.0.1:0", "[::1]:0"]).start();
+    let srv = Server::builder(BIN).file("a.txt", HELLO).workers(Some(2)).listen(&["127.0.0.1:0", "[::1]:0"]).start();
     assert_eq!(srv.addrs().len(), 2, "{:?}", srv.addrs());
     for addr in srv.addrs().to_vec() {
         let r = fetch(&url_for(addr, "/a.txt"), &["-g"]);
@@ -431,7 +432,7 @@ fn ipv4_and_ipv6_together() {
 
 #[test]
 fn several_workers_serve() {
-    let srv = Server::builder().file("a.txt", HELLO).workers(Some(2)).start();
+    let srv = Server::builder(BIN).file("a.txt", HELLO).workers(Some(2)).start();
     for _ in 0..6 {
         let r = fetch(&srv.url("/a.txt"), &[]);
         assert_eq!(r.body, HELLO);
@@ -444,7 +445,7 @@ fn several_workers_serve() {
 
 #[test]
 fn access_log_defaults_to_stdout() {
-    let srv = Server::builder().file("a.txt", HELLO).no_access_log().start();
+    let srv = Server::builder(BIN).file("a.txt", HELLO).no_access_log().start();
     assert_eq!(fetch(&srv.url("/a.txt"), &["--http1.1"]).status, 200);
     let line = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
     assert_access_line(&line, "GET", "/a.txt", "HTTP/1.1", 200, 6);
@@ -453,7 +454,7 @@ fn access_log_defaults_to_stdout() {
 
 #[test]
 fn access_log_dash_is_stdout() {
-    let srv = Server::builder().file("a.txt", HELLO).no_access_log().args(["--access-log", "-"]).start();
+    let srv = Server::builder(BIN).file("a.txt", HELLO).no_access_log().args(["--access-log", "-"]).start();
     assert_eq!(fetch(&srv.url("/a.txt"), &["--http1.1"]).status, 200);
     let line = srv.wait_stdout("GET /a.txt", Duration::from_secs(10)).expect("access log line on stdout");
     assert_access_line(&line, "GET", "/a.txt", "HTTP/1.1", 200, 6);
@@ -491,7 +492,7 @@ fn small_file_rewritten_in_place_with_its_size_is_seen_at_once() {
     use std::os::unix::fs::FileExt;
     let old: Vec<u8> = (0..4096).map(|i| b'a' + (i % 26) as u8).collect();
     let new: Vec<u8> = (0..4096).map(|i| b'A' + (i % 26) as u8).collect();
-    let srv = Server::builder().file("s.txt", &old).start();
+    let srv = Server::builder(BIN).file("s.txt", &old).start();
     let path = srv.root().join("s.txt");
     let past = std::time::SystemTime::now() - Duration::from_secs(10);
     let times = std::fs::FileTimes::new().set_modified(past).set_accessed(past);

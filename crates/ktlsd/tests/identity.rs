@@ -2,8 +2,6 @@
 //! kept in the state directory, relative paths in the config file, and session
 //! tickets that any instance given the same `--ticket-keys` files can open.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -11,8 +9,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
 use rustls::HandshakeKind;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// The fingerprint on the start-up line.
 fn printed_fingerprint(srv: &Server) -> String {
@@ -32,7 +33,7 @@ fn presented_fingerprint(addr: SocketAddr) -> String {
 /// Starts a server keeping its certificate in `state`, and returns its printed fingerprint
 /// (checked against the one it presents) and its stderr.
 fn start_with_state(state: &Path, extra: &[&str]) -> (String, String) {
-    let srv = Server::builder().no_state_dir().arg("--state-dir").arg(state).args(extra).start();
+    let srv = Server::builder(BIN).no_state_dir().arg("--state-dir").arg(state).args(extra).start();
     let fp = printed_fingerprint(&srv);
     assert_eq!(fp.len(), 95, "{fp:?}");
     assert_eq!(presented_fingerprint(srv.addr()), fp);
@@ -104,13 +105,13 @@ fn unwritable_state_dir_is_a_one_line_startup_error() {
     let dir = tempfile::tempdir().unwrap();
     let blocker = dir.path().join("file");
     std::fs::write(&blocker, "not a directory").unwrap();
-    let out = Server::builder().no_state_dir().arg("--state-dir").arg(blocker.join("state")).run_to_exit();
+    let out = Server::builder(BIN).no_state_dir().arg("--state-dir").arg(blocker.join("state")).run_to_exit();
     out.assert_startup_error(&["cannot store the self-signed certificate", "--ephemeral-cert"]);
 }
 
 #[test]
 fn relative_access_log_in_config_file_is_relative_to_the_file() {
-    let b = Server::builder().no_access_log().no_root_arg().file("f.txt", "hello");
+    let b = Server::builder(BIN).no_access_log().no_root_arg().file("f.txt", "hello");
     let conf = b.dir().join("conf");
     std::fs::create_dir_all(conf.join("logs")).unwrap();
     let cfg = conf.join("ktlsd.toml");
@@ -138,7 +139,7 @@ fn key_file(dir: &Path, name: &str, seed: u64, len: usize) -> PathBuf {
 }
 
 fn server_with_keys(keys: &[&Path]) -> Server {
-    let mut b = Server::builder().file("f.txt", "ticket");
+    let mut b = Server::builder(BIN).file("f.txt", "ticket");
     for k in keys {
         b = b.arg("--ticket-keys").arg(k);
     }
@@ -222,10 +223,10 @@ fn rotation_older_key_still_decrypts_first_key_encrypts() {
 fn bad_ticket_key_files_are_one_line_startup_errors() {
     let dir = tempfile::tempdir().unwrap();
     let short = key_file(dir.path(), "short.key", 7, 79);
-    let out = Server::builder().arg("--ticket-keys").arg(&short).run_to_exit();
+    let out = Server::builder(BIN).arg("--ticket-keys").arg(&short).run_to_exit();
     out.assert_startup_error(&["ticket key", "short.key", "79 bytes", "openssl rand 80"]);
     let missing = dir.path().join("missing.key");
-    let out = Server::builder().arg("--ticket-keys").arg(&missing).run_to_exit();
+    let out = Server::builder(BIN).arg("--ticket-keys").arg(&missing).run_to_exit();
     out.assert_startup_error(&["ticket key", "missing.key", "No such file"]);
     // `ktlsd check` refuses it the same way.
     let mut cmd = Command::new(BIN);

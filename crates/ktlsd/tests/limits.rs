@@ -3,16 +3,17 @@
 //! clients that vanish mid-response. The table of malformed heads and body framing
 //! runs in-process (`http::h1::tests`); these prove the limits on real connections.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const A_TXT: &[u8] = b"alpha\n";
 
 fn server(extra: &[&str]) -> Server {
-    Server::builder().file("a.txt", A_TXT).file("b.txt", b"bravo\n").args(extra).start()
+    Server::builder(BIN).file("a.txt", A_TXT).file("b.txt", b"bravo\n").args(extra).start()
 }
 
 /// Sends `request`, expects one response with `status` followed by the server
@@ -347,7 +348,7 @@ fn client_closing_after_request_does_not_hurt_the_server() {
 
 #[test]
 fn concurrent_clients_are_all_served() {
-    let srv = Server::builder().file("a.txt", A_TXT).workers(Some(2)).start();
+    let srv = Server::builder(BIN).file("a.txt", A_TXT).workers(Some(2)).start();
     let data = pattern(200_000, 77);
     srv.write("m.bin", &data);
     let want = sha256(&data);

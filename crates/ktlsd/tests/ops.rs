@@ -4,8 +4,6 @@
 //! the server, refusing a port someone else listens on, `ktlsd check`, and the
 //! ready line `serve` prints on stdout.
 
-mod common;
-
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,7 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// The leaf certificate's SHA-256 in the form the server logs (colon-separated hex).
 fn fingerprint(der: &[u8]) -> String {
@@ -77,7 +78,7 @@ fn reload(srv: &Server, n: usize) -> String {
 
 #[test]
 fn reload_swaps_the_certificate_without_a_failed_request_or_an_interrupted_download() {
-    let b = Server::builder();
+    let b = Server::builder(BIN);
     let (cert_a, key_a) = make_cert(b.dir(), "a", "ec");
     let (cert_b, key_b) = make_cert(b.dir(), "b", "rsa");
     let (cert, key) = (b.dir().join("live.crt"), b.dir().join("live.key"));
@@ -202,7 +203,7 @@ fn reload_swaps_the_certificate_without_a_failed_request_or_an_interrupted_downl
 
 #[test]
 fn an_invalid_reload_keeps_the_running_configuration() {
-    let b = Server::builder().no_root_arg();
+    let b = Server::builder(BIN).no_root_arg();
     let (cert_a, key_a) = make_cert(b.dir(), "a", "ec");
     let (_, key_b) = make_cert(b.dir(), "b", "ec");
     let (cert, key) = (b.dir().join("live.crt"), b.dir().join("live.key"));
@@ -249,7 +250,7 @@ fn an_invalid_reload_keeps_the_running_configuration() {
 
 #[test]
 fn reload_applies_settings_to_new_connections_and_leaves_listeners_for_a_restart() {
-    let b = Server::builder().listen(&[]);
+    let b = Server::builder(BIN).listen(&[]);
     let conf = b.write_config("listen = [\"127.0.0.1:0\"]\n");
     let srv = b.arg("--config").arg(&conf).file(".hidden", "secret\n").file("d/x.txt", "x").start();
     let mut before = TlsClient::connect(srv.addr());
@@ -275,7 +276,7 @@ fn reload_applies_settings_to_new_connections_and_leaves_listeners_for_a_restart
 
 #[test]
 fn sigusr1_reopens_the_access_log_after_rotation() {
-    let srv = Server::builder().file("a.txt", "a").file("b.txt", "b").start();
+    let srv = Server::builder(BIN).file("a.txt", "a").file("b.txt", "b").start();
     let log = srv.access_log_path().to_path_buf();
     let mut c = TlsClient::connect(srv.addr());
     assert_eq!(c.get("/a.txt").status, 200);
@@ -299,7 +300,7 @@ fn sigusr1_reopens_the_access_log_after_rotation() {
 
 #[test]
 fn common_signals_without_an_action_do_not_stop_the_server() {
-    let srv = Server::builder().file("a.txt", "a").start();
+    let srv = Server::builder(BIN).file("a.txt", "a").start();
     for sig in [libc::SIGUSR2, libc::SIGWINCH, libc::SIGPIPE, libc::SIGUSR2, libc::SIGWINCH] {
         srv.signal(sig);
         std::thread::sleep(Duration::from_millis(50));
@@ -315,7 +316,7 @@ fn common_signals_without_an_action_do_not_stop_the_server() {
 
 #[test]
 fn sighup_keeps_serving_and_keeps_access_log_lines() {
-    let srv = Server::builder().file("a.txt", "a").start();
+    let srv = Server::builder(BIN).file("a.txt", "a").start();
     let mut c = TlsClient::connect(srv.addr());
     assert_eq!(c.get("/a.txt").status, 200);
     // The line is still in the worker's buffer when the signal arrives.
@@ -328,9 +329,9 @@ fn sighup_keeps_serving_and_keeps_access_log_lines() {
 
 #[test]
 fn a_second_server_on_the_same_port_refuses_to_start() {
-    let first = Server::builder().file("a.txt", "first").start();
+    let first = Server::builder(BIN).file("a.txt", "first").start();
     let addr = first.addr().to_string();
-    let second = Server::builder().listen(&[&addr]).run_to_exit();
+    let second = Server::builder(BIN).listen(&[&addr]).run_to_exit();
     second.assert_startup_error(&[&addr, "address already in use"]);
     // The first still gets every connection.
     for _ in 0..20 {
@@ -344,7 +345,7 @@ fn a_second_server_on_the_same_port_refuses_to_start() {
 fn a_port_held_by_another_listener_refuses_start_up() {
     let holder = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = holder.local_addr().unwrap().to_string();
-    let out = Server::builder().listen(&[&addr]).run_to_exit();
+    let out = Server::builder(BIN).listen(&[&addr]).run_to_exit();
     out.assert_startup_error(&[&addr, "address already in use"]);
 
     // The same from a listener that set SO_REUSEPORT itself (as a second ktlsd does).
@@ -358,7 +359,7 @@ fn a_port_held_by_another_listener_refuses_start_up() {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(python.0.stdout.as_mut().unwrap()), &mut line).unwrap();
     let addr = format!("127.0.0.1:{}", line.trim());
-    let out = Server::builder().listen(&[&addr]).run_to_exit();
+    let out = Server::builder(BIN).listen(&[&addr]).run_to_exit();
     out.assert_startup_error(&[&addr, "address already in use"]);
 }
 
@@ -452,7 +453,7 @@ fn check_reports_each_outcome() {
 
 #[test]
 fn start_up_warns_about_a_certificate_about_to_expire() {
-    let b = Server::builder();
+    let b = Server::builder(BIN);
     let (cert, key) = cert_ending_in(b.dir(), "soon", 3);
     let srv = b.arg("--cert").arg(&cert).arg("--key").arg(&key).start();
     assert!(srv.stderr().contains("expires in 2 day(s)"), "{}", srv.stderr());
@@ -464,7 +465,7 @@ fn start_up_warns_about_a_certificate_about_to_expire() {
 /// lines sent to stdout follow it and stay whole.
 #[test]
 fn the_ready_line_comes_first_on_stdout_and_names_what_was_bound() {
-    let srv = Server::builder()
+    let srv = Server::builder(BIN)
         .file("a.txt", "hello\n")
         .no_access_log()
         .args(["--http-listen", "127.0.0.1:0", "--access-log", "-"])

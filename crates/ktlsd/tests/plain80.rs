@@ -2,13 +2,14 @@
 //! challenges from ROOT, bounded reads; `/.well-known/` over HTTPS with dot-files
 //! hidden; `--hsts` on HTTPS responses only. Real binary, curl and raw sockets.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const TOKEN: &str = "LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0";
 const HSTS: &str = "max-age=31536000; includeSubDomains";
@@ -45,7 +46,7 @@ fn header<'a>(resp: &'a str, name: &str) -> Option<&'a str> {
 
 #[test]
 fn redirects_to_https_with_port_path_and_query() {
-    let (s, http) = start(Server::builder());
+    let (s, http) = start(Server::builder(BIN));
     let https_port = s.port();
     let url = format!("http://{http}/a/b%20c?x=1&y=%2F");
     let r = fetch(&url, &[]);
@@ -80,7 +81,7 @@ fn redirects_to_https_with_port_path_and_query() {
 #[test]
 fn redirect_omits_port_443() {
     // Binding 443 needs privileges (root, or CAP_NET_BIND_SERVICE).
-    let b = Server::builder().listen(&["127.0.0.1:443"]).args(["--http-listen", "127.0.0.1:0"]);
+    let b = Server::builder(BIN).listen(&["127.0.0.1:443"]).args(["--http-listen", "127.0.0.1:0"]);
     let s = b.try_start().unwrap_or_else(|e| panic!("this test binds 127.0.0.1:443 and needs privileges for it: {e}"));
     let line = s.wait_stderr("listening on http://", Duration::from_secs(5)).expect("plain listener line");
     let http: SocketAddr =
@@ -91,7 +92,7 @@ fn redirect_omits_port_443() {
 
 #[test]
 fn bad_or_missing_host_and_garbage_get_400() {
-    let (_s, http) = start(Server::builder());
+    let (_s, http) = start(Server::builder(BIN));
     for (req, want) in [
         (&b"GET / HTTP/1.1\r\n\r\n"[..], 400),
         (b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),
@@ -121,7 +122,7 @@ fn bad_or_missing_host_and_garbage_get_400() {
 #[test]
 fn acme_challenge_over_plain_http() {
     let key_auth = format!("{TOKEN}.9jg46WB3rR_AHD-EBXdN7cBkH1WOu0tA3M9fm21mqTI");
-    let b = Server::builder()
+    let b = Server::builder(BIN)
         .file(&format!(".well-known/acme-challenge/{TOKEN}"), &key_auth)
         .file(".well-known/acme-challenge/.hidden", "no")
         .file(".well-known/other", "no")
@@ -151,7 +152,7 @@ fn acme_challenge_over_plain_http() {
 
 #[test]
 fn well_known_over_https_while_dotfiles_stay_hidden() {
-    let b = Server::builder()
+    let b = Server::builder(BIN)
         .file(".well-known/security.txt", "Contact: mailto:security@example.com\n")
         .file(".well-known/.private", "no")
         .file(".hidden", "no")
@@ -166,7 +167,7 @@ fn well_known_over_https_while_dotfiles_stay_hidden() {
 
 #[test]
 fn hsts_on_every_https_response_and_not_on_plain() {
-    let (s, http) = start(Server::builder().file("a.txt", "a").args(["--hsts", HSTS]));
+    let (s, http) = start(Server::builder(BIN).file("a.txt", "a").args(["--hsts", HSTS]));
     let ok = fetch(&s.url("/a.txt"), &[]);
     assert_eq!(ok.status, 200);
     let etag = ok.header("etag").expect("etag").to_string();
@@ -185,13 +186,13 @@ fn hsts_on_every_https_response_and_not_on_plain() {
     assert_eq!(header(&plain, "strict-transport-security"), None, "{plain}");
 
     // Off by default.
-    let s = Server::builder().file("a.txt", "a").start();
+    let s = Server::builder(BIN).file("a.txt", "a").start();
     assert_eq!(fetch(&s.url("/a.txt"), &[]).header("strict-transport-security"), None);
 }
 
 #[test]
 fn slow_plain_client_times_out_without_blocking_others() {
-    let (_s, http) = start(Server::builder().args(["--header-timeout", "1s"]));
+    let (_s, http) = start(Server::builder(BIN).args(["--header-timeout", "1s"]));
     let started = Instant::now();
     let mut slow = TcpStream::connect(http).expect("connect");
     slow.write_all(b"GET / HTTP/1.1\r\nHo").expect("send");
@@ -263,7 +264,7 @@ fn options_are_validated_at_start_and_by_check() {
 
 #[test]
 fn file_keys_and_reload() {
-    let b = Server::builder().file("a.txt", "a");
+    let b = Server::builder(BIN).file("a.txt", "a");
     let cfg = b.write_config("http_listen = [\"127.0.0.1:0\"]\nhsts = \"max-age=60\"\n");
     let s = b.arg("--config").arg(&cfg).start();
     let line = s.wait_stderr("listening on http://", Duration::from_secs(5)).expect("plain listener from the file");

@@ -6,16 +6,17 @@
 //! handshake is response data, and its plaintext is the record length minus the
 //! AES-GCM expansion (8 nonce + 16 tag bytes). Bodies are checked too.
 //!
-//! These run on the userspace record layer; `record_size_policies` in `ktls.rs`
-//! checks the same policies on the kernel's, in the VM suite.
-
-mod common;
+//! These run on the userspace record layer; `record_size_policies` in the VM
+//! suite (`tests/ktls/records.rs`) checks the same policies on the kernel's.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::{client_config, pattern, Server};
+use testkit::{client_config, pattern, Server};
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// TLS 1.2 AES-GCM record expansion: explicit nonce and tag.
 const EXPANSION: usize = 8 + 16;
@@ -104,7 +105,7 @@ impl WireClient {
 /// Serves `size` bytes under the policy and returns (head length, record plaintext lengths).
 fn one_response(policy: &str, size: usize, mss: Option<u32>) -> (usize, Vec<usize>) {
     let body = pattern(size, 7);
-    let server = Server::builder().file("f.bin", &body).arg("--record-size").arg(policy).start();
+    let server = Server::builder(BIN).file("f.bin", &body).arg("--record-size").arg(policy).start();
     let mut c = WireClient::connect_mss(&server, mss);
     c.get("/f.bin");
     let head_len = head_len_of(&mut c, size);
@@ -160,7 +161,7 @@ fn dynamic_records_ramp_in_stages() {
 fn dynamic_records_start_small_again_after_idle() {
     let body = pattern(50_000, 3);
     let server =
-        Server::builder().file("f.bin", &body).arg("--record-size").arg("dynamic:threshold=2,timeout=300ms").start();
+        Server::builder(BIN).file("f.bin", &body).arg("--record-size").arg("dynamic:threshold=2,timeout=300ms").start();
     let mut c = WireClient::connect(&server);
     c.get("/f.bin");
     let head = head_len_of(&mut c, body.len());

@@ -3,16 +3,17 @@
 //! once: no bare FIN, no wait for the idle timeout.
 //!
 //! A client completes a real handshake, takes the connection's keys and forges
-//! the bad records itself (tests/common `ForgingClient`); it decrypts the
+//! the bad records itself (`testkit::ForgingClient`); it decrypts the
 //! server's answer and checks the alert. The kernel record layer gets the same
-//! table in `ktls.rs` (`bad_records_*`), in the VM suite.
-
-mod common;
+//! table in the VM suite (`tests/ktls/bad_records.rs`).
 
 use std::time::Duration;
 
-use common::{bad_records, Closing, ForgingClient, Server, Versions};
 use rustls::crypto::aws_lc_rs::cipher_suite as cs;
+use testkit::{bad_records, Closing, ForgingClient, Server, Versions};
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// Far longer than any answer may take: a stall shows as a timeout, not a pass.
 const IDLE: &str = "60";
@@ -22,7 +23,7 @@ const PROMPT: Duration = Duration::from_secs(3);
 #[test]
 fn bad_records_get_their_alert_at_once() {
     let server =
-        Server::builder().file("index.html", "hello\n").args(["--ktls", "off", "--idle-timeout", IDLE]).start();
+        Server::builder(BIN).file("index.html", "hello\n").args(["--ktls", "off", "--idle-timeout", IDLE]).start();
     let fixtures = [
         ("TLS 1.3 AES-128-GCM", &rustls::version::TLS13, cs::TLS13_AES_128_GCM_SHA256),
         ("TLS 1.3 ChaCha20", &rustls::version::TLS13, cs::TLS13_CHACHA20_POLY1305_SHA256),
@@ -79,12 +80,12 @@ fn bad_records_get_their_alert_at_once() {
 /// next read finds the record and the alert follows at once.
 #[test]
 fn bad_record_during_a_response_gets_its_alert_after_it() {
-    let big = common::pattern(8 << 20, 7);
-    let server = Server::builder().file("big", &big).args(["--ktls", "off", "--idle-timeout", IDLE]).start();
+    let big = testkit::pattern(8 << 20, 7);
+    let server = Server::builder(BIN).file("big", &big).args(["--ktls", "off", "--idle-timeout", IDLE]).start();
     for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
         let v = version.version;
         let mut c = ForgingClient::connect(server.addr(), version, None);
-        c.send_data(common::get_request("/big").as_bytes());
+        c.send_data(testkit::get_request("/big").as_bytes());
         // Unread, the response fills the socket buffers and the server waits to write more.
         std::thread::sleep(Duration::from_millis(300));
         let mut bad = c.seal(23, b"GET / HTTP/1.1\r\n\r\n", 0);
@@ -101,9 +102,9 @@ fn bad_record_during_a_response_gets_its_alert_after_it() {
             end.elapsed
         );
         let (resp, used) =
-            common::parse_response(&data, false).unwrap_or_else(|| panic!("{v:?}: no complete response"));
+            testkit::parse_response(&data, false).unwrap_or_else(|| panic!("{v:?}: no complete response"));
         assert_eq!(resp.status, 200, "{v:?}");
-        common::assert_body("/big before the bad record's alert", &resp.body, &big);
+        testkit::assert_body("/big before the bad record's alert", &resp.body, &big);
         assert_eq!(used, data.len(), "{v:?}: data after the response");
         assert_eq!(
             end.records.last().map(|(t, p)| (*t, p.clone())),

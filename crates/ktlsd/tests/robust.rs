@@ -3,19 +3,20 @@
 //! error responses, `Expect: 100-continue`, and the finer points of request
 //! parsing (versions, Host, absolute-form, transfer codings, preconditions).
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const A_TXT: &[u8] = b"alpha\n";
 const MIB: usize = 1024 * 1024;
 
 fn server(extra: &[&str]) -> Server {
-    Server::builder().file("a.txt", A_TXT).file("dir/index.html", b"index\n").args(extra).start()
+    Server::builder(BIN).file("a.txt", A_TXT).file("dir/index.html", b"index\n").args(extra).start()
 }
 
 /// Sends `request` on a fresh connection and reads one response (`head`: to a HEAD).
@@ -50,7 +51,7 @@ fn nofile_limits(pid: i32) -> (u64, u64) {
 #[test]
 fn soft_fd_limit_is_raised_to_the_hard_limit_and_logged() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let srv = Server::builder().file("a.txt", A_TXT).bin(limited_bin(tmp.path(), 128, 700)).start();
+    let srv = Server::builder(BIN).file("a.txt", A_TXT).bin(limited_bin(tmp.path(), 128, 700)).start();
     assert_eq!(nofile_limits(srv.pid()), (700, 700), "the soft limit should be raised to the hard limit");
     let line = srv.wait_stderr("file descriptors", Duration::from_secs(5)).unwrap_or_else(|| srv.stderr());
     assert!(line.contains("700") && line.contains("128"), "fd budget line should name both limits: {line}");
@@ -61,7 +62,7 @@ fn open_file_cache_never_exhausts_a_low_fd_limit() {
     const FILES: usize = 400;
     const SPELLINGS: usize = 300;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let mut b = Server::builder().bin(limited_bin(tmp.path(), 256, 256));
+    let mut b = Server::builder(BIN).bin(limited_bin(tmp.path(), 256, 256));
     for i in 0..FILES {
         b = b.file(&format!("f{i}"), format!("file {i}\n"));
     }
@@ -123,7 +124,7 @@ fn lingering_case(request: &str, want: &[(u16, Option<&[u8]>)]) {
 
 fn lingering_case_with(request: &str, want: &[(u16, Option<&[u8]>)], later: bool) {
     let big = pattern(MIB, 9);
-    let srv = Server::builder().file("big", &big).file("a.txt", A_TXT).start();
+    let srv = Server::builder(BIN).file("big", &big).file("a.txt", A_TXT).start();
     let mut c = TlsClient::connect(srv.addr());
     let extra = vec![b'z'; 20_000];
     if later {
@@ -431,7 +432,7 @@ fn userinfo_in_absolute_form_is_400() {
         assert_eq!(r.status, 400, "{target}");
     }
     // An @ in the path is fine.
-    let srv2 = Server::builder().file("u@h", b"at\n").start();
+    let srv2 = Server::builder(BIN).file("u@h", b"at\n").start();
     let r = exchange(&srv2, b"GET https://localhost/u@h HTTP/1.1\r\nHost: localhost\r\n\r\n", false);
     assert_eq!((r.status, r.body.as_slice()), (200, b"at\n".as_slice()));
 }

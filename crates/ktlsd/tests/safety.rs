@@ -5,12 +5,13 @@
 //! `--path-as-is` (and the raw client is used where even that would rewrite the
 //! target), so the server sees the bytes exactly as written.
 
-mod common;
-
 use std::os::unix::fs::symlink;
 use std::time::Duration;
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const SECRET: &str = "TOP-SECRET-3f9c1a outside the root\n";
 const A_TXT: &[u8] = b"inside\n";
@@ -18,7 +19,7 @@ const A_TXT: &[u8] = b"inside\n";
 /// A server whose ROOT holds a.txt and sub/b.txt, with DIR/secret.txt (outside
 /// ROOT) and DIR/outside/secret.txt next to it.
 fn setup() -> ServerBuilder {
-    let b = Server::builder().file("a.txt", A_TXT).file("sub/b.txt", b"bee\n");
+    let b = Server::builder(BIN).file("a.txt", A_TXT).file("sub/b.txt", b"bee\n");
     write_file(&b.dir().join("secret.txt"), SECRET.as_bytes());
     write_file(&b.dir().join("outside/secret.txt"), SECRET.as_bytes());
     b

@@ -5,11 +5,12 @@
 //! Thousands of connections are the `scale` bench's job (bench/run scale); these
 //! use a few hundred.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// Resident memory of process `pid`, in KiB.
 fn rss_kib(pid: i32) -> u64 {
@@ -44,7 +45,7 @@ fn idle_connections_hold_no_buffers() {
     const N: usize = 300;
     const MAX_KIB_PER_CONNECTION: u64 = 40;
     let big = body();
-    let srv = Server::builder().file("big.bin", &big).workers(Some(1)).no_access_log().bin_from_env().start();
+    let srv = Server::builder(BIN).file("big.bin", &big).workers(Some(1)).no_access_log().bin_from_env().start();
     // Warm up: the worker's pools and the open-file cache exist before the baseline.
     drop(idle_clients(&srv, 4, &big));
     let before = rss_kib(srv.pid());
@@ -70,7 +71,7 @@ fn idle_connections_hold_no_buffers() {
 #[test]
 fn max_connections_refuses_extra_then_admits() {
     let big = body();
-    let srv = Server::builder().file("big.bin", &big).workers(Some(1)).args(["--max-connections", "5"]).start();
+    let srv = Server::builder(BIN).file("big.bin", &big).workers(Some(1)).args(["--max-connections", "5"]).start();
     let mut held = idle_clients(&srv, 5, &big);
     let refused = TlsClient::connect_with(srv.addr(), client_config(&[&rustls::version::TLS13]));
     assert!(refused.is_err(), "a sixth connection was served over --max-connections 5");
@@ -101,6 +102,6 @@ fn max_connections_refuses_extra_then_admits() {
 /// A cap of 0 is refused at start-up with a one-line error.
 #[test]
 fn max_connections_zero_is_a_startup_error() {
-    let exited = Server::builder().args(["--max-connections", "0"]).run_to_exit();
+    let exited = Server::builder(BIN).args(["--max-connections", "0"]).run_to_exit();
     exited.assert_startup_error(&["max_connections must be at least 1"]);
 }

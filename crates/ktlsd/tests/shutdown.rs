@@ -1,12 +1,13 @@
 //! Stopping: SIGTERM/SIGINT close the listeners at once, let in-flight responses
 //! finish within --shutdown-timeout, and exit 0 with the final counters.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 fn split_head(data: &[u8]) -> (RawResponse, &[u8]) {
     let end = find(data, b"\r\n\r\n").expect("a response head") + 4;
@@ -16,7 +17,7 @@ fn split_head(data: &[u8]) -> (RawResponse, &[u8]) {
 
 #[test]
 fn sigterm_lets_an_inflight_download_finish() {
-    let srv = Server::builder().args(["--shutdown-timeout", "20"]).start();
+    let srv = Server::builder(BIN).args(["--shutdown-timeout", "20"]).start();
     let path = srv.root().join("big.bin");
     write_big_file(&path, 32 << 20);
     let want = std::fs::read(&path).unwrap();
@@ -52,7 +53,7 @@ fn sigterm_lets_an_inflight_download_finish() {
 
 #[test]
 fn sigterm_during_curl_download() {
-    let srv = Server::builder().args(["--shutdown-timeout", "30"]).start();
+    let srv = Server::builder(BIN).args(["--shutdown-timeout", "30"]).start();
     let path = srv.root().join("big.bin");
     let want = write_big_file(&path, 12 << 20);
     let tmp = tempfile::tempdir().unwrap();
@@ -89,7 +90,7 @@ fn sigterm_during_curl_download() {
 
 #[test]
 fn sigint_stops_too() {
-    let srv = Server::builder().file("a.txt", b"a").start();
+    let srv = Server::builder(BIN).file("a.txt", b"a").start();
     assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
     srv.signal(libc::SIGINT);
     let st = srv.wait_exit(Duration::from_secs(20));
@@ -100,7 +101,7 @@ fn sigint_stops_too() {
 
 #[test]
 fn stopped_line_has_every_counter() {
-    let srv = Server::builder().file("a.txt", b"a").start();
+    let srv = Server::builder(BIN).file("a.txt", b"a").start();
     assert_eq!(fetch(&srv.url("/a.txt"), &[]).body, b"a");
     let st = srv.stop();
     st.assert_clean_exit();
@@ -115,7 +116,7 @@ fn stopped_line_has_every_counter() {
 
 #[test]
 fn shutdown_timeout_bounds_a_stalled_client() {
-    let srv = Server::builder().args(["--shutdown-timeout", "1"]).start();
+    let srv = Server::builder(BIN).args(["--shutdown-timeout", "1"]).start();
     write_big_file(&srv.root().join("big.bin"), 32 << 20);
     let mut c = TlsClient::connect(srv.addr());
     c.set_recv_buffer(64 * 1024);
@@ -135,7 +136,7 @@ fn shutdown_timeout_bounds_a_stalled_client() {
 
 #[test]
 fn idle_connections_do_not_delay_shutdown() {
-    let srv = Server::builder().file("a.txt", b"a").args(["--shutdown-timeout", "20"]).start();
+    let srv = Server::builder(BIN).file("a.txt", b"a").args(["--shutdown-timeout", "20"]).start();
     let mut used = TlsClient::connect(srv.addr());
     assert_eq!(used.get("/a.txt").body, b"a");
     let mut fresh = TlsClient::connect(srv.addr());
@@ -152,7 +153,8 @@ fn idle_connections_do_not_delay_shutdown() {
 
 #[test]
 fn partial_request_at_shutdown_is_not_left_hanging() {
-    let srv = Server::builder().file("a.txt", b"a").args(["--shutdown-timeout", "2", "--header-timeout", "30"]).start();
+    let srv =
+        Server::builder(BIN).file("a.txt", b"a").args(["--shutdown-timeout", "2", "--header-timeout", "30"]).start();
     let mut c = TlsClient::connect(srv.addr());
     c.send(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n");
     std::thread::sleep(Duration::from_millis(200));

@@ -5,13 +5,14 @@
 //! a Host naming no site goes to the default site or gets 421, and a reload adds
 //! a site.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// A self-signed certificate for `names`, written as DIR/LABEL.crt and .key;
 /// returns the paths and its SHA-256 fingerprint (colon-separated upper-case hex).
@@ -77,7 +78,7 @@ fn curl(port: u16, name: &str, path: &str, host: Option<&str>) -> (u16, String) 
 }
 
 fn start(config: &str, dir_setup: impl FnOnce(&Path) -> String) -> (Server, String) {
-    let b = Server::builder().file("f.txt", "default");
+    let b = Server::builder(BIN).file("f.txt", "default");
     let extra = dir_setup(b.dir());
     let srv = b.config(&format!("{config}{extra}")).start();
     let default_fp = srv
@@ -218,7 +219,7 @@ fn a_sites_self_signed_certificate_is_kept() {
         format!("[[site]]\nnames = [\"s.test\", \"*.s.test\"]\nroot = {:?}\n", d.join("s").display().to_string())
     };
     let start_with_state = || {
-        let b = Server::builder().file("f.txt", "default").no_state_dir();
+        let b = Server::builder(BIN).file("f.txt", "default").no_state_dir();
         let text = block(b.dir());
         b.config(&text).arg("--state-dir").arg(state.path()).start()
     };

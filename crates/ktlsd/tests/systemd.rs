@@ -3,8 +3,6 @@
 //! under the real `systemd-socket-activate`, `READY=1`/`RELOADING=1`/`STOPPING=1`
 //! on `NOTIFY_SOCKET`, and the unit files in dist/ passing `systemd-analyze verify`.
 
-mod common;
-
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
@@ -12,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// nobody's uid and gid on Debian.
 const NOBODY: u32 = 65534;
@@ -51,7 +52,7 @@ fn status_of(server: &Server, path: &str) -> u16 {
 /// ROOT is refused with 403 while a world-readable one is served.
 #[test]
 fn user_drops_every_thread_and_root_only_files_are_refused() {
-    let b = ServerBuilder::new()
+    let b = ServerBuilder::new(BIN)
         .file("public.txt", "for everyone\n")
         .file("secret.txt", "root only\n")
         .workers(Some(2))
@@ -92,7 +93,7 @@ fn user_drops_every_thread_and_root_only_files_are_refused() {
 /// The same from the configuration file's `user`/`group` keys.
 #[test]
 fn user_and_group_from_the_config_file() {
-    let b = ServerBuilder::new().file("a.txt", "a\n").no_allow_root();
+    let b = ServerBuilder::new(BIN).file("a.txt", "a\n").no_allow_root();
     let b = b.config("user = \"nobody\"\ngroup = \"nogroup\"\n");
     if !running_as_root() {
         b.run_to_exit().assert_startup_error(&["only root"]);
@@ -112,11 +113,11 @@ fn user_and_group_from_the_config_file() {
 fn root_without_user_is_refused_unless_allowed() {
     if !running_as_root() {
         // Not root: nothing to refuse, and no warning.
-        let server = ServerBuilder::new().no_allow_root().start();
+        let server = ServerBuilder::new(BIN).no_allow_root().start();
         assert!(!server.stderr().contains("running as root"), "{}", server.stderr());
         return;
     }
-    let line = ServerBuilder::new().no_allow_root().run_to_exit().assert_startup_error(&[
+    let line = ServerBuilder::new(BIN).no_allow_root().run_to_exit().assert_startup_error(&[
         "refusing to serve as root",
         "--user",
         "--allow-root",
@@ -129,7 +130,7 @@ fn root_without_user_is_refused_unless_allowed() {
     Exited::from(run_with_timeout(&mut cmd, None, Duration::from_secs(30)))
         .assert_startup_error(&["refusing to serve as root"]);
 
-    let server = ServerBuilder::new().file("a.txt", "a\n").start(); // the harness passes --allow-root
+    let server = ServerBuilder::new(BIN).file("a.txt", "a\n").start(); // the harness passes --allow-root
     assert!(server.stderr().contains("running as root (--allow-root)"), "{}", server.stderr());
     assert_eq!(status_of(&server, "/a.txt"), 200);
     server.stop().assert_clean_exit();
@@ -146,7 +147,7 @@ fn bad_user_or_group_is_refused_at_start_up() {
         ),
         (&["--group", "nogroup"][..], &["group was given without user"][..]),
     ] {
-        ServerBuilder::new().args(args).run_to_exit().assert_startup_error(needles);
+        ServerBuilder::new(BIN).args(args).run_to_exit().assert_startup_error(needles);
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Command::new(BIN);
         cmd.args(["check", "--listen", "127.0.0.1:0"]).args(args).arg(dir.path()).env_remove("KTLSD_LOG");
@@ -160,10 +161,10 @@ fn bad_user_or_group_is_refused_at_start_up() {
 #[test]
 fn reload_after_dropping_privileges() {
     if !running_as_root() {
-        ServerBuilder::new().args(["--user", "nobody"]).run_to_exit().assert_startup_error(&["only root"]);
+        ServerBuilder::new(BIN).args(["--user", "nobody"]).run_to_exit().assert_startup_error(&["only root"]);
         return;
     }
-    let b = ServerBuilder::new().file("a.txt", "a\n").args(["--user", "nobody"]);
+    let b = ServerBuilder::new(BIN).file("a.txt", "a\n").args(["--user", "nobody"]);
     let (cert, key) = make_cert(b.dir(), "first", "ec");
     chmod(b.dir(), 0o755);
     chmod(&cert, 0o644);
@@ -216,7 +217,7 @@ fn socket_activation_serves_on_the_passed_sockets() {
         }
         panic!("no connection to {a1}");
     });
-    let server = ServerBuilder::new()
+    let server = ServerBuilder::new(BIN)
         .file("a.txt", "activated\n")
         .workers(Some(2))
         .wrapper(["systemd-socket-activate", "-l", &a1.to_string(), "-l", &a2.to_string()])
@@ -264,7 +265,7 @@ fn notify_socket_gets_ready_reloading_and_stopping() {
             UnixDatagram::bind(&listen).unwrap()
         };
         sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let server = ServerBuilder::new().env("NOTIFY_SOCKET", &env).start();
+        let server = ServerBuilder::new(BIN).env("NOTIFY_SOCKET", &env).start();
         assert_eq!(recv(&sock), "READY=1", "{env}");
         server.signal(libc::SIGHUP);
         let reloading = recv(&sock);

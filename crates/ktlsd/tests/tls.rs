@@ -2,14 +2,15 @@
 //! `openssl s_client`, suites and versions turned off, RSA certificates, session
 //! resumption, ALPN, and what happens to non-TLS bytes on the TLS port.
 
-mod common;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::*;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const REQUEST: &str = "GET /f.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 const F_TXT: &str = "the quick brown fox\n";
@@ -18,7 +19,7 @@ const F_TXT: &str = "the quick brown fox\n";
 const SIZES: &[usize] = &[0, 1, 16383, 16384, 16385, 1 << 20];
 
 fn sized_server(extra: &[&str]) -> Server {
-    let mut b = Server::builder();
+    let mut b = Server::builder(BIN);
     for (i, &n) in SIZES.iter().enumerate() {
         b = b.file(&format!("s{n}.bin"), pattern(n, 100 + i as u64));
     }
@@ -89,7 +90,7 @@ fn bodies_tls13_rustls_pipelined() {
 
 /// 100 MiB, downloaded with curl to a file and hashed.
 fn body_100_mib(version_args: &[&str], expect_version: &str) {
-    let srv = Server::builder().start();
+    let srv = Server::builder(BIN).start();
     let path = srv.root().join("big.bin");
     let want = write_big_file(&path, 100 << 20);
     let tmp = tempfile::tempdir().unwrap();
@@ -127,7 +128,7 @@ fn record_size_policies_serve_identical_bytes() {
     for policy in
         ["static:1k", "static:16k", "static:4096", "dynamic", "dynamic:lo=1000,hi=3000,threshold=3", "adaptive"]
     {
-        let srv = Server::builder().file("d.bin", &data).args(["--record-size", policy]).start();
+        let srv = Server::builder(BIN).file("d.bin", &data).args(["--record-size", policy]).start();
         assert!(srv.stderr().contains("record size "), "{}", srv.stderr());
         let r = fetch(&srv.url("/d.bin"), &[]);
         assert_eq!(r.status, 200, "{policy}");
@@ -139,7 +140,7 @@ fn record_size_policies_serve_identical_bytes() {
 
 #[test]
 fn startup_line_reports_record_size_and_fingerprint() {
-    let srv = Server::builder().args(["--record-size", "static:4k"]).start();
+    let srv = Server::builder(BIN).args(["--record-size", "static:4k"]).start();
     let line = srv.wait_stderr(" serving ", Duration::from_secs(1)).unwrap();
     assert!(line.contains("with 1 worker,"), "{line}");
     assert!(line.contains("record size static:4096"), "{line}");
@@ -190,11 +191,11 @@ fn assert_s_client_refused(srv: &Server, args: &[&str]) {
 }
 
 fn ecdsa_server(extra: &[&str]) -> Server {
-    Server::builder().file("f.txt", F_TXT).args(extra).start()
+    Server::builder(BIN).file("f.txt", F_TXT).args(extra).start()
 }
 
 fn rsa_server(extra: &[&str]) -> Server {
-    let b = Server::builder().file("f.txt", F_TXT);
+    let b = Server::builder(BIN).file("f.txt", F_TXT);
     let (cert, key) = make_cert(b.dir(), "rsa", "rsa");
     b.arg("--cert").arg(&cert).arg("--key").arg(&key).args(extra).start()
 }
@@ -295,7 +296,7 @@ fn ecdsa_cert_refuses_rsa_suites() {
 
 #[test]
 fn loaded_ecdsa_cert_is_presented() {
-    let b = Server::builder().file("f.txt", F_TXT);
+    let b = Server::builder(BIN).file("f.txt", F_TXT);
     let (cert, key) = make_cert(b.dir(), "ec", "ec");
     let srv = b.arg("--cert").arg(&cert).arg("--key").arg(&key).start();
     let out = openssl(
@@ -423,7 +424,7 @@ fn session_resumption_tls12_rsa() {
 #[test]
 fn session_resumption_across_workers() {
     // Tickets are shared by every worker: resumption must work whichever accepts.
-    let srv = Server::builder().file("f.txt", F_TXT).workers(Some(2)).start();
+    let srv = Server::builder(BIN).file("f.txt", F_TXT).workers(Some(2)).start();
     let tmp = tempfile::tempdir().unwrap();
     let sess = tmp.path().join("s.pem").to_string_lossy().into_owned();
     let (ok, out, _) = s_client(srv.addr(), &["-tls1_3", "-sess_out", &sess], REQUEST);
@@ -557,7 +558,7 @@ fn tls13_client_key_update_mid_connection() {
 #[test]
 fn many_requests_on_one_connection() {
     let data = pattern(40_000, 31);
-    let srv = Server::builder().file("d.bin", &data).start();
+    let srv = Server::builder(BIN).file("d.bin", &data).start();
     for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
         let mut c = TlsClient::connect_with(srv.addr(), client_config(&[version])).unwrap();
         for i in 0..200 {

@@ -13,8 +13,6 @@ mod renew;
 mod store;
 
 #[cfg(test)]
-mod pebble;
-#[cfg(test)]
 mod tests;
 
 use std::path::PathBuf;

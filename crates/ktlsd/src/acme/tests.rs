@@ -7,9 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use testkit::pebble::Pebble;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::pebble::Pebble;
 use super::*;
 
 /// An http-01 responder on 127.0.0.1: answers `/.well-known/acme-challenge/TOKEN` from

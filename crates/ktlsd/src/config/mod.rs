@@ -48,8 +48,8 @@ pub use self::admin::AdminAddr;
 pub use self::sites::{SiteAcme, SiteCert, SiteConfig};
 pub use self::timeouts::{Limits, Timeouts};
 pub use self::tls::TcpOptions;
-use crate::tls::config::TlsVersion;
 use crate::tls::sizing::RecordPolicy;
+use crate::vocab::{TlsVersion, UnknownName};
 use options::{Options, ServeArgs};
 
 /// Why the configuration was refused. Each message names the offending value.
@@ -77,16 +77,6 @@ pub enum KtlsMode {
     On,
     /// Userspace record layer only.
     Off,
-}
-
-/// What a name no `[[site]]` has gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum UnknownSni {
-    /// The default site (the top-level keys) serves it.
-    #[default]
-    Default,
-    /// The handshake fails with `unrecognized_name`; a request naming it gets 421.
-    Refuse,
 }
 
 /// Where access-log lines go.
@@ -134,7 +124,7 @@ pub struct Config {
     pub allow_root: bool,
     /// The `[[site]]` blocks of the config file; the top-level keys form the default site.
     pub sites: Vec<SiteConfig>,
-    pub unknown_sni: UnknownSni,
+    pub unknown_sni: UnknownName,
     /// The admin listener; `None`: off.
     pub admin: Option<AdminAddr>,
     /// Whether ALPN offers HTTP/2.

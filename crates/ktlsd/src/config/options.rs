@@ -14,8 +14,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{KtlsMode, UnknownSni};
+use super::KtlsMode;
 use crate::log::LogFormat;
+use crate::vocab::UnknownName;
 
 /// Declares the options: `per_site` ones are keys of the top level (the default site,
 /// where the command line sets them) and of each `[[site]]`; `site_block` keys belong
@@ -216,7 +217,7 @@ schema! {
         allow_root: bool,
         /// What a TLS server name or Host that no [[site]] of the config file has gets: "default" (the default site) or "refuse" (the handshake fails with an unrecognized_name alert; a request gets 421) [default: default]
         #[arg(long, value_name = "default|refuse", hide_possible_values = true)]
-        unknown_sni: UnknownSni,
+        unknown_sni: UnknownName,
         /// Admin listener (plain HTTP: /metrics, /status, /advisor): a loopback IP:PORT such as 127.0.0.1:9443, a Unix socket path, or off [default: off]
         #[arg(long, value_name = "ADDR")]
         admin: String,
@@ -312,7 +313,7 @@ macro_rules! choice {
 
 choice! {
     KtlsMode => "ktls",
-    UnknownSni => "unknown_sni",
+    UnknownName => "unknown_sni",
     LogFormat => "access_log_format",
     LogLevel => "log_level",
 }

@@ -57,8 +57,7 @@ fn default_state_dir(
 
 /// [`default_state_dir`] for this process.
 fn default_state_dir_here() -> Option<PathBuf> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let is_root = unsafe { libc::geteuid() } == 0;
+    let is_root = crate::sys::effective_uid() == 0;
     let var_lib_usable = is_root && (Path::new("/var/lib/ktlsd").is_dir() || Path::new("/var/lib").is_dir());
     let xdg = std::env::var("XDG_STATE_HOME").ok();
     let home = std::env::var("HOME").ok();

@@ -34,7 +34,7 @@ pub struct SiteAcme {
 #[derive(Debug, Clone)]
 pub struct SiteConfig {
     /// Exact names and `*.example.com` wildcards, validated.
-    pub names: crate::handler::sites::Names,
+    pub names: crate::names::Names,
     /// Canonical path of the site's directory.
     pub root: PathBuf,
     pub cert: SiteCert,
@@ -54,8 +54,7 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
     let mut seen = std::collections::HashMap::new();
     for (i, s) in file.into_iter().enumerate() {
         let which = format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
-        let names =
-            crate::handler::sites::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
+        let names = crate::names::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
         for n in names.dns_names() {
             if let Some(other) = seen.insert(n.clone(), which.clone()) {
                 return err(format!("{which}: name {n} is also in {other}; each name belongs to one site"));
@@ -120,7 +119,7 @@ pub fn check_acme(
 
 /// A site's `acme` table: a URL directory, a challenge type, exact names only
 /// (a CA validates wildcards by DNS-01, which ktlsd does not answer).
-fn site_acme(which: &str, names: &crate::handler::sites::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
+fn site_acme(which: &str, names: &crate::names::Names, a: FileAcme) -> Result<SiteAcme, ConfigError> {
     use crate::acme::Challenge;
     if names.dns_names().len() != names.exact().len() {
         return err(format!(

@@ -163,7 +163,7 @@ fn help_states_the_real_defaults() {
     assert_eq!((default_of("http_listen").as_str(), default_of("hsts").as_str()), ("none", "none"));
     assert_eq!((c.user.as_deref(), c.group.as_deref(), c.allow_root), (None, None, false));
     assert_eq!((default_of("user").as_str(), default_of("allow_root").as_str()), ("none", "off"));
-    assert_eq!((c.unknown_sni, default_of("unknown_sni").as_str()), (UnknownSni::Default, "default"));
+    assert_eq!((c.unknown_sni, default_of("unknown_sni").as_str()), (UnknownName::Default, "default"));
     assert!(c.sites.is_empty());
 }
 

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use super::options::Options;
 use super::{err, ConfigError};
-use crate::tls::config::TlsVersion;
 use crate::tls::sizing::RecordPolicy;
+use crate::vocab::TlsVersion;
 
 /// TCP_NOTSENT_LOWAT applied with the adaptive record policy unless one is configured.
 pub(super) const ADAPTIVE_NOTSENT_LOWAT: u32 = 16 * 1024;

@@ -7,7 +7,6 @@
 use std::ffi::CString;
 use std::fs::{File, Metadata};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,7 +43,7 @@ impl Root {
         let file = if OPENAT2_MISSING.load(Ordering::Relaxed) {
             self.open_checked(target)
         } else {
-            match openat2_beneath(&self.dir, &c) {
+            match crate::sys::open_beneath(&self.dir, &c) {
                 Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
                     OPENAT2_MISSING.store(true, Ordering::Relaxed);
                     self.open_checked(target)
@@ -64,7 +63,7 @@ impl Root {
         let inside = canonical.strip_prefix(&self.path).map_err(|_| Refusal::OutsideRoot)?;
         let inside = if inside.as_os_str().is_empty() { Path::new(".") } else { inside };
         let c = CString::new(inside.as_os_str().as_bytes()).map_err(|_| Refusal::BadPath("NUL byte"))?;
-        openat2_beneath(&self.dir, &c).map_err(refusal)
+        crate::sys::open_beneath(&self.dir, &c).map_err(refusal)
     }
 
     fn open_checked(&self, rel: &Path) -> Result<File, Refusal> {
@@ -90,29 +89,4 @@ fn refusal(e: io::Error) -> Refusal {
         Some(libc::EMFILE) | Some(libc::ENFILE) => Refusal::NoDescriptors,
         _ => Refusal::Forbidden("cannot open"),
     }
-}
-
-/// `openat2(dir, path, O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_NOCTTY, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS)`.
-/// O_NONBLOCK keeps a FIFO planted in the tree from blocking the worker.
-fn openat2_beneath(dir: &File, path: &CString) -> io::Result<File> {
-    // SAFETY: open_how is plain old data; zero is valid for every field.
-    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY) as u64;
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
-    // SAFETY: `dir` is an open directory fd and `path` a NUL-terminated string, both
-    // alive for the call; `how` is a fully initialised open_how passed with its size.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const libc::open_how,
-            std::mem::size_of::<libc::open_how>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the syscall succeeded, so `fd` is a new descriptor that nothing else owns.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
 }

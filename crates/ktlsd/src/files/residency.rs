@@ -23,7 +23,7 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -76,7 +76,7 @@ pub fn read_nowait(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Nowai
         return Ok(Nowait::Unsupported);
     }
     loop {
-        match preadv2_nowait(file.as_raw_fd(), buf, offset) {
+        match crate::sys::read_nowait(file.as_fd(), buf, offset) {
             Ok(n) => return Ok(Nowait::Read(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Nowait::Cold),
@@ -88,21 +88,6 @@ pub fn read_nowait(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Nowai
             }
             Err(e) => return Err(e),
         }
-    }
-}
-
-/// `preadv2(fd, [buf], offset, RWF_NOWAIT)`.
-fn preadv2_nowait(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let offset = libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: `iov` describes `buf`, which is exclusively borrowed for the whole
-    // call, so the kernel writes at most `buf.len()` bytes into memory we own;
-    // `fd` is borrowed from a live `File` by the caller.
-    let n = unsafe { libc::preadv2(fd, &iov, 1, offset, libc::RWF_NOWAIT) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
     }
 }
 
@@ -123,7 +108,7 @@ pub fn probe(file: &File, range: Range<u64>) -> Residency {
     if range.is_empty() {
         return Residency::Resident;
     }
-    let page = page_size();
+    let page = crate::sys::page_size();
     let last = (range.end - 1) / page * page;
     let mut byte = [0u8; 1];
     let mut at = |offset| matches!(read_nowait(file, &mut byte, offset), Ok(Nowait::Cold));
@@ -132,12 +117,6 @@ pub fn probe(file: &File, range: Range<u64>) -> Residency {
     } else {
         Residency::Resident
     }
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
 /// How a cold window was read in.
@@ -191,8 +170,7 @@ fn read_through(file: &File, range: Range<u64>) -> io::Result<()> {
     else {
         return Err(io::ErrorKind::InvalidInput.into());
     };
-    // SAFETY: plain syscall on a descriptor we own; advice only, no memory passed.
-    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), start, len, libc::POSIX_FADV_WILLNEED) };
+    let _ = crate::sys::will_need(file, start as u64, len as u64);
     SCRATCH_BUF.with(|s| {
         let mut s = s.borrow_mut();
         s.resize(SCRATCH, 0);
@@ -305,8 +283,7 @@ mod tests {
     }
 
     fn evict(f: &File) {
-        // SAFETY: advice on a live descriptor; no memory passed.
-        assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        rustix::fs::fadvise(f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
     }
 
     #[test]
@@ -329,8 +306,7 @@ mod tests {
         let file = f.as_file();
         // Only the first 64 KiB read; readahead may bring more, never the whole second MiB.
         let mut head = vec![0u8; 64 * 1024];
-        // SAFETY: advice on a live descriptor; no memory passed.
-        unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        let _ = rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::Random);
         file.read_exact_at(&mut head, 0).unwrap();
         assert_eq!(probe(file, 0..64 * 1024), Residency::Resident);
         assert_eq!(probe(file, 0..2 * WINDOW), Residency::Cold, "the last page is not cached");

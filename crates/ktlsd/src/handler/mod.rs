@@ -62,6 +62,18 @@ pub fn handle(req: &Request, site: &Site<'_>) -> Response {
     }
 }
 
+/// The answer a codec gives instead of asking [`handle`] (a request it cannot
+/// parse, too large, or for no site): `status`'s error page with the site's HSTS,
+/// and no body when the request was HEAD.
+pub fn refusal(status: Status, site: &Site<'_>, head_request: bool) -> Response {
+    let response = with_hsts(Response::page(status), site);
+    if head_request {
+        response.without_body()
+    } else {
+        response
+    }
+}
+
 /// `response` with Strict-Transport-Security when configured: every HTTPS response
 /// carries it, errors included (RFC 6797 section 8.1 takes it from any). It goes
 /// last, except that Content-Range closes a 206 head.
@@ -278,4 +290,5 @@ fn choose_variant(req: &Request, site: &Site<'_>, found: files::Found) -> (files
 }
 
 #[cfg(test)]
+#[allow(unsafe_code)] // its fixtures plant FIFOs with mkfifo
 mod tests;

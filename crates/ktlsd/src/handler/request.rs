@@ -9,67 +9,7 @@ use std::fmt;
 use std::time::SystemTime;
 
 use super::range::ByteRangeSpec;
-
-/// A request method. Only GET and HEAD are served; the methods RFC 9110 and RFC 5789
-/// define are named so that logs and tests can speak of them, any other token is `Other`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Method {
-    Get,
-    Head,
-    Post,
-    Put,
-    Delete,
-    Connect,
-    Options,
-    Trace,
-    Patch,
-    /// Any other token (methods are case-sensitive: `get` is one of these).
-    Other(String),
-}
-
-impl Method {
-    /// The method named by `token` (already checked to be a token by the codec).
-    pub fn from_token(token: &str) -> Method {
-        match token {
-            "GET" => Method::Get,
-            "HEAD" => Method::Head,
-            "POST" => Method::Post,
-            "PUT" => Method::Put,
-            "DELETE" => Method::Delete,
-            "CONNECT" => Method::Connect,
-            "OPTIONS" => Method::Options,
-            "TRACE" => Method::Trace,
-            "PATCH" => Method::Patch,
-            other => Method::Other(other.to_string()),
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        match self {
-            Method::Get => "GET",
-            Method::Head => "HEAD",
-            Method::Post => "POST",
-            Method::Put => "PUT",
-            Method::Delete => "DELETE",
-            Method::Connect => "CONNECT",
-            Method::Options => "OPTIONS",
-            Method::Trace => "TRACE",
-            Method::Patch => "PATCH",
-            Method::Other(s) => s,
-        }
-    }
-
-    /// Whether a static file server answers it (GET and HEAD); others get 405.
-    pub fn is_served(&self) -> bool {
-        matches!(self, Method::Get | Method::Head)
-    }
-}
-
-impl fmt::Display for Method {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::vocab::Method;
 
 /// One request.
 #[derive(Debug, Clone, PartialEq, Eq)]

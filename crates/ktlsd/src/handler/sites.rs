@@ -1,102 +1,14 @@
-//! Which site a name belongs to: the names of a `[[site]]` (exact names and
-//! `*.example.com` wildcards), the matching of a TLS server name or an HTTP
-//! Host/:authority against them (exact first, then wildcard), and [`Sites`], the
-//! per-request choice the codecs make before calling [`super::handle`].
+//! Which site a request is for: [`Sites`], the per-request choice the codecs
+//! make by Host/:authority before calling [`super::handle`], over the
+//! [`NamedSite`]s of the configuration.
 //!
-//! It does no I/O and knows nothing of certificates: the TLS resolver uses the
-//! same [`find`] over its own list.
+//! It does no I/O and knows nothing of certificates. The names themselves and
+//! their matching live in [`crate::names`], which the TLS resolver uses too.
 
 use super::Site;
 use crate::files::{self, Root};
-
-/// The names one site answers to, lower-case.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
-    exact: Vec<String>,
-    /// `*.example.com` kept as `.example.com`: it matches one more label in front.
-    wildcard: Vec<String>,
-}
-
-impl Names {
-    /// Parses `example.com` and `*.example.com` forms; an error names the bad one.
-    pub fn parse(names: &[String]) -> Result<Names, String> {
-        let (mut exact, mut wildcard) = (Vec::new(), Vec::new());
-        for name in names {
-            let lower = name.trim_end_matches('.').to_ascii_lowercase();
-            let (rest, is_wildcard) = match lower.strip_prefix("*.") {
-                Some(rest) => (rest, true),
-                None => (lower.as_str(), false),
-            };
-            if !is_dns_name(rest) {
-                return Err(format!(
-                    "{name:?} is not a DNS name or a *.DNS-name wildcard (letters, digits, '-' and '.')"
-                ));
-            }
-            match is_wildcard {
-                true => wildcard.push(format!(".{rest}")),
-                false => exact.push(rest.to_string()),
-            }
-        }
-        if exact.is_empty() && wildcard.is_empty() {
-            return Err("names is empty: give at least one name".into());
-        }
-        Ok(Names { exact, wildcard })
-    }
-
-    /// The names as written in a certificate (`*.example.com` for wildcards).
-    pub fn dns_names(&self) -> Vec<String> {
-        self.exact.iter().cloned().chain(self.wildcard.iter().map(|w| format!("*{w}"))).collect()
-    }
-
-    /// The exact names only (those an ACME order can validate).
-    pub fn exact(&self) -> &[String] {
-        &self.exact
-    }
-
-    fn matches_exact(&self, host: &str) -> bool {
-        self.exact.iter().any(|n| n == host)
-    }
-
-    /// A wildcard covers exactly one label, as in certificates (RFC 6125 section 6.4.3).
-    fn matches_wildcard(&self, host: &str) -> bool {
-        self.wildcard
-            .iter()
-            .any(|w| host.strip_suffix(w.as_str()).is_some_and(|label| !label.is_empty() && !label.contains('.')))
-    }
-}
-
-fn is_dns_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
-}
-
-/// The host of a Host header or :authority, or a TLS server name: port and a
-/// final dot stripped, lower-case. IPv6 literals keep their brackets.
-pub fn host_of(authority: &str) -> String {
-    // One allocation: this runs for every request of a server with named sites.
-    let mut host = match authority.strip_prefix('[') {
-        // Ends with `]`: no trailing dot to trim.
-        Some(v6) => ["[", v6.split(']').next().unwrap_or(v6), "]"].concat(),
-        None => authority.split(':').next().unwrap_or(authority).trim_end_matches('.').to_string(),
-    };
-    host.make_ascii_lowercase();
-    host
-}
-
-/// The item whose names match `host` (already [`host_of`]-normalised): an exact
-/// name in any item first, then a wildcard.
-pub fn find<'s, T>(items: &'s [T], names: impl Fn(&T) -> &Names, host: &str) -> Option<&'s T> {
-    items
-        .iter()
-        .find(|i| names(i).matches_exact(host))
-        .or_else(|| items.iter().find(|i| names(i).matches_wildcard(host)))
-}
+use crate::names::{find, host_of, Names};
+use crate::vocab::UnknownName;
 
 /// A `[[site]]` ready to serve: its names, its open root and its options.
 pub struct NamedSite {
@@ -113,21 +25,12 @@ impl NamedSite {
     }
 }
 
-/// What a request naming no configured site gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnknownHost {
-    /// The default site answers it.
-    Default,
-    /// 421 Misdirected Request (the server was told to refuse unknown names).
-    Misdirected,
-}
-
 /// The sites one connection may be served from: the named ones and the default.
 #[derive(Clone, Copy)]
 pub struct Sites<'a> {
     pub named: &'a [NamedSite],
     pub default: Site<'a>,
-    pub unknown: UnknownHost,
+    pub unknown: UnknownName,
 }
 
 /// The site a request is for.
@@ -142,7 +45,7 @@ impl<'a> Sites<'a> {
     /// One site answering every name.
     #[cfg(test)]
     pub fn single(site: Site<'a>) -> Sites<'a> {
-        Sites { named: &[], default: site, unknown: UnknownHost::Default }
+        Sites { named: &[], default: site, unknown: UnknownName::Default }
     }
 
     /// The site for a request's Host/:authority. A request without one (HTTP/1.0)
@@ -162,8 +65,8 @@ impl<'a> Sites<'a> {
             Some(s) => Pick::Site(s.site()),
             None if is_ip_literal(&host) => Pick::Site(self.default),
             None => match self.unknown {
-                UnknownHost::Default => Pick::Site(self.default),
-                UnknownHost::Misdirected => Pick::Misdirected,
+                UnknownName::Default => Pick::Site(self.default),
+                UnknownName::Refuse => Pick::Misdirected,
             },
         }
     }
@@ -174,59 +77,5 @@ fn is_ip_literal(host: &str) -> bool {
     match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
         None => host.parse::<std::net::Ipv4Addr>().is_ok(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn names(list: &[&str]) -> Names {
-        Names::parse(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("names")
-    }
-
-    #[test]
-    fn host_normalisation() {
-        for (input, want) in [
-            ("Example.COM", "example.com"),
-            ("example.com:8443", "example.com"),
-            ("example.com.", "example.com"),
-            ("example.com.:443", "example.com"),
-            ("[::1]:8443", "[::1]"),
-            ("[::1]", "[::1]"),
-            ("127.0.0.1:80", "127.0.0.1"),
-            ("[ABCD::1]:443", "[abcd::1]"),
-            ("[::1", "[::1]"),
-        ] {
-            assert_eq!(host_of(input), want, "{input:?}");
-        }
-    }
-
-    #[test]
-    fn exact_before_wildcard_and_one_label_only() {
-        let items =
-            [(1, names(&["*.example.com"])), (2, names(&["www.example.com", "example.com"])), (3, names(&["b.org"]))];
-        let got = |h: &str| find(&items, |i| &i.1, &host_of(h)).map(|i| i.0);
-        for (host, want) in [
-            ("www.example.com", Some(2)),
-            ("WWW.Example.com:443", Some(2)),
-            ("example.com", Some(2)),
-            ("a.example.com", Some(1)),
-            ("a.b.example.com", None),
-            ("xexample.com", None),
-            ("b.org", Some(3)),
-            ("c.org", None),
-        ] {
-            assert_eq!(got(host), want, "{host}");
-        }
-    }
-
-    #[test]
-    fn bad_names_are_refused() {
-        for bad in ["", "*", "*.", "a..b", "a b", "-a.com", "a.*.com", "**.a.com", "a_b.com"] {
-            assert!(Names::parse(&[bad.to_string()]).is_err(), "{bad:?}");
-        }
-        assert!(Names::parse(&[]).is_err());
-        assert_eq!(names(&["A.com", "*.B.com"]).dns_names(), ["a.com", "*.b.com"]);
     }
 }

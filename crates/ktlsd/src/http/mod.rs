@@ -1,11 +1,14 @@
 //! HTTP codecs: how requests arrive and answers leave over a [`Transport`]. The
 //! answers themselves come from [`crate::handler`]; HTTP/1.x lives in [`h1`],
-//! HTTP/2 in [`h2`].
+//! HTTP/2 in [`h2`], and what both share around a connection (its [`Context`],
+//! how it [`End`]s, its access-log entries) in [`conn`].
 
+pub mod conn;
 pub mod h1;
 pub mod h2;
 #[cfg(test)]
 pub mod testing;
 pub mod transport;
 
+pub use conn::{Context, End};
 pub use transport::Transport;

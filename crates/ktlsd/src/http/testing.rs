@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use super::Transport;
 use crate::files::FileRange;
+use crate::vocab::RecordLayer;
 
 /// One thing the scripted peer does when the server reads.
 #[derive(Debug, Clone)]
@@ -128,8 +129,9 @@ impl Transport for Memory {
         self.lingered = true;
     }
 
-    fn label(&self) -> &'static str {
-        "memory"
+    /// Bytes in memory are protected nowhere; they count as this process's.
+    fn layer(&self) -> RecordLayer {
+        RecordLayer::Userspace
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::files::FileRange;
+use crate::vocab::RecordLayer;
 
 /// A connection carrying HTTP.
 #[allow(async_fn_in_trait)] // used only by static dispatch inside this crate
@@ -45,8 +46,8 @@ pub trait Transport {
     /// `stop` turns true (see nginx's `lingering_close`).
     fn linger_on_close(&mut self, stop: watch::Receiver<bool>);
 
-    /// How the bytes are protected, for the access log (`ktls`, `userspace`).
-    fn label(&self) -> &'static str;
+    /// Where the bytes are protected, for the access log and metrics.
+    fn layer(&self) -> RecordLayer;
 
     /// The TLS version and cipher suite, for the access log; `None` when there is no TLS.
     fn tls(&self) -> Option<crate::log::TlsInfo> {

@@ -17,7 +17,7 @@ use anyhow::Context;
 
 use crate::acme::{Acme, AcmeSettings, Backoff, Challenges};
 use crate::config::SiteAcme;
-use crate::handler::sites::Names;
+use crate::names::Names;
 use crate::tls::config::Identity;
 use crate::tls::sni::SiteKey;
 

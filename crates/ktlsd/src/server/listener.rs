@@ -130,6 +130,11 @@ pub fn share(sockets: Vec<TcpListener>, workers: usize) -> Result<(Vec<Vec<TcpLi
     Ok((per_worker, bound))
 }
 
+/// Addresses as one line for the log, separated by spaces.
+pub fn join(addrs: &[SocketAddr]) -> String {
+    addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+}
+
 /// Who listens on a TCP address, from `/proc/net/tcp{,6}` (the socket's inode) and
 /// `/proc/PID/fd` (which process holds that inode). Best effort: `None` when the
 /// tables cannot be read or the holder's descriptors are not ours to see.

@@ -4,11 +4,13 @@
 //! `RELOADING=1`, `STOPPING=1`) for `Type=notify` services.
 
 use std::net::TcpListener;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use socket2::{Domain, Socket, Type};
+use socket2::{Domain, Type};
+
+use crate::sys;
 
 /// The first passed descriptor (`SD_LISTEN_FDS_START`).
 const LISTEN_FDS_START: RawFd = 3;
@@ -35,14 +37,9 @@ pub fn listen_fds() -> Result<Option<Vec<TcpListener>>, String> {
     }
     let mut out = Vec::new();
     for fd in LISTEN_FDS_START..LISTEN_FDS_START + n {
-        // SAFETY: F_GETFD only reads the descriptor's flags; it fails on a closed one.
-        if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        let Some(socket) = sys::take_passed_socket(fd) else {
             return Err(format!("socket activation: descriptor {fd} (of LISTEN_FDS={n}) is not open"));
-        }
-        // SAFETY: by the socket-activation protocol, descriptors 3..3+LISTEN_FDS are
-        // handed to this process and nothing else in it owns them; TAKEN makes sure
-        // they are wrapped once.
-        let socket = unsafe { Socket::from_raw_fd(fd) };
+        };
         let bad = |what: &str| {
             format!("socket activation: descriptor {fd} is {what}; ktlsd needs listening TCP sockets (ListenStream= with an IP address and port)")
         };
@@ -83,9 +80,6 @@ pub fn notify(state: &str) {
 
 /// `RELOADING=1` with the `MONOTONIC_USEC=` stamp that `Type=notify-reload` requires.
 pub fn reloading_message() -> String {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec into `ts`, which we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let usec = ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000;
+    let usec = sys::monotonic_usec();
     format!("RELOADING=1\nMONOTONIC_USEC={usec}")
 }

@@ -28,13 +28,13 @@ use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
 use super::{Current, Shared};
-use crate::http::h1::{self, End};
-use crate::http::h2;
+use crate::http::{self, h1, h2, End};
 use crate::log::AccessLog;
-use crate::stats::{Layer, Metrics, Protocol, Stats, Traffic};
-use crate::tls::handshake::{self, AppProtocol, FailureKind};
+use crate::stats::{Metrics, Stats, Traffic};
+use crate::tls;
+use crate::tls::handshake::{self, FailureKind};
 use crate::tls::tcp;
-use crate::tls::{self, SessionSettings, TlsMode};
+use crate::vocab::{HttpVersion, RecordLayer};
 
 /// Everything a connection task borrows from its worker.
 struct Worker {
@@ -200,10 +200,8 @@ fn run(
     };
     let Current { shared, log } = current.borrow_and_update().clone();
     let format = shared.config.access_log_format;
-    let default_cap = match super::FdBudget::read() {
-        Ok(fds) => fds.connections_per_worker(shared.config.workers, shared.file_options.cache_entries),
-        Err(_) => usize::MAX,
-    };
+    let default_cap =
+        super::FdBudget::read().connections_per_worker(shared.config.workers, shared.file_options.cache_entries);
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
@@ -385,8 +383,7 @@ async fn connection(
     }
 
     let protocol = established.protocol();
-    let settings = SessionSettings { record_policy: cfg.record_policy, send_timeout: cfg.timeouts.send };
-    let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &settings) {
+    let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &shared.session) {
         Ok(s) => s,
         Err(e) => {
             Stats::bump(&stats.ktls_install_failures);
@@ -395,41 +392,21 @@ async fn connection(
         }
     };
     Stats::bump(match session.mode() {
-        TlsMode::Kernel => &stats.ktls,
-        TlsMode::Userspace => &stats.userspace,
+        RecordLayer::Kernel => &stats.ktls,
+        RecordLayer::Userspace => &stats.userspace,
     });
-    let layer = match session.mode() {
-        TlsMode::Kernel => Layer::Kernel,
-        TlsMode::Userspace => Layer::Userspace,
-    };
-    let _open = Open::new(
-        traffic,
-        layer,
-        match protocol {
-            AppProtocol::Http2 => Protocol::H2,
-            AppProtocol::Http1 => Protocol::Http1,
-        },
-    );
+    let _open = Open::new(traffic, session.mode(), protocol);
 
     let site_table = shared.sites();
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
-        AppProtocol::Http2 => {
-            let settings = h2::Settings {
-                limits: cfg.h2_limits.clone(),
-                idle_timeout: cfg.timeouts.idle,
-                stall_timeout: cfg.timeouts.send,
-            };
-            h2::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
+        HttpVersion::Http2 => {
+            let ctx = http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: stop };
+            h2::serve(&mut session, ctx).await
         }
-        AppProtocol::Http1 => {
-            let settings = h1::Settings {
-                max_head_bytes: cfg.limits.max_header_bytes,
-                max_body_bytes: cfg.limits.max_body_bytes,
-                header_timeout: cfg.timeouts.header,
-                idle_timeout: cfg.timeouts.idle,
-            };
-            h1::serve(&mut session, &settings, &site_table, &worker.log, peer, stop).await
+        HttpVersion::Http1 => {
+            let ctx = http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: stop };
+            h1::serve(&mut session, ctx).await
         }
     };
     session.count_into(stats);
@@ -447,12 +424,12 @@ async fn connection(
 /// its task ends.
 struct Open<'a> {
     traffic: &'a Traffic,
-    layer: Layer,
-    protocol: Protocol,
+    layer: RecordLayer,
+    protocol: HttpVersion,
 }
 
 impl<'a> Open<'a> {
-    fn new(traffic: &'a Traffic, layer: Layer, protocol: Protocol) -> Open<'a> {
+    fn new(traffic: &'a Traffic, layer: RecordLayer, protocol: HttpVersion) -> Open<'a> {
         traffic.opened(layer, protocol);
         Open { traffic, layer, protocol }
     }

@@ -147,7 +147,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::stats::{Layer, Method, TcpEnd};
+    use crate::stats::TcpEnd;
+    use crate::vocab::{Method, RecordLayer};
 
     /// `n` responses of each size, and `conns` connections of (rtt µs, retransmits of 100 segments).
     fn mix(sizes: &[(u64, u32)], conns: &[(u32, u32, u32)]) -> Traffic {
@@ -155,7 +156,7 @@ mod tests {
         let ms = Duration::from_millis(1);
         for &(size, n) in sizes {
             for _ in 0..n {
-                t.request(Method::Get, 200, Layer::Kernel, size, ms, ms);
+                t.request(Some(&Method::Get), 200, RecordLayer::Kernel, size, ms, ms);
             }
         }
         for &(rtt_us, retransmits, n) in conns {

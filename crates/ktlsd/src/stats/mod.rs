@@ -13,7 +13,7 @@ mod traffic;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-pub use traffic::{Histogram, Layer, Method, Protocol, TcpEnd, Traffic, INITIAL_WINDOW_BYTES};
+pub use traffic::{Histogram, TcpEnd, Traffic, INITIAL_WINDOW_BYTES};
 
 /// A counter with one writer (its worker) and any number of readers.
 pub type Counter = AtomicU64;

@@ -10,8 +10,9 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use super::traffic::STATUS_CLASSES;
-use super::{Counter, Histogram, Layer, Method, Metrics, Protocol};
+use super::traffic::{METHODS, STATUS_CLASSES};
+use super::{Counter, Histogram, Metrics};
+use crate::vocab::{HttpVersion, RecordLayer};
 
 /// Appends the exposition of `m` (summed over workers) to `out`, with the
 /// kernel's `tls_stat` counters when it has them.
@@ -28,8 +29,8 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
     family(out, "ktlsd_accepted_connections_total", "counter", "TCP connections accepted.");
     let _ = writeln!(out, "ktlsd_accepted_connections_total {}", v(&s.connections));
     family(out, "ktlsd_connections", "gauge", "Connections open now, by record layer and protocol.");
-    for l in Layer::ALL {
-        for p in Protocol::ALL {
+    for l in RecordLayer::ALL {
+        for p in HttpVersion::ALL {
             let _ = writeln!(
                 out,
                 "ktlsd_connections{{record_layer=\"{l}\",protocol=\"{}\"}} {}",
@@ -44,8 +45,8 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         "counter",
         "Connections that completed their handshake and got a record layer, by record layer and protocol.",
     );
-    for l in Layer::ALL {
-        for p in Protocol::ALL {
+    for l in RecordLayer::ALL {
+        for p in HttpVersion::ALL {
             let _ = writeln!(
                 out,
                 "ktlsd_connections_total{{record_layer=\"{l}\",protocol=\"{}\"}} {}",
@@ -72,17 +73,13 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
 
     family(out, "ktlsd_requests_total", "counter", "Requests answered, by status class and method.");
     for (i, class) in STATUS_CLASSES.iter().enumerate() {
-        for mth in Method::ALL {
-            let _ = writeln!(
-                out,
-                "ktlsd_requests_total{{code=\"{class}\",method=\"{}\"}} {}",
-                mth.label(),
-                v(&t.requests[i][mth as usize])
-            );
+        for (j, method) in METHODS.iter().enumerate() {
+            let _ =
+                writeln!(out, "ktlsd_requests_total{{code=\"{class}\",method=\"{method}\"}} {}", v(&t.requests[i][j]));
         }
     }
     family(out, "ktlsd_sent_body_bytes_total", "counter", "Response body bytes sent, by record layer.");
-    for l in Layer::ALL {
+    for l in RecordLayer::ALL {
         let _ = writeln!(out, "ktlsd_sent_body_bytes_total{{record_layer=\"{l}\"}} {}", v(&t.body_bytes[l as usize]));
     }
     histogram(
@@ -244,10 +241,10 @@ mod tests {
         let m = Metrics::default();
         Stats::bump(&m.stats.connections);
         Stats::bump(&m.stats.handshake_timeouts);
-        m.traffic.opened(Layer::Userspace, Protocol::Http1);
+        m.traffic.opened(RecordLayer::Userspace, HttpVersion::Http1);
         let ms = Duration::from_millis(2);
-        m.traffic.request(Method::Get, 200, Layer::Userspace, 20_000, ms, ms / 2);
-        m.traffic.request(Method::Other, 405, Layer::Userspace, 0, ms, ms / 2);
+        m.traffic.request(Some(&crate::vocab::Method::Get), 200, RecordLayer::Userspace, 20_000, ms, ms / 2);
+        m.traffic.request(Some(&crate::vocab::Method::Post), 405, RecordLayer::Userspace, 0, ms, ms / 2);
         m.traffic.tcp_end(TcpEnd { rtt_us: 30, retransmits: 0, segments: 10 });
         let stat = kernel_tls::TlsStat::parse("TlsCurrTxSw 1\nTlsTxSw 7\n").unwrap();
         let mut out = String::new();

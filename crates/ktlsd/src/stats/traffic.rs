@@ -4,87 +4,25 @@
 //! and each connection's RTT and loss at its end). Fixed label sets, so every
 //! series is an array slot: no map, no allocation on the hot path.
 
-use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::{Counter, Stats};
+use crate::vocab::{HttpVersion, Method, RecordLayer};
 
 /// The initial congestion window of Linux (10 segments of 1460 bytes): a
 /// response body over it needs at least one more round trip.
 pub const INITIAL_WINDOW_BYTES: u64 = 14_600;
 
-/// Where a connection's records were protected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Layer {
-    Kernel,
-    Userspace,
-}
+/// The methods requests are counted under, by index: the two served, and the rest.
+pub const METHODS: [&str; 3] = ["GET", "HEAD", "other"];
 
-impl Layer {
-    pub const ALL: [Layer; 2] = [Layer::Kernel, Layer::Userspace];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Layer::Kernel => "ktls",
-            Layer::Userspace => "userspace",
-        }
-    }
-
-    /// The layer a transport names itself by (`ktls`, `userspace`); anything
-    /// else is counted as userspace.
-    pub fn from_label(label: &str) -> Layer {
-        if label == "ktls" {
-            Layer::Kernel
-        } else {
-            Layer::Userspace
-        }
-    }
-}
-
-/// The HTTP protocol a connection speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Http1,
-    H2,
-}
-
-impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::Http1, Protocol::H2];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Protocol::Http1 => "http/1.1",
-            Protocol::H2 => "h2",
-        }
-    }
-}
-
-/// A request's method as counted: the two the server serves, and the rest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    Get,
-    Head,
-    Other,
-}
-
-impl Method {
-    pub const ALL: [Method; 3] = [Method::Get, Method::Head, Method::Other];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Method::Get => "GET",
-            Method::Head => "HEAD",
-            Method::Other => "other",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Method {
-        match name {
-            "GET" => Method::Get,
-            "HEAD" => Method::Head,
-            _ => Method::Other,
-        }
+/// `method`'s index in [`METHODS`]; a request whose head could not be read is "other".
+fn method_index(method: Option<&Method>) -> usize {
+    match method {
+        Some(Method::Get) => 0,
+        Some(Method::Head) => 1,
+        _ => 2,
     }
 }
 
@@ -209,15 +147,15 @@ impl TcpEnd {
 /// One worker's traffic by label; see the module docs.
 #[derive(Debug)]
 pub struct Traffic {
-    /// Open connections, by [`Layer`] then [`Protocol`].
+    /// Open connections, by [`RecordLayer`] then [`HttpVersion`].
     pub open: [[Counter; 2]; 2],
-    /// Connections that got a record layer, by [`Layer`] then [`Protocol`].
+    /// Connections that got a record layer, by [`RecordLayer`] then [`HttpVersion`].
     pub connections: [[Counter; 2]; 2],
     pub handshakes_ok: Counter,
     pub handshakes_resumed: Counter,
-    /// Requests answered, by status class then [`Method`].
+    /// Requests answered, by status class then [`METHODS`].
     pub requests: [[Counter; 3]; 5],
-    /// Body bytes sent, by [`Layer`].
+    /// Body bytes sent, by [`RecordLayer`].
     pub body_bytes: [Counter; 2],
     pub response_time: Histogram,
     pub ttfb: Histogram,
@@ -262,19 +200,27 @@ fn micros(d: Duration) -> u64 {
 
 impl Traffic {
     /// A connection got its record layer: it is counted, and open until [`Traffic::closed`].
-    pub fn opened(&self, layer: Layer, protocol: Protocol) {
+    pub fn opened(&self, layer: RecordLayer, protocol: HttpVersion) {
         Stats::bump(&self.connections[layer as usize][protocol as usize]);
         Stats::bump(&self.open[layer as usize][protocol as usize]);
     }
 
-    pub fn closed(&self, layer: Layer, protocol: Protocol) {
+    pub fn closed(&self, layer: RecordLayer, protocol: HttpVersion) {
         Stats::drop_one(&self.open[layer as usize][protocol as usize]);
     }
 
     /// One answered request: `bytes` of body sent over `layer`, the whole exchange
     /// taking `total`, the response starting after `ttfb`.
-    pub fn request(&self, method: Method, status: u16, layer: Layer, bytes: u64, total: Duration, ttfb: Duration) {
-        Stats::bump(&self.requests[class_index(status)][method as usize]);
+    pub fn request(
+        &self,
+        method: Option<&Method>,
+        status: u16,
+        layer: RecordLayer,
+        bytes: u64,
+        total: Duration,
+        ttfb: Duration,
+    ) {
+        Stats::bump(&self.requests[class_index(status)][method_index(method)]);
         Stats::add_to(&self.body_bytes[layer as usize], bytes);
         self.response_time.record(micros(total));
         self.ttfb.record(micros(ttfb));
@@ -330,12 +276,6 @@ impl Traffic {
     }
 }
 
-impl fmt::Display for Layer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -362,11 +302,25 @@ mod tests {
     #[test]
     fn sums_over_workers() {
         let (a, b) = (Traffic::default(), Traffic::default());
-        a.opened(Layer::Kernel, Protocol::Http1);
-        b.opened(Layer::Kernel, Protocol::Http1);
-        b.closed(Layer::Kernel, Protocol::Http1);
-        a.request(Method::Get, 200, Layer::Kernel, 20_000, Duration::from_millis(3), Duration::from_millis(1));
-        b.request(Method::Head, 404, Layer::Userspace, 100, Duration::from_millis(3), Duration::from_millis(1));
+        a.opened(RecordLayer::Kernel, HttpVersion::Http1);
+        b.opened(RecordLayer::Kernel, HttpVersion::Http1);
+        b.closed(RecordLayer::Kernel, HttpVersion::Http1);
+        a.request(
+            Some(&Method::Get),
+            200,
+            RecordLayer::Kernel,
+            20_000,
+            Duration::from_millis(3),
+            Duration::from_millis(1),
+        );
+        b.request(
+            Some(&Method::Head),
+            404,
+            RecordLayer::Userspace,
+            100,
+            Duration::from_millis(3),
+            Duration::from_millis(1),
+        );
         b.tcp_end(TcpEnd { rtt_us: 40_000, retransmits: 1, segments: 100 });
         let t = Traffic::default();
         t.add(&a);

@@ -19,15 +19,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, SupportedCipherSuite};
 
-use super::sni::{SiteKey, SniResolver, UnknownName};
+use super::sni::{SiteKey, SniResolver};
 use crate::acme::{Challenges, ACME_TLS_ALPN};
-
-/// TLS protocol versions that may be negotiated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsVersion {
-    Tls12,
-    Tls13,
-}
+use crate::vocab::{TlsVersion, UnknownName};
 
 /// What this layer needs from the configuration; the server builds it from its
 /// validated configuration (this module never reads the configuration itself).
@@ -325,9 +319,8 @@ fn check_creatable(dir: &Path) -> Result<(), String> {
         }
     }
     let c = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).map_err(|_| "path contains NUL".to_string())?;
-    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
-    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-        return Err(format!("{} is not writable: {}", at.display(), std::io::Error::last_os_error()));
+    if let Err(e) = crate::sys::can_write_dir(&c) {
+        return Err(format!("{} is not writable: {e}", at.display()));
     }
     Ok(())
 }
@@ -485,14 +478,8 @@ pub fn server_config(
         }
     };
 
-    let versions: Vec<&'static rustls::SupportedProtocolVersion> = config
-        .versions
-        .iter()
-        .map(|v| match v {
-            TlsVersion::Tls12 => &rustls::version::TLS12,
-            TlsVersion::Tls13 => &rustls::version::TLS13,
-        })
-        .collect();
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> =
+        config.versions.iter().map(|v| v.supported()).collect();
     let usable = suites.iter().any(|s| versions.iter().any(|v| s.version() == *v));
     if !usable {
         return Err(SetupError::new(

@@ -29,9 +29,10 @@ pub enum SessionError {
     #[error("the peer broke the TLS protocol ({detail}); sent alert {alert:?}")]
     Protocol { alert: AlertDescription, detail: String },
     /// The kernel rejected a record (authentication failure, oversized record,
-    /// malformed header): kTLS only.
-    #[error("the kernel rejected a record ({reason}); sent alert {alert:?}")]
-    RecordRejected { reason: &'static str, alert: AlertDescription },
+    /// malformed header): kTLS only. `sent` says whether `alert` went out: after
+    /// a record fails authentication the kernel may refuse every send.
+    #[error("the kernel rejected a record ({reason}); {}", AlertFate { alert: *alert, sent: *sent })]
+    RecordRejected { reason: &'static str, alert: AlertDescription, sent: bool },
     /// The peer updated its TLS 1.3 keys and this kernel cannot install new keys
     /// on a live connection (Linux before 6.14): the connection is closed.
     #[error("this kernel cannot install updated TLS 1.3 keys (KeyUpdate needs Linux 6.14+ kTLS)")]
@@ -47,6 +48,21 @@ pub enum SessionError {
     /// Any other socket or TLS library failure.
     #[error(transparent)]
     Io(io::Error),
+}
+
+/// Whether an alert left, as a log line says it.
+struct AlertFate {
+    alert: AlertDescription,
+    sent: bool,
+}
+
+impl std::fmt::Display for AlertFate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.sent {
+            true => write!(f, "sent alert {:?}", self.alert),
+            false => write!(f, "alert {:?} could not be sent (the kernel refused the send)", self.alert),
+        }
+    }
 }
 
 impl SessionError {
@@ -91,5 +107,14 @@ mod tests {
             assert!(name.starts_with(want), "{kind:?} became {name}");
             assert_eq!(got.is_timeout(), want == "Timeout");
         }
+    }
+
+    /// The log says whether the kernel let the alert out.
+    #[test]
+    fn record_rejected_tells_whether_the_alert_left() {
+        let e = |sent| SessionError::RecordRejected { reason: "bad MAC", alert: AlertDescription::BadRecordMac, sent };
+        assert!(e(true).to_string().ends_with("sent alert BadRecordMac"), "{}", e(true));
+        let unsent = e(false).to_string();
+        assert!(unsent.contains("could not be sent") && !unsent.contains("sent alert"), "{unsent}");
     }
 }

@@ -26,9 +26,9 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::net;
+use crate::vocab::HttpVersion;
 
-/// TLS record header: type (1), legacy version (2), length (2).
-const HEADER_LEN: usize = 5;
+use super::RECORD_HEADER_LEN as HEADER_LEN;
 /// Largest record a peer may send: 2^14 plaintext plus the TLS 1.2/1.3 expansion allowance.
 const MAX_RECORD_LEN: usize = 16384 + 2048;
 /// rustls' limit for one handshake message: a 2^16 - 1 byte body and its 4-byte header.
@@ -48,6 +48,10 @@ const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_millis(500);
 const PLAIN_HTTP_LINGER: Duration = Duration::from_secs(1);
 /// Most request bytes drained after the 400 answer.
 const PLAIN_HTTP_LINGER_BYTES: usize = 64 * 1024;
+/// How long a refused client's input is drained after its alert.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// Most bytes drained after an alert.
+const REFUSAL_LINGER_BYTES: usize = MAX_BUFFERED;
 
 /// The answer to a plain HTTP request on the TLS port (nginx gives the same one).
 const PLAIN_HTTP_BODY: &str =
@@ -145,32 +149,49 @@ pub struct Established {
     pub conn: UnbufferedServerConnection,
 }
 
-/// The application protocol the handshake agreed on (ALPN).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AppProtocol {
-    /// `http/1.1`, `http/1.0`, or no ALPN at all.
-    Http1,
-    /// `h2`.
-    Http2,
-}
-
 impl Established {
     /// What ALPN chose; a client that offered nothing speaks HTTP/1.x.
-    pub fn protocol(&self) -> AppProtocol {
-        match self.conn.alpn_protocol() {
-            Some(b"h2") => AppProtocol::Http2,
-            _ => AppProtocol::Http1,
-        }
+    pub fn protocol(&self) -> HttpVersion {
+        HttpVersion::from_alpn(self.conn.alpn_protocol())
     }
 }
 
 /// Runs the handshake on `stream`, bounded in total by `timeout`.
+///
+/// A client refused for breaking the protocol gets an alert (rustls's, or the
+/// one the RFC names when rustls queued none), then FIN; its input is then
+/// drained for a moment ([`REFUSAL_LINGER`]), so closing does not reset the
+/// connection before the client has read the alert.
 pub async fn accept(
     stream: &TcpStream,
     config: Arc<ServerConfig>,
     timeout: Duration,
 ) -> Result<Established, HandshakeError> {
     let deadline = Instant::now() + timeout;
+    let result = drive(stream, config, deadline).await;
+    if let Err(e) = &result {
+        let own = match e {
+            HandshakeError::RecordTooLarge(_) => Some(AlertDescription::RecordOverflow),
+            HandshakeError::TooLarge(_) => Some(AlertDescription::DecodeError),
+            _ => None,
+        };
+        if let Some(alert) = own {
+            let _ = net::write_all(stream, &plain_alert(alert), REFUSAL_WRITE_TIMEOUT).await;
+        }
+        if e.kind() == FailureKind::Protocol {
+            let left = deadline.saturating_duration_since(Instant::now()).min(REFUSAL_LINGER);
+            net::linger(stream, left, left, REFUSAL_LINGER_BYTES).await;
+        }
+    }
+    result
+}
+
+/// The handshake itself (see [`accept`]).
+async fn drive(
+    stream: &TcpStream,
+    config: Arc<ServerConfig>,
+    deadline: Instant,
+) -> Result<Established, HandshakeError> {
     let mut conn = UnbufferedServerConnection::new(config)
         .map_err(|error| HandshakeError::Tls { error, alert: SentAlert::None })?;
     let mut incoming = Incoming::default();
@@ -180,6 +201,11 @@ pub async fn accept(
     if sniff_plain_http(stream, &mut incoming, deadline).await? {
         answer_plain_http(stream, deadline).await;
         return Err(HandshakeError::PlainHttp);
+    }
+    // A first record of a TLS type announcing more than a record may hold is
+    // refused here with record_overflow (RFC 8446 §5.2); rustls would say decode_error.
+    if (20..=24).contains(&incoming.buf[0]) {
+        incoming.note_read()?;
     }
 
     loop {
@@ -194,7 +220,8 @@ pub async fn accept(
             }
             Err(error) => {
                 incoming.discard(discard);
-                let alert = send_pending_alert(stream, &mut conn, &mut incoming, &mut outgoing, &mut out_len).await;
+                let alert =
+                    send_pending_alert(stream, &mut conn, &mut incoming, &mut outgoing, &mut out_len, &error).await;
                 return Err(HandshakeError::Tls { error, alert });
             }
         };
@@ -218,7 +245,9 @@ pub async fn accept(
             // Finished; anything else is a protocol violation.
             _ => {
                 let error = rustls::Error::General("unexpected data during the handshake".into());
-                return Err(HandshakeError::Tls { error, alert: SentAlert::None });
+                let alert = AlertDescription::UnexpectedMessage;
+                let _ = net::write_all(stream, &plain_alert(alert), REFUSAL_WRITE_TIMEOUT).await;
+                return Err(HandshakeError::Tls { error, alert: SentAlert::Plain(alert) });
             }
         };
         incoming.discard(discard);
@@ -228,9 +257,18 @@ pub async fn accept(
                 debug_assert_eq!(incoming.filled, 0);
                 return Ok(Established { conn });
             }
-            let range = incoming.next_read()?;
-            read_before(stream, &mut incoming, range, deadline).await?;
-            incoming.note_read()?;
+            if conn.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3) {
+                incoming.drop_skipped_early_data();
+            }
+            // rustls sees each record once it is whole, not after its header alone.
+            loop {
+                let range = incoming.next_read()?;
+                read_before(stream, &mut incoming, range, deadline).await?;
+                incoming.note_read()?;
+                if incoming.record_end.is_some_and(|end| incoming.filled >= end) {
+                    break;
+                }
+            }
         }
     }
 }
@@ -269,6 +307,32 @@ impl Incoming {
         self.filled -= n;
         self.record = self.record.saturating_sub(n);
         self.record_end = self.record_end.map(|e| e.saturating_sub(n));
+    }
+
+    /// Drops the rejected 0-RTT records rustls has skipped (TLS 1.3, after its
+    /// ServerHello; ktlsd accepts no early data). rustls skips a record it cannot
+    /// decrypt but does not discard it while no later record follows, so every
+    /// later call would charge it against the skip budget again, and a few KB of
+    /// early data would exhaust the budget (RFC 8446 §4.2.10 asks to skip up to
+    /// the announced size). Once rustls is blocked, a whole record still at the
+    /// front is one it skipped, unless it is the first fragment of the client's
+    /// Finished split over records, which rustls keeps decrypted in place (the
+    /// only handshake message a client sends then: ktlsd asks no certificate).
+    fn drop_skipped_early_data(&mut self) {
+        loop {
+            // Whole records rustls has seen: the current one too once complete.
+            let seen = match self.record_end {
+                Some(end) if self.filled >= end => end,
+                _ => self.record,
+            };
+            let Some(len) = record_len(&self.buf[..seen]) else { return };
+            let end = HEADER_LEN + len;
+            let finished_fragment = self.buf.get(HEADER_LEN) == Some(&u8::from(rustls::HandshakeType::Finished));
+            if self.buf[0] != u8::from(rustls::ContentType::ApplicationData) || end > seen || finished_fragment {
+                return;
+            }
+            self.discard(end);
+        }
     }
 
     /// Notes where the current record ends once its header is complete; called
@@ -415,6 +479,7 @@ async fn send_pending_alert(
     incoming: &mut Incoming,
     out: &mut Vec<u8>,
     out_len: &mut usize,
+    error: &rustls::Error,
 ) -> SentAlert {
     // A handful of queued records at most; the bound only guards against a loop.
     for _ in 0..32 {
@@ -440,7 +505,36 @@ async fn send_pending_alert(
     if !sent.is_empty() {
         let _ = net::write_all(stream, sent, REFUSAL_WRITE_TIMEOUT).await;
     }
-    last_alert(sent)
+    match last_alert(sent) {
+        // rustls queued no alert for this error: send the one the RFC names.
+        SentAlert::None => {
+            let alert = alert_for(error);
+            let _ = net::write_all(stream, &plain_alert(alert), REFUSAL_WRITE_TIMEOUT).await;
+            SentAlert::Plain(alert)
+        }
+        queued => queued,
+    }
+}
+
+/// The alert for a handshake error rustls queued none for.
+fn alert_for(error: &rustls::Error) -> AlertDescription {
+    use rustls::Error as E;
+    match error {
+        // A record header announcing more than the protocol allows (RFC 8446 §5.2).
+        E::InvalidMessage(rustls::InvalidMessage::MessageTooLarge) => AlertDescription::RecordOverflow,
+        E::InvalidMessage(_) => AlertDescription::DecodeError,
+        E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => AlertDescription::UnexpectedMessage,
+        E::PeerMisbehaved(p) if format!("{p:?}").contains("Interleaved") => AlertDescription::UnexpectedMessage,
+        E::PeerMisbehaved(_) => AlertDescription::IllegalParameter,
+        E::DecryptError => AlertDescription::BadRecordMac,
+        // No certificate for the client's signature schemes, or no suite in common.
+        _ => AlertDescription::HandshakeFailure,
+    }
+}
+
+/// A fatal alert as a plaintext record (before the handshake keys).
+fn plain_alert(alert: AlertDescription) -> [u8; HEADER_LEN + 2] {
+    [0x15, 3, 3, 0, 2, 2, u8::from(alert)]
 }
 
 /// What the last record of `bytes` (whole records as sent) says about the alert.
@@ -596,3 +690,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "handshake_conformance.rs"]
+mod conformance;

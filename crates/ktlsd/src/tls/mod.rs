@@ -21,7 +21,7 @@ pub mod tcp;
 pub mod userspace;
 
 pub use error::SessionError;
-pub use session::{Session, TlsMode};
+pub use session::Session;
 
 use std::time::Duration;
 
@@ -31,6 +31,9 @@ use handshake::Established;
 use kernel::KernelTls;
 use sizing::{RecordPolicy, RecordSizer};
 use userspace::UserspaceTls;
+
+/// A TLS record's header: content type (1), legacy version (2), length (2).
+pub const RECORD_HEADER_LEN: usize = 5;
 
 /// How established sessions send; the server builds it from its configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +90,9 @@ pub fn establish(
 
 use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{EncodeError, EncodeTlsData};
-use rustls::{CipherSuite, ProtocolVersion};
+use rustls::CipherSuite;
+
+use crate::vocab::TlsVersion;
 
 /// Bytes each application-data record adds to its payload on this connection:
 /// header (5) and tag (16), plus the inner content type (1) in TLS 1.3, or the
@@ -101,10 +106,7 @@ pub fn record_expansion(conn: &UnbufferedServerConnection) -> usize {
                 | CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
         )
     );
-    let version = match conn.protocol_version() {
-        Some(ProtocolVersion::TLSv1_3) => kernel_tls::TlsVersion::Tls13,
-        _ => kernel_tls::TlsVersion::Tls12,
-    };
+    let version = conn.protocol_version().and_then(TlsVersion::from_rustls).unwrap_or(TlsVersion::Tls12);
     userspace::record::expansion(version, !chacha)
 }
 

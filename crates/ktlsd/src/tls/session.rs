@@ -2,7 +2,6 @@
 //! body writer state. The HTTP layer talks to it only through `http::Transport`.
 //! Not where the record layer is chosen: see [`super::establish`].
 
-use std::fmt;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -18,30 +17,9 @@ use crate::files::residency::ColdReads;
 use crate::files::FileRange;
 use crate::http::Transport;
 use crate::stats::Stats;
+use crate::vocab::RecordLayer;
 
-/// Where a connection's records are encrypted and decrypted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsMode {
-    Kernel,
-    Userspace,
-}
-
-impl TlsMode {
-    pub fn label(self) -> &'static str {
-        match self {
-            TlsMode::Kernel => "ktls",
-            TlsMode::Userspace => "userspace",
-        }
-    }
-}
-
-impl fmt::Display for TlsMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.label())
-    }
-}
-
-enum RecordLayer {
+enum Layer {
     // Boxed: a connection holds one or the other for its whole life.
     Userspace(Box<UserspaceTls>),
     Kernel(Box<KernelTls>),
@@ -50,7 +28,7 @@ enum RecordLayer {
 /// An established TLS connection, ready for application data.
 pub struct Session {
     stream: TcpStream,
-    layer: RecordLayer,
+    layer: Layer,
     sizer: RecordSizer,
     send_timeout: Duration,
     /// Set when the server ends the connection while the client may still be
@@ -104,14 +82,14 @@ impl Session {
         sizer: RecordSizer,
         send_timeout: Duration,
     ) -> Session {
-        Session::new(stream, RecordLayer::Userspace(Box::new(tls)), sizer, send_timeout)
+        Session::new(stream, Layer::Userspace(Box::new(tls)), sizer, send_timeout)
     }
 
     pub(super) fn kernel(stream: TcpStream, tls: KernelTls, sizer: RecordSizer, send_timeout: Duration) -> Session {
-        Session::new(stream, RecordLayer::Kernel(Box::new(tls)), sizer, send_timeout)
+        Session::new(stream, Layer::Kernel(Box::new(tls)), sizer, send_timeout)
     }
 
-    fn new(stream: TcpStream, layer: RecordLayer, sizer: RecordSizer, send_timeout: Duration) -> Session {
+    fn new(stream: TcpStream, layer: Layer, sizer: RecordSizer, send_timeout: Duration) -> Session {
         Session {
             stream,
             layer,
@@ -131,10 +109,10 @@ impl Session {
         self
     }
 
-    pub fn mode(&self) -> TlsMode {
+    pub fn mode(&self) -> RecordLayer {
         match self.layer {
-            RecordLayer::Userspace(..) => TlsMode::Userspace,
-            RecordLayer::Kernel(_) => TlsMode::Kernel,
+            Layer::Userspace(..) => RecordLayer::Userspace,
+            Layer::Kernel(_) => RecordLayer::Kernel,
         }
     }
 
@@ -152,8 +130,8 @@ impl Session {
     /// the future is dropped; a later `read` or `close` goes on where it stopped.
     pub async fn read(&mut self, out: &mut Vec<u8>, timeout: Duration) -> Result<usize, SessionError> {
         let r = match &mut self.layer {
-            RecordLayer::Userspace(tls) => tls.read(&self.stream, out, timeout).await,
-            RecordLayer::Kernel(tls) => tls.read(&self.stream, out, timeout).await,
+            Layer::Userspace(tls) => tls.read(&self.stream, out, timeout).await,
+            Layer::Kernel(tls) => tls.read(&self.stream, out, timeout).await,
         };
         r.inspect_err(|e| self.counters.note(e))
     }
@@ -166,7 +144,7 @@ impl Session {
     /// connection), though no record already encrypted is sent twice.
     pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         let r = match &mut self.layer {
-            RecordLayer::Userspace(tls) => {
+            Layer::Userspace(tls) => {
                 let cold = &mut self.counters.cold;
                 let end = if self.last { Ending::CloseNotify } else { Ending::KeepOpen };
                 let r =
@@ -175,7 +153,7 @@ impl Session {
                 self.notified = self.last && r.is_ok();
                 r
             }
-            RecordLayer::Kernel(tls) => {
+            Layer::Kernel(tls) => {
                 let cold = &mut self.counters.cold;
                 kernel::body::send(tls, &self.stream, &mut self.sizer, cold, head, body, self.send_timeout).await
             }
@@ -186,7 +164,7 @@ impl Session {
     /// Adds this connection's record-layer counters to the worker's.
     pub fn count_into(&self, stats: &Stats) {
         let c = &self.counters;
-        if let RecordLayer::Kernel(tls) = &self.layer {
+        if let Layer::Kernel(tls) = &self.layer {
             Stats::add_to(&stats.key_updates, tls.key_updates());
         }
         Stats::add_to(&stats.rekey_unsupported, c.rekey_unsupported);
@@ -212,11 +190,11 @@ impl Session {
         let t = self.send_timeout.min(Duration::from_secs(1));
         let sent = match &mut self.layer {
             _ if self.notified => Ok(()),
-            RecordLayer::Userspace(tls) => {
+            Layer::Userspace(tls) => {
                 tls.queue_close_notify();
                 tls.flush(&self.stream, t).await
             }
-            RecordLayer::Kernel(tls) => tls.close_notify(&self.stream, t).await,
+            Layer::Kernel(tls) => tls.close_notify(&self.stream, t).await,
         };
         if let (Some(stop), Ok(())) = (self.linger.take(), sent) {
             self.drain_input(stop).await;
@@ -265,8 +243,8 @@ impl Transport for Session {
         Session::linger_on_close(self, stop)
     }
 
-    fn label(&self) -> &'static str {
-        self.mode().label()
+    fn layer(&self) -> RecordLayer {
+        self.mode()
     }
 
     fn tls(&self) -> Option<crate::log::TlsInfo> {

@@ -1,5 +1,5 @@
 //! The certificate for a handshake, chosen by its server name (SNI): the site
-//! whose names match (exact, then wildcard, as `handler::sites` matches Host),
+//! whose names match (exact, then wildcard, as `handler::sites` matches Host, both by `crate::names`),
 //! else the default site's certificate, or a refusal with `unrecognized_name`.
 //!
 //! Each site's certificate sits in its own slot so that a renewed one can be
@@ -12,16 +12,8 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use crate::acme::Challenges;
-use crate::handler::sites::{find, host_of, Names};
-
-/// What a handshake naming no site gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnknownName {
-    /// The default certificate.
-    Default,
-    /// No certificate: the handshake fails with an `unrecognized_name` alert.
-    Refuse,
-}
+use crate::names::{find, host_of, Names};
+use crate::vocab::UnknownName;
 
 /// One site's names and its current certificate.
 #[derive(Debug)]

@@ -1,10 +1,10 @@
 //! The connection's live TCP state (`TCP_INFO`) for adaptive record sizing, and
 //! the per-connection TCP send options (`TCP_NOTSENT_LOWAT`, `TCP_CONGESTION`).
-//! socket2 sets the options; `TCP_INFO`, which it does not offer, is one wrapped
-//! `getsockopt`. Not the place for listener options (see `server::listener`).
+//! socket2 sets the options; `TCP_INFO`, which it does not offer, is read by
+//! `crate::sys`. Not the place for listener options (see `server::listener`).
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 
 use socket2::SockRef;
 
@@ -26,7 +26,7 @@ const TCP_CA_DISORDER: u8 = 1;
 impl TcpState {
     /// Reads `TCP_INFO` for `fd`.
     pub fn read(fd: BorrowedFd<'_>) -> io::Result<TcpState> {
-        let info = tcp_info(fd)?;
+        let info = crate::sys::tcp_info(fd)?;
         Ok(TcpState {
             mss: info.tcpi_snd_mss,
             cwnd: info.tcpi_snd_cwnd,
@@ -39,34 +39,12 @@ impl TcpState {
 /// Reads the figures the advisor keeps of a connection at its end: smoothed
 /// RTT, and segments sent and retransmitted over its life.
 pub fn read_end(fd: BorrowedFd<'_>) -> io::Result<crate::stats::TcpEnd> {
-    let info = tcp_info(fd)?;
+    let info = crate::sys::tcp_info(fd)?;
     Ok(crate::stats::TcpEnd {
         rtt_us: info.tcpi_rtt,
         retransmits: info.tcpi_total_retrans,
         segments: info.tcpi_segs_out,
     })
-}
-
-fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<libc::tcp_info> {
-    // SAFETY: tcp_info is plain old data; all-zero is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` is a writable tcp_info of `len` bytes and `fd` is a live socket
-    // borrowed for the duration of the call; the kernel writes at most `len` bytes
-    // (an older kernel fewer: the rest stays zero).
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(info)
 }
 
 /// Sets `TCP_NOTSENT_LOWAT`: the socket reports writable only when less than

@@ -1,22 +1,23 @@
 //! HTTP/1.1 (and 1.0): one connection's life. Requests are read and answered in
-//! order, each passing through the same phases: read head -> check limits and
-//! method -> discard any body -> [`handler::handle`] -> send -> log.
+//! order, each passing through the same [`State`]s: a head is read ([`State::Head`]),
+//! its site chosen and any body discarded within limits ([`State::Body`]), then it is
+//! answered by [`handler::handle`], sent and logged ([`State::Answer`]); the
+//! connection goes back to waiting for a head or ends ([`State::Closed`]).
 //!
 //! The loop is generic over [`Transport`]: it knows nothing of TLS, sockets or
-//! configuration; its settings and the site come in as arguments.
+//! configuration; its settings and the sites come in its [`Context`].
 
 pub mod parse;
 pub mod write;
 
-use std::borrow::Cow;
-use std::net::SocketAddr;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
-use super::Transport;
-use crate::handler::{self, Body, Pick, Response, Site, Sites, Status};
-use crate::log::{AccessEntry, AccessLog, RequestLine};
+use super::conn::{Logged, Sent};
+use super::{Context, End, Transport};
+use crate::handler::{self, Body, Method, Pick, Response, Site, Status};
+use crate::log::RequestLine;
 use parse::{BadRequest, Head, Version};
 
 /// Limits and timeouts of the HTTP/1.x codec.
@@ -32,46 +33,75 @@ pub struct Settings {
     pub idle_timeout: Duration,
 }
 
-/// How the connection ended, for the caller's counters.
-#[derive(Debug)]
-pub enum End<E> {
-    /// The client closed, or we close after `Connection: close` or a final error
-    /// response: the caller closes gracefully.
-    Done,
-    /// Idle keep-alive, slow request head, or a client that stopped reading (send timeout).
-    Timeout,
-    /// The transport failed mid-connection; the caller must not close gracefully.
-    Error(E),
-    /// The peer closed in the middle of a request body it had announced.
-    Truncated,
+/// Where a connection is between two requests, or within one. Each state but
+/// the last has one method of [`Connection`] that does its I/O and returns the next.
+pub enum State<'a, E> {
+    /// Waiting for a request head ([`Connection::read_head`]).
+    Head,
+    /// A whole head has arrived: its site is chosen and its body, if any, read
+    /// and dropped within limits ([`Connection::read_body`]).
+    Body(Exchange),
+    /// All of the request is in: it is answered, sent and logged ([`Connection::answer`]).
+    Answer(Exchange, Site<'a>),
+    /// The connection is over.
+    Closed(End<E>),
 }
 
-/// Serves requests on `conn` until the connection ends or `shutdown` turns true
-/// (a request under way is answered first, with `Connection: close`).
+/// One request under way.
+pub struct Exchange {
+    pub head: Head,
+    /// When its first byte arrived.
+    pub started: Instant,
+    /// Whether the connection stays open after the answer.
+    pub keep_alive: bool,
+}
+
+/// One connection's transport, surroundings and unread bytes.
+pub struct Connection<'c, 'a, T> {
+    conn: &'c mut T,
+    ctx: Context<'a, Settings>,
+    /// Bytes received and not yet consumed (pipelined requests stay here).
+    buf: Vec<u8>,
+}
+
+/// Serves requests on `conn` until the connection ends or the context's
+/// shutdown turns true (a request under way is answered first, with `Connection: close`).
 ///
 /// # Cancel safety
-/// Not cancel-safe: a response may be cut in the middle. The loop watches
-/// `shutdown` itself; callers do not need to race it.
-pub async fn serve<T: Transport>(
-    conn: &mut T,
-    settings: &Settings,
-    sites: &Sites<'_>,
-    log: &AccessLog,
-    peer: SocketAddr,
-    shutdown: watch::Receiver<bool>,
-) -> End<T::Error> {
-    let mut buf: Vec<u8> = Vec::with_capacity(2048);
+/// Not cancel-safe: a response may be cut in the middle. The loop watches the
+/// shutdown signal itself; callers do not need to race it.
+pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> End<T::Error> {
     // One wait for shutdown for the connection's life, polled by every idle read:
     // a wait made per read would register with the watch and leave it again for
     // each request.
-    let mut stop_rx = shutdown.clone();
+    let mut stop_rx = ctx.shutdown.clone();
     let stop = stop_rx.wait_for(|s| *s);
     tokio::pin!(stop);
+    let mut c = Connection::new(conn, ctx);
+    let mut state = State::Head;
     loop {
-        // Phase 1: a complete request head.
-        let mut started: Option<Instant> = if buf.is_empty() { None } else { Some(Instant::now()) };
+        state = match state {
+            State::Head => c.read_head(stop.as_mut()).await,
+            State::Body(x) => c.read_body(x).await,
+            State::Answer(x, site) => c.answer(x, site).await,
+            State::Closed(end) => return end,
+        };
+    }
+}
+
+impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
+    pub fn new(conn: &'c mut T, ctx: Context<'a, Settings>) -> Connection<'c, 'a, T> {
+        Connection { conn, ctx, buf: Vec::with_capacity(2048) }
+    }
+
+    /// [`State::Head`]: reads until a whole head is in. The idle timeout applies
+    /// until its first byte, the header timeout from then on; `stop` ends a
+    /// connection with no request begun.
+    pub async fn read_head<F: Future>(&mut self, mut stop: Pin<&mut F>) -> State<'a, T::Error> {
+        let settings = self.ctx.settings;
+        let mut started: Option<Instant> = if self.buf.is_empty() { None } else { Some(Instant::now()) };
         let parsed = loop {
-            match parse::parse(&buf, settings.max_head_bytes) {
+            match parse::parse(&self.buf, settings.max_head_bytes) {
                 Ok(Some(r)) => break Ok(r),
                 Ok(None) => {}
                 Err(bad) => break Err(bad),
@@ -80,118 +110,160 @@ pub async fn serve<T: Transport>(
                 None => settings.idle_timeout,
                 Some(t) => settings.header_timeout.saturating_sub(t.elapsed()),
             };
-            let before = buf.len();
+            let before = self.buf.len();
             let read = tokio::select! {
-                r = conn.read(&mut buf, timeout) => r,
-                _ = &mut stop, if buf.is_empty() => return End::Done,
+                r = self.conn.read(&mut self.buf, timeout) => r,
+                _ = stop.as_mut(), if self.buf.is_empty() => return State::Closed(End::Done),
             };
             match read {
-                Ok(0) => return End::Done,
+                Ok(0) => return State::Closed(End::Done),
                 Ok(_) => {
-                    if started.is_none() && buf.len() > before {
+                    if started.is_none() && self.buf.len() > before {
                         started = Some(Instant::now());
                     }
                 }
                 Err(e) if T::timed_out(&e) => {
-                    if buf.is_empty() {
-                        return End::Timeout;
+                    if !self.buf.is_empty() {
+                        let reason = "request head not received in time";
+                        self.refuse_unparsed(&BadRequest { status: Status::REQUEST_TIMEOUT, reason }).await;
                     }
-                    let bad =
-                        BadRequest { status: Status::REQUEST_TIMEOUT, reason: "request head not received in time" };
-                    refuse_unparsed(conn, &sites.default, log, peer, &buf, &bad).await;
-                    return End::Timeout;
+                    return State::Closed(End::Timeout);
                 }
-                Err(e) => return End::Error(e),
+                Err(e) => return State::Closed(End::Error(e)),
             }
         };
-        let t0 = started.unwrap_or_else(Instant::now);
-        let (head, used) = match parsed {
-            Ok(r) => r,
+        match parsed {
+            Ok((head, used)) => {
+                self.buf.drain(..used);
+                let keep_alive = head.keep_alive && !self.ctx.stopping();
+                State::Body(Exchange { head, started: started.unwrap_or_else(Instant::now), keep_alive })
+            }
             Err(bad) => {
-                refuse_unparsed(conn, &sites.default, log, peer, &buf, &bad).await;
-                conn.linger_on_close(shutdown.clone());
-                return End::Done;
+                self.refuse_unparsed(&bad).await;
+                self.close()
             }
-        };
-        buf.drain(..used);
-        let req = &head.request;
-        let mut keep_alive = head.keep_alive && !*shutdown.borrow();
-        // The site is chosen by Host for each request: one connection may carry
-        // requests for several names its certificate covers.
+        }
+    }
+
+    /// [`State::Body`]: chooses the site by Host (one connection may carry
+    /// requests for several names its certificate covers), then reads and drops
+    /// the body. A client that waits for `100 Continue` gets the final answer at
+    /// once instead when the body would not be read: too large, or a method refused.
+    pub async fn read_body(&mut self, x: Exchange) -> State<'a, T::Error> {
+        let sites = self.ctx.sites;
+        let (req, is_head) = (&x.head.request, x.head.request.method == Method::Head);
         let site = match sites.pick(req.authority.as_deref()) {
             Pick::Site(s) => s,
             Pick::Misdirected => {
-                let response = handler::with_hsts(Response::page(Status::MISDIRECTED_REQUEST), &sites.default);
-                let response = if req.method == handler::Method::Head { response.without_body() } else { response };
-                refuse(conn, log, peer, Some(&head), response, "no site has the requested host", Instant::now()).await;
-                conn.linger_on_close(shutdown.clone());
-                return End::Done;
+                let response = handler::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head);
+                return self
+                    .refuse_and_close(&x.head, response, "no site has the requested host", Instant::now())
+                    .await;
             }
         };
-        let site = &site;
-
-        // Phase 2: a request body is read and thrown away, within limits. A client
-        // that waits for `100 Continue` gets the final answer at once instead when
-        // the body would not be read: too large, or a method we refuse.
-        if head.content_length > settings.max_body_bytes {
-            let response = handler::with_hsts(Response::page(Status::PAYLOAD_TOO_LARGE), site);
-            let response = if req.method == handler::Method::Head { response.without_body() } else { response };
-            refuse(conn, log, peer, Some(&head), response, "request body exceeds max_body_bytes", Instant::now()).await;
-            conn.linger_on_close(shutdown.clone());
-            return End::Done;
+        let length = x.head.content_length;
+        if length > self.ctx.settings.max_body_bytes {
+            let response = handler::refusal(Status::PAYLOAD_TOO_LARGE, &site, is_head);
+            return self
+                .refuse_and_close(&x.head, response, "request body exceeds max_body_bytes", Instant::now())
+                .await;
         }
-        if head.content_length > 0 && head.expect_continue && !req.method.is_served() {
-            let response = handler::handle(req, site);
-            refuse(conn, log, peer, Some(&head), response, "method not allowed (body not read)", t0).await;
-            conn.linger_on_close(shutdown.clone());
-            return End::Done;
+        if length > 0 && x.head.expect_continue && !req.method.is_served() {
+            let response = handler::handle(req, &site);
+            return self.refuse_and_close(&x.head, response, "method not allowed (body not read)", x.started).await;
         }
-        if head.content_length > 0 {
+        if length > 0 {
             // The client may already have sent the body; RFC 9110 section 10.1.1 lets
             // the server send 100 anyway, and nginx does.
-            if head.expect_continue {
-                if let Err(e) = conn.send(write::CONTINUE, None).await {
-                    return End::Error(e);
+            if x.head.expect_continue {
+                if let Err(e) = self.conn.send(write::CONTINUE, None).await {
+                    return State::Closed(End::Error(e));
                 }
             }
-            match discard_body(conn, &mut buf, head.content_length, settings.header_timeout).await {
+            match discard_body(self.conn, &mut self.buf, length, self.ctx.settings.header_timeout).await {
                 Ok(true) => {}
-                Ok(false) => return End::Truncated,
-                Err(e) => return End::Error(e),
+                Ok(false) => return State::Closed(End::Truncated),
+                Err(e) => return State::Closed(End::Error(e)),
             }
         }
+        State::Answer(x, site)
+    }
 
-        // Phases 3-5: method, file, preconditions, range.
-        let response = handler::handle(req, site);
+    /// [`State::Answer`]: the handler's answer (method, file, preconditions,
+    /// range) is sent and logged; the connection then waits for the next head, or ends.
+    pub async fn answer(&mut self, x: Exchange, site: Site<'a>) -> State<'a, T::Error> {
+        let response = handler::handle(&x.head.request, &site);
         if let Some(why) = &response.refused {
-            refused(&head, response.status, why, peer);
+            self.refused(Some(&x.head), response.status, why);
         }
-
-        // Phase 6: send.
-        let status = response.status;
-        let ttfb = t0.elapsed();
-        if !keep_alive {
-            conn.last_response();
+        let ttfb = x.started.elapsed();
+        if !x.keep_alive {
+            self.conn.last_response();
         }
-        let bytes = match send(conn, &response, head.version, keep_alive).await {
+        let bytes = match send(self.conn, &response, x.head.version, x.keep_alive).await {
             Ok(b) => b,
             // The response could not be completed; the connection is cut without
             // close_notify so the client cannot take a partial body for a whole one.
             // A client that stopped reading (send timeout) counts as a timeout.
-            Err(e) if T::timed_out(&e) => return End::Timeout,
-            Err(e) => return End::Error(e),
+            Err(e) if T::timed_out(&e) => return State::Closed(End::Timeout),
+            Err(e) => return State::Closed(End::Error(e)),
         };
-
-        // Phase 7: log.
-        log.write(&entry(conn, peer, Some(&head), status, bytes, t0, ttfb));
-
-        if *shutdown.borrow() {
-            keep_alive = false;
+        let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb };
+        self.ctx.log(self.conn, Some(logged(&x.head)), sent);
+        if x.keep_alive && !self.ctx.stopping() {
+            State::Head
+        } else {
+            self.close()
         }
-        if !keep_alive {
-            conn.linger_on_close(shutdown.clone());
-            return End::Done;
+    }
+
+    /// The connection ends after its last answer, draining the client's input first.
+    fn close(&mut self) -> State<'a, T::Error> {
+        self.conn.linger_on_close(self.ctx.shutdown.clone());
+        State::Closed(End::Done)
+    }
+
+    fn refused(&self, head: Option<&Head>, status: Status, why: &str) {
+        let peer = self.ctx.peer;
+        match head {
+            Some(h) => tracing::info!(
+                "refused {peer} \"{} {} {}\": {} {why}",
+                h.request.method,
+                h.target,
+                h.version.as_str(),
+                status.0
+            ),
+            None => tracing::info!("refused {peer} \"\": {} {why}", status.0),
         }
+    }
+
+    /// Answers a request whose head could not be parsed, then the connection ends.
+    /// A HEAD request's answer has no body, though the head is incomplete.
+    async fn refuse_unparsed(&mut self, bad: &BadRequest) {
+        let response = handler::refusal(bad.status, &self.ctx.sites.default, parse::is_head(&self.buf));
+        self.refuse(None, response, bad.reason, Instant::now()).await;
+    }
+
+    async fn refuse_and_close(
+        &mut self,
+        head: &Head,
+        response: Response,
+        why: &'static str,
+        started: Instant,
+    ) -> State<'a, T::Error> {
+        self.refuse(Some(head), response, why, started).await;
+        self.close()
+    }
+
+    /// Sends a final refusal with `Connection: close` and logs it; a failure to send
+    /// changes nothing, the connection ends anyway.
+    async fn refuse(&mut self, head: Option<&Head>, response: Response, why: &str, started: Instant) {
+        self.refused(head, response.status, why);
+        let version = head.map_or(Version::Http11, |h| h.version);
+        let ttfb = started.elapsed();
+        self.conn.last_response();
+        let bytes = send(self.conn, &response, version, false).await.unwrap_or(0);
+        self.ctx.log(self.conn, head.map(logged), Sent { status: response.status.0, bytes, started, ttfb });
     }
 }
 
@@ -218,81 +290,12 @@ async fn send<T: Transport>(
     }
 }
 
-fn line(head: &Head) -> RequestLine<'_> {
-    RequestLine { method: head.request.method.as_str(), target: &head.target, version: head.version.as_str() }
-}
-
-fn refused(head: &Head, status: Status, why: &str, peer: SocketAddr) {
-    tracing::info!(
-        "refused {peer} \"{} {} {}\": {} {}",
-        head.request.method,
-        head.target,
-        head.version.as_str(),
-        status.0,
-        why
-    );
-}
-
-/// Answers a request whose head could not be parsed, then the connection ends.
-/// A HEAD request's answer has no body, though the head is incomplete.
-async fn refuse_unparsed<T: Transport>(
-    conn: &mut T,
-    site: &Site<'_>,
-    log: &AccessLog,
-    peer: SocketAddr,
-    buf: &[u8],
-    bad: &BadRequest,
-) {
-    let response = handler::with_hsts(Response::page(bad.status), site);
-    let response = if parse::is_head(buf) { response.without_body() } else { response };
-    refuse(conn, log, peer, None, response, bad.reason, Instant::now()).await;
-}
-
-/// Sends a final refusal with `Connection: close` and logs it; a failure to send
-/// changes nothing, the connection ends anyway.
-async fn refuse<T: Transport>(
-    conn: &mut T,
-    log: &AccessLog,
-    peer: SocketAddr,
-    head: Option<&Head>,
-    response: Response,
-    why: impl Into<Cow<'static, str>>,
-    started: Instant,
-) {
-    let why = why.into();
-    match head {
-        Some(h) => refused(h, response.status, &why, peer),
-        None => tracing::info!("refused {peer} \"\": {} {}", response.status.0, why),
-    }
-    let version = head.map_or(Version::Http11, |h| h.version);
-    let ttfb = started.elapsed();
-    conn.last_response();
-    let bytes = send(conn, &response, version, false).await.unwrap_or(0);
-    log.write(&entry(conn, peer, head, response.status, bytes, started, ttfb));
-}
-
-/// The access-log entry of a request answered on `conn`; `head` is `None` when
-/// none could be parsed.
-fn entry<'a, T: Transport>(
-    conn: &T,
-    peer: SocketAddr,
-    head: Option<&'a Head>,
-    status: Status,
-    bytes: u64,
-    started: Instant,
-    ttfb: Duration,
-) -> AccessEntry<'a> {
-    AccessEntry {
-        peer,
-        request: head.map(line),
-        status: status.0,
-        bytes,
-        started,
-        ttfb,
-        label: conn.label(),
-        referer: head.and_then(|h| h.referer.as_deref()),
-        user_agent: head.and_then(|h| h.user_agent.as_deref()),
-        tls: conn.tls(),
+/// What the access log says of `head`.
+fn logged(head: &Head) -> Logged<'_> {
+    Logged {
+        line: RequestLine { method: &head.request.method, target: &head.target, version: head.version.as_str() },
+        referer: head.referer.as_deref(),
+        user_agent: head.user_agent.as_deref(),
     }
 }
 

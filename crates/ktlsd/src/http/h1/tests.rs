@@ -1,6 +1,7 @@
 //! The HTTP/1.x connection loop over the in-memory transport: framing, keep-alive,
 //! limits, timeouts and shutdown, byte for byte as a client reads them.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -8,7 +9,9 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::files::{Options, Root};
+use crate::handler::Sites;
 use crate::http::testing::{MemError, Memory, Step};
+use crate::log::AccessLog;
 
 const A_TXT: &[u8] = b"inside\n";
 const DIGITS: &[u8] = b"0123456789";
@@ -54,8 +57,7 @@ impl Fixture {
 
     async fn serve_until(&self, mem: &mut Memory, shutdown: watch::Receiver<bool>) -> End<MemError> {
         let log = AccessLog::new(None);
-        let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
-        serve(mem, &self.settings, &Sites::single(self.site()), &log, peer, shutdown).await
+        serve(mem, self.context(&log, shutdown)).await
     }
 }
 
@@ -531,12 +533,11 @@ async fn every_request_is_logged() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("access.log");
     let log = AccessLog::new(Some(std::sync::Arc::new(std::fs::File::create(&path).unwrap())));
-    let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
     let (_tx, rx) = watch::channel(false);
     let mut mem = Memory::sending(
         b"GET /digits.txt HTTP/1.1\r\nHost: x\r\n\r\nHEAD /a.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /nope?q HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/9.9\r\n\r\n",
     );
-    serve(&mut mem, &f.settings, &Sites::single(f.site()), &log, peer, rx).await;
+    serve(&mut mem, f.context(&log, rx)).await;
     log.flush();
     let text = std::fs::read_to_string(&path).unwrap();
     let got: Vec<String> = text
@@ -559,10 +560,10 @@ async fn every_request_is_logged() {
     assert_eq!(
         got,
         [
-            "192.0.2.7 \"GET /digits.txt HTTP/1.1\" 200 10 tls=memory".to_string(),
-            "192.0.2.7 \"HEAD /a.txt HTTP/1.0\" 200 0 tls=memory".to_string(),
-            format!("192.0.2.7 \"GET /nope?q HTTP/1.1\" 404 {} tls=memory", page(404)),
-            format!("192.0.2.7 \"-\" 505 {} tls=memory", page(505)),
+            "192.0.2.7 \"GET /digits.txt HTTP/1.1\" 200 10 tls=userspace".to_string(),
+            "192.0.2.7 \"HEAD /a.txt HTTP/1.0\" 200 0 tls=userspace".to_string(),
+            format!("192.0.2.7 \"GET /nope?q HTTP/1.1\" 404 {} tls=userspace", page(404)),
+            format!("192.0.2.7 \"-\" 505 {} tls=userspace", page(505)),
         ]
     );
 }
@@ -636,4 +637,55 @@ async fn a_send_that_fails_later_ends_the_connection() {
     assert!(matches!(f.serve(&mut mem).await, End::Error(MemError::Broken)));
     assert_eq!(statuses(&replies(&mem.output, &[])), [200], "the first answer went out whole");
     assert!(!mem.lingered);
+}
+
+// ---- the states one by one ----
+
+impl Fixture {
+    fn context<'a>(&'a self, log: &'a AccessLog, shutdown: watch::Receiver<bool>) -> Context<'a, Settings> {
+        let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+        Context { peer, settings: &self.settings, sites: Sites::single(self.site()), log, shutdown }
+    }
+}
+
+/// Each transition on its own: two pipelined requests go head -> body -> answer
+/// -> head -> body -> answer -> closed, the second asking to close.
+#[tokio::test]
+async fn each_state_leads_to_the_next() {
+    let f = fixture();
+    let (log, (_tx, rx)) = (AccessLog::new(None), watch::channel(false));
+    let mut mem = Memory::sending(
+        b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\nHEAD /a.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let mut c = Connection::new(&mut mem, f.context(&log, rx));
+    let stop = std::future::pending::<()>();
+    tokio::pin!(stop);
+    for (target, keep_alive) in [("/a.txt", true), ("/a.txt", false)] {
+        let State::Body(x) = c.read_head(stop.as_mut()).await else { panic!("a whole head") };
+        assert_eq!((x.head.target.as_str(), x.keep_alive), (target, keep_alive));
+        let State::Answer(x, _site) = c.read_body(x).await else { panic!("no body to read") };
+        let site = f.site();
+        match c.answer(x, site).await {
+            State::Head => assert!(keep_alive),
+            State::Closed(End::Done) => assert!(!keep_alive),
+            _ => panic!("an answer sent leads to the next head or the end"),
+        }
+    }
+    let r = replies(&mem.output, &[false, true]);
+    assert_eq!(statuses(&r), [200, 200]);
+    assert!(mem.lingered, "a closing answer drains the client's input");
+}
+
+/// A head whose body is over the limit never reaches the answer state.
+#[tokio::test]
+async fn a_body_over_the_limit_closes_from_the_body_state() {
+    let f = fixture();
+    let (log, (_tx, rx)) = (AccessLog::new(None), watch::channel(false));
+    let mut mem = Memory::sending(b"PUT /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 101\r\n\r\n");
+    let mut c = Connection::new(&mut mem, f.context(&log, rx));
+    let stop = std::future::pending::<()>();
+    tokio::pin!(stop);
+    let State::Body(x) = c.read_head(stop.as_mut()).await else { panic!("a whole head") };
+    assert!(matches!(c.read_body(x).await, State::Closed(End::Done)));
+    assert_eq!(statuses(&replies(&mem.output, &[])), [413]);
 }

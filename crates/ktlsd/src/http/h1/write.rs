@@ -1,33 +1,9 @@
 //! HTTP/1.1 response heads: the status line, Server and Date, the response's own
 //! header fields in order, and the Connection field that tells the connection's fate.
 
-use std::cell::RefCell;
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use super::parse::Version;
 use crate::handler::{Body, Response};
-
-thread_local! {
-    /// The Date header value, formatted at most once a second per worker.
-    static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
-}
-
-/// The Date field value for a response sent now (HTTP/2 uses it too).
-pub fn http_date_now() -> String {
-    with_http_date_now(str::to_string)
-}
-
-fn with_http_date_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
-    let now = SystemTime::now();
-    let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    DATE.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.0 != secs || d.1.is_empty() {
-            *d = (secs, httpdate::fmt_http_date(now));
-        }
-        use_it(&d.1)
-    })
-}
+use crate::http::conn::with_http_date_now;
 
 /// The head of `response`. The status line always says HTTP/1.1, the version the
 /// server implements, for 1.0 requests too (RFC 9110 section 6.2; nginx answers the
@@ -100,12 +76,5 @@ mod tests {
         assert!(whole.ends_with(&format!("{tail}{page}")), "{whole}");
         let head_only = text(head_and_bytes(&r.without_body(), Version::Http11, true));
         assert!(head_only.ends_with(&tail), "{head_only}");
-    }
-
-    #[test]
-    fn date_is_now() {
-        let d = httpdate::parse_http_date(&http_date_now()).unwrap();
-        let now = SystemTime::now();
-        assert!(d <= now && now.duration_since(d).unwrap().as_secs() < 5);
     }
 }

@@ -10,18 +10,15 @@
 //! Not here: the frame rules (the codec), TLS, or what responses say.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-
-use tokio::sync::watch;
 
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
 use crate::handler::request::{HeaderFields, Method, Request};
-use crate::handler::{self, Body, Pick, Response, Sites, Status};
-use crate::http::h1::{write::http_date_now, End};
-use crate::http::Transport;
-use crate::log::{AccessEntry, AccessLog, RequestLine, TlsInfo};
+use crate::handler::{self, Body, Pick, Status};
+use crate::http::conn::{http_date_now, Logged, Sent};
+use crate::http::{Context, End, Transport};
+use crate::log::RequestLine;
 
 /// Limits and timeouts of the HTTP/2 codec.
 #[derive(Debug, Clone)]
@@ -33,9 +30,6 @@ pub struct Settings {
     /// keeps its flow-control window shut, or a request body that stops).
     pub stall_timeout: Duration,
 }
-
-/// The length of a frame header: DATA payload is the record size less this.
-const FRAME_HEADER: usize = 9;
 
 /// A response under way, kept until its last frame is sent (the file stays open).
 struct Open {
@@ -52,38 +46,30 @@ struct Open {
     user_agent: Option<String>,
 }
 
-/// Serves streams on `conn` until the connection ends; when `shutdown` turns true
+/// Serves streams on `conn` until the connection ends; when the context's shutdown turns true
 /// GOAWAY is sent, streams already taken finish, and the connection closes.
 ///
 /// # Cancel safety
-/// Not cancel-safe: a frame may be cut in the middle. The loop watches `shutdown`
-/// itself; callers do not need to race it.
-pub async fn serve<T: Transport>(
-    conn: &mut T,
-    settings: &Settings,
-    sites: &Sites<'_>,
-    log: &AccessLog,
-    peer: SocketAddr,
-    shutdown: watch::Receiver<bool>,
-) -> End<T::Error> {
+/// Not cancel-safe: a frame may be cut in the middle. The loop watches the
+/// shutdown signal itself; callers do not need to race it.
+pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> End<T::Error> {
+    let (settings, peer) = (ctx.settings, ctx.peer);
     let mut h2 = Connection::new(settings.limits.clone());
     let mut open: HashMap<StreamId, Open> = HashMap::new();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut going_away = false;
     // One wait for shutdown for the connection's life (see h1's).
-    let mut stop_rx = shutdown.clone();
+    let mut stop_rx = ctx.shutdown.clone();
     let stop = stop_rx.wait_for(|s| *s);
     tokio::pin!(stop);
     loop {
         while let Some(event) = h2.poll_event() {
             match event {
-                Event::Request { stream, head, .. } => {
-                    answer(&mut h2, &mut open, stream, &head, sites, log, peer, (conn.label(), conn.tls()))
-                }
+                Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, &ctx, conn),
                 Event::Reset { stream, code } => {
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
-                        write_log(log, peer, &o, (conn.label(), conn.tls()));
+                        o.log(&ctx, conn);
                     }
                 }
                 Event::PeerGoAway { .. } => {}
@@ -94,12 +80,12 @@ pub async fn serve<T: Transport>(
             }
         }
 
-        if !going_away && *shutdown.borrow() {
+        if !going_away && ctx.stopping() {
             h2.shutdown();
             going_away = true;
         }
 
-        let max_payload = conn.next_record().saturating_sub(FRAME_HEADER).max(1);
+        let max_payload = conn.next_record().saturating_sub(super::frame::HEADER_LEN).max(1);
         if let Some(write) = h2.poll_write(max_payload) {
             let sent = match write {
                 Write::Bytes(bytes) => conn.send(&bytes, None).await.map(|_| ()),
@@ -123,7 +109,7 @@ pub async fn serve<T: Transport>(
                     }
                     if end_stream {
                         if let Some(o) = open.remove(&stream) {
-                            write_log(log, peer, &o, (conn.label(), conn.tls()));
+                            o.log(&ctx, conn);
                         }
                     }
                     r.map(|_| ())
@@ -204,17 +190,15 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
 
 /// Answers one request: the handler's response goes to the codec; a file body
 /// stays open in `open` until its last frame.
-#[allow(clippy::too_many_arguments)]
-fn answer(
+fn answer<S>(
     h2: &mut Connection,
     open: &mut HashMap<StreamId, Open>,
     stream: StreamId,
     head: &RequestHead,
-    sites: &Sites<'_>,
-    log: &AccessLog,
-    peer: SocketAddr,
-    layer: (&'static str, Option<TlsInfo>),
+    ctx: &Context<'_, S>,
+    conn: &impl Transport,
 ) {
+    let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
     let target = head.path.clone().unwrap_or_default();
     let (request, response) = match to_request(head) {
@@ -225,20 +209,15 @@ fn answer(
                 (Some(req), response)
             }
             Pick::Misdirected => {
-                let mut response = handler::with_hsts(Response::page(Status::MISDIRECTED_REQUEST), &sites.default);
+                let is_head = req.method == Method::Head;
+                let mut response = handler::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head);
                 response.refused = Some("no site has the requested host".into());
-                if req.method == Method::Head {
-                    response = response.without_body();
-                }
                 (Some(req), response)
             }
         },
         Err(why) => {
-            let mut response = handler::with_hsts(Response::page(Status::BAD_REQUEST), &sites.default);
+            let mut response = handler::refusal(Status::BAD_REQUEST, &sites.default, head.method == "HEAD");
             response.refused = Some(why.into());
-            if head.method == "HEAD" {
-                response = response.without_body();
-            }
             (None, response)
         }
     };
@@ -265,7 +244,7 @@ fn answer(
         Ok(()) if has_file => {
             open.insert(stream, o);
         }
-        Ok(()) => write_log(log, peer, &o, layer),
+        Ok(()) => o.log(ctx, conn),
         Err(e) => tracing::debug!("stream {} from {peer}: response dropped: {e}", stream.0),
     }
 }
@@ -300,20 +279,17 @@ fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
     })
 }
 
-fn write_log(log: &AccessLog, peer: SocketAddr, o: &Open, (label, tls): (&'static str, Option<TlsInfo>)) {
-    let request = RequestLine { method: o.method.as_str(), target: &o.target, version: "HTTP/2.0" };
-    log.write(&AccessEntry {
-        peer,
-        request: Some(request),
-        status: o.status,
-        bytes: o.sent,
-        started: o.started,
-        ttfb: o.ttfb,
-        label,
-        referer: o.referer.as_deref(),
-        user_agent: o.user_agent.as_deref(),
-        tls,
-    });
+impl Open {
+    /// Writes the stream's access-log entry.
+    fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
+        let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };
+        let logged = Logged { line, referer: self.referer.as_deref(), user_agent: self.user_agent.as_deref() };
+        ctx.log(
+            conn,
+            Some(logged),
+            Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb },
+        );
+    }
 }
 
 #[cfg(test)]

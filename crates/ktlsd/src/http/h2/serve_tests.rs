@@ -1,6 +1,7 @@
 //! The HTTP/2 connection loop over the in-memory transport: requests answered
 //! from real files, DATA frames sized to the record, timeouts and shutdown.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -11,6 +12,8 @@ use crate::files::{Options, Root};
 use crate::handler::{Site, Sites};
 use crate::http::h2::PREFACE;
 use crate::http::testing::{MemError, Memory, Step};
+use crate::http::{Context, End};
+use crate::log::AccessLog;
 
 const FRAME_DATA: u8 = 0x0;
 const FRAME_HEADERS: u8 = 0x1;
@@ -122,7 +125,7 @@ impl Fixture {
         };
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
-        serve(mem, &self.settings, &Sites::single(site), &log, peer, shutdown).await
+        serve(mem, Context { peer, settings: &self.settings, sites: Sites::single(site), log: &log, shutdown }).await
     }
 }
 

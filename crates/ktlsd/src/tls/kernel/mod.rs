@@ -171,12 +171,17 @@ impl KernelTls {
                         _ => {}
                     }
                     if let Some(alert) = class.alert() {
-                        send_fatal_alert(stream, alert);
-                        return Err(SessionError::RecordRejected { reason: class.name(), alert });
+                        let sent = send_fatal_alert(stream, alert);
+                        return Err(SessionError::RecordRejected { reason: class.name(), alert, sent });
                     }
                     return Err(e.into());
                 }
             };
+            if rec.is_application_data() && self.conn.in_handshake_message() {
+                pool::give_back(&RX, rx);
+                let e = kernel_tls::Error::Protocol(kernel_tls::ProtocolError::InterleavedHandshake);
+                return Err(control_error(stream, e));
+            }
             if rec.is_application_data() {
                 out.extend_from_slice(&rx[..rec.len]);
                 pool::give_back(&RX, rx);
@@ -186,7 +191,13 @@ impl KernelTls {
             pool::give_back(&RX, rx);
             match handled {
                 Ok(ControlOutcome::CloseNotify) => return Ok(0),
-                Ok(ControlOutcome::Warning(_)) => {}
+                Ok(ControlOutcome::Warning(_) | ControlOutcome::Partial) => {}
+                Ok(ControlOutcome::RenegotiationRefused) => {
+                    // RFC 5746 §4.4: a warning, and the connection goes on.
+                    let refusal = kernel_tls::Alert::warning(rustls::AlertDescription::NoRenegotiation);
+                    let send = || kernel_tls::send_alert_record(stream.as_fd(), refusal);
+                    net::retry(stream, Interest::WRITABLE, timeout, send).await?;
+                }
                 Ok(ControlOutcome::KeyUpdated { .. }) => {
                     self.key_updates += 1;
                     self.complete_tx_update(stream, timeout).await?;
@@ -279,12 +290,20 @@ fn session_error(e: kernel_tls::Error) -> SessionError {
 
 /// Sends a fatal alert before the connection is dropped, then FIN, so the peer
 /// sees the end at once whatever the later close() does (with unread input
-/// left, it sends a reset). Best effort: a socket in an error state may refuse.
-fn send_fatal_alert(stream: &TcpStream, alert: rustls::AlertDescription) {
-    // After a record failed authentication the kernel refuses every send
-    // (EBADMSG); the FIN below still ends the connection at once.
-    if let Err(e) = kernel_tls::send_alert(stream.as_fd(), alert) {
-        tracing::debug!("kTLS: the {alert:?} alert was not sent: {e}");
+/// left, it sends a reset). Best effort; returns whether the alert left.
+///
+/// After a record fails authentication the kernel sets the socket's pending
+/// error (`sk_err`, EBADMSG), and every send fails while it is set. Reading it
+/// (`SO_ERROR`) clears it; the alert is then tried once more.
+fn send_fatal_alert(stream: &TcpStream, alert: rustls::AlertDescription) -> bool {
+    let mut sent = kernel_tls::send_alert(stream.as_fd(), alert);
+    if sent.is_err() {
+        let pending = stream.take_error();
+        sent = kernel_tls::send_alert(stream.as_fd(), alert);
+        if let Err(e) = &sent {
+            tracing::debug!("kTLS: the {alert:?} alert was not sent: {e} (pending socket error: {pending:?})");
+        }
     }
     let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
+    sent.is_ok()
 }

@@ -118,10 +118,10 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
-    use crate::tls::config::TlsVersion;
     use crate::tls::handshake;
     use crate::tls::sizing::RecordPolicy;
     use crate::tls::userspace::tests::{test_client, test_server_config};
+    use crate::vocab::TlsVersion;
 
     /// A large body on a socket that never fills: without yields of its own the
     /// writer would encrypt all of it without letting the worker's other tasks

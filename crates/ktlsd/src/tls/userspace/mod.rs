@@ -15,20 +15,24 @@
 //! partial record (input) or records not yet written (output) keep one.
 //!
 //! When the peer breaks the protocol (a record that fails authentication, an
-//! oversized record, a malformed alert or KeyUpdate, renegotiation, ...), this
+//! oversized record, a malformed alert or KeyUpdate, ...), this
 //! layer seals the fatal alert that says why, sends it and a FIN, and only then
-//! returns the error: the peer learns at once why the connection ended.
+//! returns the error: the peer learns at once why the connection ended. A TLS 1.2
+//! renegotiation is refused with the warning `no_renegotiation`, and the
+//! connection goes on (RFC 5746 §4.4), as nginx does.
 
 use std::io;
 use std::time::Duration;
 
-use kernel_tls::{key_update_message, parse_server_post_handshake, Alert, ProtocolError, TlsVersion};
+use kernel_tls::{key_update_message, Alert, PostHandshake, ProtocolError, TlsVersion};
 use rustls::kernel::KernelConnection;
 use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::{AlertDescription, ContentType};
 use tokio::net::TcpStream;
 
 pub mod body;
+#[cfg(test)]
+mod conformance_tests;
 pub mod record;
 
 use record::{OpenError, RecordKey, MAX_WIRE_RECORD};
@@ -119,6 +123,8 @@ pub struct UserspaceTls {
     peer_closed: bool,
     /// The session ended in a fatal alert (sent or received): nothing more is sealed.
     failed: bool,
+    /// The peer's post-handshake messages, which may span records.
+    handshake: PostHandshake,
 }
 
 impl UserspaceTls {
@@ -152,6 +158,7 @@ impl UserspaceTls {
             out_sent: 0,
             peer_closed: false,
             failed: false,
+            handshake: PostHandshake::default(),
         })
     }
 
@@ -187,7 +194,7 @@ impl UserspaceTls {
                 return Ok(got);
             }
             if self.out_len > 0 {
-                // A KeyUpdate answer is queued: send it before blocking on reads.
+                // A KeyUpdate answer or a no_renegotiation warning is queued: send it before blocking on reads.
                 self.flush(stream, timeout).await?;
             }
             if self.in_len == IN_CAPACITY {
@@ -220,6 +227,9 @@ impl UserspaceTls {
             pos += len;
             let (typ, plain) = self.rx.open(rec)?;
             let plain = &rec[plain];
+            if typ != ContentType::Handshake && self.handshake.in_message() {
+                return Err(ProtocolError::InterleavedHandshake.into());
+            }
             match typ {
                 ContentType::ApplicationData => {
                     out.extend_from_slice(plain);
@@ -235,8 +245,15 @@ impl UserspaceTls {
                     }
                 }
                 ContentType::Handshake => {
-                    let update_requested = parse_server_post_handshake(self.version, plain)?;
-                    self.peer_key_update(update_requested)?;
+                    let messages = self.handshake.push(self.version, plain)?;
+                    if messages.renegotiation {
+                        // RFC 5746 §4.4: refuse with a warning and go on.
+                        let refusal = Alert::warning(AlertDescription::NoRenegotiation);
+                        self.seal_control(ContentType::Alert, &refusal.encode());
+                    }
+                    if let Some(update_requested) = messages.key_update {
+                        self.peer_key_update(update_requested)?;
+                    }
                 }
                 content_type => return Err(ProtocolError::UnexpectedContentType { content_type }.into()),
             }
@@ -434,16 +451,17 @@ impl Drop for UserspaceTls {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io::Read;
     use std::net::SocketAddr;
     use std::sync::{mpsc, Arc};
 
     use super::*;
-    use crate::tls::config::{server_config, Identity, TlsSettings, TlsVersion};
+    use crate::tls::config::{server_config, Identity, TlsSettings};
     use crate::tls::handshake;
     use crate::tls::sizing::{RecordPolicy, RecordSizer};
     use crate::tls::Session;
+    use crate::vocab::TlsVersion;
 
     /// A server config with ktlsd's own self-signed certificate for `versions`,
     /// and the certificate a client must trust.
@@ -462,8 +480,7 @@ mod tests {
         };
         let identity = Identity::load(&settings, false).unwrap();
         let root = identity.chain[0].clone();
-        let config =
-            server_config(&settings, identity, Vec::new(), crate::tls::sni::UnknownName::Default, None).unwrap();
+        let config = server_config(&settings, identity, Vec::new(), crate::vocab::UnknownName::Default, None).unwrap();
         (config, root)
     }
 

@@ -20,8 +20,7 @@ use rustls::{AlertDescription, ConnectionTrafficSecrets, ContentType};
 
 use crate::tls::sizing::MAX_RECORD;
 
-/// Record header: type, legacy version, length.
-pub const HEADER_LEN: usize = 5;
+pub use crate::tls::RECORD_HEADER_LEN as HEADER_LEN;
 const TAG_LEN: usize = 16;
 /// TLS 1.2 AES-GCM carries the last 8 bytes of each record's nonce in clear.
 const EXPLICIT_NONCE_LEN: usize = 8;

@@ -1,0 +1,209 @@
+"""Scenario tail (VM): cold connections over netem delay and loss, TTFB and total time per
+record-size policy and each selected peer (with kTLS where it has it), for 10 KB, 100 KB and 1 MB
+files; the report (table, ratios with bootstrap intervals, chart) can be rebuilt from its CSV."""
+
+import concurrent.futures
+import csv
+import os
+import random
+import re
+import subprocess
+import time
+
+from . import peers
+from .servers import Ktlsd, require_ktls
+from .stats import pct, ratio_ci
+from .system import backlog_drops, log, make_file, sh, tcp_ext, tcp_retransmits
+
+
+TAIL_CONDITIONS = [
+    ("static:16k", ["--record-size", "static:16k"]),
+    ("static:4k", ["--record-size", "static:4k"]),
+    ("dynamic", ["--record-size", "dynamic"]),
+    ("dynamic-tuned", ["--record-size", "dynamic:hi=16384,threshold=10"]),
+    ("adaptive", ["--record-size", "adaptive"]),
+]
+TAIL_SIZES = {"10KB": 10_000, "100KB": 100_000, "1MB": 1_000_000}
+CURL_FIELDS = "%{http_code} %{size_download} %{num_connects} %{time_starttransfer} %{time_total}\\n"
+
+
+def tail_batch(jobs, resolve):
+    """One curl process fetches `jobs` [(server, size)] in order, each on a new
+    connection with a full handshake (`Connection: close`, no TLS session reuse),
+    so a batch costs one process start instead of one per connection."""
+    cmd = ["curl", "-sk", "--http1.1", "--no-sessionid", "-H", "Connection: close", "--max-time", "60",
+           "-w", CURL_FIELDS, *resolve]
+    for s, size in jobs:
+        cmd += ["-o", "/dev/null", f"https://localhost:{s.port}/{size}"]
+    out = subprocess.run(cmd, text=True, capture_output=True).stdout.splitlines()
+    if len(out) != len(jobs):
+        raise RuntimeError(f"curl reported {len(out)} of {len(jobs)} transfers")
+    rows = []
+    for (s, size), line in zip(jobs, out):
+        code, got, connects, ttfb, total = line.split()
+        if code != "200" or int(got) != TAIL_SIZES[size] or connects != "1":
+            raise RuntimeError(f"{s.name} {size}: HTTP {code}, {got} bytes, {connects} new connections")
+        rows.append((s.name, size, float(ttfb) * 1000, float(total) * 1000))
+    return rows
+
+
+def tail_batch_h2(jobs, resolve):
+    """tail_batch over HTTP/2: curl keeps an h2 connection for every later request
+    to the same host and ignores `Connection: close`, so each job gets a host name
+    of its own (resolved to 127.0.0.1) and with it a new connection and a full
+    handshake."""
+    del resolve  # one name per job instead
+    cmd = ["curl", "-sk", "--http2", "--no-sessionid", "--max-time", "60",
+           "-w", "%{http_version} " + CURL_FIELDS]
+    for i, (s, size) in enumerate(jobs):
+        host = f"c{i}.localhost"
+        cmd += ["--resolve", f"{host}:{s.port}:127.0.0.1", "-o", "/dev/null", f"https://{host}:{s.port}/{size}"]
+    out = subprocess.run(cmd, text=True, capture_output=True).stdout.splitlines()
+    if len(out) != len(jobs):
+        raise RuntimeError(f"curl reported {len(out)} of {len(jobs)} transfers")
+    rows = []
+    for (s, size), line in zip(jobs, out):
+        version, code, got, connects, ttfb, total = line.split()
+        if version != "2" or code != "200" or int(got) != TAIL_SIZES[size] or connects != "1":
+            raise RuntimeError(f"{s.name} {size}: HTTP/{version} {code}, {got} bytes, {connects} new connections")
+        rows.append((s.name, size, float(ttfb) * 1000, float(total) * 1000))
+    return rows
+
+
+def scenario_tail(args, work):
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    for name, n in TAIL_SIZES.items():
+        make_file(os.path.join(root, name), n)
+    servers, port = [], 18450
+    for name, extra in TAIL_CONDITIONS:
+        servers.append(Ktlsd(name, args.ktlsd, root, port, work, ["--ktls", args.tail_ktls, *extra]))
+        port += 1
+    try:
+        for kind in peers.PEERS:  # nginx with ssl_buffer_size 16k (its default), the others as they come
+            ktls = args.tail_ktls != "off" and peers.missing(kind, ktls=True) is None
+            servers.append(peers.KINDS[kind]("nginx-16k" if kind == "nginx" else kind, root, port, work, ktls=ktls,
+                                             http2=args.http2))
+            log(f"  {servers[-1].name}: {'kTLS' if ktls else 'userspace TLS'}")
+            port += 1
+    except Exception:
+        for s in servers:
+            s.stop()
+        raise
+    resolve = [a for s in servers for a in ("--resolve", f"localhost:{s.port}:127.0.0.1")]
+    # Loopback's 64 KiB MTU and segmentation offloads would hand netem one
+    # 64 KiB packet where a real link carries 45: give lo a 1500-byte MTU and
+    # no offloads, so delay and loss act per real-sized segment.
+    sh(["ip", "link", "set", "lo", "mtu", "1500"])
+    subprocess.run(["ethtool", "-K", "lo", "tso", "off", "gso", "off", "gro", "off"], capture_output=True)
+    # Cold means cold: no ssthresh or RTT carried over from earlier connections.
+    # netem releases each delayed burst at once; a longer backlog keeps the
+    # receive side from dropping any of it, so netem's loss is the only loss.
+    sh(["sysctl", "-qw", "net.ipv4.tcp_no_metrics_save=1", "net.core.netdev_max_backlog=100000"])
+    subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+    # netem holds every packet of the delay line in its queue; its default limit of
+    # 1000 packets would add drops of its own once a few 1 MB transfers overlap.
+    sh(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", args.delay, "loss", args.loss,
+        "limit", "100000"])
+    plan = [(s, size) for s in servers for size in TAIL_SIZES for _ in range(args.n)]
+    random.shuffle(plan)
+    batches = [plan[i:i + 40] for i in range(0, len(plan), 40)]
+    rows = []
+    # Rows are written as they come, so an interrupted run still leaves its data.
+    raw = open(os.path.join(args.out, "tail.csv"), "w", newline="")
+    out = csv.writer(raw)
+    out.writerow(["condition", "size", "ttfb_ms", "total_ms"])
+    started, retrans0, backlog0, ext0 = time.monotonic(), tcp_retransmits(), backlog_drops(), tcp_ext()
+    try:
+        # A few clients at once: each connection mostly waits on the 100 ms round
+        # trips, and every condition shares the same concurrency.
+        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+            batch = tail_batch_h2 if args.http2 else tail_batch
+            for got in pool.map(lambda b: batch(b, resolve), batches):
+                rows += got
+                out.writerows(got)
+                raw.flush()
+                log(f"  {len(rows)}/{len(plan)} connections, {time.monotonic() - started:.0f} s")
+        # Every drop should be netem's: report the retransmits it caused and any drop it did not.
+        netem = re.search(r"dropped (\d+)", sh(["tc", "-s", "qdisc", "show", "dev", "lo"]))
+        log(f"  segments retransmitted: {tcp_retransmits() - retrans0}; netem drops: "
+            f"{netem.group(1) if netem else '?'}; receive backlog drops: {backlog_drops() - backlog0}")
+        ext = {k: v - ext0.get(k, 0) for k, v in tcp_ext().items()}
+        log("  TcpExt: " + " ".join(f"{k}={v}" for k, v in ext.items()
+                                    if v and re.search("Drop|Spurious|Timeout|LossProbe|Retrans|Prune|Recover", k)))
+    finally:
+        raw.close()
+        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+        subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], capture_output=True)
+        for s in servers:
+            s.stop()
+    if args.tail_ktls != "off":
+        require_ktls(work, [name for name, _ in TAIL_CONDITIONS])
+    return tail_report(rows, TAIL_SIZES, [s.name for s in servers], args.out)
+
+
+def tail_report(rows, sizes, names, out):
+    """The tail table and chart from (condition, size, ttfb_ms, total_ms) rows."""
+    counts = [sum(1 for r in rows if r[0] == n and r[1] == size) for n in names for size in sizes]
+    table = [f"connections per size x condition: {min(counts)} to {max(counts)}", "",
+             "| size | condition | TTFB p50 | TTFB p95 | TTFB p99 | total p50 | total p95 |",
+             "|---|---|---|---|---|---|---|"]
+    stats = {}
+    for size in sizes:
+        for n in names:
+            t = [r[2] for r in rows if r[0] == n and r[1] == size]
+            tot = [r[3] for r in rows if r[0] == n and r[1] == size]
+            stats[(size, n)] = (pct(t, 50), pct(t, 95), pct(t, 99), pct(tot, 50), pct(tot, 95))
+            table.append(f"| {size} | {n} | " + " | ".join(f"{v:.0f}" for v in stats[(size, n)]) + " |")
+    cell = lambda n, size, col: [r[col] for r in rows if r[0] == n and r[1] == size]
+    goals = [("100KB", "TTFB", 2, 95, 0.72), ("1MB", "total", 3, 95, 1.0), ("10KB", "TTFB", 2, 95, 1.05)]
+    table += ["", "adaptive vs static:16k, with a 95% bootstrap interval:"]
+    for size, what, col, p, goal in goals:
+        r, lo, hi = ratio_ci(cell("adaptive", size, col), cell("static:16k", size, col), p)
+        table.append(f"- {size} p{p} {what}: {r:.2f}x [{lo:.2f}, {hi:.2f}] (goal <= {goal}x)")
+    ours = {n for n, _ in TAIL_CONDITIONS}
+    for peer in [n for n in names if n not in ours]:
+        table += ["", f"adaptive vs {peer}, p95 TTFB and p95 total, with a 95% bootstrap interval:"]
+        for size in sizes:
+            got = [ratio_ci(cell("adaptive", size, col), cell(peer, size, col), 95) for col in (2, 3)]
+            table.append(f"- {size}: TTFB {got[0][0]:.2f}x [{got[0][1]:.2f}, {got[0][2]:.2f}], "
+                         f"total {got[1][0]:.2f}x [{got[1][1]:.2f}, {got[1][2]:.2f}]")
+    chart(stats, rows, sizes, names, os.path.join(out, "tail.png"))
+    return "\n".join(table), {"stats": {f"{k[0]} {k[1]}": v for k, v in stats.items()}}
+
+
+def chart(stats, rows, sizes, names, path):
+    try:
+        # Kept beside the results, so its font cache is built once, not in every VM.
+        os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.dirname(path), ".matplotlib"))
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no chart")
+        return
+    # Top: p50 and p95 per condition. Bottom: the whole TTFB distribution, where
+    # the loss-delayed share (and so where a p95 lands) can be read off.
+    fig, axes = plt.subplots(2, len(sizes), figsize=(5 * len(sizes), 8))
+    for col, size in enumerate(sizes):
+        ax = axes[0][col]
+        p50 = [stats[(size, n)][0] for n in names]
+        p95 = [stats[(size, n)][1] for n in names]
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], p50, 0.4, label="TTFB p50")
+        ax.bar([i + 0.2 for i in x], p95, 0.4, label="TTFB p95")
+        ax.set_xticks(list(x), names, rotation=40, ha="right")
+        ax.set_title(f"{size}: time to first byte (ms)")
+        ax.legend(loc="upper left", fontsize="small")
+        ax = axes[1][col]
+        for n in names:
+            t = sorted(r[2] for r in rows if r[0] == n and r[1] == size)
+            ax.step(t, [(i + 1) / len(t) for i in range(len(t))], where="post", label=n)
+        ax.axhline(0.95, color="grey", lw=0.5, ls="--")
+        ax.set_xlim(250, 1600)
+        ax.set_ylim(0.5, 1.0)
+        ax.set_xlabel("TTFB (ms)")
+        ax.set_ylabel("fraction of connections")
+        ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

@@ -1,0 +1,62 @@
+"""Scenario throughput (this machine): 1 GiB single-connection HTTP/1.1 downloads with curl
+(speed, server CPU s/GiB) and a 10 KiB file with wrk over 64 keep-alive connections, ktlsd
+against every selected peer, and the crypto limit (AEAD alone) measured in the same run."""
+
+import os
+import random
+
+from . import crypto, peers
+from .clients import download_runs, wrk_rps
+from .servers import Ktlsd
+from .stats import median, size_name, versus_table
+from .system import log, make_file
+
+
+def download_servers(args, work, http2=False):
+    """ktlsd and the peers over a root holding big.bin (1 GiB, 64 MiB with --quick) and
+    10k.bin, for the download scenarios; returns (servers, {peer: why it cannot run}, big's size)."""
+    root = os.path.join(work, "www")
+    os.makedirs(root)
+    big = 1 << 30 if not args.quick else 64 << 20
+    make_file(os.path.join(root, "big.bin"), big)
+    make_file(os.path.join(root, "10k.bin"), 10 * 1024)
+    extra = ["--record-size", args.record_size] if args.record_size else []
+    ktlsd = Ktlsd("ktlsd", args.ktlsd, root, 18443, work, extra)
+    try:
+        others, missing = peers.start_peers(root, work, 18444, http2=http2)
+    except Exception:
+        ktlsd.stop()
+        raise
+    return [ktlsd, *others], missing, big
+
+
+def peer_values(res, key, missing, reduce=median):
+    """{peer: reduce(res[peer][key])} for the peers that ran, and why not for the others."""
+    return {**missing, **{n: reduce(v[key]) for n, v in res.items() if n != "ktlsd"}}
+
+
+def scenario_throughput(args, work):
+    servers, missing, big = download_servers(args, work)
+    try:
+        log(f"download: {big >> 20} MiB x {args.runs} runs each, interleaved")
+        dl = download_runs(servers, "big.bin", big, args.runs)
+        rps = {s.name: [] for s in servers}
+        rounds = max(1, args.runs // 3)
+        for i in range(rounds):
+            for s in random.sample(servers, len(servers)):
+                rps[s.name].append(wrk_rps(s, "10k.bin", 64, args.duration, threads=1)[0])
+            log(f"  wrk round {i + 1}/{rounds}: " + ", ".join(f"{n} {v[-1]:.0f} req/s" for n, v in rps.items()))
+    finally:
+        for s in servers:
+            s.stop()
+    aead = crypto.aead_limit(args.aead_limit, args.aead_seconds)
+    k = dl["ktlsd"]
+    rows = [
+        (f"{size_name(big)} download speed, median MB/s", median(k["speed"]), peer_values(dl, "speed", missing), ">= 1.0"),
+        ("server CPU s per GiB, median", median(k["cpu_per_gib"]), peer_values(dl, "cpu_per_gib", missing), "<= 1.0"),
+        (f"10 KiB wrk -c64 {args.duration}s, median req/s", median(rps["ktlsd"]),
+         {**missing, **{n: median(v) for n, v in rps.items() if n != "ktlsd"}}, ">= 1.2"),
+    ]
+    cpu = {"ktlsd": median(k["cpu_per_gib"]), **peer_values(dl, "cpu_per_gib", missing)}
+    table = versus_table(rows, peers.PEERS) + "\n" + crypto.limit_lines(aead, None, cpu)
+    return table, {"download": dl, "wrk": rps, "aead_limit": aead}

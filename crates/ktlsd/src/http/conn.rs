@@ -1,0 +1,125 @@
+//! What both codecs share around one connection: the [`Context`] a connection
+//! loop is given (peer, settings, sites, access log, shutdown signal), how the
+//! loop [`End`]s, the access-log entry of one answered request ([`Context::log`]),
+//! and the Date field value.
+//!
+//! Not here: framing (each codec's own), or what a response says (the handler).
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+use super::Transport;
+use crate::handler::Sites;
+use crate::log::{AccessEntry, AccessLog, RequestLine};
+
+/// One connection's surroundings, as its loop (`h1::serve`, `h2::serve`) takes
+/// them; `S` is the codec's own settings.
+pub struct Context<'a, S> {
+    /// The client's address, for the access log and diagnostics.
+    pub peer: SocketAddr,
+    /// The codec's limits and timeouts.
+    pub settings: &'a S,
+    /// The sites requests are served from, chosen per request by Host/:authority.
+    pub sites: Sites<'a>,
+    /// Where each answered request is logged (and counted).
+    pub log: &'a AccessLog,
+    /// Turns true when the server stops: requests under way are answered, then
+    /// the connection ends.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// How the connection ended, for the caller's counters.
+#[derive(Debug)]
+pub enum End<E> {
+    /// The client closed, or we close after `Connection: close`, a final error
+    /// response or GOAWAY: the caller closes gracefully.
+    Done,
+    /// Idle keep-alive, slow request head, or a client that stopped reading (send timeout).
+    Timeout,
+    /// The transport failed mid-connection; the caller must not close gracefully.
+    Error(E),
+    /// The peer closed in the middle of a request body it had announced.
+    Truncated,
+}
+
+/// A request as the access log names it: its request line and the two fields logged.
+#[derive(Debug, Clone, Copy)]
+pub struct Logged<'a> {
+    pub line: RequestLine<'a>,
+    pub referer: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+}
+
+/// What one answer sent, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct Sent {
+    pub status: u16,
+    /// Body bytes sent (the head not counted, as nginx's `$body_bytes_sent`).
+    pub bytes: u64,
+    /// When the request began to arrive.
+    pub started: Instant,
+    /// From `started` until the response began to be sent.
+    pub ttfb: Duration,
+}
+
+impl<S> Context<'_, S> {
+    /// Writes the access-log entry of one answer sent on `conn`; `request` is
+    /// `None` when no request head could be read.
+    pub fn log(&self, conn: &impl Transport, request: Option<Logged<'_>>, sent: Sent) {
+        self.log.write(&AccessEntry {
+            peer: self.peer,
+            request: request.map(|r| r.line),
+            status: sent.status,
+            bytes: sent.bytes,
+            started: sent.started,
+            ttfb: sent.ttfb,
+            layer: conn.layer(),
+            referer: request.and_then(|r| r.referer),
+            user_agent: request.and_then(|r| r.user_agent),
+            tls: conn.tls(),
+        });
+    }
+
+    /// Whether the server is stopping.
+    pub fn stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+thread_local! {
+    /// The Date header value, formatted at most once a second per worker.
+    static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+}
+
+/// The Date field value for a response sent now.
+pub fn http_date_now() -> String {
+    with_http_date_now(str::to_string)
+}
+
+/// Hands the Date field value for a response sent now to `use_it`, without a copy.
+pub fn with_http_date_now<R>(use_it: impl FnOnce(&str) -> R) -> R {
+    let now = SystemTime::now();
+    let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs || d.1.is_empty() {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        use_it(&d.1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn date_is_now() {
+        let d = httpdate::parse_http_date(&http_date_now()).unwrap();
+        let now = SystemTime::now();
+        assert!(d <= now && now.duration_since(d).unwrap().as_secs() < 5);
+    }
+}

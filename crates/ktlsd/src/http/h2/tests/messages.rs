@@ -1,0 +1,127 @@
+//! HTTP messages on streams (RFC 9113 section 8.1): malformed requests,
+//! trailers, Content-Length, and request bodies discarded with their credit returned.
+
+use super::*;
+use crate::http::h2::priority::Priority;
+
+#[test]
+fn malformed_requests_are_stream_errors() {
+    let cases: &[(&str, &[(&str, &str)])] = &[
+        ("uppercase name", &[("X-Upper", "1")]),
+        ("unknown pseudo", &[(":foo", "1")]),
+        ("response pseudo", &[(":status", "200")]),
+        ("pseudo after regular", &[("x-a", "1"), (":authority", "a")]),
+        ("duplicate pseudo", &[(":path", "/again")]),
+        ("connection", &[("connection", "keep-alive")]),
+        ("keep-alive", &[("keep-alive", "5")]),
+        ("transfer-encoding", &[("transfer-encoding", "chunked")]),
+        ("upgrade", &[("upgrade", "h2c")]),
+        ("te other than trailers", &[("te", "gzip")]),
+        ("bad content-length", &[("content-length", "12a")]),
+        ("conflicting content-length", &[("content-length", "1"), ("content-length", "2")]),
+        ("value with LF", &[("x-a", "a\nb")]),
+        ("value with leading space", &[("x-a", " a")]),
+        ("name with space", &[("x a", "1")]),
+    ];
+    for (what, extra) in cases {
+        let got = stream_error(|c| c.headers(5, &[GET, extra].concat(), false));
+        assert_eq!(got, [(5, ProtocolError)], "{what}");
+    }
+    let missing: &[(&str, &[(&str, &str)])] = &[
+        ("no method", &[(":scheme", "https"), (":path", "/")]),
+        ("no scheme", &[(":method", "GET"), (":path", "/")]),
+        ("no path", &[(":method", "GET"), (":scheme", "https")]),
+        ("empty path", &[(":method", "GET"), (":scheme", "https"), (":path", "")]),
+        ("CONNECT with path", &[(":method", "CONNECT"), (":authority", "a:443"), (":path", "/")]),
+    ];
+    for (what, fields) in missing {
+        assert_eq!(stream_error(|c| c.headers(5, fields, true)), [(5, ProtocolError)], "{what}");
+    }
+}
+
+#[test]
+fn well_formed_request_head() {
+    let mut c = Client::new();
+    let fields = [
+        (":method", "GET"),
+        (":scheme", "https"),
+        (":path", "/a?b"),
+        ("host", "h.test"),
+        ("te", "trailers"),
+        ("priority", "u=1, i"),
+        ("accept", "*/*"),
+    ];
+    let bytes = c.headers(1, &fields, true);
+    c.send(&bytes);
+    let events = c.events();
+    let [Event::Request { head, .. }] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(head.method, "GET");
+    assert_eq!(head.scheme.as_deref(), Some("https"));
+    assert_eq!(head.authority.as_deref(), Some("h.test"), "host stands in for :authority");
+    assert_eq!(head.path.as_deref(), Some("/a?b"));
+    assert_eq!(head.header("accept"), Some(&b"*/*"[..]));
+    assert_eq!(head.priority, Priority { urgency: 1, incremental: true });
+}
+
+#[test]
+fn trailers_must_end_the_stream() {
+    let more = |c: &mut Client| c.headers(1, &[("x-trailer", "1")], false);
+    assert_eq!(stream_error(more), [(1, ProtocolError)]);
+    let pseudo = |c: &mut Client| c.headers(1, &[(":path", "/")], true);
+    assert_eq!(stream_error(pseudo), [(1, ProtocolError)]);
+    let ok = |c: &mut Client| c.headers(1, &[("x-trailer", "1")], true);
+    assert_eq!(stream_error(ok), []);
+}
+
+#[test]
+fn content_length_must_match_data() {
+    let fields = [GET, &[("content-length", "4")]].concat();
+    let short = |c: &mut Client| {
+        let mut b = c.headers(5, &fields, false);
+        b.extend(data(5, b"abc", true));
+        b
+    };
+    assert_eq!(stream_error(short), [(5, ProtocolError)]);
+    let long = |c: &mut Client| {
+        let mut b = c.headers(5, &fields, false);
+        b.extend(data(5, b"abc", false));
+        b.extend(data(5, b"de", true));
+        b
+    };
+    assert_eq!(stream_error(long), [(5, ProtocolError)]);
+    let none = |c: &mut Client| c.headers(5, &fields, true);
+    assert_eq!(stream_error(none), [(5, ProtocolError)]);
+    let exact = |c: &mut Client| {
+        let mut b = c.headers(5, &fields, false);
+        b.extend(data(5, b"ab", false));
+        b.extend(data(5, b"cd", true));
+        b
+    };
+    assert_eq!(stream_error(exact), []);
+}
+
+#[test]
+fn request_bodies_are_discarded_and_credit_returned() {
+    let mut c = Client::new();
+    let bytes = c.headers(1, &[(":method", "POST"), (":scheme", "https"), (":path", "/")], false);
+    c.send(&bytes);
+    let chunk = vec![7; 16_000];
+    for _ in 0..3 {
+        c.send(&data(1, &chunk, false));
+    }
+    let updates: Vec<_> = c.frames().into_iter().filter(|f| f.head.kind == frame::WINDOW_UPDATE).collect();
+    let credit = |id: u32| -> u32 {
+        updates
+            .iter()
+            .filter(|f| f.head.stream == id)
+            .map(|f| u32::from_be_bytes(f.payload[..4].try_into().unwrap()))
+            .sum()
+    };
+    assert_eq!(credit(0), 48_000);
+    assert_eq!(credit(1), 48_000);
+    // Without that credit these would overflow the 65535-byte windows.
+    for _ in 0..4 {
+        c.send(&data(1, &chunk, false));
+    }
+    assert_eq!(goaway(&c.frames()), None);
+}
