@@ -1,8 +1,8 @@
 //! The record-size advisor: reads the summed traffic figures (response body
 //! sizes, each connection's RTT and loss at its end) and recommends a
 //! `record_size` policy with a one-sentence reason. Pure: figures in, advice
-//! out; it changes nothing. The rules and the evidence behind them are in the
-//! README ("Record-size advisor").
+//! out; it changes nothing. The rules and the evidence behind them are in
+//! docs/ktls.md ("Record-size advisor").
 
 use serde::Serialize;
 
@@ -50,7 +50,7 @@ pub struct Advice {
     pub config: String,
 }
 
-/// The rule that decided, for tests and the README.
+/// The rule that decided, for tests and the documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
     TooFewSamples,
