@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Raw-frame cases where HTTP/2 must answer as HTTP/1.1 and nginx do: the host
+checks, Date on every response, OPTIONS *, and when a stream's NO_ERROR reset goes
+out. Uses the frame helpers of conformance.py; same command line."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from conformance import *  # noqa: E402,F403
+from conformance import CASES, case, main  # noqa: E402
+
+CASES.clear()
+
+
+def request_fields(c, stream, fields, end_stream=True):
+    f = HeadersFrame(stream)
+    f.data = c.enc.encode(fields)
+    f.flags.add("END_HEADERS")
+    if end_stream:
+        f.flags.add("END_STREAM")
+    c.send_frame(f)
+
+
+BASE = [(":method", "GET"), (":scheme", "https"), (":path", "/")]
+
+for name, fields in [
+    ("host differs from :authority", BASE + [(":authority", "localhost"), ("host", "other.example")]),
+    ("two different host fields", BASE + [("host", "localhost"), ("host", "other.example")]),
+    (":authority ../..", BASE + [(":authority", "../..")]),
+    ("empty :authority", BASE + [(":authority", "")]),
+]:
+    def check(c, a, fields=fields):
+        c.handshake()
+        request_fields(c, 1, fields)
+        expect_stream_error(c, 1, PROTOCOL_ERROR)
+        expect_alive(c)
+    case(f"host/{name} is a malformed request")(check)
+
+
+@case("host/host equal to :authority is served")
+def _(c, a):
+    c.handshake()
+    request_fields(c, 1, [(":method", "GET"), (":scheme", "https"), (":path", a.path), (":authority", "localhost"), ("host", "LOCALHOST")])
+    headers, _ = read_response(c, 1)
+    if headers.get(b":status") != b"200":
+        raise Failed(f"status {headers.get(b':status')!r}")
+
+
+if __name__ == "__main__":
+    main()
