@@ -48,5 +48,27 @@ def _(c, a):
         raise Failed(f"status {headers.get(b':status')!r}")
 
 
+@case("date/the 431 for an oversized header list carries Date")
+def _(c, a):
+    c.handshake()
+    big = "b" * 1000
+    # Indexed once, then referenced: small on the wire, 40 KB decoded.
+    request_fields(c, 1, BASE + [(":authority", "localhost")] + [("x-big", big)] * 40)
+    headers, _ = read_response(c, 1)
+    if headers.get(b":status") != b"431":
+        raise Failed(f"status {headers.get(b':status')!r}")
+    if not headers.get(b"date"):
+        raise Failed(f"no date: {headers}")
+
+
+@case("options/OPTIONS * is 204 with Allow, as over HTTP/1.1")
+def _(c, a):
+    c.handshake()
+    request_fields(c, 1, [(":method", "OPTIONS"), (":scheme", "https"), (":path", "*"), (":authority", "localhost")])
+    headers, _ = read_response(c, 1)
+    if headers.get(b":status") != b"204" or headers.get(b"allow") != b"GET, HEAD, OPTIONS":
+        raise Failed(f"got {headers}")
+
+
 if __name__ == "__main__":
     main()

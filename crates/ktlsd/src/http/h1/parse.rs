@@ -248,11 +248,14 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
         // A body whose length we would have to decode; refusing it keeps request
         // framing unambiguous (no smuggling through TE/CL disagreement). Codings we
         // do not know at all are 501 (RFC 9112 section 6.1), as nginx answers.
-        let known = te
-            .split(',')
-            .map(|c| c.split(';').next().unwrap_or("").trim())
-            .filter(|c| !c.is_empty())
-            .all(|c| c.eq_ignore_ascii_case("chunked"));
+        let mut codings = te.split(',').map(|c| c.split(';').next().unwrap_or("").trim()).filter(|c| !c.is_empty());
+        let mut codings = codings.by_ref().peekable();
+        // A field without a coding is no framing at all: 400 (RFC 9112 section 6.1's
+        // `transfer-coding` list has at least one element).
+        if codings.peek().is_none() {
+            return Err(bad(Status::BAD_REQUEST, "empty Transfer-Encoding"));
+        }
+        let known = codings.all(|c| c.eq_ignore_ascii_case("chunked"));
         return Err(if known {
             bad(Status::LENGTH_REQUIRED, "Transfer-Encoding request bodies are not accepted")
         } else {
@@ -262,7 +265,9 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
     if version == Version::Http11 && hosts == 0 {
         return Err(bad(Status::BAD_REQUEST, "HTTP/1.1 request without Host"));
     }
-    if r.request.path.is_empty() || target == "*" {
+    // `*` (asterisk-form, RFC 9112 section 3.2.4) asks OPTIONS about the server as a
+    // whole; the handler answers it as HTTP/2's `:path *` is answered: 204 with Allow.
+    if r.request.path.is_empty() || (target == "*" && r.request.method != Method::Options) {
         return Err(bad(Status::BAD_REQUEST, "request target is not a path"));
     }
     r.content_length = content_length.unwrap_or(0);
@@ -424,6 +429,8 @@ mod tests {
             ("Transfer-Encoding: gzip", Err(501)),
             ("Transfer-Encoding: gzip, chunked", Err(501)),
             ("Transfer-Encoding: chunked\r\nTransfer-Encoding: br", Err(501)),
+            ("Transfer-Encoding:", Err(400)),
+            ("Transfer-Encoding: ,", Err(400)),
             ("Expect: 100-continue", Ok(true)),
             ("Expect: 100-Continue", Ok(true)),
             ("Expect: 200-ok", Err(417)),

@@ -81,6 +81,9 @@ pub enum Event {
     /// A new request; `end_stream` is false when a body follows (the codec reads and
     /// discards it, returning its flow-control credit).
     Request { stream: StreamId, head: RequestHead, end_stream: bool },
+    /// A request whose decoded field list exceeds SETTINGS_MAX_HEADER_LIST_SIZE:
+    /// answer it 431 (RFC 9113 section 10.5.1) with `respond`, Date and all.
+    HeaderListTooLarge { stream: StreamId },
     /// The stream ended early (the client reset it, or broke a rule on it): drop
     /// its response.
     Reset { stream: StreamId, code: ErrorCode },
@@ -764,8 +767,7 @@ impl Connection {
             Decoded::TooLarge => {
                 self.open(id, None, assembly.end_stream, Priority::default());
                 // RFC 9113 section 10.5.1: answer 431 rather than fail the stream.
-                // The stream ends at once, so the caller never hears of it.
-                let _ = self.respond(StreamId(id), 431, [("content-length", "0")], BodySize::None);
+                self.events.push_back(Event::HeaderListTooLarge { stream: StreamId(id) });
                 return Ok(());
             }
         };

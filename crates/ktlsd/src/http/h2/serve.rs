@@ -66,6 +66,12 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         while let Some(event) = h2.poll_event() {
             match event {
                 Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, &ctx, conn),
+                Event::HeaderListTooLarge { stream } => {
+                    tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
+                    let fields =
+                        [("server", "ktlsd".into()), ("date", http_date_now()), ("content-length", "0".into())];
+                    let _ = h2.respond(stream, 431, fields, BodySize::None);
+                }
                 Event::Reset { stream, code } => {
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
