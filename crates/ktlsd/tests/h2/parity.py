@@ -70,5 +70,28 @@ def _(c, a):
         raise Failed(f"got {headers}")
 
 
+@case("hold/a request answered before it ends is still checked to its end")
+def _(c, a):
+    c.handshake()
+    request_fields(c, 1, [(":method", "GET"), (":scheme", "https"), (":path", a.path),
+                          (":authority", "localhost"), ("content-length", "4")], end_stream=False)
+    for f in c.frames(0.3):
+        if isinstance(f, RstStreamFrame) and f.stream_id == 1:
+            raise Failed(f"RST_STREAM {code_name(f.error_code)} before the request ended")
+    c.send(raw_frame(0x0, 0, 1, b"toolong"))
+    expect_stream_error(c, 1, PROTOCOL_ERROR)
+
+
+@case("hold/a request that ends in time is not reset")
+def _(c, a):
+    c.handshake()
+    request_fields(c, 1, [(":method", "GET"), (":scheme", "https"), (":path", a.path),
+                          (":authority", "localhost"), ("content-length", "4")], end_stream=False)
+    c.send(raw_frame(0x0, 0x1, 1, b"abcd"))
+    for f in c.frames(1.5):
+        if isinstance(f, RstStreamFrame):
+            raise Failed(f"RST_STREAM {code_name(f.error_code)} on stream {f.stream_id}")
+
+
 if __name__ == "__main__":
     main()

@@ -149,8 +149,11 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
 
         let idle = h2.active_streams() == 0;
         let timeout = if idle { settings.idle_timeout } else { settings.stall_timeout };
+        // A stream held for the rest of its request is reset when its time is up.
+        let held = h2.next_deadline();
+        let wait = held.map_or(timeout, |d| d.saturating_duration_since(Instant::now()).min(timeout));
         let read = tokio::select! {
-            r = conn.read(&mut buf, timeout) => Some(r),
+            r = conn.read(&mut buf, wait) => Some(r),
             _ = &mut stop, if !going_away => None,
         };
         let Some(read) = read else {
@@ -162,6 +165,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         match feed::<T>(&mut h2, &mut buf, read) {
             Input::More => {}
             Input::Closed => return End::Done,
+            Input::TimedOut if held.is_some_and(|d| d <= Instant::now()) => h2.expire(Instant::now()),
             // An idle connection is closed politely: GOAWAY, then close_notify.
             Input::TimedOut if idle && !going_away => {
                 h2.shutdown();

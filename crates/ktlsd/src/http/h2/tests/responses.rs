@@ -2,6 +2,7 @@
 //! frame and header-table sizes the peer set.
 
 use super::*;
+use crate::http::h2::conn::HOLD;
 
 #[test]
 fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
@@ -97,15 +98,42 @@ fn respond_twice_is_refused() {
 }
 
 #[test]
-fn response_before_request_body_ends_resets_with_no_error() {
+fn response_before_request_body_ends_is_held_then_reset_with_no_error() {
     let mut c = Client::new();
     let bytes = c.headers(1, GET, false);
     c.send(&bytes);
     c.conn.respond(StreamId(1), 413, [("a", "b")], BodySize::None).unwrap();
+    assert_eq!(resets(&c.frames()), [], "the request may still end in time");
+    assert_eq!(c.conn.next_deadline(), Some(c.now + HOLD));
+    c.conn.expire(c.now + HOLD);
     assert_eq!(resets(&c.frames()), [(1, NoError)]);
     // The rest of the body, already in flight, is ignored.
     c.send(&data(1, b"more", true));
     assert_eq!(c.frames().len(), 0);
+}
+
+/// While held, the request is still checked (a later offending frame is a stream
+/// error whatever the timing), and a request that ends in time ends the stream
+/// without a reset.
+#[test]
+fn held_request_is_still_checked() {
+    let fields = [GET, &[("content-length", "4")]].concat();
+    let mut c = Client::new();
+    let bytes = c.headers(1, &fields, false);
+    c.send(&bytes);
+    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::None).unwrap();
+    c.frames();
+    c.send(&data(1, b"toolong", false));
+    assert_eq!(resets(&c.frames()), [(1, ProtocolError)]);
+
+    let bytes = c.headers(3, &fields, false);
+    c.send(&bytes);
+    c.conn.respond(StreamId(3), 200, [("a", "b")], BodySize::None).unwrap();
+    c.send(&data(3, b"abcd", true));
+    assert_eq!(resets(&c.frames()), []);
+    assert_eq!(c.conn.active_streams(), 0);
+    c.conn.expire(c.now + HOLD);
+    assert_eq!(resets(&c.frames()), []);
 }
 
 #[test]
