@@ -144,6 +144,9 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             continue;
         }
         if h2.is_finished() {
+            // As HTTP/1.1 does: drain what the client still sends, so the close does
+            // not reset the connection and lose the GOAWAY and the last frames.
+            conn.linger_on_close(ctx.shutdown.clone());
             return End::Done;
         }
 
