@@ -154,6 +154,9 @@ struct Stream {
     /// The response is sent but the request is not: until this deadline the client
     /// may finish it, then RST_STREAM NO_ERROR ends it (see `HOLD`).
     held_until: Option<Instant>,
+    /// Since when the stream has bytes to send and its own window is shut (see
+    /// `reset_stalled`).
+    blocked_since: Option<Instant>,
 }
 
 impl Stream {
@@ -430,6 +433,7 @@ impl Connection {
         self.send_window -= len as i64;
         stream.send_window -= len as i64;
         self.last_served = stream.id;
+        stream.blocked_since = None;
         head.extend_from_slice(&frame::data_head(stream.id, len32, end));
         let mut write = Write::Bytes(Vec::new());
         match &mut stream.send {
@@ -838,6 +842,7 @@ impl Connection {
             send_window: i64::from(self.peer_initial_window),
             priority,
             held_until: None,
+            blocked_since: None,
         });
     }
 }

@@ -3,10 +3,38 @@
 //!
 //! Not here: our receive windows (credit for discarded request bodies stays with DATA).
 
+use std::time::{Duration, Instant};
+
 use super::frame::{self, setting, ErrorCode, FrameError};
-use super::{Connection, SMALL_WINDOW_UPDATE};
+use super::{Connection, Ended, Event, StreamId, SMALL_WINDOW_UPDATE};
 
 impl Connection {
+    /// Resets with CANCEL each stream that has had bytes to send and its own window
+    /// shut for `timeout`, as nginx does at its `send_timeout`; the connection's
+    /// other streams go on. Call it with the time as often as the connection
+    /// writes: a stream's stall is counted from the first call that sees it.
+    pub fn reset_stalled(&mut self, now: Instant, timeout: Duration) {
+        let mut i = 0;
+        while i < self.streams.len() {
+            let stream = &mut self.streams[i];
+            if stream.remaining() == 0 || stream.send_window > 0 {
+                stream.blocked_since = None;
+                i += 1;
+                continue;
+            }
+            let since = *stream.blocked_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < timeout {
+                i += 1;
+                continue;
+            }
+            let id = stream.id;
+            self.streams.swap_remove(i);
+            frame::put_rst_stream(&mut self.out, id, ErrorCode::Cancel);
+            self.remember(id, Ended::ResetByUs);
+            self.events.push_back(Event::Reset { stream: StreamId(id), code: ErrorCode::Cancel });
+        }
+    }
+
     pub(super) fn on_settings(&mut self, params: &[u8]) -> Result<(), FrameError> {
         use ErrorCode::*;
         use FrameError::Connection as Conn;

@@ -86,6 +86,8 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             }
         }
 
+        // A stream stalled on its own window is reset while the others go on.
+        h2.reset_stalled(Instant::now(), settings.stall_timeout);
         if !going_away && ctx.stopping() {
             h2.shutdown();
             going_away = true;

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::http::h2::conn::HOLD;
+use std::time::Duration;
 
 #[test]
 fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
@@ -174,6 +175,32 @@ fn send_windows_block_and_resume() {
     assert_eq!(data_frames(&c.frames()), [(1, 4, false)]);
     c.send(&window_update(1, 100));
     assert_eq!(data_frames(&c.frames()), [(1, 5, true)]);
+}
+
+/// A stream whose own window stays shut is reset with CANCEL after the timeout,
+/// while a stream that moves is left alone.
+#[test]
+fn stream_stalled_on_its_window_is_reset() {
+    let mut c = Client::new();
+    c.send(&settings(&[(setting::INITIAL_WINDOW_SIZE, 1)]));
+    c.get(1);
+    c.get(3);
+    c.events();
+    for id in [1, 3] {
+        c.conn.respond(StreamId(id), 200, [("a", "b")], BodySize::File { len: 10 }).unwrap();
+    }
+    c.frames();
+    let t = Duration::from_secs(5);
+    c.conn.reset_stalled(c.now, t);
+    c.send(&window_update(3, 2));
+    c.frames();
+    c.conn.reset_stalled(c.now + t / 2, t);
+    c.send(&window_update(3, 2));
+    c.frames();
+    c.conn.reset_stalled(c.now + t, t);
+    assert_eq!(resets(&c.frames()), [(1, Cancel)]);
+    assert_eq!(c.events(), [Event::Reset { stream: StreamId(1), code: Cancel }]);
+    assert_eq!(c.conn.active_streams(), 1, "stream 3 moved and stays");
 }
 
 #[test]
