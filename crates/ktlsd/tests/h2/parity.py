@@ -25,6 +25,14 @@ def request_fields(c, stream, fields, end_stream=True):
 
 BASE = [(":method", "GET"), (":scheme", "https"), (":path", "/")]
 
+
+def expect_status(c, stream, status):
+    """Reads the response on `stream` and returns its fields if its status is `status`."""
+    headers, _ = read_response(c, stream)
+    if headers.get(b":status") != status:
+        raise Failed(f"status {headers.get(b':status')!r}, expected {status!r}: {headers}")
+    return headers
+
 for name, fields in [
     ("host differs from :authority", BASE + [(":authority", "localhost"), ("host", "other.example")]),
     ("two different host fields", BASE + [("host", "localhost"), ("host", "other.example")]),
@@ -43,9 +51,7 @@ for name, fields in [
 def _(c, a):
     c.handshake()
     request_fields(c, 1, [(":method", "GET"), (":scheme", "https"), (":path", a.path), (":authority", "localhost"), ("host", "LOCALHOST")])
-    headers, _ = read_response(c, 1)
-    if headers.get(b":status") != b"200":
-        raise Failed(f"status {headers.get(b':status')!r}")
+    expect_status(c, 1, b"200")
 
 
 @case("date/the 431 for an oversized header list carries Date")
@@ -54,10 +60,7 @@ def _(c, a):
     big = "b" * 1000
     # Indexed once, then referenced: small on the wire, 40 KB decoded.
     request_fields(c, 1, BASE + [(":authority", "localhost")] + [("x-big", big)] * 40)
-    headers, _ = read_response(c, 1)
-    if headers.get(b":status") != b"431":
-        raise Failed(f"status {headers.get(b':status')!r}")
-    if not headers.get(b"date"):
+    if not expect_status(c, 1, b"431").get(b"date"):
         raise Failed(f"no date: {headers}")
 
 
@@ -65,8 +68,8 @@ def _(c, a):
 def _(c, a):
     c.handshake()
     request_fields(c, 1, [(":method", "OPTIONS"), (":scheme", "https"), (":path", "*"), (":authority", "localhost")])
-    headers, _ = read_response(c, 1)
-    if headers.get(b":status") != b"204" or headers.get(b"allow") != b"GET, HEAD, OPTIONS":
+    headers = expect_status(c, 1, b"204")
+    if headers.get(b"allow") != b"GET, HEAD, OPTIONS":
         raise Failed(f"got {headers}")
 
 
