@@ -311,3 +311,20 @@ print(f"ended={ended} refused={refused}")
     let exited = Server::builder(BIN).args(["--h2-max-streams", "0"]).run_to_exit();
     exited.assert_startup_error(&["h2_max_streams 0: expected 1 to 10000"]);
 }
+
+/// The raw-frame cases where HTTP/2 answers as HTTP/1.1 does (host checks, Date,
+/// OPTIONS *, when a NO_ERROR reset goes out) all pass.
+#[test]
+fn parity_script() {
+    let srv = Server::builder(BIN).file("f", pattern(1000, 3)).no_access_log().start();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h2/parity.py");
+    let (ip, port) = (srv.addr().ip().to_string(), srv.port().to_string());
+    let out = run_with_timeout(
+        tool("/usr/bin/python3").arg(&script).args([&ip, &port, "--path", "/f"]),
+        None,
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.lines().any(|l| l.ends_with("passed")) && !text.lines().any(|l| l.starts_with("FAIL")), "{text}");
+}

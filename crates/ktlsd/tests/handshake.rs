@@ -486,6 +486,7 @@ fn plain_http_gets_a_readable_400() {
         let (resp, used) = parse_response(&got, false).unwrap_or_else(|| panic!("no complete response: {got:?}"));
         assert_eq!(used, got.len(), "bytes after the 400");
         assert_eq!(resp.status, 400);
+        assert!(resp.header("date").is_some_and(|d| httpdate::parse_http_date(d).is_ok()), "no Date: {got:?}");
         assert!(resp.body_str().contains(PLAIN_HTTP_TEXT));
         assert!(!got.windows(F_TXT.len()).any(|w| w == F_TXT.as_bytes()), "leaked the file in clear");
     }

@@ -428,7 +428,8 @@ fn looks_like_http(bytes: &[u8]) -> Option<bool> {
 /// close does not reset the connection before the client has read the answer.
 async fn answer_plain_http(stream: &TcpStream, deadline: Instant) {
     let reply = format!(
-        "HTTP/1.1 400 Bad Request\r\nServer: ktlsd\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{PLAIN_HTTP_BODY}",
+        "HTTP/1.1 400 Bad Request\r\nServer: ktlsd\r\nDate: {}\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{PLAIN_HTTP_BODY}",
+        crate::http::conn::http_date_now(),
         PLAIN_HTTP_BODY.len()
     );
     if net::write_all(stream, reply.as_bytes(), REFUSAL_WRITE_TIMEOUT).await.is_err() {

@@ -3,6 +3,7 @@
 
 use crate::handler::request::{join, HeaderFields, Method, Request};
 use crate::handler::Status;
+use crate::http::host;
 
 /// HTTP version of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,7 +198,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
             if v.is_empty() && version == Version::Http11 {
                 return Err(bad(Status::BAD_REQUEST, "empty Host in an HTTP/1.1 request"));
             }
-            if !v.is_empty() && !valid_host(v.as_bytes()) {
+            if !v.is_empty() && !host::valid(v.as_bytes()) {
                 return Err(bad(Status::BAD_REQUEST, "invalid Host"));
             }
             r.request.authority = (!v.is_empty()).then_some(v);
@@ -247,11 +248,14 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
         // A body whose length we would have to decode; refusing it keeps request
         // framing unambiguous (no smuggling through TE/CL disagreement). Codings we
         // do not know at all are 501 (RFC 9112 section 6.1), as nginx answers.
-        let known = te
-            .split(',')
-            .map(|c| c.split(';').next().unwrap_or("").trim())
-            .filter(|c| !c.is_empty())
-            .all(|c| c.eq_ignore_ascii_case("chunked"));
+        let mut codings = te.split(',').map(|c| c.split(';').next().unwrap_or("").trim()).filter(|c| !c.is_empty());
+        let mut codings = codings.by_ref().peekable();
+        // A field without a coding is no framing at all: 400 (RFC 9112 section 6.1's
+        // `transfer-coding` list has at least one element).
+        if codings.peek().is_none() {
+            return Err(bad(Status::BAD_REQUEST, "empty Transfer-Encoding"));
+        }
+        let known = codings.all(|c| c.eq_ignore_ascii_case("chunked"));
         return Err(if known {
             bad(Status::LENGTH_REQUIRED, "Transfer-Encoding request bodies are not accepted")
         } else {
@@ -261,7 +265,9 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
     if version == Version::Http11 && hosts == 0 {
         return Err(bad(Status::BAD_REQUEST, "HTTP/1.1 request without Host"));
     }
-    if r.request.path.is_empty() || target == "*" {
+    // `*` (asterisk-form, RFC 9112 section 3.2.4) asks OPTIONS about the server as a
+    // whole; the handler answers it as HTTP/2's `:path *` is answered: 204 with Allow.
+    if r.request.path.is_empty() || (target == "*" && r.request.method != Method::Options) {
         return Err(bad(Status::BAD_REQUEST, "request target is not a path"));
     }
     r.content_length = content_length.unwrap_or(0);
@@ -283,36 +289,10 @@ fn origin_form(target: &str) -> Result<&str, BadRequest> {
     if authority.contains('@') {
         return Err(bad(Status::BAD_REQUEST, "userinfo in the request target"));
     }
-    if authority.is_empty() || !valid_host(authority.as_bytes()) {
+    if !host::valid(authority.as_bytes()) {
         return Err(bad(Status::BAD_REQUEST, "invalid authority in the request target"));
     }
     Ok(&rest[end..])
-}
-
-/// `uri-host [ ":" port ]` (RFC 9110 section 7.2): a bracketed IP literal or a
-/// reg-name/IPv4 address of unreserved, sub-delims and percent-escapes, and digits after
-/// the colon. Spaces, slashes, `@` and controls are refused.
-fn valid_host(host: &[u8]) -> bool {
-    let (name, port) = if host.first() == Some(&b'[') {
-        let Some(close) = host.iter().position(|&b| b == b']') else { return false };
-        let literal = &host[1..close];
-        if literal.is_empty() || !literal.iter().all(|&b| b.is_ascii_alphanumeric() || b == b':' || b == b'.') {
-            return false;
-        }
-        match &host[close + 1..] {
-            [] => (&host[..0], None),
-            [b':', port @ ..] => (&host[..0], Some(port)),
-            _ => return false,
-        }
-    } else {
-        match host.iter().position(|&b| b == b':') {
-            Some(colon) => (&host[..colon], Some(&host[colon + 1..])),
-            None => (host, None),
-        }
-    };
-    let name_ok = name.iter().all(|&b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b));
-    let port_ok = port.is_none_or(|p| p.iter().all(u8::is_ascii_digit));
-    name_ok && port_ok
 }
 
 #[cfg(test)]
@@ -449,6 +429,8 @@ mod tests {
             ("Transfer-Encoding: gzip", Err(501)),
             ("Transfer-Encoding: gzip, chunked", Err(501)),
             ("Transfer-Encoding: chunked\r\nTransfer-Encoding: br", Err(501)),
+            ("Transfer-Encoding:", Err(400)),
+            ("Transfer-Encoding: ,", Err(400)),
             ("Expect: 100-continue", Ok(true)),
             ("Expect: 100-Continue", Ok(true)),
             ("Expect: 200-ok", Err(417)),

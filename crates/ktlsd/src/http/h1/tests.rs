@@ -211,6 +211,7 @@ async fn malformed_heads_are_refused_and_closed() {
         (many_headers.as_str(), 431),
         ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", 411),
         ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+        ("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n\r\n", 400),
         ("GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
         ("GET / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\n", 400),
         ("GET / HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\n\r\n", 417),
@@ -231,6 +232,17 @@ async fn malformed_heads_are_refused_and_closed() {
         assert!(String::from_utf8_lossy(&r[0].body).contains(&format!("<h1>{want} ")), "{input:?}");
         assert!(mem.lingered, "{input:?}");
     }
+}
+
+/// `OPTIONS *` gets the answer HTTP/2's `:path *` gets: 204 with Allow.
+#[tokio::test]
+async fn options_asterisk_is_204_with_allow() {
+    let f = fixture();
+    let mut mem = Memory::sending(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n");
+    f.serve(&mut mem).await;
+    let r = replies(&mem.output, &[]);
+    assert_eq!(statuses(&r), [204]);
+    assert_eq!(r[0].header("Allow"), Some("GET, HEAD, OPTIONS"));
 }
 
 #[tokio::test]

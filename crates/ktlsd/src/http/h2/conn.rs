@@ -81,6 +81,9 @@ pub enum Event {
     /// A new request; `end_stream` is false when a body follows (the codec reads and
     /// discards it, returning its flow-control credit).
     Request { stream: StreamId, head: RequestHead, end_stream: bool },
+    /// A request whose decoded field list exceeds SETTINGS_MAX_HEADER_LIST_SIZE:
+    /// answer it 431 (RFC 9113 section 10.5.1) with `respond`, Date and all.
+    HeaderListTooLarge { stream: StreamId },
     /// The stream ended early (the client reset it, or broke a rule on it): drop
     /// its response.
     Reset { stream: StreamId, code: ErrorCode },
@@ -148,6 +151,12 @@ struct Stream {
     send: Send,
     send_window: i64,
     priority: Priority,
+    /// The response is sent but the request is not: until this deadline the client
+    /// may finish it, then RST_STREAM NO_ERROR ends it (see `HOLD`).
+    held_until: Option<Instant>,
+    /// Since when the stream has bytes to send and its own window is shut (see
+    /// `reset_stalled`).
+    blocked_since: Option<Instant>,
 }
 
 impl Stream {
@@ -171,6 +180,16 @@ enum Ended {
     /// The client sent RST_STREAM.
     ResetByPeer,
 }
+
+#[path = "conn_flow.rs"]
+mod flow;
+
+/// How long a stream whose response is sent waits for the rest of its request
+/// before RST_STREAM NO_ERROR (RFC 9113 section 8.1 allows the reset at once). The
+/// wait makes the answer to a request the client is still sending deterministic: a
+/// broken frame later on the stream is a stream error whatever the timing, and a
+/// client that finishes in time gets no reset at all.
+pub const HOLD: Duration = Duration::from_secs(1);
 
 /// Recently ended streams remembered for `Ended`.
 const ENDED_MEMORY: usize = 32;
@@ -234,6 +253,8 @@ pub struct Connection {
     events: VecDeque<Event>,
     last_served: u32,
     flood: Flood,
+    /// The `now` of the latest `recv` or `expire`, for the deadlines of held streams.
+    now: Option<Instant>,
 }
 
 impl Connection {
@@ -271,6 +292,7 @@ impl Connection {
             events: VecDeque::new(),
             last_served: 0,
             flood: Flood { since: None, resets: 0, control: 0 },
+            now: None,
         }
     }
 
@@ -279,6 +301,7 @@ impl Connection {
     /// `now` drives the flood limits' windows.
     pub fn recv(&mut self, input: &[u8], now: Instant) -> usize {
         self.tick(now);
+        self.expire(now);
         let mut used = 0;
         loop {
             let rest = &input[used..];
@@ -410,6 +433,7 @@ impl Connection {
         self.send_window -= len as i64;
         stream.send_window -= len as i64;
         self.last_served = stream.id;
+        stream.blocked_since = None;
         head.extend_from_slice(&frame::data_head(stream.id, len32, end));
         let mut write = Write::Bytes(Vec::new());
         match &mut stream.send {
@@ -453,6 +477,24 @@ impl Connection {
         self.streams.len()
     }
 
+    /// When the next held stream is due for its NO_ERROR reset: call `expire` then.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.streams.iter().filter_map(|s| s.held_until).min()
+    }
+
+    /// Resets the held streams whose deadline has passed (RST_STREAM NO_ERROR).
+    pub fn expire(&mut self, now: Instant) {
+        self.now = Some(now);
+        while let Some(index) = self.streams.iter().position(|s| s.held_until.is_some_and(|d| d <= now)) {
+            let stream = self.streams.swap_remove(index);
+            frame::put_rst_stream(&mut self.out, stream.id, ErrorCode::NoError);
+            self.remember(stream.id, Ended::ResetByUs);
+        }
+        if self.streams.is_empty() {
+            self.streams = Vec::new();
+        }
+    }
+
     fn index(&self, id: u32) -> Option<usize> {
         self.streams.iter().position(|s| s.id == id)
     }
@@ -468,9 +510,15 @@ impl Connection {
         self.index(id)
     }
 
-    /// Our side of the stream is done: forget the stream, or reset its unfinished
-    /// request body (RFC 9113 section 8.1 allows RST_STREAM NO_ERROR then).
+    /// Our side of the stream is done: forget the stream, or hold it for the rest of
+    /// its request for `HOLD`, then reset it (RFC 9113 section 8.1 allows
+    /// RST_STREAM NO_ERROR then).
     fn finish_send(&mut self, index: usize) {
+        if let (Recv::Open { .. }, Some(now)) = (&self.streams[index].recv, self.now) {
+            let held = &mut self.streams[index].held_until;
+            held.get_or_insert(now + HOLD);
+            return;
+        }
         let stream = self.streams.swap_remove(index);
         let ended = match stream.recv {
             Recv::Closed => Ended::Normally,
@@ -610,8 +658,12 @@ impl Connection {
                     return Err(Conn(ProtocolError));
                 }
                 if let Some(index) = self.index(stream) {
-                    self.streams.swap_remove(index);
+                    let held = self.streams.swap_remove(index).held_until.is_some();
                     self.remember(stream, Ended::ResetByPeer);
+                    if held {
+                        // Its response is complete: nothing was cancelled.
+                        return Ok(());
+                    }
                     self.events.push_back(Event::Reset { stream: StreamId(stream), code });
                     self.count_reset()?;
                 }
@@ -764,8 +816,7 @@ impl Connection {
             Decoded::TooLarge => {
                 self.open(id, None, assembly.end_stream, Priority::default());
                 // RFC 9113 section 10.5.1: answer 431 rather than fail the stream.
-                // The stream ends at once, so the caller never hears of it.
-                let _ = self.respond(StreamId(id), 431, [("content-length", "0")], BodySize::None);
+                self.events.push_back(Event::HeaderListTooLarge { stream: StreamId(id) });
                 return Ok(());
             }
         };
@@ -790,77 +841,8 @@ impl Connection {
             send: Send::Waiting,
             send_window: i64::from(self.peer_initial_window),
             priority,
+            held_until: None,
+            blocked_since: None,
         });
-    }
-
-    fn on_settings(&mut self, params: &[u8]) -> Result<(), FrameError> {
-        use ErrorCode::*;
-        use FrameError::Connection as Conn;
-        for (id, value) in frame::settings_params(params) {
-            match id {
-                setting::HEADER_TABLE_SIZE => self.encoder.set_peer_table_size(value),
-                setting::ENABLE_PUSH if value > 1 => return Err(Conn(ProtocolError)),
-                setting::NO_RFC7540_PRIORITIES if value > 1 => return Err(Conn(ProtocolError)),
-                setting::INITIAL_WINDOW_SIZE => {
-                    if i64::from(value) > frame::MAX_WINDOW {
-                        return Err(Conn(FlowControlError));
-                    }
-                    // The change applies to every stream's window, which may go
-                    // negative (RFC 9113 section 6.9.2).
-                    let delta = i64::from(value) - i64::from(self.peer_initial_window);
-                    self.peer_initial_window = value;
-                    for stream in &mut self.streams {
-                        stream.send_window += delta;
-                        if stream.send_window > frame::MAX_WINDOW {
-                            return Err(Conn(FlowControlError));
-                        }
-                    }
-                }
-                setting::MAX_FRAME_SIZE => {
-                    if !(frame::DEFAULT_MAX_FRAME_SIZE..=frame::MAX_MAX_FRAME_SIZE).contains(&value) {
-                        return Err(Conn(ProtocolError));
-                    }
-                    self.peer_max_frame = value;
-                }
-                // MAX_CONCURRENT_STREAMS limits pushes, which we never make;
-                // MAX_HEADER_LIST_SIZE is advisory; unknown settings are ignored.
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    fn on_window_update(&mut self, id: u32, increment: u32) -> Result<(), FrameError> {
-        use ErrorCode::*;
-        use FrameError::{Connection as Conn, Stream as Strm};
-        if increment < SMALL_WINDOW_UPDATE {
-            self.count_control()?;
-        }
-        if id == 0 {
-            if increment == 0 {
-                return Err(Conn(ProtocolError));
-            }
-            self.send_window += i64::from(increment);
-            if self.send_window > frame::MAX_WINDOW {
-                return Err(Conn(FlowControlError));
-            }
-            return Ok(());
-        }
-        if id > self.last_stream {
-            return Err(Conn(ProtocolError));
-        }
-        let Some(index) = self.index(id) else {
-            // Closed streams may still receive WINDOW_UPDATE for a while.
-            return Ok(());
-        };
-        if increment == 0 {
-            return Err(Strm(id, ProtocolError));
-        }
-        let stream = &mut self.streams[index];
-        stream.send_window += i64::from(increment);
-        if stream.send_window > frame::MAX_WINDOW {
-            return Err(Strm(id, FlowControlError));
-        }
-        Ok(())
     }
 }

@@ -1,11 +1,14 @@
 //! Turning a decoded HTTP/2 field list into a request head, with the message rules
 //! of RFC 9113 section 8 (pseudo-header fields, lowercase names, no
-//! connection-specific fields, `te: trailers` only) and the `priority` field of
-//! RFC 9218. A violation makes the request malformed: a PROTOCOL_ERROR stream error.
+//! connection-specific fields, `te: trailers` only, `:authority` and `host` checked
+//! as HTTP/1.1 checks `Host`) and the `priority` field of RFC 9218. A violation makes
+//! the request malformed: a PROTOCOL_ERROR stream error, as for every other rule of
+//! section 8.1.1, so a malformed request never reaches the handler or picks a site.
 //!
 //! Not here: what the request asks for (the handler decides), or HPACK.
 
 use super::priority::Priority;
+use crate::http::host;
 
 /// A request's head as the HTTP layer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +51,10 @@ pub enum Malformed {
     ContentLength,
     /// Trailers may not carry pseudo-header fields.
     PseudoInTrailers,
+    /// An empty or invalid `:authority` or `host`, a second `host`, or a `host` that
+    /// names another host than `:authority` (RFC 9113 section 8.3.1): the checks
+    /// HTTP/1.1 makes of `Host`, so neither protocol picks a site from an unchecked value.
+    InvalidHost,
 }
 
 /// Field names RFC 9113 section 8.2.2 forbids.
@@ -138,7 +145,12 @@ pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> 
                 content_length = Some(n);
             }
             b"priority" => priority = Some(Priority::parse(&value)),
-            b"host" if host.is_none() => host = ascii(value.clone()).ok(),
+            b"host" => {
+                if host.is_some() || !host::valid(&value) {
+                    return Err(Malformed::InvalidHost);
+                }
+                host = Some(ascii(value.clone())?);
+            }
             _ => {}
         }
         // Only ASCII bytes reach here as names (checked as tchar above).
@@ -146,6 +158,12 @@ pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> 
         headers.push((name, value));
     }
     let method = method.ok_or(Malformed::MissingPseudo)?;
+    if let Some(authority) = &authority {
+        let differs = host.as_ref().is_some_and(|h| !host::same(h.as_bytes(), authority.as_bytes()));
+        if !host::valid(authority.as_bytes()) || differs {
+            return Err(Malformed::InvalidHost);
+        }
+    }
     if method == "CONNECT" {
         // RFC 9113 section 8.5: only :method and :authority.
         if scheme.is_some() || path.is_some() || authority.is_none() {

@@ -66,6 +66,12 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         while let Some(event) = h2.poll_event() {
             match event {
                 Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, &ctx, conn),
+                Event::HeaderListTooLarge { stream } => {
+                    tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
+                    let fields =
+                        [("server", "ktlsd".into()), ("date", http_date_now()), ("content-length", "0".into())];
+                    let _ = h2.respond(stream, 431, fields, BodySize::None);
+                }
                 Event::Reset { stream, code } => {
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
@@ -80,6 +86,8 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             }
         }
 
+        // A stream stalled on its own window is reset while the others go on.
+        h2.reset_stalled(Instant::now(), settings.stall_timeout);
         if !going_away && ctx.stopping() {
             h2.shutdown();
             going_away = true;
@@ -138,13 +146,19 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             continue;
         }
         if h2.is_finished() {
+            // As HTTP/1.1 does: drain what the client still sends, so the close does
+            // not reset the connection and lose the GOAWAY and the last frames.
+            conn.linger_on_close(ctx.shutdown.clone());
             return End::Done;
         }
 
         let idle = h2.active_streams() == 0;
         let timeout = if idle { settings.idle_timeout } else { settings.stall_timeout };
+        // A stream held for the rest of its request is reset when its time is up.
+        let held = h2.next_deadline();
+        let wait = held.map_or(timeout, |d| d.saturating_duration_since(Instant::now()).min(timeout));
         let read = tokio::select! {
-            r = conn.read(&mut buf, timeout) => Some(r),
+            r = conn.read(&mut buf, wait) => Some(r),
             _ = &mut stop, if !going_away => None,
         };
         let Some(read) = read else {
@@ -156,6 +170,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         match feed::<T>(&mut h2, &mut buf, read) {
             Input::More => {}
             Input::Closed => return End::Done,
+            Input::TimedOut if held.is_some_and(|d| d <= Instant::now()) => h2.expire(Instant::now()),
             // An idle connection is closed politely: GOAWAY, then close_notify.
             Input::TimedOut if idle && !going_away => {
                 h2.shutdown();

@@ -170,6 +170,7 @@ async fn idle_connection_gets_goaway() {
     assert!(matches!(end, End::Done), "{end:?}");
     assert_eq!(mem.read_timeouts[2], fx.settings.idle_timeout);
     assert!(frames(&mem.output).iter().any(|f| f.kind == FRAME_GOAWAY));
+    assert!(mem.lingered, "the close after GOAWAY drains the client's input");
 }
 
 /// A peer that keeps its window shut (SETTINGS_INITIAL_WINDOW_SIZE 0) times out
@@ -199,4 +200,5 @@ async fn shutdown_finishes_streams_then_goaway() {
     assert!(got.iter().any(|f| f.kind == FRAME_GOAWAY));
     let r = responses(&got);
     assert_eq!((r[0].1, r[0].2.len()), (200, fx.body.len()));
+    assert!(mem.lingered);
 }

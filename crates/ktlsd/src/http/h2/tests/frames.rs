@@ -286,6 +286,9 @@ fn goaway_frame_rules() {
     assert!(!c.conn.is_finished(), "stream 1 is still open");
     c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Bytes(b"hi".to_vec())).unwrap();
     c.frames();
+    assert!(!c.conn.is_finished(), "stream 1's request is held for its end");
+    c.conn.expire(c.now + crate::http::h2::conn::HOLD);
+    c.frames();
     assert!(c.conn.is_finished());
 }
 

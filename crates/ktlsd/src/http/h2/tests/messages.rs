@@ -22,6 +22,9 @@ fn malformed_requests_are_stream_errors() {
         ("value with LF", &[("x-a", "a\nb")]),
         ("value with leading space", &[("x-a", " a")]),
         ("name with space", &[("x a", "1")]),
+        ("host other than :authority", &[("host", "other.test")]),
+        ("two hosts", &[("host", "example.test"), ("host", "example.test")]),
+        ("invalid host", &[("host", "a/b")]),
     ];
     for (what, extra) in cases {
         let got = stream_error(|c| c.headers(5, &[GET, extra].concat(), false));
@@ -33,10 +36,20 @@ fn malformed_requests_are_stream_errors() {
         ("no path", &[(":method", "GET"), (":scheme", "https")]),
         ("empty path", &[(":method", "GET"), (":scheme", "https"), (":path", "")]),
         ("CONNECT with path", &[(":method", "CONNECT"), (":authority", "a:443"), (":path", "/")]),
+        ("authority ../..", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "../..")]),
+        ("empty authority", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "")]),
+        ("empty host", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("host", "")]),
+        (
+            "two different hosts",
+            &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("host", "a"), ("host", "b")],
+        ),
     ];
     for (what, fields) in missing {
         assert_eq!(stream_error(|c| c.headers(5, fields, true)), [(5, ProtocolError)], "{what}");
     }
+    // A host that names :authority's host (case aside) is well formed.
+    let same = [GET, &[("host", "EXAMPLE.test")]].concat();
+    assert_eq!(stream_error(|c| c.headers(5, &same, true)), []);
 }
 
 #[test]

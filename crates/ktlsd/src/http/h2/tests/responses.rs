@@ -2,6 +2,8 @@
 //! frame and header-table sizes the peer set.
 
 use super::*;
+use crate::http::h2::conn::HOLD;
+use std::time::Duration;
 
 #[test]
 fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
@@ -97,15 +99,42 @@ fn respond_twice_is_refused() {
 }
 
 #[test]
-fn response_before_request_body_ends_resets_with_no_error() {
+fn response_before_request_body_ends_is_held_then_reset_with_no_error() {
     let mut c = Client::new();
     let bytes = c.headers(1, GET, false);
     c.send(&bytes);
     c.conn.respond(StreamId(1), 413, [("a", "b")], BodySize::None).unwrap();
+    assert_eq!(resets(&c.frames()), [], "the request may still end in time");
+    assert_eq!(c.conn.next_deadline(), Some(c.now + HOLD));
+    c.conn.expire(c.now + HOLD);
     assert_eq!(resets(&c.frames()), [(1, NoError)]);
     // The rest of the body, already in flight, is ignored.
     c.send(&data(1, b"more", true));
     assert_eq!(c.frames().len(), 0);
+}
+
+/// While held, the request is still checked (a later offending frame is a stream
+/// error whatever the timing), and a request that ends in time ends the stream
+/// without a reset.
+#[test]
+fn held_request_is_still_checked() {
+    let fields = [GET, &[("content-length", "4")]].concat();
+    let mut c = Client::new();
+    let bytes = c.headers(1, &fields, false);
+    c.send(&bytes);
+    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::None).unwrap();
+    c.frames();
+    c.send(&data(1, b"toolong", false));
+    assert_eq!(resets(&c.frames()), [(1, ProtocolError)]);
+
+    let bytes = c.headers(3, &fields, false);
+    c.send(&bytes);
+    c.conn.respond(StreamId(3), 200, [("a", "b")], BodySize::None).unwrap();
+    c.send(&data(3, b"abcd", true));
+    assert_eq!(resets(&c.frames()), []);
+    assert_eq!(c.conn.active_streams(), 0);
+    c.conn.expire(c.now + HOLD);
+    assert_eq!(resets(&c.frames()), []);
 }
 
 #[test]
@@ -146,6 +175,32 @@ fn send_windows_block_and_resume() {
     assert_eq!(data_frames(&c.frames()), [(1, 4, false)]);
     c.send(&window_update(1, 100));
     assert_eq!(data_frames(&c.frames()), [(1, 5, true)]);
+}
+
+/// A stream whose own window stays shut is reset with CANCEL after the timeout,
+/// while a stream that moves is left alone.
+#[test]
+fn stream_stalled_on_its_window_is_reset() {
+    let mut c = Client::new();
+    c.send(&settings(&[(setting::INITIAL_WINDOW_SIZE, 1)]));
+    c.get(1);
+    c.get(3);
+    c.events();
+    for id in [1, 3] {
+        c.conn.respond(StreamId(id), 200, [("a", "b")], BodySize::File { len: 10 }).unwrap();
+    }
+    c.frames();
+    let t = Duration::from_secs(5);
+    c.conn.reset_stalled(c.now, t);
+    c.send(&window_update(3, 2));
+    c.frames();
+    c.conn.reset_stalled(c.now + t / 2, t);
+    c.send(&window_update(3, 2));
+    c.frames();
+    c.conn.reset_stalled(c.now + t, t);
+    assert_eq!(resets(&c.frames()), [(1, Cancel)]);
+    assert_eq!(c.events(), [Event::Reset { stream: StreamId(1), code: Cancel }]);
+    assert_eq!(c.conn.active_streams(), 1, "stream 3 moved and stays");
 }
 
 #[test]

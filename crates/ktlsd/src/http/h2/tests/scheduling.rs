@@ -209,7 +209,8 @@ fn hpack_bomb_gets_431_and_keeps_the_table() {
     let bomb = c.headers(3, &[GET, &[("x-big", big.as_str()); 50][..]].concat(), true);
     assert!(bomb.len() < 200, "the bomb is small on the wire");
     c.send(&bomb);
-    assert_eq!(c.events(), [], "the oversized request never reaches the caller");
+    assert_eq!(c.events(), [Event::HeaderListTooLarge { stream: StreamId(3) }], "only its size reaches the caller");
+    c.conn.respond(StreamId(3), 431, [("content-length", "0")], BodySize::None).unwrap();
     let got = c.frames();
     let headers = got.iter().find(|f| f.head.kind == frame::HEADERS && f.head.stream == 3).unwrap();
     assert_eq!(c.decode(&headers.payload)[0], (":status".into(), "431".into()));
@@ -257,11 +258,12 @@ fn respond_to_an_unknown_stream_is_refused() {
 }
 
 #[test]
-fn reset_of_a_request_the_codec_answered_is_not_reported() {
+fn reset_of_an_oversized_request_is_reported() {
     let mut c = Client::with(limits());
     let big = "b".repeat(2000);
     let bytes = c.headers(1, &[GET, &[("x-big", big.as_str())]].concat(), false);
     c.send(&bytes);
     c.send(&rst(1, 8));
-    assert_eq!(c.events(), []);
+    let stream = StreamId(1);
+    assert_eq!(c.events(), [Event::HeaderListTooLarge { stream }, Event::Reset { stream, code: Cancel }]);
 }
