@@ -17,6 +17,15 @@ impl AcceptAnyCert {
     pub fn new(provider: &CryptoProvider) -> AcceptAnyCert {
         AcceptAnyCert(provider.signature_verification_algorithms)
     }
+
+    /// Like [`AcceptAnyCert::new`], but offering only `schemes` (in the provider's
+    /// order) in the handshake's signature_algorithms.
+    pub fn offering(provider: &CryptoProvider, schemes: &[SignatureScheme]) -> AcceptAnyCert {
+        let all = provider.signature_verification_algorithms;
+        let mapping: Vec<_> = all.mapping.iter().filter(|(s, _)| schemes.contains(s)).copied().collect();
+        // Leaked once per test client: the algorithms table must be 'static.
+        AcceptAnyCert(WebPkiSupportedAlgorithms { all: all.all, mapping: Vec::leak(mapping) })
+    }
 }
 
 impl ServerCertVerifier for AcceptAnyCert {

@@ -8,9 +8,9 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{AlertDescription, DigitallySignedStruct, SignatureScheme};
+use rustls::client::danger::ServerCertVerifier;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{AlertDescription, SignatureScheme};
 
 use super::{accept, HandshakeError};
 use crate::tls::userspace::tests::test_server_config;
@@ -111,51 +111,13 @@ fn application_data_in_the_handshake_is_unexpected() {
     assert_alert_then_fin("empty application data", refused(bytes), AlertDescription::UnexpectedMessage);
 }
 
-/// Offers only the signature schemes it was made with; accepts any certificate.
-#[derive(Debug)]
-struct OnlySchemes(Vec<SignatureScheme>);
-
-impl ServerCertVerifier for OnlySchemes {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.clone()
-    }
-}
-
 /// A TLS 1.2 client whose only signature scheme the P-256 certificate cannot
 /// make: handshake_failure.
 #[test]
 fn no_common_signature_scheme_is_handshake_failure() {
     let (_, root) = test_server_config(vec![TlsVersion::Tls12]);
-    let only_p384 = Arc::new(OnlySchemes(vec![SignatureScheme::ECDSA_NISTP384_SHA384]));
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let only_p384 = Arc::new(testkit::AcceptAnyCert::offering(&provider, &[SignatureScheme::ECDSA_NISTP384_SHA384]));
     let bytes = first_flight(client_config(&[&rustls::version::TLS12], Some(only_p384), root));
     assert_alert_then_fin("ecdsa_secp384r1_sha384 only", refused(bytes), AlertDescription::HandshakeFailure);
 }
