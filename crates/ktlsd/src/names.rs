@@ -62,7 +62,9 @@ impl Names {
     }
 }
 
-fn is_dns_name(name: &str) -> bool {
+/// A DNS name: letters, digits and hyphens in non-empty labels of at most 63
+/// bytes, none starting with a hyphen, 253 bytes in all; no wildcard.
+pub fn is_dns_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|l| {

@@ -448,15 +448,7 @@ impl Acme {
 /// A DNS name that can be ordered with http-01 or tls-alpn-01 and names a file:
 /// letters, digits, hyphens and dots, no empty label, no wildcard.
 fn check_name(name: &str) -> Result<(), String> {
-    let valid = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    if valid {
+    if crate::names::is_dns_name(name) {
         Ok(())
     } else {
         Err(format!(
