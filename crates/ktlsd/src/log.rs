@@ -31,19 +31,6 @@ pub enum LogFormat {
     Json,
 }
 
-impl std::str::FromStr for LogFormat {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<LogFormat, String> {
-        match s {
-            "ktlsd" => Ok(LogFormat::Ktlsd),
-            "combined" => Ok(LogFormat::Combined),
-            "json" => Ok(LogFormat::Json),
-            _ => Err(format!("access_log_format {s:?}: use ktlsd, combined or json")),
-        }
-    }
-}
-
 /// The negotiated TLS version and cipher suite (IANA names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TlsInfo {
