@@ -43,13 +43,12 @@ pub const MAX_BUFFERED: usize = MAX_HANDSHAKE_MESSAGE + HEADER_LEN + MAX_RECORD_
 const SNIFF_LEN: usize = 16;
 /// How long a refused client gets to take the alert or the 400 answer.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_millis(500);
-/// How long the request of a plain HTTP client is drained after answering it, so
-/// that closing does not reset the connection before the client read the answer.
-const PLAIN_HTTP_LINGER: Duration = Duration::from_secs(1);
+/// How long a refused client's input (after its alert, or a plain HTTP client's
+/// request after the 400 answer) is drained, so that closing does not reset the
+/// connection before the client has read the answer.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// Most request bytes drained after the 400 answer.
 const PLAIN_HTTP_LINGER_BYTES: usize = 64 * 1024;
-/// How long a refused client's input is drained after its alert.
-const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// Most bytes drained after an alert.
 const REFUSAL_LINGER_BYTES: usize = MAX_BUFFERED;
 
@@ -179,8 +178,7 @@ pub async fn accept(
             let _ = net::write_all(stream, &plain_alert(alert), REFUSAL_WRITE_TIMEOUT).await;
         }
         if e.kind() == FailureKind::Protocol {
-            let left = deadline.saturating_duration_since(Instant::now()).min(REFUSAL_LINGER);
-            net::linger(stream, left, left, REFUSAL_LINGER_BYTES).await;
+            linger_refused(stream, deadline, REFUSAL_LINGER_BYTES).await;
         }
     }
     result
@@ -435,8 +433,14 @@ async fn answer_plain_http(stream: &TcpStream, deadline: Instant) {
     if net::write_all(stream, reply.as_bytes(), REFUSAL_WRITE_TIMEOUT).await.is_err() {
         return;
     }
-    let left = deadline.saturating_duration_since(Instant::now()).min(PLAIN_HTTP_LINGER);
-    net::linger(stream, left, left, PLAIN_HTTP_LINGER_BYTES).await;
+    linger_refused(stream, deadline, PLAIN_HTTP_LINGER_BYTES).await;
+}
+
+/// Reads and drops a refused client's input for [`REFUSAL_LINGER`] (never past
+/// the handshake's `deadline`) or until `max_bytes`, whichever comes first.
+async fn linger_refused(stream: &TcpStream, deadline: Instant, max_bytes: usize) {
+    let left = deadline.saturating_duration_since(Instant::now()).min(REFUSAL_LINGER);
+    net::linger(stream, left, left, max_bytes).await;
 }
 
 /// Reads into `incoming.buf[range]` (at least one byte), within the deadline.
