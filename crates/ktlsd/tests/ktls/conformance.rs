@@ -29,4 +29,5 @@ fn renegotiation_gets_a_warning_and_the_connection_goes_on() {
     assert_eq!(c.get("/one").status, 200, "a request after the refused renegotiation");
     let s = server.stop();
     assert_eq!(s.stat("ktls_record_errors"), 0, "{}", s.stderr);
+    assert_ktls("renegotiation_gets_a_warning_and_the_connection_goes_on", &s, &Expect::conns(1, 2));
 }
