@@ -10,7 +10,7 @@
 //! in the help); the command line's [`options::Options`] are merged over the file's
 //! (`Options::or`), and each section module validates its own options into its part
 //! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`],
-//! [`content`] and [`sites`]. This module is not where the server applies them.
+//! [`content`], [`routing`] and [`sites`]. This module is not where the server applies them.
 //!
 //! # How to add an option
 //!
@@ -34,6 +34,7 @@ pub mod options;
 pub mod privileges;
 #[cfg(test)]
 mod reference;
+pub mod routing;
 pub mod sites;
 pub mod timeouts;
 pub mod tls;
@@ -136,6 +137,8 @@ pub struct Config {
     pub h2_limits: crate::http::h2::Limits,
     /// The default site's content-delivery options (each `[[site]]` has its own).
     pub content: crate::handler::Content,
+    /// Most connections one client address holds at once over all workers; `None`: no limit.
+    pub max_connections_per_ip: Option<std::num::NonZeroU32>,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -233,7 +236,8 @@ impl Config {
         let privileges = privileges::privileges(&o)?;
         let hsts = o.hsts.as_deref().map(sites::validate_hsts).transpose()?;
         let top = o.site_options();
-        let content = content::content(&top, "")?;
+        let mut content = content::content(&top, "")?;
+        content.routing = routing::routing(&top, top.canonical.as_deref(), None, "")?;
         let sites = sites::sites(o.site.clone().unwrap_or_default(), &top)?;
         sites::check_acme(&sites, &http_listen, privileges.state_dir.as_deref())?;
         let admin = admin::admin(&o, &listen, &http_listen)?;
@@ -275,6 +279,7 @@ impl Config {
             max_connections: timeouts::max_connections(&o)?,
             h2_limits: h2::h2_limits(&o)?,
             content,
+            max_connections_per_ip: routing::max_connections_per_ip(&o)?,
         })
     }
 }

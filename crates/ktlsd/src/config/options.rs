@@ -131,6 +131,21 @@ schema! {
         /// CORS: origins whose scripts may read the answers, comma-separated (https://a.example), or * for any; OPTIONS preflights are answered for GET and HEAD [default: none: no CORS fields]
         #[arg(long, value_name = "ORIGINS")]
         cors: Cors,
+        /// Canonical host: requests naming another host get a 301 to this one, path and query kept (per [[site]]: one of its names; not inherited by [[site]]s) [default: none]
+        #[arg(long, value_name = "HOST")]
+        canonical: String,
+        /// Redirects: [[redirect]] blocks with path (exact or a glob), to (a path or URL; {*} is what * matched) and status (301, 302, 307, 308); first match wins; file only
+        #[arg(skip)]
+        redirect: Vec<super::routing::FileRedirect>,
+        /// Candidates tried in order for GET and HEAD before the path itself, comma-separated; {path} is the request path, e.g. {path},{path}.html,{path}/index.html [default: none]
+        #[arg(long, value_name = "LIST")]
+        try_files: List,
+        /// IP rules: [[access]] blocks with path (a glob) and allow / deny lists of addresses, CIDR ranges or all; the first matching rule wins, a deny answers 403; file only
+        #[arg(skip)]
+        access: Vec<super::routing::FileAccess>,
+        /// Requests per client address: { requests = 20, per = "1s", burst = 40 }; beyond it 429 with Retry-After; file only
+        #[arg(skip)]
+        rate_limit: super::routing::FileRateLimit,
     }
     global {
         /// Directory to serve [default: the current directory]
@@ -254,6 +269,9 @@ schema! {
         /// Named sites, each with its own names, root and certificate; file only
         #[arg(skip)]
         site: Vec<FileSite>,
+        /// Most connections one client address holds at once, over all workers; more are accepted and closed at once (counted as connections_refused_per_ip) [default: no limit]
+        #[arg(long, value_name = "N")]
+        max_connections_per_ip: u32,
     }
 }
 

@@ -80,8 +80,11 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
             Some(v) => Some(validate_hsts(v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
             None => None,
         };
+        let mut content = super::content::content(&options, &format!("{which}: "))?;
+        content.routing =
+            super::routing::routing(&options, s.canonical.as_deref(), Some(names.exact()), &format!("{which}: "))?;
         out.push(SiteConfig {
-            content: super::content::content(&options, &format!("{which}: "))?,
+            content,
             names,
             root,
             cert,

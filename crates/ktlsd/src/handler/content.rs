@@ -28,6 +28,8 @@ pub struct Content {
     pub headers: Vec<HeaderRule>,
     /// Which origins may read answers from scripts; `None`: no CORS fields.
     pub cors: Option<Cors>,
+    /// Canonical host, redirects, IP rules, rate limit and `try_files`.
+    pub routing: super::route::Routing,
 }
 
 impl Content {
@@ -40,6 +42,7 @@ impl Content {
         mime_types: Vec::new(),
         headers: Vec::new(),
         cors: None,
+        routing: super::route::Routing::NONE,
     };
 
     /// [`Content::NONE`] for as long as needed.

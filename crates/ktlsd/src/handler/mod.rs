@@ -1,5 +1,9 @@
-//! The static-file answer, independent of the protocol: a typed [`Request`] in, a
-//! [`Response`] description out. It resolves the path beneath the site's root,
+//! The answer to a request, independent of the protocol: a typed [`Request`] in, a
+//! [`Response`] description out. [`handle`] runs the request phases in a fixed
+//! order, each in its own module, the first that answers ending the request:
+//! canonical host ([`canonical`]), redirects ([`redirect`]), IP rules
+//! ([`access`]), the per-client rate limit ([`limit`]), then the static answer
+//! (with [`try_files`]). The static answer resolves the path beneath the site's root,
 //! lists or redirects directories, evaluates preconditions and a single byte
 //! range, answers HEAD without a body and OPTIONS (CORS preflights included) with
 //! 204, puts the site's header rules and CORS fields on its answers, and HSTS on
@@ -8,13 +12,19 @@
 //! It reads no socket and writes none: framing, limits, timeouts and the sending
 //! of bodies belong to the codec (`http::h1`, later HTTP/2).
 
+pub mod access;
+pub mod canonical;
 pub mod content;
+pub mod limit;
 pub mod preconditions;
 pub mod range;
+pub mod redirect;
 pub mod request;
 pub mod response;
+pub mod route;
 pub mod rules;
 pub mod sites;
+pub mod try_files;
 
 pub use content::Content;
 pub use request::{Method, Request};
@@ -39,13 +49,10 @@ pub struct Site<'a> {
     pub content: &'a Content,
 }
 
-/// Answers `req` from `site`.
+/// Answers `req` from `site`: the first phase that answers, with the site's error
+/// page, CORS and HSTS fields.
 pub fn handle(req: &Request, site: &Site<'_>) -> Response {
-    let response = match req.method {
-        Method::Get | Method::Head => answer(req, site, &req.path, Fallback::Allowed),
-        Method::Options => options(req, site),
-        _ => Response::refusal(Status::METHOD_NOT_ALLOWED, "method not allowed").with(Header::Allow),
-    };
+    let response = phases(req, site);
     let mut response = with_error_page(response, site);
     if let (true, Some(cors)) = (req.method.is_served(), &site.content.cors) {
         if let Some(origin) = cors.allow_origin(req.headers.origin.as_deref()) {
@@ -59,6 +66,38 @@ pub fn handle(req: &Request, site: &Site<'_>) -> Response {
     match req.method {
         Method::Head => response.without_body(),
         _ => response,
+    }
+}
+
+/// The request phases, in order; each returns an answer to end the request with,
+/// or `None` to hand it to the next.
+fn phases(req: &Request, site: &Site<'_>) -> Response {
+    let routing = &site.content.routing;
+    let path = route::route_path(&req.path);
+    if let Some(r) = canonical::phase(req, routing.canonical.as_deref()) {
+        return r;
+    }
+    if let Some(r) = redirect::phase(req, path.as_deref(), &routing.redirects) {
+        return r;
+    }
+    if let Some(r) = access::phase(req, path.as_deref(), &routing.access) {
+        return r;
+    }
+    if let Some(r) = limit::phase(req.client, routing.limiter.as_deref()) {
+        return r;
+    }
+    static_answer(req, site)
+}
+
+/// The static answer: a file (after `try_files`), a listing, OPTIONS, or 405.
+fn static_answer(req: &Request, site: &Site<'_>) -> Response {
+    match req.method {
+        Method::Get | Method::Head => match try_files::pick(&req.path, site) {
+            Some(path) => answer(req, site, &path, Fallback::Allowed),
+            None => answer(req, site, &req.path, Fallback::Allowed),
+        },
+        Method::Options => options(req, site),
+        _ => Response::refusal(Status::METHOD_NOT_ALLOWED, "method not allowed").with(Header::Allow),
     }
 }
 

@@ -22,12 +22,22 @@ pub struct Request {
     /// The host (and port) the request names, checked by the codec; `None` when absent.
     pub authority: Option<String>,
     pub headers: Headers,
+    /// The client's address: the connection's TCP peer, set by the codec (never
+    /// taken from a header such as X-Forwarded-For); `None` when there is none.
+    pub client: Option<std::net::IpAddr>,
 }
 
 impl Request {
-    /// A request for `path` with no query, authority or conditional headers.
+    /// A request for `path` with no query, authority, conditional headers or client address.
     pub fn new(method: Method, path: &str) -> Request {
-        Request { method, path: path.to_string(), query: None, authority: None, headers: Headers::default() }
+        Request {
+            method,
+            path: path.to_string(),
+            query: None,
+            authority: None,
+            headers: Headers::default(),
+            client: None,
+        }
     }
 }
 

@@ -34,6 +34,7 @@ impl Status {
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
     pub const EXPECTATION_FAILED: Status = Status(417);
     pub const MISDIRECTED_REQUEST: Status = Status(421);
+    pub const TOO_MANY_REQUESTS: Status = Status(429);
     pub const HEADERS_TOO_LARGE: Status = Status(431);
     pub const NOT_IMPLEMENTED: Status = Status(501);
     pub const VERSION_NOT_SUPPORTED: Status = Status(505);
@@ -45,6 +46,9 @@ impl Status {
             204 => "No Content",
             206 => "Partial Content",
             301 => "Moved Permanently",
+            302 => "Found",
+            307 => "Temporary Redirect",
+            308 => "Permanent Redirect",
             304 => "Not Modified",
             400 => "Bad Request",
             403 => "Forbidden",
@@ -58,6 +62,7 @@ impl Status {
             416 => "Range Not Satisfiable",
             417 => "Expectation Failed",
             421 => "Misdirected Request",
+            429 => "Too Many Requests",
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",
             501 => "Not Implemented",

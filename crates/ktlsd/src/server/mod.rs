@@ -33,6 +33,7 @@ pub(crate) mod admin;
 pub(crate) mod congestion;
 mod fd_budget;
 mod listener;
+mod per_ip;
 mod plain;
 mod prepare;
 mod privileges;

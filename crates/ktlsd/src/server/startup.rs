@@ -216,10 +216,12 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
     let (current_tx, current_rx) = watch::channel(current);
     let mut workers = Vec::new();
     let mut metrics = Vec::new();
+    // One table for every worker, kept across reloads: connections outlive configurations.
+    let per_ip = Arc::new(super::per_ip::PerIp::default());
     for (id, ls) in sockets.https.into_iter().enumerate() {
         let m = Arc::new(Metrics::default());
         metrics.push(m.clone());
-        workers.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone(), m)?);
+        workers.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone(), m, per_ip.clone())?);
     }
     let admin = match sockets.admin {
         Some(b) => {

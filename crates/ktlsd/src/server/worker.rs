@@ -10,7 +10,9 @@
 //! A worker holds at most `max_connections` connections (by default its share
 //! of the file descriptor budget): one more is accepted and closed at once,
 //! counted as refused and logged at most once per second, so the listen backlog
-//! does not fill with connections that would wait for a slot. When `accept`
+//! does not fill with connections that would wait for a slot. With
+//! `max_connections_per_ip`, a client address holding that many connections over
+//! all workers (`per_ip`) has one more refused the same way, counted apart. When `accept`
 //! itself fails (out of descriptors), the loop sleeps before trying again
 //! rather than spin on the pending connection.
 
@@ -27,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
+use super::per_ip::PerIp;
 use super::{Current, Shared};
 use crate::http::{self, h1, h2, End};
 use crate::log::AccessLog;
@@ -51,6 +54,8 @@ struct Worker {
     /// Connections this worker holds at most when `max_connections` is not set.
     default_cap: usize,
     refusal_log: RateLimit,
+    /// Connections per client address, over all workers and reloads.
+    per_ip: Arc<PerIp>,
 }
 
 impl Worker {
@@ -178,10 +183,11 @@ pub fn spawn(
     current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
+    per_ip: Arc<PerIp>,
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(listeners, current, stop, metrics))
+        .spawn(move || run(listeners, current, stop, metrics, per_ip))
         .context("cannot start a worker thread")
 }
 
@@ -190,6 +196,7 @@ fn run(
     mut current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
+    per_ip: Arc<PerIp>,
 ) -> Stats {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -211,6 +218,7 @@ fn run(
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
         default_cap,
         refusal_log: RateLimit::new(1),
+        per_ip,
     });
     worker.log.set_format(format);
     let local = LocalSet::new();
@@ -292,15 +300,29 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                 worker.refresh();
                 let cap = worker.shared.borrow().config.max_connections.map_or(worker.default_cap, |n| n.get());
                 if worker.tasks.active.get() >= cap {
-                    refuse(stream, peer, &worker, cap);
+                    Stats::bump(&worker.metrics.stats.connections_refused);
+                    let why = format!("this worker holds max_connections {cap} (raise --max-connections or the file descriptor limit, or add workers)");
+                    refuse(stream, peer, &worker, &why);
                     continue;
                 }
+                let per_ip = worker.shared.borrow().config.max_connections_per_ip;
+                let counted = match per_ip.map(|n| PerIp::enter(&worker.per_ip, peer.ip(), n.get())) {
+                    Some(None) => {
+                        Stats::bump(&worker.metrics.stats.connections_refused_per_ip);
+                        let why = format!("its address holds max_connections_per_ip {}", per_ip.map_or(0, |n| n.get()));
+                        refuse(stream, peer, &worker, &why);
+                        continue;
+                    }
+                    Some(slot) => slot,
+                    None => None,
+                };
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
                 let stop = stop.clone();
                 let shared = worker.shared.borrow().clone();
                 tokio::task::spawn_local(async move {
                     let _active = active;
+                    let _counted = counted;
                     connection(stream, peer, &w, &shared, stop).await;
                 });
             }
@@ -313,21 +335,20 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
     }
 }
 
-/// Closes a connection over the worker's cap at once: the client sees its
-/// handshake end instead of waiting in the backlog.
-fn refuse(stream: TcpStream, peer: SocketAddr, worker: &Worker, cap: usize) {
-    Stats::bump(&worker.metrics.stats.connections_refused);
+/// Closes a connection over a cap at once (`why` says which): the client sees its
+/// handshake end instead of waiting in the backlog. The caller counts it.
+fn refuse(stream: TcpStream, peer: SocketAddr, worker: &Worker, why: &str) {
     // No lingering: a reset tells the client at once, and frees the descriptor now.
     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
     drop(stream);
     let (log, suppressed) = worker.refusal_log.check(Instant::now());
     if suppressed > 0 {
-        tracing::warn!("{suppressed} more connection(s) refused in the last second (max_connections {cap} per worker)");
+        tracing::warn!(
+            "{suppressed} more connection(s) refused in the last second (max_connections, max_connections_per_ip)"
+        );
     }
     if log {
-        tracing::warn!(
-            "refused the connection from {peer}: this worker holds max_connections {cap} (raise --max-connections or the file descriptor limit, or add workers)"
-        );
+        tracing::warn!("refused the connection from {peer}: {why}");
     }
 }
 

@@ -68,6 +68,7 @@ counters! {
     errors: "Connections cut by socket or TLS errors after the handshake.",
     panics: "Connection tasks that panicked (a bug; each is logged with its peer).",
     connections_refused: "Connections closed at once because the worker held max_connections.",
+    connections_refused_per_ip: "Connections closed at once because their client address held max_connections_per_ip.",
     open_file_cache_hits: "Requests whose file was found in the open-file cache.",
     open_file_cache_misses: "Requests whose path was looked up in the file system.",
     open_file_cache_entries: "Descriptors held by the open-file cache now (a gauge).",

@@ -132,6 +132,11 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
             &s.connections_refused,
         ),
         (
+            "ktlsd_connections_refused_per_ip_total",
+            "Connections closed at once because their client address held max_connections_per_ip.",
+            &s.connections_refused_per_ip,
+        ),
+        (
             "ktlsd_open_file_cache_hits_total",
             "Requests whose file was found in the open-file cache.",
             &s.open_file_cache_hits,

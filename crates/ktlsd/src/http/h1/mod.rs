@@ -133,8 +133,10 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
             }
         };
         match parsed {
-            Ok((head, used)) => {
+            Ok((mut head, used)) => {
                 self.buf.drain(..used);
+                // The client is the TCP peer, whatever the request's fields say.
+                head.request.client = Some(self.ctx.peer.ip().to_canonical());
                 let keep_alive = head.keep_alive && !self.ctx.stopping();
                 State::Body(Exchange { head, started: started.unwrap_or_else(Instant::now), keep_alive })
             }

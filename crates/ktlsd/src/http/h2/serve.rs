@@ -216,7 +216,7 @@ fn answer<S>(
     let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
     let target = head.path.clone().unwrap_or_default();
-    let (request, response) = match to_request(head) {
+    let (request, response) = match to_request(head, peer.ip()) {
         // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
         Ok(req) => match sites.pick(req.authority.as_deref()) {
             Pick::Site(site) => {
@@ -265,8 +265,9 @@ fn answer<S>(
 }
 
 /// The handler's view of a request head: method, path and query split from
-/// `:path`, `:authority`, and the conditional and range fields.
-fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
+/// `:path`, `:authority`, the conditional and range fields, and the connection's
+/// peer address as the client's.
+fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
     let method = Method::from_token(&head.method);
     let target = head.path.as_deref().unwrap_or("");
     let without_fragment = target.split('#').next().unwrap_or("");
@@ -291,6 +292,7 @@ fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
         query,
         authority: head.authority.clone().filter(|a| !a.is_empty()),
         headers: fields.parse(),
+        client: Some(client.to_canonical()),
     })
 }
 

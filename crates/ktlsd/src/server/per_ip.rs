@@ -1,0 +1,86 @@
+//! `max_connections_per_ip`: how many connections each client address holds, over
+//! all workers, so that one more than the limit is refused at accept (as nginx's
+//! `limit_conn`). The count is kept for the life of the process, across reloads,
+//! since connections outlive the configuration they started with.
+//!
+//! Its memory is bounded by the connections open: an address is in the table only
+//! while it holds one (its [`Slot`] guard gives it back on drop, a panic included).
+//! One lock for the table: it is taken twice per connection, at accept and at the
+//! end, never on the data path. Not here: the per-request rate limit
+//! (`handler::limit`).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Connections open per client address, shared by the workers.
+#[derive(Debug, Default)]
+pub struct PerIp {
+    open: Mutex<HashMap<IpAddr, u32>>,
+}
+
+/// One counted connection; dropping it gives its place back.
+#[derive(Debug)]
+pub struct Slot {
+    table: Arc<PerIp>,
+    ip: IpAddr,
+}
+
+impl PerIp {
+    /// Counts a connection from `ip` unless it already holds `limit`: `None` then.
+    pub fn enter(table: &Arc<PerIp>, ip: IpAddr, limit: u32) -> Option<Slot> {
+        let ip = ip.to_canonical();
+        let mut open = table.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = open.entry(ip).or_insert(0);
+        if *n >= limit {
+            if *n == 0 {
+                open.remove(&ip);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(Slot { table: table.clone(), ip })
+    }
+
+    /// Addresses holding a connection now.
+    #[cfg(test)]
+    fn addresses(&self) -> usize {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_per_address_and_release() {
+        let t = Arc::new(PerIp::default());
+        let (a, b): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let first = PerIp::enter(&t, a, 2).expect("first");
+        let second = PerIp::enter(&t, "::ffff:192.0.2.1".parse().unwrap(), 2).expect("second, the same client");
+        assert!(PerIp::enter(&t, a, 2).is_none(), "third refused");
+        let other = PerIp::enter(&t, b, 2).expect("another address is not held back");
+        drop(first);
+        let again = PerIp::enter(&t, a, 2).expect("a place was given back");
+        drop((second, other, again));
+        assert_eq!(t.addresses(), 0, "no address is kept once its connections end");
+        for i in 0..10_000u32 {
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(i));
+            drop(PerIp::enter(&t, ip, 1));
+        }
+        assert_eq!(t.addresses(), 0);
+    }
+}
