@@ -67,7 +67,7 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         mime_types,
         headers,
         cors,
-        routing: crate::handler::route::Routing::NONE,
+        routing: crate::handler::routing::Routing::NONE,
     })
 }
 

@@ -17,8 +17,9 @@ use super::options::{Options, SiteOptions};
 use super::ConfigError;
 use crate::handler::access::{AccessRule, Addresses};
 use crate::handler::limit::{Limiter, SLOTS};
+use crate::handler::pattern::{route_path, PathPattern, GLOB_CHARS};
 use crate::handler::redirect::Redirect;
-use crate::handler::route::{route_path, PathPattern, Routing, GLOB_CHARS};
+use crate::handler::routing::Routing;
 use crate::handler::Status;
 
 /// A `[[redirect]]` block as written.

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::route::PathPattern;
+use super::pattern::PathPattern;
 use super::{Request, Response, Status};
 
 /// Addresses a rule covers.
@@ -74,7 +74,7 @@ pub fn phase(req: &Request, path: Option<&str>, blocks: &[AccessRule]) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::route::route_path;
+    use crate::handler::pattern::route_path;
 
     fn block(path: Option<&str>, rules: &[(bool, &str)]) -> AccessRule {
         AccessRule {

@@ -29,7 +29,7 @@ pub struct Content {
     /// Which origins may read answers from scripts; `None`: no CORS fields.
     pub cors: Option<Cors>,
     /// Canonical host, redirects, IP rules, rate limit and `try_files`.
-    pub routing: super::route::Routing,
+    pub routing: super::routing::Routing,
 }
 
 impl Content {
@@ -42,7 +42,7 @@ impl Content {
         mime_types: Vec::new(),
         headers: Vec::new(),
         cors: None,
-        routing: super::route::Routing::NONE,
+        routing: super::routing::Routing::NONE,
     };
 
     /// [`Content::NONE`] for as long as needed.

@@ -16,12 +16,13 @@ pub mod access;
 pub mod canonical;
 pub mod content;
 pub mod limit;
+pub mod pattern;
 pub mod preconditions;
 pub mod range;
 pub mod redirect;
 pub mod request;
 pub mod response;
-pub mod route;
+pub mod routing;
 pub mod rules;
 pub mod sites;
 pub mod try_files;
@@ -73,7 +74,7 @@ pub fn handle(req: &Request, site: &Site<'_>) -> Response {
 /// or `None` to hand it to the next.
 fn phases(req: &Request, site: &Site<'_>) -> Response {
     let routing = &site.content.routing;
-    let path = route::route_path(&req.path);
+    let path = pattern::route_path(&req.path);
     if let Some(r) = canonical::phase(req, routing.canonical.as_deref()) {
         return r;
     }
@@ -331,3 +332,6 @@ fn choose_variant(req: &Request, site: &Site<'_>, found: files::Found) -> (files
 #[cfg(test)]
 #[allow(unsafe_code)] // its fixtures plant FIFOs with mkfifo
 mod tests;
+
+#[cfg(test)]
+mod route_tests;

@@ -7,7 +7,7 @@
 //! It only builds the answer: the rules are checked (status, `to`, loops) when the
 //! configuration is loaded, in `config::routing`.
 
-use super::route::PathPattern;
+use super::pattern::PathPattern;
 use super::{Header, Request, Response, Status};
 use percent_encoding::{AsciiSet, CONTROLS};
 
@@ -70,7 +70,7 @@ pub fn location(rule: &Redirect, path: &str, query: Option<&str>) -> Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::route::route_path;
+    use crate::handler::pattern::route_path;
 
     fn rule(path: &str, to: &str, status: u16) -> Redirect {
         Redirect { path: PathPattern::new(path).unwrap(), to: to.into(), status: Status(status) }

@@ -10,7 +10,7 @@
 //! candidate `files` refuses is skipped, never served. A request path that is
 //! itself refused (`..` above ROOT, a bad escape) tries no candidate.
 
-use super::route::route_path;
+use super::pattern::route_path;
 use super::Site;
 use crate::files::{self, Resolved};
 

@@ -1,39 +1,9 @@
-//! A site's routing rules, compiled once at configuration load, and what the
-//! request phases before the static answer match them against: the request path
-//! percent-decoded and normalised exactly as `files` reads it ([`route_path`]), so
-//! that `/%61dmin/` or `/x/../admin/` cannot step around an `/admin/*` rule.
-//!
-//! The phases themselves live in their own modules and run in the order
-//! [`super::handle`] names: [`super::canonical`], [`super::redirect`],
-//! [`super::access`], [`super::limit`], then the static answer with
-//! [`super::try_files`]. This module holds no state of its own and does no I/O.
-
-use std::sync::Arc;
-
-use super::access::AccessRule;
-use super::limit::Limiter;
-use super::redirect::Redirect;
-
-/// One site's routing: what each phase before the static answer needs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Routing {
-    /// The host every other name of the site is redirected to (301), lower-case.
-    pub canonical: Option<String>,
-    /// `[[redirect]]` rules, in order: the first match wins.
-    pub redirects: Vec<Redirect>,
-    /// `[[access]]` blocks, in order: the first whose path matches decides.
-    pub access: Vec<AccessRule>,
-    /// The per-client-address request rate limit, shared by all workers.
-    pub limiter: Option<Arc<Limiter>>,
-    /// `try_files` candidates, each with `{path}` standing for the request path.
-    pub try_files: Vec<String>,
-}
-
-impl Routing {
-    /// No routing: every request goes straight to the static answer.
-    pub const NONE: Routing =
-        Routing { canonical: None, redirects: Vec::new(), access: Vec::new(), limiter: None, try_files: Vec::new() };
-}
+//! Path patterns of `[[redirect]]` and `[[access]]` rules ([`PathPattern`], compiled
+//! once at configuration load), and what the request phases match them against: the
+//! request path percent-decoded and normalised exactly as `files` reads it
+//! ([`route_path`]), so that `/%61dmin/` or `/x/../admin/` cannot step around an
+//! `/admin/*` rule. It holds no state and does no I/O; the rules themselves are in
+//! [`super::routing`].
 
 /// A path pattern of a `[[redirect]]` or `[[access]]` rule: an exact path, or a
 /// glob in which `*` matches any run of characters, `/` included (`/old/*` covers
