@@ -27,7 +27,7 @@ use super::{Header, Response, Status};
 /// Slots of each bucket.
 pub const WAYS: usize = 8;
 
-/// Addresses a table tracks at once (its memory is about 24 bytes each).
+/// Addresses a table tracks at once: 2,048 buckets of 200 bytes, 400 KiB.
 pub const SLOTS: usize = 16_384;
 
 /// One address's state.
@@ -190,6 +190,9 @@ mod tests {
         assert!(l.check(victim, t0).is_err(), "the held-back client was evicted by the flood");
         // Its memory is the table's, allocated once.
         assert_eq!(std::mem::size_of::<Slot>(), 24);
+        assert_eq!(std::mem::size_of::<Mutex<[Slot; WAYS]>>(), 200);
+        let full = Limiter::new(1, Duration::from_secs(1), 1, SLOTS);
+        assert_eq!((full.slots(), full.buckets.len() * 200), (16_384, 409_600), "400 KiB per site");
     }
 
     #[test]
