@@ -14,6 +14,10 @@ use crate::names::host_of;
 pub fn phase(req: &Request, canonical: Option<&str>) -> Option<Response> {
     let canonical = canonical?;
     let authority = req.authority.as_deref()?;
+    // `OPTIONS *` names no resource to send the client to.
+    if !req.path.starts_with('/') {
+        return None;
+    }
     let host = host_of(authority);
     if host == canonical {
         return None;
@@ -62,5 +66,7 @@ mod tests {
             assert_eq!(location.as_deref(), want, "{authority:?} {target}");
         }
         assert!(phase(&Request { authority: Some("a".into()), ..Request::new(Method::Get, "/") }, None).is_none());
+        let star = Request { authority: Some("a".into()), ..Request::new(Method::Options, "*") };
+        assert!(phase(&star, Some("example.com")).is_none());
     }
 }

@@ -74,7 +74,11 @@ pub fn handle(req: &Request, site: &Site<'_>) -> Response {
 /// or `None` to hand it to the next.
 fn phases(req: &Request, site: &Site<'_>) -> Response {
     let routing = &site.content.routing;
-    let path = pattern::route_path(&req.path);
+    // Decoded and normalised once, and only for a site with rules that match paths.
+    let path = match routing.redirects.is_empty() && routing.access.is_empty() {
+        true => None,
+        false => pattern::route_path(&req.path),
+    };
     if let Some(r) = canonical::phase(req, routing.canonical.as_deref()) {
         return r;
     }
