@@ -1,5 +1,6 @@
 //! The content section: per-site content-delivery options (`precompressed`,
-//! `error_page`, `fallback`, `mime_types`, `headers`, `cors`) into a
+//! `error_page`, `fallback`, `mime_types`, `headers`, `cors`; `compress` through
+//! [`super::compress`]) into a
 //! [`crate::handler::Content`].
 //!
 //! The same function validates the top level (the default site) and each `[[site]]`;
@@ -60,7 +61,8 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         Some(c) => Some(crate::handler::rules::Cors::parse(&c.clone().into_list()).map_err(e)?),
         None => None,
     };
-    Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types, headers, cors })
+    let compress = super::compress::compress(o, which)?;
+    Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types, headers, cors, compress })
 }
 
 /// A table option's entries by key (a later command-line entry replaces an earlier one);

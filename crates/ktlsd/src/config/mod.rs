@@ -27,6 +27,7 @@
 //! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
 
 pub mod admin;
+pub mod compress;
 pub mod content;
 pub mod h2;
 pub mod listen;
@@ -136,6 +137,8 @@ pub struct Config {
     pub h2_limits: crate::http::h2::Limits,
     /// The default site's content-delivery options (each `[[site]]` has its own).
     pub content: crate::handler::Content,
+    /// Most bytes the store of bodies compressed on the fly keeps.
+    pub compress_cache_size: u64,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -275,6 +278,7 @@ impl Config {
             max_connections: timeouts::max_connections(&o)?,
             h2_limits: h2::h2_limits(&o)?,
             content,
+            compress_cache_size: compress::cache_size(&o)?,
         })
     }
 }

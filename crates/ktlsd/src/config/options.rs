@@ -131,6 +131,15 @@ schema! {
         /// CORS: origins whose scripts may read the answers, comma-separated (https://a.example), or * for any; OPTIONS preflights are answered for GET and HEAD [default: none: no CORS fields]
         #[arg(long, value_name = "ORIGINS")]
         cors: Cors,
+        /// Compress text files on the fly (text/*, JavaScript, JSON, XML, SVG, wasm...) for clients that accept it, in order of preference: zstd, br, gzip, comma-separated, or none; bodies are kept in STATE_DIR/compressed and precompressed files win [default: none]
+        #[arg(long, value_name = "LIST")]
+        compress: List,
+        /// Smallest file compressed on the fly, in bytes [default: 1024]
+        #[arg(long, value_name = "BYTES")]
+        compress_min_size: u64,
+        /// Largest file compressed on the fly, in bytes; larger ones go out as they are [default: 10485760]
+        #[arg(long, value_name = "BYTES")]
+        compress_max_size: u64,
     }
     global {
         /// Directory to serve [default: the current directory]
@@ -254,6 +263,9 @@ schema! {
         /// Named sites, each with its own names, root and certificate; file only
         #[arg(skip)]
         site: Vec<FileSite>,
+        /// Most bytes of bodies compressed on the fly kept in STATE_DIR/compressed; the least recently used go first [default: 268435456]
+        #[arg(long, value_name = "BYTES")]
+        compress_cache_size: u64,
     }
 }
 
