@@ -7,7 +7,6 @@
 use super::options::{Options, SiteOptions};
 use super::ConfigError;
 use crate::handler::compress::Policy;
-use crate::handler::request::Coding;
 
 /// `compress_min_size` when not given: below about 1 KiB the saving rarely pays
 /// for the coding's framing and the extra header (nginx's `gzip_min_length`
@@ -23,18 +22,7 @@ pub const DEFAULT_CACHE_SIZE: u64 = 256 << 20;
 /// start with `which` (empty for the top level).
 pub fn compress(o: &SiteOptions, which: &str) -> Result<Option<Policy>, ConfigError> {
     let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
-    let mut codings = Vec::new();
-    for name in o.compress.iter().flat_map(|l| &l.0) {
-        if name.trim() == "none" {
-            continue;
-        }
-        let Some(c) = Coding::from_token(name.trim()) else {
-            return Err(e(format!("compress {name:?}: expected zstd, br, gzip or none")));
-        };
-        if !codings.contains(&c) {
-            codings.push(c);
-        }
-    }
+    let codings = super::content::codings(o.compress.as_ref(), "compress").map_err(e)?;
     let min_size = o.compress_min_size.unwrap_or(DEFAULT_MIN_SIZE);
     let max_size = o.compress_max_size.unwrap_or(DEFAULT_MAX_SIZE);
     if min_size == 0 {
@@ -60,7 +48,7 @@ pub fn cache_size(o: &Options) -> Result<u64, ConfigError> {
 mod tests {
     use super::*;
     use crate::config::options::List;
-    use Coding::*;
+    use crate::handler::request::Coding::*;
 
     fn list(s: &str) -> Option<List> {
         Some(List(crate::config::options::split_list(s)))
@@ -75,7 +63,10 @@ mod tests {
             (SiteOptions { compress: list(""), ..base() }, Ok(None)),
             (SiteOptions { compress: list("zstd,br,gzip"), ..base() }, Ok(Some(vec![Zstd, Br, Gzip]))),
             (SiteOptions { compress: list("gzip, ZSTD, gzip"), ..base() }, Ok(Some(vec![Gzip, Zstd]))),
-            (SiteOptions { compress: list("br,deflate"), ..base() }, Err("compress \"deflate\": expected zstd, br")),
+            (
+                SiteOptions { compress: list("br,deflate"), ..base() },
+                Err("compress \"deflate\": expected br, zstd, gzip or none"),
+            ),
             (SiteOptions { compress: list("identity"), ..base() }, Err("compress \"identity\"")),
             (
                 SiteOptions { compress: list("gzip"), compress_min_size: Some(0), ..base() },
