@@ -9,11 +9,11 @@ use super::ConfigError;
 use crate::handler::compress::Policy;
 
 /// `compress_min_size` when not given: below about 1 KiB the saving rarely pays
-/// for the coding's framing and the extra header (nginx's `gzip_min_length`
-/// advice is of the same order).
+/// for the coding's framing and the extra header fields.
 pub const DEFAULT_MIN_SIZE: u64 = 1024;
-/// `compress_max_size` when not given: 10 MiB takes a compressor about a tenth
-/// of a second at the default levels.
+/// `compress_max_size` when not given: a file of this size holds one of the
+/// [`crate::files::compress::COMPRESSORS`] for a fraction of a second at the
+/// default levels (`gzip -6`, the slowest, took 0.04 s for 1.7 MB of text here).
 pub const DEFAULT_MAX_SIZE: u64 = 10 << 20;
 /// `compress_cache_size` when not given.
 pub const DEFAULT_CACHE_SIZE: u64 = 256 << 20;

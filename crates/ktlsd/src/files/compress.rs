@@ -41,11 +41,12 @@ use super::Found;
 /// busy gets the file as it is.
 pub const COMPRESSORS: usize = 2;
 
-/// zstd level: zstd's own default, several times faster than gzip -6 for a
-/// better ratio.
+/// zstd level: zstd's own default. On this repository's sources (1.7 MB of
+/// `.rs` and `.md`) it gives 480 kB, gzip -6 486 kB (`zstd -3`, `gzip -6`).
 pub const ZSTD_LEVEL: i32 = 3;
-/// Brotli quality: 5 of 11 compresses text better than gzip -6 at a similar speed
-/// (11, the precompressed files' usual level, is far too slow to run per file).
+/// Brotli quality: 5 of 11 gives 423 kB on the same sources (Python's
+/// `brotli.compress(quality=5, lgwin=22)`); the top qualities, usual for
+/// precompressed files, are far slower and meant for build time.
 pub const BROTLI_QUALITY: i32 = 5;
 /// gzip level: zlib's and nginx's default trade-off.
 pub const GZIP_LEVEL: u32 = 6;
@@ -246,11 +247,8 @@ impl Store {
             return None;
         };
         MADE.with(|m| m.set(m.get() + 1));
-        runtime.spawn_blocking(move || {
-            let made = self.make(&file, &key);
-            self.finish(&key, made);
-            drop(tx);
-        });
+        let mut job = Job { store: self, key, made: None, _done: tx };
+        runtime.spawn_blocking(move || job.run(&file));
         Some(Waiter(rx))
     }
 
@@ -345,6 +343,30 @@ impl Store {
     #[cfg(test)]
     fn total(&self) -> u64 {
         self.lock().total
+    }
+}
+
+/// A compression under way. However it ends (done, panicked, or never run
+/// because the runtime shut down), dropping it records the result and frees its
+/// compressor, then lets its waiters go.
+struct Job {
+    store: &'static Store,
+    key: Key,
+    made: Option<(u64, u64)>,
+    /// Dropped after [`Drop::drop`] has recorded the result: waiters wake to find it.
+    _done: watch::Sender<()>,
+}
+
+impl Job {
+    /// Blocking: makes the body; dropping the job then records it.
+    fn run(&mut self, file: &File) {
+        self.made = self.store.make(file, &self.key);
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.store.finish(&self.key, self.made.take());
     }
 }
 
