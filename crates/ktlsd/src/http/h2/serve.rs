@@ -210,10 +210,13 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
 /// ([`handler::prepare`]); the connection's other streams wait meanwhile (only
 /// the first request for a file and coding ever does).
 async fn prepare<S>(head: &RequestHead, ctx: &Context<'_, S>) {
+    // The same choice of site as `answer`'s, made first: most sites compress nothing.
+    let Pick::Site(site) = ctx.sites.pick(head.authority.as_deref().filter(|a| !a.is_empty())) else { return };
+    if site.content.compress.is_none() {
+        return;
+    }
     if let Ok(req) = to_request(head) {
-        if let Pick::Site(site) = ctx.sites.pick(req.authority.as_deref()) {
-            handler::prepare(&req, &site).await;
-        }
+        handler::prepare(&req, &site).await;
     }
 }
 
