@@ -30,10 +30,11 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::cache::Stamp;
+use super::cache::{self, Stamp};
 use super::Found;
 
 /// Compressions running at once, process-wide: each takes one core while it runs,
@@ -179,8 +180,11 @@ impl Store {
     }
 
     /// What the store holds for `original` in `coding`, the body opened when there
-    /// is one. Each body found counts as a hit of this thread.
-    pub fn get(&self, original: &Found, coding: &'static str) -> Stored {
+    /// is one. Each body found counts as a hit of this thread. An opened body is
+    /// kept in the worker's open-file cache (of `cache_entries`, with the bytes of
+    /// a small one), as a file beneath ROOT is: a stored file never changes, and one
+    /// evicted stays readable, and right, through a descriptor still held.
+    pub fn get(&self, original: &Found, coding: &'static str, cache_entries: usize) -> Stored {
         let key = Key { rel: original.rel.to_path_buf(), stamp: Stamp::of(&original.meta), coding };
         let (number, len) = {
             let mut index = self.lock();
@@ -195,16 +199,19 @@ impl Store {
                 }
             }
         };
+        let now = Instant::now();
+        let cache_key = cache_key(number, coding);
+        if let Some(body) = cache::get(&cache_key, now).filter(|b| b.meta.len() == len) {
+            HITS.with(|h| h.set(h.get() + 1));
+            return Stored::Body(body);
+        }
         match File::open(self.path_of(number, coding)).and_then(|f| f.metadata().map(|m| (f, m))) {
             Ok((file, meta)) if meta.len() == len => {
                 HITS.with(|h| h.set(h.get() + 1));
-                Stored::Body(Found {
-                    file: Rc::new(file),
-                    meta,
-                    rel: original.rel.clone(),
-                    mime: original.mime,
-                    content: None,
-                })
+                let mut body =
+                    Found { file: Rc::new(file), meta, rel: original.rel.clone(), mime: original.mime, content: None };
+                body.content = cache::put(&cache_key, &body, now, cache_entries);
+                Stored::Body(body)
             }
             _ => {
                 // Removed or changed behind the store's back: forget it, make it again.
@@ -370,6 +377,14 @@ impl Drop for Job {
     }
 }
 
+/// A stored body's key in the open-file cache: where a file beneath ROOT has its
+/// ROOT's id, one no ROOT has (ids count up from 0), then the stored file's name.
+fn cache_key(number: u64, coding: &str) -> Vec<u8> {
+    let mut key = u64::MAX.to_be_bytes().to_vec();
+    key.extend_from_slice(format!("/{number}.{coding}").as_bytes());
+    key
+}
+
 /// Most index entries, whatever their size: bounds the index's memory (about 200
 /// bytes each) when many files are not worth compressing.
 const MAX_ENTRIES: usize = 100_000;
@@ -497,9 +512,9 @@ mod tests {
         // Room for about two bodies.
         let store: &'static Store = Box::leak(Box::new(Store::open(&dir, 9000).unwrap()));
         assert!(!dir.join("7.gzip").exists(), "emptied at start");
-        assert!(matches!(store.get(&a, "gzip"), Stored::Missing));
+        assert!(matches!(store.get(&a, "gzip", 0), Stored::Missing));
         assert!(compress(store, &a, "gzip"));
-        let Stored::Body(body) = store.get(&a, "gzip") else { panic!("stored") };
+        let Stored::Body(body) = store.get(&a, "gzip", 0) else { panic!("stored") };
         let mut bytes = Vec::new();
         (&*body.file).read_to_end(&mut bytes).unwrap();
         assert_eq!(decode("gzip", &bytes), text(1));
@@ -508,15 +523,15 @@ mod tests {
         assert!(!compress(store, &a, "gzip"), "once stored, not made again");
         assert!(compress(store, &b, "gzip"));
         // a is used again, so b is the least recently used when c comes.
-        assert!(matches!(store.get(&a, "gzip"), Stored::Body(_)));
+        assert!(matches!(store.get(&a, "gzip", 0), Stored::Body(_)));
         assert!(compress(store, &c, "gzip"));
         assert!(store.total() <= 9000, "{}", store.total());
-        assert!(matches!(store.get(&b, "gzip"), Stored::Missing), "b evicted");
-        assert!(matches!(store.get(&a, "gzip"), Stored::Body(_)));
-        assert!(matches!(store.get(&c, "gzip"), Stored::Body(_)));
+        assert!(matches!(store.get(&b, "gzip", 0), Stored::Missing), "b evicted");
+        assert!(matches!(store.get(&a, "gzip", 0), Stored::Body(_)));
+        assert!(matches!(store.get(&c, "gzip", 0), Stored::Body(_)));
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "b's file is gone, no temporary left");
         // Another coding is another entry.
-        assert!(matches!(store.get(&a, "zstd"), Stored::Missing));
+        assert!(matches!(store.get(&a, "zstd", 0), Stored::Missing));
 
         // A body that does not shrink is remembered and never made again.
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -530,18 +545,31 @@ mod tests {
             .collect();
         let n = found(root.path(), "noise", &noise);
         assert!(compress(store, &n, "zstd"));
-        assert!(matches!(store.get(&n, "zstd"), Stored::Original));
+        assert!(matches!(store.get(&n, "zstd", 0), Stored::Original));
         assert!(!compress(store, &n, "zstd"));
 
         // A changed file is another key; a stored file removed behind the store's back is made again.
         let a2 = found(root.path(), "a", &text(4));
-        assert!(matches!(store.get(&a2, "gzip"), Stored::Missing));
+        assert!(matches!(store.get(&a2, "gzip", 0), Stored::Missing));
         for e in std::fs::read_dir(&dir).unwrap() {
             std::fs::remove_file(e.unwrap().path()).unwrap();
         }
-        assert!(matches!(store.get(&c, "gzip"), Stored::Missing));
+        assert!(matches!(store.get(&c, "gzip", 0), Stored::Missing));
         assert!(compress(store, &c, "gzip"));
-        assert!(matches!(store.get(&c, "gzip"), Stored::Body(_)));
+        assert!(matches!(store.get(&c, "gzip", 0), Stored::Body(_)));
+
+        // A body kept in the open-file cache is sent from its descriptor, even once evicted.
+        let d = found(root.path(), "d", &text(5));
+        assert!(compress(store, &d, "gzip"));
+        assert!(matches!(store.get(&d, "gzip", 8), Stored::Body(_)));
+        for e in std::fs::read_dir(&dir).unwrap() {
+            std::fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        let Stored::Body(body) = store.get(&d, "gzip", 8) else { panic!("from the open-file cache") };
+        let mut bytes = Vec::new();
+        (&*body.file).read_to_end(&mut bytes).unwrap();
+        assert_eq!(decode("gzip", &bytes), text(5));
+        assert_eq!(&*body.rel, Path::new("d"));
     }
 
     #[test]

@@ -98,7 +98,8 @@ pub struct Chosen {
 /// What `req` gets for `found` (no precompressed variant of it was chosen): its
 /// stored compressed body in the coding the client accepts best, or the file as
 /// it is. A body not yet stored is started, for later requests, when it can be.
-pub fn choose(req: &Request, policy: Option<&Policy>, content_type: &str, found: Found) -> Chosen {
+pub fn choose(req: &Request, site: &Site<'_>, content_type: &str, found: Found) -> Chosen {
+    let policy = site.content.compress.as_ref();
     let etag = EntityTag::strong(files::etag(&found.meta));
     let modified = files::modified(&found.meta);
     let Some(policy) = policy.filter(|p| p.applies(content_type, found.meta.len())) else {
@@ -110,7 +111,7 @@ pub fn choose(req: &Request, policy: Option<&Policy>, content_type: &str, found:
     let Some(coding) = candidates(&policy.codings, req.headers.accept_encoding.as_ref()).first().copied() else {
         return chosen;
     };
-    match store.get(&chosen.found, coding.token()) {
+    match store.get(&chosen.found, coding.token(), site.files.cache_entries) {
         Stored::Body(body) => {
             chosen.etag = variant_tag(&chosen.etag, coding);
             chosen.found = body;

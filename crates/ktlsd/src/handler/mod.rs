@@ -233,7 +233,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
             let modified = files::modified(&v.meta);
             compress::Chosen { found: v, coding: Some(c), etag, modified, varies: true }
         }
-        None => compress::choose(req, site.content.compress.as_ref(), &content_type, found),
+        None => compress::choose(req, site, &content_type, found),
     };
     let vary = chosen.varies || site.content.varies_by_encoding();
     let compress::Chosen { found, coding, etag, modified, .. } = chosen;
