@@ -19,7 +19,9 @@
 //!
 //! It knows codings only by their Content-Encoding token (`zstd`, `br`, `gzip`);
 //! which coding a request gets is the handler's choice. It is not a response
-//! cache: it keeps only bodies of files beneath a site's ROOT.
+//! cache: it keeps only bodies of files beneath a site's ROOT. (A response cache
+//! on disk could later hold these bodies in its own directory; the store keeps
+//! to its own until then.)
 
 use std::cell::Cell;
 use std::collections::HashMap;
