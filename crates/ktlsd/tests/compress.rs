@@ -209,6 +209,37 @@ fn precompressed_files_win() {
     assert_eq!(stopped.stat("compressed_made"), 1, "only other.js: {}", stopped.stderr);
 }
 
+#[test]
+fn each_site_has_its_own_codings() {
+    let js = text(3000);
+    let b = Server::builder(BIN).file("app.js", &js);
+    for name in ["b", "c"] {
+        std::fs::create_dir_all(b.dir().join(name)).unwrap();
+        std::fs::write(b.dir().join(name).join("app.js"), &js).unwrap();
+    }
+    let srv = b
+        .config(concat!(
+            "compress = [\"zstd\"]\n",
+            "[[site]]\nnames = [\"b.test\"]\nroot = \"b\"\ncompress = [\"gzip\"]\n",
+            "[[site]]\nnames = [\"c.test\"]\nroot = \"c\"\ncompress = [\"none\"]\n",
+        ))
+        .start();
+    let port = srv.port();
+    for (name, want) in [("127.0.0.1", Some("zstd")), ("b.test", Some("gzip")), ("c.test", None)] {
+        let resolve = format!("{name}:{port}:127.0.0.1");
+        let url = format!("https://{name}:{port}/app.js");
+        for proto in ["--http1.1", "--http2"] {
+            let r = fetch(&url, &[proto, "--resolve", &resolve, "-H", "Accept-Encoding: zstd, gzip"]);
+            assert_eq!(r.header("content-encoding"), want, "{name} {proto}");
+            let body = match want {
+                Some(c) => decode(c, &r.body),
+                None => r.body,
+            };
+            assert_eq!(sha256(&body), sha256(&js), "{name} {proto}");
+        }
+    }
+}
+
 /// `ktlsd serve` with `args` (and the config file `config`) stops at start-up
 /// with one error line containing `want`.
 fn refuses(args: &[&str], config: Option<&str>, want: &str) {
