@@ -1,12 +1,14 @@
 //! The compression section: a site's `compress`, `compress_min_size` and
-//! `compress_max_size` into a [`Policy`], and the store's `compress_cache_size`.
+//! `compress_max_size` into a [`Policy`], and the store's `compress_cache_size`;
+//! also the reading of a list of codings, which `precompressed` shares.
 //!
 //! It validates values only; what is compressed, and how, is
 //! [`crate::handler::compress`]'s and [`crate::files::compress`]'s.
 
-use super::options::{Options, SiteOptions};
+use super::options::{List, Options, SiteOptions};
 use super::ConfigError;
 use crate::handler::compress::Policy;
+use crate::handler::request::Coding;
 
 /// `compress_min_size` when not given: below about 1 KiB the saving rarely pays
 /// for the coding's framing and the extra header fields.
@@ -23,7 +25,7 @@ pub const DEFAULT_CACHE_SIZE: u64 = 256 << 20;
 /// start with `which` (empty for the top level).
 pub fn compress(o: &SiteOptions, which: &str) -> Result<Option<Policy>, ConfigError> {
     let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
-    let codings = super::content::codings(o.compress.as_ref(), "compress").map_err(e)?;
+    let codings = codings(o.compress.as_ref(), "compress").map_err(e)?;
     let min_size = o.compress_min_size.unwrap_or(DEFAULT_MIN_SIZE);
     let max_size = o.compress_max_size.unwrap_or(DEFAULT_MAX_SIZE);
     if min_size == 0 {
@@ -33,6 +35,24 @@ pub fn compress(o: &SiteOptions, which: &str) -> Result<Option<Policy>, ConfigEr
         return Err(e(format!("compress_max_size {max_size}: expected at least compress_min_size ({min_size})")));
     }
     Ok((!codings.is_empty()).then_some(Policy { codings, min_size, max_size }))
+}
+
+/// A list of codings (`precompressed`, `compress`), each once, in the order given,
+/// `none` skipped; an unknown one is refused naming `key`.
+pub(super) fn codings(list: Option<&List>, key: &str) -> Result<Vec<Coding>, String> {
+    let mut out = Vec::new();
+    for name in list.iter().flat_map(|l| &l.0) {
+        if name.trim() == "none" {
+            continue;
+        }
+        let Some(c) = Coding::from_token(name.trim()) else {
+            return Err(format!("{key} {name:?}: expected br, zstd, gzip or none"));
+        };
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    Ok(out)
 }
 
 /// The store's bound in bytes: at least 1 MiB.
@@ -48,7 +68,6 @@ pub fn cache_size(o: &Options) -> Result<u64, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::options::List;
     use crate::handler::request::Coding::*;
 
     fn list(s: &str) -> Option<List> {

@@ -10,12 +10,11 @@ use std::collections::BTreeMap;
 
 use super::options::{Entry, FileHeaderRule, HeaderRule, SiteOptions};
 use super::ConfigError;
-use crate::handler::request::Coding;
 
 /// Validates a site's content options; errors start with `which`.
 pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, ConfigError> {
     let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
-    let precompressed = codings(o.precompressed.as_ref(), "precompressed").map_err(e)?;
+    let precompressed = super::compress::codings(o.precompressed.as_ref(), "precompressed").map_err(e)?;
     let mut error_pages = Vec::new();
     for (code, path) in table(&o.error_page, "--error-page", "CODE=PATH, e.g. 404=/404.html")? {
         let status = match code.trim().parse::<u16>() {
@@ -52,24 +51,6 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
     };
     let compress = super::compress::compress(o, which)?;
     Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types, headers, cors, compress })
-}
-
-/// A list of codings (`precompressed`, `compress`), each once, in the order given,
-/// `none` skipped; an unknown one is refused naming `key`.
-pub(super) fn codings(list: Option<&super::options::List>, key: &str) -> Result<Vec<Coding>, String> {
-    let mut out = Vec::new();
-    for name in list.iter().flat_map(|l| &l.0) {
-        if name.trim() == "none" {
-            continue;
-        }
-        let Some(c) = Coding::from_token(name.trim()) else {
-            return Err(format!("{key} {name:?}: expected br, zstd, gzip or none"));
-        };
-        if !out.contains(&c) {
-            out.push(c);
-        }
-    }
-    Ok(out)
 }
 
 /// A table option's entries by key (a later command-line entry replaces an earlier one);
