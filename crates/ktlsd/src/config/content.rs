@@ -1,5 +1,6 @@
 //! The content section: per-site content-delivery options (`precompressed`,
-//! `error_page`, `fallback`, `mime_types`, `headers`, `cors`) into a
+//! `error_page`, `fallback`, `mime_types`, `headers`, `cors`; `compress` through
+//! [`super::compress`]) into a
 //! [`crate::handler::Content`].
 //!
 //! The same function validates the top level (the default site) and each `[[site]]`;
@@ -12,20 +13,8 @@ use super::ConfigError;
 
 /// Validates a site's content options; errors start with `which`.
 pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, ConfigError> {
-    use crate::handler::request::Coding;
     let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
-    let mut precompressed = Vec::new();
-    for name in o.precompressed.iter().flat_map(|l| &l.0) {
-        if name.trim() == "none" {
-            continue;
-        }
-        let Some(c) = Coding::from_token(name.trim()) else {
-            return Err(e(format!("precompressed {name:?}: expected br, zstd, gzip or none")));
-        };
-        if !precompressed.contains(&c) {
-            precompressed.push(c);
-        }
-    }
+    let precompressed = super::compress::codings(o.precompressed.as_ref(), "precompressed").map_err(e)?;
     let mut error_pages = Vec::new();
     for (code, path) in table(&o.error_page, "--error-page", "CODE=PATH, e.g. 404=/404.html")? {
         let status = match code.trim().parse::<u16>() {
@@ -60,6 +49,7 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         Some(c) => Some(crate::handler::rules::Cors::parse(&c.clone().into_list()).map_err(e)?),
         None => None,
     };
+    let compress = super::compress::compress(o, which)?;
     Ok(crate::handler::Content {
         precompressed,
         error_pages,
@@ -68,6 +58,7 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         headers,
         cors,
         routing: crate::handler::routing::Routing::NONE,
+        compress,
     })
 }
 

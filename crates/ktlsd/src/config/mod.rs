@@ -27,6 +27,7 @@
 //! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
 
 pub mod admin;
+pub mod compress;
 pub mod content;
 pub mod h2;
 pub mod listen;
@@ -139,6 +140,8 @@ pub struct Config {
     pub content: crate::handler::Content,
     /// Most connections one client address holds at once over all workers; `None`: no limit.
     pub max_connections_per_ip: Option<std::num::NonZeroU32>,
+    /// Most bytes the store of bodies compressed on the fly keeps.
+    pub compress_cache_size: u64,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -280,6 +283,7 @@ impl Config {
             h2_limits: h2::h2_limits(&o)?,
             content,
             max_connections_per_ip: routing::max_connections_per_ip(&o)?,
+            compress_cache_size: compress::cache_size(&o)?,
         })
     }
 }

@@ -146,6 +146,15 @@ schema! {
         /// Requests per client address: { requests = 20, per = "1s", burst = 40 }; beyond it 429 with Retry-After; file only
         #[arg(skip)]
         rate_limit: super::routing::FileRateLimit,
+        /// Compress text files on the fly (text/*, JavaScript, JSON, XML, SVG, wasm...) for clients that accept it, in order of preference: zstd, br, gzip, comma-separated, or none; bodies are kept in STATE_DIR/compressed and precompressed files win [default: none]
+        #[arg(long, value_name = "LIST")]
+        compress: List,
+        /// Smallest file compressed on the fly, in bytes [default: 1024]
+        #[arg(long, value_name = "BYTES")]
+        compress_min_size: u64,
+        /// Largest file compressed on the fly, in bytes; larger ones go out as they are [default: 10485760]
+        #[arg(long, value_name = "BYTES")]
+        compress_max_size: u64,
     }
     global {
         /// Directory to serve [default: the current directory]
@@ -272,6 +281,9 @@ schema! {
         /// Most connections one client address holds at once, over all workers; more are accepted and closed at once (counted as connections_refused_per_ip) [default: no limit]
         #[arg(long, value_name = "N")]
         max_connections_per_ip: u32,
+        /// Most bytes of bodies compressed on the fly kept in STATE_DIR/compressed; the least recently used go first [default: 268435456]
+        #[arg(long, value_name = "BYTES")]
+        compress_cache_size: u64,
     }
 }
 

@@ -51,17 +51,17 @@ pub const SETTLED: Duration = Duration::from_secs(1);
 
 /// What a file's bytes were read under; a fresh `fstat` that differs means they
 /// may be stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Stamp {
     dev: u64,
     ino: u64,
-    size: u64,
+    pub(super) size: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
 }
 
 impl Stamp {
-    fn of(meta: &Metadata) -> Stamp {
+    pub(super) fn of(meta: &Metadata) -> Stamp {
         Stamp {
             dev: meta.dev(),
             ino: meta.ino(),

@@ -7,6 +7,7 @@
 //! `RESOLVE_BENEATH`), so no symlink can lead outside it.
 
 mod cache;
+pub mod compress;
 pub mod listing;
 mod open;
 pub mod residency;

@@ -1,9 +1,10 @@
 //! A site's content-delivery options: which precompressed variants it serves and
 //! how the one sent is chosen from Accept-Encoding; error pages, the fallback, MIME
-//! overrides, header rules and CORS.
+//! overrides, header rules and CORS, and the on-the-fly compression policy.
 //!
 //! It only describes and chooses; opening files is `files`' business and the
-//! answer is assembled in [`super::handle`]. Nothing is compressed on the fly.
+//! answer is assembled in [`super::handle`]; compressing on the fly is the
+//! `compress` module's.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -30,6 +31,8 @@ pub struct Content {
     pub cors: Option<Cors>,
     /// Canonical host, redirects, IP rules, rate limit and `try_files`.
     pub routing: super::routing::Routing,
+    /// On-the-fly compression; `None`: off.
+    pub compress: Option<Policy>,
 }
 
 impl Content {
@@ -43,6 +46,7 @@ impl Content {
         headers: Vec::new(),
         cors: None,
         routing: super::routing::Routing::NONE,
+        compress: None,
     };
 
     /// [`Content::NONE`] for as long as needed.
@@ -70,6 +74,20 @@ impl Content {
     pub fn varies_by_encoding(&self) -> bool {
         !self.precompressed.is_empty()
     }
+}
+
+/// A site's on-the-fly compression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The codings offered, in the server's order of preference (it breaks ties
+    /// between equal client qualities); never empty.
+    pub codings: Vec<Coding>,
+    /// Smaller files go out as they are: the coding's own framing and the
+    /// Content-Encoding field would eat what little is saved.
+    pub min_size: u64,
+    /// Larger files go out as they are, so that one request cannot hold a
+    /// compressor for long.
+    pub max_size: u64,
 }
 
 /// The codings to try, best first: those the client accepts (quality above 0),

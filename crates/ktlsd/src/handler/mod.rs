@@ -7,13 +7,15 @@
 //! lists or redirects directories, evaluates preconditions and a single byte
 //! range, answers HEAD without a body and OPTIONS (CORS preflights included) with
 //! 204, puts the site's header rules and CORS fields on its answers, and HSTS on
-//! every response.
+//! every response. A file is sent as a precompressed variant or compressed on the
+//! fly ([`compress`]) when the client accepts it.
 //!
 //! It reads no socket and writes none: framing, limits, timeouts and the sending
 //! of bodies belong to the codec (`http::h1`, later HTTP/2).
 
 pub mod access;
 pub mod canonical;
+pub mod compress;
 pub mod content;
 pub mod limit;
 pub mod pattern;
@@ -27,6 +29,7 @@ pub mod rules;
 pub mod sites;
 pub mod try_files;
 
+pub use compress::prepare;
 pub use content::Content;
 pub use request::{Method, Request};
 pub use response::{Body, Header, Response, Status};
@@ -267,15 +270,19 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     // The original decides the Content-Type and the rules; the variant, if any, is what is sent.
     let content_type = site.content.content_type(&found.rel, found.mime);
     let rel = found.rel.clone();
-    let (found, coding) = choose_variant(req, site, found);
-    let vary = site.content.varies_by_encoding();
-    let size = found.meta.len();
-    let etag = match coding {
-        // Its own tag, so that a cache never serves one coding for another.
-        Some(c) => files::etag_of_variant(&found.meta, c.token()),
-        None => files::etag(&found.meta),
+    let chosen = match precompressed(req, site, &found.rel) {
+        Some((v, c)) => {
+            // Its own tag, so that a cache never serves one coding for another.
+            let etag = EntityTag::strong(files::etag_of_variant(&v.meta, c.token()));
+            let modified = files::modified(&v.meta);
+            compress::Chosen { found: v, coding: Some(c), etag, modified, varies: true }
+        }
+        None => compress::choose(req, site, &content_type, found),
     };
-    let v = Validators { etag: EntityTag::strong(etag), modified: files::modified(&found.meta) };
+    let vary = chosen.varies || site.content.varies_by_encoding();
+    let compress::Chosen { found, coding, etag, modified, .. } = chosen;
+    let size = found.meta.len();
+    let v = Validators { etag, modified };
     match preconditions::evaluate(&req.headers, &v) {
         Outcome::Proceed => {}
         Outcome::NotModified => {
@@ -322,15 +329,18 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
     Response { status, headers, body: Body::File { found, range }, refused: None }
 }
 
-/// The precompressed variant of `found` the client accepts best, with its coding,
-/// or `found` itself when there is none.
-fn choose_variant(req: &Request, site: &Site<'_>, found: files::Found) -> (files::Found, Option<Coding>) {
-    for coding in content::candidates(&site.content.precompressed, req.headers.accept_encoding.as_ref()) {
-        if let Some(v) = files::variant(site.root, &found.rel, coding.suffix(), site.files) {
-            return (v, Some(coding));
-        }
-    }
-    (found, None)
+/// The precompressed variant of the file at `rel` the client accepts best, with
+/// its coding; `None` when there is none.
+fn precompressed(req: &Request, site: &Site<'_>, rel: &std::path::Path) -> Option<(files::Found, Coding)> {
+    content::candidates(&site.content.precompressed, req.headers.accept_encoding.as_ref())
+        .into_iter()
+        .find_map(|coding| Some((files::variant(site.root, rel, coding.suffix(), site.files)?, coding)))
+}
+
+/// Whether a precompressed variant of `rel` would be sent to `req` (it wins over
+/// compressing on the fly).
+fn has_precompressed(req: &Request, site: &Site<'_>, rel: &std::path::Path) -> bool {
+    precompressed(req, site, rel).is_some()
 }
 
 #[cfg(test)]

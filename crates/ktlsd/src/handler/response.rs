@@ -96,9 +96,10 @@ pub enum Header {
     /// `Allow: GET, HEAD, OPTIONS`, the methods answered (on 405 and on OPTIONS).
     Allow,
     StrictTransportSecurity(String),
-    /// The coding of a precompressed variant.
+    /// The coding of a precompressed or compressed variant.
     ContentEncoding(Coding),
-    /// `Vary: Accept-Encoding`, on file answers of a site with precompressed variants.
+    /// `Vary: Accept-Encoding`, on file answers of a site with precompressed variants
+    /// and on those of files it compresses on the fly.
     VaryAcceptEncoding,
     /// A field from the site's configuration (header rules, CORS), its name and value
     /// checked at start-up.

@@ -2,7 +2,9 @@
 //! certificates and keys read, the TLS configuration built, ROOT and each site's
 //! root opened, kTLS chosen, TCP options checked, and the per-connection settings
 //! of each protocol built. Start-up, reload and `ktlsd check` all go through
-//! [`prepare`]. Not the binding of sockets or anything after it (see `startup`).
+//! [`prepare`]; start-up and reload also open the store of bodies compressed on
+//! the fly ([`open_compressed_store`]). Not the binding of sockets or anything
+//! after it (see `startup`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -218,6 +220,28 @@ fn expiry_warning(name: &str, leaf: &[u8], now: SystemTime) -> Option<String> {
         Some(format!("{name} expires in {} day(s) ({when}); renew it and send SIGHUP", left / 86_400))
     } else {
         None
+    }
+}
+
+/// Opens the store of bodies compressed on the fly, as the serving user, when a
+/// site compresses; without one every answer goes out as it is (logged).
+pub fn open_compressed_store(config: &Config) {
+    let compresses = config.content.compress.is_some() || config.sites.iter().any(|s| s.content.compress.is_some());
+    if !compresses {
+        return;
+    }
+    let Some(state_dir) = &config.state_dir else {
+        tracing::warn!(
+            "compress: no state directory to keep compressed bodies in (give --state-dir); files go out uncompressed"
+        );
+        return;
+    };
+    let dir = state_dir.join("compressed");
+    if let Err(e) = crate::files::compress::install(&dir, config.compress_cache_size) {
+        tracing::warn!(
+            "compress: cannot use {} ({e}); files go out uncompressed (make it writable by the serving user, or give another --state-dir)",
+            dir.display()
+        );
     }
 }
 

@@ -49,6 +49,8 @@ pub fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, s
 fn load(args: &ServeArgs, old: &Current, started: &Started, acme: &AcmeSites) -> anyhow::Result<Reloaded> {
     let mut config = Config::from_args(args.clone())?;
     keep_start_up_settings(&mut config, &old.shared.config, started);
+    // A reload that turns compression on opens the store; one open keeps its size.
+    super::prepare::open_compressed_store(&config);
     let log = open_access_log(&config, old)?;
     let Prepared { shared, fingerprint, origin } =
         prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, Some(acme))?;

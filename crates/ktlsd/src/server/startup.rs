@@ -35,6 +35,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let sockets = bind(&mut prepared.shared.config)?;
     // Everything that needs root (ports, keys, ROOT, the access log) is open: drop it.
     let started = drop_privileges(&plan, sockets.activated)?;
+    super::prepare::open_compressed_store(&prepared.shared.config);
     let (shared, started_at) = announce_ready(prepared, &sockets);
     let running = spawn(sockets, Current { shared, log }, started_at)?;
     systemd::notify("READY=1");

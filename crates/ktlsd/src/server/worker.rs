@@ -60,7 +60,7 @@ struct Worker {
 
 impl Worker {
     /// Copies what this worker counts outside its metrics (panicked tasks, its
-    /// open-file cache) into them, so a scrape sees them within a tick.
+    /// open-file cache, its use of the compressed-body store) into them, so a scrape sees them within a tick.
     fn publish(&self) {
         let s = &self.metrics.stats;
         Stats::set(&s.panics, self.tasks.panics.get());
@@ -69,6 +69,9 @@ impl Worker {
         Stats::set(&s.open_file_cache_misses, cache.misses);
         Stats::set(&s.open_file_cache_entries, cache.entries);
         Stats::set(&s.open_file_cache_content_hits, cache.content_hits);
+        let compressed = crate::files::compress::counts();
+        Stats::set(&s.compressed_hits, compressed.hits);
+        Stats::set(&s.compressed_made, compressed.made);
     }
 
     /// Takes a new configuration or access log if one was sent since the last look

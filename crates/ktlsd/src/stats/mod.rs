@@ -75,6 +75,8 @@ counters! {
     open_file_cache_content_hits: "Open-file cache hits whose small file's bytes were kept in memory (not read again).",
     cold_windows: "File windows (up to 1 MiB) found out of the page cache and read ahead off the event loop.",
     readahead_waits: "Cold windows that waited for a free reader of the bounded readahead pool.",
+    compressed_hits: "Answers sent from a body stored compressed on the fly (no compression).",
+    compressed_made: "Compressions of a file into the compressed-body store started.",
 }
 
 impl Stats {

@@ -161,6 +161,8 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
             "Cold windows that waited for a free reader of the readahead pool.",
             &s.readahead_waits,
         ),
+        ("ktlsd_compressed_hits_total", "Answers sent from a body stored compressed on the fly.", &s.compressed_hits),
+        ("ktlsd_compressed_made_total", "Compressions into the compressed-body store started.", &s.compressed_made),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));

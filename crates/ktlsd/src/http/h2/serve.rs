@@ -65,7 +65,10 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     loop {
         while let Some(event) = h2.poll_event() {
             match event {
-                Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, &ctx, conn),
+                Event::Request { stream, head, .. } => {
+                    prepare(&head, &ctx).await;
+                    answer(&mut h2, &mut open, stream, &head, &ctx, conn)
+                }
                 Event::HeaderListTooLarge { stream } => {
                     tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
                     let fields =
@@ -200,6 +203,20 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
         }
         Err(e) if T::timed_out(&e) => Input::TimedOut,
         Err(e) => Input::Failed(e),
+    }
+}
+
+/// Makes the body the answer will compress, when not stored yet, off the loop
+/// ([`handler::prepare`]); the connection's other streams wait meanwhile (only
+/// the first request for a file and coding ever does).
+async fn prepare<S>(head: &RequestHead, ctx: &Context<'_, S>) {
+    // The same choice of site as `answer`'s, made first: most sites compress nothing.
+    let Pick::Site(site) = ctx.sites.pick(head.authority.as_deref().filter(|a| !a.is_empty())) else { return };
+    if site.content.compress.is_none() {
+        return;
+    }
+    if let Ok(req) = to_request(head, ctx.peer.ip()) {
+        handler::prepare(&req, &site).await;
     }
 }
 
