@@ -10,7 +10,7 @@
 //! in the help); the command line's [`options::Options`] are merged over the file's
 //! (`Options::or`), and each section module validates its own options into its part
 //! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`],
-//! [`content`] and [`sites`]. This module is not where the server applies them.
+//! [`content`], [`sites`] and [`cache`]. This module is not where the server applies them.
 //!
 //! # How to add an option
 //!
@@ -27,6 +27,7 @@
 //! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
 
 pub mod admin;
+pub mod cache;
 pub mod content;
 pub mod h2;
 pub mod listen;
@@ -136,6 +137,8 @@ pub struct Config {
     pub h2_limits: crate::http::h2::Limits,
     /// The default site's content-delivery options (each `[[site]]` has its own).
     pub content: crate::handler::Content,
+    /// The response cache (`[cache]`); `None`: no cache.
+    pub cache: Option<cache::CacheConfig>,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -194,6 +197,9 @@ fn resolve_paths(file: &mut Options, base: &Path) {
         if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
             *log = base.join(log.as_str()).to_string_lossy().into_owned();
         }
+    }
+    if let Some(dir) = file.cache.as_mut().and_then(|c| c.dir.as_mut()) {
+        rel(dir);
     }
     if let Some(admin) = &mut file.admin {
         if admin.contains('/') && Path::new(admin.as_str()).is_relative() {
@@ -275,6 +281,7 @@ impl Config {
             max_connections: timeouts::max_connections(&o)?,
             h2_limits: h2::h2_limits(&o)?,
             content,
+            cache: cache::cache(o.cache.as_ref())?,
         })
     }
 }

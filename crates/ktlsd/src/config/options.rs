@@ -254,6 +254,9 @@ schema! {
         /// Named sites, each with its own names, root and certificate; file only
         #[arg(skip)]
         site: Vec<FileSite>,
+        /// The response cache of proxied responses (`[cache]`: dir, max_size, max_object_size); file only
+        #[arg(skip)]
+        cache: super::cache::FileCache,
     }
 }
 

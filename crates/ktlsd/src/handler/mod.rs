@@ -8,6 +8,8 @@
 //! It reads no socket and writes none: framing, limits, timeouts and the sending
 //! of bodies belong to the codec (`http::h1`, later HTTP/2).
 
+#[allow(dead_code, unused_imports)] // its lookup and fill API is the reverse proxy's to call
+pub mod cache;
 pub mod content;
 pub mod preconditions;
 pub mod range;
