@@ -160,7 +160,7 @@ impl EntryWriter {
             let others = index.variants(&p).unwrap_or_default();
             let mut gone = Vec::new();
             for other in others.iter().filter(|o| o.path != self.path) {
-                let names = policy::vary_names(&fields_map(&other.head.fields));
+                let names = policy::stored_vary(&other.head.fields);
                 if names != self.vary && index.remove_path(&p, &other.path) {
                     gone.push(other.path.clone());
                 }
@@ -186,15 +186,4 @@ impl Drop for EntryWriter {
     fn drop(&mut self) {
         self.abandon();
     }
-}
-
-/// Stored fields as a header map (invalid ones left out), for reading Vary.
-fn fields_map(fields: &[(String, String)]) -> HeaderMap {
-    let mut map = HeaderMap::new();
-    for (n, v) in fields {
-        if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(n.as_bytes()), http::HeaderValue::from_str(v)) {
-            map.append(n, v);
-        }
-    }
-    map
 }

@@ -262,14 +262,16 @@ pub fn admit(
 
 /// The field names a response's Vary lists, lower-case.
 pub fn vary_names(response: &HeaderMap) -> Vec<String> {
-    response
-        .get_all(http::header::VARY)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|n| n.trim().to_ascii_lowercase())
-        .filter(|n| !n.is_empty())
-        .collect()
+    split_vary(response.get_all(http::header::VARY).iter().filter_map(|v| v.to_str().ok()))
+}
+
+/// [`vary_names`] of stored fields.
+pub fn stored_vary(fields: &[(String, String)]) -> Vec<String> {
+    split_vary(fields.iter().filter(|(n, _)| n == "vary").map(|(_, v)| v.as_str()))
+}
+
+fn split_vary<'a>(values: impl Iterator<Item = &'a str>) -> Vec<String> {
+    values.flat_map(|v| v.split(',')).map(|n| n.trim().to_ascii_lowercase()).filter(|n| !n.is_empty()).collect()
 }
 
 /// Which variant of its primary key a head is: a digest of the Vary fields it was

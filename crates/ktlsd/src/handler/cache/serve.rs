@@ -127,7 +127,10 @@ impl Hit {
         headers.push(Header::Field(Cow::Borrowed("cache-status"), cache_status(status)));
         let head = req.method == Method::Head;
         if meta.head.status != 200 {
-            headers.push(Header::ContentLength(size));
+            // A 204 has no body and so no Content-Length (RFC 9110 section 8.6).
+            if meta.head.status != 204 {
+                headers.push(Header::ContentLength(size));
+            }
             return self.with_body(Status(meta.head.status), headers, 0..size, head);
         }
         let etag = meta.field("etag").and_then(parse_etag);

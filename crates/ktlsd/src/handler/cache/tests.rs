@@ -446,3 +446,20 @@ fn cache_status_values() {
         assert_eq!(cache_status(&status), want);
     }
 }
+
+#[test]
+fn other_stored_statuses_are_sent_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&config(dir.path())).unwrap();
+    for (status, body, length) in [(404, &b"not here"[..], Some("8")), (301, b"", Some("0")), (204, b"", None)] {
+        let key = Key::new("", &format!("/{status}"));
+        let resp = response(status, &[("cache-control", "max-age=60"), ("location", "/x")]);
+        store(&cache, &key, &HeaderMap::new(), &resp, body, SystemTime::now()).unwrap();
+        let Lookup::Hit(hit) = lookup(&cache, &key, &HeaderMap::new()) else { panic!("{status} is stored") };
+        let r = hit.into_response(&get("/", &[("range", "bytes=0-1"), ("if-none-match", "*")]), &CacheStatus::hit());
+        assert_eq!(r.status.0, status, "conditionals and ranges apply to a stored 200 only");
+        assert_eq!(body_of(&r), body);
+        assert_eq!(field(&r, "content-length").as_deref(), length, "{status}");
+        assert_eq!(field(&r, "location").as_deref(), Some("/x"));
+    }
+}
