@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::{err, ConfigError};
+use crate::handler::cache::Settings;
 
 /// The `[cache]` table as written.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
@@ -28,17 +29,6 @@ pub enum Size {
     Text(String),
 }
 
-/// The validated `[cache]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CacheConfig {
-    /// The directory of the entries (created owner-only at start when missing).
-    pub dir: PathBuf,
-    /// Bytes on disk (headers and bodies) above which the least recently used entries are evicted.
-    pub max_size: u64,
-    /// The largest body stored; a larger response is passed on without being stored.
-    pub max_object_size: u64,
-}
-
 /// `max_size` when not given: 1 GiB, a cache that fits a small disk.
 pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
 /// `max_object_size` when not given: 64 MiB (but never more than `max_size` / 8, so
@@ -48,7 +38,7 @@ pub const DEFAULT_MAX_OBJECT_SIZE: u64 = 64 << 20;
 const MIN_MAX_SIZE: u64 = 1 << 20;
 
 /// The `[cache]` table checked; `None` when there is none.
-pub fn cache(file: Option<&FileCache>) -> Result<Option<CacheConfig>, ConfigError> {
+pub fn cache(file: Option<&FileCache>) -> Result<Option<Settings>, ConfigError> {
     let Some(c) = file else { return Ok(None) };
     let Some(dir) = c.dir.clone() else {
         return err("[cache] needs dir, the directory of its entries (e.g. dir = \"/var/cache/ktlsd\")");
@@ -72,7 +62,7 @@ pub fn cache(file: Option<&FileCache>) -> Result<Option<CacheConfig>, ConfigErro
             "[cache] max_object_size {max_object_size}: expected more than 0 and at most max_size ({max_size})"
         ));
     }
-    Ok(Some(CacheConfig { dir, max_size, max_object_size }))
+    Ok(Some(Settings { dir, max_size, max_object_size }))
 }
 
 /// `s` in bytes: an integer, or digits with an optional K, M, G or T suffix (powers

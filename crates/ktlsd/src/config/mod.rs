@@ -138,7 +138,7 @@ pub struct Config {
     /// The default site's content-delivery options (each `[[site]]` has its own).
     pub content: crate::handler::Content,
     /// The response cache (`[cache]`); `None`: no cache.
-    pub cache: Option<cache::CacheConfig>,
+    pub cache: Option<crate::handler::cache::Settings>,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in

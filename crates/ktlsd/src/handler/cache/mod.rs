@@ -64,7 +64,6 @@ pub use fill::{EntryWriter, FillGuard};
 pub use policy::NotStored;
 pub use serve::{cache_status, CacheStatus, Fwd};
 
-use crate::config::cache::CacheConfig;
 use crate::stats::prometheus::CacheFigures;
 use policy::{Freshness, Meta};
 use store::{Index, Layout, Primary};
@@ -73,6 +72,17 @@ use store::{Index, Layout, Primary};
 /// goes upstream itself: long enough for a typical upstream answer, short enough
 /// that a stuck upstream costs each waiter little more than its own request would.
 pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the cache keeps its entries and how much it may keep (from `[cache]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The directory of the entries (created owner-only when missing).
+    pub dir: PathBuf,
+    /// Bytes on disk (heads and bodies) above which the least recently used entries are evicted.
+    pub max_size: u64,
+    /// The largest body stored; a larger response is passed on without being stored.
+    pub max_object_size: u64,
+}
 
 /// The primary cache key: the host the site answers as and the request target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +104,7 @@ impl Key {
 
 /// The response cache, shared by every worker.
 pub struct Cache {
-    config: CacheConfig,
+    config: Settings,
     layout: Layout,
     index: Mutex<Index>,
     /// Keys being filled now, each with the channel its waiters watch.
@@ -176,7 +186,7 @@ pub struct Entry(Arc<Meta>);
 impl Cache {
     /// Opens the cache in `config.dir` (created, owner-only, when missing), empties
     /// its `tmp/`, and starts the index rebuild and the eviction threads.
-    pub fn open(config: &CacheConfig) -> anyhow::Result<Arc<Cache>> {
+    pub fn open(config: &Settings) -> anyhow::Result<Arc<Cache>> {
         use anyhow::Context;
         let layout = Layout::new(config.dir.clone());
         layout.create(None).with_context(|| {

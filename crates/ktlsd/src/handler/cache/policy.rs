@@ -287,7 +287,7 @@ pub fn secondary(head: &Head) -> String {
         ctx.update(v.as_bytes());
         ctx.update(b"\n");
     }
-    super::store::hex(&ctx.finish().as_ref()[..8])
+    entry::hex(&ctx.finish().as_ref()[..8])
 }
 
 /// The first value of `name` in `fields`.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use super::entry::{self, Bad};
+use super::entry::{self, hex, Bad};
 use super::policy::Meta;
 
 /// The SHA-256 of a primary key's text.
@@ -23,17 +23,6 @@ pub fn primary(key: &str) -> Primary {
     let mut out = [0u8; 32];
     out.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, key.as_bytes()).as_ref());
     out
-}
-
-/// Lower-case hexadecimal.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    s
 }
 
 /// The cache directory's layout: `ab/cd/<primary>.<secondary>` for an entry whose

@@ -11,8 +11,8 @@ use super::*;
 use crate::handler::request::HeaderFields;
 use crate::handler::{Body, Request, Response};
 
-fn config(dir: &std::path::Path) -> CacheConfig {
-    CacheConfig { dir: dir.to_path_buf(), max_size: 64 << 20, max_object_size: 1 << 20 }
+fn config(dir: &std::path::Path) -> Settings {
+    Settings { dir: dir.to_path_buf(), max_size: 64 << 20, max_object_size: 1 << 20 }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -310,7 +310,7 @@ fn concurrent_misses_make_one_fill_and_wait_for_it() {
 #[test]
 fn bodies_that_are_too_large_or_not_whole_are_not_stored() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::open(&CacheConfig { max_object_size: 8, ..config(dir.path()) }).unwrap();
+    let cache = Cache::open(&Settings { max_object_size: 8, ..config(dir.path()) }).unwrap();
     let ok = response(200, &[("cache-control", "max-age=60")]);
     let Lookup::Miss(fill) = lookup(&cache, &Key::new("", "/big"), &HeaderMap::new()) else { panic!() };
     let mut w = fill.admit(&ok, SystemTime::now()).unwrap();
@@ -398,8 +398,7 @@ fn a_lookup_before_the_rebuild_reads_the_keys_files() {
 #[test]
 fn the_least_recently_used_entries_are_evicted_past_max_size() {
     let dir = tempfile::tempdir().unwrap();
-    let cache =
-        Cache::open(&CacheConfig { max_size: 1 << 20, max_object_size: 1 << 20, ..config(dir.path()) }).unwrap();
+    let cache = Cache::open(&Settings { max_size: 1 << 20, max_object_size: 1 << 20, ..config(dir.path()) }).unwrap();
     until(|| cache.rebuilt.load(Relaxed));
     let body = vec![7u8; 400 << 10];
     let resp = response(200, &[("cache-control", "max-age=600")]);
