@@ -3,7 +3,8 @@
 //! documented on-disk layout is indexed at start, counted in `/metrics` and
 //! removed by `POST /cache/purge` on the admin listener (200, then 404; 400 and
 //! 405 for malformed purges), corrupt entries and left-over temporary files are
-//! deleted at start, and a bad `[cache]` stops start-up with one line.
+//! deleted at start, a reload keeps the cache, and a bad `[cache]` stops start-up
+//! with one line.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -106,6 +107,14 @@ fn cache_starts_indexes_its_directory_and_purges_on_the_admin_listener() {
     metric_reaches(&sock, "ktlsd_cache_entries", 1.0);
     // The static site is served as before.
     assert_eq!(fetch(&s.url("/a.txt"), &[]).body, b"a");
+    // A reload with the same [cache] keeps the open cache and its index.
+    s.signal(libc::SIGHUP);
+    assert!(s.wait_stderr("reloaded configuration", Duration::from_secs(20)).is_some(), "{}", s.stderr());
+    assert_eq!(s.stderr().matches("response cache in").count(), 1, "{}", s.stderr());
+    metric_reaches(&sock, "ktlsd_cache_entries", 1.0);
+    let (got, body) = admin(&sock, "POST", "/cache/purge?url=/other");
+    assert_eq!(got, 200, "{body}");
+    assert!(!other.exists());
 }
 
 #[test]
