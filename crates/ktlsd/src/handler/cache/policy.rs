@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
-use http_cache_semantics::{BeforeRequest, CacheOptions, CachePolicy, RequestLike, ResponseLike};
+use http_cache_semantics::{AfterResponse, BeforeRequest, CacheOptions, CachePolicy, RequestLike, ResponseLike};
 
 use super::entry::{self, Head, Parsed};
 
@@ -163,15 +163,13 @@ impl Meta {
 
     /// The head after a 304 `response` received at `now`: its fields replace the
     /// stored ones of the same name (except those describing the body), as RFC 9111
-    /// section 4.3.4 says. `None` when the 304 names another representation (its
-    /// strong validator differs) and must not refresh this one.
+    /// section 4.3.4 says. `None` when the 304 does not select this response (the
+    /// crate's `after_response`: its validators differ) and must not refresh it.
     pub fn refreshed(&self, response: &HeaderMap, now: SystemTime) -> Option<Head> {
-        let mine = self.field("etag").map(str::trim);
-        let theirs = response.get(http::header::ETAG).and_then(|v| v.to_str().ok()).map(str::trim);
-        if let (Some(a), Some(b)) = (mine, theirs) {
-            if a.trim_start_matches("W/") != b.trim_start_matches("W/") {
-                return None;
-            }
+        let request = to_map(&self.head.request)?;
+        let not_modified = Res { status: StatusCode::NOT_MODIFIED, headers: response };
+        if let AfterResponse::Modified(..) = self.policy.after_response(&View(&request), &not_modified, now) {
+            return None;
         }
         let mut head = self.head.clone();
         let replaced: Vec<String> = response

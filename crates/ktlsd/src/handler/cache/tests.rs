@@ -164,6 +164,10 @@ fn a_stale_entry_is_revalidated_and_a_304_refreshes_it() {
     assert_eq!(stale.revalidate.get("if-modified-since").unwrap(), lm);
     // A 304 for another representation refreshes nothing.
     assert!(cache.refresh(&stale.hit.entry(), &fields(&[("etag", "\"v2\"")])).is_none());
+    assert!(
+        cache.refresh(&stale.hit.entry(), &fields(&[("x-a", "3")])).is_none(),
+        "a 304 without the validators selects nothing"
+    );
     let refreshed = cache
         .refresh(&stale.hit.entry(), &fields(&[("etag", "\"v1\""), ("cache-control", "max-age=100"), ("x-a", "2")]));
     let hit = refreshed.expect("a matching 304 refreshes the entry");
