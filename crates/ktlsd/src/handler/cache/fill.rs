@@ -26,11 +26,14 @@ pub struct FillGuard {
     req: HeaderMap,
     /// Set when this guard leads the fill of its key.
     leader: Option<watch::Sender<bool>>,
+    /// The purge generation when the fill began.
+    generation: u64,
 }
 
 impl FillGuard {
     pub(super) fn new(cache: Arc<Cache>, key: Key, req: HeaderMap, leader: Option<watch::Sender<bool>>) -> FillGuard {
-        FillGuard { cache, key, req, leader }
+        let generation = cache.purge_generation();
+        FillGuard { cache, key, req, leader, generation }
     }
 
     /// Whether other lookups of this key wait for this fill.
@@ -102,6 +105,8 @@ pub enum WriteError {
     Length { got: u64, want: u64 },
     #[error("the entry was abandoned after an earlier error")]
     Abandoned,
+    #[error("the key was purged while the response was being stored")]
+    Purged,
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -136,6 +141,10 @@ impl EntryWriter {
         }
         let cache = &self.guard.cache;
         let p = self.guard.key.primary;
+        if cache.purged_since(&self.guard.key, self.guard.generation) {
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(WriteError::Purged);
+        }
         let published = draft
             .finish()
             .and_then(|len| cache.layout.create(Some(&p)).map(|()| len))

@@ -114,6 +114,35 @@ pub struct Cache {
     /// Wakes the eviction thread.
     evict: (Mutex<bool>, Condvar),
     counters: Counters,
+    /// The latest purges (a generation number each, and the key), so that a fill
+    /// that began before a purge of its key does not store the purged response.
+    purges: Mutex<Purges>,
+}
+
+/// The last [`Purges::KEPT`] purges, numbered.
+#[derive(Default)]
+struct Purges {
+    generation: u64,
+    recent: std::collections::VecDeque<(u64, Primary)>,
+}
+
+impl Purges {
+    /// Purges remembered: a fill older than all of them is refused whatever its key.
+    const KEPT: usize = 1024;
+
+    fn record(&mut self, p: Primary) {
+        self.generation += 1;
+        self.recent.push_back((self.generation, p));
+        if self.recent.len() > Self::KEPT {
+            self.recent.pop_front();
+        }
+    }
+
+    /// Whether `p` may have been purged after generation `since`.
+    fn purged_since(&self, p: &Primary, since: u64) -> bool {
+        let forgotten = self.recent.front().map_or(self.generation, |(g, _)| g - 1);
+        since < forgotten || self.recent.iter().any(|(g, q)| *g > since && q == p)
+    }
 }
 
 #[derive(Default)]
@@ -205,6 +234,7 @@ impl Cache {
             rebuilt: AtomicBool::new(false),
             evict: (Mutex::new(false), Condvar::new()),
             counters: Counters::default(),
+            purges: Mutex::new(Purges::default()),
         });
         let rebuild = Arc::downgrade(&cache);
         std::thread::Builder::new()
@@ -392,7 +422,9 @@ impl Cache {
     }
 
     /// Removes every variant of `key` (from the index and the disk); how many there were.
+    /// A fill of the key that is under way when it is purged stores nothing.
     pub fn purge(&self, key: &Key) -> usize {
+        self.purges.lock().unwrap_or_else(|e| e.into_inner()).record(key.primary);
         let mut paths = self.lock_index().remove_primary(&key.primary);
         for path in self.layout.variants_on_disk(&key.primary) {
             if !paths.contains(&path) {
@@ -420,6 +452,16 @@ impl Cache {
             bytes,
             entries,
         }
+    }
+
+    /// The purge generation now, for a fill starting.
+    fn purge_generation(&self) -> u64 {
+        self.purges.lock().unwrap_or_else(|e| e.into_inner()).generation
+    }
+
+    /// Whether `key` may have been purged since generation `since`.
+    fn purged_since(&self, key: &Key, since: u64) -> bool {
+        self.purges.lock().unwrap_or_else(|e| e.into_inner()).purged_since(&key.primary, since)
     }
 
     fn lock_index(&self) -> MutexGuard<'_, Index> {

@@ -466,3 +466,38 @@ fn other_stored_statuses_are_sent_whole() {
         assert_eq!(field(&r, "location").as_deref(), Some("/x"));
     }
 }
+
+#[test]
+fn a_fill_under_way_when_its_key_is_purged_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&config(dir.path())).unwrap();
+    let ok = response(200, &[("cache-control", "max-age=60")]);
+    let (key, other) = (Key::new("", "/purged"), Key::new("", "/other"));
+    let Lookup::Miss(fill) = lookup(&cache, &key, &HeaderMap::new()) else { panic!() };
+    let Lookup::Miss(other_fill) = lookup(&cache, &other, &HeaderMap::new()) else { panic!() };
+    let mut w = fill.admit(&ok, SystemTime::now()).unwrap();
+    w.write(b"old").unwrap();
+    assert_eq!(cache.purge(&key), 0);
+    assert!(matches!(w.commit(), Err(fill::WriteError::Purged)));
+    let mut w = other_fill.admit(&ok, SystemTime::now()).unwrap();
+    w.write(b"kept").unwrap();
+    w.commit().expect("a purge of another key does not stop this fill");
+    assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Miss(_)));
+    assert!(matches!(lookup(&cache, &other, &HeaderMap::new()), Lookup::Hit(_)));
+    assert_eq!(std::fs::read_dir(dir.path().join("tmp")).unwrap().count(), 0);
+}
+
+#[test]
+fn purges_are_remembered_for_fills_that_began_before_them() {
+    let mut purges = Purges::default();
+    let (a, b) = ([1u8; 32], [2u8; 32]);
+    purges.record(a);
+    assert!(purges.purged_since(&a, 0));
+    assert!(!purges.purged_since(&b, 0));
+    assert!(!purges.purged_since(&a, 1), "a fill that began after the purge");
+    for _ in 0..Purges::KEPT {
+        purges.record(b);
+    }
+    assert!(purges.purged_since(&a, 0), "older than every purge remembered: refused whatever its key");
+    assert!(!purges.purged_since(&a, purges.generation - 1));
+}
