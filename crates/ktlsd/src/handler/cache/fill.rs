@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::entry::{self, Draft};
 use super::policy::{self, Meta, NotStored};
-use super::{Cache, Key};
+use super::{Cache, CacheStatus, Fwd, Key};
 
 /// The right to store a response for one key. While a guard that leads the fill
 /// lives, other lookups of its key wait for it; dropping it (or the writer it
@@ -28,12 +28,35 @@ pub struct FillGuard {
     leader: Option<watch::Sender<bool>>,
     /// The purge generation when the fill began.
     generation: u64,
+    upstream: Upstream,
+}
+
+/// Why a request goes upstream, for its Cache-Status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upstream {
+    pub fwd: Fwd,
+    /// The lookup waited for another request's fill first.
+    pub collapsed: bool,
 }
 
 impl FillGuard {
-    pub(super) fn new(cache: Arc<Cache>, key: Key, req: HeaderMap, leader: Option<watch::Sender<bool>>) -> FillGuard {
+    pub(super) fn new(
+        cache: Arc<Cache>,
+        key: Key,
+        req: HeaderMap,
+        leader: Option<watch::Sender<bool>>,
+        upstream: Upstream,
+    ) -> FillGuard {
         let generation = cache.purge_generation();
-        FillGuard { cache, key, req, leader, generation }
+        FillGuard { cache, key, req, leader, generation, upstream }
+    }
+
+    /// The Cache-Status of the answer that goes upstream: `fwd=miss`, `vary-miss`,
+    /// `stale` or `request`, `collapsed` after a wait, and `stored` when `stored`
+    /// (the response was admitted).
+    pub fn cache_status(&self, stored: bool) -> CacheStatus {
+        let u = self.upstream;
+        CacheStatus { fwd: Some(u.fwd), stored, collapsed: u.collapsed, ..CacheStatus::default() }
     }
 
     /// Whether other lookups of this key wait for this fill.

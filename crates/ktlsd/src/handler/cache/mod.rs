@@ -27,7 +27,9 @@
 //! - Concurrent lookups of one key while a fill runs wait for it (at most
 //!   [`COALESCE_WAIT`], then each goes upstream itself), then answer from the new
 //!   entry: one upstream request for many clients.
-//! - [`cache_status`] builds every RFC 9211 `Cache-Status` value.
+//! - [`cache_status`] builds every RFC 9211 `Cache-Status` value; [`Hit::cache_status`],
+//!   [`FillGuard::cache_status`] and [`Stale::fwd`] say what each answer's is (`hit`,
+//!   `fwd=miss`/`vary-miss`/`stale`/`request`, `collapsed`, `stored`).
 //! - [`Cache::purge`] removes every variant of a key; [`Cache::figures`] gives the metrics.
 //!
 //! # On disk
@@ -60,7 +62,7 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 use tokio::sync::watch;
 
-pub use fill::{EntryWriter, FillGuard};
+pub use fill::{EntryWriter, FillGuard, Upstream};
 pub use policy::NotStored;
 pub use serve::{cache_status, CacheStatus, Fwd};
 
@@ -173,6 +175,8 @@ pub struct Stale {
     /// Stores what the upstream answers; `None` when another request is already
     /// revalidating this entry (then serve the stale hit).
     pub fill: Option<FillGuard>,
+    /// `Stale`, or `Request` when the entry is fresh but the request asked for validation.
+    pub fwd: Fwd,
 }
 
 impl Stale {
@@ -194,6 +198,8 @@ pub struct Hit {
     fstat: std::fs::Metadata,
     /// Seconds the response has been stored or upstream, for Age.
     age: u64,
+    /// The lookup waited for another request's fill.
+    collapsed: bool,
 }
 
 impl Hit {
@@ -205,6 +211,11 @@ impl Hit {
     /// The stored status.
     pub fn status(&self) -> u16 {
         self.meta.head.status
+    }
+
+    /// Its Cache-Status: `hit`, and `collapsed` when the lookup waited for the fill.
+    pub fn cache_status(&self) -> CacheStatus {
+        CacheStatus { collapsed: self.collapsed, ..CacheStatus::hit() }
     }
 }
 
@@ -264,33 +275,42 @@ impl Cache {
         loop {
             let now = SystemTime::now();
             let wait = match self.find(key, &req, now) {
-                Some((hit, Freshness::Fresh)) => {
+                Some((mut hit, Freshness::Fresh)) => {
                     self.counters.hits.fetch_add(1, Relaxed);
+                    hit.collapsed = waited;
                     return Lookup::Hit(hit);
                 }
                 Some((hit, _)) => {
                     let swr = hit.meta.may_serve_while_revalidating(&req, now);
-                    let fill = self.lead(key, &req);
+                    // A fresh entry that needs validation: the request asked for it (no-cache, max-age).
+                    let fwd = if hit.meta.policy.is_stale(now) { Fwd::Stale } else { Fwd::Request };
+                    let fill = self.lead(key, &req, fwd, waited);
                     match (fill, swr || waited) {
-                        (Some(fill), _) => return self.stale(hit, swr, Some(fill)),
+                        (Some(fill), _) => return self.stale(hit, swr, Some(fill), fwd),
                         (None, true) => {
-                            let fill = (!swr).then(|| FillGuard::new(self.clone(), key.clone(), req.clone(), None));
-                            return self.stale(hit, swr, fill);
+                            let fill = (!swr).then(|| self.follow(key, &req, fwd));
+                            return self.stale(hit, swr, fill, fwd);
                         }
                         (None, false) => self.inflight_of(key),
                     }
                 }
-                None => match self.lead(key, &req) {
-                    Some(fill) => {
-                        self.counters.misses.fetch_add(1, Relaxed);
-                        return Lookup::Miss(fill);
+                None => {
+                    let fwd = match self.lock_index().variants(&key.primary) {
+                        Some(v) if v.iter().any(|m| m.head.key == key.text) => Fwd::VaryMiss,
+                        _ => Fwd::Miss,
+                    };
+                    match self.lead(key, &req, fwd, waited) {
+                        Some(fill) => {
+                            self.counters.misses.fetch_add(1, Relaxed);
+                            return Lookup::Miss(fill);
+                        }
+                        None if waited => {
+                            self.counters.misses.fetch_add(1, Relaxed);
+                            return Lookup::Miss(self.follow(key, &req, fwd));
+                        }
+                        None => self.inflight_of(key),
                     }
-                    None if waited => {
-                        self.counters.misses.fetch_add(1, Relaxed);
-                        return Lookup::Miss(FillGuard::new(self.clone(), key.clone(), req, None));
-                    }
-                    None => self.inflight_of(key),
-                },
+                }
             };
             waited = true;
             if let Some(mut rx) = wait {
@@ -300,11 +320,16 @@ impl Cache {
         }
     }
 
-    fn stale(&self, hit: Hit, swr: bool, fill: Option<FillGuard>) -> Lookup {
+    /// A fill that does not lead (another request leads one, or led one and failed).
+    fn follow(self: &Arc<Self>, key: &Key, req: &HeaderMap, fwd: Fwd) -> FillGuard {
+        FillGuard::new(self.clone(), key.clone(), req.clone(), None, Upstream { fwd, collapsed: true })
+    }
+
+    fn stale(&self, hit: Hit, swr: bool, fill: Option<FillGuard>, fwd: Fwd) -> Lookup {
         if swr {
             self.counters.stale.fetch_add(1, Relaxed);
         }
-        Lookup::Stale(Stale { revalidate: hit.meta.revalidation(), hit, serve_while_revalidating: swr, fill })
+        Lookup::Stale(Stale { revalidate: hit.meta.revalidation(), hit, serve_while_revalidating: swr, fill, fwd })
     }
 
     /// The freshest usable variant of `key` for `req`, its file open.
@@ -352,7 +377,7 @@ impl Cache {
             Ok((file, fstat)) if fstat.len() == meta.file_len => {
                 self.lock_index().touch(p, &meta.path);
                 let age = meta.policy.age(now).as_secs();
-                Some(Hit { meta, file, fstat, age })
+                Some(Hit { meta, file, fstat, age, collapsed: false })
             }
             Ok(_) => {
                 store::discard(&meta.path, "its length changed");
@@ -367,14 +392,14 @@ impl Cache {
     }
 
     /// A fill of `key` led by this request, unless one runs already.
-    fn lead(self: &Arc<Self>, key: &Key, req: &HeaderMap) -> Option<FillGuard> {
+    fn lead(self: &Arc<Self>, key: &Key, req: &HeaderMap, fwd: Fwd, collapsed: bool) -> Option<FillGuard> {
         let mut inflight = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
         if inflight.contains_key(&key.primary) {
             return None;
         }
         let (tx, rx) = watch::channel(false);
         inflight.insert(key.primary, rx);
-        Some(FillGuard::new(self.clone(), key.clone(), req.clone(), Some(tx)))
+        Some(FillGuard::new(self.clone(), key.clone(), req.clone(), Some(tx), Upstream { fwd, collapsed }))
     }
 
     /// The channel of the fill of `key` running now.

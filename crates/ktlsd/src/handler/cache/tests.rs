@@ -501,3 +501,48 @@ fn purges_are_remembered_for_fills_that_began_before_them() {
     assert!(purges.purged_since(&a, 0), "older than every purge remembered: refused whatever its key");
     assert!(!purges.purged_since(&a, purges.generation - 1));
 }
+
+#[test]
+fn lookups_say_why_they_go_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&config(dir.path())).unwrap();
+    let status = |l: &Lookup| match l {
+        Lookup::Hit(h) => cache_status(&h.cache_status()),
+        Lookup::Stale(s) => {
+            format!("{:?} {}", s.fwd, s.fill.as_ref().map(|f| cache_status(&f.cache_status(true))).unwrap_or_default())
+        }
+        Lookup::Miss(f) => cache_status(&f.cache_status(false)),
+    };
+    let key = Key::new("", "/why");
+    assert_eq!(status(&lookup(&cache, &key, &HeaderMap::new())), "ktlsd; fwd=miss");
+    let vary = response(200, &[("cache-control", "max-age=60"), ("vary", "accept-language")]);
+    store(&cache, &key, &fields(&[("accept-language", "fr")]), &vary, b"fr", SystemTime::now()).unwrap();
+    assert_eq!(status(&lookup(&cache, &key, &fields(&[("accept-language", "de")]))), "ktlsd; fwd=vary-miss");
+    let fr = fields(&[("accept-language", "fr")]);
+    assert_eq!(status(&lookup(&cache, &key, &fr)), "ktlsd; hit");
+    let no_cache = fields(&[("accept-language", "fr"), ("cache-control", "no-cache")]);
+    assert_eq!(status(&lookup(&cache, &key, &no_cache)), "Request ktlsd; fwd=request; stored");
+    let old = SystemTime::now() - Duration::from_secs(100);
+    store(
+        &cache,
+        &Key::new("", "/old"),
+        &HeaderMap::new(),
+        &response(200, &[("cache-control", "max-age=1")]),
+        b"",
+        old,
+    )
+    .unwrap();
+    assert_eq!(status(&lookup(&cache, &Key::new("", "/old"), &HeaderMap::new())), "Stale ktlsd; fwd=stale; stored");
+    // A waiter served from another's fill is a collapsed hit.
+    let key = Key::new("", "/together");
+    rt().block_on(async {
+        let Lookup::Miss(fill) = cache.lookup(&key, &HeaderMap::new()).await else { panic!() };
+        let (c, k) = (cache.clone(), key.clone());
+        let waiter = tokio::spawn(async move { c.lookup(&k, &HeaderMap::new()).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut w = fill.admit(&response(200, &[("cache-control", "max-age=60")]), SystemTime::now()).unwrap();
+        w.write(b"x").unwrap();
+        w.commit().unwrap();
+        assert_eq!(status(&waiter.await.unwrap()), "ktlsd; hit; collapsed");
+    });
+}
