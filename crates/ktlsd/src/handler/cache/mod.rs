@@ -200,12 +200,15 @@ pub struct Hit {
     age: u64,
     /// The lookup waited for another request's fill.
     collapsed: bool,
+    /// The purge generation when it was looked up.
+    generation: u64,
 }
 
 impl Hit {
     /// The entry this hit reads, for [`Cache::refresh`].
     pub fn entry(&self) -> Entry {
-        Entry(self.meta.clone())
+        use std::os::unix::fs::MetadataExt;
+        Entry { meta: self.meta.clone(), file: (self.fstat.dev(), self.fstat.ino()), generation: self.generation }
     }
 
     /// The stored status.
@@ -221,7 +224,14 @@ impl Hit {
 
 /// A stored entry, for [`Cache::refresh`].
 #[derive(Clone)]
-pub struct Entry(Arc<Meta>);
+pub struct Entry {
+    meta: Arc<Meta>,
+    /// The file's device and inode: a refresh applies to this file only, not to one
+    /// that has replaced it since.
+    file: (u64, u64),
+    /// The purge generation when it was looked up.
+    generation: u64,
+}
 
 impl Cache {
     /// Opens the cache in `config.dir` (created, owner-only, when missing), empties
@@ -377,7 +387,8 @@ impl Cache {
             Ok((file, fstat)) if fstat.len() == meta.file_len => {
                 self.lock_index().touch(p, &meta.path);
                 let age = meta.policy.age(now).as_secs();
-                Some(Hit { meta, file, fstat, age, collapsed: false })
+                let generation = self.purge_generation();
+                Some(Hit { meta, file, fstat, age, collapsed: false, generation })
             }
             Ok(_) => {
                 store::discard(&meta.path, "its length changed");
@@ -419,17 +430,28 @@ impl Cache {
 
     /// Applies a 304 `response` (its fields) to the stale `entry`: the stored head
     /// takes the 304's fields and its time, and the refreshed hit is returned.
-    /// `None` when the 304 does not match the entry (another strong validator) or
-    /// the entry could not be rewritten: then ask the upstream without conditions.
+    /// `None` when the 304 does not select the entry (its validators differ), the
+    /// entry was replaced or purged since the lookup, or it could not be rewritten:
+    /// then ask the upstream without conditions.
     /// Blocks on the disk: the body is copied (in the kernel) under the new head.
     pub fn refresh(&self, entry: &Entry, response: &HeaderMap) -> Option<Hit> {
+        use std::os::unix::fs::MetadataExt;
         let now = SystemTime::now();
-        let old = &entry.0;
+        let old = &entry.meta;
         let head = old.refreshed(response, now)?;
         let p = store::primary(&head.key);
         let file = File::open(&old.path).ok()?;
+        let same = file.metadata().is_ok_and(|m| (m.dev(), m.ino()) == entry.file);
+        if !same {
+            return None;
+        }
         let tmp = self.layout.tmp();
-        let written = entry::rewrite(&tmp, &head, &file, old.body_offset, old.body_len);
+        let written = entry::rewrite(&tmp, &head, &file, old.body_offset, old.body_len).and_then(|len| {
+            match self.purged_since(&Key { text: head.key.clone(), primary: p }, entry.generation) {
+                true => Err(std::io::Error::other("the key was purged meanwhile")),
+                false => Ok(len),
+            }
+        });
         let len = match written.and_then(|len| std::fs::rename(&tmp, &old.path).map(|()| len)) {
             Ok(len) => len,
             Err(e) => {

@@ -546,3 +546,30 @@ fn lookups_say_why_they_go_upstream() {
         assert_eq!(status(&waiter.await.unwrap()), "ktlsd; hit; collapsed");
     });
 }
+
+#[test]
+fn a_304_does_not_refresh_an_entry_replaced_or_purged_since_the_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&config(dir.path())).unwrap();
+    let key = Key::new("", "/replaced");
+    let old = SystemTime::now() - Duration::from_secs(100);
+    let resp = |tag: &str| response(200, &[("cache-control", "max-age=10"), ("etag", tag)]);
+    store(&cache, &key, &HeaderMap::new(), &resp("\"a\""), b"first", old).unwrap();
+    let Lookup::Stale(first) = lookup(&cache, &key, &HeaderMap::new()) else { panic!("stale") };
+    let entry = first.hit.entry();
+    // Another response replaces the file (same key, same variant).
+    let Some(fill) = first.fill else { panic!("the lookup leads the refill") };
+    let mut w = fill.admit(&resp("\"a\""), old).unwrap();
+    w.write(b"second body").unwrap();
+    w.commit().unwrap();
+    assert!(
+        cache.refresh(&entry, &fields(&[("etag", "\"a\"")])).is_none(),
+        "the old file's offsets are not the new one's"
+    );
+    let Lookup::Stale(second) = lookup(&cache, &key, &HeaderMap::new()) else { panic!("stale") };
+    let entry = second.hit.entry();
+    drop(second);
+    assert_eq!(cache.purge(&key), 1);
+    assert!(cache.refresh(&entry, &fields(&[("etag", "\"a\"")])).is_none(), "purged since the lookup");
+    assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Miss(_)));
+}
