@@ -10,7 +10,7 @@
 //! in the help); the command line's [`options::Options`] are merged over the file's
 //! (`Options::or`), and each section module validates its own options into its part
 //! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`],
-//! [`content`], [`routing`] and [`sites`]. This module is not where the server applies them.
+//! [`content`], [`routing`], [`compress`], [`sites`] and [`cache`]. This module is not where the server applies them.
 //!
 //! # How to add an option
 //!
@@ -27,6 +27,7 @@
 //! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
 
 pub mod admin;
+pub mod cache;
 pub mod compress;
 pub mod content;
 pub mod h2;
@@ -142,6 +143,8 @@ pub struct Config {
     pub max_connections_per_ip: Option<std::num::NonZeroU32>,
     /// Most bytes the store of bodies compressed on the fly keeps.
     pub compress_cache_size: u64,
+    /// The response cache (`[cache]`); `None`: no cache.
+    pub cache: Option<crate::handler::cache::Settings>,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -200,6 +203,9 @@ fn resolve_paths(file: &mut Options, base: &Path) {
         if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
             *log = base.join(log.as_str()).to_string_lossy().into_owned();
         }
+    }
+    if let Some(dir) = file.cache.as_mut().and_then(|c| c.dir.as_mut()) {
+        rel(dir);
     }
     if let Some(admin) = &mut file.admin {
         if admin.contains('/') && Path::new(admin.as_str()).is_relative() {
@@ -284,6 +290,7 @@ impl Config {
             content,
             max_connections_per_ip: routing::max_connections_per_ip(&o)?,
             compress_cache_size: compress::cache_size(&o)?,
+            cache: cache::cache(o.cache.as_ref())?,
         })
     }
 }

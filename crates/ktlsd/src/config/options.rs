@@ -284,6 +284,9 @@ schema! {
         /// Most bytes of bodies compressed on the fly kept in STATE_DIR/compressed; the least recently used go first [default: 268435456]
         #[arg(long, value_name = "BYTES")]
         compress_cache_size: u64,
+        /// The response cache of proxied responses (`[cache]`: dir, max_size, max_object_size); file only
+        #[arg(skip)]
+        cache: super::cache::FileCache,
     }
 }
 

@@ -106,6 +106,13 @@ pub fn generate() -> String {
         let _ = writeln!(out, "- `{key}`: {what}");
     }
     out.push_str("\nand every option marked *site* above.\n");
+    out.push_str(
+        "\n### `[cache]`\n\nThe response cache of proxied responses ([cache.md](cache.md)). Keys:\n\n\
+         - `dir`: the directory of its entries (required; created owner-only at start when missing)\n\
+         - `max_size`: bytes of entries above which the least recently used are evicted, as a number or \
+         `\"10G\"`, `\"512M\"` (default `\"1G\"`)\n\
+         - `max_object_size`: the largest body stored (default `\"64M\"`, at most `max_size` / 8)\n",
+    );
     out
 }
 

@@ -14,6 +14,8 @@
 //! of bodies belong to the codec (`http::h1`, later HTTP/2).
 
 pub mod access;
+#[allow(dead_code, unused_imports)] // its lookup and fill API is the reverse proxy's to call
+pub mod cache;
 pub mod canonical;
 pub mod compress;
 pub mod content;

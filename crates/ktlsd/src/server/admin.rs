@@ -1,6 +1,6 @@
 //! The admin listener: plain HTTP/1.1 on a loopback address or a Unix socket,
-//! serving `/metrics` (Prometheus text), `/status` and `/advisor` (JSON), one
-//! request per connection. It runs on a thread of its own and only reads the
+//! serving `/metrics` (Prometheus text), `/status` and `/advisor` (JSON), and
+//! `POST /cache/purge` (the response cache), one request per connection. It runs on a thread of its own and only reads the
 //! workers' counters (summed per request), so it never touches the data path.
 //! Also the client side of `ktlsd status`. Not a general HTTP server: no
 //! keep-alive, no TLS, no request body.
@@ -19,6 +19,9 @@ use tokio::sync::watch;
 
 use super::Current;
 use crate::config::{AccessLogTarget, AdminAddr, KtlsMode};
+use crate::handler::cache::{self, Cache};
+use crate::handler::sites::NamedSite;
+use crate::names;
 use crate::stats::{advisor, prometheus, Metrics, Stats};
 
 /// Longest an admin request head may take to arrive.
@@ -153,8 +156,11 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, state: Arc<State>) 
 
 /// Status line, content type and body for one admin request.
 fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static str, String) {
-    const TEXT: &str = "text/plain; charset=utf-8";
     const JSON: &str = "application/json";
+    if target.split('?').next() == Some("/cache/purge") {
+        let current = state.current.borrow().clone();
+        return purge(method, target, current.shared.cache.as_deref(), &current.shared.sites);
+    }
     if method != "GET" && method != "HEAD" {
         return ("405 Method Not Allowed", TEXT, "only GET and HEAD\n".into());
     }
@@ -167,6 +173,9 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
             let stat = kernel_tls::TlsStat::read().ok();
             prometheus::render(&mut out, &total, state.started.elapsed(), stat.as_ref());
             prometheus::fd_budget(&mut out, open_fds(), Some(super::FdBudget::read().limit));
+            if let Some(cache) = &current.shared.cache {
+                prometheus::cache(&mut out, &cache.figures());
+            }
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", out)
         }
         "/status" => ("200 OK", JSON, json(&status(&total, state, &current))),
@@ -175,6 +184,48 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
             ("200 OK", JSON, json(&advisor::advise(&total.traffic, &policy)))
         }
         _ => ("404 Not Found", TEXT, "not found: try /metrics, /status or /advisor\n".into()),
+    }
+}
+
+/// Plain-text answers of the admin endpoints.
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// `POST /cache/purge?url=TARGET[&host=NAME]`: removes every stored variant of
+/// TARGET (path and query as clients send it, percent-encoded once more in the
+/// query) of the default site, or of the `[[site]]` that answers NAME. 200 when
+/// something was removed, 404 when nothing was stored (or there is no `[cache]`),
+/// 400 without an absolute `url`, 405 for another method.
+fn purge(
+    method: &str,
+    target: &str,
+    cache: Option<&Cache>,
+    sites: &[NamedSite],
+) -> (&'static str, &'static str, String) {
+    if method != "POST" {
+        return ("405 Method Not Allowed", TEXT, "purge with POST /cache/purge?url=/path[&host=name]\n".into());
+    }
+    let (mut url, mut host) = (None, None);
+    for pair in target.split_once('?').map_or("", |(_, q)| q).split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_encoding::percent_decode_str(&v.replace('+', " ")).decode_utf8_lossy().into_owned();
+        match k {
+            "url" => url = Some(v),
+            "host" => host = Some(v),
+            _ => {}
+        }
+    }
+    let Some(url) = url.filter(|u| u.starts_with('/')) else {
+        return ("400 Bad Request", TEXT, "give the path to purge: POST /cache/purge?url=/path[&host=name]\n".into());
+    };
+    let Some(cache) = cache else {
+        return ("404 Not Found", TEXT, "no [cache] is configured: nothing to purge\n".into());
+    };
+    // The key's host is the `[[site]]`'s; any other name is the default site's (empty), as requests are keyed.
+    let host = host.map(|h| names::host_of(&h)).filter(|h| names::find(sites, |s| &s.names, h).is_some());
+    let key = cache::Key::new(host.as_deref().unwrap_or(""), &url);
+    match cache.purge(&key) {
+        0 => ("404 Not Found", TEXT, format!("nothing stored for {url}\n")),
+        n => ("200 OK", TEXT, format!("purged {url}: {n} stored variant(s) removed\n")),
     }
 }
 
@@ -322,6 +373,58 @@ fn readable(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Stores `body` for `key` through the cache's own API, as the proxy does.
+    fn plant(cache: &std::sync::Arc<Cache>, key: &cache::Key, vary: &[(&'static str, &'static str)], body: &[u8]) {
+        let mut req = http::HeaderMap::new();
+        for (n, v) in vary {
+            req.insert(*n, http::HeaderValue::from_static(v));
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let cache::Lookup::Miss(fill) = rt.block_on(cache.lookup(key, &req)) else { panic!("a new key is a miss") };
+        let mut parts = http::Response::builder().status(200).body(()).unwrap().into_parts().0;
+        parts.headers.insert("cache-control", http::HeaderValue::from_static("max-age=600"));
+        parts.headers.insert("vary", http::HeaderValue::from_static("accept-encoding"));
+        let mut w = fill.admit(&parts, std::time::SystemTime::now()).unwrap();
+        w.write(body).unwrap();
+        w.commit().unwrap();
+    }
+
+    #[test]
+    fn purge_removes_every_variant_of_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = cache::Settings { dir: dir.path().join("cache"), max_size: 64 << 20, max_object_size: 1 << 20 };
+        let cache = Cache::open(&config).unwrap();
+        let site = NamedSite {
+            names: names::Names::parse(&["a.example".to_string()]).unwrap(),
+            root: crate::files::Root::new(dir.path()).unwrap(),
+            files: crate::files::Options { dotfiles: false, autoindex: false, cache_entries: 0 },
+            hsts: None,
+            content: crate::handler::Content::default(),
+        };
+        let sites = [site];
+        plant(&cache, &cache::Key::new("", "/p?x=1"), &[("accept-encoding", "gzip")], b"gz");
+        plant(&cache, &cache::Key::new("", "/p?x=1"), &[("accept-encoding", "br")], b"br");
+        plant(&cache, &cache::Key::new("a.example", "/p?x=1"), &[], b"site");
+        assert_eq!(cache.figures().entries, 3);
+        for (method, target, status, body) in [
+            ("GET", "/cache/purge?url=/p", "405 Method Not Allowed", "POST"),
+            ("POST", "/cache/purge", "400 Bad Request", "url=/path"),
+            ("POST", "/cache/purge?url=p", "400 Bad Request", "url=/path"),
+            ("POST", "/cache/purge?url=/p", "404 Not Found", "nothing stored for /p"),
+            ("POST", "/cache/purge?url=%2Fp%3Fx%3D1", "200 OK", "2 stored variant(s) removed"),
+            ("POST", "/cache/purge?url=%2Fp%3Fx%3D1", "404 Not Found", "nothing stored"),
+            ("POST", "/cache/purge?url=%2Fp%3Fx%3D1&host=other.example", "404 Not Found", "nothing stored"),
+            ("POST", "/cache/purge?host=A.example.:443&url=%2Fp%3Fx%3D1", "200 OK", "1 stored variant(s) removed"),
+        ] {
+            let (got, _, text) = purge(method, target, Some(&cache), &sites);
+            assert_eq!(got, status, "{method} {target}: {text}");
+            assert!(text.contains(body), "{method} {target}: {text}");
+        }
+        assert_eq!(cache.figures().entries, 0);
+        let (got, _, text) = purge("POST", "/cache/purge?url=/p", None, &sites);
+        assert_eq!((got, text.contains("no [cache]")), ("404 Not Found", true));
+    }
 
     #[test]
     fn readable_status() {

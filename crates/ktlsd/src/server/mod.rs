@@ -79,6 +79,9 @@ pub struct Shared {
     pub h2: h2::Settings,
     /// How established sessions send (record sizes, send timeout), from `config`.
     pub session: SessionSettings,
+    /// The response cache (`[cache]`), opened once the process runs as its own user;
+    /// a reload with the same `[cache]` keeps it.
+    pub cache: Option<Arc<crate::handler::cache::Cache>>,
 }
 
 impl Shared {

@@ -62,6 +62,11 @@ pub fn prepare(
         _ => choose_ktls(&config)?.map(Arc::new),
     };
     check_tcp_options(&config)?;
+    // At start the cache opens after the privilege drop (its files belong to the serving user).
+    let cache = match previous {
+        Some(p) => open_cache(&config, Some(p))?,
+        None => None,
+    };
     let shared = Shared {
         file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },
         h1: h1_settings(&config),
@@ -73,8 +78,24 @@ pub fn prepare(
         ktls,
         sites,
         challenges,
+        cache,
     };
     Ok(Prepared { shared, fingerprint, origin })
+}
+
+/// The response cache of `config`: `previous`'s when its `[cache]` is the same,
+/// else opened (its directory created when missing).
+pub fn open_cache(
+    config: &Config,
+    previous: Option<&Shared>,
+) -> anyhow::Result<Option<Arc<crate::handler::cache::Cache>>> {
+    let Some(c) = &config.cache else { return Ok(None) };
+    if let Some(kept) = previous.and_then(|p| p.cache.clone().filter(|_| p.config.cache.as_ref() == Some(c))) {
+        return Ok(Some(kept));
+    }
+    let cache = crate::handler::cache::Cache::open(c)?;
+    tracing::info!("response cache in {} (max_size {} bytes)", c.dir.display(), c.max_size);
+    Ok(Some(cache))
 }
 
 /// The `[[site]]`s of `config`: each one's certificate key for the resolver

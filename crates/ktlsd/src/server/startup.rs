@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::acme::AcmeSites;
 use super::fd_budget::FdBudget;
-use super::prepare::{prepare, Prepared};
+use super::prepare::{open_cache, prepare, Prepared};
 use super::reload::{reload, Started};
 use super::signals::{Event, Signals};
 use super::{access_log, admin, listener, plain, privileges, systemd, worker, Current, Shared};
@@ -36,6 +36,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Everything that needs root (ports, keys, ROOT, the access log) is open: drop it.
     let started = drop_privileges(&plan, sockets.activated)?;
     super::prepare::open_compressed_store(&prepared.shared.config);
+    prepared.shared.cache = open_cache(&prepared.shared.config, None)?;
     let (shared, started_at) = announce_ready(prepared, &sockets);
     let running = spawn(sockets, Current { shared, log }, started_at)?;
     systemd::notify("READY=1");

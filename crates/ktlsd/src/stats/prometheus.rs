@@ -192,6 +192,52 @@ pub fn fd_budget(out: &mut String, open: Option<u64>, limit: Option<u64>) {
     }
 }
 
+/// The response cache's figures, read when scraped (the cache is shared by the
+/// workers, so these are its own totals, not per-worker sums).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CacheFigures {
+    pub hits: u64,
+    pub misses: u64,
+    pub stale: u64,
+    pub revalidations: u64,
+    pub coalesced: u64,
+    pub evictions: u64,
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// Appends the response cache's figures.
+pub fn cache(out: &mut String, f: &CacheFigures) {
+    for (name, kind, help, value) in [
+        ("ktlsd_cache_hits_total", "counter", "Lookups answered by a fresh stored response.", f.hits),
+        ("ktlsd_cache_misses_total", "counter", "Lookups that found no usable stored response.", f.misses),
+        (
+            "ktlsd_cache_stale_total",
+            "counter",
+            "Stale responses served (stale-while-revalidate, stale-if-error).",
+            f.stale,
+        ),
+        (
+            "ktlsd_cache_revalidations_total",
+            "counter",
+            "Stored responses refreshed by a 304 from the upstream.",
+            f.revalidations,
+        ),
+        (
+            "ktlsd_cache_coalesced_total",
+            "counter",
+            "Lookups that waited for another request's fill of the same key.",
+            f.coalesced,
+        ),
+        ("ktlsd_cache_evictions_total", "counter", "Entries evicted to keep the cache under max_size.", f.evictions),
+        ("ktlsd_cache_bytes", "gauge", "Bytes of the stored entries (heads and bodies).", f.bytes),
+        ("ktlsd_cache_entries", "gauge", "Stored entries.", f.entries),
+    ] {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");

@@ -1,0 +1,221 @@
+//! Storing an upstream response: the [`FillGuard`] a miss hands out (it holds the
+//! key's place so that concurrent lookups wait for it), and the [`EntryWriter`]
+//! it becomes once the response's head is found storable.
+//!
+//! Not the reading of the upstream: the proxy streams the body in and hands each
+//! chunk to [`EntryWriter::write`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::HeaderMap;
+use tokio::sync::watch;
+
+use super::entry::{self, Draft};
+use super::policy::{self, Meta, NotStored};
+use super::{Cache, CacheStatus, Fwd, Key};
+
+/// The right to store a response for one key. While a guard that leads the fill
+/// lives, other lookups of its key wait for it; dropping it (or the writer it
+/// became) wakes them. Dropping abandons the fill.
+pub struct FillGuard {
+    cache: Arc<Cache>,
+    key: Key,
+    /// The request's fields, less Host.
+    req: HeaderMap,
+    /// Set when this guard leads the fill of its key.
+    leader: Option<watch::Sender<bool>>,
+    /// The purge generation when the fill began.
+    generation: u64,
+    upstream: Upstream,
+}
+
+/// Why a request goes upstream, for its Cache-Status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Upstream {
+    pub fwd: Fwd,
+    /// The lookup waited for another request's fill first.
+    pub collapsed: bool,
+}
+
+impl FillGuard {
+    pub(super) fn new(
+        cache: Arc<Cache>,
+        key: Key,
+        req: HeaderMap,
+        leader: Option<watch::Sender<bool>>,
+        upstream: Upstream,
+    ) -> FillGuard {
+        let generation = cache.purge_generation();
+        FillGuard { cache, key, req, leader, generation, upstream }
+    }
+
+    /// The Cache-Status of the answer that goes upstream: `fwd=miss`, `vary-miss`,
+    /// `stale` or `request`, `collapsed` after a wait, and `stored` when `stored`
+    /// (the response was admitted).
+    pub fn cache_status(&self, stored: bool) -> CacheStatus {
+        let u = self.upstream;
+        CacheStatus { fwd: Some(u.fwd), stored, collapsed: u.collapsed, ..CacheStatus::default() }
+    }
+
+    /// Whether other lookups of this key wait for this fill.
+    pub fn leads(&self) -> bool {
+        self.leader.is_some()
+    }
+
+    /// Starts storing `response` (the upstream's status and fields, received at
+    /// `received`), or says why it is not stored: not storable under RFC 9111 for
+    /// this request, a cookie, `Vary: *`, or a Content-Length above
+    /// `max_object_size`. The body then goes to [`EntryWriter::write`].
+    pub fn admit(self, response: &http::response::Parts, received: SystemTime) -> Result<EntryWriter, NotStored> {
+        let length = response
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if length.is_some_and(|n| n > self.cache.config.max_object_size) {
+            return Err(NotStored::TooLarge);
+        }
+        let head = policy::admit(&self.key.text, &self.req, response.status, &response.headers, received)?;
+        let tmp = self.cache.layout.tmp();
+        let draft = match self.cache.layout.create(None).and_then(|()| Draft::create(&tmp, &head)) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!("cache {}: cannot write a new entry: {e}", self.cache.config.dir.display());
+                return Err(NotStored::Disk);
+            }
+        };
+        let path = self.cache.layout.entry(&self.key.primary, &policy::secondary(&head));
+        Ok(EntryWriter {
+            guard: self,
+            draft: Some(draft),
+            tmp,
+            path,
+            length,
+            vary: policy::vary_names(&response.headers),
+        })
+    }
+}
+
+impl Drop for FillGuard {
+    fn drop(&mut self) {
+        if let Some(tx) = &self.leader {
+            self.cache.fill_done(&self.key, tx);
+        }
+    }
+}
+
+/// An entry being written. [`EntryWriter::commit`] publishes it once the body is
+/// complete; dropping it first removes the temporary file.
+pub struct EntryWriter {
+    guard: FillGuard,
+    draft: Option<Draft>,
+    tmp: PathBuf,
+    path: PathBuf,
+    /// The response's Content-Length, which the body must match.
+    length: Option<u64>,
+    /// The Vary names of this response: other variants with other Vary names are dropped on commit.
+    vary: Vec<String>,
+}
+
+/// Why an entry was not stored after all.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("the body is larger than max_object_size")]
+    TooLarge,
+    #[error("the body has {got} bytes, its Content-Length says {want}")]
+    Length { got: u64, want: u64 },
+    #[error("the entry was abandoned after an earlier error")]
+    Abandoned,
+    #[error("the key was purged while the response was being stored")]
+    Purged,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl EntryWriter {
+    /// Appends a chunk of the body. After an error the entry is abandoned (the
+    /// proxy goes on sending the response to its client): later calls fail too.
+    /// Blocks on the disk (a write into the page cache).
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
+        let Some(draft) = self.draft.as_mut() else { return Err(WriteError::Abandoned) };
+        let result = if draft.written() + bytes.len() as u64 > self.guard.cache.config.max_object_size {
+            Err(WriteError::TooLarge)
+        } else {
+            draft.write(bytes).map_err(WriteError::from)
+        };
+        if result.is_err() {
+            self.abandon();
+        }
+        result
+    }
+
+    /// Publishes the entry: checks the body against the Content-Length, flushes the
+    /// file's data, renames it into place and adds it to the index (dropping other
+    /// variants of the key stored under another Vary). Waiting lookups then find it.
+    /// Blocks on the disk (`fdatasync`).
+    pub fn commit(mut self) -> Result<(), WriteError> {
+        let Some(draft) = self.draft.take() else { return Err(WriteError::Abandoned) };
+        let got = draft.written();
+        if let Some(want) = self.length.filter(|&want| want != got) {
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(WriteError::Length { got, want });
+        }
+        let cache = &self.guard.cache;
+        let p = self.guard.key.primary;
+        if cache.purged_since(&self.guard.key, self.guard.generation) {
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(WriteError::Purged);
+        }
+        let published = draft
+            .finish()
+            .and_then(|len| cache.layout.create(Some(&p)).map(|()| len))
+            .and_then(|len| std::fs::rename(&self.tmp, &self.path).map(|()| len));
+        let len = match published {
+            Ok(len) => len,
+            Err(e) => {
+                let _ = std::fs::remove_file(&self.tmp);
+                return Err(e.into());
+            }
+        };
+        let meta = match entry::open(&self.path) {
+            Ok((_, file_len, parsed)) if file_len == len => Meta::new(parsed, file_len, self.path.clone()),
+            _ => None,
+        };
+        let Some(meta) = meta else {
+            let _ = std::fs::remove_file(&self.path);
+            return Err(std::io::Error::other("the entry just written does not read back").into());
+        };
+        let stale: Vec<PathBuf> = {
+            let mut index = cache.lock_index();
+            let others = index.variants(&p).unwrap_or_default();
+            let mut gone = Vec::new();
+            for other in others.iter().filter(|o| o.path != self.path) {
+                let names = policy::stored_vary(&other.head.fields);
+                if names != self.vary && index.remove_path(&p, &other.path) {
+                    gone.push(other.path.clone());
+                }
+            }
+            index.insert(p, Arc::new(meta));
+            gone
+        };
+        for path in stale {
+            let _ = std::fs::remove_file(path);
+        }
+        cache.wake_evictor();
+        Ok(())
+    }
+
+    fn abandon(&mut self) {
+        if self.draft.take().is_some() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+impl Drop for EntryWriter {
+    fn drop(&mut self) {
+        self.abandon();
+    }
+}

@@ -1,0 +1,584 @@
+//! The response cache (RFC 9111) of a reverse proxy: upstream responses kept as
+//! files, so that a hit leaves by the same `sendfile` body path as a static file.
+//!
+//! It is not an HTTP client and serves no request by itself: the proxy asks it
+//! before going upstream and hands it what comes back. What a stored response may
+//! answer (freshness, Age, Vary, Authorization, heuristics) is the
+//! `http-cache-semantics` crate's, with the RFC 5861 extensions added (`policy`).
+//!
+//! # The API the proxy calls
+//!
+//! - [`Cache::open`] once at start (the directory is created owner-only when
+//!   missing; the index is rebuilt in the background).
+//! - [`Cache::lookup`]`(&key, &request_fields)` with a [`Key`] (site host, target):
+//!   - [`Lookup::Hit`]: answer with [`Hit::into_response`] (ranges and
+//!     conditionals are answered from the stored full response);
+//!   - [`Lookup::Stale`]: a stored response that needs validation. Send upstream
+//!     with [`Stale::revalidate`]'s fields; a 304 goes to [`Cache::refresh`], which
+//!     gives the refreshed hit; a 200 to the fill. When
+//!     [`Stale::serve_while_revalidating`] is true, answer with the stale hit at once
+//!     and revalidate in the background (only when `fill` is `Some`: else another
+//!     request already does). On upstream failure [`Stale::on_error`] says whether
+//!     the stale hit may answer (`stale-if-error`);
+//!   - [`Lookup::Miss`]: go upstream; the [`FillGuard`] stores the answer:
+//!     [`FillGuard::admit`] (storable? small enough?) gives an [`EntryWriter`]:
+//!     `write` each body chunk, `commit` once the body is complete. Dropping a
+//!     guard or writer abandons the fill (the temporary file is removed).
+//! - Concurrent lookups of one key while a fill runs wait for it (at most
+//!   [`COALESCE_WAIT`], then each goes upstream itself), then answer from the new
+//!   entry: one upstream request for many clients.
+//! - [`cache_status`] builds every RFC 9211 `Cache-Status` value; [`Hit::cache_status`],
+//!   [`FillGuard::cache_status`] and [`Stale::fwd`] say what each answer's is (`hit`,
+//!   `fwd=miss`/`vary-miss`/`stale`/`request`, `collapsed`, `stored`).
+//! - [`Cache::purge`] removes every variant of a key; [`Cache::figures`] gives the metrics.
+//!
+//! # On disk
+//!
+//! One file per stored response (see `entry` for its layout: a checked head,
+//! then the body at a known offset). Files are named after the SHA-256 of the
+//! primary key (`GET host target`): `ab/cd/<64 hex digits>.<variant>`, where the
+//! variant is a digest of the request fields the response's Vary names (`0`
+//! without Vary). A new entry is written to `tmp/`, its data flushed
+//! (`fdatasync`) and then renamed into place, so a crash leaves either no entry or
+//! a whole one; `tmp/` is emptied at start. Corrupt or truncated files are deleted
+//! when met, never served. The index (in memory: each entry's head, about one
+//! kilobyte) is rebuilt at start on a thread of its own; until it has seen a key,
+//! a lookup reads that key's files straight from its directory. Eviction runs on
+//! another thread, least recently used first, once the files exceed `max_size`,
+//! down to 90% of it.
+
+mod entry;
+mod fill;
+mod policy;
+mod serve;
+mod store;
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use tokio::sync::watch;
+
+pub use fill::{EntryWriter, FillGuard, Upstream};
+pub use policy::NotStored;
+pub use serve::{cache_status, CacheStatus, Fwd};
+
+use crate::stats::prometheus::CacheFigures;
+use policy::{Freshness, Meta};
+use store::{Index, Layout, Primary};
+
+/// How long a lookup waits for another request's fill of the same key before it
+/// goes upstream itself: long enough for a typical upstream answer, short enough
+/// that a stuck upstream costs each waiter little more than its own request would.
+pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
+
+/// Where the cache keeps its entries and how much it may keep (from `[cache]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The directory of the entries (created owner-only when missing).
+    pub dir: PathBuf,
+    /// Bytes on disk (heads and bodies) above which the least recently used entries are evicted.
+    pub max_size: u64,
+    /// The largest body stored; a larger response is passed on without being stored.
+    pub max_object_size: u64,
+}
+
+/// The primary cache key: the host the site answers as and the request target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    text: String,
+    primary: Primary,
+}
+
+impl Key {
+    /// The key of a GET or HEAD for `target` (path and query, as sent). `host` is
+    /// the request's host (`names::host_of`) for a `[[site]]`, and empty for the
+    /// default site, whose names share its entries (as nginx's default key
+    /// `$scheme$proxy_host$request_uri` shares them).
+    pub fn new(host: &str, target: &str) -> Key {
+        let text = format!("GET {host} {target}");
+        Key { primary: store::primary(&text), text }
+    }
+}
+
+/// The response cache, shared by every worker.
+pub struct Cache {
+    config: Settings,
+    layout: Layout,
+    index: Mutex<Index>,
+    /// Keys being filled now, each with the channel its waiters watch.
+    inflight: Mutex<std::collections::HashMap<Primary, watch::Receiver<bool>>>,
+    /// The rebuild has read every file that was there at start.
+    rebuilt: AtomicBool,
+    /// Wakes the eviction thread.
+    evict: (Mutex<bool>, Condvar),
+    counters: Counters,
+    /// The latest purges (a generation number each, and the key), so that a fill
+    /// that began before a purge of its key does not store the purged response.
+    purges: Mutex<Purges>,
+}
+
+/// The last [`Purges::KEPT`] purges, numbered.
+#[derive(Default)]
+struct Purges {
+    generation: u64,
+    recent: std::collections::VecDeque<(u64, Primary)>,
+}
+
+impl Purges {
+    /// Purges remembered: a fill older than all of them is refused whatever its key.
+    const KEPT: usize = 1024;
+
+    fn record(&mut self, p: Primary) {
+        self.generation += 1;
+        self.recent.push_back((self.generation, p));
+        if self.recent.len() > Self::KEPT {
+            self.recent.pop_front();
+        }
+    }
+
+    /// Whether `p` may have been purged after generation `since`.
+    fn purged_since(&self, p: &Primary, since: u64) -> bool {
+        let forgotten = self.recent.front().map_or(self.generation, |(g, _)| g - 1);
+        since < forgotten || self.recent.iter().any(|(g, q)| *g > since && q == p)
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    stale: AtomicU64,
+    revalidations: AtomicU64,
+    coalesced: AtomicU64,
+    evictions: AtomicU64,
+}
+
+/// What a lookup found.
+#[allow(clippy::large_enum_variant)] // one per request, moved once to its caller
+pub enum Lookup {
+    Hit(Hit),
+    Stale(Stale),
+    Miss(FillGuard),
+}
+
+/// A stored response that needs validation (or may be served while it gets it).
+pub struct Stale {
+    pub hit: Hit,
+    /// Fields to add to the upstream request (If-None-Match, If-Modified-Since).
+    pub revalidate: HeaderMap,
+    /// `stale-while-revalidate` allows answering with `hit` now.
+    pub serve_while_revalidating: bool,
+    /// Stores what the upstream answers; `None` when another request is already
+    /// revalidating this entry (then serve the stale hit).
+    pub fill: Option<FillGuard>,
+    /// `Stale`, or `Request` when the entry is fresh but the request asked for validation.
+    pub fwd: Fwd,
+}
+
+impl Stale {
+    /// Whether `stale-if-error` lets the stale hit answer after the upstream failed
+    /// (no answer, or 500, 502, 503, 504) for a request with fields `req`.
+    pub fn on_error(&self, cache: &Cache, req: &HeaderMap) -> bool {
+        let ok = self.hit.meta.may_serve_on_error(req, SystemTime::now());
+        if ok {
+            cache.counters.stale.fetch_add(1, Relaxed);
+        }
+        ok
+    }
+}
+
+/// A stored response, its file open: answer with [`Hit::into_response`].
+pub struct Hit {
+    meta: Arc<Meta>,
+    file: File,
+    fstat: std::fs::Metadata,
+    /// Seconds the response has been stored or upstream, for Age.
+    age: u64,
+    /// The lookup waited for another request's fill.
+    collapsed: bool,
+    /// The purge generation when it was looked up.
+    generation: u64,
+}
+
+impl Hit {
+    /// The entry this hit reads, for [`Cache::refresh`].
+    pub fn entry(&self) -> Entry {
+        use std::os::unix::fs::MetadataExt;
+        Entry { meta: self.meta.clone(), file: (self.fstat.dev(), self.fstat.ino()), generation: self.generation }
+    }
+
+    /// The stored status.
+    pub fn status(&self) -> u16 {
+        self.meta.head.status
+    }
+
+    /// Its Cache-Status: `hit`, and `collapsed` when the lookup waited for the fill.
+    pub fn cache_status(&self) -> CacheStatus {
+        CacheStatus { collapsed: self.collapsed, ..CacheStatus::hit() }
+    }
+}
+
+/// A stored entry, for [`Cache::refresh`].
+#[derive(Clone)]
+pub struct Entry {
+    meta: Arc<Meta>,
+    /// The file's device and inode: a refresh applies to this file only, not to one
+    /// that has replaced it since.
+    file: (u64, u64),
+    /// The purge generation when it was looked up.
+    generation: u64,
+}
+
+impl Cache {
+    /// Opens the cache in `config.dir` (created, owner-only, when missing), empties
+    /// its `tmp/`, and starts the index rebuild and the eviction threads.
+    pub fn open(config: &Settings) -> anyhow::Result<Arc<Cache>> {
+        use anyhow::Context;
+        let layout = Layout::new(config.dir.clone());
+        layout.create(None).with_context(|| {
+            format!("cannot create the cache directory {} (check its parent's owner and mode)", config.dir.display())
+        })?;
+        if let Ok(rd) = std::fs::read_dir(config.dir.join("tmp")) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let cache = Arc::new(Cache {
+            config: config.clone(),
+            layout,
+            index: Mutex::new(Index::default()),
+            inflight: Mutex::new(Default::default()),
+            rebuilt: AtomicBool::new(false),
+            evict: (Mutex::new(false), Condvar::new()),
+            counters: Counters::default(),
+            purges: Mutex::new(Purges::default()),
+        });
+        let rebuild = Arc::downgrade(&cache);
+        std::thread::Builder::new()
+            .name("ktlsd-cache-index".into())
+            .spawn(move || rebuild_index(rebuild))
+            .context("cannot start the cache index thread")?;
+        let evict = Arc::downgrade(&cache);
+        std::thread::Builder::new()
+            .name("ktlsd-cache-evict".into())
+            .spawn(move || evict_loop(evict))
+            .context("cannot start the cache eviction thread")?;
+        Ok(cache)
+    }
+
+    /// The directory of the entries.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.config.dir
+    }
+
+    /// What the cache holds for `key` and a request with fields `req` (Host is not
+    /// looked at). Waits, at most [`COALESCE_WAIT`], while another request fills
+    /// this key. Cancel safe: dropping the future leaves nothing behind.
+    pub async fn lookup(self: &Arc<Self>, key: &Key, req: &HeaderMap) -> Lookup {
+        let mut req = req.clone();
+        req.remove(http::header::HOST);
+        let mut waited = false;
+        loop {
+            let now = SystemTime::now();
+            let wait = match self.find(key, &req, now) {
+                Some((mut hit, Freshness::Fresh)) => {
+                    self.counters.hits.fetch_add(1, Relaxed);
+                    hit.collapsed = waited;
+                    return Lookup::Hit(hit);
+                }
+                Some((hit, _)) => {
+                    let swr = hit.meta.may_serve_while_revalidating(&req, now);
+                    // A fresh entry that needs validation: the request asked for it (no-cache, max-age).
+                    let fwd = if hit.meta.policy.is_stale(now) { Fwd::Stale } else { Fwd::Request };
+                    let fill = self.lead(key, &req, fwd, waited);
+                    match (fill, swr || waited) {
+                        (Some(fill), _) => return self.stale(hit, swr, Some(fill), fwd),
+                        (None, true) => {
+                            let fill = (!swr).then(|| self.follow(key, &req, fwd));
+                            return self.stale(hit, swr, fill, fwd);
+                        }
+                        (None, false) => self.inflight_of(key),
+                    }
+                }
+                None => {
+                    let fwd = match self.lock_index().variants(&key.primary) {
+                        Some(v) if v.iter().any(|m| m.head.key == key.text) => Fwd::VaryMiss,
+                        _ => Fwd::Miss,
+                    };
+                    match self.lead(key, &req, fwd, waited) {
+                        Some(fill) => {
+                            self.counters.misses.fetch_add(1, Relaxed);
+                            return Lookup::Miss(fill);
+                        }
+                        None if waited => {
+                            self.counters.misses.fetch_add(1, Relaxed);
+                            return Lookup::Miss(self.follow(key, &req, fwd));
+                        }
+                        None => self.inflight_of(key),
+                    }
+                }
+            };
+            waited = true;
+            if let Some(mut rx) = wait {
+                self.counters.coalesced.fetch_add(1, Relaxed);
+                let _ = tokio::time::timeout(COALESCE_WAIT, rx.wait_for(|done| *done)).await;
+            }
+        }
+    }
+
+    /// A fill that does not lead (another request leads one, or led one and failed).
+    fn follow(self: &Arc<Self>, key: &Key, req: &HeaderMap, fwd: Fwd) -> FillGuard {
+        FillGuard::new(self.clone(), key.clone(), req.clone(), None, Upstream { fwd, collapsed: true })
+    }
+
+    fn stale(&self, hit: Hit, swr: bool, fill: Option<FillGuard>, fwd: Fwd) -> Lookup {
+        if swr {
+            self.counters.stale.fetch_add(1, Relaxed);
+        }
+        Lookup::Stale(Stale { revalidate: hit.meta.revalidation(), hit, serve_while_revalidating: swr, fill, fwd })
+    }
+
+    /// The freshest usable variant of `key` for `req`, its file open.
+    fn find(&self, key: &Key, req: &HeaderMap, now: SystemTime) -> Option<(Hit, Freshness)> {
+        let known = self.lock_index().variants(&key.primary);
+        let variants = match known {
+            Some(v) => v,
+            None if !self.rebuilt.load(Relaxed) => self.load_from_disk(&key.primary),
+            None => return None,
+        };
+        let mut stale = None;
+        for meta in variants.into_iter().filter(|m| m.head.key == key.text) {
+            match meta.freshness(req, now) {
+                Freshness::Fresh => {
+                    if let Some(hit) = self.open_hit(&key.primary, meta, now) {
+                        return Some((hit, Freshness::Fresh));
+                    }
+                }
+                Freshness::Stale if stale.is_none() => stale = Some(meta),
+                _ => {}
+            }
+        }
+        let meta = stale?;
+        self.open_hit(&key.primary, meta, now).map(|h| (h, Freshness::Stale))
+    }
+
+    /// Reads `p`'s entry files into the index (before the rebuild has seen them).
+    fn load_from_disk(&self, p: &Primary) -> Vec<Arc<Meta>> {
+        let mut found = Vec::new();
+        for path in self.layout.variants_on_disk(p) {
+            if let Some(meta) = store::load(&path) {
+                let meta = Arc::new(meta);
+                self.lock_index().insert(*p, meta.clone());
+                found.push(meta);
+            }
+        }
+        found
+    }
+
+    /// Opens the entry's file; a file that is gone or no longer as indexed is
+    /// forgotten (and deleted when its length is wrong).
+    fn open_hit(&self, p: &Primary, meta: Arc<Meta>, now: SystemTime) -> Option<Hit> {
+        let opened = File::open(&meta.path).and_then(|f| f.metadata().map(|m| (f, m)));
+        match opened {
+            Ok((file, fstat)) if fstat.len() == meta.file_len => {
+                self.lock_index().touch(p, &meta.path);
+                let age = meta.policy.age(now).as_secs();
+                let generation = self.purge_generation();
+                Some(Hit { meta, file, fstat, age, collapsed: false, generation })
+            }
+            Ok(_) => {
+                store::discard(&meta.path, "its length changed");
+                self.lock_index().remove_path(p, &meta.path);
+                None
+            }
+            Err(_) => {
+                self.lock_index().remove_path(p, &meta.path);
+                None
+            }
+        }
+    }
+
+    /// A fill of `key` led by this request, unless one runs already.
+    fn lead(self: &Arc<Self>, key: &Key, req: &HeaderMap, fwd: Fwd, collapsed: bool) -> Option<FillGuard> {
+        let mut inflight = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        if inflight.contains_key(&key.primary) {
+            return None;
+        }
+        let (tx, rx) = watch::channel(false);
+        inflight.insert(key.primary, rx);
+        Some(FillGuard::new(self.clone(), key.clone(), req.clone(), Some(tx), Upstream { fwd, collapsed }))
+    }
+
+    /// The channel of the fill of `key` running now.
+    fn inflight_of(&self, key: &Key) -> Option<watch::Receiver<bool>> {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner()).get(&key.primary).cloned()
+    }
+
+    /// Ends the fill of `key` that this guard led, waking its waiters.
+    fn fill_done(&self, key: &Key, tx: &watch::Sender<bool>) {
+        let mut inflight = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        if inflight.get(&key.primary).is_some_and(|rx| rx.same_channel(&tx.subscribe())) {
+            inflight.remove(&key.primary);
+        }
+        drop(inflight);
+        let _ = tx.send(true);
+    }
+
+    /// Applies a 304 `response` (its fields) to the stale `entry`: the stored head
+    /// takes the 304's fields and its time, and the refreshed hit is returned.
+    /// `None` when the 304 does not select the entry (its validators differ), the
+    /// entry was replaced or purged since the lookup, or it could not be rewritten:
+    /// then ask the upstream without conditions.
+    /// Blocks on the disk: the body is copied (in the kernel) under the new head.
+    pub fn refresh(&self, entry: &Entry, response: &HeaderMap) -> Option<Hit> {
+        use std::os::unix::fs::MetadataExt;
+        let now = SystemTime::now();
+        let old = &entry.meta;
+        let head = old.refreshed(response, now)?;
+        let p = store::primary(&head.key);
+        let file = File::open(&old.path).ok()?;
+        let same = file.metadata().is_ok_and(|m| (m.dev(), m.ino()) == entry.file);
+        if !same {
+            return None;
+        }
+        let tmp = self.layout.tmp();
+        let written = entry::rewrite(&tmp, &head, &file, old.body_offset, old.body_len).and_then(|len| {
+            match self.purged_since(&Key { text: head.key.clone(), primary: p }, entry.generation) {
+                true => Err(std::io::Error::other("the key was purged meanwhile")),
+                false => Ok(len),
+            }
+        });
+        let len = match written.and_then(|len| std::fs::rename(&tmp, &old.path).map(|()| len)) {
+            Ok(len) => len,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                tracing::warn!("cache entry {} could not be refreshed: {e}", old.path.display());
+                return None;
+            }
+        };
+        let parsed = entry::Parsed { head, body_offset: len - old.body_len, body_len: old.body_len };
+        let meta = Arc::new(Meta::new(parsed, len, old.path.clone())?);
+        self.lock_index().insert(p, meta.clone());
+        self.counters.revalidations.fetch_add(1, Relaxed);
+        self.wake_evictor();
+        self.open_hit(&p, meta, now)
+    }
+
+    /// Removes every variant of `key` (from the index and the disk); how many there were.
+    /// A fill of the key that is under way when it is purged stores nothing.
+    pub fn purge(&self, key: &Key) -> usize {
+        self.purges.lock().unwrap_or_else(|e| e.into_inner()).record(key.primary);
+        let mut paths = self.lock_index().remove_primary(&key.primary);
+        for path in self.layout.variants_on_disk(&key.primary) {
+            if !paths.contains(&path) {
+                paths.push(path);
+            }
+        }
+        paths.retain(|p| std::fs::remove_file(p).is_ok());
+        paths.len()
+    }
+
+    /// The cache's figures for the metrics.
+    pub fn figures(&self) -> CacheFigures {
+        let c = &self.counters;
+        let (bytes, entries) = {
+            let i = self.lock_index();
+            (i.bytes, i.entries)
+        };
+        CacheFigures {
+            hits: c.hits.load(Relaxed),
+            misses: c.misses.load(Relaxed),
+            stale: c.stale.load(Relaxed),
+            revalidations: c.revalidations.load(Relaxed),
+            coalesced: c.coalesced.load(Relaxed),
+            evictions: c.evictions.load(Relaxed),
+            bytes,
+            entries,
+        }
+    }
+
+    /// The purge generation now, for a fill starting.
+    fn purge_generation(&self) -> u64 {
+        self.purges.lock().unwrap_or_else(|e| e.into_inner()).generation
+    }
+
+    /// Whether `key` may have been purged since generation `since`.
+    fn purged_since(&self, key: &Key, since: u64) -> bool {
+        self.purges.lock().unwrap_or_else(|e| e.into_inner()).purged_since(&key.primary, since)
+    }
+
+    fn lock_index(&self) -> MutexGuard<'_, Index> {
+        // The index stays consistent across a panic elsewhere: every update is one call.
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes the eviction thread when the entries exceed `max_size`.
+    fn wake_evictor(&self) {
+        if self.lock_index().bytes > self.config.max_size {
+            let (flag, cv) = &self.evict;
+            *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_one();
+        }
+    }
+
+    /// Evicts the least recently used entries down to 90% of `max_size`; how many.
+    fn evict_now(&self) -> usize {
+        let target = self.config.max_size / 10 * 9;
+        let gone = self.lock_index().evict_to(target);
+        for path in &gone {
+            let _ = std::fs::remove_file(path);
+        }
+        self.counters.evictions.fetch_add(gone.len() as u64, Relaxed);
+        gone.len()
+    }
+}
+
+/// The index rebuild: every entry file read once (corrupt ones deleted), added
+/// unless the index already has it. Ends early when the cache is dropped.
+fn rebuild_index(cache: Weak<Cache>) {
+    let Some(dir) = cache.upgrade().map(|c| c.config.dir.clone()) else { return };
+    let started = std::time::Instant::now();
+    let mut n = 0u64;
+    store::walk(&dir, |path: PathBuf| {
+        let Some(c) = cache.upgrade() else { return };
+        let Some(p) = Layout::primary_of(&path) else { return };
+        if c.lock_index().has(&p, &path) {
+            return;
+        }
+        if let Some(meta) = store::load(&path) {
+            c.lock_index().insert(p, Arc::new(meta));
+            n += 1;
+        }
+    });
+    if let Some(c) = cache.upgrade() {
+        c.rebuilt.store(true, Relaxed);
+        tracing::info!("cache {}: index rebuilt, {n} entries read in {:?}", dir.display(), started.elapsed());
+        c.wake_evictor();
+    }
+}
+
+/// Evicts whenever woken (and every few seconds); ends when the cache is dropped.
+fn evict_loop(cache: Weak<Cache>) {
+    loop {
+        let Some(c) = cache.upgrade() else { return };
+        {
+            let (flag, cv) = &c.evict;
+            let guard = flag.lock().unwrap_or_else(|e| e.into_inner());
+            let (mut guard, _) = cv
+                .wait_timeout_while(guard, Duration::from_secs(5), |woken| !*woken)
+                .unwrap_or_else(|e| e.into_inner());
+            *guard = false;
+        }
+        if c.lock_index().bytes > c.config.max_size {
+            let n = c.evict_now();
+            tracing::debug!("cache {}: {n} entries evicted", c.config.dir.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
