@@ -27,6 +27,7 @@
 //! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
 
 pub mod admin;
+pub mod auth;
 pub mod content;
 pub mod h2;
 pub mod listen;
@@ -181,11 +182,17 @@ fn resolve_paths(file: &mut Options, base: &Path) {
     for p in file.ticket_keys.iter_mut().flatten() {
         rel(p);
     }
+    for a in file.auth.iter_mut().flatten() {
+        rel(&mut a.users);
+    }
     for site in file.site.iter_mut().flatten() {
         for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
             rel(p);
         }
         rel(&mut site.root);
+        for a in site.auth.iter_mut().flatten() {
+            rel(&mut a.users);
+        }
         if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
             rel(p);
         }

@@ -131,6 +131,9 @@ schema! {
         /// CORS: origins whose scripts may read the answers, comma-separated (https://a.example), or * for any; OPTIONS preflights are answered for GET and HEAD [default: none: no CORS fields]
         #[arg(long, value_name = "ORIGINS")]
         cors: Cors,
+        /// Basic auth: [[auth]] blocks, each path (a pattern such as "/private/*"), users (an htpasswd file of bcrypt or argon2 hashes) and realm; the first block whose path matches asks; file only [default: none]
+        #[arg(skip)]
+        auth: Vec<super::auth::FileAuth>,
     }
     global {
         /// Directory to serve [default: the current directory]

@@ -28,6 +28,8 @@ pub struct Content {
     pub headers: Vec<HeaderRule>,
     /// Which origins may read answers from scripts; `None`: no CORS fields.
     pub cors: Option<Cors>,
+    /// `[[auth]]` rules and their failure table; `None`: no basic auth.
+    pub auth: Option<std::sync::Arc<super::auth::Auth>>,
 }
 
 impl Content {
@@ -40,6 +42,7 @@ impl Content {
         mime_types: Vec::new(),
         headers: Vec::new(),
         cors: None,
+        auth: None,
     };
 
     /// [`Content::NONE`] for as long as needed.

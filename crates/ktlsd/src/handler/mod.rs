@@ -8,7 +8,9 @@
 //! It reads no socket and writes none: framing, limits, timeouts and the sending
 //! of bodies belong to the codec (`http::h1`, later HTTP/2).
 
+pub mod auth;
 pub mod content;
+pub mod htpasswd;
 pub mod preconditions;
 pub mod range;
 pub mod request;
@@ -41,9 +43,12 @@ pub struct Site<'a> {
 
 /// Answers `req` from `site`.
 pub fn handle(req: &Request, site: &Site<'_>) -> Response {
-    let response = match req.method {
-        Method::Get | Method::Head => answer(req, site, &req.path, Fallback::Allowed),
-        Method::Options => options(req, site),
+    // The phases before the answer, in order; the first to answer ends the request.
+    let refused = site.content.auth.as_ref().and_then(|a| a.check(req, std::time::Instant::now()));
+    let response = match (&req.method, refused) {
+        (_, Some(refused)) => refused,
+        (Method::Get | Method::Head, None) => answer(req, site, &req.path, Fallback::Allowed),
+        (Method::Options, None) => options(req, site),
         _ => Response::refusal(Status::METHOD_NOT_ALLOWED, "method not allowed").with(Header::Allow),
     };
     let mut response = with_error_page(response, site);

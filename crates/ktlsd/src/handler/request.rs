@@ -22,12 +22,21 @@ pub struct Request {
     /// The host (and port) the request names, checked by the codec; `None` when absent.
     pub authority: Option<String>,
     pub headers: Headers,
+    /// The client's address: the TCP peer (never a forwarded-for field), set by the codec.
+    pub client: Option<std::net::IpAddr>,
 }
 
 impl Request {
     /// A request for `path` with no query, authority or conditional headers.
     pub fn new(method: Method, path: &str) -> Request {
-        Request { method, path: path.to_string(), query: None, authority: None, headers: Headers::default() }
+        Request {
+            method,
+            path: path.to_string(),
+            query: None,
+            authority: None,
+            headers: Headers::default(),
+            client: None,
+        }
     }
 }
 
@@ -149,6 +158,8 @@ pub struct Headers {
     pub cors_headers: Option<String>,
     /// The form of a directory listing Accept asks for.
     pub listing: ListingFormat,
+    /// Authorization, as sent (the last line when repeated).
+    pub authorization: Option<String>,
 }
 
 /// Which form of a directory listing the client wants.
@@ -310,6 +321,7 @@ pub struct HeaderFields {
     cors_method: Option<String>,
     cors_headers: Option<String>,
     accept: Option<String>,
+    authorization: Option<String>,
 }
 
 impl HeaderFields {
@@ -340,6 +352,8 @@ impl HeaderFields {
             join(&mut self.cors_headers, value);
         } else if is("accept") {
             join(&mut self.accept, value);
+        } else if is("authorization") {
+            self.authorization = Some(value.to_string());
         }
     }
 
@@ -356,6 +370,7 @@ impl HeaderFields {
             cors_method: self.cors_method,
             cors_headers: self.cors_headers,
             listing: self.accept.as_deref().map_or(ListingFormat::Html, ListingFormat::from_accept),
+            authorization: self.authorization,
         }
     }
 }

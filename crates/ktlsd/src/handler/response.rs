@@ -23,6 +23,7 @@ impl Status {
     pub const MOVED_PERMANENTLY: Status = Status(301);
     pub const NOT_MODIFIED: Status = Status(304);
     pub const BAD_REQUEST: Status = Status(400);
+    pub const UNAUTHORIZED: Status = Status(401);
     pub const FORBIDDEN: Status = Status(403);
     pub const NOT_FOUND: Status = Status(404);
     pub const METHOD_NOT_ALLOWED: Status = Status(405);
@@ -34,6 +35,7 @@ impl Status {
     pub const RANGE_NOT_SATISFIABLE: Status = Status(416);
     pub const EXPECTATION_FAILED: Status = Status(417);
     pub const MISDIRECTED_REQUEST: Status = Status(421);
+    pub const TOO_MANY_REQUESTS: Status = Status(429);
     pub const HEADERS_TOO_LARGE: Status = Status(431);
     pub const NOT_IMPLEMENTED: Status = Status(501);
     pub const VERSION_NOT_SUPPORTED: Status = Status(505);
@@ -47,6 +49,7 @@ impl Status {
             301 => "Moved Permanently",
             304 => "Not Modified",
             400 => "Bad Request",
+            401 => "Unauthorized",
             403 => "Forbidden",
             404 => "Not Found",
             405 => "Method Not Allowed",
@@ -58,6 +61,7 @@ impl Status {
             416 => "Range Not Satisfiable",
             417 => "Expectation Failed",
             421 => "Misdirected Request",
+            429 => "Too Many Requests",
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",
             501 => "Not Implemented",

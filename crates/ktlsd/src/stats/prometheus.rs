@@ -156,6 +156,16 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
             "Cold windows that waited for a free reader of the readahead pool.",
             &s.readahead_waits,
         ),
+        (
+            "ktlsd_auth_failures_total",
+            "Basic-auth attempts with wrong or malformed credentials.",
+            &super::AUTH_FAILURES,
+        ),
+        (
+            "ktlsd_auth_rate_limited_total",
+            "Requests refused with 429 for too many failed basic-auth attempts.",
+            &super::AUTH_RATE_LIMITED,
+        ),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));

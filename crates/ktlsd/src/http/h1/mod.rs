@@ -191,7 +191,8 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
 
     /// [`State::Answer`]: the handler's answer (method, file, preconditions,
     /// range) is sent and logged; the connection then waits for the next head, or ends.
-    pub async fn answer(&mut self, x: Exchange, site: Site<'a>) -> State<'a, T::Error> {
+    pub async fn answer(&mut self, mut x: Exchange, site: Site<'a>) -> State<'a, T::Error> {
+        x.head.request.client = Some(self.ctx.peer.ip());
         let response = handler::handle(&x.head.request, &site);
         if let Some(why) = &response.refused {
             self.refused(Some(&x.head), response.status, why);

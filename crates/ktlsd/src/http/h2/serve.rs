@@ -218,8 +218,9 @@ fn answer<S>(
     let target = head.path.clone().unwrap_or_default();
     let (request, response) = match to_request(head) {
         // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
-        Ok(req) => match sites.pick(req.authority.as_deref()) {
+        Ok(mut req) => match sites.pick(req.authority.as_deref()) {
             Pick::Site(site) => {
+                req.client = Some(peer.ip());
                 let response = handler::handle(&req, &site);
                 (Some(req), response)
             }
@@ -291,6 +292,7 @@ fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
         query,
         authority: head.authority.clone().filter(|a| !a.is_empty()),
         headers: fields.parse(),
+        client: None,
     })
 }
 
