@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use super::range::ByteRangeSpec;
+use super::range::RangeSet;
 pub use crate::vocab::Method;
 
 /// One request.
@@ -146,7 +146,7 @@ pub struct Headers {
     pub if_modified_since: Option<SystemTime>,
     /// `None` when absent or not one byte range this server honours (then the whole
     /// file is sent): several ranges, other units, malformed.
-    pub range: Option<ByteRangeSpec>,
+    pub range: Option<RangeSet>,
     pub if_range: Option<IfRange>,
     /// `None` when absent: any coding is acceptable, identity preferred (RFC 9110 section 12.5.3).
     pub accept_encoding: Option<AcceptEncoding>,
@@ -363,7 +363,7 @@ impl HeaderFields {
             if_none_match: self.if_none_match.as_deref().map(TagCondition::parse),
             if_unmodified_since: self.if_unmodified_since.as_deref().and_then(http_date),
             if_modified_since: self.if_modified_since.as_deref().and_then(http_date),
-            range: self.range.as_deref().and_then(ByteRangeSpec::parse),
+            range: self.range.as_deref().and_then(RangeSet::parse),
             if_range: self.if_range.as_deref().map(IfRange::parse),
             accept_encoding: self.accept_encoding.as_deref().map(AcceptEncoding::parse),
             origin: self.origin,
@@ -503,7 +503,7 @@ mod tests {
         assert_eq!(h.if_match, Some(TagCondition::Tags(vec![strong("\"c\"")])));
         assert_eq!(h.if_range, Some(IfRange::Invalid));
         assert_eq!(h.if_modified_since, None, "the last line wins, and it is no date");
-        assert_eq!(h.range, ByteRangeSpec::parse("bytes=2-3"));
+        assert_eq!(h.range, RangeSet::parse("bytes=2-3"));
         assert!(h.range.is_some());
         assert_eq!(HeaderFields::default().parse(), Headers::default());
     }

@@ -186,6 +186,51 @@ pub enum Body {
     Bytes(Vec<u8>),
     /// Part of an open file, half-open, within its length.
     File { found: Found, range: Range<u64> },
+    /// A body made of parts, each bytes in memory or a range of the one open file
+    /// (a `multipart/byteranges` body: delimiters between file ranges).
+    Parts { found: Found, parts: Vec<Part> },
+}
+
+impl Body {
+    /// The bytes the body describes, read from its file where it has one.
+    #[cfg(test)]
+    pub fn read_all(&self) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let read = |found: &Found, range: &Range<u64>| {
+            let mut buf = vec![0; (range.end - range.start) as usize];
+            found.file.read_exact_at(&mut buf, range.start).expect("read the body's file");
+            buf
+        };
+        match self {
+            Body::Empty => Vec::new(),
+            Body::Bytes(b) => b.clone(),
+            Body::File { found, range } => read(found, range),
+            Body::Parts { found, parts } => parts
+                .iter()
+                .flat_map(|p| match p {
+                    Part::Bytes(b) => b.clone(),
+                    Part::File(r) => read(found, r),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One piece of a [`Body::Parts`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Bytes(Vec<u8>),
+    /// A range of the body's file, half-open, within its length.
+    File(Range<u64>),
+}
+
+impl Part {
+    pub fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::File(r) => r.end - r.start,
+        }
+    }
 }
 
 impl fmt::Debug for Body {
@@ -194,6 +239,7 @@ impl fmt::Debug for Body {
             Body::Empty => f.write_str("Empty"),
             Body::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
             Body::File { found, range } => write!(f, "File({:?}, {range:?})", found.rel),
+            Body::Parts { found, parts } => write!(f, "Parts({:?}, {} parts)", found.rel, parts.len()),
         }
     }
 }

@@ -281,6 +281,11 @@ async fn send<T: Transport>(
             let head = write::head(response, version, keep_alive);
             conn.send(&head, Some(found.body(range.clone()))).await
         }
+        Body::Parts { found, parts } => {
+            let head = write::head(response, version, keep_alive);
+            let len = parts.iter().map(handler::Part::len).sum();
+            crate::http::parts::send_span(conn, &head, found, parts, 0, len).await
+        }
         body => {
             conn.send(&write::head_and_bytes(response, version, keep_alive), None).await?;
             Ok(match body {
