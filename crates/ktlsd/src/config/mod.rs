@@ -137,6 +137,8 @@ pub struct Config {
     pub h2_limits: crate::http::h2::Limits,
     /// The default site's content-delivery options (each `[[site]]` has its own).
     pub content: crate::handler::Content,
+    /// The default site's client-certificate policy; `None`: none asked for.
+    pub client_auth: Option<tls::ClientAuth>,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -185,6 +187,9 @@ fn resolve_paths(file: &mut Options, base: &Path) {
     for a in file.auth.iter_mut().flatten() {
         rel(&mut a.users);
     }
+    if let Some(p) = &mut file.client_ca {
+        rel(p);
+    }
     for site in file.site.iter_mut().flatten() {
         for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
             rel(p);
@@ -192,6 +197,9 @@ fn resolve_paths(file: &mut Options, base: &Path) {
         rel(&mut site.root);
         for a in site.auth.iter_mut().flatten() {
             rel(&mut a.users);
+        }
+        if let Some(p) = &mut site.client_ca {
+            rel(p);
         }
         if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
             rel(p);
@@ -282,6 +290,7 @@ impl Config {
             max_connections: timeouts::max_connections(&o)?,
             h2_limits: h2::h2_limits(&o)?,
             content,
+            client_auth: tls::client_auth(&top, "")?,
         })
     }
 }

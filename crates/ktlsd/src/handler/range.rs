@@ -11,8 +11,6 @@
 
 use std::ops::Range;
 
-use super::response::Part;
-
 /// One byte range as requested, before the file's size is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ByteRangeSpec {
@@ -141,6 +139,23 @@ impl ByteRangeSpec {
                 let end = last.map_or(size, |l| l.saturating_add(1).min(size));
                 RangeOutcome::Partial(first..end)
             }
+        }
+    }
+}
+
+/// One piece of a body made of parts (`response::Body::Parts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Bytes(Vec<u8>),
+    /// A range of the body's file, half-open, within its length.
+    File(Range<u64>),
+}
+
+impl Part {
+    pub fn len(&self) -> u64 {
+        match self {
+            Part::Bytes(b) => b.len() as u64,
+            Part::File(r) => r.end - r.start,
         }
     }
 }

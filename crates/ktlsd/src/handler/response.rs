@@ -216,22 +216,7 @@ impl Body {
     }
 }
 
-/// One piece of a [`Body::Parts`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part {
-    Bytes(Vec<u8>),
-    /// A range of the body's file, half-open, within its length.
-    File(Range<u64>),
-}
-
-impl Part {
-    pub fn len(&self) -> u64 {
-        match self {
-            Part::Bytes(b) => b.len() as u64,
-            Part::File(r) => r.end - r.start,
-        }
-    }
-}
+pub use super::range::Part;
 
 impl fmt::Debug for Body {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -53,4 +53,9 @@ pub trait Transport {
     fn tls(&self) -> Option<crate::log::TlsInfo> {
         None
     }
+
+    /// The subject of the client's verified certificate (mTLS), for the access log.
+    fn client_subject(&self) -> Option<&str> {
+        None
+    }
 }

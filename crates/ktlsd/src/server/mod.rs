@@ -66,6 +66,8 @@ pub struct Shared {
     pub root: Root,
     pub file_options: files::Options,
     pub tls: Arc<ServerConfig>,
+    /// The configurations of sites that ask for client certificates, by server name.
+    pub client_auth: crate::tls::client_auth::ClientAuthConfigs,
     /// The kernel's kTLS abilities, when kTLS is to be used.
     pub ktls: Option<Arc<crate::tls::kernel::Support>>,
     /// The `[[site]]`s, opened; the fields above serve as the default site.

@@ -37,6 +37,8 @@ pub struct Session {
     counters: Counters,
     /// Version and suite, for the access log.
     info: Option<crate::log::TlsInfo>,
+    /// The subject of the client's verified certificate, for the access log.
+    client: Option<Box<str>>,
     /// The next response is the last (see [`Transport::last_response`]).
     last: bool,
     /// close_notify has left already (with the last response).
@@ -98,6 +100,7 @@ impl Session {
             linger: None,
             counters: Counters::default(),
             info: None,
+            client: None,
             last: false,
             notified: false,
         }
@@ -106,6 +109,12 @@ impl Session {
     /// Records the negotiated version and suite (see [`Transport::tls`]).
     pub(super) fn with_info(mut self, info: Option<crate::log::TlsInfo>) -> Session {
         self.info = info;
+        self
+    }
+
+    /// Records the subject of the client's verified certificate (see [`Transport::client_subject`]).
+    pub(super) fn with_client(mut self, subject: Option<String>) -> Session {
+        self.client = subject.map(String::into_boxed_str);
         self
     }
 
@@ -249,5 +258,9 @@ impl Transport for Session {
 
     fn tls(&self) -> Option<crate::log::TlsInfo> {
         self.info
+    }
+
+    fn client_subject(&self) -> Option<&str> {
+        self.client.as_deref()
     }
 }
