@@ -150,6 +150,13 @@ fn optional_and_unasked_sites_beside_a_required_one() {
     assert_eq!(curl_to(&s.srv, "opt.test", &["--cert", m_cert, "--key", m_key]), 0);
     let logged = subjects(&s.srv, 4);
     assert_eq!(logged, vec![None, None, None, Some("CN=alice,O=ktlsd tests".to_string())]);
+    // A Host of a site that asks for certificates, on a handshake made for another: 421.
+    for proto in ["--http1.1", "--http2"] {
+        assert_eq!(curl_to(&s.srv, "open.test", &[proto, "-H", "Host: secure.test"]), 421, "{proto}");
+        assert_eq!(curl_to(&s.srv, "open.test", &[proto, "-H", "Host: opt.test"]), 421, "{proto}");
+        let with_cert = [proto, "--cert", cert, "--key", key, "-H", "Host: open.test"];
+        assert_eq!(curl_to(&s.srv, "secure.test", &with_cert), 200, "{proto}");
+    }
 }
 
 #[test]

@@ -58,4 +58,9 @@ pub trait Transport {
     fn client_subject(&self) -> Option<&str> {
         None
     }
+
+    /// The server name the client's handshake named (SNI), which chose its client-certificate check.
+    fn server_name(&self) -> Option<&str> {
+        None
+    }
 }

@@ -91,7 +91,8 @@ impl Shared {
             hsts: self.config.hsts.as_deref(),
             content: &self.config.content,
         };
-        Sites { named: &self.sites, default, unknown: self.config.unknown_sni }
+        let default_client_auth = self.config.client_auth.is_some();
+        Sites { named: &self.sites, default, unknown: self.config.unknown_sni, default_client_auth }
     }
 }
 

@@ -152,6 +152,7 @@ fn open_sites(
             files,
             hsts: site.hsts.clone(),
             content: site.content.clone(),
+            client_auth: site.client_auth.is_some(),
         });
     }
     Ok((keys, sites, alpn01))

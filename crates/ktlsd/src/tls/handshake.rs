@@ -147,6 +147,9 @@ impl fmt::Display for SentAlert {
 /// in both directions and with nothing left to send.
 pub struct Established {
     pub conn: UnbufferedServerConnection,
+    /// The ClientHello's server name, when it was read to choose a client-certificate
+    /// policy (some site asks for certificates); `None` otherwise.
+    pub server_name: Option<String>,
 }
 
 impl Established {
@@ -217,10 +220,15 @@ async fn drive(
     if (20..=24).contains(&incoming.buf[0]) {
         incoming.note_read()?;
     }
+    let mut server_name = None;
     let config = match client_auth {
         Some(choices) => match read_client_hello(stream, &mut incoming, deadline).await? {
             // An ACME tls-alpn-01 validation presents no client certificate.
-            Some((name, acme)) if !acme => choices.for_name(name.as_deref()).unwrap_or(config),
+            Some((name, acme)) if !acme => {
+                let chosen = choices.for_name(name.as_deref()).unwrap_or(config);
+                server_name = name;
+                chosen
+            }
             _ => config,
         },
         None => config,
@@ -275,7 +283,7 @@ async fn drive(
             if !conn.is_handshaking() {
                 // Reading by record means nothing past the client's Finished was consumed.
                 debug_assert_eq!(incoming.filled, 0);
-                return Ok(Established { conn });
+                return Ok(Established { conn, server_name });
             }
             if conn.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3) {
                 incoming.drop_skipped_early_data();

@@ -72,6 +72,7 @@ pub fn establish(
     };
     // Verified by the site's client verifier during the handshake.
     let client = conn.peer_certificates().and_then(|chain| chain.first()).and_then(|c| client_auth::subject_of(c));
+    let server_name = established.server_name;
     let sizer = RecordSizer::new(settings.record_policy, record_expansion(&conn));
     let support = kernel.filter(|k| conn.negotiated_cipher_suite().is_some_and(|s| k.supports_both(s)));
     let prepared = support.and_then(|k| {
@@ -85,10 +86,12 @@ pub fn establish(
         None => {
             return Ok(Session::userspace(stream, UserspaceTls::new(conn)?, sizer, settings.send_timeout)
                 .with_info(info)
-                .with_client(client))
+                .with_client(client, server_name.as_deref()))
         }
     };
-    Ok(Session::kernel(stream, tls, sizer, settings.send_timeout).with_info(info).with_client(client))
+    Ok(Session::kernel(stream, tls, sizer, settings.send_timeout)
+        .with_info(info)
+        .with_client(client, server_name.as_deref()))
 }
 
 use rustls::server::UnbufferedServerConnection;

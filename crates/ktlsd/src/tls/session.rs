@@ -39,6 +39,8 @@ pub struct Session {
     info: Option<crate::log::TlsInfo>,
     /// The subject of the client's verified certificate, for the access log.
     client: Option<Box<str>>,
+    /// The server name of the handshake (SNI).
+    server_name: Option<Box<str>>,
     /// The next response is the last (see [`Transport::last_response`]).
     last: bool,
     /// close_notify has left already (with the last response).
@@ -101,6 +103,7 @@ impl Session {
             counters: Counters::default(),
             info: None,
             client: None,
+            server_name: None,
             last: false,
             notified: false,
         }
@@ -113,8 +116,9 @@ impl Session {
     }
 
     /// Records the subject of the client's verified certificate (see [`Transport::client_subject`]).
-    pub(super) fn with_client(mut self, subject: Option<String>) -> Session {
+    pub(super) fn with_client(mut self, subject: Option<String>, server_name: Option<&str>) -> Session {
         self.client = subject.map(String::into_boxed_str);
+        self.server_name = server_name.map(Box::from);
         self
     }
 
@@ -262,5 +266,9 @@ impl Transport for Session {
 
     fn client_subject(&self) -> Option<&str> {
         self.client.as_deref()
+    }
+
+    fn server_name(&self) -> Option<&str> {
+        self.server_name.as_deref()
     }
 }

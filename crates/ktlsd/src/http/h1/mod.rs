@@ -152,7 +152,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub async fn read_body(&mut self, x: Exchange) -> State<'a, T::Error> {
         let sites = self.ctx.sites;
         let (req, is_head) = (&x.head.request, x.head.request.method == Method::Head);
-        let site = match sites.pick(req.authority.as_deref()) {
+        let site = match sites.pick_for(req.authority.as_deref(), self.conn.server_name()) {
             Pick::Site(s) => s,
             Pick::Misdirected => {
                 let response = handler::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head);

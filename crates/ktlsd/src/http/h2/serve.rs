@@ -224,7 +224,7 @@ fn answer<S>(
     let target = head.path.clone().unwrap_or_default();
     let (request, response) = match to_request(head) {
         // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
-        Ok(mut req) => match sites.pick(req.authority.as_deref()) {
+        Ok(mut req) => match sites.pick_for(req.authority.as_deref(), conn.server_name()) {
             Pick::Site(site) => {
                 req.client = Some(peer.ip());
                 let response = handler::handle(&req, &site);
