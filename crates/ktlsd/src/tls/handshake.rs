@@ -176,6 +176,10 @@ pub async fn accept(
 
 /// [`accept`], with the configuration chosen by the ClientHello's server name
 /// among `client_auth`'s (sites that ask for client certificates), else `config`.
+///
+/// # Cancel safety
+/// Not cancel-safe, as the handshake it runs: a dropped future leaves the
+/// connection mid-handshake, and the caller drops the connection with it.
 pub async fn accept_choosing(
     stream: &TcpStream,
     config: Arc<ServerConfig>,
@@ -305,7 +309,7 @@ async fn drive(
 /// name and whether it offers ACME's tls-alpn-01 protocol; `None` when they hold
 /// no valid ClientHello (rustls then refuses the same bytes with its own alert).
 /// Nothing past the ClientHello's last record is read, so the handshake goes on
-/// over `incoming` as if it had read them itself.
+/// over `incoming` as if it had read them itself. Not cancel-safe (see [`accept_choosing`]).
 async fn read_client_hello(
     stream: &TcpStream,
     incoming: &mut Incoming,
