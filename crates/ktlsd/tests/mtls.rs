@@ -172,3 +172,48 @@ fn client_auth_without_a_ca_is_refused_at_start() {
     assert!(!exited.status.success());
     assert!(exited.stderr.contains("no certificate in the file"), "{}", exited.stderr);
 }
+
+#[test]
+fn a_client_hello_split_over_records_still_picks_its_site() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::io::{Read, Write};
+    let s = setup("off");
+    let chain = vec![CertificateDer::from_pem_file(&s.alice.0).expect("certificate")];
+    let key = PrivateKeyDer::from_pem_file(&s.alice.1).expect("key");
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let algs = provider.signature_verification_algorithms;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AcceptAnyCert(algs)))
+        .with_client_auth_cert(chain, key)
+        .expect("client certificate");
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("secure.test").expect("name");
+    let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).expect("client");
+    let mut first = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut first).expect("write_tls");
+    }
+    // The one ClientHello record sent as three.
+    let records = tls_records(&first);
+    assert_eq!(records.len(), 1, "one ClientHello record");
+    let body = &records[0].1;
+    let mut split = Vec::new();
+    for chunk in body.chunks(body.len() / 3 + 1) {
+        split.extend_from_slice(&first[..3]);
+        split.extend_from_slice(&(chunk.len() as u16).to_be_bytes());
+        split.extend_from_slice(chunk);
+    }
+    let mut tcp = std::net::TcpStream::connect(s.srv.addr()).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    tcp.write_all(&split).expect("send the ClientHello");
+    let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
+    stream.write_all(REQUEST.as_bytes()).expect("request");
+    let mut got = Vec::new();
+    let _ = stream.read_to_end(&mut got);
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+    assert_eq!(subjects(&s.srv, 1), vec![Some("CN=alice,O=ktlsd tests".to_string())]);
+}
