@@ -39,8 +39,9 @@ pub fn auth(blocks: &[FileAuth]) -> Result<Option<Arc<Auth>>, String> {
         let which = format!("auth {}: ", i + 1);
         let path = PathPattern::parse(&b.path).map_err(|m| format!("{which}{m}"))?;
         let realm = b.realm.clone().unwrap_or_else(|| DEFAULT_REALM.to_string());
-        if realm.is_empty() || !realm.chars().all(|c| !c.is_control() && c != '"' && c != '\\') {
-            return Err(format!("{which}realm {realm:?}: expected printable text without quotes or backslashes"));
+        // Sent in a quoted-string: visible ASCII and spaces, no quote or backslash.
+        if realm.is_empty() || !realm.chars().all(|c| (c == ' ' || c.is_ascii_graphic()) && c != '"' && c != '\\') {
+            return Err(format!("{which}realm {realm:?}: expected ASCII text without quotes or backslashes"));
         }
         let users = match read.iter().find(|(p, _)| *p == b.users) {
             Some((_, u)) => u.clone(),
@@ -81,6 +82,8 @@ mod tests {
             (vec![block("private", &good, None)], Err("auth 1: path \"private\": expected an absolute path")),
             (vec![block("/a/*", &good, Some("say \"hi\""))], Err("auth 1: realm")),
             (vec![block("/a/*", &good, Some(""))], Err("auth 1: realm")),
+            (vec![block("/a/*", &good, Some("café"))], Err("expected ASCII text")),
+            (vec![block("/a/*", &good, Some("a\r\nX: y"))], Err("expected ASCII text")),
             (vec![block("/a/*", &missing, None)], Err("cannot read the htpasswd file")),
         ] {
             match (auth(&blocks), want) {

@@ -65,7 +65,7 @@ impl PathPattern {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub path: PathPattern,
-    /// Checked at start-up: printable, without `"` or `\`.
+    /// Checked at start-up: visible ASCII and spaces, without `"` or `\`.
     pub realm: String,
     pub users: Arc<Users>,
 }
