@@ -30,9 +30,11 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// Most addresses the failure table holds.
 pub const TABLE_CAPACITY: usize = 4096;
 
-/// Which request paths a rule covers: `/private/*` covers the path `/private/`
-/// and everything beneath it (a trailing `*` matches any rest, slashes included);
-/// a pattern without `*` covers that path only.
+/// Which request paths a rule covers: `/private/*` covers `/private/` and
+/// everything beneath it (a trailing `*` matches any rest, slashes included), and
+/// `/private` itself, so that no later rewrite of that path (an index, a clean
+/// URL) reaches the directory's files unasked; a pattern without `*` covers that
+/// path only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathPattern {
     Prefix(String),
@@ -55,7 +57,7 @@ impl PathPattern {
     /// Whether the decoded, normalised `path` is covered.
     pub fn matches(&self, path: &str) -> bool {
         match self {
-            PathPattern::Prefix(p) => path.starts_with(p.as_str()),
+            PathPattern::Prefix(p) => path.starts_with(p.as_str()) || p.strip_suffix('/') == Some(path),
             PathPattern::Exact(p) => path == p,
         }
     }
@@ -287,7 +289,9 @@ mod tests {
         for (path, authorization, want) in [
             ("/", None, 200),
             ("/public/x", None, 200),
-            ("/private", None, 200), // the directory redirect, which names no content
+            ("/private", None, 401),
+            ("/privates", None, 200),
+            ("/private.html", None, 200),
             ("/private/", None, 401),
             ("/private/a/b.txt", None, 401),
             ("/%70rivate/a", None, 401),
