@@ -54,6 +54,8 @@ pub struct AccessEntry<'a> {
     pub referer: Option<&'a str>,
     pub user_agent: Option<&'a str>,
     pub tls: Option<TlsInfo>,
+    /// The subject of the client's verified certificate (mTLS), as RFC 4514 writes it.
+    pub client_subject: Option<&'a str>,
 }
 
 /// What a request asked, as received.
@@ -220,6 +222,7 @@ fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
         "record_layer": e.layer.label(),
         "referer": e.referer,
         "user_agent": e.user_agent,
+        "client_subject": e.client_subject,
     });
     v.to_string()
 }
@@ -293,6 +296,7 @@ mod tests {
             referer: None,
             user_agent: None,
             tls: None,
+            client_subject: None,
         });
         log.write(&AccessEntry {
             peer,
@@ -305,6 +309,7 @@ mod tests {
             referer: None,
             user_agent: None,
             tls: None,
+            client_subject: None,
         });
         log.flush();
         let text = std::fs::read_to_string(&path).unwrap();
@@ -336,6 +341,7 @@ mod tests {
             referer,
             user_agent,
             tls,
+            client_subject: Some("CN=alice,O=Example"),
         };
         log.set_format(LogFormat::Combined);
         log.write(&entry(Some("https://e.test/\"x"), Some("curl/8.0")));
@@ -364,6 +370,7 @@ mod tests {
             ("tls_version", "TLSv1_3"),
             ("cipher", "TLS13_AES_128_GCM_SHA256"),
             ("user_agent", "curl/8.0"),
+            ("client_subject", "CN=alice,O=Example"),
         ] {
             assert_eq!(v[k], want, "{k} in {v}");
         }

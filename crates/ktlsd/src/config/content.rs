@@ -50,6 +50,7 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         None => None,
     };
     let compress = super::compress::compress(o, which)?;
+    let auth = super::auth::auth(o.auth.as_deref().unwrap_or_default()).map_err(e)?;
     Ok(crate::handler::Content {
         precompressed,
         error_pages,
@@ -59,6 +60,7 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         cors,
         routing: crate::handler::routing::Routing::NONE,
         compress,
+        auth,
     })
 }
 

@@ -27,6 +27,7 @@
 //! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
 
 pub mod admin;
+pub mod auth;
 pub mod cache;
 pub mod compress;
 pub mod content;
@@ -145,6 +146,8 @@ pub struct Config {
     pub compress_cache_size: u64,
     /// The response cache (`[cache]`); `None`: no cache.
     pub cache: Option<crate::handler::cache::Settings>,
+    /// The default site's client-certificate policy; `None`: none asked for.
+    pub client_auth: Option<tls::ClientAuth>,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -190,11 +193,23 @@ fn resolve_paths(file: &mut Options, base: &Path) {
     for p in file.ticket_keys.iter_mut().flatten() {
         rel(p);
     }
+    for a in file.auth.iter_mut().flatten() {
+        rel(&mut a.users);
+    }
+    if let Some(p) = &mut file.client_ca {
+        rel(p);
+    }
     for site in file.site.iter_mut().flatten() {
         for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
             rel(p);
         }
         rel(&mut site.root);
+        for a in site.auth.iter_mut().flatten() {
+            rel(&mut a.users);
+        }
+        if let Some(p) = &mut site.client_ca {
+            rel(p);
+        }
         if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
             rel(p);
         }
@@ -291,6 +306,7 @@ impl Config {
             max_connections_per_ip: routing::max_connections_per_ip(&o)?,
             compress_cache_size: compress::cache_size(&o)?,
             cache: cache::cache(o.cache.as_ref())?,
+            client_auth: tls::client_auth(&top, "")?,
         })
     }
 }

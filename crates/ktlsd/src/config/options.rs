@@ -155,6 +155,15 @@ schema! {
         /// Largest file compressed on the fly, in bytes; larger ones go out as they are [default: 10485760]
         #[arg(long, value_name = "BYTES")]
         compress_max_size: u64,
+        /// Basic auth: [[auth]] blocks, each path (a pattern such as "/private/*"), users (an htpasswd file of bcrypt or argon2 hashes) and realm; the first block whose path matches asks; file only [default: none]
+        #[arg(skip)]
+        auth: Vec<super::auth::FileAuth>,
+        /// Client certificates (mTLS): the CAs, PEM, whose certificates clients must present (with client_auth); chosen per site by the TLS server name [default: none: no certificate is asked for]
+        #[arg(long, value_name = "PEM")]
+        client_ca: PathBuf,
+        /// Client certificates: require (the handshake fails without a certificate of client_ca), optional (one is asked for, and checked when sent) or none [default: require when client_ca is set]
+        #[arg(long, value_name = "require|optional|none", hide_possible_values = true)]
+        client_auth: super::tls::ClientAuthMode,
     }
     global {
         /// Directory to serve [default: the current directory]
@@ -349,6 +358,7 @@ choice! {
     UnknownName => "unknown_sni",
     LogFormat => "access_log_format",
     LogLevel => "log_level",
+    super::tls::ClientAuthMode => "client_auth",
 }
 
 /// The least severe of ktlsd's own messages that is written.

@@ -93,7 +93,15 @@ pub fn generate() -> String {
          duration is seconds (a number) or a string such as `\"500ms\"`.\n",
     );
     for key in top.iter().filter(|k| !serve.get_arguments().any(|a| a.get_id() == **k)) {
-        let _ = writeln!(out, "\nFile only: `{key}`, below.");
+        let _ = match *key {
+            "auth" => writeln!(
+                out,
+                "\nFile only: `auth`, `[[auth]]` blocks (top level and `[[site.auth]]`) with `path` \
+                 (`\"/private/*\"`), `users` (an htpasswd file) and `realm`: see \
+                 [access-control.md](access-control.md)."
+            ),
+            _ => writeln!(out, "\nFile only: `{key}`, below."),
+        };
     }
     out.push_str("\n### `[[site]]`\n\nA named site: its own names, root and certificate. Keys:\n\n");
     for key in SITE_BLOCK_KEYS {

@@ -44,6 +44,8 @@ pub struct SiteConfig {
     pub dotfiles: bool,
     /// Per site; what a site leaves out is the top level's.
     pub content: crate::handler::Content,
+    /// Client certificates asked for by this site's TLS server names; `None`: none.
+    pub client_auth: Option<super::tls::ClientAuth>,
 }
 
 /// Validates the `[[site]]` blocks: names well formed and each in one site only,
@@ -85,6 +87,7 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
             super::routing::routing(&options, s.canonical.as_deref(), Some(names.exact()), &format!("{which}: "))?;
         out.push(SiteConfig {
             content,
+            client_auth: super::tls::client_auth(&options, &format!("{which}: "))?,
             names,
             root,
             cert,

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::options::Options;
+use super::options::{Options, SiteOptions};
 use super::{err, ConfigError};
 use crate::tls::sizing::RecordPolicy;
 use crate::vocab::TlsVersion;
@@ -77,6 +77,37 @@ pub fn tls(o: &Options) -> Result<Tls, ConfigError> {
     })
 }
 
+/// Whether a site asks for client certificates (`client_auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum ClientAuthMode {
+    /// A certificate of `client_ca` is required: the handshake fails without one.
+    Require,
+    /// A certificate is asked for; one that is sent must be of `client_ca`.
+    Optional,
+    /// No certificate is asked for (a site's way out of the top level's policy).
+    None,
+}
+
+/// A site's client-certificate policy, validated (the CA file is read by the `tls` layer).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClientAuth {
+    pub ca: PathBuf,
+    /// `Require` or `Optional`.
+    pub mode: ClientAuthMode,
+}
+
+/// A site's `client_ca` and `client_auth`; errors start with `which`.
+pub fn client_auth(o: &SiteOptions, which: &str) -> Result<Option<ClientAuth>, ConfigError> {
+    match (&o.client_ca, o.client_auth) {
+        (_, Some(ClientAuthMode::None)) | (None, None) => Ok(None),
+        (None, Some(mode)) => err(format!(
+            "{which}client_auth = {:?} needs client_ca, the CA certificates (PEM) client certificates are checked against",
+            if mode == ClientAuthMode::Require { "require" } else { "optional" }
+        )),
+        (Some(ca), mode) => Ok(Some(ClientAuth { ca: ca.clone(), mode: mode.unwrap_or(ClientAuthMode::Require) })),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::options::List;
@@ -111,5 +142,31 @@ mod tests {
         }
         let adaptive = tls(&Options { record_size: Some("adaptive".into()), ..base() }).map(|t| t.tcp.notsent_lowat);
         assert_eq!(adaptive.ok(), Some(Some(ADAPTIVE_NOTSENT_LOWAT)));
+    }
+
+    #[test]
+    fn client_auth_policies() {
+        use ClientAuthMode::{Optional, Require};
+        let ca = || Some(PathBuf::from("ca.pem"));
+        let policy = |mode| Ok(Some(ClientAuth { ca: "ca.pem".into(), mode }));
+        type Want = Result<Option<ClientAuth>, &'static str>;
+        let table: Vec<(Option<PathBuf>, Option<ClientAuthMode>, Want)> = vec![
+            (None, None, Ok(None)),
+            (ca(), None, policy(Require)),
+            (ca(), Some(Require), policy(Require)),
+            (ca(), Some(Optional), policy(Optional)),
+            (ca(), Some(ClientAuthMode::None), Ok(None)),
+            (None, Some(ClientAuthMode::None), Ok(None)),
+            (None, Some(Require), Err("site 1: client_auth = \"require\" needs client_ca")),
+            (None, Some(Optional), Err("client_auth = \"optional\" needs client_ca")),
+        ];
+        for (client_ca, mode, want) in table {
+            let o = SiteOptions { client_ca: client_ca.clone(), client_auth: mode, ..Default::default() };
+            match (client_auth(&o, "site 1: "), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got, w, "{client_ca:?} {mode:?}"),
+                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{e}"),
+                (got, w) => panic!("{client_ca:?} {mode:?}: got {got:?}, want {w:?}"),
+            }
+        }
     }
 }

@@ -33,6 +33,8 @@ pub struct Content {
     pub routing: super::routing::Routing,
     /// On-the-fly compression; `None`: off.
     pub compress: Option<Policy>,
+    /// `[[auth]]` rules and their failure table; `None`: no basic auth.
+    pub auth: Option<std::sync::Arc<super::auth::Auth>>,
 }
 
 impl Content {
@@ -47,6 +49,7 @@ impl Content {
         cors: None,
         routing: super::routing::Routing::NONE,
         compress: None,
+        auth: None,
     };
 
     /// [`Content::NONE`] for as long as needed.

@@ -2,10 +2,10 @@
 //! [`Response`] description out. [`handle`] runs the request phases in a fixed
 //! order, each in its own module, the first that answers ending the request:
 //! canonical host ([`canonical`]), redirects ([`redirect`]), IP rules
-//! ([`access`]), the per-client rate limit ([`limit`]), then the static answer
-//! (with [`try_files`]). The static answer resolves the path beneath the site's root,
-//! lists or redirects directories, evaluates preconditions and a single byte
-//! range, answers HEAD without a body and OPTIONS (CORS preflights included) with
+//! ([`access`]), the per-client rate limit ([`limit`]), basic auth ([`auth`]), then the
+//! static answer (with [`try_files`]). The static answer resolves the path beneath the site's root,
+//! lists or redirects directories, evaluates preconditions and byte ranges
+//! (one, or several as `multipart/byteranges`), answers HEAD without a body and OPTIONS (CORS preflights included) with
 //! 204, puts the site's header rules and CORS fields on its answers, and HSTS on
 //! every response. A file is sent as a precompressed variant or compressed on the
 //! fly ([`compress`]) when the client accepts it.
@@ -14,11 +14,13 @@
 //! of bodies belong to the codec (`http::h1`, later HTTP/2).
 
 pub mod access;
+pub mod auth;
 #[allow(dead_code, unused_imports)] // its lookup and fill API is the reverse proxy's to call
 pub mod cache;
 pub mod canonical;
 pub mod compress;
 pub mod content;
+pub mod htpasswd;
 pub mod limit;
 pub mod pattern;
 pub mod preconditions;
@@ -34,7 +36,7 @@ pub mod try_files;
 pub use compress::prepare;
 pub use content::Content;
 pub use request::{Method, Request};
-pub use response::{Body, Header, Response, Status};
+pub use response::{Body, Header, Part, Response, Status};
 pub use sites::{Pick, Sites};
 
 use crate::files::{self, Refusal, Resolved, Root};
@@ -94,6 +96,9 @@ fn phases(req: &Request, site: &Site<'_>) -> Response {
         return r;
     }
     if let Some(r) = limit::phase(req.client, routing.limiter.as_deref()) {
+        return r;
+    }
+    if let Some(r) = site.content.auth.as_ref().and_then(|a| a.check(req, std::time::Instant::now())) {
         return r;
     }
     static_answer(req, site)
@@ -299,13 +304,18 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
         Outcome::Failed => return Response::page(Status::PRECONDITION_FAILED),
     }
 
-    let range = match req.headers.range {
+    let range = match &req.headers.range {
         Some(spec) if preconditions::range_applies(&req.headers, &v) => spec.resolve(size),
         _ => RangeOutcome::Full,
     };
+    let mut several = None;
     let (status, range) = match range {
         RangeOutcome::Full => (Status::OK, 0..size),
         RangeOutcome::Partial(r) => (Status::PARTIAL_CONTENT, r),
+        RangeOutcome::Multi(ranges) => {
+            several = Some(ranges);
+            (Status::PARTIAL_CONTENT, 0..size)
+        }
         RangeOutcome::Unsatisfiable => {
             return Response::page(Status::RANGE_NOT_SATISFIABLE)
                 .with(Header::ContentRange(ContentRange::Unsatisfied { size }));
@@ -325,6 +335,17 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
         headers.push(Header::VaryAcceptEncoding);
     }
     with_file_rules(&mut headers, site, &rel);
+    if let Some(ranges) = several {
+        // Each part says its type; the whole is multipart (RFC 9110 section 14.6).
+        let boundary = range::boundary();
+        let is_type = |h: &Header| h.name().eq_ignore_ascii_case("Content-Type");
+        let part_type = headers.iter().find(|h| is_type(h)).map(Header::to_string).unwrap_or_default();
+        let (parts, len) = range::multipart(&ranges, size, &part_type, &boundary);
+        headers.retain(|h| !is_type(h) && !matches!(h, Header::ContentLength(_)));
+        headers.insert(0, Header::ContentType(format!("multipart/byteranges; boundary={boundary}").into()));
+        headers.insert(1, Header::ContentLength(len));
+        return Response { status, headers, body: Body::Parts { found, parts }, refused: None };
+    }
     if status == Status::PARTIAL_CONTENT {
         headers.push(Header::ContentRange(ContentRange::Bytes { range: range.clone(), size }));
     }

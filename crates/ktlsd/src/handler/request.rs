@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use super::range::ByteRangeSpec;
+use super::range::RangeSet;
 pub use crate::vocab::Method;
 
 /// One request.
@@ -147,7 +147,7 @@ pub struct Headers {
     pub if_modified_since: Option<SystemTime>,
     /// `None` when absent or not one byte range this server honours (then the whole
     /// file is sent): several ranges, other units, malformed.
-    pub range: Option<ByteRangeSpec>,
+    pub range: Option<RangeSet>,
     pub if_range: Option<IfRange>,
     /// `None` when absent: any coding is acceptable, identity preferred (RFC 9110 section 12.5.3).
     pub accept_encoding: Option<AcceptEncoding>,
@@ -159,6 +159,8 @@ pub struct Headers {
     pub cors_headers: Option<String>,
     /// The form of a directory listing Accept asks for.
     pub listing: ListingFormat,
+    /// Authorization, as sent (the last line when repeated).
+    pub authorization: Option<String>,
 }
 
 /// Which form of a directory listing the client wants.
@@ -320,6 +322,7 @@ pub struct HeaderFields {
     cors_method: Option<String>,
     cors_headers: Option<String>,
     accept: Option<String>,
+    authorization: Option<String>,
 }
 
 impl HeaderFields {
@@ -350,6 +353,8 @@ impl HeaderFields {
             join(&mut self.cors_headers, value);
         } else if is("accept") {
             join(&mut self.accept, value);
+        } else if is("authorization") {
+            self.authorization = Some(value.to_string());
         }
     }
 
@@ -359,13 +364,14 @@ impl HeaderFields {
             if_none_match: self.if_none_match.as_deref().map(TagCondition::parse),
             if_unmodified_since: self.if_unmodified_since.as_deref().and_then(http_date),
             if_modified_since: self.if_modified_since.as_deref().and_then(http_date),
-            range: self.range.as_deref().and_then(ByteRangeSpec::parse),
+            range: self.range.as_deref().and_then(RangeSet::parse),
             if_range: self.if_range.as_deref().map(IfRange::parse),
             accept_encoding: self.accept_encoding.as_deref().map(AcceptEncoding::parse),
             origin: self.origin,
             cors_method: self.cors_method,
             cors_headers: self.cors_headers,
             listing: self.accept.as_deref().map_or(ListingFormat::Html, ListingFormat::from_accept),
+            authorization: self.authorization,
         }
     }
 }
@@ -498,7 +504,7 @@ mod tests {
         assert_eq!(h.if_match, Some(TagCondition::Tags(vec![strong("\"c\"")])));
         assert_eq!(h.if_range, Some(IfRange::Invalid));
         assert_eq!(h.if_modified_since, None, "the last line wins, and it is no date");
-        assert_eq!(h.range, ByteRangeSpec::parse("bytes=2-3"));
+        assert_eq!(h.range, RangeSet::parse("bytes=2-3"));
         assert!(h.range.is_some());
         assert_eq!(HeaderFields::default().parse(), Headers::default());
     }

@@ -23,6 +23,7 @@ impl Status {
     pub const MOVED_PERMANENTLY: Status = Status(301);
     pub const NOT_MODIFIED: Status = Status(304);
     pub const BAD_REQUEST: Status = Status(400);
+    pub const UNAUTHORIZED: Status = Status(401);
     pub const FORBIDDEN: Status = Status(403);
     pub const NOT_FOUND: Status = Status(404);
     pub const METHOD_NOT_ALLOWED: Status = Status(405);
@@ -51,6 +52,7 @@ impl Status {
             308 => "Permanent Redirect",
             304 => "Not Modified",
             400 => "Bad Request",
+            401 => "Unauthorized",
             403 => "Forbidden",
             404 => "Not Found",
             405 => "Method Not Allowed",
@@ -188,7 +190,37 @@ pub enum Body {
     Bytes(Vec<u8>),
     /// Part of an open file, half-open, within its length.
     File { found: Found, range: Range<u64> },
+    /// A body made of parts, each bytes in memory or a range of the one open file
+    /// (a `multipart/byteranges` body: delimiters between file ranges).
+    Parts { found: Found, parts: Vec<Part> },
 }
+
+impl Body {
+    /// The bytes the body describes, read from its file where it has one.
+    #[cfg(test)]
+    pub fn read_all(&self) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let read = |found: &Found, range: &Range<u64>| {
+            let mut buf = vec![0; (range.end - range.start) as usize];
+            found.file.read_exact_at(&mut buf, range.start).expect("read the body's file");
+            buf
+        };
+        match self {
+            Body::Empty => Vec::new(),
+            Body::Bytes(b) => b.clone(),
+            Body::File { found, range } => read(found, range),
+            Body::Parts { found, parts } => parts
+                .iter()
+                .flat_map(|p| match p {
+                    Part::Bytes(b) => b.clone(),
+                    Part::File(r) => read(found, r),
+                })
+                .collect(),
+        }
+    }
+}
+
+pub use super::range::Part;
 
 impl fmt::Debug for Body {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -196,6 +228,7 @@ impl fmt::Debug for Body {
             Body::Empty => f.write_str("Empty"),
             Body::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
             Body::File { found, range } => write!(f, "File({:?}, {range:?})", found.rel),
+            Body::Parts { found, parts } => write!(f, "Parts({:?}, {} parts)", found.rel, parts.len()),
         }
     }
 }

@@ -53,6 +53,7 @@ fn body(r: &Response) -> Vec<u8> {
         }
         Body::Bytes(b) => b.clone(),
         Body::Empty => Vec::new(),
+        Body::Parts { .. } => panic!("a multipart body was not expected here"),
     }
 }
 

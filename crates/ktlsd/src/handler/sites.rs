@@ -17,6 +17,8 @@ pub struct NamedSite {
     pub files: files::Options,
     pub hsts: Option<String>,
     pub content: super::Content,
+    /// Whether its handshakes ask for a client certificate (see [`Sites::pick_for`]).
+    pub client_auth: bool,
 }
 
 impl NamedSite {
@@ -31,6 +33,8 @@ pub struct Sites<'a> {
     pub named: &'a [NamedSite],
     pub default: Site<'a>,
     pub unknown: UnknownName,
+    /// Whether the default site's handshakes ask for a client certificate.
+    pub default_client_auth: bool,
 }
 
 /// The site a request is for.
@@ -45,7 +49,7 @@ impl<'a> Sites<'a> {
     /// One site answering every name.
     #[cfg(test)]
     pub fn single(site: Site<'a>) -> Sites<'a> {
-        Sites { named: &[], default: site, unknown: UnknownName::Default }
+        Sites { named: &[], default: site, unknown: UnknownName::Default, default_client_auth: false }
     }
 
     /// The site for a request's Host/:authority. A request without one (HTTP/1.0)
@@ -72,10 +76,74 @@ impl<'a> Sites<'a> {
     }
 }
 
+impl<'a> Sites<'a> {
+    /// [`Sites::pick`] for a request on a connection whose handshake named
+    /// `server_name`: a request whose Host picks a site that asks for client
+    /// certificates, other than the one the handshake was made for, is
+    /// misdirected (421), as nginx answers it: that handshake checked no
+    /// certificate for this site.
+    pub fn pick_for(&self, authority: Option<&str>, server_name: Option<&str>) -> Pick<'a> {
+        let pick = self.pick(authority);
+        let by_host = self.index(authority);
+        let asks = by_host.map_or(self.default_client_auth, |i| self.named[i].client_auth);
+        if asks && by_host != self.index(server_name) {
+            return Pick::Misdirected;
+        }
+        pick
+    }
+
+    /// Which named site `name` (a Host or a server name) picks; `None`: the default.
+    fn index(&self, name: Option<&str>) -> Option<usize> {
+        let host = host_of(name?);
+        let named: &[NamedSite] = self.named;
+        let site = find(named, |s| &s.names, &host)?;
+        named.iter().position(|s| std::ptr::eq(s, site))
+    }
+}
+
 /// `192.0.2.1` or `[2001:db8::1]`, as [`host_of`] leaves them.
 fn is_ip_literal(host: &str) -> bool {
     match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
         None => host.parse::<std::net::Ipv4Addr>().is_ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_of_other_sites_than_the_handshakes_are_misdirected_when_they_ask_for_certificates() {
+        let root = || Root::new(&std::env::temp_dir()).expect("temp dir");
+        let site = |name: &str, client_auth| NamedSite {
+            names: Names::parse(&[name.to_string()]).expect("names"),
+            root: root(),
+            files: files::Options { dotfiles: false, autoindex: false, cache_entries: 0 },
+            hsts: None,
+            content: super::super::Content::default(),
+            client_auth,
+        };
+        let named = [site("secure.test", true), site("open.test", false)];
+        let default_root = root();
+        let default = named[1].site();
+        let default = Site { root: &default_root, ..default };
+        for (default_client_auth, host, sni, misdirected) in [
+            (false, Some("secure.test"), Some("secure.test"), false),
+            (false, Some("SECURE.test:8443"), Some("secure.test"), false),
+            (false, Some("secure.test"), Some("open.test"), true),
+            (false, Some("secure.test"), None, true),
+            (false, Some("secure.test"), Some("other.test"), true),
+            (false, Some("open.test"), Some("secure.test"), false),
+            (false, Some("other.test"), Some("secure.test"), false),
+            (false, None, Some("secure.test"), false),
+            (true, Some("other.test"), Some("open.test"), true),
+            (true, None, None, false),
+            (true, Some("other.test"), Some("another.test"), false),
+        ] {
+            let sites = Sites { named: &named, default, unknown: UnknownName::Default, default_client_auth };
+            let got = matches!(sites.pick_for(host, sni), Pick::Misdirected);
+            assert_eq!(got, misdirected, "{default_client_auth} Host {host:?} SNI {sni:?}");
+        }
     }
 }

@@ -80,6 +80,7 @@ impl<S> Context<'_, S> {
             referer: request.and_then(|r| r.referer),
             user_agent: request.and_then(|r| r.user_agent),
             tls: conn.tls(),
+            client_subject: conn.client_subject(),
         });
     }
 

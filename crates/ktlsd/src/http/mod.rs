@@ -7,6 +7,7 @@ pub mod conn;
 pub mod h1;
 pub mod h2;
 pub mod host;
+pub mod parts;
 #[cfg(test)]
 pub mod testing;
 pub mod transport;

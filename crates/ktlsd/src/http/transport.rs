@@ -53,4 +53,14 @@ pub trait Transport {
     fn tls(&self) -> Option<crate::log::TlsInfo> {
         None
     }
+
+    /// The subject of the client's verified certificate (mTLS), for the access log.
+    fn client_subject(&self) -> Option<&str> {
+        None
+    }
+
+    /// The server name the client's handshake named (SNI), which chose its client-certificate check.
+    fn server_name(&self) -> Option<&str> {
+        None
+    }
 }

@@ -401,6 +401,7 @@ mod tests {
             files: crate::files::Options { dotfiles: false, autoindex: false, cache_entries: 0 },
             hsts: None,
             content: crate::handler::Content::default(),
+            client_auth: false,
         };
         let sites = [site];
         plant(&cache, &cache::Key::new("", "/p?x=1"), &[("accept-encoding", "gzip")], b"gz");

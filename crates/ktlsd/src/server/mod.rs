@@ -67,6 +67,8 @@ pub struct Shared {
     pub root: Root,
     pub file_options: files::Options,
     pub tls: Arc<ServerConfig>,
+    /// The configurations of sites that ask for client certificates, by server name.
+    pub client_auth: crate::tls::client_auth::ClientAuthConfigs,
     /// The kernel's kTLS abilities, when kTLS is to be used.
     pub ktls: Option<Arc<crate::tls::kernel::Support>>,
     /// The `[[site]]`s, opened; the fields above serve as the default site.
@@ -93,7 +95,8 @@ impl Shared {
             hsts: self.config.hsts.as_deref(),
             content: &self.config.content,
         };
-        Sites { named: &self.sites, default, unknown: self.config.unknown_sni }
+        let default_client_auth = self.config.client_auth.is_some();
+        Sites { named: &self.sites, default, unknown: self.config.unknown_sni, default_client_auth }
     }
 }
 

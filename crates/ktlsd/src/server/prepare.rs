@@ -14,13 +14,16 @@ use anyhow::{anyhow, Context};
 use super::acme::{self, AcmeSites};
 use super::{congestion, Shared};
 use crate::acme::{Challenge, Challenges};
+use crate::config::tls::ClientAuthMode;
 use crate::config::{Config, KtlsMode, SiteCert};
 use crate::files::{self, Root};
 use crate::handler::sites::NamedSite;
 use crate::http::{h1, h2};
+use crate::tls::client_auth::{ClientAuthConfigs, Mode, Policy};
 use crate::tls::config::{server_config, Identity, TlsSettings};
 use crate::tls::sni::SiteKey;
 use crate::tls::SessionSettings;
+use rustls::ServerConfig;
 
 /// A configuration turned into what workers serve with.
 pub struct Prepared {
@@ -56,6 +59,7 @@ pub fn prepare(
     let (keys, sites, alpn01) = open_sites(&config, &settings, cache_entries, acme)?;
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
     let tls = server_config(&settings, identity, keys, config.unknown_sni, alpn01.then(|| challenges.clone()))?;
+    let client_auth = client_auth_configs(&config, &tls)?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
     let ktls = match previous {
         Some(p) if p.config.ktls == config.ktls => p.ktls.clone(),
@@ -68,6 +72,7 @@ pub fn prepare(
         None => None,
     };
     let shared = Shared {
+        client_auth,
         file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },
         h1: h1_settings(&config),
         h2: h2_settings(&config),
@@ -96,6 +101,23 @@ pub fn open_cache(
     let cache = crate::handler::cache::Cache::open(c)?;
     tracing::info!("response cache in {} (max_size {} bytes)", c.dir.display(), c.max_size);
     Ok(Some(cache))
+}
+
+/// The configurations that ask for client certificates (mTLS), over `base`: the
+/// default site's and each `[[site]]`'s, by their names; each CA file read here.
+fn client_auth_configs(config: &Config, base: &ServerConfig) -> anyhow::Result<ClientAuthConfigs> {
+    let policy = |c: &Option<crate::config::tls::ClientAuth>| {
+        c.as_ref().map(|c| Policy {
+            ca: c.ca.clone(),
+            mode: match c.mode {
+                ClientAuthMode::Optional => Mode::Optional,
+                _ => Mode::Require,
+            },
+        })
+    };
+    let versions: Vec<_> = config.tls_versions.iter().map(|v| v.supported()).collect();
+    let sites: Vec<_> = config.sites.iter().map(|s| (s.names.clone(), policy(&s.client_auth))).collect();
+    Ok(ClientAuthConfigs::new(base, &versions, policy(&config.client_auth).as_ref(), &sites)?)
 }
 
 /// The `[[site]]`s of `config`: each one's certificate key for the resolver
@@ -153,6 +175,7 @@ fn open_sites(
             files,
             hsts: site.hsts.clone(),
             content: site.content.clone(),
+            client_auth: site.client_auth.is_some(),
         });
     }
     Ok((keys, sites, alpn01))

@@ -373,7 +373,8 @@ async fn connection(
         let _ = tcp::set_congestion(stream.as_fd(), cc);
     }
 
-    let established = match handshake::accept(&stream, shared.tls.clone(), cfg.timeouts.handshake).await {
+    let (tls, client_auth) = (shared.tls.clone(), Some(&shared.client_auth));
+    let established = match handshake::accept_choosing(&stream, tls, client_auth, cfg.timeouts.handshake).await {
         Ok(e) => e,
         Err(e) => {
             let kind = e.kind();

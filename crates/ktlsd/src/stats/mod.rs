@@ -18,6 +18,11 @@ pub use traffic::{Histogram, TcpEnd, Traffic, INITIAL_WINDOW_BYTES};
 /// A counter with one writer (its worker) and any number of readers.
 pub type Counter = AtomicU64;
 
+/// Basic-auth attempts with wrong or malformed credentials (all workers add to it).
+pub static AUTH_FAILURES: AtomicU64 = AtomicU64::new(0);
+/// Requests refused with 429 for too many failed basic-auth attempts (all workers add to it).
+pub static AUTH_RATE_LIMITED: AtomicU64 = AtomicU64::new(0);
+
 macro_rules! counters {
     ($($name:ident: $doc:literal),* $(,)?) => {
         /// Counters of one worker (or, summed, of the server).

@@ -163,6 +163,16 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         ),
         ("ktlsd_compressed_hits_total", "Answers sent from a body stored compressed on the fly.", &s.compressed_hits),
         ("ktlsd_compressed_made_total", "Compressions into the compressed-body store started.", &s.compressed_made),
+        (
+            "ktlsd_auth_failures_total",
+            "Basic-auth attempts with wrong or malformed credentials.",
+            &super::AUTH_FAILURES,
+        ),
+        (
+            "ktlsd_auth_rate_limited_total",
+            "Requests refused with 429 for too many failed basic-auth attempts.",
+            &super::AUTH_RATE_LIMITED,
+        ),
     ] {
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));

@@ -50,7 +50,7 @@ pub struct TlsSettings {
 pub struct SetupError(String);
 
 impl SetupError {
-    fn new(msg: impl Into<String>) -> Self {
+    pub(super) fn new(msg: impl Into<String>) -> Self {
         SetupError(msg.into())
     }
 }

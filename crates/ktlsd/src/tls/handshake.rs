@@ -25,6 +25,7 @@ use rustls::{AlertDescription, ServerConfig};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::client_auth::ClientAuthConfigs;
 use crate::net;
 use crate::vocab::HttpVersion;
 
@@ -146,6 +147,9 @@ impl fmt::Display for SentAlert {
 /// in both directions and with nothing left to send.
 pub struct Established {
     pub conn: UnbufferedServerConnection,
+    /// The ClientHello's server name, when it was read to choose a client-certificate
+    /// policy (some site asks for certificates); `None` otherwise.
+    pub server_name: Option<String>,
 }
 
 impl Established {
@@ -161,13 +165,29 @@ impl Established {
 /// one the RFC names when rustls queued none), then FIN; its input is then
 /// drained for a moment ([`REFUSAL_LINGER`]), so closing does not reset the
 /// connection before the client has read the alert.
+#[cfg(test)]
 pub async fn accept(
     stream: &TcpStream,
     config: Arc<ServerConfig>,
     timeout: Duration,
 ) -> Result<Established, HandshakeError> {
+    accept_choosing(stream, config, None, timeout).await
+}
+
+/// [`accept`], with the configuration chosen by the ClientHello's server name
+/// among `client_auth`'s (sites that ask for client certificates), else `config`.
+///
+/// # Cancel safety
+/// Not cancel-safe, as the handshake it runs: a dropped future leaves the
+/// connection mid-handshake, and the caller drops the connection with it.
+pub async fn accept_choosing(
+    stream: &TcpStream,
+    config: Arc<ServerConfig>,
+    client_auth: Option<&ClientAuthConfigs>,
+    timeout: Duration,
+) -> Result<Established, HandshakeError> {
     let deadline = Instant::now() + timeout;
-    let result = drive(stream, config, deadline).await;
+    let result = drive(stream, config, client_auth.filter(|c| !c.is_empty()), deadline).await;
     if let Err(e) = &result {
         let own = match e {
             HandshakeError::RecordTooLarge(_) => Some(AlertDescription::RecordOverflow),
@@ -188,10 +208,9 @@ pub async fn accept(
 async fn drive(
     stream: &TcpStream,
     config: Arc<ServerConfig>,
+    client_auth: Option<&ClientAuthConfigs>,
     deadline: Instant,
 ) -> Result<Established, HandshakeError> {
-    let mut conn = UnbufferedServerConnection::new(config)
-        .map_err(|error| HandshakeError::Tls { error, alert: SentAlert::None })?;
     let mut incoming = Incoming::default();
     let mut outgoing: Vec<u8> = Vec::with_capacity(8192);
     let mut out_len = 0usize;
@@ -205,6 +224,21 @@ async fn drive(
     if (20..=24).contains(&incoming.buf[0]) {
         incoming.note_read()?;
     }
+    let mut server_name = None;
+    let config = match client_auth {
+        Some(choices) => match read_client_hello(stream, &mut incoming, deadline).await? {
+            // An ACME tls-alpn-01 validation presents no client certificate.
+            Some((name, acme)) if !acme => {
+                let chosen = choices.for_name(name.as_deref()).unwrap_or(config);
+                server_name = name;
+                chosen
+            }
+            _ => config,
+        },
+        None => config,
+    };
+    let mut conn = UnbufferedServerConnection::new(config)
+        .map_err(|error| HandshakeError::Tls { error, alert: SentAlert::None })?;
 
     loop {
         let status = conn.process_tls_records(&mut incoming.buf[..incoming.filled]);
@@ -253,7 +287,7 @@ async fn drive(
             if !conn.is_handshaking() {
                 // Reading by record means nothing past the client's Finished was consumed.
                 debug_assert_eq!(incoming.filled, 0);
-                return Ok(Established { conn });
+                return Ok(Established { conn, server_name });
             }
             if conn.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3) {
                 incoming.drop_skipped_early_data();
@@ -268,6 +302,47 @@ async fn drive(
                 }
             }
         }
+    }
+}
+
+/// Reads whole records until they hold the ClientHello, and returns its server
+/// name and whether it offers ACME's tls-alpn-01 protocol; `None` when they hold
+/// no valid ClientHello (rustls then refuses the same bytes with its own alert).
+/// Nothing past the ClientHello's last record is read, so the handshake goes on
+/// over `incoming` as if it had read them itself. Not cancel-safe (see [`accept_choosing`]).
+async fn read_client_hello(
+    stream: &TcpStream,
+    incoming: &mut Incoming,
+    deadline: Instant,
+) -> Result<Option<(Option<String>, bool)>, HandshakeError> {
+    if !(20..=24).contains(&incoming.buf[0]) {
+        return Ok(None);
+    }
+    let mut acceptor = rustls::server::Acceptor::default();
+    let mut fed = 0;
+    loop {
+        if let Some(end) = incoming.record_end.filter(|&end| incoming.filled >= end) {
+            let mut whole = &incoming.buf[fed..end];
+            while !whole.is_empty() {
+                match acceptor.read_tls(&mut whole) {
+                    Ok(0) | Err(_) => return Ok(None),
+                    Ok(_) => {}
+                }
+            }
+            fed = end;
+            match acceptor.accept() {
+                Ok(Some(accepted)) => {
+                    let hello = accepted.client_hello();
+                    let acme = hello.alpn().is_some_and(|mut p| p.any(|p| p == crate::acme::ACME_TLS_ALPN));
+                    return Ok(Some((hello.server_name().map(str::to_string), acme)));
+                }
+                Ok(None) => {}
+                Err(_) => return Ok(None),
+            }
+        }
+        let range = incoming.next_read()?;
+        read_before(stream, incoming, range, deadline).await?;
+        incoming.note_read()?;
     }
 }
 
@@ -314,8 +389,8 @@ impl Incoming {
     /// early data would exhaust the budget (RFC 8446 §4.2.10 asks to skip up to
     /// the announced size). Once rustls is blocked, a whole record still at the
     /// front is one it skipped, unless it is the first fragment of the client's
-    /// Finished split over records, which rustls keeps decrypted in place (the
-    /// only handshake message a client sends then: ktlsd asks no certificate).
+    /// Finished split over records, which rustls keeps decrypted in place, or of
+    /// the client's Certificate or CertificateVerify when its site asks for one.
     fn drop_skipped_early_data(&mut self) {
         loop {
             // Whole records rustls has seen: the current one too once complete.
@@ -325,7 +400,10 @@ impl Incoming {
             };
             let Some(len) = record_len(&self.buf[..seen]) else { return };
             let end = HEADER_LEN + len;
-            let finished_fragment = self.buf.get(HEADER_LEN) == Some(&u8::from(rustls::HandshakeType::Finished));
+            let finished_fragment = self.buf.get(HEADER_LEN).is_some_and(|&t| {
+                use rustls::HandshakeType::{Certificate, CertificateVerify, Finished};
+                [Finished, Certificate, CertificateVerify].iter().any(|&h| t == u8::from(h))
+            });
             if self.buf[0] != u8::from(rustls::ContentType::ApplicationData) || end > seen || finished_fragment {
                 return;
             }
@@ -506,6 +584,9 @@ async fn send_pending_alert(
             break;
         }
     }
+    if conn.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2) {
+        tls12_alerts(&mut out[..*out_len]);
+    }
     let sent = &out[..*out_len];
     if !sent.is_empty() {
         let _ = net::write_all(stream, sent, REFUSAL_WRITE_TIMEOUT).await;
@@ -543,6 +624,23 @@ fn plain_alert(alert: AlertDescription) -> [u8; HEADER_LEN + 2] {
 }
 
 /// What the last record of `bytes` (whole records as sent) says about the alert.
+/// Rewrites plaintext certificate_required alerts, which only TLS 1.3 defines
+/// (RFC 8446 section 6.2) and rustls also sends in TLS 1.2, as handshake_failure,
+/// TLS 1.2's answer to a client that sent no certificate (RFC 5246 section 7.4.6).
+fn tls12_alerts(bytes: &mut [u8]) {
+    let mut at = 0;
+    while let Some(len) = record_len(&bytes[at..]) {
+        let end = at + HEADER_LEN + len;
+        if bytes[at] == 0x15 && len == 2 && end <= bytes.len() && bytes[end - 1] == 116 {
+            bytes[end - 1] = u8::from(AlertDescription::HandshakeFailure);
+        }
+        at = end;
+        if at >= bytes.len() {
+            break;
+        }
+    }
+}
+
 fn last_alert(bytes: &[u8]) -> SentAlert {
     let mut at = 0;
     let mut last = SentAlert::None;
@@ -693,6 +791,9 @@ mod tests {
         for (bytes, want) in cases {
             assert_eq!(last_alert(bytes), *want, "{bytes:?}");
         }
+        let mut records = [0x16, 3, 3, 0, 1, 116, 0x15, 3, 3, 0, 2, 2, 116, 0x17, 3, 3, 0, 2, 2, 116];
+        tls12_alerts(&mut records);
+        assert_eq!(records, [0x16, 3, 3, 0, 1, 116, 0x15, 3, 3, 0, 2, 2, 40, 0x17, 3, 3, 0, 2, 2, 116]);
     }
 }
 

@@ -9,6 +9,7 @@
 //! This layer knows nothing of the server's configuration: it takes
 //! [`config::TlsSettings`] and [`SessionSettings`] built for it.
 
+pub mod client_auth;
 pub mod config;
 pub mod error;
 pub mod handshake;
@@ -69,6 +70,9 @@ pub fn establish(
         (Some(version), Some(cipher)) => Some(crate::log::TlsInfo { version, cipher }),
         _ => None,
     };
+    // Verified by the site's client verifier during the handshake.
+    let client = conn.peer_certificates().and_then(|chain| chain.first()).and_then(|c| client_auth::subject_of(c));
+    let server_name = established.server_name;
     let sizer = RecordSizer::new(settings.record_policy, record_expansion(&conn));
     let support = kernel.filter(|k| conn.negotiated_cipher_suite().is_some_and(|s| k.supports_both(s)));
     let prepared = support.and_then(|k| {
@@ -80,12 +84,14 @@ pub fn establish(
     let tls = match prepared {
         Some((k, prepared)) => KernelTls::install(&stream, prepared, conn, k.record_cap(settings.record_policy))?,
         None => {
-            return Ok(
-                Session::userspace(stream, UserspaceTls::new(conn)?, sizer, settings.send_timeout).with_info(info)
-            )
+            return Ok(Session::userspace(stream, UserspaceTls::new(conn)?, sizer, settings.send_timeout)
+                .with_info(info)
+                .with_client(client, server_name.as_deref()))
         }
     };
-    Ok(Session::kernel(stream, tls, sizer, settings.send_timeout).with_info(info))
+    Ok(Session::kernel(stream, tls, sizer, settings.send_timeout)
+        .with_info(info)
+        .with_client(client, server_name.as_deref()))
 }
 
 use rustls::server::UnbufferedServerConnection;

@@ -37,6 +37,10 @@ pub struct Session {
     counters: Counters,
     /// Version and suite, for the access log.
     info: Option<crate::log::TlsInfo>,
+    /// The subject of the client's verified certificate, for the access log.
+    client: Option<Box<str>>,
+    /// The server name of the handshake (SNI).
+    server_name: Option<Box<str>>,
     /// The next response is the last (see [`Transport::last_response`]).
     last: bool,
     /// close_notify has left already (with the last response).
@@ -98,6 +102,8 @@ impl Session {
             linger: None,
             counters: Counters::default(),
             info: None,
+            client: None,
+            server_name: None,
             last: false,
             notified: false,
         }
@@ -106,6 +112,13 @@ impl Session {
     /// Records the negotiated version and suite (see [`Transport::tls`]).
     pub(super) fn with_info(mut self, info: Option<crate::log::TlsInfo>) -> Session {
         self.info = info;
+        self
+    }
+
+    /// Records the subject of the client's verified certificate (see [`Transport::client_subject`]).
+    pub(super) fn with_client(mut self, subject: Option<String>, server_name: Option<&str>) -> Session {
+        self.client = subject.map(String::into_boxed_str);
+        self.server_name = server_name.map(Box::from);
         self
     }
 
@@ -249,5 +262,13 @@ impl Transport for Session {
 
     fn tls(&self) -> Option<crate::log::TlsInfo> {
         self.info
+    }
+
+    fn client_subject(&self) -> Option<&str> {
+        self.client.as_deref()
+    }
+
+    fn server_name(&self) -> Option<&str> {
+        self.server_name.as_deref()
     }
 }

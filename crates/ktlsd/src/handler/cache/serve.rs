@@ -163,7 +163,9 @@ impl Hit {
         };
         headers.push(Header::AcceptRanges);
         match range {
-            RangeOutcome::Full => {
+            // Several ranges of a stored body: the whole body instead (RFC 9110 section 14.2
+            // lets a server ignore Range); multipart answers are for files.
+            RangeOutcome::Full | RangeOutcome::Multi(_) => {
                 headers.push(Header::ContentLength(size));
                 self.with_body(Status::OK, headers, 0..size, head)
             }

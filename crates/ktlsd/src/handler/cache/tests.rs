@@ -67,6 +67,7 @@ fn body_of(r: &Response) -> Vec<u8> {
         }
         Body::Bytes(b) => b.clone(),
         Body::Empty => Vec::new(),
+        Body::Parts { .. } => panic!("a multipart body was not expected here"),
     }
 }
 

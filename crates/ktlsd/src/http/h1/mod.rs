@@ -154,7 +154,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub async fn read_body(&mut self, x: Exchange) -> State<'a, T::Error> {
         let sites = self.ctx.sites;
         let (req, is_head) = (&x.head.request, x.head.request.method == Method::Head);
-        let site = match sites.pick(req.authority.as_deref()) {
+        let site = match sites.pick_for(req.authority.as_deref(), self.conn.server_name()) {
             Pick::Site(s) => s,
             Pick::Misdirected => {
                 let response = handler::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head);
@@ -283,6 +283,11 @@ async fn send<T: Transport>(
         Body::File { found, range } if !range.is_empty() => {
             let head = write::head(response, version, keep_alive);
             conn.send(&head, Some(found.body(range.clone()))).await
+        }
+        Body::Parts { found, parts } => {
+            let head = write::head(response, version, keep_alive);
+            let len = parts.iter().map(handler::Part::len).sum();
+            crate::http::parts::send_span(conn, &head, found, parts, 0, len).await
         }
         body => {
             conn.send(&write::head_and_bytes(response, version, keep_alive), None).await?;

@@ -35,6 +35,8 @@ pub struct Settings {
 struct Open {
     /// The file and where the response's range starts in it.
     file: Option<(Found, u64)>,
+    /// A body made of parts (of `file`, whose start is then 0); empty otherwise.
+    parts: Vec<handler::Part>,
     method: Method,
     target: String,
     status: u16,
@@ -108,6 +110,10 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                         return End::Done;
                     };
                     let r = match &o.file {
+                        Some((found, _)) if !o.parts.is_empty() => {
+                            let span = (offset, u64::from(len));
+                            crate::http::parts::send_span(conn, &head, found, &o.parts, span.0, span.1).await
+                        }
                         Some((found, start)) => {
                             let from = start + offset;
                             conn.send(&head, Some(found.body(from..from + u64::from(len)))).await
@@ -235,7 +241,7 @@ fn answer<S>(
     let target = head.path.clone().unwrap_or_default();
     let (request, response) = match to_request(head, peer.ip()) {
         // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
-        Ok(req) => match sites.pick(req.authority.as_deref()) {
+        Ok(req) => match sites.pick_for(req.authority.as_deref(), conn.server_name()) {
             Pick::Site(site) => {
                 let response = handler::handle(&req, &site);
                 (Some(req), response)
@@ -261,17 +267,21 @@ fn answer<S>(
     let date = http_date_now();
     let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
     fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
-    let (size, file) = match response.body {
+    let (size, file, parts) = match response.body {
         Body::File { found, range } if !range.is_empty() => {
-            (BodySize::File { len: range.end - range.start }, Some((found, range.start)))
+            (BodySize::File { len: range.end - range.start }, Some((found, range.start)), Vec::new())
         }
-        Body::Bytes(b) if !b.is_empty() => (BodySize::Bytes(b), None),
-        _ => (BodySize::None, None),
+        Body::Parts { found, parts } => {
+            (BodySize::File { len: parts.iter().map(handler::Part::len).sum() }, Some((found, 0)), parts)
+        }
+        Body::Bytes(b) if !b.is_empty() => (BodySize::Bytes(b), None, Vec::new()),
+        _ => (BodySize::None, None, Vec::new()),
     };
     let has_file = file.is_some();
     let text = |name: &str| head.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
     let (referer, user_agent) = (text("referer"), text("user-agent"));
-    let o = Open { file, method, target, status, sent: 0, started, ttfb: started.elapsed(), referer, user_agent };
+    let ttfb = started.elapsed();
+    let o = Open { file, parts, method, target, status, sent: 0, started, ttfb, referer, user_agent };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
             open.insert(stream, o);
