@@ -20,7 +20,8 @@ pub use crate::config::options::ServeArgs;
                   (rustls); the record layer then moves into the kernel when it supports kTLS, \
                   and file bodies leave with sendfile(). Without kTLS the same server runs a \
                   userspace record layer.\n\nStart with `ktlsd serve` (serves the current \
-                  directory on https://127.0.0.1:8443) and `ktlsd doctor` (what the kernel offers)."
+                  directory on https://127.0.0.1:8443) and `ktlsd doctor` (what the kernel offers).",
+    after_long_help = CONFIGURATION
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -60,6 +61,22 @@ pub enum Command {
         what: Generate,
     },
 }
+
+/// The configuration file in brief, for `--help` and the man page (each key: docs/configuration.md).
+const CONFIGURATION: &str = "\
+Configuration file (--config FILE, /etc/ktlsd/ktlsd.toml in the package): TOML whose keys are the flags' names \
+(dashes become underscores); the command line wins over it.
+
+  include = [\"sites/*.toml\"]  reads more files, relative to the including one (a glob matching nothing is \
+fine, a missing plain path is an error); their [[site]] blocks add up, and any other key may be set in one \
+file only.
+  ${VAR} in a string is the environment's VAR (unset: an error naming it); $${ is a literal ${.
+  [[site]] acme = { directory, email, challenge = \"tls-alpn-01\" | \"http-01\" | \"dns-01\", dns_hook, \
+dns_hook_timeout, dns_propagation, directory_ca, eab = { kid, hmac_key } }: dns-01 runs HOOK set|clear \
+_acme-challenge.NAME VALUE and allows *.example.com names; eab binds the account for CAs that require it. \
+Sites of one CA share one account.
+
+`ktlsd config` prints the effective configuration; `ktlsd check` validates it.";
 
 /// What `ktlsd generate` writes.
 #[derive(Debug, Subcommand)]
