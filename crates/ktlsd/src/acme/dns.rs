@@ -29,70 +29,47 @@ pub fn record_name(name: &str) -> String {
 const POLL: Duration = Duration::from_millis(50);
 
 impl DnsHook {
-    /// Runs `HOOK set NAME VALUE` and waits for it to exit.
+    /// Runs `HOOK set NAME VALUE` and waits for it to exit, on the runtime's blocking pool.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a run cut short is killed (the record may or may not be set; the
-    /// returned [`Record`] guard, which clears it, exists only once `set` succeeded).
+    /// Not cancel safe: a run already started goes on to its end or its timeout, and when it
+    /// sets the record after the future was dropped, the record stays (the [`Record`] guard
+    /// that clears it exists only once `set` has returned).
     pub async fn set(&self, name: &str, value: &str) -> Result<Record, String> {
-        let mut child = self.spawn("set", name, value)?;
-        let deadline = Instant::now() + self.timeout;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => tokio::time::sleep(POLL).await,
-                Ok(None) => {
-                    // Reaped so it leaves no zombie; an error here means it is gone already.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!(
-                        "{} set {name}: still running after {:?}; killed",
-                        self.command.display(),
-                        self.timeout
-                    ));
-                }
-                Err(e) => return Err(format!("{} set {name}: {e}", self.command.display())),
-            }
-        };
-        if !status.success() {
-            return Err(format!("{} set {name} failed ({status}); see its messages above", self.command.display()));
+        let (hook, record, txt) = (self.clone(), name.to_string(), value.to_string());
+        match tokio::task::spawn_blocking(move || hook.run("set", &record, &txt)).await {
+            Ok(result) => result?,
+            Err(e) => return Err(format!("{} set {name}: {e}", self.command.display())),
         }
         Ok(Record { hook: self.clone(), name: name.to_string(), value: value.to_string() })
     }
 
-    fn spawn(&self, action: &str, name: &str, value: &str) -> Result<std::process::Child, String> {
-        Command::new(&self.command)
+    /// Runs `HOOK ACTION NAME VALUE` to its end, killed after the timeout. Blocks.
+    fn run(&self, action: &str, name: &str, value: &str) -> Result<(), String> {
+        let what = format!("{} {action} {name}", self.command.display());
+        let mut child = Command::new(&self.command)
             .args([action, name, value])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run the dns_hook {} ({e}): give an executable file", self.command.display()))
-    }
-
-    /// Runs `HOOK clear NAME VALUE` to its end (bounded by the timeout); failures are logged.
-    fn clear(&self, name: &str, value: &str) {
-        let result = self.spawn("clear", name, value).and_then(|mut child| {
-            let deadline = Instant::now() + self.timeout;
-            loop {
-                match child.try_wait() {
-                    Ok(Some(status)) if status.success() => return Ok(()),
-                    Ok(Some(status)) => return Err(format!("exited with {status}")),
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
-                    Ok(None) => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        return Err(format!("still running after {:?}; killed", self.timeout));
-                    }
-                    Err(e) => return Err(e.to_string()),
+            .map_err(|e| {
+                format!("cannot run the dns_hook {} ({e}): give an executable file", self.command.display())
+            })?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => return Err(format!("{what} failed ({status}); see its messages above")),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
+                Ok(None) => {
+                    // Reaped so it leaves no zombie; an error here means it is gone already.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{what}: still running after {:?}; killed", self.timeout));
                 }
+                Err(e) => return Err(format!("{what}: {e}")),
             }
-        });
-        if let Err(why) = result {
-            tracing::warn!(
-                "ACME dns-01: {} clear {name}: {why}; remove the TXT record by hand",
-                self.command.display()
-            );
         }
     }
 }
@@ -107,10 +84,13 @@ pub struct Record {
 
 impl Drop for Record {
     fn drop(&mut self) {
-        let (hook, name, value) = (self.hook.clone(), std::mem::take(&mut self.name), std::mem::take(&mut self.value));
-        let spawned =
-            std::thread::Builder::new().name("ktlsd-dns-hook".into()).spawn(move || hook.clear(&name, &value));
-        if let Err(e) = spawned {
+        let (hook, name, value) = (self.hook.clone(), self.name.clone(), std::mem::take(&mut self.value));
+        let clear = move || {
+            if let Err(why) = hook.run("clear", &name, &value) {
+                tracing::warn!("ACME dns-01: {why}; remove the TXT record by hand");
+            }
+        };
+        if let Err(e) = std::thread::Builder::new().name("ktlsd-dns-hook".into()).spawn(clear) {
             tracing::warn!("ACME dns-01: cannot start the clear hook for {}: {e}", self.name);
         }
     }

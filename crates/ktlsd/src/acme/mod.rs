@@ -276,7 +276,9 @@ impl Acme {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future withdraws the published answers, abandons the
-    /// order (the CA expires it) and leaves the stored files whole (old or new).
+    /// order (the CA expires it) and leaves the stored files whole (old or new). A dns-01
+    /// hook already running goes on to its end, and a record it sets then stays
+    /// ([`DnsHook::set`]).
     pub async fn obtain(&self) -> Result<Issued, AcmeError> {
         let account = self.account().await?;
         match self.order(&account).await {
