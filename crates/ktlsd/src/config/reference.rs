@@ -100,12 +100,16 @@ pub fn generate() -> String {
         let what = match *key {
             "names" => "exact names and `*.example.com` wildcards the site answers (required)",
             "root" => "the site's directory (required)",
-            "cert" | "key" => "certificate chain and private key, PEM, both or neither; neither (nor `acme`): self-signed",
-            _ => "`{ directory = \"https://...\", email, challenge = \"tls-alpn-01\", \"http-01\" or \"dns-01\", \
+            "cert" | "key" => {
+                "certificate chain and private key, PEM, both or neither; neither (nor `acme`): self-signed"
+            }
+            _ => {
+                "`{ directory = \"https://...\", email, challenge = \"tls-alpn-01\", \"http-01\" or \"dns-01\", \
                   directory_ca, dns_hook, dns_hook_timeout, dns_propagation, eab = { kid, hmac_key } }`: a certificate \
                   from an ACME CA (dns-01: `dns_hook` is run as `HOOK set|clear _acme-challenge.NAME VALUE`, within \
                   `dns_hook_timeout`, default 2m, then `dns_propagation`, default 0s, is waited; it allows \
-                  `*.example.com` names; `eab`: the CA's External Account Binding key id and base64url MAC key)",
+                  `*.example.com` names; `eab`: the CA's External Account Binding key id and base64url MAC key)"
+            }
         };
         let _ = writeln!(out, "- `{key}`: {what}");
     }
