@@ -8,14 +8,15 @@
 use super::options::{Options, ServeArgs};
 use super::{load, resolve_paths, Config, ConfigError};
 
-/// Validates the configuration as `serve` would, then prints it.
+/// Validates the configuration as `serve` would, then prints it (ROOT as the canonical
+/// path validation found).
 pub fn print_effective(args: ServeArgs) -> anyhow::Result<()> {
-    Config::from_args(args.clone())?;
-    print!("{}", effective(&args)?);
+    let config = Config::from_args(args.clone())?;
+    print!("{}", effective(&args, &config.root)?);
     Ok(())
 }
 
-fn effective(args: &ServeArgs) -> Result<String, ConfigError> {
+fn effective(args: &ServeArgs, root: &std::path::Path) -> Result<String, ConfigError> {
     let file = match &args.config {
         Some(path) => load(path)?,
         None => Options::default(),
@@ -23,7 +24,8 @@ fn effective(args: &ServeArgs) -> Result<String, ConfigError> {
     let mut flags = args.options.clone().fold_switches();
     let cwd = std::env::current_dir().map_err(|e| ConfigError::new(format!("current directory: {e}")))?;
     resolve_paths(&mut flags, &cwd);
-    let merged = flags.or(file);
+    let mut merged = flags.or(file);
+    merged.root = Some(root.to_path_buf());
     toml::to_string(&merged).map_err(|e| ConfigError::new(format!("cannot print the configuration: {e}")))
 }
 
@@ -52,7 +54,8 @@ mod tests {
         .expect("write");
         let argv = ["x", "--config", cfg.to_str().expect("UTF-8"), "--workers", "3", "--no-autoindex"];
         let args = Args::parse_from(argv).args;
-        let text = effective(&args).expect("prints");
+        let root = dir.path().join("www");
+        let text = effective(&args, &root).expect("prints");
         assert!(text.contains("workers = 3\n"), "{text}");
         assert!(text.contains("autoindex = false\n"), "{text}");
         assert!(text.contains("idle_timeout = \"30s\"\n"), "{text}");
