@@ -34,13 +34,15 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let level = match &cli.command {
-        cli::Command::Serve(args) | cli::Command::Check(args) => config::log_level(args),
+        cli::Command::Serve(args) | cli::Command::Check(args) | cli::Command::Config(args) => config::log_level(args),
         _ => config::options::LogLevel::default(),
     };
     init_tracing(level.name());
     let result = match cli.command {
         cli::Command::Serve(args) => server::run(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Check(args) => server::check(args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Config(args) => config::print_effective(args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Generate { what } => cli::generate(what).map(|()| ExitCode::SUCCESS),
         cli::Command::Doctor { json } => doctor::run(json),
         cli::Command::Status { admin } => server::admin::print_status(&admin).map(|()| ExitCode::SUCCESS),
     };

@@ -115,10 +115,16 @@ fn serve_help_shows_every_default() {
 }
 
 #[test]
-fn version_exits_zero() {
+fn version_exits_zero_and_names_the_commit() {
     let out = ktlsd(&["--version"]);
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(out.stdout.trim(), format!("ktlsd {}", env!("CARGO_PKG_VERSION")));
+    let head =
+        Command::new("git").args(["rev-parse", "--short=10", "HEAD"]).current_dir(env!("CARGO_MANIFEST_DIR")).output();
+    let commit = match head {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        _ => "unknown".to_string(),
+    };
+    assert_eq!(out.stdout.trim(), format!("ktlsd {} (commit {commit})", env!("CARGO_PKG_VERSION")));
 }
 
 #[test]

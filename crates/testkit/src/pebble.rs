@@ -1,7 +1,9 @@
 //! A real pebble ACME server (and pebble-challtestsrv as its DNS) on loopback for the
 //! tests: `apt-get install pebble` provides both. Each instance has its own ports, its
 //! own TLS certificate (from a CA made here, handed to the client as the directory's
-//! CA) and stops when dropped. Validations go to 127.0.0.1 at the ports given.
+//! CA) and stops when dropped. Validations go to 127.0.0.1 at the ports given; dns-01
+//! records are set through pebble-challtestsrv's management API ([`Pebble::dns_management`]);
+//! [`Options::eab`] makes pebble require External Account Binding.
 
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
@@ -18,6 +20,8 @@ pub struct Pebble {
     pub ca: PathBuf,
     /// pebble-challtestsrv's DNS port (UDP).
     dns: u16,
+    /// pebble-challtestsrv's management API (`POST /set-txt`, `/clear-txt`), on 127.0.0.1.
+    pub dns_management: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -56,6 +60,13 @@ fn spawn_pebble(args: &[String], dir: &std::path::Path) -> Child {
     spawn("pebble", args, &[("PEBBLE_VA_NOSLEEP", "1"), ("PEBBLE_WFE_NONCEREJECT", "0")], dir.join("pebble.log"))
 }
 
+/// What a [`Pebble`] requires beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// External Account Binding keys (key id, base64url MAC key); when any, accounts must bind one.
+    pub eab: Vec<(String, String)>,
+}
+
 impl Pebble {
     /// Starts pebble validating http-01 at 127.0.0.1:`http_port` and tls-alpn-01 at
     /// 127.0.0.1:`tls_port`; `validity` sets the issued certificates' lifetime.
@@ -64,9 +75,14 @@ impl Pebble {
     /// alongside may take one first: a start whose servers do not all come up is
     /// retried on new ports.
     pub fn start(http_port: u16, tls_port: u16, validity: Option<Duration>) -> Pebble {
+        Pebble::start_with(http_port, tls_port, validity, &Options::default())
+    }
+
+    /// [`Pebble::start`] with `options`.
+    pub fn start_with(http_port: u16, tls_port: u16, validity: Option<Duration>, options: &Options) -> Pebble {
         let mut last = String::new();
         for _ in 0..3 {
-            match Pebble::try_start(http_port, tls_port, validity) {
+            match Pebble::try_start(http_port, tls_port, validity, options) {
                 Ok(pebble) => return pebble,
                 Err(why) => last = why,
             }
@@ -74,7 +90,12 @@ impl Pebble {
         panic!("pebble did not start three times; the last time: {last}")
     }
 
-    fn try_start(http_port: u16, tls_port: u16, validity: Option<Duration>) -> Result<Pebble, String> {
+    fn try_start(
+        http_port: u16,
+        tls_port: u16,
+        validity: Option<Duration>,
+        options: &Options,
+    ) -> Result<Pebble, String> {
         let dir = tempfile::tempdir().expect("temporary directory");
         // The TLS certificate of pebble's own listener, from a CA of the test's.
         let ca_key = rcgen::KeyPair::generate().expect("CA key");
@@ -103,8 +124,13 @@ impl Pebble {
             "httpPort": http_port,
             "tlsPort": tls_port,
             "ocspResponderURL": "",
-            "externalAccountBindingRequired": false,
+            "externalAccountBindingRequired": !options.eab.is_empty(),
         }});
+        if !options.eab.is_empty() {
+            let keys: serde_json::Map<String, serde_json::Value> =
+                options.eab.iter().map(|(kid, key)| (kid.clone(), key.clone().into())).collect();
+            config["pebble"]["externalAccountMACKeys"] = keys.into();
+        }
         if let Some(v) = validity {
             config["pebble"]["certificateValidityPeriod"] = v.as_secs().into();
         }
@@ -141,7 +167,7 @@ impl Pebble {
             vec!["-config".to_string(), config_path.display().to_string(), "-dnsserver".to_string(), dns_addr];
         children.push(spawn_pebble(&pebble_args, dir.path()));
         let directory = format!("https://127.0.0.1:{listen}/dir");
-        let mut pebble = Pebble { children, pebble_args, listen, directory, ca, dns, _dir: dir };
+        let mut pebble = Pebble { children, pebble_args, listen, directory, ca, dns, dns_management, _dir: dir };
         pebble.wait_ready(&[listen, dns_management])?;
         Ok(pebble)
     }

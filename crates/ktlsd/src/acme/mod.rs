@@ -1,6 +1,8 @@
-//! Certificates from an ACME CA (RFC 8555), validated by tls-alpn-01 (RFC 8737) or
-//! http-01: the account (created once, kept in the state directory), orders, the
-//! challenge answers the listeners serve ([`Challenges`]), the certificate and key per
+//! Certificates from an ACME CA (RFC 8555), validated by tls-alpn-01 (RFC 8737), http-01
+//! or dns-01 (through the operator's hook command, [`DnsHook`]): the account (one per CA
+//! directory and state directory, shared by every site of the process, created once with
+//! External Account Binding when the CA asks for it, kept in the state directory), orders,
+//! the challenge answers the listeners serve ([`Challenges`]), the certificate and key per
 //! site (kept in the state directory and reused while valid), and the renewal task.
 //!
 //! It speaks to the CA through `instant-acme`; it does not listen or serve: the
@@ -9,6 +11,7 @@
 
 mod cert;
 mod challenges;
+mod dns;
 mod renew;
 mod store;
 
@@ -25,6 +28,7 @@ use instant_acme::{
 
 pub use cert::Issued;
 pub use challenges::{tls_alpn01_certificate, Challenges, ACME_TLS_ALPN, HTTP01_PATH_PREFIX};
+pub use dns::DnsHook;
 pub use renew::{renew_at, Backoff};
 use store::StoredAccount;
 
@@ -35,6 +39,8 @@ pub enum Challenge {
     TlsAlpn01,
     /// RFC 8555 section 8.3: `GET /.well-known/acme-challenge/TOKEN` on port 80.
     Http01,
+    /// RFC 8555 section 8.4: a TXT record `_acme-challenge.NAME`, set by the operator's hook.
+    Dns01,
 }
 
 impl Challenge {
@@ -42,6 +48,7 @@ impl Challenge {
         match self {
             Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
             Challenge::Http01 => ChallengeType::Http01,
+            Challenge::Dns01 => ChallengeType::Dns01,
         }
     }
 
@@ -54,6 +61,9 @@ impl Challenge {
             Challenge::Http01 => {
                 "the names must resolve to this server and its plain-HTTP listener must be reachable as port 80"
             }
+            Challenge::Dns01 => {
+                "the dns_hook must publish the TXT record where the CA's resolvers see it; raise dns_propagation if it needs time"
+            }
         }
     }
 }
@@ -63,6 +73,7 @@ impl std::fmt::Display for Challenge {
         f.write_str(match self {
             Challenge::TlsAlpn01 => "tls-alpn-01",
             Challenge::Http01 => "http-01",
+            Challenge::Dns01 => "dns-01",
         })
     }
 }
@@ -82,6 +93,25 @@ pub struct AcmeSettings {
     /// A PEM CA certificate to trust for the directory's TLS instead of the system's
     /// roots (a private or test CA such as pebble's).
     pub directory_ca: Option<PathBuf>,
+    /// dns-01: how the TXT records are published (required with [`Challenge::Dns01`]).
+    pub dns_hook: Option<DnsHook>,
+    /// External Account Binding for registering the account, when the CA requires it.
+    pub eab: Option<Eab>,
+}
+
+/// An External Account Binding (RFC 8555 section 7.3.4): the key id and MAC key the CA
+/// gave out of band (ZeroSSL, Google Trust Services). Its `Debug` hides the key.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Eab {
+    pub kid: String,
+    /// The MAC key, decoded from the base64url the CA shows.
+    pub hmac_key: Vec<u8>,
+}
+
+impl std::fmt::Debug for Eab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Eab").field("kid", &self.kid).field("hmac_key", &"<redacted>").finish()
+    }
 }
 
 /// What went wrong, naming the step and what to do.
@@ -165,6 +195,26 @@ pub struct Acme {
     challenges: Arc<Challenges>,
     /// The account, once loaded or created (lazily: loading reads the directory).
     account: tokio::sync::Mutex<Option<Account>>,
+    /// Held while the account is loaded or registered, by every [`Acme`] of the same CA
+    /// directory and state directory ([`registration_lock`]).
+    registration: RegistrationLock,
+}
+
+/// A published challenge answer (served from [`Challenges`], or a TXT record the dns-01
+/// hook set), withdrawn when dropped.
+type Answer = Box<dyn Send>;
+
+type RegistrationLock = Arc<tokio::sync::Mutex<()>>;
+
+/// The one registration lock per (state directory, CA directory) of the process: sites
+/// starting together take turns, so the first registers the account and stores it, and the
+/// others load the stored one instead of each registering its own.
+fn registration_lock(state_dir: &std::path::Path, directory: &str) -> RegistrationLock {
+    type Locks = std::collections::HashMap<(PathBuf, String), RegistrationLock>;
+    static LOCKS: std::sync::Mutex<Option<Locks>> = std::sync::Mutex::new(None);
+    let mut locks = LOCKS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let lock = locks.get_or_insert_with(Locks::new).entry((state_dir.to_path_buf(), directory.to_string()));
+    Arc::clone(lock.or_default())
 }
 
 impl Acme {
@@ -175,14 +225,18 @@ impl Acme {
         }
         for name in &mut settings.names {
             *name = name.to_ascii_lowercase();
-            check_name(name).map_err(AcmeError::Settings)?;
+            check_name(name, settings.challenge).map_err(AcmeError::Settings)?;
+        }
+        if settings.challenge == Challenge::Dns01 && settings.dns_hook.is_none() {
+            return Err(AcmeError::Settings("dns-01 needs a dns_hook command to publish the TXT records".into()));
         }
         // Order kept (the first names the file); duplicates dropped.
         let mut seen = std::collections::HashSet::new();
         settings.names.retain(|n| seen.insert(n.clone()));
         let mut sorted_names = settings.names.clone();
         sorted_names.sort();
-        Ok(Acme { settings, sorted_names, challenges, account: tokio::sync::Mutex::new(None) })
+        let registration = registration_lock(&settings.state_dir, &settings.directory);
+        Ok(Acme { settings, sorted_names, challenges, account: tokio::sync::Mutex::new(None), registration })
     }
 
     #[cfg(test)]
@@ -222,7 +276,9 @@ impl Acme {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future withdraws the published answers, abandons the
-    /// order (the CA expires it) and leaves the stored files whole (old or new).
+    /// order (the CA expires it) and leaves the stored files whole (old or new). A dns-01
+    /// hook already running goes on to its end, and a record it sets then stays
+    /// ([`DnsHook::set`]).
     pub async fn obtain(&self) -> Result<Issued, AcmeError> {
         let account = self.account().await?;
         match self.order(&account).await {
@@ -271,10 +327,23 @@ impl Acme {
             };
             let key_authorization = handle.key_authorization();
             published.push(match challenge {
-                Challenge::Http01 => self.challenges.publish_http01(&handle.token, key_authorization.as_str()),
+                Challenge::Http01 => {
+                    Box::new(self.challenges.publish_http01(&handle.token, key_authorization.as_str())) as Answer
+                }
                 Challenge::TlsAlpn01 => {
                     let cert = tls_alpn01_certificate(&name, key_authorization.as_str()).map_err(AcmeError::Issued)?;
-                    self.challenges.publish_tls_alpn01(&name, cert)
+                    Box::new(self.challenges.publish_tls_alpn01(&name, cert))
+                }
+                Challenge::Dns01 => {
+                    let Some(hook) = &self.settings.dns_hook else {
+                        return Err(AcmeError::Settings("dns-01 needs a dns_hook".into()));
+                    };
+                    let record = hook
+                        .set(&dns::record_name(&name), &key_authorization.dns_value())
+                        .await
+                        .map_err(|detail| AcmeError::Validation { challenge, name: name.clone(), detail })?;
+                    tokio::time::sleep(hook.propagation).await;
+                    Box::new(record)
                 }
             });
             handle.set_ready().await.map_err(protocol(Step::Validation))?;
@@ -340,16 +409,18 @@ impl Acme {
         fallback
     }
 
-    /// The account: the one in memory, else the stored one, else a new one. The lock
-    /// is held throughout, so concurrent orders never register two accounts.
+    /// The account: the one in memory, else the stored one, else a new one. The
+    /// registration lock is held throughout, so concurrent orders, of this site or of
+    /// another of the same CA, never register two accounts.
     async fn account(&self) -> Result<Account, AcmeError> {
         let mut cached = self.account.lock().await;
         if let Some(account) = cached.as_ref() {
             return Ok(account.clone());
         }
+        let _registering = self.registration.lock().await;
         let dir = &self.settings.state_dir;
         let stored = store::load_account(dir, &self.settings.directory)
-            .map_err(|source| AcmeError::Store { path: store::account_path(dir), source })?;
+            .map_err(|source| AcmeError::Store { path: store::account_path(dir, &self.settings.directory), source })?;
         let account = match stored {
             Some(stored) => self
                 .builder()?
@@ -365,6 +436,7 @@ impl Acme {
     /// Registers a new account in place of the one in memory.
     async fn create_account(&self) -> Result<Account, AcmeError> {
         let mut cached = self.account.lock().await;
+        let _registering = self.registration.lock().await;
         let account = self.register().await?;
         *cached = Some(account.clone());
         Ok(account)
@@ -375,15 +447,16 @@ impl Acme {
         let contact: Vec<String> = self.settings.email.iter().map(|e| format!("mailto:{e}")).collect();
         let contact: Vec<&str> = contact.iter().map(String::as_str).collect();
         let new = NewAccount { contact: &contact, terms_of_service_agreed: true, only_return_existing: false };
+        let eab = self.settings.eab.as_ref().map(|e| instant_acme::ExternalAccountKey::new(e.kid.clone(), &e.hmac_key));
         let (account, credentials) = self
             .builder()?
-            .create(&new, self.settings.directory.clone(), None)
+            .create(&new, self.settings.directory.clone(), eab.as_ref())
             .await
             .map_err(|source| self.protocol(Step::Account, source))?;
         let dir = &self.settings.state_dir;
         let stored = StoredAccount { directory: self.settings.directory.clone(), credentials };
         store::save_account(dir, &stored)
-            .map_err(|source| AcmeError::Store { path: store::account_path(dir), source })?;
+            .map_err(|source| AcmeError::Store { path: store::account_path(dir, &self.settings.directory), source })?;
         tracing::info!("ACME: registered account {} at {}", account.id(), self.settings.directory);
         Ok(account)
     }
@@ -445,14 +518,20 @@ impl Acme {
     }
 }
 
-/// A DNS name that can be ordered with http-01 or tls-alpn-01 and names a file:
-/// letters, digits, hyphens and dots, no empty label, no wildcard.
-fn check_name(name: &str) -> Result<(), String> {
-    if crate::names::is_dns_name(name) {
+/// A DNS name that can be ordered with `challenge` and names a file: letters, digits,
+/// hyphens and dots, no empty label; a `*.` wildcard only with dns-01.
+fn check_name(name: &str, challenge: Challenge) -> Result<(), String> {
+    let base = match name.strip_prefix("*.") {
+        Some(base) if challenge == Challenge::Dns01 => base,
+        _ => name,
+    };
+    if crate::names::is_dns_name(base) {
         Ok(())
+    } else if challenge == Challenge::Dns01 {
+        Err(format!("{name:?} is not a DNS name (letters, digits, '-' and '.', or *. and such a name)"))
     } else {
         Err(format!(
-            "{name:?} is not a DNS name that can be validated by http-01 or tls-alpn-01 (letters, digits, '-' and '.'; no wildcards)"
+            "{name:?} is not a DNS name that can be validated by {challenge} (letters, digits, '-' and '.'; a wildcard needs dns-01)"
         ))
     }
 }

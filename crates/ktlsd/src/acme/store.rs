@@ -2,8 +2,10 @@
 //! site, each written readable by the owner only (0600, directory 0700) and replaced
 //! atomically, so a crash leaves the old file or the new one. Not the protocol.
 //!
-//! Layout: `account.json` (the directory URL and the account's credentials, key
-//! included) and `<first name>.pem` (key, then chain) per site.
+//! Layout: `account.<CA directory URL>.json` per CA (the directory URL and the account's
+//! credentials, key included; the URL's characters other than letters, digits, `.` and `-`
+//! made `_`) and `<first name>.pem` (key, then chain) per site (`*.` made `_.`). An
+//! `account.json` of earlier versions is still read for its CA.
 
 use std::path::{Path, PathBuf};
 
@@ -19,32 +21,47 @@ pub struct StoredAccount {
     pub credentials: instant_acme::AccountCredentials,
 }
 
-pub const ACCOUNT_FILE: &str = "account.json";
+/// The one account file of earlier versions, whatever its CA.
+const LEGACY_ACCOUNT_FILE: &str = "account.json";
 
-pub fn account_path(dir: &Path) -> PathBuf {
-    dir.join(ACCOUNT_FILE)
+/// The account file of the CA at `directory`.
+pub fn account_path(dir: &Path, directory: &str) -> PathBuf {
+    let url = directory.strip_prefix("https://").unwrap_or(directory);
+    let safe: String =
+        url.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect();
+    dir.join(format!("account.{safe}.json"))
 }
 
-/// The file of the site named `names` (checked DNS names, so a safe file name).
+/// The file of the site named `names` (checked DNS names, so a safe file name; a
+/// wildcard's `*` becomes `_`, which no DNS name of a site holds).
 pub fn site_path(dir: &Path, names: &[String]) -> PathBuf {
     let first = names.first().map_or("site", String::as_str);
-    dir.join(format!("{first}.pem"))
+    dir.join(format!("{}.pem", first.replace('*', "_")))
 }
 
-/// The stored account for `directory`; `Ok(None)` when there is none or it belongs
-/// to another ACME server (the caller then creates one).
+/// The stored account for `directory`; `Ok(None)` when there is none (the caller then
+/// creates one).
 pub fn load_account(dir: &Path, directory: &str) -> std::io::Result<Option<StoredAccount>> {
-    let path = account_path(dir);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let stored: StoredAccount = serde_json::from_slice(&bytes)
+    let path = account_path(dir, directory);
+    match std::fs::read(&path) {
+        Ok(bytes) => return parse_account(&path, &bytes, directory),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    let legacy = dir.join(LEGACY_ACCOUNT_FILE);
+    match std::fs::read(&legacy) {
+        Ok(bytes) => parse_account(&legacy, &bytes, directory),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn parse_account(path: &Path, bytes: &[u8], directory: &str) -> std::io::Result<Option<StoredAccount>> {
+    let stored: StoredAccount = serde_json::from_slice(bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not an account file: {e}")))?;
     if stored.directory != directory {
         tracing::info!(
-            "{}: the account belongs to {}, not {directory}; a new account replaces it",
+            "{}: the account belongs to {}, not {directory}; a new account is registered",
             path.display(),
             stored.directory
         );
@@ -55,7 +72,7 @@ pub fn load_account(dir: &Path, directory: &str) -> std::io::Result<Option<Store
 
 pub fn save_account(dir: &Path, account: &StoredAccount) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(account).map_err(std::io::Error::other)?;
-    crate::state_file::write_private(dir, &account_path(dir), &json)
+    crate::state_file::write_private(dir, &account_path(dir, &account.directory), &json)
 }
 
 /// Why a stored certificate is not used.

@@ -98,7 +98,14 @@ fn settings(pebble: &Pebble, challenge: Challenge, names: &[&str], state_dir: &P
         names: names.iter().map(|n| n.to_string()).collect(),
         state_dir: state_dir.to_path_buf(),
         directory_ca: Some(pebble.ca.clone()),
+        dns_hook: None,
+        eab: None,
     }
+}
+
+/// The account file of `pebble` in `state_dir`.
+fn account_file(state_dir: &Path, pebble: &Pebble) -> std::path::PathBuf {
+    super::store::account_path(state_dir, &pebble.directory)
 }
 
 fn mode(path: &Path) -> u32 {
@@ -116,7 +123,12 @@ fn check_issued(issued: &Issued, names: &[&str], state_dir: &Path) {
     let file = state_dir.join(format!("{}.pem", names[0]));
     assert_eq!(std::fs::read_to_string(&file).expect("stored"), issued.pem());
     assert_eq!(mode(&file), 0o600);
-    assert_eq!(mode(&state_dir.join("account.json")), 0o600);
+    let accounts: Vec<_> = std::fs::read_dir(state_dir)
+        .expect("state directory")
+        .filter_map(|e| Some(e.ok()?.path()).filter(|p| p.to_string_lossy().ends_with(".json")))
+        .collect();
+    assert_eq!(accounts.len(), 1, "{accounts:?}");
+    assert_eq!(mode(&accounts[0]), 0o600);
     assert_eq!(mode(state_dir), 0o700);
 }
 
@@ -162,7 +174,7 @@ async fn a_second_run_reuses_the_stored_account_and_certificate() {
         .expect("settings");
     let (issued, source) = first.certificate().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
     assert_eq!(source, Source::Issued);
-    let account = std::fs::read(state.path().join("account.json")).expect("account stored");
+    let account = std::fs::read(account_file(state.path(), &pebble)).expect("account stored");
 
     // A new start: the valid certificate comes from the state directory, no order.
     let second = Acme::new(settings(&pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges))
@@ -175,7 +187,7 @@ async fn a_second_run_reuses_the_stored_account_and_certificate() {
     // An order from the second start uses the stored account: the file is unchanged
     // (a new registration would write a new key), and the certificate is a new one.
     let renewed = second.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
-    assert_eq!(std::fs::read(state.path().join("account.json")).expect("account"), account);
+    assert_eq!(std::fs::read(account_file(state.path(), &pebble)).expect("account"), account);
     assert_ne!(renewed.serial(), issued.serial());
 
     // Other names do not take the stored certificate.
@@ -197,20 +209,24 @@ async fn an_account_the_ca_does_not_know_is_registered_again() {
     let make =
         |pebble: &Pebble| Acme::new(settings(pebble, Challenge::Http01, &names, state.path()), Arc::clone(&challenges));
     make(&pebble).expect("settings").obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
-    let account = std::fs::read(state.path().join("account.json")).expect("account stored");
+    let account = std::fs::read(account_file(state.path(), &pebble)).expect("account stored");
 
     // The same directory URL, but the CA has lost its accounts.
     pebble.restart();
     let acme = make(&pebble).expect("settings");
     acme.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
-    assert_ne!(std::fs::read(state.path().join("account.json")).expect("account"), account, "a new account is stored");
+    assert_ne!(
+        std::fs::read(account_file(state.path(), &pebble)).expect("account"),
+        account,
+        "a new account is stored"
+    );
 
     // Another CA: its own account, and the file says which CA it belongs to.
     let other = Pebble::start(http, 1, None);
     let acme = make(&other).expect("settings");
     acme.obtain().await.unwrap_or_else(|e| panic!("{e}\n{}", other.logs()));
     let stored: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(state.path().join("account.json")).expect("account")).expect("json");
+        serde_json::from_slice(&std::fs::read(account_file(state.path(), &other)).expect("account")).expect("json");
     assert_eq!(stored["directory"], other.directory.as_str());
 }
 
@@ -278,6 +294,8 @@ fn settings_refuse_names_that_cannot_be_validated_or_stored() {
         names: vec![],
         state_dir: "/nonexistent".into(),
         directory_ca: None,
+        dns_hook: None,
+        eab: None,
     };
     for bad in [vec![], vec!["*.example.com"], vec!["../etc"], vec!["a..b"], vec!["-a.example.com"], vec!["a/b"]] {
         let s = AcmeSettings { names: bad.iter().map(|n| n.to_string()).collect(), ..base.clone() };
@@ -285,8 +303,38 @@ fn settings_refuse_names_that_cannot_be_validated_or_stored() {
     }
     let s = AcmeSettings {
         names: vec!["WWW.Example.com".into(), "a.example.com".into(), "www.example.com".into()],
-        ..base
+        ..base.clone()
     };
     let acme = Acme::new(s, Challenges::new()).expect("valid names");
     assert_eq!(acme.settings().names, ["www.example.com", "a.example.com"]);
+
+    // dns-01 validates wildcards, and needs its hook.
+    let dns = AcmeSettings { challenge: Challenge::Dns01, names: vec!["*.example.com".into()], ..base.clone() };
+    assert!(matches!(Acme::new(dns.clone(), Challenges::new()), Err(AcmeError::Settings(_))), "no hook");
+    let hook =
+        super::DnsHook { command: "/bin/true".into(), timeout: Duration::from_secs(1), propagation: Duration::ZERO };
+    let dns = AcmeSettings { dns_hook: Some(hook), ..dns };
+    assert!(Acme::new(dns.clone(), Challenges::new()).is_ok());
+    let bad = AcmeSettings { names: vec!["*.*.example.com".into()], ..dns };
+    assert!(matches!(Acme::new(bad, Challenges::new()), Err(AcmeError::Settings(_))));
+}
+
+#[tokio::test]
+async fn sites_of_one_ca_share_one_account() {
+    // Two sites starting together on one state directory register one account between them.
+    let challenges = Challenges::new();
+    let http = http01_responder(Arc::clone(&challenges)).await;
+    let pebble = Pebble::start(http, 1, None);
+    let state = tempfile::tempdir().expect("tempdir");
+    let a =
+        Acme::new(settings(&pebble, Challenge::Http01, &["one.example.com"], state.path()), Arc::clone(&challenges))
+            .expect("settings");
+    let b =
+        Acme::new(settings(&pebble, Challenge::Http01, &["two.example.com"], state.path()), Arc::clone(&challenges))
+            .expect("settings");
+    let (x, y) = tokio::join!(a.obtain(), b.obtain());
+    x.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
+    y.unwrap_or_else(|e| panic!("{e}\n{}", pebble.logs()));
+    let registered = pebble.logs().matches("accounts in memory").count();
+    assert_eq!(registered, 1, "accounts registered:\n{}", pebble.logs());
 }

@@ -16,7 +16,7 @@ use crate::handler::htpasswd::Users;
 const DEFAULT_REALM: &str = "Restricted";
 
 /// An `[[auth]]` block as written.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileAuth {
     /// The paths asked for credentials: `/private/*` (the directory and everything beneath) or one exact path.

@@ -13,7 +13,7 @@ use super::{err, ConfigError};
 use crate::handler::cache::Settings;
 
 /// The `[cache]` table as written.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileCache {
     pub dir: Option<PathBuf>,
@@ -22,7 +22,7 @@ pub struct FileCache {
 }
 
 /// A size as written: a number of bytes, or text such as `"512M"`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(untagged)]
 pub enum Size {
     Bytes(u64),

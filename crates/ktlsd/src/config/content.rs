@@ -81,7 +81,7 @@ fn table(entries: &Option<Vec<Entry>>, flag: &str, form: &str) -> Result<BTreeMa
 }
 
 /// A `--header GLOB=NAME: VALUE` as the `[[headers]]` block it stands for.
-fn header_rule(r: &HeaderRule) -> Result<FileHeaderRule, String> {
+pub(super) fn header_rule(r: &HeaderRule) -> Result<FileHeaderRule, String> {
     let item = match r {
         HeaderRule::File(f) => return Ok(f.clone()),
         HeaderRule::Flag(item) => item,

@@ -31,7 +31,10 @@ pub mod auth;
 pub mod cache;
 pub mod compress;
 pub mod content;
+mod effective;
+pub mod env;
 pub mod h2;
+mod include;
 pub mod listen;
 pub mod options;
 pub mod privileges;
@@ -49,6 +52,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub use self::admin::AdminAddr;
+pub use self::effective::print_effective;
 pub use self::sites::{SiteAcme, SiteCert, SiteConfig};
 pub use self::timeouts::{Limits, Timeouts};
 pub use self::tls::TcpOptions;
@@ -150,38 +154,16 @@ pub struct Config {
     pub client_auth: Option<tls::ClientAuth>,
 }
 
-/// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
-/// it are relative to the file, as in nginx.
+/// Reads the configuration file and the files it includes ([`include`]), `${VAR}`s replaced
+/// from the environment ([`env`]): its keys are [`Options`]' names. Relative paths in a file
+/// are relative to that file, as in nginx.
 fn load(path: &Path) -> Result<Options, ConfigError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) => return err(format!("cannot read config file {}: {e}", path.display())),
-    };
-    let mut file: Options = match toml::from_str(&text) {
-        Ok(f) => f,
-        Err(e) => {
-            // One line: where, then what (toml's own rendering spans several lines).
-            let at = e.span().map(|s| {
-                let before = &text[..s.start.min(text.len())];
-                let line = before.matches('\n').count() + 1;
-                let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-                format!(" line {line}, column {col}:")
-            });
-            return err(format!(
-                "config file {}:{} {}",
-                path.display(),
-                at.unwrap_or_default(),
-                e.message().trim().replace('\n', " ")
-            ));
-        }
-    };
-    resolve_paths(&mut file, path.parent().unwrap_or(Path::new(".")));
-    Ok(file)
+    include::load(path, &env::from_environment)
 }
 
 /// Every path in the file is relative to the file's directory `base`, as in nginx;
 /// `-` and `off` for the access log are not paths.
-fn resolve_paths(file: &mut Options, base: &Path) {
+pub(crate) fn resolve_paths(file: &mut Options, base: &Path) {
     let rel = |p: &mut PathBuf| {
         if p.is_relative() {
             *p = base.join(&*p);
@@ -210,8 +192,10 @@ fn resolve_paths(file: &mut Options, base: &Path) {
         if let Some(p) = &mut site.client_ca {
             rel(p);
         }
-        if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
-            rel(p);
+        if let Some(acme) = site.acme.as_mut() {
+            for p in [&mut acme.directory_ca, &mut acme.dns_hook].into_iter().flatten() {
+                rel(p);
+            }
         }
     }
     if let Some(log) = &mut file.access_log {

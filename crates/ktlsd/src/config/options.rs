@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::KtlsMode;
 use crate::log::LogFormat;
@@ -29,19 +29,19 @@ macro_rules! schema {
         global { $( $(#[$gm:meta])* $gf:ident : $gt:ty, )* }
     ) => {
         /// The options of `ktlsd serve`: the command line's flags and the configuration file's top-level keys.
-        #[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+        #[derive(Debug, Default, Clone, clap::Args, Deserialize, Serialize)]
         #[serde(deny_unknown_fields)]
         pub struct Options {
-            $( $(#[$gm])* pub $gf: Option<$gt>, )*
-            $( $(#[$sm])* pub $sf: Option<$st>, )*
+            $( $(#[$gm])* #[serde(skip_serializing_if = "Option::is_none")] pub $gf: Option<$gt>, )*
+            $( $(#[$sm])* #[serde(skip_serializing_if = "Option::is_none")] pub $sf: Option<$st>, )*
         }
 
         /// A `[[site]]` block as written: its own keys, and the per-site options.
-        #[derive(Debug, Default, Clone, clap::Args, Deserialize)]
+        #[derive(Debug, Default, Clone, clap::Args, Deserialize, Serialize)]
         #[serde(deny_unknown_fields)]
         pub struct FileSite {
             $( $(#[$bm])* pub $bf: $bt, )*
-            $( $(#[$sm])* pub $sf: Option<$st>, )*
+            $( $(#[$sm])* #[serde(skip_serializing_if = "Option::is_none")] pub $sf: Option<$st>, )*
         }
 
         /// The per-site options of one site, or of the top level (the default site).
@@ -116,14 +116,14 @@ schema! {
         precompressed: List,
         /// Page served for an error status, with that status, as CODE=/PATH (repeatable; e.g. 404=/404.html) [default: none: the built-in page]
         #[arg(long = "error-page", value_name = "CODE=PATH")]
-        #[serde(default, deserialize_with = "table")]
+        #[serde(default, deserialize_with = "table", serialize_with = "table_out")]
         error_page: Vec<Entry>,
         /// Path served, with 200, for a request whose path does not exist (a single-page app's /index.html); never for refused paths [default: none]
         #[arg(long, value_name = "PATH")]
         fallback: String,
         /// Content-Type for files with an extension, as EXT=TYPE (repeatable; e.g. md="text/markdown; charset=utf-8"); files without an extension are application/octet-stream [default: none: the built-in table]
         #[arg(long = "mime-type", value_name = "EXT=TYPE")]
-        #[serde(default, deserialize_with = "table")]
+        #[serde(default, deserialize_with = "table", serialize_with = "table_out")]
         mime_types: Vec<Entry>,
         /// A response field set on files whose path matches GLOB, as GLOB=NAME: VALUE (repeatable; e.g. "/assets/**=Cache-Control: max-age=31536000, immutable"); replaces the file's [[headers]] rules [default: none]
         #[arg(long = "header", value_name = "GLOB=NAME: VALUE")]
@@ -296,6 +296,9 @@ schema! {
         /// The response cache of proxied responses (`[cache]`: dir, max_size, max_object_size); file only
         #[arg(skip)]
         cache: super::cache::FileCache,
+        /// More configuration files read after this one, as paths or globs relative to this file (e.g. ["sites/*.toml"]): each may add [[site]] blocks and set keys no other file sets; a glob matching nothing is fine, a missing plain path is an error; file only [default: none]
+        #[arg(skip)]
+        include: Vec<String>,
     }
 }
 
@@ -348,6 +351,16 @@ macro_rules! choice {
                 let s = String::deserialize(d)?;
                 clap::ValueEnum::from_str(&s, false)
                     .map_err(|_| serde::de::Error::custom(format!("{} {s:?}: expected {}", $key, names::<$t>())))
+            }
+        }
+
+        // Written as it is read: its `clap::ValueEnum` name.
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                match clap::ValueEnum::to_possible_value(self) {
+                    Some(v) => s.serialize_str(v.get_name()),
+                    None => s.serialize_none(),
+                }
             }
         }
     )*};
@@ -403,7 +416,7 @@ fn on_off() -> impl clap::builder::TypedValueParser<Value = bool> {
 }
 
 /// A list: comma-separated on the command line, an array in the file.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct List(pub Vec<String>);
 
@@ -428,6 +441,15 @@ pub fn split_list(s: &str) -> Vec<String> {
 pub enum RawDuration {
     Flag(String),
     File(toml::Value),
+}
+
+impl Serialize for RawDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RawDuration::Flag(text) => s.serialize_str(text),
+            RawDuration::File(value) => value.serialize(s),
+        }
+    }
 }
 
 impl From<toml::Value> for RawDuration {
@@ -467,12 +489,34 @@ fn table<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<Entry>>, D
     Ok(Some(map.into_iter().map(|(k, v)| Entry::Pair(k, v)).collect()))
 }
 
+/// Entries written back as the file's table; a malformed flag keeps its text as the key.
+fn table_out<S: serde::Serializer>(entries: &Option<Vec<Entry>>, s: S) -> Result<S::Ok, S::Error> {
+    let Some(entries) = entries else { return s.serialize_none() };
+    let map: BTreeMap<&str, &str> = entries
+        .iter()
+        .map(|e| match e {
+            Entry::Flag(text) => text.split_once('=').unwrap_or((text.as_str(), "")),
+            Entry::Pair(k, v) => (k.as_str(), v.as_str()),
+        })
+        .collect();
+    map.serialize(s)
+}
+
 /// A header rule as given: the command line's `GLOB=NAME: VALUE`, or a `[[headers]]` block.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(from = "FileHeaderRule")]
 pub enum HeaderRule {
     Flag(String),
     File(FileHeaderRule),
+}
+
+impl Serialize for HeaderRule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match super::content::header_rule(self) {
+            Ok(rule) => rule.serialize(s),
+            Err(why) => Err(serde::ser::Error::custom(why)),
+        }
+    }
 }
 
 impl From<FileHeaderRule> for HeaderRule {
@@ -490,18 +534,23 @@ impl std::str::FromStr for HeaderRule {
 }
 
 /// A `[[headers]]` block as written.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileHeaderRule {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub extensions: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub set: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub add: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub expires: Option<String>,
 }
 
 /// `cors = "*"` or `cors = ["https://a.example", ...]`; comma-separated on the command line.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum Cors {
     One(String),
@@ -526,11 +575,40 @@ impl std::str::FromStr for Cors {
 }
 
 /// An `acme = { ... }` table as written.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileAcme {
     pub directory: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub email: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub challenge: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub directory_ca: Option<PathBuf>,
+    /// dns-01: the command run as `HOOK set|clear NAME VALUE` to publish and withdraw the TXT record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns_hook: Option<PathBuf>,
+    /// dns-01: how long the hook may take, as a duration [default: 2m].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns_hook_timeout: Option<RawDuration>,
+    /// dns-01: how long to wait after the hook for the record to reach the CA's resolvers [default: 0s].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns_propagation: Option<RawDuration>,
+    /// External Account Binding: the CA's key id and MAC key (base64url).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eab: Option<FileEab>,
+}
+
+/// An `eab = { kid, hmac_key }` table as written; its key is never printed.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEab {
+    pub kid: String,
+    pub hmac_key: String,
+}
+
+impl Serialize for FileEab {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        BTreeMap::from([("kid", self.kid.as_str()), ("hmac_key", super::env::REDACTED)]).serialize(s)
+    }
 }

@@ -108,8 +108,16 @@ pub fn generate() -> String {
         let what = match *key {
             "names" => "exact names and `*.example.com` wildcards the site answers (required)",
             "root" => "the site's directory (required)",
-            "cert" | "key" => "certificate chain and private key, PEM, both or neither; neither (nor `acme`): self-signed",
-            _ => "`{ directory = \"https://...\", email, challenge = \"tls-alpn-01\" or \"http-01\", directory_ca }`: a certificate from an ACME CA",
+            "cert" | "key" => {
+                "certificate chain and private key, PEM, both or neither; neither (nor `acme`): self-signed"
+            }
+            _ => {
+                "`{ directory = \"https://...\", email, challenge = \"tls-alpn-01\", \"http-01\" or \"dns-01\", \
+                  directory_ca, dns_hook, dns_hook_timeout, dns_propagation, eab = { kid, hmac_key } }`: a certificate \
+                  from an ACME CA (dns-01: `dns_hook` is run as `HOOK set|clear _acme-challenge.NAME VALUE`, within \
+                  `dns_hook_timeout`, default 2m, then `dns_propagation`, default 0s, is waited; it allows \
+                  `*.example.com` names; `eab`: the CA's External Account Binding key id and base64url MAC key)"
+            }
         };
         let _ = writeln!(out, "- `{key}`: {what}");
     }
@@ -120,6 +128,15 @@ pub fn generate() -> String {
          - `max_size`: bytes of entries above which the least recently used are evicted, as a number or \
          `\"10G\"`, `\"512M\"` (default `\"1G\"`)\n\
          - `max_object_size`: the largest body stored (default `\"64M\"`, at most `max_size` / 8)\n",
+    );
+    out.push_str(
+        "\n### `include` and `${VAR}`\n\n\
+         `include = [\"sites/*.toml\"]`: more files, read after this one, as paths or globs relative to it (their \
+         own paths relative to themselves; a glob's matches in name order, dot-files left out). A glob that \
+         matches nothing adds nothing; a plain path that is missing is an error, and so is an include loop. \
+         `[[site]]` blocks add up; any other key may be set in one file only (a second is an error naming both \
+         files). In every string value of every file, `${VAR}` is the environment's `VAR` (unset: an error naming \
+         it and the key) and `$${` is a literal `${`. `ktlsd config` prints the result.\n",
     );
     out
 }

@@ -23,7 +23,7 @@ use crate::handler::routing::Routing;
 use crate::handler::Status;
 
 /// A `[[redirect]]` block as written.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileRedirect {
     pub path: String,
@@ -33,7 +33,7 @@ pub struct FileRedirect {
 
 /// An `[[access]]` block as written; where its `allow` and `deny` keys stand in the
 /// file decides which is checked first, as the order of nginx's directives does.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileAccess {
     pub path: Option<String>,
@@ -42,7 +42,7 @@ pub struct FileAccess {
 }
 
 /// `rate_limit = { requests = 20, per = "1s", burst = 40 }` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileRateLimit {
     pub requests: u32,

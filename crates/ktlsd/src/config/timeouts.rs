@@ -70,7 +70,7 @@ const DURATION_FORMS: &str = "expected seconds (65) or a number with a unit (65s
 
 /// One timeout: the value given (the command line's text, or the file's integer, float or
 /// text) or `default`. An error names the flag or, for a file value, the key and the file.
-fn timeout(
+pub(super) fn timeout(
     key: &str,
     given: Option<&RawDuration>,
     file_path: Option<&Path>,

@@ -29,6 +29,8 @@ struct Key {
     email: Option<String>,
     challenge: String,
     directory_ca: Option<PathBuf>,
+    dns_hook: Option<crate::acme::DnsHook>,
+    eab: Option<crate::acme::Eab>,
 }
 
 struct Running {
@@ -86,7 +88,7 @@ impl AcmeSites {
             return Ok(r.slot.clone());
         }
         let client = Acme::new(settings(names, acme, state_dir), self.challenges.clone())?;
-        let which = names.exact().join(", ");
+        let which = names.dns_names().join(", ");
         let stored = client.stored();
         let first = match &stored {
             Some(issued) => issued.certified_key().with_context(|| format!("site {which}: stored ACME certificate"))?,
@@ -123,11 +125,13 @@ impl AcmeSites {
 
 fn key(names: &Names, acme: &SiteAcme) -> Key {
     Key {
-        names: names.exact().to_vec(),
+        names: names.dns_names(),
         directory: acme.directory.clone(),
         email: acme.email.clone(),
         challenge: acme.challenge.to_string(),
         directory_ca: acme.directory_ca.clone(),
+        dns_hook: acme.dns_hook.clone(),
+        eab: acme.eab.clone(),
     }
 }
 
@@ -136,9 +140,11 @@ fn settings(names: &Names, acme: &SiteAcme, state_dir: &std::path::Path) -> Acme
         directory: acme.directory.clone(),
         email: acme.email.clone(),
         challenge: acme.challenge,
-        names: names.exact().to_vec(),
+        names: names.dns_names(),
         state_dir: state_dir.join("acme"),
         directory_ca: acme.directory_ca.clone(),
+        dns_hook: acme.dns_hook.clone(),
+        eab: acme.eab.clone(),
     }
 }
 
