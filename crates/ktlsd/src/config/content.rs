@@ -60,7 +60,8 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         Some(c) => Some(crate::handler::rules::Cors::parse(&c.clone().into_list()).map_err(e)?),
         None => None,
     };
-    Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types, headers, cors })
+    let proxy = super::proxy::proxy(o.proxy.as_deref().unwrap_or_default()).map_err(e)?;
+    Ok(crate::handler::Content { precompressed, error_pages, fallback, mime_types, headers, cors, proxy })
 }
 
 /// A table option's entries by key (a later command-line entry replaces an earlier one);

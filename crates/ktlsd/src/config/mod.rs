@@ -32,6 +32,7 @@ pub mod h2;
 pub mod listen;
 pub mod options;
 pub mod privileges;
+pub mod proxy;
 #[cfg(test)]
 mod reference;
 pub mod sites;
@@ -189,7 +190,9 @@ fn resolve_paths(file: &mut Options, base: &Path) {
         if let Some(p) = site.acme.as_mut().and_then(|a| a.directory_ca.as_mut()) {
             rel(p);
         }
+        proxy::resolve_paths(site.proxy.iter_mut().flatten(), base);
     }
+    proxy::resolve_paths(file.proxy.iter_mut().flatten(), base);
     if let Some(log) = &mut file.access_log {
         if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
             *log = base.join(log.as_str()).to_string_lossy().into_owned();

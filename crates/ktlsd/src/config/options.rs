@@ -131,6 +131,9 @@ schema! {
         /// CORS: origins whose scripts may read the answers, comma-separated (https://a.example), or * for any; OPTIONS preflights are answered for GET and HEAD [default: none: no CORS fields]
         #[arg(long, value_name = "ORIGINS")]
         cors: Cors,
+        /// Reverse proxy: requests whose path matches a [[proxy]] block's glob go to its upstreams (first match wins; see docs/proxy.md); file only [default: none]
+        #[arg(skip)]
+        proxy: Vec<super::proxy::FileProxy>,
     }
     global {
         /// Directory to serve [default: the current directory]

@@ -106,6 +106,14 @@ pub fn generate() -> String {
         let _ = writeln!(out, "- `{key}`: {what}");
     }
     out.push_str("\nand every option marked *site* above.\n");
+    out.push_str(
+        "\n### `[[proxy]]`\n\nA reverse-proxy rule, at the top level or in a `[[site]]`; the first whose \
+         `path` matches forwards the request ([docs/proxy.md](proxy.md)). Keys: `path` (a glob, required), \
+         `upstream` (`http://` or `https://` URLs, required), `cache` (false), `host` (`\"preserve\"`, \
+         `\"upstream\"` or a host), `balance` (`\"round-robin\"` or `\"least-connections\"`), \
+         `connect_timeout` (5s), `read_timeout` (60s), `send_timeout` (60s), `fail_timeout` (10s), \
+         `keepalive` (32), `upstream_ca` (a PEM file; default: the system roots).\n",
+    );
     out
 }
 

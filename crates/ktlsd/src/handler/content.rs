@@ -28,6 +28,8 @@ pub struct Content {
     pub headers: Vec<HeaderRule>,
     /// Which origins may read answers from scripts; `None`: no CORS fields.
     pub cors: Option<Cors>,
+    /// `[[proxy]]` rules, in order: the first whose glob matches the path forwards the request.
+    pub proxy: Vec<super::proxy::Rule>,
 }
 
 impl Content {
@@ -40,6 +42,7 @@ impl Content {
         mime_types: Vec::new(),
         headers: Vec::new(),
         cors: None,
+        proxy: Vec::new(),
     };
 
     /// [`Content::NONE`] for as long as needed.

@@ -10,6 +10,7 @@
 
 pub mod content;
 pub mod preconditions;
+pub mod proxy;
 pub mod range;
 pub mod request;
 pub mod response;

@@ -65,7 +65,13 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     loop {
         while let Some(event) = h2.poll_event() {
             match event {
-                Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, &ctx, conn),
+                Event::Request { stream, head, end_stream } => {
+                    let proxied = match super::proxy::route(&ctx, &head) {
+                        Some((site, rule)) => Some(super::proxy::forward(&ctx, &head, end_stream, &site, rule).await),
+                        None => None,
+                    };
+                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, proxied)
+                }
                 Event::HeaderListTooLarge { stream } => {
                     tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
                     let fields =
@@ -203,8 +209,8 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
     }
 }
 
-/// Answers one request: the handler's response goes to the codec; a file body
-/// stays open in `open` until its last frame.
+/// Answers one request: the handler's response (or `proxied`, the upstream's) goes
+/// to the codec; a file body stays open in `open` until its last frame.
 fn answer<S>(
     h2: &mut Connection,
     open: &mut HashMap<StreamId, Open>,
@@ -212,6 +218,7 @@ fn answer<S>(
     head: &RequestHead,
     ctx: &Context<'_, S>,
     conn: &impl Transport,
+    proxied: Option<handler::Response>,
 ) {
     let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
@@ -220,7 +227,7 @@ fn answer<S>(
         // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
         Ok(req) => match sites.pick(req.authority.as_deref()) {
             Pick::Site(site) => {
-                let response = handler::handle(&req, &site);
+                let response = proxied.unwrap_or_else(|| handler::handle(&req, &site));
                 (Some(req), response)
             }
             Pick::Misdirected => {
