@@ -32,12 +32,12 @@ fn connection_options<'f>(fields: impl Iterator<Item = (&'f str, &'f str)>) -> V
 
 /// What the upstream request says about its client and its body.
 #[derive(Debug, Clone)]
-pub struct Forwarding<'a> {
-    pub method: &'a str,
+pub struct Forwarding {
+    pub method: String,
     /// The origin-form target: path and query as the client sent them.
-    pub target: &'a str,
+    pub target: String,
     /// The client's Host or `:authority`.
-    pub authority: Option<&'a str>,
+    pub authority: Option<String>,
     pub peer: IpAddr,
     /// The client's protocol version as `Via` names it: `1.0`, `1.1` or `2`.
     pub version: &'static str,
@@ -48,7 +48,7 @@ pub struct Forwarding<'a> {
 
 /// The upstream request head: request line, Host (`host` is its value), the client's
 /// end-to-end fields, the forwarding fields and the body's framing.
-pub fn request_head(fwd: &Forwarding<'_>, fields: &[(String, String)], host: &str) -> Vec<u8> {
+pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -> Vec<u8> {
     let named = connection_options(fields.iter().map(|(n, v)| (n.as_str(), v.as_str())));
     let mut out = String::with_capacity(512);
     let line = |out: &mut String, name: &str, value: &str| {
@@ -57,9 +57,9 @@ pub fn request_head(fwd: &Forwarding<'_>, fields: &[(String, String)], host: &st
         out.push_str(value);
         out.push_str("\r\n");
     };
-    out.push_str(fwd.method);
+    out.push_str(&fwd.method);
     out.push(' ');
-    out.push_str(fwd.target);
+    out.push_str(&fwd.target);
     out.push_str(" HTTP/1.1\r\n");
     line(&mut out, "Host", host);
     let (mut xff, mut forwarded, mut via) = (Vec::new(), Vec::new(), Vec::new());
@@ -79,11 +79,11 @@ pub fn request_head(fwd: &Forwarding<'_>, fields: &[(String, String)], host: &st
     xff.push(&peer);
     line(&mut out, "X-Forwarded-For", &xff.join(", "));
     line(&mut out, "X-Forwarded-Proto", "https");
-    if let Some(a) = fwd.authority {
+    if let Some(a) = &fwd.authority {
         line(&mut out, "X-Forwarded-Host", a);
     }
     let mut element = format!("for={}", forwarded_node(fwd.peer));
-    if let Some(a) = fwd.authority {
+    if let Some(a) = &fwd.authority {
         element.push_str(";host=");
         element.push_str(&quoted_if_needed(a));
     }
@@ -97,7 +97,7 @@ pub fn request_head(fwd: &Forwarding<'_>, fields: &[(String, String)], host: &st
         Some(Some(n)) => line(&mut out, "Content-Length", itoa::Buffer::new().format(n)),
         Some(None) => line(&mut out, "Transfer-Encoding", "chunked"),
         // A method whose semantics expect a body says it is empty (RFC 9110 section 8.6).
-        None if matches!(fwd.method, "POST" | "PUT" | "PATCH") => line(&mut out, "Content-Length", "0"),
+        None if matches!(fwd.method.as_str(), "POST" | "PUT" | "PATCH") => line(&mut out, "Content-Length", "0"),
         None => {}
     }
     out.push_str("\r\n");
@@ -174,11 +174,11 @@ mod tests {
         list.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
     }
 
-    fn fwd(method: &'static str, body: Option<Option<u64>>) -> Forwarding<'static> {
+    fn fwd(method: &'static str, body: Option<Option<u64>>) -> Forwarding {
         Forwarding {
-            method,
-            target: "/api/x?q=1",
-            authority: Some("www.example:8443"),
+            method: method.into(),
+            target: "/api/x?q=1".into(),
+            authority: Some("www.example:8443".into()),
             peer: "192.0.2.7".parse().unwrap(),
             version: "1.1",
             body,

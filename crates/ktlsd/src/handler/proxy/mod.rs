@@ -194,7 +194,7 @@ fn idempotent(method: &str) -> bool {
 /// One request forwarded to one of a rule's upstreams.
 pub struct Exchange<'r> {
     rule: &'r Rule,
-    fwd: Forwarding<'r>,
+    fwd: Forwarding,
     fields: Vec<(String, String)>,
     /// The upstream in use (its index in the rule) and its connection.
     index: usize,
@@ -225,7 +225,7 @@ impl<'r> Exchange<'r> {
     /// Cancel-safe as to the pool: a dropped exchange returns no connection.
     pub async fn begin(
         rule: &'r Rule,
-        fwd: Forwarding<'r>,
+        fwd: Forwarding,
         fields: Vec<(String, String)>,
     ) -> Result<Exchange<'r>, Failure> {
         let mut x = Exchange {
@@ -251,6 +251,11 @@ impl<'r> Exchange<'r> {
 
     fn upstream(&self) -> &'r Upstream {
         &self.rule.upstreams[self.index]
+    }
+
+    /// A 502 of `kind` naming this exchange's upstream.
+    pub fn failure_now(&self, kind: &'static str, detail: &str) -> Failure {
+        self.failure(Status::BAD_GATEWAY, kind, detail.to_string())
     }
 
     fn failure(&self, status: Status, kind: &'static str, detail: String) -> Failure {
@@ -300,7 +305,7 @@ impl<'r> Exchange<'r> {
             self.conn = Some(conn);
             self.reused = reused;
             let host = match &self.rule.host {
-                HostMode::Preserve => self.fwd.authority.unwrap_or(&up.authority),
+                HostMode::Preserve => self.fwd.authority.as_deref().unwrap_or(&up.authority),
                 HostMode::Upstream => &up.authority,
                 HostMode::Fixed(h) => h,
             };
@@ -375,7 +380,7 @@ impl<'r> Exchange<'r> {
                         self.tried.push(self.index);
                         self.mark_failed(&f);
                     }
-                    let retry = nothing_received && !self.sent_body && idempotent(self.fwd.method);
+                    let retry = nothing_received && !self.sent_body && idempotent(&self.fwd.method);
                     if !retry {
                         self.release();
                         return Err(f);
@@ -393,7 +398,7 @@ impl<'r> Exchange<'r> {
         let read_timeout = self.rule.timeouts.read;
         let mut received = false;
         loop {
-            match parse::head(&self.buf, self.fwd.method) {
+            match parse::head(&self.buf, &self.fwd.method) {
                 Ok(Some((head, used))) => {
                     self.buf.drain(..used);
                     if (100..200).contains(&head.status) {

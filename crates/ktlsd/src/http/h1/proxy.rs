@@ -33,9 +33,9 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         };
         let length = x.head.content_length;
         let fwd = Forwarding {
-            method: req.method.as_str(),
-            target: &target,
-            authority: req.authority.as_deref(),
+            method: req.method.as_str().to_string(),
+            target,
+            authority: req.authority.clone(),
             peer: self.ctx.peer.ip(),
             version: if x.head.version == Version::Http10 { "1.0" } else { "1.1" },
             body: (length > 0).then_some(Some(length)),

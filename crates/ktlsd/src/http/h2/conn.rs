@@ -457,6 +457,19 @@ impl Connection {
         Some(write)
     }
 
+    /// Ends `stream`'s response early with RST_STREAM INTERNAL_ERROR because its body's
+    /// source failed: the client sees the stream fail, never a short body as whole.
+    /// `unsent` is the DATA length of the last [`Write::FileData`] that was not sent;
+    /// it goes back to the connection's window. Not counted as a reset the client provoked.
+    pub fn abort(&mut self, stream: StreamId, unsent: u32) {
+        self.send_window += i64::from(unsent);
+        frame::put_rst_stream(&mut self.out, stream.0, ErrorCode::InternalError);
+        if let Some(index) = self.index(stream.0) {
+            self.streams.swap_remove(index);
+        }
+        self.remember(stream.0, Ended::ResetByUs);
+    }
+
     /// Starts a graceful close: GOAWAY with the last stream we took; streams already
     /// taken finish, new ones are ignored. `is_finished` turns true when all is sent.
     pub fn shutdown(&mut self) {

@@ -1,19 +1,55 @@
 //! HTTP/2 streams that a `[[proxy]]` rule takes: the exchange with the upstream
-//! (`handler::proxy`) is made before the stream is answered, and its response is
-//! handed to the codec whole, so an upstream that fails at any point gets a 502 or
-//! 504 and never a stream that ends as if complete.
+//! (`handler::proxy`) runs up to the response head before the stream is answered.
+//! A body of known length is then streamed: each DATA frame the codec schedules is
+//! filled from the upstream ([`Streamed::take`]), so flow control paces the upstream
+//! and at most one frame and one read piece are held; an upstream that fails after
+//! the head resets the stream (INTERNAL_ERROR). A body of unknown length (chunked or
+//! close-delimited) is held whole, at most [`MAX_BUFFERED`] bytes, and answered
+//! 502 or 504 when the upstream fails.
 //!
-//! Bounds: a response body of at most [`MAX_BUFFERED`] bytes, and no request body
-//! (a stream that has one is answered 501). The connection's other streams wait
-//! while an exchange is under way.
+//! Bounds: no request body (a stream that has one is answered 501); the connection's
+//! other streams wait while an upstream is awaited.
 
 use super::RequestHead;
-use crate::handler::proxy::{self, headers, metrics, parse::Framing, Failure, Forwarding, Rule};
-use crate::handler::{self, Body, Header, Method, Pick, Response, Site, Status};
+use crate::handler::proxy::{self, headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule};
+use crate::handler::{self, Body, Header, Pick, Response, Site, Status};
 use crate::http::Context;
 
-/// The largest upstream response body an HTTP/2 stream holds before it is answered.
+/// The largest upstream response body of unknown length an HTTP/2 stream holds
+/// before it is answered.
 pub const MAX_BUFFERED: usize = 8 * 1024 * 1024;
+
+/// A response body of known length still coming from the upstream.
+pub(super) struct Streamed<'a> {
+    exchange: Exchange<'a>,
+    /// Read from the upstream, not yet sent (less than one frame and one piece).
+    pending: Vec<u8>,
+    /// The body's length.
+    pub len: u64,
+}
+
+impl Streamed<'_> {
+    /// The next `len` body bytes; an error means the body cannot be completed.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: bytes read stay in `pending`.
+    pub async fn take(&mut self, len: usize) -> Result<Vec<u8>, Failure> {
+        while self.pending.len() < len {
+            let more = self.exchange.read_body(&mut self.pending).await?;
+            if !more && self.pending.len() < len {
+                return Err(self.exchange.failure_now("body", "the body ended before its Content-Length"));
+            }
+        }
+        metrics::body_bytes("copy", len as u64);
+        Ok(self.pending.drain(..len).collect())
+    }
+
+    /// After the last frame: lets the exchange see its body complete, so that its
+    /// connection goes back to the pool.
+    pub async fn finish(&mut self) {
+        let _ = self.exchange.read_body(&mut self.pending).await;
+    }
+}
 
 /// The site and rule that take `head`, if a `[[proxy]]` rule does.
 pub(super) fn route<'a, S>(ctx: &Context<'a, S>, head: &RequestHead) -> Option<(Site<'a>, &'a Rule)> {
@@ -22,63 +58,68 @@ pub(super) fn route<'a, S>(ctx: &Context<'a, S>, head: &RequestHead) -> Option<(
     handler::proxy::route(&site, path).map(|rule| (site, rule))
 }
 
-/// The whole answer of `rule`'s upstream to `head`.
-pub(super) async fn forward<S>(
+/// The upstream's answer to `head`: its response, and its body still to come when
+/// that is streamed.
+pub(super) async fn forward<'a, S>(
     ctx: &Context<'_, S>,
     head: &RequestHead,
     end_stream: bool,
     site: &Site<'_>,
-    rule: &Rule,
-) -> Response {
+    rule: &'a Rule,
+) -> (Response, Option<Streamed<'a>>) {
     let is_head = head.method == "HEAD";
-    let target = head.path.as_deref().unwrap_or("/");
+    let target = head.path.clone().unwrap_or_else(|| "/".into());
     if !end_stream {
         let mut r = handler::refusal(Status::NOT_IMPLEMENTED, site, is_head);
         r.refused = Some("request bodies are not forwarded over HTTP/2; use HTTP/1.1".into());
-        return r;
+        return (r, None);
     }
     let fields: Vec<(String, String)> =
         head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
     let fwd = Forwarding {
-        method: &head.method,
-        target,
-        authority: head.authority.as_deref(),
+        method: head.method.clone(),
+        target: target.clone(),
+        authority: head.authority.clone(),
         peer: ctx.peer.ip(),
         version: "2",
         body: None,
     };
     match exchange(rule, fwd, fields).await {
-        Ok(r) => handler::with_hsts(r, site),
+        Ok((r, streamed)) => (handler::with_hsts(r, site), streamed),
         Err(f) => {
             tracing::warn!("proxy {} \"{} {target} HTTP/2.0\": {} {f}", ctx.peer, head.method, f.status.0);
             let status = format!("{}; detail={}", proxy::CACHE_STATUS_MISS, f.kind);
-            handler::refusal(f.status, site, is_head).with(Header::Field("Cache-Status".into(), status))
+            (handler::refusal(f.status, site, is_head).with(Header::Field("Cache-Status".into(), status)), None)
         }
     }
 }
 
-async fn exchange(rule: &Rule, fwd: Forwarding<'_>, fields: Vec<(String, String)>) -> Result<Response, Failure> {
-    let method = Method::from_token(fwd.method);
-    let mut up = proxy::Exchange::begin(rule, fwd, fields).await?;
+async fn exchange<'a>(
+    rule: &'a Rule,
+    fwd: Forwarding,
+    fields: Vec<(String, String)>,
+) -> Result<(Response, Option<Streamed<'a>>), Failure> {
+    let mut up = Exchange::begin(rule, fwd, fields).await?;
     let head = up.response().await?;
-    let mut body = Vec::new();
-    while up.read_body(&mut body).await? {
-        if body.len() > MAX_BUFFERED {
-            return Err(Failure {
-                status: Status::BAD_GATEWAY,
-                kind: "body",
-                upstream: String::new(),
-                detail: format!("response body larger than {MAX_BUFFERED} bytes, the HTTP/2 bound"),
-            });
-        }
-    }
-    drop(up);
-    metrics::body_bytes("copy", body.len() as u64);
-    tracing::debug!("proxied \"{method} HTTP/2.0\": {} with {} body bytes by copy", head.status, body.len());
     let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, proxy::CACHE_STATUS_MISS)
         .into_iter()
         .map(|(n, v)| Header::Field(n.into(), v))
         .collect();
+    let status = Status(head.status);
+    if let Framing::Length(len) = head.framing {
+        fields.push(Header::ContentLength(len));
+        let response = Response { status, headers: fields, body: Body::Empty, refused: None };
+        let streamed = (len > 0).then(|| Streamed { exchange: up, pending: Vec::new(), len });
+        return Ok((response, streamed));
+    }
+    let mut body = Vec::new();
+    while up.read_body(&mut body).await? {
+        if body.len() > MAX_BUFFERED {
+            return Err(up.failure_now("body", "a body of unknown length larger than the 8 MiB HTTP/2 streams hold"));
+        }
+    }
+    drop(up);
+    metrics::body_bytes("copy", body.len() as u64);
     let declared = head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length"));
     match (head.framing, declared) {
         (Framing::None, Some((_, v))) if head.status >= 200 && head.status != 204 => {
@@ -88,5 +129,5 @@ async fn exchange(rule: &Rule, fwd: Forwarding<'_>, fields: Vec<(String, String)
         _ => fields.push(Header::ContentLength(body.len() as u64)),
     }
     let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
-    Ok(Response { status: Status(head.status), headers: fields, body, refused: None })
+    Ok((Response { status, headers: fields, body, refused: None }, None))
 }

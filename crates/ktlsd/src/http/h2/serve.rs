@@ -32,9 +32,11 @@ pub struct Settings {
 }
 
 /// A response under way, kept until its last frame is sent (the file stays open).
-struct Open {
+struct Open<'a> {
     /// The file and where the response's range starts in it.
     file: Option<(Found, u64)>,
+    /// A proxied body still coming from its upstream.
+    upstream: Option<super::proxy::Streamed<'a>>,
     method: Method,
     target: String,
     status: u16,
@@ -55,7 +57,7 @@ struct Open {
 pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> End<T::Error> {
     let (settings, peer) = (ctx.settings, ctx.peer);
     let mut h2 = Connection::new(settings.limits.clone());
-    let mut open: HashMap<StreamId, Open> = HashMap::new();
+    let mut open: HashMap<StreamId, Open<'_>> = HashMap::new();
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut going_away = false;
     // One wait for shutdown for the connection's life (see h1's).
@@ -66,7 +68,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         while let Some(event) = h2.poll_event() {
             match event {
                 Event::Request { stream, head, end_stream } => {
-                    let proxied = match super::proxy::route(&ctx, &head) {
+                    let proxied: Option<(handler::Response, _)> = match super::proxy::route(&ctx, &head) {
                         Some((site, rule)) => Some(super::proxy::forward(&ctx, &head, end_stream, &site, rule).await),
                         None => None,
                     };
@@ -110,11 +112,40 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                         tracing::warn!("HTTP/2 DATA for stream {} without its file; closing", stream.0);
                         return End::Done;
                     };
-                    let r = match &o.file {
-                        Some((found, start)) => {
+                    let r = match (&o.file, o.upstream.as_mut()) {
+                        (Some((found, start)), _) => {
                             let from = start + offset;
                             conn.send(&head, Some(found.body(from..from + u64::from(len)))).await
                         }
+                        (None, Some(up)) => match up.take(len as usize).await {
+                            Ok(bytes) => {
+                                let mut frame = head;
+                                frame.extend_from_slice(&bytes);
+                                if end_stream {
+                                    up.finish().await;
+                                }
+                                conn.send(&frame, None).await
+                            }
+                            Err(f) => {
+                                // The frames before this DATA header go; the stream is reset.
+                                tracing::warn!(
+                                    "proxy {peer} \"{} {} HTTP/2.0\": {f}; stream reset after {} body bytes",
+                                    o.method,
+                                    o.target,
+                                    o.sent
+                                );
+                                let before = &head[..head.len().saturating_sub(super::frame::HEADER_LEN)];
+                                let r = conn.send(before, None).await;
+                                h2.abort(stream, len);
+                                if let Some(o) = open.remove(&stream) {
+                                    o.log(&ctx, conn);
+                                }
+                                if let Err(e) = r {
+                                    return if T::timed_out(&e) { End::Timeout } else { End::Error(e) };
+                                }
+                                continue;
+                            }
+                        },
                         _ => conn.send(&head, None).await,
                     };
                     // The transport counts file bytes; an in-memory body's are the frame's.
@@ -211,17 +242,21 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
 
 /// Answers one request: the handler's response (or `proxied`, the upstream's) goes
 /// to the codec; a file body stays open in `open` until its last frame.
-fn answer<S>(
+fn answer<'a, S>(
     h2: &mut Connection,
-    open: &mut HashMap<StreamId, Open>,
+    open: &mut HashMap<StreamId, Open<'a>>,
     stream: StreamId,
     head: &RequestHead,
     ctx: &Context<'_, S>,
     conn: &impl Transport,
-    proxied: Option<handler::Response>,
+    proxied: Option<(handler::Response, Option<super::proxy::Streamed<'a>>)>,
 ) {
     let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
+    let (proxied, upstream) = match proxied {
+        Some((response, streamed)) => (Some(response), streamed),
+        None => (None, None),
+    };
     let target = head.path.clone().unwrap_or_default();
     let (request, response) = match to_request(head) {
         // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
@@ -252,16 +287,18 @@ fn answer<S>(
     let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
     fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
     let (size, file) = match response.body {
+        _ if upstream.is_some() => (BodySize::File { len: upstream.as_ref().map_or(0, |u| u.len) }, None),
         Body::File { found, range } if !range.is_empty() => {
             (BodySize::File { len: range.end - range.start }, Some((found, range.start)))
         }
         Body::Bytes(b) if !b.is_empty() => (BodySize::Bytes(b), None),
         _ => (BodySize::None, None),
     };
-    let has_file = file.is_some();
+    let has_file = file.is_some() || upstream.is_some();
     let text = |name: &str| head.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
     let (referer, user_agent) = (text("referer"), text("user-agent"));
-    let o = Open { file, method, target, status, sent: 0, started, ttfb: started.elapsed(), referer, user_agent };
+    let o =
+        Open { file, upstream, method, target, status, sent: 0, started, ttfb: started.elapsed(), referer, user_agent };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
             open.insert(stream, o);
@@ -301,7 +338,7 @@ fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
     })
 }
 
-impl Open {
+impl Open<'_> {
     /// Writes the stream's access-log entry.
     fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };
