@@ -59,7 +59,7 @@ impl Origin {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    /// The request lines it has read ("METHOD TARGET").
+    /// The requests it has read ("METHOD TARGET PEER-PORT").
     fn requests(&self) -> Vec<String> {
         std::fs::read_to_string(&self.log).unwrap().lines().map(str::to_string).collect()
     }
@@ -145,6 +145,19 @@ fn get_head_and_post_reach_the_upstream_with_their_bodies() {
     // Paths no rule takes are files.
     assert_eq!(fetch(&srv.url("/index.txt"), &[]).body_str(), "static file");
     assert!(origin.requests().iter().all(|l| l.contains("/api/")), "{:?}", origin.requests());
+}
+
+#[test]
+fn upstream_connections_are_kept_alive_and_reused() {
+    let origin = Origin::start("a");
+    let srv = proxy_server(&[origin.url()], "");
+    for i in 0..5 {
+        let proto = PROTOCOLS[i % 2];
+        assert_eq!(fetch(&srv.url("/api/name"), &[proto]).body_str(), "a");
+    }
+    let ports: std::collections::HashSet<String> =
+        origin.requests().iter().map(|l| l.rsplit(' ').next().unwrap().to_string()).collect();
+    assert_eq!(ports.len(), 1, "five requests over one upstream connection: {:?}", origin.requests());
 }
 
 #[test]
@@ -294,6 +307,24 @@ fn only_idempotent_requests_are_retried() {
     assert!(srv.stderr().contains("before a complete response head"), "{}", srv.stderr());
 }
 
+/// A CA (its PEM file) and a certificate it issued for `localhost`, with its key, for a TLS upstream.
+fn upstream_certificates(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "proxy test CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&leaf_key, &issuer).unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("upstream.pem"), dir.join("upstream.key"));
+    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
+    std::fs::write(&paths.1, leaf.pem()).unwrap();
+    std::fs::write(&paths.2, leaf_key.serialize_pem()).unwrap();
+    paths
+}
+
 #[test]
 fn nginx_as_the_upstream() {
     let dir = tempfile::tempdir().unwrap();
@@ -301,7 +332,8 @@ fn nginx_as_the_upstream() {
     std::fs::create_dir_all(root.join("api")).unwrap();
     let body = pattern(300_000, 9);
     std::fs::write(root.join("api/file.bin"), &body).unwrap();
-    let port = free_port();
+    let (port, tls_port) = (free_port(), free_port());
+    let (ca, cert, key) = upstream_certificates(dir.path());
     let conf = dir.path().join("nginx.conf");
     std::fs::write(
         &conf,
@@ -310,11 +342,15 @@ fn nginx_as_the_upstream() {
              events {{}}\n\
              http {{ access_log off; client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};\n\
              uwsgi_temp_path {tmp}; scgi_temp_path {tmp};\n\
-             server {{ listen 127.0.0.1:{port}; root {root}; add_header X-Upstream nginx; }} }}\n",
+             server {{ listen 127.0.0.1:{port}; root {root}; add_header X-Upstream nginx; }}\n\
+             server {{ listen 127.0.0.1:{tls_port} ssl; ssl_certificate {cert}; ssl_certificate_key {key};\n\
+             root {root}; add_header X-Upstream nginx-tls; }} }}\n",
             pid = dir.path().join("nginx.pid").display(),
             err = dir.path().join("error.log").display(),
             tmp = dir.path().display(),
             root = root.display(),
+            cert = cert.display(),
+            key = key.display(),
         ),
     )
     .unwrap();
@@ -347,6 +383,18 @@ fn nginx_as_the_upstream() {
         let r = fetch(&srv.url("/api/missing"), &[proto]);
         assert_eq!(r.status, 404, "the upstream's status passes through");
     }
+    // An https:// upstream, verified against upstream_ca.
+    let ca = format!("upstream_ca = {:?}", ca.display().to_string());
+    let srv = proxy_server(&[format!("https://localhost:{tls_port}")], &ca);
+    for proto in PROTOCOLS {
+        let r = fetch(&srv.url("/api/file.bin"), &[proto]);
+        assert_eq!((r.status, r.header("x-upstream")), (200, Some("nginx-tls")), "{proto}: {}", srv.stderr());
+        assert_body("nginx's file over TLS", &r.body, &body);
+    }
+    // Without it, the system roots do not know the upstream's certificate: 502.
+    let srv = proxy_server(&[format!("https://localhost:{tls_port}")], "");
+    assert_eq!(fetch(&srv.url("/api/file.bin"), &[]).status, 502);
+    assert!(srv.stderr().contains("certificate"), "the log says why: {}", srv.stderr());
     // SIGQUIT: the master stops its workers too (a SIGKILL would leave them running).
     let _ = Command::new("kill").args(["-QUIT", &nginx.id().to_string()]).status();
     let _ = nginx.wait();

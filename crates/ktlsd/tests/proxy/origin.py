@@ -1,6 +1,6 @@
 """A small HTTP/1.1 origin for the proxy tests, whose answers and misbehaviour the
 request path chooses. Usage: origin.py PORT NAME LOG; prints "ready" once listening
-and appends "METHOD PATH" to LOG for every request it reads.
+and appends "METHOD TARGET PEER-PORT" to LOG for every request it reads.
 
 Paths (the query is ignored unless stated):
   /api/echo        200, JSON of the method, target, fields and body (length, sha256)
@@ -84,7 +84,7 @@ def query_n(target, default=1000):
 def answer(conn, req):
     method, target, fields, body = req
     path = target.split("?", 1)[0]
-    log(f"{method} {target}")
+    log(f"{method} {target} {conn.getpeername()[1]}")
     send = conn.sendall
     no_body = method == "HEAD"
     if path == "/api/echo":
