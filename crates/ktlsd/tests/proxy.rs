@@ -138,6 +138,20 @@ fn get_head_and_post_reach_the_upstream_with_their_bodies() {
         assert_eq!(v["body_len"].as_u64(), Some(body.len() as u64), "{proto}");
         assert_eq!(v["body_sha256"].as_str(), Some(sha256(&body).as_str()), "{proto}");
     }
+    // A chunked request body is decoded and sent on chunked.
+    let body = pattern(1_500_000, 3);
+    let file = srv.write("chunked.bin", &body);
+    let chunked = ["--http1.1", "-H", "Transfer-Encoding: chunked", "--data-binary"];
+    let r = fetch(&srv.url("/api/echo"), &[&chunked[..], &[&format!("@{}", file.display())]].concat());
+    assert_eq!(r.status, 200, "{}", r.body_str());
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["body_sha256"].as_str(), Some(sha256(&body).as_str()));
+    assert!(v["fields"].to_string().contains("\"Transfer-Encoding\",\"chunked\""), "{v}");
+    let big = srv.write("big-chunked.bin", vec![b'y'; 4194305]);
+    let r = fetch(&srv.url("/api/echo"), &[&chunked[..], &[&format!("@{}", big.display())]].concat());
+    assert_eq!(r.status, 413, "max_body_bytes holds for chunked bodies");
+    // A chunked body to a static path is still refused.
+    assert_eq!(fetch(&srv.url("/index.txt"), &[&chunked[..], &["x"]].concat()).status, 411);
     // max_body_bytes holds for proxied requests too.
     let big = srv.write("big.bin", vec![b'x'; 4194305]);
     let r = fetch(&srv.url("/api/echo"), &["--http1.1", "--data-binary", &format!("@{}", big.display())]);

@@ -361,6 +361,15 @@ impl<'r> Exchange<'r> {
         r.map_err(|e| self.io_failure(e, "sending the request body", "send"))
     }
 
+    /// Ends a request body of unknown length (its last chunk).
+    pub async fn end_body(&mut self) -> Result<(), Failure> {
+        if self.fwd.body != Some(None) {
+            return Ok(());
+        }
+        self.sent_body = true;
+        self.write(b"0\r\n\r\n").await.map_err(|e| self.io_failure(e, "sending the request body", "send"))
+    }
+
     /// Reads the upstream's response head (interim 1xx responses dropped). An
     /// idempotent request without a body whose upstream fails before a byte of a response
     /// is sent to the next upstream.

@@ -180,6 +180,11 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         if let Some(rule) = handler::proxy::route(&site, &req.path) {
             return self.proxy(x, site, rule).await;
         }
+        if x.head.chunked {
+            let response = handler::refusal(Status::LENGTH_REQUIRED, &site, is_head);
+            let why = "Transfer-Encoding request bodies are not accepted";
+            return self.refuse_and_close(&x.head, response, why, Instant::now()).await;
+        }
         if length > 0 && x.head.expect_continue && !req.method.is_served() {
             let response = handler::handle(req, &site);
             return self.refuse_and_close(&x.head, response, "method not allowed (body not read)", x.started).await;

@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use super::parse::Version;
 use super::{logged, write, Connection, Exchange, State};
-use crate::handler::proxy::{self, headers, metrics, parse::Framing, Failure, Forwarding, Rule};
+use crate::handler::proxy::parse::{Chunked, Framing};
+use crate::handler::proxy::{self, headers, metrics, Failure, Forwarding, Rule};
 use crate::handler::{self, Body, Header, Method, Response, Site, Status};
 use crate::http::conn::Sent;
 use crate::http::{End, Transport};
@@ -38,34 +39,30 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             authority: req.authority.clone(),
             peer: self.ctx.peer.ip(),
             version: if x.head.version == Version::Http10 { "1.0" } else { "1.1" },
-            body: (length > 0).then_some(Some(length)),
+            body: if x.head.chunked { Some(None) } else { (length > 0).then_some(Some(length)) },
         };
         let mut up = match proxy::Exchange::begin(rule, fwd, fields).await {
             Ok(up) => up,
             Err(f) => return self.proxy_failed(&x, &site, &f).await,
         };
-        if length > 0 {
+        if length > 0 || x.head.chunked {
             if x.head.expect_continue {
                 if let Err(e) = self.conn.send(write::CONTINUE, None).await {
                     return State::Closed(End::Error(e));
                 }
             }
-            let mut left = length;
-            while left > 0 {
-                if self.buf.is_empty() {
-                    match self.conn.read(&mut self.buf, self.ctx.settings.header_timeout).await {
-                        Ok(0) => return State::Closed(End::Truncated),
-                        Ok(_) => {}
-                        Err(e) if T::timed_out(&e) => return State::Closed(End::Timeout),
-                        Err(e) => return State::Closed(End::Error(e)),
-                    }
+            let sent = match x.head.chunked {
+                true => self.forward_chunked(&mut up).await,
+                false => self.forward_length(&mut up, length).await,
+            };
+            match sent {
+                RequestBody::Sent => {}
+                RequestBody::ClientEnded(end) => return State::Closed(end),
+                RequestBody::UpstreamFailed(f) => return self.proxy_failed(&x, &site, &f).await,
+                RequestBody::Refused(status, why) => {
+                    let response = handler::refusal(status, &site, x.head.request.method == Method::Head);
+                    return self.refuse_and_close(&x.head, response, why, Instant::now()).await;
                 }
-                let take = (self.buf.len() as u64).min(left) as usize;
-                if let Err(f) = up.send_body(&self.buf[..take]).await {
-                    return self.proxy_failed(&x, &site, &f).await;
-                }
-                self.buf.drain(..take);
-                left -= take as u64;
             }
         }
         let head = match up.response().await {
@@ -163,6 +160,69 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         }
     }
 
+    /// Forwards `length` body bytes as they arrive.
+    async fn forward_length(&mut self, up: &mut proxy::Exchange<'_>, length: u64) -> RequestBody<T::Error> {
+        let mut left = length;
+        while left > 0 {
+            if self.buf.is_empty() {
+                if let Err(end) = self.read_more().await {
+                    return RequestBody::ClientEnded(end);
+                }
+            }
+            let take = (self.buf.len() as u64).min(left) as usize;
+            if let Err(f) = up.send_body(&self.buf[..take]).await {
+                return RequestBody::UpstreamFailed(f);
+            }
+            self.buf.drain(..take);
+            left -= take as u64;
+        }
+        RequestBody::Sent
+    }
+
+    /// Decodes a chunked body as it arrives and forwards its data, within `max_body_bytes`.
+    async fn forward_chunked(&mut self, up: &mut proxy::Exchange<'_>) -> RequestBody<T::Error> {
+        let max = self.ctx.settings.max_body_bytes;
+        let (mut decoder, mut piece, mut total) = (Chunked::default(), Vec::new(), 0u64);
+        loop {
+            if !self.buf.is_empty() {
+                let Ok(used) = decoder.decode(&self.buf, &mut piece) else {
+                    return RequestBody::Refused(Status::BAD_REQUEST, "invalid chunked request body");
+                };
+                self.buf.drain(..used);
+                total += piece.len() as u64;
+                if total > max {
+                    return RequestBody::Refused(Status::PAYLOAD_TOO_LARGE, "request body exceeds max_body_bytes");
+                }
+                if let Err(f) = up.send_body(&piece).await {
+                    return RequestBody::UpstreamFailed(f);
+                }
+                piece.clear();
+                if decoder.is_done() {
+                    return match up.end_body().await {
+                        Ok(()) => RequestBody::Sent,
+                        Err(f) => RequestBody::UpstreamFailed(f),
+                    };
+                }
+                if used > 0 {
+                    continue;
+                }
+            }
+            if let Err(end) = self.read_more().await {
+                return RequestBody::ClientEnded(end);
+            }
+        }
+    }
+
+    /// Reads more of the request body within the header timeout.
+    async fn read_more(&mut self) -> Result<(), End<T::Error>> {
+        match self.conn.read(&mut self.buf, self.ctx.settings.header_timeout).await {
+            Ok(0) => Err(End::Truncated),
+            Ok(_) => Ok(()),
+            Err(e) if T::timed_out(&e) => Err(End::Timeout),
+            Err(e) => Err(End::Error(e)),
+        }
+    }
+
     fn log_proxied(&self, x: &Exchange, status: u16, bytes: u64, ttfb: std::time::Duration) {
         self.ctx.log(self.conn, Some(logged(&x.head)), Sent { status, bytes, started: x.started, ttfb });
     }
@@ -184,4 +244,14 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         );
         self.close()
     }
+}
+
+/// How forwarding a request body ended.
+enum RequestBody<E> {
+    Sent,
+    /// The client went away or was too slow.
+    ClientEnded(End<E>),
+    UpstreamFailed(Failure),
+    /// The body itself is refused (malformed, too large).
+    Refused(Status, &'static str),
 }
