@@ -128,10 +128,6 @@ fn get_head_and_post_reach_the_upstream_with_their_bodies() {
         let body: Vec<u8> = pattern(3 * 1024 * 1024 + 7, 5);
         let file = srv.write("upload.bin", &body);
         let r = fetch(&srv.url("/api/echo"), &[proto, "--data-binary", &format!("@{}", file.display())]);
-        if proto == "--http2" {
-            assert_eq!(r.status, 501, "request bodies are forwarded over HTTP/1.1 only");
-            continue;
-        }
         assert_eq!(r.status, 200, "{proto}: {}", r.body_str());
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["method"].as_str(), Some("POST"));

@@ -168,6 +168,12 @@ pub fn route<'a>(site: &Site<'a>, path: &str) -> Option<&'a Rule> {
     site.content.proxy.iter().find(|r| r.path.matches(path))
 }
 
+/// Whether any of `sites` has `[[proxy]]` rules (the codecs then keep what a
+/// forwarded request needs: its fields, its body).
+pub fn any(sites: &super::Sites<'_>) -> bool {
+    !sites.default.content.proxy.is_empty() || sites.named.iter().any(|s| !s.content.proxy.is_empty())
+}
+
 /// Why an exchange failed, for the client's status and the log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {

@@ -96,9 +96,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
 
 impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub fn new(conn: &'c mut T, ctx: Context<'a, Settings>) -> Connection<'c, 'a, T> {
-        let sites = ctx.sites;
-        let proxies =
-            !sites.default.content.proxy.is_empty() || sites.named.iter().any(|s| !s.content.proxy.is_empty());
+        let proxies = handler::proxy::any(&ctx.sites);
         Connection { conn, ctx, buf: Vec::with_capacity(2048), proxies }
     }
 

@@ -7,8 +7,9 @@
 //! close-delimited) is held whole, at most [`MAX_BUFFERED`] bytes, and answered
 //! 502 or 504 when the upstream fails.
 //!
-//! Bounds: no request body (a stream that has one is answered 501); the connection's
-//! other streams wait while an upstream is awaited.
+//! A request body is forwarded as its DATA frames arrive ([`Upload`]), with its
+//! content-length or chunked. The connection's other streams wait while an upstream
+//! is awaited.
 
 use super::RequestHead;
 use crate::handler::proxy::{self, headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule};
@@ -58,22 +59,61 @@ pub(super) fn route<'a, S>(ctx: &Context<'a, S>, head: &RequestHead) -> Option<(
     handler::proxy::route(&site, path).map(|rule| (site, rule))
 }
 
-/// The upstream's answer to `head`: its response, and its body still to come when
-/// that is streamed.
+/// What forwarding a request gave.
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+pub(super) enum Forwarded<'a> {
+    /// The answer, and its body still to come when that is streamed.
+    Answer(Response, Option<Streamed<'a>>),
+    /// The request body is still arriving: feed it to [`Upload::data`].
+    Upload(Upload<'a>),
+}
+
+/// A proxied request whose body is still arriving from the client.
+pub(super) struct Upload<'a> {
+    exchange: Exchange<'a>,
+    /// The first failure to send to the upstream; the rest of the body is dropped.
+    failed: Option<Failure>,
+    is_head: bool,
+    method: String,
+    target: String,
+}
+
+impl<'a> Upload<'a> {
+    /// Forwards a piece of the body.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: part of the piece may have been sent.
+    pub async fn data(&mut self, piece: &[u8]) {
+        if self.failed.is_none() {
+            if let Err(f) = self.exchange.send_body(piece).await {
+                self.failed = Some(f);
+            }
+        }
+    }
+
+    /// The answer once the body has ended.
+    pub async fn finish<S>(mut self, ctx: &Context<'_, S>, site: &Site<'_>) -> (Response, Option<Streamed<'a>>) {
+        let done = match self.failed.take() {
+            Some(f) => Err(f),
+            None => match self.exchange.end_body().await {
+                Ok(()) => complete(self.exchange).await,
+                Err(f) => Err(f),
+            },
+        };
+        answer(ctx, site, done, self.is_head, &self.method, &self.target)
+    }
+}
+
+/// Forwards `head` by `rule`: the answer, or the upload of its body.
 pub(super) async fn forward<'a, S>(
     ctx: &Context<'_, S>,
     head: &RequestHead,
     end_stream: bool,
     site: &Site<'_>,
     rule: &'a Rule,
-) -> (Response, Option<Streamed<'a>>) {
+) -> Forwarded<'a> {
     let is_head = head.method == "HEAD";
     let target = head.path.clone().unwrap_or_else(|| "/".into());
-    if !end_stream {
-        let mut r = handler::refusal(Status::NOT_IMPLEMENTED, site, is_head);
-        r.refused = Some("request bodies are not forwarded over HTTP/2; use HTTP/1.1".into());
-        return (r, None);
-    }
     let fields: Vec<(String, String)> =
         head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
     let fwd = Forwarding {
@@ -82,24 +122,43 @@ pub(super) async fn forward<'a, S>(
         authority: head.authority.clone(),
         peer: ctx.peer.ip(),
         version: "2",
-        body: None,
+        // A body without content-length goes on chunked.
+        body: (!end_stream).then_some(head.content_length),
     };
-    match exchange(rule, fwd, fields).await {
+    let begun = Exchange::begin(rule, fwd, fields).await;
+    let done = match begun {
+        Ok(exchange) if !end_stream => {
+            let method = head.method.clone();
+            return Forwarded::Upload(Upload { exchange, failed: None, is_head, method, target });
+        }
+        Ok(exchange) => complete(exchange).await,
+        Err(f) => Err(f),
+    };
+    let (response, streamed) = answer(ctx, site, done, is_head, &head.method, &target);
+    Forwarded::Answer(response, streamed)
+}
+
+/// The client's answer from an exchange's outcome: with the site's HSTS, or the 502/504 page.
+fn answer<'a, S>(
+    ctx: &Context<'_, S>,
+    site: &Site<'_>,
+    done: Result<(Response, Option<Streamed<'a>>), Failure>,
+    is_head: bool,
+    method: &str,
+    target: &str,
+) -> (Response, Option<Streamed<'a>>) {
+    match done {
         Ok((r, streamed)) => (handler::with_hsts(r, site), streamed),
         Err(f) => {
-            tracing::warn!("proxy {} \"{} {target} HTTP/2.0\": {} {f}", ctx.peer, head.method, f.status.0);
+            tracing::warn!("proxy {} \"{method} {target} HTTP/2.0\": {} {f}", ctx.peer, f.status.0);
             let status = format!("{}; detail={}", proxy::CACHE_STATUS_MISS, f.kind);
             (handler::refusal(f.status, site, is_head).with(Header::Field("Cache-Status".into(), status)), None)
         }
     }
 }
 
-async fn exchange<'a>(
-    rule: &'a Rule,
-    fwd: Forwarding,
-    fields: Vec<(String, String)>,
-) -> Result<(Response, Option<Streamed<'a>>), Failure> {
-    let mut up = Exchange::begin(rule, fwd, fields).await?;
+/// Reads the upstream's answer to a request sent whole.
+async fn complete(mut up: Exchange<'_>) -> Result<(Response, Option<Streamed<'_>>), Failure> {
     let head = up.response().await?;
     let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, proxy::CACHE_STATUS_MISS)
         .into_iter()

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::proxy::Forwarded;
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
 use crate::handler::request::{HeaderFields, Method, Request};
@@ -58,6 +59,11 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     let (settings, peer) = (ctx.settings, ctx.peer);
     let mut h2 = Connection::new(settings.limits.clone());
     let mut open: HashMap<StreamId, Open<'_>> = HashMap::new();
+    // Proxied requests whose bodies are still arriving, with their heads and sites.
+    let mut uploads = HashMap::new();
+    if handler::proxy::any(&ctx.sites) {
+        h2.deliver_bodies();
+    }
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut going_away = false;
     // One wait for shutdown for the connection's life (see h1's).
@@ -68,11 +74,27 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         while let Some(event) = h2.poll_event() {
             match event {
                 Event::Request { stream, head, end_stream } => {
-                    let proxied: Option<(handler::Response, _)> = match super::proxy::route(&ctx, &head) {
-                        Some((site, rule)) => Some(super::proxy::forward(&ctx, &head, end_stream, &site, rule).await),
+                    let proxied = match super::proxy::route(&ctx, &head) {
+                        Some((site, rule)) => match super::proxy::forward(&ctx, &head, end_stream, &site, rule).await {
+                            Forwarded::Answer(response, streamed) => Some((response, streamed)),
+                            Forwarded::Upload(upload) => {
+                                uploads.insert(stream, (upload, head, site));
+                                continue;
+                            }
+                        },
                         None => None,
                     };
                     answer(&mut h2, &mut open, stream, &head, &ctx, conn, proxied)
+                }
+                Event::Data { stream, data, end_stream } => {
+                    if let Some((upload, ..)) = uploads.get_mut(&stream) {
+                        upload.data(&data).await;
+                    }
+                    let finished = if end_stream { uploads.remove(&stream) } else { None };
+                    if let Some((upload, head, site)) = finished {
+                        let proxied = upload.finish(&ctx, &site).await;
+                        answer(&mut h2, &mut open, stream, &head, &ctx, conn, Some(proxied));
+                    }
                 }
                 Event::HeaderListTooLarge { stream } => {
                     tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
@@ -81,6 +103,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     let _ = h2.respond(stream, 431, fields, BodySize::None);
                 }
                 Event::Reset { stream, code } => {
+                    uploads.remove(&stream);
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
                         o.log(&ctx, conn);
@@ -90,6 +113,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                 Event::ConnectionError { code } => {
                     tracing::info!("HTTP/2 connection with {peer} failed: {code:?}");
                     open.clear();
+                    uploads.clear();
                 }
             }
         }
