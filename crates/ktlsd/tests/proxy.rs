@@ -150,8 +150,10 @@ fn get_head_and_post_reach_the_upstream_with_their_bodies() {
     assert_eq!(fetch(&srv.url("/index.txt"), &[&chunked[..], &["x"]].concat()).status, 411);
     // max_body_bytes holds for proxied requests too.
     let big = srv.write("big.bin", vec![b'x'; 4194305]);
-    let r = fetch(&srv.url("/api/echo"), &["--http1.1", "--data-binary", &format!("@{}", big.display())]);
-    assert_eq!(r.status, 413);
+    for proto in PROTOCOLS {
+        let r = fetch(&srv.url("/api/echo"), &[proto, "--data-binary", &format!("@{}", big.display())]);
+        assert_eq!(r.status, 413, "{proto}");
+    }
     // Paths no rule takes are files.
     assert_eq!(fetch(&srv.url("/index.txt"), &[]).body_str(), "static file");
     assert!(origin.requests().iter().all(|l| l.contains("/api/")), "{:?}", origin.requests());

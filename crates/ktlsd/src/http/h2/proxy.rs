@@ -76,6 +76,8 @@ pub(super) struct Upload<'a> {
     is_head: bool,
     method: String,
     target: String,
+    /// Body bytes still allowed (`max_body_bytes`).
+    allowed: u64,
 }
 
 impl<'a> Upload<'a> {
@@ -84,10 +86,21 @@ impl<'a> Upload<'a> {
     /// # Cancel safety
     /// Not cancel-safe: part of the piece may have been sent.
     pub async fn data(&mut self, piece: &[u8]) {
-        if self.failed.is_none() {
-            if let Err(f) = self.exchange.send_body(piece).await {
-                self.failed = Some(f);
-            }
+        if self.failed.is_some() {
+            return;
+        }
+        if piece.len() as u64 > self.allowed {
+            let too_large = Failure { status: Status::PAYLOAD_TOO_LARGE, ..self.exchange.failure_now("body", "") };
+            self.failed = Some(Failure {
+                kind: "request-body",
+                detail: "request body exceeds max_body_bytes".into(),
+                ..too_large
+            });
+            return;
+        }
+        self.allowed -= piece.len() as u64;
+        if let Err(f) = self.exchange.send_body(piece).await {
+            self.failed = Some(f);
         }
     }
 
@@ -111,9 +124,15 @@ pub(super) async fn forward<'a, S>(
     end_stream: bool,
     site: &Site<'_>,
     rule: &'a Rule,
+    max_body: u64,
 ) -> Forwarded<'a> {
     let is_head = head.method == "HEAD";
     let target = head.path.clone().unwrap_or_else(|| "/".into());
+    if head.content_length.is_some_and(|n| n > max_body) {
+        let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, site, is_head);
+        r.refused = Some("request body exceeds max_body_bytes".into());
+        return Forwarded::Answer(r, None);
+    }
     let fields: Vec<(String, String)> =
         head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
     let fwd = Forwarding {
@@ -129,7 +148,8 @@ pub(super) async fn forward<'a, S>(
     let done = match begun {
         Ok(exchange) if !end_stream => {
             let method = head.method.clone();
-            return Forwarded::Upload(Upload { exchange, failed: None, is_head, method, target });
+            let allowed = max_body;
+            return Forwarded::Upload(Upload { exchange, failed: None, is_head, method, target, allowed });
         }
         Ok(exchange) => complete(exchange).await,
         Err(f) => Err(f),

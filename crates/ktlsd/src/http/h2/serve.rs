@@ -30,6 +30,8 @@ pub struct Settings {
     /// How long a connection with open streams may make no progress (a peer that
     /// keeps its flow-control window shut, or a request body that stops).
     pub stall_timeout: Duration,
+    /// Largest request body forwarded to an upstream (413 beyond).
+    pub max_body_bytes: u64,
 }
 
 /// A response under way, kept until its last frame is sent (the file stays open).
@@ -75,13 +77,17 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             match event {
                 Event::Request { stream, head, end_stream } => {
                     let proxied = match super::proxy::route(&ctx, &head) {
-                        Some((site, rule)) => match super::proxy::forward(&ctx, &head, end_stream, &site, rule).await {
-                            Forwarded::Answer(response, streamed) => Some((response, streamed)),
-                            Forwarded::Upload(upload) => {
-                                uploads.insert(stream, (upload, head, site));
-                                continue;
+                        Some((site, rule)) => {
+                            match super::proxy::forward(&ctx, &head, end_stream, &site, rule, settings.max_body_bytes)
+                                .await
+                            {
+                                Forwarded::Answer(response, streamed) => Some((response, streamed)),
+                                Forwarded::Upload(upload) => {
+                                    uploads.insert(stream, (upload, head, site));
+                                    continue;
+                                }
                             }
-                        },
+                        }
                         None => None,
                     };
                     answer(&mut h2, &mut open, stream, &head, &ctx, conn, proxied)
