@@ -246,7 +246,10 @@ fn two_upstreams_are_balanced_and_a_dead_one_is_skipped() {
 #[test]
 fn hostile_upstreams_get_502_or_504() {
     let origin = Origin::start("a");
-    let srv = proxy_server(&[origin.url()], "read_timeout = \"1s\"\nfail_timeout = \"1ms\"");
+    let admin = tempfile::tempdir().unwrap();
+    let sock = admin.path().join("admin.sock");
+    let config = "read_timeout = \"1s\"\nfail_timeout = \"1ms\"";
+    let srv = proxy_server_with(&[origin.url()], config, &["--admin", sock.to_str().unwrap()]);
     for (path, status) in [
         ("/api/garbage", 502),
         ("/api/endless", 502),
@@ -278,6 +281,11 @@ fn hostile_upstreams_get_502_or_504() {
             Some(status) => assert_eq!(fetch(&srv.url(path), &["--http2"]).status, status, "{path} over HTTP/2"),
         }
         assert!(srv.stderr().contains(why), "{path}: no log line saying {why:?}:\n{}", srv.stderr());
+    }
+    let m = scrape(&sock);
+    for (kind, at_least) in [("invalid", 3.0), ("timeout", 2.0), ("closed", 2.0), ("body", 3.0)] {
+        let got = m.get(&format!("ktlsd_upstream_errors_total{{kind=\"{kind}\"}}")).copied().unwrap_or(0.0);
+        assert!(got >= at_least, "{kind}: {got} errors counted: {m:?}");
     }
     // The server still answers.
     assert_eq!(fetch(&srv.url("/api/name"), &[]).body_str(), "a");

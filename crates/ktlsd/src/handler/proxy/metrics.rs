@@ -62,6 +62,12 @@ pub fn failed(upstream: &str, kind: &'static str, down: bool) {
     });
 }
 
+/// An exchange failed with `kind` after its upstream had answered or been chosen
+/// (its request already counted).
+pub fn error(kind: &'static str) {
+    with(|f| *f.errors.entry(kind).or_default() += 1);
+}
+
 /// `n` response body bytes moved by `how` (`copy` or `splice`).
 pub fn body_bytes(how: &'static str, n: u64) {
     with(|f| *f.body_bytes.entry(how).or_default() += n);

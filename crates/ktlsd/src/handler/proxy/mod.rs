@@ -352,6 +352,20 @@ impl<'r> Exchange<'r> {
     /// # Cancel safety
     /// Not cancel-safe: part of the piece may have been sent.
     pub async fn send_body(&mut self, piece: &[u8]) -> Result<(), Failure> {
+        let r = self.send_piece(piece).await;
+        self.counted(r)
+    }
+
+    /// `r`, its failure counted in the metrics (the upstream is not marked failed:
+    /// it may have answered early, or the fault may be the body's).
+    fn counted<R>(&self, r: Result<R, Failure>) -> Result<R, Failure> {
+        if let Err(f) = &r {
+            metrics::error(f.kind);
+        }
+        r
+    }
+
+    async fn send_piece(&mut self, piece: &[u8]) -> Result<(), Failure> {
         if piece.is_empty() {
             return Ok(());
         }
@@ -461,6 +475,11 @@ impl<'r> Exchange<'r> {
     /// # Cancel safety
     /// Cancel-safe: bytes read are kept in the exchange until handed out.
     pub async fn read_body(&mut self, out: &mut Vec<u8>) -> Result<bool, Failure> {
+        let r = self.read_piece(out).await;
+        self.counted(r)
+    }
+
+    async fn read_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, Failure> {
         loop {
             if self.done {
                 return Ok(false);
