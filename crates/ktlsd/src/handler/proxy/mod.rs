@@ -382,6 +382,9 @@ impl<'r> Exchange<'r> {
     }
 
     /// Ends a request body of unknown length (its last chunk).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: part of the last chunk may have been sent.
     pub async fn end_body(&mut self) -> Result<(), Failure> {
         if self.fwd.body != Some(None) {
             return Ok(());
@@ -395,6 +398,9 @@ impl<'r> Exchange<'r> {
     /// is sent to the next upstream.
     ///
     /// A cacheable response is where the response cache would begin to store it.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: a retry may be half-sent; drop the exchange after a cancel.
     pub async fn response(&mut self) -> Result<parse::Head, Failure> {
         loop {
             match self.read_head().await {

@@ -21,6 +21,9 @@ use crate::http::{End, Transport};
 impl<'a, T: Transport> Connection<'_, 'a, T> {
     /// Forwards the request of `x` by `rule` and sends the answer; the connection then
     /// waits for the next head, or ends.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as the loop's other states: a response may be cut.
     pub(super) async fn proxy(&mut self, x: Exchange, site: Site<'a>, rule: &'a Rule) -> State<'a, T::Error> {
         let req = &x.head.request;
         let fields = x.raw.as_deref().map(headers::fields_of_head).unwrap_or_default();

@@ -47,6 +47,9 @@ impl Streamed<'_> {
 
     /// After the last frame: lets the exchange see its body complete, so that its
     /// connection goes back to the pool.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a cancelled call only keeps the connection out of the pool.
     pub async fn finish(&mut self) {
         let _ = self.exchange.read_body(&mut self.pending).await;
     }
@@ -105,6 +108,9 @@ impl<'a> Upload<'a> {
     }
 
     /// The answer once the body has ended.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: the upstream may be half-way through its answer.
     pub async fn finish<S>(mut self, ctx: &Context<'_, S>, site: &Site<'_>) -> (Response, Option<Streamed<'a>>) {
         let done = match self.failed.take() {
             Some(f) => Err(f),
@@ -118,6 +124,9 @@ impl<'a> Upload<'a> {
 }
 
 /// Forwards `head` by `rule`: the answer, or the upload of its body.
+///
+/// # Cancel safety
+/// Not cancel-safe: the request may be half-sent to the upstream.
 pub(super) async fn forward<'a, S>(
     ctx: &Context<'_, S>,
     head: &RequestHead,
