@@ -419,3 +419,23 @@ fn nginx_as_the_upstream() {
     let _ = Command::new("kill").args(["-QUIT", &nginx.id().to_string()]).status();
     let _ = nginx.wait();
 }
+
+#[test]
+fn a_site_has_its_own_proxy_rules() {
+    let origin = Origin::start("site");
+    let b = Server::builder(BIN).workers(Some(1)).file("api/name", "a file of the default site");
+    let config = format!(
+        "[[site]]\nnames = [\"proxied.test\"]\nroot = {:?}\n[[site.proxy]]\npath = \"/api/*\"\nupstream = [{:?}]\n",
+        b.root().display().to_string(),
+        origin.url()
+    );
+    let srv = b.config(&config).start();
+    let resolve = format!("proxied.test:{}:127.0.0.1", srv.port());
+    let url = format!("https://proxied.test:{}/api/name", srv.port());
+    for proto in PROTOCOLS {
+        let r = fetch(&url, &[proto, "--resolve", &resolve]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "site"), "{proto}");
+        let r = fetch(&srv.url("/api/name"), &[proto]);
+        assert_eq!(r.body_str(), "a file of the default site", "the default site has no rule ({proto})");
+    }
+}
