@@ -38,6 +38,7 @@ mod include;
 pub mod listen;
 pub mod options;
 pub mod privileges;
+pub mod proxy;
 #[cfg(test)]
 mod reference;
 pub mod routing;
@@ -197,7 +198,9 @@ pub(crate) fn resolve_paths(file: &mut Options, base: &Path) {
                 rel(p);
             }
         }
+        proxy::resolve_paths(site.proxy.iter_mut().flatten(), base);
     }
+    proxy::resolve_paths(file.proxy.iter_mut().flatten(), base);
     if let Some(log) = &mut file.access_log {
         if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
             *log = base.join(log.as_str()).to_string_lossy().into_owned();

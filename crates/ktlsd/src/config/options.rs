@@ -164,6 +164,9 @@ schema! {
         /// Client certificates: require (the handshake fails without a certificate of client_ca), optional (one is asked for, and checked when sent) or none [default: require when client_ca is set]
         #[arg(long, value_name = "require|optional|none", hide_possible_values = true)]
         client_auth: super::tls::ClientAuthMode,
+        /// Reverse proxy: requests whose path matches a [[proxy]] block's glob go to its upstreams (first match wins; see docs/proxy.md); file only [default: none]
+        #[arg(skip)]
+        proxy: Vec<super::proxy::FileProxy>,
     }
     global {
         /// Directory to serve [default: the current directory]

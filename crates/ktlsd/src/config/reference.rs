@@ -138,6 +138,14 @@ pub fn generate() -> String {
          files). In every string value of every file, `${VAR}` is the environment's `VAR` (unset: an error naming \
          it and the key) and `$${` is a literal `${`. `ktlsd config` prints the result.\n",
     );
+    out.push_str(
+        "\n### `[[proxy]]`\n\nA reverse-proxy rule, at the top level or in a `[[site]]`; the first whose \
+         `path` matches forwards the request ([docs/proxy.md](proxy.md)). Keys: `path` (a glob, required), \
+         `upstream` (`http://` or `https://` URLs, required), `cache` (false), `host` (`\"preserve\"`, \
+         `\"upstream\"` or a host), `balance` (`\"round-robin\"` or `\"least-connections\"`), \
+         `connect_timeout` (5s), `read_timeout` (60s), `send_timeout` (60s), `fail_timeout` (10s), \
+         `keepalive` (32), `upstream_ca` (a PEM file; default: the system roots).\n",
+    );
     out
 }
 

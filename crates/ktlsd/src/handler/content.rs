@@ -35,6 +35,8 @@ pub struct Content {
     pub compress: Option<Policy>,
     /// `[[auth]]` rules and their failure table; `None`: no basic auth.
     pub auth: Option<std::sync::Arc<super::auth::Auth>>,
+    /// `[[proxy]]` rules, in order: the first whose glob matches the path forwards the request.
+    pub proxy: Vec<super::proxy::Rule>,
 }
 
 impl Content {
@@ -50,6 +52,7 @@ impl Content {
         routing: super::routing::Routing::NONE,
         compress: None,
         auth: None,
+        proxy: Vec::new(),
     };
 
     /// [`Content::NONE`] for as long as needed.

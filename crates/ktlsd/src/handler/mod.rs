@@ -24,6 +24,7 @@ pub mod htpasswd;
 pub mod limit;
 pub mod pattern;
 pub mod preconditions;
+pub mod proxy;
 pub mod range;
 pub mod redirect;
 pub mod request;

@@ -38,6 +38,8 @@ impl Status {
     pub const TOO_MANY_REQUESTS: Status = Status(429);
     pub const HEADERS_TOO_LARGE: Status = Status(431);
     pub const NOT_IMPLEMENTED: Status = Status(501);
+    pub const BAD_GATEWAY: Status = Status(502);
+    pub const GATEWAY_TIMEOUT: Status = Status(504);
     pub const VERSION_NOT_SUPPORTED: Status = Status(505);
 
     pub fn reason(self) -> &'static str {
@@ -68,7 +70,9 @@ impl Status {
             431 => "Request Header Fields Too Large",
             500 => "Internal Server Error",
             501 => "Not Implemented",
+            502 => "Bad Gateway",
             503 => "Service Unavailable",
+            504 => "Gateway Timeout",
             505 => "HTTP Version Not Supported",
             _ => "",
         }

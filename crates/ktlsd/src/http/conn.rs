@@ -43,6 +43,9 @@ pub enum End<E> {
     Error(E),
     /// The peer closed in the middle of a request body it had announced.
     Truncated,
+    /// A response was cut after its head (its upstream failed): the caller must not
+    /// close gracefully, so that the client cannot take the part for the whole.
+    Aborted,
 }
 
 /// A request as the access log names it: its request line and the two fields logged.

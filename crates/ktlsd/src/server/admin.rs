@@ -176,6 +176,7 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
             if let Some(cache) = &current.shared.cache {
                 prometheus::cache(&mut out, &cache.figures());
             }
+            crate::handler::proxy::metrics::render(&mut out);
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", out)
         }
         "/status" => ("200 OK", JSON, json(&status(&total, state, &current))),

@@ -197,6 +197,7 @@ fn h2_settings(config: &Config) -> h2::Settings {
         limits: config.h2_limits.clone(),
         idle_timeout: config.timeouts.idle,
         stall_timeout: config.timeouts.send,
+        max_body_bytes: config.limits.max_body_bytes,
     }
 }
 

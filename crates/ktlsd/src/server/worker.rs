@@ -441,7 +441,7 @@ async fn connection(
     match end {
         End::Done => session.close().await,
         End::Timeout => Stats::bump(&stats.timeouts),
-        End::Error(_) | End::Truncated => Stats::bump(&stats.errors),
+        End::Error(_) | End::Truncated | End::Aborted => Stats::bump(&stats.errors),
     }
 }
 

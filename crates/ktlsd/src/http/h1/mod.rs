@@ -8,6 +8,7 @@
 //! configuration; its settings and the sites come in its [`Context`].
 
 pub mod parse;
+mod proxy;
 pub mod write;
 
 use std::future::Future;
@@ -54,6 +55,8 @@ pub struct Exchange {
     pub started: Instant,
     /// Whether the connection stays open after the answer.
     pub keep_alive: bool,
+    /// The head as received, kept only when a site proxies (the upstream gets its fields).
+    pub raw: Option<Vec<u8>>,
 }
 
 /// One connection's transport, surroundings and unread bytes.
@@ -62,6 +65,8 @@ pub struct Connection<'c, 'a, T> {
     ctx: Context<'a, Settings>,
     /// Bytes received and not yet consumed (pipelined requests stay here).
     buf: Vec<u8>,
+    /// Whether any site has `[[proxy]]` rules (then request heads are kept for them).
+    proxies: bool,
 }
 
 /// Serves requests on `conn` until the connection ends or the context's
@@ -91,7 +96,8 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
 
 impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub fn new(conn: &'c mut T, ctx: Context<'a, Settings>) -> Connection<'c, 'a, T> {
-        Connection { conn, ctx, buf: Vec::with_capacity(2048) }
+        let proxies = handler::proxy::any(&ctx.sites);
+        Connection { conn, ctx, buf: Vec::with_capacity(2048), proxies }
     }
 
     /// [`State::Head`]: reads until a whole head is in. The idle timeout applies
@@ -134,11 +140,12 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         };
         match parsed {
             Ok((mut head, used)) => {
+                let raw = self.proxies.then(|| self.buf[..used].to_vec());
                 self.buf.drain(..used);
                 // The client is the TCP peer, whatever the request's fields say.
                 head.request.client = Some(self.ctx.peer.ip().to_canonical());
                 let keep_alive = head.keep_alive && !self.ctx.stopping();
-                State::Body(Exchange { head, started: started.unwrap_or_else(Instant::now), keep_alive })
+                State::Body(Exchange { head, started: started.unwrap_or_else(Instant::now), keep_alive, raw })
             }
             Err(bad) => {
                 self.refuse_unparsed(&bad).await;
@@ -169,6 +176,14 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
             return self
                 .refuse_and_close(&x.head, response, "request body exceeds max_body_bytes", Instant::now())
                 .await;
+        }
+        if let Some(rule) = handler::proxy::route(&site, &req.path) {
+            return self.proxy(x, site, rule).await;
+        }
+        if x.head.chunked {
+            let response = handler::refusal(Status::LENGTH_REQUIRED, &site, is_head);
+            let why = "Transfer-Encoding request bodies are not accepted";
+            return self.refuse_and_close(&x.head, response, why, Instant::now()).await;
         }
         if length > 0 && x.head.expect_continue && !req.method.is_served() {
             let response = handler::handle(req, &site);

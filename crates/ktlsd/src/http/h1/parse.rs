@@ -32,6 +32,9 @@ pub struct Head {
     pub content_length: u64,
     /// `Expect: 100-continue` on an HTTP/1.1 request.
     pub expect_continue: bool,
+    /// `Transfer-Encoding: chunked` (alone, without Content-Length, on HTTP/1.1): a body
+    /// only a proxied path reads; the others answer 411.
+    pub chunked: bool,
     /// `Referer` and `User-Agent` as received, for the access log.
     pub referer: Option<String>,
     pub user_agent: Option<String>,
@@ -167,6 +170,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
         keep_alive: version == Version::Http11,
         content_length: 0,
         expect_continue: false,
+        chunked: false,
         referer: None,
         user_agent: None,
     };
@@ -245,22 +249,24 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
     }
     r.request.headers = fields.parse();
     if let Some(te) = transfer_codings {
-        // A body whose length we would have to decode; refusing it keeps request
+        // One `chunked` alone on HTTP/1.1 without Content-Length is a body the codec
+        // can decode (for a proxied path); anything else is refused, which keeps request
         // framing unambiguous (no smuggling through TE/CL disagreement). Codings we
         // do not know at all are 501 (RFC 9112 section 6.1), as nginx answers.
-        let mut codings = te.split(',').map(|c| c.split(';').next().unwrap_or("").trim()).filter(|c| !c.is_empty());
-        let mut codings = codings.by_ref().peekable();
+        let codings: Vec<&str> =
+            te.split(',').map(|c| c.split(';').next().unwrap_or("").trim()).filter(|c| !c.is_empty()).collect();
         // A field without a coding is no framing at all: 400 (RFC 9112 section 6.1's
         // `transfer-coding` list has at least one element).
-        if codings.peek().is_none() {
+        if codings.is_empty() {
             return Err(bad(Status::BAD_REQUEST, "empty Transfer-Encoding"));
         }
-        let known = codings.all(|c| c.eq_ignore_ascii_case("chunked"));
-        return Err(if known {
-            bad(Status::LENGTH_REQUIRED, "Transfer-Encoding request bodies are not accepted")
-        } else {
-            bad(Status::NOT_IMPLEMENTED, "unknown transfer coding")
-        });
+        if !codings.iter().all(|c| c.eq_ignore_ascii_case("chunked")) {
+            return Err(bad(Status::NOT_IMPLEMENTED, "unknown transfer coding"));
+        }
+        if codings.len() > 1 || content_length.is_some() || version == Version::Http10 {
+            return Err(bad(Status::LENGTH_REQUIRED, "Transfer-Encoding request bodies are not accepted"));
+        }
+        r.chunked = true;
     }
     if version == Version::Http11 && hosts == 0 {
         return Err(bad(Status::BAD_REQUEST, "HTTP/1.1 request without Host"));
@@ -424,8 +430,10 @@ mod tests {
     #[test]
     fn transfer_codings_and_expectations() {
         for (headers, want) in [
-            ("Transfer-Encoding: chunked", Err(411)),
-            ("Transfer-Encoding: Chunked", Err(411)),
+            ("Transfer-Encoding: chunked", Ok(false)),
+            ("Transfer-Encoding: Chunked", Ok(false)),
+            ("Transfer-Encoding: chunked, chunked", Err(411)),
+            ("Transfer-Encoding: chunked\r\nContent-Length: 3", Err(411)),
             ("Transfer-Encoding: gzip", Err(501)),
             ("Transfer-Encoding: gzip, chunked", Err(501)),
             ("Transfer-Encoding: chunked\r\nTransfer-Encoding: br", Err(501)),
@@ -440,6 +448,10 @@ mod tests {
             let got = status(&format!("POST / HTTP/1.1\r\nHost: h\r\n{headers}\r\n\r\n")).map(|r| r.expect_continue);
             assert_eq!(got, want, "{headers:?}");
         }
+        let chunked = |req: &str| status(req).map(|r| r.chunked);
+        assert_eq!(chunked("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"), Ok(true));
+        assert_eq!(chunked("POST / HTTP/1.1\r\nHost: h\r\n\r\n"), Ok(false));
+        assert_eq!(chunked("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), Err(411));
         // HTTP/1.0 expectations are ignored.
         assert_eq!(status("GET / HTTP/1.0\r\nExpect: 100-continue\r\n\r\n").map(|r| r.expect_continue), Ok(false));
         assert_eq!(status("GET / HTTP/1.0\r\nExpect: x\r\n\r\n").map(|r| r.expect_continue), Ok(false));

@@ -78,9 +78,11 @@ pub enum BodySize {
 /// What the connection tells its caller.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A new request; `end_stream` is false when a body follows (the codec reads and
-    /// discards it, returning its flow-control credit).
+    /// A new request; `end_stream` is false when a body follows (the codec reads it,
+    /// returning its flow-control credit, and discards it unless bodies are delivered).
     Request { stream: StreamId, head: RequestHead, end_stream: bool },
+    /// A piece of a request body, once [`Connection::deliver_bodies`] asked for them.
+    Data { stream: StreamId, data: Vec<u8>, end_stream: bool },
     /// A request whose decoded field list exceeds SETTINGS_MAX_HEADER_LIST_SIZE:
     /// answer it 431 (RFC 9113 section 10.5.1) with `respond`, Date and all.
     HeaderListTooLarge { stream: StreamId },
@@ -255,6 +257,8 @@ pub struct Connection {
     flood: Flood,
     /// The `now` of the latest `recv` or `expire`, for the deadlines of held streams.
     now: Option<Instant>,
+    /// Whether request bodies come out as [`Event::Data`].
+    deliver: bool,
 }
 
 impl Connection {
@@ -293,6 +297,7 @@ impl Connection {
             last_served: 0,
             flood: Flood { since: None, resets: 0, control: 0 },
             now: None,
+            deliver: false,
         }
     }
 
@@ -457,6 +462,25 @@ impl Connection {
         Some(write)
     }
 
+    /// Hands request bodies to the caller as [`Event::Data`] from now on. Their
+    /// flow-control credit is still returned as they arrive: the caller bounds what it keeps.
+    pub fn deliver_bodies(&mut self) {
+        self.deliver = true;
+    }
+
+    /// Ends `stream`'s response early with RST_STREAM INTERNAL_ERROR because its body's
+    /// source failed: the client sees the stream fail, never a short body as whole.
+    /// `unsent` is the DATA length of the last [`Write::FileData`] that was not sent;
+    /// it goes back to the connection's window. Not counted as a reset the client provoked.
+    pub fn abort(&mut self, stream: StreamId, unsent: u32) {
+        self.send_window += i64::from(unsent);
+        frame::put_rst_stream(&mut self.out, stream.0, ErrorCode::InternalError);
+        if let Some(index) = self.index(stream.0) {
+            self.streams.swap_remove(index);
+        }
+        self.remember(stream.0, Ended::ResetByUs);
+    }
+
     /// Starts a graceful close: GOAWAY with the last stream we took; streams already
     /// taken finish, new ones are ignored. `is_finished` turns true when all is sent.
     pub fn shutdown(&mut self) {
@@ -612,7 +636,11 @@ impl Connection {
         }
         match parsed {
             Frame::Data { stream, end_stream, data, flow_len } => {
-                self.on_data(stream, end_stream, data.len(), flow_len)
+                self.on_data(stream, end_stream, data.len(), flow_len)?;
+                if self.deliver && (!data.is_empty() || end_stream) && self.ended(stream) != Some(Ended::ResetByUs) {
+                    self.events.push_back(Event::Data { stream: StreamId(stream), data: data.to_vec(), end_stream });
+                }
+                Ok(())
             }
             Frame::Headers { stream, end_stream, end_headers, dependency, block } => {
                 if stream % 2 == 0 {

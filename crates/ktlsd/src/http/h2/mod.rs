@@ -31,6 +31,7 @@ mod conn;
 mod frame;
 mod hpack;
 mod priority;
+mod proxy;
 mod request;
 mod serve;
 

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::proxy::Forwarded;
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
 use crate::handler::request::{HeaderFields, Method, Request};
@@ -29,14 +30,18 @@ pub struct Settings {
     /// How long a connection with open streams may make no progress (a peer that
     /// keeps its flow-control window shut, or a request body that stops).
     pub stall_timeout: Duration,
+    /// Largest request body forwarded to an upstream (413 beyond).
+    pub max_body_bytes: u64,
 }
 
 /// A response under way, kept until its last frame is sent (the file stays open).
-struct Open {
+struct Open<'a> {
     /// The file and where the response's range starts in it.
     file: Option<(Found, u64)>,
     /// A body made of parts (of `file`, whose start is then 0); empty otherwise.
     parts: Vec<handler::Part>,
+    /// A proxied body still coming from its upstream.
+    upstream: Option<super::proxy::Streamed<'a>>,
     method: Method,
     target: String,
     status: u16,
@@ -57,7 +62,12 @@ struct Open {
 pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> End<T::Error> {
     let (settings, peer) = (ctx.settings, ctx.peer);
     let mut h2 = Connection::new(settings.limits.clone());
-    let mut open: HashMap<StreamId, Open> = HashMap::new();
+    let mut open: HashMap<StreamId, Open<'_>> = HashMap::new();
+    // Proxied requests whose bodies are still arriving, with their heads and sites.
+    let mut uploads = HashMap::new();
+    if handler::proxy::any(&ctx.sites) {
+        h2.deliver_bodies();
+    }
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut going_away = false;
     // One wait for shutdown for the connection's life (see h1's).
@@ -67,9 +77,33 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     loop {
         while let Some(event) = h2.poll_event() {
             match event {
-                Event::Request { stream, head, .. } => {
+                Event::Request { stream, head, end_stream } => {
                     prepare(&head, &ctx).await;
-                    answer(&mut h2, &mut open, stream, &head, &ctx, conn)
+                    let proxied = match super::proxy::route(&ctx, &head) {
+                        Some((site, rule)) => {
+                            match super::proxy::forward(&ctx, &head, end_stream, &site, rule, settings.max_body_bytes)
+                                .await
+                            {
+                                Forwarded::Answer(response, streamed) => Some((response, streamed)),
+                                Forwarded::Upload(upload) => {
+                                    uploads.insert(stream, (upload, head, site));
+                                    continue;
+                                }
+                            }
+                        }
+                        None => None,
+                    };
+                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, proxied)
+                }
+                Event::Data { stream, data, end_stream } => {
+                    if let Some((upload, ..)) = uploads.get_mut(&stream) {
+                        upload.data(&data).await;
+                    }
+                    let finished = if end_stream { uploads.remove(&stream) } else { None };
+                    if let Some((upload, head, site)) = finished {
+                        let proxied = upload.finish(&ctx, &site).await;
+                        answer(&mut h2, &mut open, stream, &head, &ctx, conn, Some(proxied));
+                    }
                 }
                 Event::HeaderListTooLarge { stream } => {
                     tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
@@ -78,6 +112,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     let _ = h2.respond(stream, 431, fields, BodySize::None);
                 }
                 Event::Reset { stream, code } => {
+                    uploads.remove(&stream);
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
                         o.log(&ctx, conn);
@@ -87,6 +122,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                 Event::ConnectionError { code } => {
                     tracing::info!("HTTP/2 connection with {peer} failed: {code:?}");
                     open.clear();
+                    uploads.clear();
                 }
             }
         }
@@ -109,15 +145,44 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                         tracing::warn!("HTTP/2 DATA for stream {} without its file; closing", stream.0);
                         return End::Done;
                     };
-                    let r = match &o.file {
-                        Some((found, _)) if !o.parts.is_empty() => {
+                    let r = match (&o.file, o.upstream.as_mut()) {
+                        (Some((found, _)), _) if !o.parts.is_empty() => {
                             let span = (offset, u64::from(len));
                             crate::http::parts::send_span(conn, &head, found, &o.parts, span.0, span.1).await
                         }
-                        Some((found, start)) => {
+                        (Some((found, start)), _) => {
                             let from = start + offset;
                             conn.send(&head, Some(found.body(from..from + u64::from(len)))).await
                         }
+                        (None, Some(up)) => match up.take(len as usize).await {
+                            Ok(bytes) => {
+                                let mut frame = head;
+                                frame.extend_from_slice(&bytes);
+                                if end_stream {
+                                    up.finish().await;
+                                }
+                                conn.send(&frame, None).await
+                            }
+                            Err(f) => {
+                                // The frames before this DATA header go; the stream is reset.
+                                tracing::warn!(
+                                    "proxy {peer} \"{} {} HTTP/2.0\": {f}; stream reset after {} body bytes",
+                                    o.method,
+                                    o.target,
+                                    o.sent
+                                );
+                                let before = &head[..head.len().saturating_sub(super::frame::HEADER_LEN)];
+                                let r = conn.send(before, None).await;
+                                h2.abort(stream, len);
+                                if let Some(o) = open.remove(&stream) {
+                                    o.log(&ctx, conn);
+                                }
+                                if let Err(e) = r {
+                                    return if T::timed_out(&e) { End::Timeout } else { End::Error(e) };
+                                }
+                                continue;
+                            }
+                        },
                         _ => conn.send(&head, None).await,
                     };
                     // The transport counts file bytes; an in-memory body's are the frame's.
@@ -226,24 +291,29 @@ async fn prepare<S>(head: &RequestHead, ctx: &Context<'_, S>) {
     }
 }
 
-/// Answers one request: the handler's response goes to the codec; a file body
-/// stays open in `open` until its last frame.
-fn answer<S>(
+/// Answers one request: the handler's response (or `proxied`, the upstream's) goes
+/// to the codec; a file body stays open in `open` until its last frame.
+fn answer<'a, S>(
     h2: &mut Connection,
-    open: &mut HashMap<StreamId, Open>,
+    open: &mut HashMap<StreamId, Open<'a>>,
     stream: StreamId,
     head: &RequestHead,
     ctx: &Context<'_, S>,
     conn: &impl Transport,
+    proxied: Option<(handler::Response, Option<super::proxy::Streamed<'a>>)>,
 ) {
     let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
+    let (proxied, upstream) = match proxied {
+        Some((response, streamed)) => (Some(response), streamed),
+        None => (None, None),
+    };
     let target = head.path.clone().unwrap_or_default();
     let (request, response) = match to_request(head, peer.ip()) {
         // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
         Ok(req) => match sites.pick_for(req.authority.as_deref(), conn.server_name()) {
             Pick::Site(site) => {
-                let response = handler::handle(&req, &site);
+                let response = proxied.unwrap_or_else(|| handler::handle(&req, &site));
                 (Some(req), response)
             }
             Pick::Misdirected => {
@@ -268,6 +338,7 @@ fn answer<S>(
     let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
     fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
     let (size, file, parts) = match response.body {
+        _ if upstream.is_some() => (BodySize::File { len: upstream.as_ref().map_or(0, |u| u.len) }, None, Vec::new()),
         Body::File { found, range } if !range.is_empty() => {
             (BodySize::File { len: range.end - range.start }, Some((found, range.start)), Vec::new())
         }
@@ -277,11 +348,11 @@ fn answer<S>(
         Body::Bytes(b) if !b.is_empty() => (BodySize::Bytes(b), None, Vec::new()),
         _ => (BodySize::None, None, Vec::new()),
     };
-    let has_file = file.is_some();
+    let has_file = file.is_some() || upstream.is_some();
     let text = |name: &str| head.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
     let (referer, user_agent) = (text("referer"), text("user-agent"));
     let ttfb = started.elapsed();
-    let o = Open { file, parts, method, target, status, sent: 0, started, ttfb, referer, user_agent };
+    let o = Open { file, parts, upstream, method, target, status, sent: 0, started, ttfb, referer, user_agent };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
             open.insert(stream, o);
@@ -323,7 +394,7 @@ fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &
     })
 }
 
-impl Open {
+impl Open<'_> {
     /// Writes the stream's access-log entry.
     fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };

@@ -111,6 +111,7 @@ fn fixture() -> Fixture {
         limits: Limits::default(),
         idle_timeout: Duration::from_secs(60),
         stall_timeout: Duration::from_secs(30),
+        max_body_bytes: 1024 * 1024,
     };
     Fixture { _dir: dir, root, settings, body }
 }

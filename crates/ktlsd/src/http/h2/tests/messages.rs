@@ -138,3 +138,31 @@ fn request_bodies_are_discarded_and_credit_returned() {
     }
     assert_eq!(goaway(&c.frames()), None);
 }
+
+#[test]
+fn request_bodies_are_delivered_only_when_asked_for() {
+    for deliver in [false, true] {
+        let mut c = Client::new();
+        if deliver {
+            c.conn.deliver_bodies();
+        }
+        let mut b = c.headers(1, GET, false);
+        b.extend(data(1, b"abc", false));
+        b.extend(data(1, b"", false));
+        b.extend(data(1, b"de", true));
+        c.send(&b);
+        let data_events: Vec<(u32, Vec<u8>, bool)> = c
+            .events()
+            .into_iter()
+            .filter_map(|e| match e {
+                Event::Data { stream, data, end_stream } => Some((stream.0, data, end_stream)),
+                _ => None,
+            })
+            .collect();
+        let want = match deliver {
+            true => vec![(1, b"abc".to_vec(), false), (1, b"de".to_vec(), true)],
+            false => vec![],
+        };
+        assert_eq!(data_events, want, "deliver {deliver}");
+    }
+}

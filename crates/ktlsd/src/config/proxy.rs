@@ -1,0 +1,221 @@
+//! The proxy section: `[[proxy]]` blocks (top level and per `[[site]]`) into the
+//! handler's [`Rule`]s: the path glob, the upstream URLs, how the upstream's Host is
+//! set, how upstreams are chosen, the timeouts, and the TLS trust of `https://` upstreams
+//! (the system roots, or `upstream_ca`).
+//!
+//! It only validates; the upstream connections are the handler's (`handler::proxy`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::handler::proxy::{Balance, HostMode, Rule, Timeouts, TlsClient, Upstream};
+use crate::handler::rules::{Glob, PathMatch};
+
+/// A `[[proxy]]` block as written.
+#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileProxy {
+    pub path: Option<String>,
+    pub upstream: Option<Vec<String>>,
+    pub cache: Option<bool>,
+    pub host: Option<String>,
+    pub upstream_ca: Option<PathBuf>,
+    pub balance: Option<String>,
+    pub connect_timeout: Option<toml::Value>,
+    pub read_timeout: Option<toml::Value>,
+    pub send_timeout: Option<toml::Value>,
+    pub fail_timeout: Option<toml::Value>,
+    pub keepalive: Option<usize>,
+}
+
+/// Where the system's trusted roots are read from when a rule has no `upstream_ca`.
+pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Most idle connections kept per upstream and worker, as nginx's `keepalive` takes.
+const MAX_KEEPALIVE: usize = 1024;
+
+/// Makes `upstream_ca` paths relative to the configuration file's directory `base`.
+pub fn resolve_paths<'a>(blocks: impl Iterator<Item = &'a mut FileProxy>, base: &Path) {
+    for b in blocks {
+        if let Some(p) = b.upstream_ca.as_mut().filter(|p| p.is_relative()) {
+            *p = base.join(&*p);
+        }
+    }
+}
+
+/// Validates a site's `[[proxy]]` blocks, in order.
+pub fn proxy(blocks: &[FileProxy]) -> Result<Vec<Rule>, String> {
+    blocks.iter().enumerate().map(|(i, b)| rule(b, SYSTEM_ROOTS).map_err(|e| format!("proxy {}: {e}", i + 1))).collect()
+}
+
+/// One block; `system_roots` is the PEM bundle used without `upstream_ca`.
+fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
+    let path = match b.path.as_deref() {
+        Some(p) if p.starts_with('/') && !p.contains('\0') => PathMatch::Glob(Glob::new(p)?),
+        Some(p) => return Err(format!("path {p:?}: expected a glob starting with /, e.g. \"/api/**\"")),
+        None => return Err("path is missing: give a glob such as \"/api/**\"".into()),
+    };
+    let urls = b.upstream.as_deref().unwrap_or_default();
+    if urls.is_empty() {
+        return Err("upstream is missing: give a list such as [\"http://127.0.0.1:9000\"]".into());
+    }
+    let upstreams = urls.iter().map(|u| Upstream::parse(u)).collect::<Result<Vec<_>, _>>()?;
+    let host = match b.host.as_deref() {
+        None | Some("preserve") => HostMode::Preserve,
+        Some("upstream") => HostMode::Upstream,
+        Some(v) if crate::http::host::valid(v.as_bytes()) && !v.is_empty() => HostMode::Fixed(v.to_string()),
+        Some(v) => {
+            return Err(format!(
+                "host {v:?}: expected \"preserve\", \"upstream\" or a host name such as \"api.internal\""
+            ))
+        }
+    };
+    let balance = match b.balance.as_deref() {
+        None | Some("round-robin") => Balance::RoundRobin,
+        Some("least-connections") => Balance::LeastConnections,
+        Some(v) => return Err(format!("balance {v:?}: expected \"round-robin\" or \"least-connections\"")),
+    };
+    let timeouts = Timeouts {
+        connect: duration("connect_timeout", &b.connect_timeout, Duration::from_secs(5))?,
+        read: duration("read_timeout", &b.read_timeout, Duration::from_secs(60))?,
+        send: duration("send_timeout", &b.send_timeout, Duration::from_secs(60))?,
+    };
+    let fail_timeout = duration("fail_timeout", &b.fail_timeout, Duration::from_secs(10))?;
+    let keepalive = b.keepalive.unwrap_or(32);
+    if keepalive > MAX_KEEPALIVE {
+        return Err(format!("keepalive {keepalive}: expected at most {MAX_KEEPALIVE} idle connections"));
+    }
+    let tls = match (upstreams.iter().any(|u| u.tls), &b.upstream_ca) {
+        (false, Some(_)) => return Err("upstream_ca is set but no upstream is https://".into()),
+        (false, None) => None,
+        (true, ca) => Some(tls_client(ca.as_deref().unwrap_or(Path::new(system_roots)))?),
+    };
+    Ok(Rule { path, upstreams, cache: b.cache.unwrap_or(false), host, balance, timeouts, fail_timeout, keepalive, tls })
+}
+
+/// A duration key: seconds (integer or decimal) or text with a unit (`500ms`, `5s`, `2m`).
+fn duration(key: &str, v: &Option<toml::Value>, default: Duration) -> Result<Duration, String> {
+    let parsed = match v {
+        None => return Ok(default),
+        Some(toml::Value::Integer(i)) => super::timeouts::parse_duration(&i.to_string()),
+        Some(toml::Value::Float(f)) => super::timeouts::parse_duration(&f.to_string()),
+        Some(toml::Value::String(s)) => super::timeouts::parse_duration(s),
+        Some(_) => None,
+    };
+    parsed
+        .ok_or_else(|| format!("{key}: expected seconds (5) or a number with a unit (500ms, 5s, 2m), from 1ms to 24h"))
+}
+
+/// The TLS client configuration trusting the PEM certificates of `ca`.
+fn tls_client(ca: &Path) -> Result<TlsClient, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca)
+        .map_err(|e| format!("upstream_ca {}: {e}; give a PEM file of trusted certificates", ca.display()))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| format!("upstream_ca {}: {e}", ca.display()))?;
+        // A bundle may hold certificates this verifier cannot use; the others still count.
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "upstream_ca {}: no usable certificate; give a PEM file of trusted certificates",
+            ca.display()
+        ));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS to upstreams: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsClient { ca: ca.to_path_buf(), config: Arc::new(config) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(toml_text: &str) -> FileProxy {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    #[test]
+    fn rules_from_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let cert = rcgen::generate_simple_self_signed(vec!["up.test".to_string()]).unwrap();
+        std::fs::write(&ca, cert.cert.pem()).unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let ok = |text: &str| rule(&block(text), ca.to_str().unwrap());
+        let r = ok(r#"path = "/api/**"
+upstream = ["http://127.0.0.1:9000", "https://up.test"]"#)
+        .unwrap();
+        assert_eq!(r.upstreams.len(), 2);
+        assert_eq!((r.upstreams[0].host.as_str(), r.upstreams[0].port, r.upstreams[0].tls), ("127.0.0.1", 9000, false));
+        assert_eq!((r.upstreams[1].host.as_str(), r.upstreams[1].port, r.upstreams[1].tls), ("up.test", 443, true));
+        assert_eq!(
+            (r.host.clone(), r.balance, r.cache, r.keepalive),
+            (HostMode::Preserve, Balance::RoundRobin, false, 32)
+        );
+        assert_eq!(r.timeouts.connect, Duration::from_secs(5));
+        assert!(r.tls.is_some() && r.path.matches("/api/v1/x") && !r.path.matches("/static/x"));
+        let r = ok(r#"path = "/a/*"
+upstream = ["http://[::1]:81"]
+cache = true
+host = "upstream"
+balance = "least-connections"
+connect_timeout = "250ms"
+read_timeout = 2
+send_timeout = 1.5
+fail_timeout = "1m"
+keepalive = 0"#)
+        .unwrap();
+        assert_eq!((r.upstreams[0].host.as_str(), r.upstreams[0].authority.as_str()), ("::1", "[::1]:81"));
+        assert_eq!((r.host, r.balance, r.cache, r.keepalive), (HostMode::Upstream, Balance::LeastConnections, true, 0));
+        assert_eq!(r.timeouts.connect, Duration::from_millis(250));
+        assert_eq!((r.timeouts.read, r.timeouts.send), (Duration::from_secs(2), Duration::from_millis(1500)));
+        assert_eq!(r.fail_timeout, Duration::from_secs(60));
+        assert!(r.tls.is_none());
+        let r = ok("path = \"/x\"\nupstream = [\"http://a.internal\"]\nhost = \"api.example\"").unwrap();
+        assert_eq!(r.host, HostMode::Fixed("api.example".into()));
+        assert_eq!(r.upstreams[0].port, 80);
+
+        for (text, error) in [
+            ("upstream = [\"http://a\"]", "path is missing"),
+            ("path = \"api\"\nupstream = [\"http://a\"]", "expected a glob starting with /"),
+            ("path = \"/a\"", "upstream is missing"),
+            ("path = \"/a\"\nupstream = []", "upstream is missing"),
+            ("path = \"/a\"\nupstream = [\"ftp://a\"]", "expected http://HOST[:PORT] or https://"),
+            ("path = \"/a\"\nupstream = [\"http://a/base\"]", "no path"),
+            ("path = \"/a\"\nupstream = [\"http://a:99999\"]", "port"),
+            ("path = \"/a\"\nupstream = [\"http://u@a\"]", "expected http://HOST[:PORT]"),
+            ("path = \"/a\"\nupstream = [\"http://\"]", "expected http://HOST[:PORT]"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nhost = \"a b\"", "host \"a b\""),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nbalance = \"random\"", "balance \"random\""),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nread_timeout = \"soon\"", "read_timeout"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nconnect_timeout = 0", "connect_timeout"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nkeepalive = 5000", "keepalive 5000"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nupstream_ca = \"/x.pem\"", "no upstream is https://"),
+            (
+                "path = \"/a\"\nupstream = [\"https://a\"]\nupstream_ca = \"/nonexistent.pem\"",
+                "upstream_ca /nonexistent.pem",
+            ),
+            (
+                &format!("path = \"/a\"\nupstream = [\"https://a\"]\nupstream_ca = {:?}", empty.to_str().unwrap()),
+                "no usable certificate",
+            ),
+            ("path = \"/[\"\nupstream = [\"http://a\"]", "is not a glob"),
+        ] {
+            let e = ok(text).err().unwrap_or_else(|| panic!("{text:?} was accepted"));
+            assert!(e.contains(error), "{text:?}: {e}");
+        }
+        assert!(toml::from_str::<FileProxy>("path = \"/a\"\nupstreams = []").is_err(), "unknown keys are refused");
+        assert!(proxy(&[block("path = \"/a\"")]).unwrap_err().starts_with("proxy 1: "));
+    }
+}

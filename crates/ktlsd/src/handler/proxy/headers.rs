@@ -1,0 +1,278 @@
+//! The header rules of a proxied exchange, as pure functions: the upstream request
+//! head built from the client's (hop-by-hop fields removed, RFC 9110 section 7.6.1;
+//! `X-Forwarded-For`/`-Proto`/`-Host`, `Forwarded` of RFC 7239 and `Via` of RFC 9110
+//! section 7.6.3 added; Host as the rule says), and the client's response fields built
+//! from the upstream's.
+//!
+//! No I/O here, and no framing decisions beyond the request's own body length: the
+//! upstream response's framing is `parse`'s, the client's the codec's.
+
+use std::net::IpAddr;
+
+/// The name by which this server appears in `Via` and `Cache-Status`.
+pub const PSEUDONYM: &str = "ktlsd";
+
+/// Fields never forwarded in either direction (RFC 9110 section 7.6.1 and RFC 9112
+/// section 9.6; `Proxy-*` fields are the hop's own), besides those `Connection` names.
+fn is_hop_by_hop(name: &str) -> bool {
+    const HOP: [&str; 7] =
+        ["connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade", "http2-settings"];
+    HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) || name.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("proxy-"))
+}
+
+/// The field names the `Connection` fields of `fields` list (lower-case).
+fn connection_options<'f>(fields: impl Iterator<Item = (&'f str, &'f str)>) -> Vec<String> {
+    fields
+        .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
+        .flat_map(|(_, v)| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// What the upstream request says about its client and its body.
+#[derive(Debug, Clone)]
+pub struct Forwarding {
+    pub method: String,
+    /// The origin-form target: path and query as the client sent them.
+    pub target: String,
+    /// The client's Host or `:authority`.
+    pub authority: Option<String>,
+    pub peer: IpAddr,
+    /// The client's protocol version as `Via` names it: `1.0`, `1.1` or `2`.
+    pub version: &'static str,
+    /// The request body's length; `None`: none at all; `Some(None)`: of unknown length
+    /// (sent chunked).
+    pub body: Option<Option<u64>>,
+}
+
+/// The upstream request head: request line, Host (`host` is its value), the client's
+/// end-to-end fields, the forwarding fields and the body's framing.
+pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -> Vec<u8> {
+    let named = connection_options(fields.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let mut out = String::with_capacity(512);
+    let line = |out: &mut String, name: &str, value: &str| {
+        out.push_str(name);
+        out.push_str(": ");
+        out.push_str(value);
+        out.push_str("\r\n");
+    };
+    out.push_str(&fwd.method);
+    out.push(' ');
+    out.push_str(&fwd.target);
+    out.push_str(" HTTP/1.1\r\n");
+    line(&mut out, "Host", host);
+    let (mut xff, mut forwarded, mut via) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, value) in fields {
+        let lower = name.to_ascii_lowercase();
+        match lower.as_str() {
+            "x-forwarded-for" => xff.push(value.as_str()),
+            "forwarded" => forwarded.push(value.as_str()),
+            "via" => via.push(value.as_str()),
+            // Replaced by this hop's own; the body's framing is set below.
+            "host" | "x-forwarded-proto" | "x-forwarded-host" | "content-length" => {}
+            _ if is_hop_by_hop(&lower) || named.contains(&lower) => {}
+            _ => line(&mut out, name, value),
+        }
+    }
+    let peer = fwd.peer.to_string();
+    xff.push(&peer);
+    line(&mut out, "X-Forwarded-For", &xff.join(", "));
+    line(&mut out, "X-Forwarded-Proto", "https");
+    if let Some(a) = &fwd.authority {
+        line(&mut out, "X-Forwarded-Host", a);
+    }
+    let mut element = format!("for={}", forwarded_node(fwd.peer));
+    if let Some(a) = &fwd.authority {
+        element.push_str(";host=");
+        element.push_str(&quoted_if_needed(a));
+    }
+    element.push_str(";proto=https");
+    forwarded.push(&element);
+    line(&mut out, "Forwarded", &forwarded.join(", "));
+    let own_via = format!("{} {PSEUDONYM}", fwd.version);
+    via.push(&own_via);
+    line(&mut out, "Via", &via.join(", "));
+    match fwd.body {
+        Some(Some(n)) => line(&mut out, "Content-Length", itoa::Buffer::new().format(n)),
+        Some(None) => line(&mut out, "Transfer-Encoding", "chunked"),
+        // A method whose semantics expect a body says it is empty (RFC 9110 section 8.6).
+        None if matches!(fwd.method.as_str(), "POST" | "PUT" | "PATCH") => line(&mut out, "Content-Length", "0"),
+        None => {}
+    }
+    out.push_str("\r\n");
+    out.into_bytes()
+}
+
+/// A `Forwarded` node (RFC 7239 section 6): an IPv6 address is bracketed and quoted.
+fn forwarded_node(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    }
+}
+
+/// A `Forwarded` parameter value: a token as it is, anything else quoted.
+fn quoted_if_needed(v: &str) -> String {
+    let token = !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if token {
+        v.to_string()
+    } else {
+        format!("\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+}
+
+/// The fields the client gets from the upstream's: hop-by-hop fields, those its
+/// `Connection` names, the framing (`Content-Length`, which the codec writes from the
+/// body's length) and `Server`/`Date` (the codec writes its own) removed; `Via` with
+/// this hop appended (`version` is the upstream's: `1.0` or `1.1`) and the RFC 9211
+/// `Cache-Status` given as `cache_status`.
+pub fn response_fields(
+    upstream: &[(String, String)],
+    version: &'static str,
+    cache_status: &str,
+) -> Vec<(String, String)> {
+    let named = connection_options(upstream.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let mut out = Vec::with_capacity(upstream.len() + 2);
+    let mut via = Vec::new();
+    for (name, value) in upstream {
+        let lower = name.to_ascii_lowercase();
+        match lower.as_str() {
+            "via" => via.push(value.as_str()),
+            "content-length" | "server" | "date" | "cache-status" => {}
+            _ if is_hop_by_hop(&lower) || named.contains(&lower) => {}
+            _ => out.push((name.clone(), value.clone())),
+        }
+    }
+    let own = format!("{version} {PSEUDONYM}");
+    via.push(&own);
+    out.push(("Via".to_string(), via.join(", ")));
+    out.push(("Cache-Status".to_string(), cache_status.to_string()));
+    out
+}
+
+/// The request's regular fields from an HTTP/1.x head as received (`raw`: request line,
+/// fields, blank line); empty when it cannot be read again (it was parsed once already).
+pub fn fields_of_head(raw: &[u8]) -> Vec<(String, String)> {
+    let mut headers = [httparse::EMPTY_HEADER; 100];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(raw) {
+        Ok(httparse::Status::Complete(_)) => req
+            .headers
+            .iter()
+            .map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).trim().to_string()))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
+    }
+
+    fn fwd(method: &'static str, body: Option<Option<u64>>) -> Forwarding {
+        Forwarding {
+            method: method.into(),
+            target: "/api/x?q=1".into(),
+            authority: Some("www.example:8443".into()),
+            peer: "192.0.2.7".parse().unwrap(),
+            version: "1.1",
+            body,
+        }
+    }
+
+    #[test]
+    fn upstream_request_heads() {
+        let client = pairs(&[
+            ("Host", "www.example:8443"),
+            ("User-Agent", "curl/8"),
+            ("Connection", "keep-alive, X-Secret"),
+            ("X-Secret", "hop"),
+            ("Keep-Alive", "timeout=5"),
+            ("TE", "trailers"),
+            ("Trailer", "X-T"),
+            ("Upgrade", "websocket"),
+            ("Proxy-Authorization", "Basic x"),
+            ("Proxy-Connection", "keep-alive"),
+            ("X-Forwarded-For", "198.51.100.1"),
+            ("X-Forwarded-Proto", "http"),
+            ("X-Forwarded-Host", "evil"),
+            ("Forwarded", "for=198.51.100.1"),
+            ("Via", "1.1 edge"),
+            ("Content-Length", "999"),
+            ("Accept", "*/*"),
+        ]);
+        let head = String::from_utf8(request_head(&fwd("GET", None), &client, "www.example:8443")).unwrap();
+        let want = "GET /api/x?q=1 HTTP/1.1\r\n\
+            Host: www.example:8443\r\n\
+            User-Agent: curl/8\r\n\
+            Accept: */*\r\n\
+            X-Forwarded-For: 198.51.100.1, 192.0.2.7\r\n\
+            X-Forwarded-Proto: https\r\n\
+            X-Forwarded-Host: www.example:8443\r\n\
+            Forwarded: for=198.51.100.1, for=192.0.2.7;host=\"www.example:8443\";proto=https\r\n\
+            Via: 1.1 edge, 1.1 ktlsd\r\n\r\n";
+        assert_eq!(head, want);
+
+        for (method, body, framing) in [
+            ("POST", Some(Some(5)), Some("Content-Length: 5")),
+            ("PUT", Some(None), Some("Transfer-Encoding: chunked")),
+            ("POST", None, Some("Content-Length: 0")),
+            ("DELETE", None, None),
+        ] {
+            let head = String::from_utf8(request_head(&fwd(method, body), &[], "up:9000")).unwrap();
+            assert!(head.starts_with(&format!("{method} /api/x?q=1 HTTP/1.1\r\nHost: up:9000\r\n")), "{head}");
+            assert!(head.contains("X-Forwarded-For: 192.0.2.7\r\n"), "{head}");
+            match framing {
+                Some(f) => assert!(head.ends_with(&format!("{f}\r\n\r\n")), "{method}: {head}"),
+                None => assert!(!head.contains("Content-Length") && !head.contains("Transfer-Encoding"), "{head}"),
+            }
+        }
+        let v6 = Forwarding { peer: "2001:db8::1".parse().unwrap(), authority: None, version: "2", ..fwd("GET", None) };
+        let head = String::from_utf8(request_head(&v6, &[], "up")).unwrap();
+        assert!(head.contains("Forwarded: for=\"[2001:db8::1]\";proto=https\r\n"), "{head}");
+        assert!(head.contains("Via: 2 ktlsd\r\n") && !head.contains("X-Forwarded-Host"), "{head}");
+        assert_eq!(quoted_if_needed("a\"b"), "\"a\\\"b\"");
+    }
+
+    #[test]
+    fn client_response_fields() {
+        let upstream = pairs(&[
+            ("Content-Type", "text/plain"),
+            ("Content-Length", "5"),
+            ("Connection", "close, X-Hop"),
+            ("X-Hop", "1"),
+            ("Keep-Alive", "timeout=5"),
+            ("Transfer-Encoding", "chunked"),
+            ("Server", "gunicorn"),
+            ("Date", "Mon, 01 Jan 2024 00:00:00 GMT"),
+            ("Set-Cookie", "a=1"),
+            ("Set-Cookie", "b=2"),
+            ("Via", "1.0 app"),
+            ("Proxy-Authenticate", "Basic"),
+            ("Cache-Status", "app; hit"),
+        ]);
+        let got = response_fields(&upstream, "1.1", "ktlsd; fwd=uri-miss");
+        assert_eq!(
+            got,
+            pairs(&[
+                ("Content-Type", "text/plain"),
+                ("Set-Cookie", "a=1"),
+                ("Set-Cookie", "b=2"),
+                ("Via", "1.0 app, 1.1 ktlsd"),
+                ("Cache-Status", "ktlsd; fwd=uri-miss"),
+            ])
+        );
+    }
+
+    #[test]
+    fn fields_read_again_from_the_raw_head() {
+        let raw = b"POST /a HTTP/1.1\r\nHost: h\r\nX-A:  b \r\n\r\n";
+        assert_eq!(fields_of_head(raw), pairs(&[("Host", "h"), ("X-A", "b")]));
+        assert!(fields_of_head(b"garbage").is_empty());
+    }
+}

@@ -1,0 +1,608 @@
+//! The reverse proxy: the `[[proxy]]` rules of a site ([`Rule`], chosen by [`route`]
+//! before the static answer), and one forwarded request as an [`Exchange`] that the
+//! codec drives: [`Exchange::begin`] chooses an upstream and sends the request head,
+//! [`Exchange::send_body`] forwards the request body as it arrives,
+//! [`Exchange::response`] reads the upstream's head, [`Exchange::read_body`] hands
+//! out its body piece by piece (bounded), and dropping the exchange returns a clean
+//! keep-alive connection to the worker's pool.
+//!
+//! HTTP/1.1 to the upstream, over TCP or TLS ([`upstream`]); idle connections, balancing
+//! and passive health per worker ([`pool`]); the header rules ([`headers`]) and the
+//! reading of upstream bytes ([`parse`]) as pure functions; figures for `/metrics`
+//! ([`metrics`]). A request is sent again to another upstream only while nothing of
+//! it could have been acted on: when no connection could be opened or the head not
+//! written, or, for an idempotent request without a body, when no byte of a
+//! response arrived.
+//!
+//! Not here: the client's framing (chunked or not, HTTP/2 DATA, aborting a stream),
+//! which belongs to the codec; and the response cache (`handler::cache`), whose
+//! lookup and store belong in [`Exchange::begin`] and [`Exchange::response`].
+
+pub mod headers;
+pub mod metrics;
+pub mod parse;
+pub mod pool;
+pub mod upstream;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::rules::PathMatch;
+use super::{Site, Status};
+pub use headers::Forwarding;
+use parse::{Chunked, Framing};
+use upstream::{Conn, IoFailure};
+
+/// Largest piece of a body read from an upstream at once: the bound of the
+/// exchange's buffer, whatever the body's size.
+pub const PIECE: usize = 64 * 1024;
+
+/// The RFC 9211 `Cache-Status` of a response forwarded without a cache.
+pub const CACHE_STATUS_MISS: &str = "ktlsd; fwd=uri-miss";
+
+/// One validated `[[proxy]]` block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    /// The request paths it takes.
+    pub path: PathMatch,
+    pub upstreams: Vec<Upstream>,
+    /// Whether cacheable responses are stored (used by the response cache).
+    pub cache: bool,
+    pub host: HostMode,
+    pub balance: Balance,
+    pub timeouts: Timeouts,
+    /// How long an upstream that failed is skipped.
+    pub fail_timeout: Duration,
+    /// Idle connections kept per upstream and worker.
+    pub keepalive: usize,
+    /// Trust for `https://` upstreams; `None` when every upstream is `http://`.
+    pub tls: Option<TlsClient>,
+}
+
+impl Rule {
+    /// The rule's identity for its round-robin turn: its upstream list.
+    fn key(&self) -> String {
+        self.upstreams.iter().map(|u| u.url.as_str()).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// The Host the upstream gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMode {
+    /// The client's (nginx's `proxy_set_header Host $host`).
+    Preserve,
+    /// The upstream URL's host and port (nginx's default, `$proxy_host`).
+    Upstream,
+    Fixed(String),
+}
+
+/// How the upstream of each request is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    RoundRobin,
+    LeastConnections,
+}
+
+/// Time limits of an exchange with an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// To open the connection (TLS handshake included).
+    pub connect: Duration,
+    /// Between two reads (the response head included), as nginx's `proxy_read_timeout`.
+    pub read: Duration,
+    /// For each write of the request, as nginx's `proxy_send_timeout`.
+    pub send: Duration,
+}
+
+/// The TLS client configuration of a rule's `https://` upstreams.
+#[derive(Clone)]
+pub struct TlsClient {
+    /// The PEM file its roots came from.
+    pub ca: std::path::PathBuf,
+    pub config: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TlsClient({})", self.ca.display())
+    }
+}
+
+impl PartialEq for TlsClient {
+    fn eq(&self, other: &TlsClient) -> bool {
+        self.ca == other.ca
+    }
+}
+
+impl Eq for TlsClient {}
+
+/// One upstream server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// As configured, without a trailing slash: its name in logs and metrics.
+    pub url: String,
+    pub tls: bool,
+    /// The host to connect to (an IPv6 address without brackets).
+    pub host: String,
+    pub port: u16,
+    /// `host[:port]` as the URL gives them, for `host = "upstream"`.
+    pub authority: String,
+}
+
+impl Upstream {
+    /// `http://HOST[:PORT]` or `https://HOST[:PORT]` (an optional trailing `/`).
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        let form = || format!("upstream {url:?}: expected http://HOST[:PORT] or https://HOST[:PORT]");
+        let (tls, rest) = match url.split_once("://") {
+            Some((s, rest)) if s.eq_ignore_ascii_case("http") => (false, rest),
+            Some((s, rest)) if s.eq_ignore_ascii_case("https") => (true, rest),
+            _ => return Err(form()),
+        };
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        if !path.is_empty() && path != "/" {
+            return Err(format!("upstream {url:?}: no path may follow the host (the request's path is sent as it is)"));
+        }
+        let name_char = |b: u8| b.is_ascii_alphanumeric() || b"-._:[]".contains(&b);
+        if authority.is_empty() || !authority.bytes().all(name_char) {
+            return Err(form());
+        }
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(':') && (h.starts_with('[') == h.ends_with(']')) => {
+                let port = p.parse::<u16>().ok().filter(|&p| p > 0);
+                (h, port.ok_or_else(|| format!("upstream {url:?}: port {p:?} is not a port number"))?)
+            }
+            _ => (authority, if tls { 443 } else { 80 }),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(form());
+        }
+        let url = url.trim_end_matches('/').to_string();
+        Ok(Upstream { url, tls, host: host.to_ascii_lowercase(), port, authority: authority.to_string() })
+    }
+}
+
+/// The first of the site's `[[proxy]]` rules whose glob matches `path`, if any; files
+/// answer the rest.
+pub fn route<'a>(site: &Site<'a>, path: &str) -> Option<&'a Rule> {
+    site.content.proxy.iter().find(|r| r.path.matches(path))
+}
+
+/// Whether any of `sites` has `[[proxy]]` rules (the codecs then keep what a
+/// forwarded request needs: its fields, its body).
+pub fn any(sites: &super::Sites<'_>) -> bool {
+    !sites.default.content.proxy.is_empty() || sites.named.iter().any(|s| !s.content.proxy.is_empty())
+}
+
+/// Why an exchange failed, for the client's status and the log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// 502, or 504 when the upstream was too slow.
+    pub status: Status,
+    /// The metric's label: `connect`, `timeout`, `send`, `closed`, `invalid`, `body`.
+    pub kind: &'static str,
+    /// The upstream's URL.
+    pub upstream: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "upstream {}: {}", self.upstream, self.detail)
+    }
+}
+
+/// Methods RFC 9110 section 9.2.2 makes idempotent.
+fn idempotent(method: &str) -> bool {
+    matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE")
+}
+
+/// One request forwarded to one of a rule's upstreams.
+pub struct Exchange<'r> {
+    rule: &'r Rule,
+    fwd: Forwarding,
+    fields: Vec<(String, String)>,
+    /// The upstream in use (its index in the rule) and its connection.
+    index: usize,
+    conn: Option<Conn>,
+    reused: bool,
+    tried: Vec<usize>,
+    /// Whether any request body byte went out (then it cannot be sent again).
+    sent_body: bool,
+    sent_at: Instant,
+    /// Response bytes read and not yet handed out (bounded by [`parse::MAX_HEAD`] and [`PIECE`]).
+    buf: Vec<u8>,
+    framing: Framing,
+    left: u64,
+    chunks: Chunked,
+    reusable: bool,
+    done: bool,
+}
+
+impl<'r> Exchange<'r> {
+    /// Chooses an upstream of `rule` and sends it the request head; an upstream that
+    /// cannot be reached is marked failed and the next is tried. `fields` are the
+    /// client's request fields.
+    ///
+    /// The response cache's lookup goes first here: a fresh stored response would be
+    /// answered without an exchange (and a stale one revalidated through one).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe as to the pool: a dropped exchange returns no connection.
+    pub async fn begin(
+        rule: &'r Rule,
+        fwd: Forwarding,
+        fields: Vec<(String, String)>,
+    ) -> Result<Exchange<'r>, Failure> {
+        let mut x = Exchange {
+            rule,
+            fwd,
+            fields,
+            index: 0,
+            conn: None,
+            reused: false,
+            tried: Vec::new(),
+            sent_body: false,
+            sent_at: Instant::now(),
+            buf: Vec::new(),
+            framing: Framing::None,
+            left: 0,
+            chunks: Chunked::default(),
+            reusable: false,
+            done: false,
+        };
+        x.open(None).await?;
+        Ok(x)
+    }
+
+    fn upstream(&self) -> &'r Upstream {
+        &self.rule.upstreams[self.index]
+    }
+
+    /// A 502 of `kind` naming this exchange's upstream.
+    pub fn failure_now(&self, kind: &'static str, detail: &str) -> Failure {
+        self.failure(Status::BAD_GATEWAY, kind, detail.to_string())
+    }
+
+    fn failure(&self, status: Status, kind: &'static str, detail: String) -> Failure {
+        Failure { status, kind, upstream: self.upstream().url.clone(), detail }
+    }
+
+    fn io_failure(&self, e: IoFailure, what: &str, kind: &'static str) -> Failure {
+        match e {
+            IoFailure::TimedOut => self.failure(Status::GATEWAY_TIMEOUT, "timeout", format!("{what}: timed out")),
+            IoFailure::Failed(e) => self.failure(Status::BAD_GATEWAY, kind, format!("{what}: {e}")),
+        }
+    }
+
+    /// Drops the current connection (not reusable) and its count in flight.
+    fn release(&mut self) {
+        if self.conn.take().is_some() {
+            pool::finished(&self.upstream().url);
+        }
+    }
+
+    /// Opens a connection to the next upstream to try and writes the head; `last` is
+    /// the failure that led here, returned when no upstream is left.
+    async fn open(&mut self, mut last: Option<Failure>) -> Result<(), Failure> {
+        self.release();
+        loop {
+            let Some(i) = pool::pick(self.rule, &self.tried) else {
+                return Err(
+                    last.unwrap_or_else(|| self.failure(Status::BAD_GATEWAY, "connect", "no upstream left".into()))
+                );
+            };
+            self.index = i;
+            let up = self.upstream();
+            let (conn, reused) = match pool::take_idle(&up.url) {
+                Some(c) => (c, true),
+                None => match upstream::connect(up, self.rule.tls.as_ref(), self.rule.timeouts.connect).await {
+                    Ok(c) => (c, false),
+                    Err(e) => {
+                        self.tried.push(i);
+                        let f = self.io_failure(e, "connect", "connect");
+                        self.mark_failed(&f);
+                        last = Some(f);
+                        continue;
+                    }
+                },
+            };
+            pool::started(&up.url);
+            self.conn = Some(conn);
+            self.reused = reused;
+            let host = match &self.rule.host {
+                HostMode::Preserve => self.fwd.authority.as_deref().unwrap_or(&up.authority),
+                HostMode::Upstream => &up.authority,
+                HostMode::Fixed(h) => h,
+            };
+            let head = headers::request_head(&self.fwd, &self.fields, host);
+            self.sent_at = Instant::now();
+            match self.write(&head).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    let f = self.io_failure(e, "sending the request head", "send");
+                    self.release();
+                    // A kept-alive connection the upstream had closed is not the upstream's failure.
+                    if !reused {
+                        self.tried.push(i);
+                        self.mark_failed(&f);
+                    }
+                    last = Some(f);
+                }
+            }
+        }
+    }
+
+    fn mark_failed(&self, f: &Failure) {
+        tracing::warn!("{f}; the upstream is skipped for {:?}", self.rule.fail_timeout);
+        pool::failed(&self.upstream().url, self.rule.fail_timeout);
+        metrics::failed(&self.upstream().url, f.kind, true);
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<(), IoFailure> {
+        let send = self.rule.timeouts.send;
+        match self.conn.as_mut() {
+            Some(c) => c.write_all(bytes, send).await,
+            None => Err(IoFailure::Failed(std::io::Error::other("no connection"))),
+        }
+    }
+
+    /// Forwards a piece of the request body (chunk-framed when its length is unknown).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: part of the piece may have been sent.
+    pub async fn send_body(&mut self, piece: &[u8]) -> Result<(), Failure> {
+        let r = self.send_piece(piece).await;
+        self.counted(r)
+    }
+
+    /// `r`, its failure counted in the metrics (the upstream is not marked failed:
+    /// it may have answered early, or the fault may be the body's).
+    fn counted<R>(&self, r: Result<R, Failure>) -> Result<R, Failure> {
+        if let Err(f) = &r {
+            metrics::error(f.kind);
+        }
+        r
+    }
+
+    async fn send_piece(&mut self, piece: &[u8]) -> Result<(), Failure> {
+        if piece.is_empty() {
+            return Ok(());
+        }
+        self.sent_body = true;
+        let r = if self.fwd.body == Some(None) {
+            let mut framed = format!("{:x}\r\n", piece.len()).into_bytes();
+            framed.extend_from_slice(piece);
+            framed.extend_from_slice(b"\r\n");
+            self.write(&framed).await
+        } else {
+            self.write(piece).await
+        };
+        r.map_err(|e| self.io_failure(e, "sending the request body", "send"))
+    }
+
+    /// Ends a request body of unknown length (its last chunk).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: part of the last chunk may have been sent.
+    pub async fn end_body(&mut self) -> Result<(), Failure> {
+        if self.fwd.body != Some(None) {
+            return Ok(());
+        }
+        self.sent_body = true;
+        self.write(b"0\r\n\r\n").await.map_err(|e| self.io_failure(e, "sending the request body", "send"))
+    }
+
+    /// Reads the upstream's response head (interim 1xx responses dropped). An
+    /// idempotent request without a body whose upstream fails before a byte of a response
+    /// is sent to the next upstream.
+    ///
+    /// A cacheable response is where the response cache would begin to store it.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: a retry may be half-sent; drop the exchange after a cancel.
+    pub async fn response(&mut self) -> Result<parse::Head, Failure> {
+        loop {
+            match self.read_head().await {
+                Ok(head) => {
+                    pool::succeeded(&self.upstream().url);
+                    metrics::answered(&self.upstream().url, self.sent_at.elapsed());
+                    return Ok(head);
+                }
+                Err((f, nothing_received)) => {
+                    let stale = self.reused && nothing_received && f.kind == "closed";
+                    if !stale {
+                        self.tried.push(self.index);
+                        self.mark_failed(&f);
+                    }
+                    let retry = nothing_received && !self.sent_body && idempotent(&self.fwd.method);
+                    if !retry {
+                        self.release();
+                        return Err(f);
+                    }
+                    tracing::info!("proxy {} {}: {f}; trying another upstream", self.fwd.method, self.fwd.target);
+                    self.buf.clear();
+                    self.open(Some(f)).await?;
+                }
+            }
+        }
+    }
+
+    /// The next response head; on failure, whether no byte of a response had arrived.
+    async fn read_head(&mut self) -> Result<parse::Head, (Failure, bool)> {
+        let read_timeout = self.rule.timeouts.read;
+        let mut received = false;
+        loop {
+            match parse::head(&self.buf, &self.fwd.method) {
+                Ok(Some((head, used))) => {
+                    self.buf.drain(..used);
+                    if (100..200).contains(&head.status) {
+                        continue;
+                    }
+                    self.framing = head.framing;
+                    self.left = match head.framing {
+                        Framing::Length(n) => n,
+                        _ => 0,
+                    };
+                    self.reusable = head.reusable;
+                    return Ok(head);
+                }
+                Ok(None) => {}
+                Err(parse::Invalid(why)) => {
+                    return Err((
+                        self.failure(Status::BAD_GATEWAY, "invalid", format!("invalid response: {why}")),
+                        false,
+                    ))
+                }
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Err((self.failure(Status::BAD_GATEWAY, "closed", "no connection".into()), !received));
+            };
+            let room = parse::MAX_HEAD + 1 - self.buf.len().min(parse::MAX_HEAD);
+            match conn.read(&mut self.buf, room, read_timeout).await {
+                Ok(0) => {
+                    let f = self.failure(
+                        Status::BAD_GATEWAY,
+                        "closed",
+                        "closed the connection before a complete response head".into(),
+                    );
+                    return Err((f, !received));
+                }
+                Ok(_) => received = true,
+                Err(e) => return Err((self.io_failure(e, "waiting for the response head", "closed"), !received)),
+            }
+        }
+    }
+
+    /// Appends the next piece of the response body (at most [`PIECE`] bytes) to `out`;
+    /// `Ok(false)`: the body is complete. An error means the body is incomplete: the
+    /// client's response must be cut, never ended as if whole.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: bytes read are kept in the exchange until handed out.
+    pub async fn read_body(&mut self, out: &mut Vec<u8>) -> Result<bool, Failure> {
+        let r = self.read_piece(out).await;
+        self.counted(r)
+    }
+
+    async fn read_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, Failure> {
+        loop {
+            if self.done {
+                return Ok(false);
+            }
+            match self.framing {
+                Framing::None => {
+                    self.done = true;
+                    return Ok(false);
+                }
+                Framing::Length(_) if self.left == 0 => {
+                    self.done = true;
+                    self.reusable &= self.buf.is_empty();
+                    return Ok(false);
+                }
+                Framing::Length(_) if !self.buf.is_empty() => {
+                    let take = (self.buf.len() as u64).min(self.left) as usize;
+                    out.extend_from_slice(&self.buf[..take]);
+                    self.buf.drain(..take);
+                    self.left -= take as u64;
+                    return Ok(true);
+                }
+                Framing::Chunked if !self.buf.is_empty() => {
+                    let before = out.len();
+                    let used = match self.chunks.decode(&self.buf, out) {
+                        Ok(n) => n,
+                        Err(parse::Invalid(why)) => {
+                            return Err(self.failure(
+                                Status::BAD_GATEWAY,
+                                "body",
+                                format!("invalid chunked body: {why}"),
+                            ))
+                        }
+                    };
+                    self.buf.drain(..used);
+                    if self.chunks.is_done() {
+                        self.done = true;
+                        self.reusable &= self.buf.is_empty();
+                        return Ok(out.len() > before);
+                    }
+                    if out.len() > before {
+                        return Ok(true);
+                    }
+                }
+                Framing::Close if !self.buf.is_empty() => {
+                    out.append(&mut self.buf);
+                    return Ok(true);
+                }
+                _ => {}
+            }
+            let read_timeout = self.rule.timeouts.read;
+            let Some(conn) = self.conn.as_mut() else {
+                return Err(self.failure(Status::BAD_GATEWAY, "body", "no connection".into()));
+            };
+            // A chunk-size line may span reads: what is kept stays bounded by the decoder's limits.
+            let n = match conn.read(&mut self.buf, PIECE, read_timeout).await {
+                Ok(n) => n,
+                Err(e) => return Err(self.io_failure(e, "reading the response body", "body")),
+            };
+            if n == 0 {
+                if self.framing == Framing::Close {
+                    self.done = true;
+                    return Ok(false);
+                }
+                return Err(self.failure(
+                    Status::BAD_GATEWAY,
+                    "body",
+                    "closed the connection before the end of the body".into(),
+                ));
+            }
+        }
+    }
+}
+
+impl Drop for Exchange<'_> {
+    /// A connection whose response was read to its end goes back to the pool.
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let url = &self.rule.upstreams[self.index].url;
+        pool::finished(url);
+        if self.done && self.reusable && self.buf.is_empty() {
+            pool::put_idle(url, conn, self.rule.keepalive);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls() {
+        for (url, want) in [
+            ("http://127.0.0.1:9000", Some((false, "127.0.0.1", 9000, "127.0.0.1:9000"))),
+            ("http://127.0.0.1:9000/", Some((false, "127.0.0.1", 9000, "127.0.0.1:9000"))),
+            ("HTTPS://Up.Example", Some((true, "up.example", 443, "Up.Example"))),
+            ("http://[::1]:8080", Some((false, "::1", 8080, "[::1]:8080"))),
+            ("http://[::1]", Some((false, "::1", 80, "[::1]"))),
+            ("http://a:0", None),
+            ("http://a:x", None),
+            ("http://a/b", None),
+            ("http://a?x", None),
+            ("ws://a", None),
+            ("a:80", None),
+            ("http://:80", None),
+        ] {
+            let got = Upstream::parse(url).ok();
+            let got = got.as_ref().map(|u| (u.tls, u.host.as_str(), u.port, u.authority.as_str()));
+            assert_eq!(got, want, "{url}");
+        }
+    }
+
+    #[test]
+    fn idempotent_methods() {
+        for (m, want) in
+            [("GET", true), ("HEAD", true), ("PUT", true), ("DELETE", true), ("POST", false), ("PATCH", false)]
+        {
+            assert_eq!(idempotent(m), want, "{m}");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Per-worker upstream state: idle keep-alive connections, requests in flight (for
+//! least-connections), the round-robin position of each rule, and passive health (an
+//! upstream that failed is skipped for the rule's `fail_timeout`). Each worker keeps
+//! its own, as nginx's workers do without a shared zone: no lock on the request path.
+//!
+//! The choice itself ([`choose`]) is a pure function; the thread-local state lives
+//! here. Not here: connecting or speaking HTTP.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::upstream::Conn;
+use super::{Balance, Rule};
+
+/// How long an idle upstream connection is kept (nginx's `keepalive_timeout` default).
+const IDLE_FOR: Duration = Duration::from_secs(60);
+
+/// One upstream's state in this worker.
+#[derive(Default)]
+struct State {
+    idle: Vec<(Conn, Instant)>,
+    active: usize,
+    failed_until: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Pools {
+    upstreams: HashMap<String, State>,
+    /// The next round-robin position of each rule (by its upstream list).
+    turns: HashMap<String, usize>,
+}
+
+thread_local! {
+    static POOLS: RefCell<Pools> = RefCell::default();
+}
+
+/// What [`choose`] knows of one upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub healthy: bool,
+    pub active: usize,
+    /// Already tried for this request.
+    pub tried: bool,
+}
+
+/// The upstream to try next: among those not yet tried, the healthy ones (all of them
+/// when none is healthy, so that a recovered upstream is found again, as nginx does);
+/// by turn for round-robin (starting at `turn`), by fewest requests in flight for
+/// least-connections (ties by turn). `None`: every one was tried.
+pub fn choose(candidates: &[Candidate], balance: Balance, turn: usize) -> Option<usize> {
+    let n = candidates.len();
+    let untried: Vec<usize> = (0..n).map(|i| (turn + i) % n.max(1)).filter(|&i| !candidates[i].tried).collect();
+    let healthy: Vec<usize> = untried.iter().copied().filter(|&i| candidates[i].healthy).collect();
+    let pool = if healthy.is_empty() { untried } else { healthy };
+    match balance {
+        Balance::RoundRobin => pool.first().copied(),
+        Balance::LeastConnections => pool.iter().copied().min_by_key(|&i| candidates[i].active),
+    }
+}
+
+/// Picks the upstream of `rule` to try next (none of `tried`), counting the turn.
+pub fn pick(rule: &Rule, tried: &[usize]) -> Option<usize> {
+    let now = Instant::now();
+    POOLS.with(|p| {
+        let mut p = p.borrow_mut();
+        let key = rule.key();
+        let turn = p.turns.get(&key).copied().unwrap_or(0);
+        let candidates: Vec<Candidate> = rule
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                let s = p.upstreams.get(&u.url);
+                Candidate {
+                    healthy: s.and_then(|s| s.failed_until).is_none_or(|t| t <= now),
+                    active: s.map_or(0, |s| s.active),
+                    tried: tried.contains(&i),
+                }
+            })
+            .collect();
+        let chosen = choose(&candidates, rule.balance, turn)?;
+        p.turns.insert(key, chosen + 1);
+        Some(chosen)
+    })
+}
+
+/// An idle connection to `upstream` (by its key) that still looks usable, if any.
+pub fn take_idle(key: &str) -> Option<Conn> {
+    POOLS.with(|p| {
+        let mut p = p.borrow_mut();
+        let s = p.upstreams.get_mut(key)?;
+        while let Some((conn, since)) = s.idle.pop() {
+            if since.elapsed() < IDLE_FOR && conn.looks_alive() {
+                return Some(conn);
+            }
+        }
+        None
+    })
+}
+
+/// Returns a connection whose exchange completed, keeping at most `keep` idle.
+pub fn put_idle(key: &str, conn: Conn, keep: usize) {
+    POOLS.with(|p| {
+        let mut p = p.borrow_mut();
+        let s = p.upstreams.entry(key.to_string()).or_default();
+        s.idle.retain(|(_, since)| since.elapsed() < IDLE_FOR);
+        if s.idle.len() < keep {
+            s.idle.push((conn, Instant::now()));
+        }
+    });
+}
+
+/// Counts a request in flight to `key` (until [`finished`]).
+pub fn started(key: &str) {
+    POOLS.with(|p| p.borrow_mut().upstreams.entry(key.to_string()).or_default().active += 1);
+}
+
+pub fn finished(key: &str) {
+    POOLS.with(|p| {
+        if let Some(s) = p.borrow_mut().upstreams.get_mut(key) {
+            s.active = s.active.saturating_sub(1);
+        }
+    });
+}
+
+/// Marks `key` failed: it is skipped for `fail_timeout`; its idle connections go.
+pub fn failed(key: &str, fail_timeout: Duration) {
+    POOLS.with(|p| {
+        let mut p = p.borrow_mut();
+        let s = p.upstreams.entry(key.to_string()).or_default();
+        s.failed_until = Some(Instant::now() + fail_timeout);
+        s.idle.clear();
+    });
+}
+
+/// Marks `key` healthy again after an answer.
+pub fn succeeded(key: &str) {
+    POOLS.with(|p| {
+        if let Some(s) = p.borrow_mut().upstreams.get_mut(key) {
+            s.failed_until = None;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices() {
+        let c = |healthy, active, tried| Candidate { healthy, active, tried };
+        let ok = c(true, 0, false);
+        let rr = Balance::RoundRobin;
+        let lc = Balance::LeastConnections;
+        for (candidates, balance, turn, want) in [
+            (vec![ok, ok, ok], rr, 0, Some(0)),
+            (vec![ok, ok, ok], rr, 1, Some(1)),
+            (vec![ok, ok, ok], rr, 5, Some(2)),
+            (vec![ok, c(false, 0, false), ok], rr, 1, Some(2)),
+            (vec![c(true, 0, true), ok], rr, 0, Some(1)),
+            (vec![c(false, 0, false), c(false, 0, false)], rr, 1, Some(1)),
+            (vec![c(true, 0, true), c(false, 0, false)], rr, 0, Some(1)),
+            (vec![c(true, 0, true), c(false, 0, true)], rr, 0, None),
+            (vec![c(true, 3, false), c(true, 1, false), c(true, 2, false)], lc, 0, Some(1)),
+            (vec![c(true, 1, false), c(true, 1, false)], lc, 1, Some(1)),
+            (vec![c(true, 3, false), c(false, 0, false)], lc, 0, Some(0)),
+            (vec![], rr, 0, None),
+        ] {
+            assert_eq!(choose(&candidates, balance, turn), want, "{candidates:?} {balance:?} turn {turn}");
+        }
+    }
+}

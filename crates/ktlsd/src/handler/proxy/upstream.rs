@@ -1,0 +1,131 @@
+//! One connection to an upstream: plain TCP or TLS (rustls, verified against the
+//! rule's roots), opened within the connect timeout, each read and write bounded by
+//! the rule's read and send timeouts.
+//!
+//! Not here: which upstream, pooling (`pool`), or what the bytes mean (`parse`).
+
+use std::io;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{TlsClient, Upstream};
+
+/// Why talking to an upstream failed.
+#[derive(Debug)]
+pub enum IoFailure {
+    /// The time allowed ran out (the upstream is too slow: 504).
+    TimedOut,
+    /// Refused, reset, closed or a TLS failure (502).
+    Failed(io::Error),
+}
+
+impl std::fmt::Display for IoFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IoFailure::TimedOut => f.write_str("timed out"),
+            IoFailure::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// An open connection.
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// Connects to `upstream` (its name resolved each time, so a changed address is seen)
+/// within `timeout`, the TLS handshake included.
+///
+/// # Cancel safety
+/// Cancel-safe: dropping it drops the half-open connection.
+pub async fn connect(upstream: &Upstream, tls: Option<&TlsClient>, timeout: Duration) -> Result<Conn, IoFailure> {
+    let open = async {
+        let tcp = TcpStream::connect((upstream.host.as_str(), upstream.port)).await?;
+        tcp.set_nodelay(true)?;
+        if !upstream.tls {
+            return Ok(Conn::Plain(tcp));
+        }
+        let Some(tls) = tls else {
+            return Err(io::Error::other("no TLS configuration for an https:// upstream"));
+        };
+        let name = rustls_pki_types::ServerName::try_from(upstream.host.clone()).map_err(io::Error::other)?;
+        let stream = tokio_rustls::TlsConnector::from(tls.config.clone()).connect(name, tcp).await?;
+        Ok(Conn::Tls(Box::new(stream)))
+    };
+    match tokio::time::timeout(timeout, open).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(IoFailure::Failed(e)),
+        Err(_) => Err(IoFailure::TimedOut),
+    }
+}
+
+impl Conn {
+    /// Writes all of `bytes` within `timeout`.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: part of `bytes` may have been written.
+    pub async fn write_all(&mut self, bytes: &[u8], timeout: Duration) -> Result<(), IoFailure> {
+        let write = async {
+            match self {
+                Conn::Plain(s) => s.write_all(bytes).await,
+                Conn::Tls(s) => {
+                    s.write_all(bytes).await?;
+                    s.flush().await
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, write).await {
+            Ok(r) => r.map_err(IoFailure::Failed),
+            Err(_) => Err(IoFailure::TimedOut),
+        }
+    }
+
+    /// Appends what arrives to `buf` (at most `max` bytes) within `timeout`; 0: the
+    /// upstream closed.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: bytes are only appended once read.
+    pub async fn read(&mut self, buf: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<usize, IoFailure> {
+        let start = buf.len();
+        buf.resize(start + max, 0);
+        let read = async {
+            match self {
+                Conn::Plain(s) => s.read(&mut buf[start..]).await,
+                // A peer that closes without close_notify ends the body as plain TCP would;
+                // whether that is a complete body is the framing's to say.
+                Conn::Tls(s) => match s.read(&mut buf[start..]).await {
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+                    r => r,
+                },
+            }
+        };
+        let r = tokio::time::timeout(timeout, read).await;
+        let n = match &r {
+            Ok(Ok(n)) => *n,
+            _ => 0,
+        };
+        buf.truncate(start + n);
+        match r {
+            Ok(r) => r.map_err(IoFailure::Failed),
+            Err(_) => Err(IoFailure::TimedOut),
+        }
+    }
+
+    /// Whether an idle connection still looks usable: the upstream has neither closed
+    /// it nor sent anything unasked (checked without waiting).
+    pub fn looks_alive(&self) -> bool {
+        let tcp = match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(s) => s.get_ref().0,
+        };
+        match socket2::SockRef::from(tcp).peek(&mut [std::mem::MaybeUninit::new(0u8); 1]) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+            // Closed (0), bytes nobody asked for, or an error: not reusable. A TLS
+            // upstream's session ticket or close_notify counts as such bytes too.
+            _ => false,
+        }
+    }
+}

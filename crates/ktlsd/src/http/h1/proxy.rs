@@ -1,0 +1,260 @@
+//! HTTP/1.x framing of a proxied request ([`Connection::proxy`]): the request body
+//! goes to the upstream as it arrives (Content-Length framed, within
+//! `max_body_bytes`), the response head is written with the client's framing
+//! (Content-Length when the upstream gave one, else chunked, or close-delimited for an
+//! HTTP/1.0 client), and the body follows piece by piece. An upstream that fails
+//! after the head was sent cuts the connection without the last chunk or
+//! close_notify, so the client never takes part of a body for the whole.
+//!
+//! The exchange with the upstream itself is `handler::proxy`'s.
+
+use std::time::Instant;
+
+use super::parse::Version;
+use super::{logged, write, Connection, Exchange, State};
+use crate::handler::proxy::parse::{Chunked, Framing};
+use crate::handler::proxy::{self, headers, metrics, Failure, Forwarding, Rule};
+use crate::handler::{self, Body, Header, Method, Response, Site, Status};
+use crate::http::conn::Sent;
+use crate::http::{End, Transport};
+
+impl<'a, T: Transport> Connection<'_, 'a, T> {
+    /// Forwards the request of `x` by `rule` and sends the answer; the connection then
+    /// waits for the next head, or ends.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as the loop's other states: a response may be cut.
+    pub(super) async fn proxy(&mut self, x: Exchange, site: Site<'a>, rule: &'a Rule) -> State<'a, T::Error> {
+        let req = &x.head.request;
+        let fields = x.raw.as_deref().map(headers::fields_of_head).unwrap_or_default();
+        let target = match x.head.target.starts_with('/') {
+            true => x.head.target.clone(),
+            // Absolute form: the path and query alone go upstream.
+            false => match &req.query {
+                Some(q) => format!("{}?{q}", req.path),
+                None => req.path.clone(),
+            },
+        };
+        let length = x.head.content_length;
+        let fwd = Forwarding {
+            method: req.method.as_str().to_string(),
+            target,
+            authority: req.authority.clone(),
+            peer: self.ctx.peer.ip(),
+            version: if x.head.version == Version::Http10 { "1.0" } else { "1.1" },
+            body: if x.head.chunked { Some(None) } else { (length > 0).then_some(Some(length)) },
+        };
+        let mut up = match proxy::Exchange::begin(rule, fwd, fields).await {
+            Ok(up) => up,
+            Err(f) => return self.proxy_failed(&x, &site, &f).await,
+        };
+        if length > 0 || x.head.chunked {
+            if x.head.expect_continue {
+                if let Err(e) = self.conn.send(write::CONTINUE, None).await {
+                    return State::Closed(End::Error(e));
+                }
+            }
+            let sent = match x.head.chunked {
+                true => self.forward_chunked(&mut up).await,
+                false => self.forward_length(&mut up, length).await,
+            };
+            match sent {
+                RequestBody::Sent => {}
+                RequestBody::ClientEnded(end) => return State::Closed(end),
+                RequestBody::UpstreamFailed(f) => return self.proxy_failed(&x, &site, &f).await,
+                RequestBody::Refused(status, why) => {
+                    let response = handler::refusal(status, &site, x.head.request.method == Method::Head);
+                    return self.refuse_and_close(&x.head, response, why, Instant::now()).await;
+                }
+            }
+        }
+        let head = match up.response().await {
+            Ok(h) => h,
+            Err(f) => return self.proxy_failed(&x, &site, &f).await,
+        };
+        let ttfb = x.started.elapsed();
+        let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, proxy::CACHE_STATUS_MISS)
+            .into_iter()
+            .map(|(n, v)| Header::Field(n.into(), v))
+            .collect();
+        let mut keep_alive = x.keep_alive;
+        let chunked = match head.framing {
+            Framing::Length(n) => {
+                fields.push(Header::ContentLength(n));
+                false
+            }
+            Framing::None => {
+                // HEAD and 304 answers say the length a GET would have had.
+                let declared = head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length"));
+                if let (Some((_, v)), false) = (declared, head.status == 204 || head.status < 200) {
+                    fields.push(Header::Field("Content-Length".into(), v.clone()));
+                }
+                false
+            }
+            Framing::Chunked | Framing::Close if x.head.version == Version::Http11 => {
+                fields.push(Header::Field("Transfer-Encoding".into(), "chunked".into()));
+                true
+            }
+            Framing::Chunked | Framing::Close => {
+                keep_alive = false;
+                false
+            }
+        };
+        let response = Response { status: Status(head.status), headers: fields, body: Body::Empty, refused: None };
+        let response = handler::with_hsts(response, &site);
+        if let Err(e) = self.conn.send(&write::head(&response, x.head.version, keep_alive), None).await {
+            return State::Closed(if T::timed_out(&e) { End::Timeout } else { End::Error(e) });
+        }
+        let mut piece = Vec::with_capacity(proxy::PIECE);
+        let mut framed = Vec::new();
+        let mut sent = 0u64;
+        loop {
+            piece.clear();
+            let more = match up.read_body(&mut piece).await {
+                Ok(more) => more,
+                Err(f) => {
+                    tracing::warn!(
+                        "proxy {} \"{} {}\": {f}; response cut after {sent} body bytes",
+                        self.ctx.peer,
+                        x.head.request.method,
+                        x.head.target
+                    );
+                    self.log_proxied(&x, head.status, sent, ttfb);
+                    return State::Closed(End::Aborted);
+                }
+            };
+            if !piece.is_empty() {
+                let out: &[u8] = if chunked {
+                    framed.clear();
+                    framed.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                    framed.extend_from_slice(&piece);
+                    framed.extend_from_slice(b"\r\n");
+                    &framed
+                } else {
+                    &piece
+                };
+                if let Err(e) = self.conn.send(out, None).await {
+                    return State::Closed(if T::timed_out(&e) { End::Timeout } else { End::Error(e) });
+                }
+                sent += piece.len() as u64;
+                metrics::body_bytes("copy", piece.len() as u64);
+            }
+            if !more {
+                break;
+            }
+        }
+        if chunked {
+            if let Err(e) = self.conn.send(b"0\r\n\r\n", None).await {
+                return State::Closed(End::Error(e));
+            }
+        }
+        drop(up);
+        tracing::debug!(
+            "proxied \"{} {}\": {} with {sent} body bytes by copy",
+            x.head.request.method,
+            x.head.target,
+            head.status
+        );
+        self.log_proxied(&x, head.status, sent, ttfb);
+        if keep_alive && !self.ctx.stopping() {
+            State::Head
+        } else {
+            self.close()
+        }
+    }
+
+    /// Forwards `length` body bytes as they arrive.
+    async fn forward_length(&mut self, up: &mut proxy::Exchange<'_>, length: u64) -> RequestBody<T::Error> {
+        let mut left = length;
+        while left > 0 {
+            if self.buf.is_empty() {
+                if let Err(end) = self.read_more().await {
+                    return RequestBody::ClientEnded(end);
+                }
+            }
+            let take = (self.buf.len() as u64).min(left) as usize;
+            if let Err(f) = up.send_body(&self.buf[..take]).await {
+                return RequestBody::UpstreamFailed(f);
+            }
+            self.buf.drain(..take);
+            left -= take as u64;
+        }
+        RequestBody::Sent
+    }
+
+    /// Decodes a chunked body as it arrives and forwards its data, within `max_body_bytes`.
+    async fn forward_chunked(&mut self, up: &mut proxy::Exchange<'_>) -> RequestBody<T::Error> {
+        let max = self.ctx.settings.max_body_bytes;
+        let (mut decoder, mut piece, mut total) = (Chunked::default(), Vec::new(), 0u64);
+        loop {
+            if !self.buf.is_empty() {
+                let Ok(used) = decoder.decode(&self.buf, &mut piece) else {
+                    return RequestBody::Refused(Status::BAD_REQUEST, "invalid chunked request body");
+                };
+                self.buf.drain(..used);
+                total += piece.len() as u64;
+                if total > max {
+                    return RequestBody::Refused(Status::PAYLOAD_TOO_LARGE, "request body exceeds max_body_bytes");
+                }
+                if let Err(f) = up.send_body(&piece).await {
+                    return RequestBody::UpstreamFailed(f);
+                }
+                piece.clear();
+                if decoder.is_done() {
+                    return match up.end_body().await {
+                        Ok(()) => RequestBody::Sent,
+                        Err(f) => RequestBody::UpstreamFailed(f),
+                    };
+                }
+                if used > 0 {
+                    continue;
+                }
+            }
+            if let Err(end) = self.read_more().await {
+                return RequestBody::ClientEnded(end);
+            }
+        }
+    }
+
+    /// Reads more of the request body within the header timeout.
+    async fn read_more(&mut self) -> Result<(), End<T::Error>> {
+        match self.conn.read(&mut self.buf, self.ctx.settings.header_timeout).await {
+            Ok(0) => Err(End::Truncated),
+            Ok(_) => Ok(()),
+            Err(e) if T::timed_out(&e) => Err(End::Timeout),
+            Err(e) => Err(End::Error(e)),
+        }
+    }
+
+    fn log_proxied(&self, x: &Exchange, status: u16, bytes: u64, ttfb: std::time::Duration) {
+        self.ctx.log(self.conn, Some(logged(&x.head)), Sent { status, bytes, started: x.started, ttfb });
+    }
+
+    /// Answers a failed exchange with 502 or 504 (no body for HEAD), logs why, and
+    /// closes the connection (a request body may be left unread).
+    async fn proxy_failed(&mut self, x: &Exchange, site: &Site<'a>, f: &Failure) -> State<'a, T::Error> {
+        tracing::warn!("proxy {} \"{} {}\": {} {f}", self.ctx.peer, x.head.request.method, x.head.target, f.status.0);
+        let head_request = x.head.request.method == Method::Head;
+        let response = handler::refusal(f.status, site, head_request)
+            .with(Header::Field("Cache-Status".into(), format!("{}; detail={}", proxy::CACHE_STATUS_MISS, f.kind)));
+        let started = Instant::now();
+        self.conn.last_response();
+        let bytes = super::send(self.conn, &response, x.head.version, false).await.unwrap_or(0);
+        self.ctx.log(
+            self.conn,
+            Some(logged(&x.head)),
+            Sent { status: f.status.0, bytes, started: x.started, ttfb: started.elapsed() },
+        );
+        self.close()
+    }
+}
+
+/// How forwarding a request body ended.
+enum RequestBody<E> {
+    Sent,
+    /// The client went away or was too slow.
+    ClientEnded(End<E>),
+    UpstreamFailed(Failure),
+    /// The body itself is refused (malformed, too large).
+    Refused(Status, &'static str),
+}

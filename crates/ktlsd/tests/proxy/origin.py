@@ -1,0 +1,185 @@
+"""A small HTTP/1.1 origin for the proxy tests, whose answers and misbehaviour the
+request path chooses. Usage: origin.py PORT NAME LOG; prints "ready" once listening
+and appends "METHOD TARGET PEER-PORT" to LOG for every request it reads.
+
+Paths (the query is ignored unless stated):
+  /api/echo        200, JSON of the method, target, fields and body (length, sha256)
+  /api/name        200, the origin's NAME
+  /api/big?n=N     200, N bytes with Content-Length, written in 64 KiB pieces
+  /api/chunked?n=N 200, N bytes chunked, with a trailer
+  /api/close?n=N   200, N bytes delimited by closing (no Content-Length)
+  /api/headers     200, with hop-by-hop and end-to-end fields to be filtered
+  /api/garbage     not HTTP at all
+  /api/short       Content-Length 100, 10 bytes, then close
+  /api/endless     header fields forever
+  /api/huge-head   a 100 KiB header field
+  /api/slow-head   waits 3 s before the head
+  /api/slow-body   the head and 5 bytes of 10, then waits 3 s
+  /api/close-early closes without answering
+  /api/bad-chunk   a chunked body with an invalid chunk size
+"""
+
+import hashlib
+import json
+import socket
+import sys
+import threading
+import time
+
+PORT, NAME, LOG = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+LOCK = threading.Lock()
+
+
+def log(line):
+    with LOCK, open(LOG, "a") as f:
+        f.write(line + "\n")
+
+
+def read_request(conn, buf):
+    while b"\r\n\r\n" not in buf:
+        data = conn.recv(65536)
+        if not data:
+            return None, buf
+        buf += data
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    fields = [tuple(x.strip() for x in l.split(":", 1)) for l in lines[1:]]
+    length = 0
+    chunked = False
+    for n, v in fields:
+        if n.lower() == "content-length":
+            length = int(v)
+        if n.lower() == "transfer-encoding" and "chunked" in v.lower():
+            chunked = True
+    body = b""
+    if chunked:
+        while True:
+            while b"\r\n" not in buf:
+                buf += conn.recv(65536)
+            size_line, buf = buf.split(b"\r\n", 1)
+            size = int(size_line.split(b";")[0], 16)
+            while len(buf) < size + 2:
+                buf += conn.recv(65536)
+            body += buf[:size]
+            buf = buf[size + 2:]
+            if size == 0:
+                break
+    else:
+        while len(buf) < length:
+            data = conn.recv(65536)
+            if not data:
+                return None, buf
+            buf += data
+        body, buf = buf[:length], buf[length:]
+    return (method, target, fields, body), buf
+
+
+def query_n(target, default=1000):
+    if "n=" in target:
+        return int(target.split("n=", 1)[1].split("&")[0])
+    return default
+
+
+def answer(conn, req):
+    method, target, fields, body = req
+    path = target.split("?", 1)[0]
+    log(f"{method} {target} {conn.getpeername()[1]}")
+    send = conn.sendall
+    no_body = method == "HEAD"
+    if path == "/api/echo":
+        out = json.dumps({
+            "name": NAME, "method": method, "target": target, "fields": fields,
+            "body_len": len(body), "body_sha256": hashlib.sha256(body).hexdigest(),
+        }).encode()
+        send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out)
+             + (b"" if no_body else out))
+    elif path == "/api/name":
+        out = NAME.encode()
+        send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
+    elif path == "/api/big":
+        n = query_n(target)
+        send(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % n)
+        if not no_body:
+            piece = bytes(i % 251 for i in range(65536))
+            left = n
+            while left > 0:
+                send(piece[:min(left, len(piece))])
+                left -= min(left, len(piece))
+    elif path == "/api/chunked":
+        n = query_n(target)
+        send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n")
+        piece = bytes(i % 251 for i in range(10000))
+        left = n
+        while left > 0:
+            k = min(left, len(piece))
+            send(b"%x\r\n" % k + piece[:k] + b"\r\n")
+            left -= k
+        send(b"0\r\nX-Sum: 1\r\n\r\n")
+    elif path == "/api/close":
+        n = query_n(target)
+        send(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"c" * n)
+        return False
+    elif path == "/api/headers":
+        send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: X-Private\r\nX-Private: secret\r\n"
+             b"Keep-Alive: timeout=5\r\nProxy-Authenticate: Basic\r\nServer: origin\r\n"
+             b"Set-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-Origin: kept\r\n\r\nok")
+    elif path == "/api/garbage":
+        send(b"this is not http\r\n\r\n")
+        return False
+    elif path == "/api/short":
+        send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"s" * 10)
+        return False
+    elif path == "/api/endless":
+        send(b"HTTP/1.1 200 OK\r\n")
+        try:
+            while True:
+                send(b"X-More: " + b"m" * 100 + b"\r\n")
+        except OSError:
+            pass
+        return False
+    elif path == "/api/huge-head":
+        send(b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * 100000 + b"\r\nContent-Length: 0\r\n\r\n")
+        return False
+    elif path == "/api/slow-head":
+        time.sleep(3)
+        send(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+    elif path == "/api/slow-body":
+        send(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nslow.")
+        time.sleep(3)
+        return False
+    elif path == "/api/close-early":
+        return False
+    elif path == "/api/bad-chunk":
+        send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
+        return False
+    else:
+        send(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+    return True
+
+
+def serve(conn):
+    buf = b""
+    try:
+        while True:
+            req, buf = read_request(conn, buf)
+            if req is None or not answer(conn, req):
+                break
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+
+def main():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", PORT))
+    s.listen(128)
+    print("ready", flush=True)
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+main()
