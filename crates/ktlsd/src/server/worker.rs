@@ -47,6 +47,11 @@ struct Worker {
     /// This worker's counters; the admin listener reads them (only this worker writes).
     metrics: Arc<Metrics>,
     tasks: Rc<Tasks>,
+    /// Turns true when the configuration connections started with is replaced
+    /// (reload) or the server stops: idle keep-alive connections end, busy ones
+    /// after their current response (`Connection: close`, GOAWAY), so no client
+    /// is served an old configuration for more than one request.
+    retire: RefCell<watch::Sender<bool>>,
     handshake_log: RateLimit,
     /// Connections this worker holds at most when `max_connections` is not set.
     default_cap: usize,
@@ -54,6 +59,13 @@ struct Worker {
 }
 
 impl Worker {
+    /// Tells every connection started so far to end after its current response;
+    /// connections accepted from now on get a new signal.
+    fn retire_connections(&self) {
+        let old = std::mem::replace(&mut *self.retire.borrow_mut(), watch::channel(false).0);
+        old.send_replace(true);
+    }
+
     /// Copies what this worker counts outside its metrics (panicked tasks, its
     /// open-file cache) into them, so a scrape sees them within a tick.
     fn publish(&self) {
@@ -73,6 +85,10 @@ impl Worker {
         if rx.has_changed().unwrap_or(false) {
             let Current { shared, log } = rx.borrow_and_update().clone();
             self.log.set_format(shared.config.access_log_format);
+            // A reopened access log keeps the configuration: connections go on.
+            if !Arc::ptr_eq(&shared, &self.shared.borrow()) {
+                self.retire_connections();
+            }
             *self.shared.borrow_mut() = shared;
             self.log.switch(log);
         }
@@ -208,6 +224,7 @@ fn run(
         log: AccessLog::new(log).counting(metrics.clone()),
         metrics,
         tasks: Rc::default(),
+        retire: RefCell::new(watch::channel(false).0),
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
         default_cap,
         refusal_log: RateLimit::new(1),
@@ -256,6 +273,7 @@ fn run(
                 a.abort();
             }
             updates.abort();
+            worker.retire_connections();
             let shutdown_timeout = worker.shared.borrow().config.timeouts.shutdown;
             // In-flight connections finish their current response, bounded in time.
             let drained = tokio::time::timeout(shutdown_timeout, async {
@@ -297,11 +315,11 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                 }
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
-                let stop = stop.clone();
+                let signals = Signals { retire: worker.retire.borrow().subscribe(), stop: stop.clone() };
                 let shared = worker.shared.borrow().clone();
                 tokio::task::spawn_local(async move {
                     let _active = active;
-                    connection(stream, peer, &w, &shared, stop).await;
+                    connection(stream, peer, &w, &shared, signals).await;
                 });
             }
             Err(e) => {
@@ -331,13 +349,16 @@ fn refuse(stream: TcpStream, peer: SocketAddr, worker: &Worker, cap: usize) {
     }
 }
 
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    worker: &Worker,
-    shared: &Shared,
+/// What a connection watches besides its client.
+struct Signals {
+    /// Its configuration was replaced or the server stops: end after the current response.
+    retire: watch::Receiver<bool>,
+    /// The server stops: a lingering close ends at once.
     stop: watch::Receiver<bool>,
-) {
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared: &Shared, signals: Signals) {
+    let Signals { retire, stop } = signals;
     let cfg = &shared.config;
     let stats = &worker.metrics.stats;
     let traffic = &worker.metrics.traffic;
@@ -401,14 +422,18 @@ async fn connection(
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
         HttpVersion::Http2 => {
-            let ctx = http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: stop };
+            let ctx =
+                http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: retire };
             h2::serve(&mut session, ctx).await
         }
         HttpVersion::Http1 => {
-            let ctx = http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: stop };
+            let ctx =
+                http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: retire };
             h1::serve(&mut session, ctx).await
         }
     };
+    // A connection retired by a reload still lingers on close; only a stop cuts that short.
+    session.linger_until(stop);
     session.count_into(stats);
     if let Ok(end) = tcp::read_end(session.socket()) {
         traffic.tcp_end(end);

@@ -1,0 +1,229 @@
+//! Safe deploys: a reload retires connections opened before it (idle keep-alive
+//! connections close at once, busy ones after their current response, with
+//! `Connection: close` over HTTP/1.1 and GOAWAY over HTTP/2), so under load no
+//! request fails and none sent after the reload is answered from the old root.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
+
+/// Sends SIGHUP and waits for the `n`-th reload outcome line (success or failure).
+fn reload(srv: &Server, n: usize) -> String {
+    srv.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lines: Vec<String> = srv
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("reloaded configuration") || l.contains("reload failed"))
+            .map(String::from)
+            .collect();
+        if lines.len() >= n {
+            return lines[n - 1].clone();
+        }
+        assert!(Instant::now() < deadline, "no reload line after SIGHUP #{n}; stderr:\n{}", srv.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A server whose configuration file names its root: `a/` (holding `which.txt` = "a")
+/// until the file is rewritten to name `b/`.
+fn two_roots_server() -> (Server, std::path::PathBuf) {
+    let b = ServerBuilder::new(BIN).bin_from_env().no_root_arg().workers(Some(2));
+    let dir = b.dir().to_path_buf();
+    for (name, body) in [("a", "a"), ("b", "b")] {
+        write_file(&dir.join(name).join("which.txt"), body.as_bytes());
+    }
+    let config = b.write_config(&root_config(&dir, "a"));
+    let srv = b.arg("--config").arg(&config).start();
+    (srv, config)
+}
+
+fn root_config(dir: &Path, root: &str) -> String {
+    format!("root = {:?}\n", dir.join(root).display().to_string())
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+}
+
+#[test]
+fn a_reload_closes_idle_keep_alive_connections() {
+    let (srv, config) = two_roots_server();
+    let mut c = TlsClient::connect(srv.addr());
+    c.send(get("/which.txt").as_bytes());
+    let r = c.read_response();
+    assert_eq!((r.status, r.body_str().as_str()), (200, "a"));
+    assert_eq!(r.header("connection"), None, "keep-alive before the reload");
+
+    std::fs::write(&config, root_config(srv.dir(), "b")).unwrap();
+    assert!(reload(&srv, 1).contains("reloaded configuration"));
+    // The idle connection is closed by the server (close_notify), not left on the old root.
+    match c.poll_read(Duration::from_secs(5)) {
+        Ok(Some(0)) | Err(_) => {}
+        other => panic!("the idle keep-alive connection stayed open after the reload: {other:?}"),
+    }
+    let mut fresh = TlsClient::connect(srv.addr());
+    fresh.send(get("/which.txt").as_bytes());
+    assert_eq!(fresh.read_response().body_str(), "b");
+}
+
+#[test]
+fn a_response_under_way_at_a_reload_finishes_then_its_connection_closes() {
+    let (srv, config) = two_roots_server();
+    let big = pattern(64 << 20, 7);
+    write_file(&srv.dir().join("a/big.bin"), &big);
+    let mut c = TlsClient::connect(srv.addr());
+    c.set_recv_buffer(64 * 1024);
+    c.send(get("/big.bin").as_bytes());
+    // The response starts and stalls on the client's small window.
+    assert!(matches!(c.poll_read(Duration::from_secs(5)), Ok(Some(n)) if n > 0));
+    std::fs::write(&config, root_config(srv.dir(), "b")).unwrap();
+    assert!(reload(&srv, 1).contains("reloaded configuration"));
+    let r = c.read_response();
+    assert_eq!(r.status, 200);
+    assert_body("the response under way at the reload", &r.body, &big);
+    // Its head left before the reload; the connection ends right after its body.
+    match c.poll_read(Duration::from_secs(5)) {
+        Ok(Some(0)) | Err(_) => {}
+        other => panic!("the connection stayed open after its response under way at the reload: {other:?}"),
+    }
+}
+
+#[test]
+fn h2_connections_get_goaway_at_a_reload() {
+    let (srv, config) = two_roots_server();
+    // nghttp keeps its connection for the second request, sent after the reload.
+    let script = format!(
+        r#"
+import socket, ssl, sys, time
+import h2.connection, h2.config, h2.events
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+ctx.set_alpn_protocols(["h2"])
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", {port})), server_hostname="localhost")
+c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+c.initiate_connection(); s.sendall(c.data_to_send())
+def req():
+    sid = c.get_next_available_stream_id()
+    c.send_headers(sid, [(":method","GET"),(":path","/which.txt"),(":scheme","https"),(":authority","localhost")], end_stream=True)
+    s.sendall(c.data_to_send())
+    body = b""
+    while True:
+        data = s.recv(65536)
+        if not data: return "closed"
+        for e in c.receive_data(data):
+            if isinstance(e, h2.events.DataReceived): body += e.data
+            if isinstance(e, h2.events.StreamEnded): return body.decode()
+            if isinstance(e, h2.events.ConnectionTerminated): return "goaway"
+        s.sendall(c.data_to_send())
+print(req(), flush=True)
+sys.stdin.readline()
+s.settimeout(5)
+try:
+    got = "open"
+    data = s.recv(65536)
+    if not data: got = "closed"
+    for e in c.receive_data(data):
+        if isinstance(e, h2.events.ConnectionTerminated): got = "goaway"
+except socket.timeout:
+    got = "open"
+print(got, flush=True)
+"#,
+        port = srv.addr().port()
+    );
+    use std::io::{BufRead, BufReader, Write};
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(&script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3 with the h2 package (scripts/test installs python3-h2)");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "a");
+    std::fs::write(&config, root_config(srv.dir(), "b")).unwrap();
+    assert!(reload(&srv, 1).contains("reloaded configuration"));
+    child.stdin.take().unwrap().write_all(b"\n").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "goaway", "an idle HTTP/2 connection at a reload gets GOAWAY");
+    assert!(child.wait().unwrap().success());
+}
+
+/// One keep-alive client: reuses its connection while the server keeps it open and
+/// sends a request again on a new one only when a reused connection was closed
+/// before any byte of the answer (as browsers and curl do, RFC 9112 section 9.3.1).
+fn client_loop(addr: SocketAddr, stop: &AtomicBool, reloaded_at: &Mutex<Option<Instant>>, tally: &Tally) {
+    let mut conn: Option<TlsClient> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let sent = Instant::now();
+        let reused = conn.is_some();
+        let c = conn.get_or_insert_with(|| TlsClient::connect(addr));
+        let result = c.try_send(get("/which.txt").as_bytes()).and_then(|()| c.try_read_response(false));
+        match result {
+            Ok(r) => {
+                assert_eq!(r.status, 200);
+                tally.ok.fetch_add(1, Ordering::Relaxed);
+                let after = reloaded_at.lock().unwrap().is_some_and(|t| sent > t);
+                if after && r.body_str() != "b" {
+                    tally.stale.fetch_add(1, Ordering::Relaxed);
+                }
+                if r.header("connection") == Some("close") {
+                    conn = None;
+                }
+            }
+            Err(_) if reused => conn = None,
+            Err(e) => {
+                tally.failed.fetch_add(1, Ordering::Relaxed);
+                eprintln!("a request on a new connection failed: {e}");
+                conn = None;
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    stale: AtomicU64,
+}
+
+#[test]
+fn reload_under_keep_alive_load_fails_no_request_and_serves_no_old_root_after() {
+    let (srv, config) = two_roots_server();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reloaded_at = Arc::new(Mutex::new(None));
+    let tally = Arc::new(Tally::default());
+    let clients: Vec<_> = (0..6)
+        .map(|_| {
+            let (addr, stop, at, tally) = (srv.addr(), stop.clone(), reloaded_at.clone(), tally.clone());
+            std::thread::spawn(move || client_loop(addr, &stop, &at, &tally))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    std::fs::write(&config, root_config(srv.dir(), "b")).unwrap();
+    assert!(reload(&srv, 1).contains("reloaded configuration"));
+    *reloaded_at.lock().unwrap() = Some(Instant::now());
+    let before = tally.ok.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("a client thread panicked");
+    }
+    let (ok, failed, stale) =
+        (tally.ok.load(Ordering::Relaxed), tally.failed.load(Ordering::Relaxed), tally.stale.load(Ordering::Relaxed));
+    eprintln!("{ok} requests answered ({before} before the reload), {failed} failed, {stale} from the old root after");
+    assert!(before > 50 && ok > before + 50, "too little load to tell: {before} then {ok}");
+    assert_eq!(failed, 0, "failed requests");
+    assert_eq!(stale, 0, "requests sent after the reload answered from the old root");
+}
