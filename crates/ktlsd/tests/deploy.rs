@@ -227,3 +227,61 @@ fn reload_under_keep_alive_load_fails_no_request_and_serves_no_old_root_after() 
     assert_eq!(failed, 0, "failed requests");
     assert_eq!(stale, 0, "requests sent after the reload answered from the old root");
 }
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+}
+
+/// Started as root with `--user`, the state directory and the self-signed
+/// certificate written there before the switch belong to that user, so a reload
+/// after the switch reads them; the warning about the access log the user cannot
+/// reopen names the file.
+#[test]
+fn reload_after_the_switch_reads_the_state_directory_and_names_the_access_log() {
+    assert!(running_as_root(), "this test starts ktlsd as root with --user nobody");
+    let b = ServerBuilder::new(BIN).bin_from_env().file("a.txt", "a\n").args(["--user", "nobody"]);
+    chmod(b.dir(), 0o755);
+    let state = b.state_dir_path();
+    let srv = b.start();
+    let meta = std::fs::metadata(&state).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), 65534, "the state directory belongs to nobody");
+    let line = reload(&srv, 1);
+    assert!(line.contains("reloaded configuration"), "{line}\n{}", srv.stderr());
+    let warning = srv.stderr().lines().find(|l| l.contains("keep going to the file already open")).map(String::from);
+    let log = srv.access_log_path().display().to_string();
+    assert!(warning.as_deref().is_some_and(|w| w.contains(&log)), "the warning names {log}: {warning:?}");
+    srv.stop().assert_clean_exit();
+}
+
+/// A failed reload does not tell the service manager it succeeded: `READY=1` (the
+/// previous configuration is still served) comes with `RELOAD_FAILED=1` and a
+/// status line saying why; a later good reload clears it.
+#[test]
+fn a_failed_reload_is_reported_to_the_service_manager() {
+    use std::os::unix::net::UnixDatagram;
+    let b = ServerBuilder::new(BIN).bin_from_env().file("a.txt", "a\n");
+    let notify = b.dir().join("notify");
+    let sock = UnixDatagram::bind(&notify).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let config = b.write_config("idle_timeout = \"30s\"\n");
+    let srv = b.arg("--config").arg(&config).env("NOTIFY_SOCKET", &notify).start();
+    let recv = || {
+        let mut buf = [0u8; 1024];
+        let n = sock.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(recv(), "READY=1");
+    std::fs::write(&config, "idle_timeout = \"soon\"\n").unwrap();
+    srv.signal(libc::SIGHUP);
+    assert!(recv().starts_with("RELOADING=1"));
+    let after = recv();
+    assert!(after.contains("RELOAD_FAILED=1") && after.contains("STATUS=reload failed"), "{after:?}");
+    assert!(after.contains("idle_timeout"), "the status says why: {after:?}");
+    std::fs::write(&config, "idle_timeout = \"20s\"\n").unwrap();
+    srv.signal(libc::SIGHUP);
+    assert!(recv().starts_with("RELOADING=1"));
+    assert_eq!(recv(), "READY=1\nSTATUS=serving; last reload succeeded");
+    srv.stop().assert_clean_exit();
+}

@@ -271,7 +271,7 @@ fn notify_socket_gets_ready_reloading_and_stopping() {
         let reloading = recv(&sock);
         assert!(reloading.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{reloading:?}");
         assert!(reloading["RELOADING=1\nMONOTONIC_USEC=".len()..].parse::<u64>().is_ok(), "{reloading:?}");
-        assert_eq!(recv(&sock), "READY=1");
+        assert_eq!(recv(&sock), "READY=1\nSTATUS=serving; last reload succeeded");
         assert!(server.wait_stderr("reloaded configuration", Duration::from_secs(10)).is_some(), "{}", server.stderr());
         let stopped = server.stop();
         stopped.assert_clean_exit();

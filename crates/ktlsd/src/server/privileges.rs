@@ -82,6 +82,32 @@ pub fn drop_to(a: &Account) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Hands the state directory (what start-up wrote there as root: the generated
+/// certificate and key) to the account the server switches to, as systemd's
+/// `StateDirectory=` does, so that a reload after the switch can read it and ACME
+/// can write beside it. Symbolic links are changed themselves, never followed.
+pub fn hand_over_state_dir(dir: &std::path::Path, a: &Account) -> anyhow::Result<()> {
+    fn walk(p: &std::path::Path, a: &Account) -> io::Result<()> {
+        std::os::unix::fs::lchown(p, Some(a.uid), Some(a.gid))?;
+        if std::fs::symlink_metadata(p)?.is_dir() {
+            for entry in std::fs::read_dir(p)? {
+                walk(&entry?.path(), a)?;
+            }
+        }
+        Ok(())
+    }
+    if !dir.exists() {
+        return Ok(());
+    }
+    walk(dir, a).map_err(|e| {
+        anyhow!(
+            "cannot hand the state directory {} to user {:?}: {e} (chown it to that user, or name another --state-dir)",
+            dir.display(),
+            a.user
+        )
+    })
+}
+
 fn lookup_user(name: &str) -> anyhow::Result<(uid_t, gid_t)> {
     lookup("user", "passwd", name, sys::user_ids)
 }

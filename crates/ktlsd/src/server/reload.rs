@@ -28,8 +28,14 @@ struct Reloaded {
 }
 
 /// SIGHUP: re-reads the configuration file and the certificate and key, and
-/// hands the result to the workers. On any error the running configuration stays.
-pub fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, started: &Started, acme: &AcmeSites) {
+/// hands the result to the workers. On any error the running configuration stays,
+/// and the error (one line) is returned for the service manager.
+pub fn reload(
+    args: &ServeArgs,
+    current: &tokio::sync::watch::Sender<Current>,
+    started: &Started,
+    acme: &AcmeSites,
+) -> Result<(), String> {
     let old = current.borrow().clone();
     let result = load(args, &old, started, acme);
     // ACME tasks of sites the configuration now in force no longer has stop.
@@ -39,8 +45,11 @@ pub fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, s
     };
     acme.retain(&acme_sites(&in_force.config));
     match result {
-        Ok(r) => hand_over(current, r, args),
-        Err(e) => report_failure(&e, started),
+        Ok(r) => {
+            hand_over(current, r, args);
+            Ok(())
+        }
+        Err(e) => Err(report_failure(&e, started)),
     }
 }
 
@@ -84,7 +93,8 @@ fn open_access_log(config: &Config, old: &Current) -> anyhow::Result<Option<Arc<
     match access_log::open(&config.access_log) {
         Ok(log) => Ok(log),
         Err(e) if config.access_log == old.shared.config.access_log => {
-            tracing::warn!("reload: {}; access-log lines keep going to the file already open", e.root_cause());
+            // `e` names the file and why it cannot be opened.
+            tracing::warn!("reload: {e:#}; access-log lines keep going to the file already open");
             Ok(old.log.clone())
         }
         Err(e) => Err(e),
@@ -107,8 +117,8 @@ fn hand_over(current: &tokio::sync::watch::Sender<Current>, r: Reloaded, args: &
 }
 
 /// Logs why a reload failed, with a hint when the account the server switched
-/// to cannot read a file.
-fn report_failure(e: &anyhow::Error, started: &Started) {
+/// to cannot read a file; returns that line.
+fn report_failure(e: &anyhow::Error, started: &Started) -> String {
     let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
     let denied = e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
@@ -119,10 +129,9 @@ fn report_failure(e: &anyhow::Error, started: &Started) {
         }
         _ => String::new(),
     };
-    tracing::error!(
-        "reload failed, still serving the previous configuration: {}{hint} (fix it and send SIGHUP again)",
-        chain.join(": ")
-    );
+    let why = format!("{}{hint}", chain.join(": "));
+    tracing::error!("reload failed, still serving the previous configuration: {why} (fix it and send SIGHUP again)");
+    why
 }
 
 /// The ACME sites of `config`, for [`AcmeSites::retain`].

@@ -33,6 +33,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut prepared = prepare(config, None, cache_entries, Some(&acme))?;
     let log = access_log::open(&prepared.shared.config.access_log)?;
     let sockets = bind(&mut prepared.shared.config)?;
+    if let (privileges::Plan::Drop(account), Some(dir)) = (&plan, &prepared.shared.config.state_dir) {
+        privileges::hand_over_state_dir(dir, account)?;
+    }
     // Everything that needs root (ports, keys, ROOT, the access log) is open: drop it.
     let started = drop_privileges(&plan, sockets.activated)?;
     let (shared, started_at) = announce_ready(prepared, &sockets);
@@ -259,8 +262,10 @@ fn wait(
             Event::Stop => return,
             Event::Reload => {
                 systemd::notify(&systemd::reloading_message());
-                reload(args, current, started, acme);
-                systemd::notify("READY=1");
+                match reload(args, current, started, acme) {
+                    Ok(()) => systemd::notify("READY=1\nSTATUS=serving; last reload succeeded"),
+                    Err(why) => systemd::notify(&systemd::reload_failed_message(&why)),
+                }
             }
             Event::Reopen => access_log::reopen(current),
         }

@@ -83,3 +83,11 @@ pub fn reloading_message() -> String {
     let usec = sys::monotonic_usec();
     format!("RELOADING=1\nMONOTONIC_USEC={usec}")
 }
+
+/// What a failed reload tells the service manager: the server is ready again (it
+/// still serves the previous configuration), and its status line says that the
+/// reload failed and why, with `RELOAD_FAILED=1` for tools that look for it.
+pub fn reload_failed_message(why: &str) -> String {
+    let why: String = why.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
+    format!("READY=1\nRELOAD_FAILED=1\nSTATUS=reload failed, still serving the previous configuration: {why}")
+}
