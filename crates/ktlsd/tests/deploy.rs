@@ -285,3 +285,59 @@ fn a_failed_reload_is_reported_to_the_service_manager() {
     assert_eq!(recv(), "READY=1\nSTATUS=serving; last reload succeeded");
     srv.stop().assert_clean_exit();
 }
+
+/// `ktlsd check` of the running configuration, as `ktlsd check … && systemctl
+/// reload ktlsd` runs it: the ports held by the running server are not a conflict.
+#[test]
+fn check_passes_against_the_running_server_and_refuses_a_foreign_holder() {
+    let b = ServerBuilder::new(BIN).bin_from_env().file("a.txt", "a\n");
+    let root = b.root().to_path_buf();
+    let srv = b.start();
+    let addr = srv.addr().to_string();
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("check").arg(&root).args(["--listen", &addr]).args(allow_root_args()).env_remove("KTLSD_LOG");
+    let out = Exited::from(run_with_timeout(&mut cmd, None, Duration::from_secs(30)));
+    assert_eq!((out.status.code(), out.stdout.as_str()), (Some(0), "configuration OK\n"), "{}", out.stderr);
+    assert!(out.stderr.contains(&format!("held by the running ktlsd (pid {})", srv.pid())), "{}", out.stderr);
+
+    let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = foreign.local_addr().unwrap().to_string();
+    let mut cmd = std::process::Command::new(bin());
+    cmd.arg("check").arg(&root).args(["--listen", &taken]).args(allow_root_args()).env_remove("KTLSD_LOG");
+    let out = Exited::from(run_with_timeout(&mut cmd, None, Duration::from_secs(30)));
+    out.assert_startup_error(&[&taken, "address already in use"]);
+    srv.stop().assert_clean_exit();
+}
+
+/// `check --user` refuses a key the account cannot read (certbot's 0600), which
+/// the first reload after the switch would fail on, and passes once it can.
+#[test]
+fn check_with_user_refuses_a_key_that_user_cannot_read() {
+    assert!(running_as_root(), "this test checks --user nobody as root");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    chmod(d, 0o755);
+    std::fs::create_dir(d.join("www")).unwrap();
+    chmod(&d.join("www"), 0o755);
+    let (cert, key) = make_cert(d, "site", "ec");
+    chmod(&cert, 0o644);
+    chmod(&key, 0o600);
+    let run = || {
+        let mut cmd = std::process::Command::new(bin());
+        cmd.arg("check").arg(d.join("www")).args(["--listen", "127.0.0.1:0", "--user", "nobody"]);
+        cmd.arg("--cert").arg(&cert).arg("--key").arg(&key).env_remove("KTLSD_LOG");
+        Exited::from(run_with_timeout(&mut cmd, None, Duration::from_secs(30)))
+    };
+    let refused = run();
+    let message = refused.assert_startup_error(&["nobody", "cannot read", "site.key", "mode 0600"]);
+    assert!(!message.contains("site.crt"), "the readable certificate is not listed: {message}");
+    chmod(&key, 0o640);
+    std::os::unix::fs::chown(&key, None, Some(65534)).unwrap();
+    let ok = run();
+    assert_eq!((ok.status.code(), ok.stdout.as_str()), (Some(0), "configuration OK\n"), "{}", ok.stderr);
+}
+
+/// The binary under test (`KTLSD_BIN` when set).
+fn bin() -> std::path::PathBuf {
+    bin_from_env(BIN)
+}

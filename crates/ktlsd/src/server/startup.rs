@@ -52,17 +52,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// certificate and key, ROOT, kTLS mode, TCP options, access log, free ports),
 /// without serving.
 pub fn check(args: ServeArgs) -> anyhow::Result<()> {
+    let config_file = args.config.clone();
     let config = Config::from_args(args)?;
-    privileges::plan(&config)?;
+    let plan = privileges::plan(&config)?;
     // `check` writes nothing: a missing self-signed certificate is not stored.
     let prepared = prepare(config, None, 0, None)?;
     let config = &prepared.shared.config;
     access_log::check(&config.access_log)?;
+    if let privileges::Plan::Drop(account) = &plan {
+        // What a reload reads after the switch must be readable by that account.
+        privileges::check_readable(config, config_file.as_deref(), account)?;
+    }
     for &addr in config.listen.iter().chain(&config.http_listen) {
-        if let listener::PortState::HeldForActivation { pid, command } =
-            listener::check_port(addr).map_err(|e| anyhow!(e))?
-        {
-            tracing::info!("{addr} is held by {command} (pid {pid}) for socket activation: serve started by it receives that socket");
+        match listener::check_port(addr).map_err(|e| anyhow!(e))? {
+            listener::PortState::Free => {}
+            listener::PortState::HeldForActivation { pid, command } => tracing::info!(
+                "{addr} is held by {command} (pid {pid}) for socket activation: serve started by it receives that socket"
+            ),
+            listener::PortState::HeldByRunningServer { pid } => tracing::info!(
+                "{addr} is held by the running ktlsd (pid {pid}): a reload keeps that listener"
+            ),
         }
     }
     println!("configuration OK");
