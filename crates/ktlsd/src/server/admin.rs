@@ -23,6 +23,8 @@ use crate::stats::{advisor, prometheus, Metrics, Stats};
 
 /// Longest an admin request head may take to arrive.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The admin Unix socket's mode.
+const SOCKET_MODE: u32 = 0o666;
 /// Largest admin request head.
 const MAX_HEAD: usize = 8 * 1024;
 
@@ -56,6 +58,14 @@ pub fn bind(addr: &AdminAddr) -> anyhow::Result<Bound> {
             }
             let l = std::os::unix::net::UnixListener::bind(p)
                 .with_context(|| format!("cannot listen on admin socket {}", p.display()))?;
+            // Connecting takes write permission on the socket: any local user may, as
+            // any local user may reach a loopback admin address (its endpoints only
+            // read). The directory's permissions say who gets that far.
+            std::fs::set_permissions(
+                p,
+                <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(SOCKET_MODE),
+            )
+            .with_context(|| format!("cannot set the mode of admin socket {}", p.display()))?;
             l.set_nonblocking(true)?;
             Ok(Bound::Unix(l, p.clone()))
         }

@@ -252,9 +252,16 @@ fn answer<S>(
         _ => (BodySize::None, None),
     };
     let has_file = file.is_some();
+    // An in-memory body (a built-in error page, a listing) is handed to the codec
+    // whole and leaves with the stream's frames: logged as sent, as HTTP/1.1 logs it.
+    let in_memory = match &size {
+        BodySize::Bytes(b) => b.len() as u64,
+        _ => 0,
+    };
     let text = |name: &str| head.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
     let (referer, user_agent) = (text("referer"), text("user-agent"));
-    let o = Open { file, method, target, status, sent: 0, started, ttfb: started.elapsed(), referer, user_agent };
+    let o =
+        Open { file, method, target, status, sent: in_memory, started, ttfb: started.elapsed(), referer, user_agent };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
             open.insert(stream, o);
