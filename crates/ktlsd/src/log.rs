@@ -105,6 +105,8 @@ pub struct AccessLog {
     /// Where each entry is counted; `None` in tests of the log alone.
     metrics: Option<Arc<Metrics>>,
     format: Cell<LogFormat>,
+    /// The plain-HTTP (port 80) listener's log: no TLS (`tls=none`), counted apart.
+    plain: bool,
 }
 
 impl AccessLog {
@@ -115,7 +117,15 @@ impl AccessLog {
             buf: RefCell::new(Vec::with_capacity(FLUSH_AT)),
             metrics: None,
             format: Cell::default(),
+            plain: false,
         }
+    }
+
+    /// The log of the plain-HTTP listener: its lines say `tls=none` (JSON:
+    /// `"record_layer": "none"`) and its requests are counted as plain-HTTP ones.
+    pub fn plain_http(mut self) -> AccessLog {
+        self.plain = true;
+        self
     }
 
     /// Writes later lines in `format` (start-up and reload).
@@ -145,9 +155,12 @@ impl AccessLog {
 
     pub fn write(&self, e: &AccessEntry<'_>) {
         let elapsed = e.started.elapsed();
-        if let Some(m) = &self.metrics {
-            m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb);
+        match &self.metrics {
+            Some(m) if self.plain => m.traffic.plain_request(e.status),
+            Some(m) => m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb),
+            None => {}
         }
+        let layer = if self.plain { "none" } else { e.layer.label() };
         if self.out.borrow().is_none() {
             return;
         }
@@ -158,7 +171,7 @@ impl AccessLog {
                 buf.extend_from_slice(b" rt=");
                 Seconds(elapsed).write_to(&mut buf);
                 buf.extend_from_slice(b" tls=");
-                buf.extend_from_slice(e.layer.label().as_bytes());
+                buf.extend_from_slice(layer.as_bytes());
                 buf.push(b'\n');
                 Ok(())
             }
@@ -166,7 +179,7 @@ impl AccessLog {
                 common_fields(&mut buf, e);
                 writeln!(buf, " \"{}\" \"{}\"", Escaped(e.referer.unwrap_or("-")), Escaped(e.user_agent.unwrap_or("-")))
             }
-            LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64())),
+            LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64(), layer)),
         };
         let full = buf.len() >= FLUSH_AT;
         drop(buf);
@@ -203,7 +216,7 @@ fn common_fields(buf: &mut Vec<u8>, e: &AccessEntry<'_>) {
 }
 
 /// One entry as a JSON object (absent fields are `null`).
-fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
+fn json_line(e: &AccessEntry<'_>, rt: f64, layer: &str) -> String {
     let r = e.request;
     let v = serde_json::json!({
         "time": clf_now(),
@@ -217,7 +230,7 @@ fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
         "ttfb": (e.ttfb.as_secs_f64() * 1e6).round() / 1e6,
         "tls_version": e.tls.map(|t| t.version),
         "cipher": e.tls.map(|t| t.cipher),
-        "record_layer": e.layer.label(),
+        "record_layer": layer,
         "referer": e.referer,
         "user_agent": e.user_agent,
     });

@@ -65,3 +65,40 @@ fn a_non_root_scraper_connects_to_the_admin_socket() {
     assert!(out.status.success() && text.contains("\"uptime"), "{out:?}");
     srv.stop();
 }
+
+/// Port-80 answers are logged (`tls=none`) and counted, and an HTTP-01 webroot
+/// file is served from the root of the site the Host names (certbot's
+/// `--webroot -w SITE_ROOT`), the default site's for any other Host.
+#[test]
+fn port_80_answers_are_logged_counted_and_served_from_the_hosts_site() {
+    let b = builder().file(".well-known/acme-challenge/tok", "default-site");
+    let site_root = b.dir().join("b-root");
+    write_file(&site_root.join(".well-known/acme-challenge/tok"), b"site-b");
+    let config = b.write_config(&format!(
+        "http_listen = [\"127.0.0.1:0\"]\nadmin = \"./admin.sock\"\n[[site]]\nnames = [\"b.test\"]\nroot = {:?}\n",
+        site_root.display().to_string()
+    ));
+    let sock = b.dir().join("admin.sock");
+    let srv = b.arg("--config").arg(&config).start();
+    let http = srv.http_addrs()[0];
+    let get = |host: &str, path: &str| {
+        let out = curl(&["-sS", "-H", &format!("Host: {host}"), &format!("http://{http}{path}")]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(get("b.test", "/.well-known/acme-challenge/tok"), "site-b");
+    assert_eq!(get("other.test", "/.well-known/acme-challenge/tok"), "default-site");
+    let redirect = curl(&["-sS", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://{http}/x")]);
+    assert_eq!(String::from_utf8_lossy(&redirect.stdout), "301");
+
+    let log = srv.wait_access_log(3, Duration::from_secs(10));
+    assert_eq!(log.len(), 3, "{log:?}");
+    assert!(log.iter().all(|l| l.ends_with("tls=none")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("\"GET /x HTTP/1.1\" 301 ")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("\"GET /.well-known/acme-challenge/tok HTTP/1.1\" 200 6 ")), "{log:?}");
+    let metrics = scrape(&sock);
+    assert_eq!(metrics.get("ktlsd_plain_http_requests_total{code=\"2xx\"}"), Some(&2.0), "{metrics:?}");
+    assert_eq!(metrics.get("ktlsd_plain_http_requests_total{code=\"3xx\"}"), Some(&1.0), "{metrics:?}");
+    let https: f64 = metrics.iter().filter(|(k, _)| k.starts_with("ktlsd_requests_total")).map(|(_, v)| v).sum();
+    assert_eq!(https, 0.0, "port-80 answers are not HTTPS requests");
+    srv.stop();
+}

@@ -233,6 +233,9 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
         metrics.push(m.clone());
         workers.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone(), m)?);
     }
+    // The port-80 listener counts its answers too; the admin listener sums it with the workers.
+    let plain_metrics = Arc::new(Metrics::default());
+    metrics.push(plain_metrics.clone());
     let admin = match sockets.admin {
         Some(b) => {
             if let Some(a) = &current_rx.borrow().shared.config.admin {
@@ -252,7 +255,7 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
     // Redirects name the first HTTPS address's port, as bound (port 0 resolved).
     let target = plain::Target { https_port: sockets.https_bound[0].port() };
     let plain = match sockets.http.into_iter().next() {
-        Some(ls) => Some(plain::spawn(ls, target, current_rx.clone(), stop_rx.clone())?),
+        Some(ls) => Some(plain::spawn(ls, target, current_rx.clone(), stop_rx.clone(), plain_metrics)?),
         None => None,
     };
     Ok(Running { stop: stop_tx, current: current_tx, workers, admin, plain })
