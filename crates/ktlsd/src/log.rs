@@ -94,6 +94,100 @@ impl std::fmt::Display for Escaped<'_> {
     }
 }
 
+/// Lets through at most `limit` events per one-second window and counts the rest,
+/// to be reported in one line when the window is over.
+pub struct RateLimit {
+    limit: u32,
+    window: Cell<Instant>,
+    passed: Cell<u32>,
+    suppressed: Cell<u64>,
+}
+
+impl RateLimit {
+    pub const WINDOW: Duration = Duration::from_secs(1);
+
+    pub fn new(limit: u32) -> RateLimit {
+        RateLimit { limit, window: Cell::new(Instant::now()), passed: Cell::new(0), suppressed: Cell::new(0) }
+    }
+
+    /// Whether an event at `now` may be logged. Returns, too, how many events the
+    /// window that just ended suppressed (to be reported first).
+    pub fn check(&self, now: Instant) -> (bool, u64) {
+        let ended = self.roll(now);
+        if self.passed.get() < self.limit {
+            self.passed.set(self.passed.get() + 1);
+            (true, ended)
+        } else {
+            self.suppressed.set(self.suppressed.get() + 1);
+            (false, ended)
+        }
+    }
+
+    /// Starts a new window when the current one is over; returns how many events
+    /// the ended window suppressed.
+    pub fn roll(&self, now: Instant) -> u64 {
+        if now.saturating_duration_since(self.window.get()) < Self::WINDOW {
+            return 0;
+        }
+        self.window.set(now);
+        self.passed.set(0);
+        self.suppressed.replace(0)
+    }
+}
+
+/// Most lines a thread writes per second for one kind of refused request
+/// (the status and reason); the rest are counted and reported in one line.
+pub const REFUSAL_LINES: u32 = 5;
+
+/// Kinds of refusal a thread keeps a count for; past this, the table starts afresh.
+const REFUSAL_KINDS: usize = 64;
+
+thread_local! {
+    static REFUSALS: RefCell<std::collections::HashMap<(u16, String), RateLimit>> = RefCell::default();
+}
+
+/// Logs one refused request at info, at most [`REFUSAL_LINES`] a second per
+/// thread for each status and reason (a client sending bad requests in a loop
+/// must not flood the log); at debug level every one. The access log and the
+/// counters have them all. `line` is called only when the line is written.
+pub fn refusal(status: u16, why: &str, line: impl FnOnce() -> String) {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!("{}", line());
+        return;
+    }
+    let now = Instant::now();
+    let (write, suppressed) = REFUSALS.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.len() >= REFUSAL_KINDS && !r.contains_key(&(status, why.to_string())) {
+            report_suppressed(&mut r, now + RateLimit::WINDOW);
+            r.clear();
+        }
+        let limit = r.entry((status, why.to_string())).or_insert_with(|| RateLimit::new(REFUSAL_LINES));
+        limit.check(now)
+    });
+    if suppressed > 0 {
+        tracing::info!("suppressed {suppressed} similar refusal line(s) ({status} {why}) in the last second");
+    }
+    if write {
+        tracing::info!("{}", line());
+    }
+}
+
+/// Reports the refusals suppressed in windows that have ended by now; called on
+/// a timer so that the count of a flood that stopped is not lost.
+pub fn report_suppressed_refusals() {
+    REFUSALS.with(|r| report_suppressed(&mut r.borrow_mut(), Instant::now()));
+}
+
+fn report_suppressed(table: &mut std::collections::HashMap<(u16, String), RateLimit>, now: Instant) {
+    for ((status, why), limit) in table.iter() {
+        let n = limit.roll(now);
+        if n > 0 {
+            tracing::info!("suppressed {n} similar refusal line(s) ({status} {why}) in the last second");
+        }
+    }
+}
+
 const FLUSH_AT: usize = 32 * 1024;
 
 /// A worker's access log.
@@ -403,6 +497,32 @@ mod tests {
         ] {
             assert_eq!(Escaped(s).to_string(), s.escape_default().to_string(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn rate_limit_table() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let rl = RateLimit { limit: 3, window: Cell::new(t0), passed: Cell::new(0), suppressed: Cell::new(0) };
+        // (time in ms, logged, suppressed count reported)
+        let steps = [
+            (0, true, 0),
+            (10, true, 0),
+            (20, true, 0),
+            (30, false, 0),
+            (999, false, 0),
+            (1000, true, 2),
+            (1001, true, 0),
+            (3000, true, 0),
+        ];
+        for (ms, log, reported) in steps {
+            assert_eq!(rl.check(at(ms)), (log, reported), "at {ms} ms");
+        }
+        for _ in 0..5 {
+            rl.check(at(3100));
+        }
+        assert_eq!(rl.roll(at(3500)), 0, "window still open");
+        assert_eq!(rl.roll(at(4000)), 3, "3 of 5 over the limit of 3 (one already passed at 3000)");
     }
 
     #[test]

@@ -102,3 +102,24 @@ fn port_80_answers_are_logged_counted_and_served_from_the_hosts_site() {
     assert_eq!(https, 0.0, "port-80 answers are not HTTPS requests");
     srv.stop();
 }
+
+/// One client sending refused requests in a loop writes a few error-log lines per
+/// second and one "suppressed" line, not a line per request; the access log keeps
+/// them all.
+#[test]
+fn refusals_are_rate_limited_per_reason_in_the_error_log() {
+    let srv = builder().file("a.txt", "a\n").start();
+    let url = srv.url("/a.txt");
+    let urls: Vec<&str> = std::iter::repeat_n(url.as_str(), 200).collect();
+    let mut args = vec!["-sS", "-o", "/dev/null", "-X", "DELETE"];
+    args.extend(urls);
+    let out = curl(&args);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(srv.wait_access_log(200, Duration::from_secs(20)).len(), 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    let stderr = srv.stderr();
+    let refused = stderr.lines().filter(|l| l.contains("refused 127.0.0.1")).count();
+    assert!((1..=20).contains(&refused), "{refused} refusal lines for 200 refused requests:\n{stderr}");
+    assert!(stderr.contains("suppressed ") && stderr.contains("similar refusal line(s) (405"), "{stderr}");
+    srv.stop();
+}

@@ -161,7 +161,9 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
             (answer(head, root, &shared.challenges, target, peer), head.version)
         }
         Err((status, why)) => {
-            tracing::debug!("refused plain-HTTP request from {peer}: {} {why}", status.0);
+            crate::log::refusal(status.0, why, || {
+                format!("refused plain-HTTP request from {peer}: {} {why}", status.0)
+            });
             let page = Response::page(*status);
             (if parse::is_head(&buf[..len]) { page.without_body() } else { page }, Version::Http11)
         }
@@ -224,12 +226,14 @@ fn answer(head: &Head, root: &Root, challenges: &Challenges, target: &Target, pe
         let location = redirect_location(host, target.https_port, &req.path, req.query.as_deref());
         Response::page(Status::MOVED_PERMANENTLY).with(Header::Location(location))
     } else {
-        tracing::debug!(
-            "refused plain-HTTP request from {peer} \"{} {} {}\": 400 no Host to redirect to",
-            req.method,
-            head.target,
-            head.version.as_str()
-        );
+        crate::log::refusal(400, "no Host to redirect to", || {
+            format!(
+                "refused plain-HTTP request from {peer} \"{} {} {}\": 400 no Host to redirect to",
+                req.method,
+                head.target,
+                head.version.as_str()
+            )
+        });
         Response::page(Status::BAD_REQUEST)
     };
     if head_only {

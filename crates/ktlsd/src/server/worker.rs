@@ -29,7 +29,7 @@ use tokio::task::LocalSet;
 
 use super::{Current, Shared};
 use crate::http::{self, h1, h2, End};
-use crate::log::AccessLog;
+use crate::log::{AccessLog, RateLimit};
 use crate::stats::{Metrics, Stats, Traffic};
 use crate::tls;
 use crate::tls::handshake::{self, FailureKind};
@@ -139,47 +139,6 @@ impl Drop for Active {
     }
 }
 
-/// Lets through at most `limit` events per one-second window and counts the rest,
-/// to be reported in one line when the window is over.
-struct RateLimit {
-    limit: u32,
-    window: Cell<Instant>,
-    passed: Cell<u32>,
-    suppressed: Cell<u64>,
-}
-
-impl RateLimit {
-    const WINDOW: Duration = Duration::from_secs(1);
-
-    fn new(limit: u32) -> RateLimit {
-        RateLimit { limit, window: Cell::new(Instant::now()), passed: Cell::new(0), suppressed: Cell::new(0) }
-    }
-
-    /// Whether an event at `now` may be logged. Returns, too, how many events the
-    /// window that just ended suppressed (to be reported first).
-    fn check(&self, now: Instant) -> (bool, u64) {
-        let ended = self.roll(now);
-        if self.passed.get() < self.limit {
-            self.passed.set(self.passed.get() + 1);
-            (true, ended)
-        } else {
-            self.suppressed.set(self.suppressed.get() + 1);
-            (false, ended)
-        }
-    }
-
-    /// Starts a new window when the current one is over; returns how many events
-    /// the ended window suppressed.
-    fn roll(&self, now: Instant) -> u64 {
-        if now.saturating_duration_since(self.window.get()) < Self::WINDOW {
-            return 0;
-        }
-        self.window.set(now);
-        self.passed.set(0);
-        self.suppressed.replace(0)
-    }
-}
-
 fn log_suppressed_handshakes(n: u64) {
     if n > 0 {
         tracing::info!(
@@ -250,6 +209,7 @@ fn run(
                         worker.log.flush();
                         worker.publish();
                         log_suppressed_handshakes(worker.handshake_log.roll(Instant::now()));
+                        crate::log::report_suppressed_refusals();
                     }
                 }
             });
@@ -499,31 +459,5 @@ mod tests {
             assert!(b.await.unwrap_err().is_panic());
         });
         assert_eq!((tasks.active.get(), tasks.panics.get()), (0, 1));
-    }
-
-    #[test]
-    fn rate_limit_table() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let rl = RateLimit { limit: 3, window: Cell::new(t0), passed: Cell::new(0), suppressed: Cell::new(0) };
-        // (time in ms, logged, suppressed count reported)
-        let steps = [
-            (0, true, 0),
-            (10, true, 0),
-            (20, true, 0),
-            (30, false, 0),
-            (999, false, 0),
-            (1000, true, 2),
-            (1001, true, 0),
-            (3000, true, 0),
-        ];
-        for (ms, log, reported) in steps {
-            assert_eq!(rl.check(at(ms)), (log, reported), "at {ms} ms");
-        }
-        for _ in 0..5 {
-            rl.check(at(3100));
-        }
-        assert_eq!(rl.roll(at(3500)), 0, "window still open");
-        assert_eq!(rl.roll(at(4000)), 3, "3 of 5 over the limit of 3 (one already passed at 3000)");
     }
 }

@@ -225,16 +225,16 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
 
     fn refused(&self, head: Option<&Head>, status: Status, why: &str) {
         let peer = self.ctx.peer;
-        match head {
-            Some(h) => tracing::info!(
+        crate::log::refusal(status.0, why, || match head {
+            Some(h) => format!(
                 "refused {peer} \"{} {} {}\": {} {why}",
                 h.request.method,
                 h.target,
                 h.version.as_str(),
                 status.0
             ),
-            None => tracing::info!("refused {peer} \"\": {} {why}", status.0),
-        }
+            None => format!("refused {peer} \"\": {} {why}", status.0),
+        });
     }
 
     /// Answers a request whose head could not be parsed, then the connection ends.

@@ -67,7 +67,9 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             match event {
                 Event::Request { stream, head, .. } => answer(&mut h2, &mut open, stream, &head, &ctx, conn),
                 Event::HeaderListTooLarge { stream } => {
-                    tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
+                    crate::log::refusal(431, "header list too large", || {
+                        format!("refused {peer} stream {}: 431 header list too large", stream.0)
+                    });
                     let fields =
                         [("server", "ktlsd".into()), ("date", http_date_now()), ("content-length", "0".into())];
                     let _ = h2.respond(stream, 431, fields, BodySize::None);
@@ -238,7 +240,10 @@ fn answer<S>(
     };
     let method = request.map_or_else(|| Method::from_token(&head.method), |r| r.method);
     if let Some(why) = &response.refused {
-        tracing::info!("refused {peer} \"{} {target} HTTP/2.0\": {} {why}", head.method, response.status.0);
+        let status = response.status.0;
+        crate::log::refusal(status, why, || {
+            format!("refused {peer} \"{} {target} HTTP/2.0\": {status} {why}", head.method)
+        });
     }
     let status = response.status.0;
     let date = http_date_now();
