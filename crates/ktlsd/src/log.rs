@@ -19,6 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stats::Metrics;
 use crate::vocab::{Method, RecordLayer};
 
+pub mod custom;
+
+pub use custom::Template;
+
 /// The access log's line format (`access_log_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum LogFormat {
@@ -29,6 +33,8 @@ pub enum LogFormat {
     Combined,
     /// One JSON object per line with every field.
     Json,
+    /// The line template of `access_log_custom`, with nginx-style variables.
+    Custom,
 }
 
 /// The negotiated TLS version and cipher suite (IANA names).
@@ -54,6 +60,10 @@ pub struct AccessEntry<'a> {
     pub referer: Option<&'a str>,
     pub user_agent: Option<&'a str>,
     pub tls: Option<TlsInfo>,
+    /// The Host (HTTP/1.1) or :authority (HTTP/2) as received.
+    pub host: Option<&'a str>,
+    /// The site that answered: its first configured name, `default` or `unknown`.
+    pub site: &'a str,
 }
 
 /// What a request asked, as received.
@@ -199,6 +209,8 @@ pub struct AccessLog {
     /// Where each entry is counted; `None` in tests of the log alone.
     metrics: Option<Arc<Metrics>>,
     format: Cell<LogFormat>,
+    /// The template of the `custom` format.
+    custom: RefCell<Option<Arc<Template>>>,
     /// The plain-HTTP (port 80) listener's log: no TLS (`tls=none`), counted apart.
     plain: bool,
 }
@@ -211,6 +223,7 @@ impl AccessLog {
             buf: RefCell::new(Vec::with_capacity(FLUSH_AT)),
             metrics: None,
             format: Cell::default(),
+            custom: RefCell::new(None),
             plain: false,
         }
     }
@@ -225,6 +238,11 @@ impl AccessLog {
     /// Writes later lines in `format` (start-up and reload).
     pub fn set_format(&self, format: LogFormat) {
         self.format.set(format);
+    }
+
+    /// The template later lines follow when the format is `custom`.
+    pub fn set_custom(&self, template: Option<Arc<Template>>) {
+        *self.custom.borrow_mut() = template;
     }
 
     /// Counts every entry in `metrics` too (the worker's own).
@@ -251,7 +269,10 @@ impl AccessLog {
         let elapsed = e.started.elapsed();
         match &self.metrics {
             Some(m) if self.plain => m.traffic.plain_request(e.status),
-            Some(m) => m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb),
+            Some(m) => {
+                m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb);
+                m.sites.count(e.site, e.status, e.bytes);
+            }
             None => {}
         }
         let layer = if self.plain { "none" } else { e.layer.label() };
@@ -274,6 +295,13 @@ impl AccessLog {
                 writeln!(buf, " \"{}\" \"{}\"", Escaped(e.referer.unwrap_or("-")), Escaped(e.user_agent.unwrap_or("-")))
             }
             LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64(), layer)),
+            LogFormat::Custom => {
+                match &*self.custom.borrow() {
+                    Some(t) => t.write(&mut buf, e, elapsed.as_secs_f64(), layer),
+                    None => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64(), layer)).unwrap_or_default(),
+                }
+                Ok(())
+            }
         };
         let full = buf.len() >= FLUSH_AT;
         drop(buf);
@@ -327,6 +355,8 @@ fn json_line(e: &AccessEntry<'_>, rt: f64, layer: &str) -> String {
         "record_layer": layer,
         "referer": e.referer,
         "user_agent": e.user_agent,
+        "host": e.host,
+        "site": e.site,
     });
     v.to_string()
 }
@@ -400,6 +430,8 @@ mod tests {
             referer: None,
             user_agent: None,
             tls: None,
+            host: None,
+            site: "default",
         });
         log.write(&AccessEntry {
             peer,
@@ -412,6 +444,8 @@ mod tests {
             referer: None,
             user_agent: None,
             tls: None,
+            host: None,
+            site: "default",
         });
         log.flush();
         let text = std::fs::read_to_string(&path).unwrap();
@@ -443,6 +477,8 @@ mod tests {
             referer,
             user_agent,
             tls,
+            host: Some("a.test"),
+            site: "a.test",
         };
         log.set_format(LogFormat::Combined);
         log.write(&entry(Some("https://e.test/\"x"), Some("curl/8.0")));
@@ -471,6 +507,8 @@ mod tests {
             ("tls_version", "TLSv1_3"),
             ("cipher", "TLS13_AES_128_GCM_SHA256"),
             ("user_agent", "curl/8.0"),
+            ("host", "a.test"),
+            ("site", "a.test"),
         ] {
             assert_eq!(v[k], want, "{k} in {v}");
         }

@@ -123,3 +123,65 @@ fn refusals_are_rate_limited_per_reason_in_the_error_log() {
     assert!(stderr.contains("suppressed ") && stderr.contains("similar refusal line(s) (405"), "{stderr}");
     srv.stop();
 }
+
+/// Two sites: the custom format names each request's Host and site, and the
+/// metrics count requests and bytes per site, give each site's certificate end,
+/// and count reloads by result.
+#[test]
+fn custom_format_names_the_site_and_metrics_count_per_site() {
+    let b = builder().file("a.txt", "default\n");
+    let (cert, key) = make_cert(b.dir(), "b", "ec");
+    let site_root = b.dir().join("b-root");
+    write_file(&site_root.join("a.txt"), b"site b\n");
+    let text = format!(
+        "admin = \"./admin.sock\"\naccess_log_format = \"custom\"\naccess_log_custom = '$remote_addr \"$request\" $status $body_bytes_sent $host $site'\n\
+         [[site]]\nnames = [\"b.test\"]\nroot = {:?}\ncert = {:?}\nkey = {:?}\n",
+        site_root.display().to_string(),
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    let config = b.write_config(&text);
+    let sock = b.dir().join("admin.sock");
+    let srv = b.arg("--config").arg(&config).start();
+    let port = srv.addr().port();
+    let resolve = format!("b.test:{port}:127.0.0.1");
+    let r = fetch(&format!("https://b.test:{port}/a.txt"), &["--resolve", &resolve, "--http1.1"]);
+    assert_eq!(r.body_str(), "site b\n");
+    let r = fetch(&format!("https://b.test:{port}/a.txt"), &["--resolve", &resolve, "--http2"]);
+    assert_eq!(r.body_str(), "site b\n");
+    assert_eq!(fetch(&srv.url("/a.txt"), &["--http1.1"]).body_str(), "default\n");
+    let log = srv.wait_access_log(3, Duration::from_secs(10));
+    assert_eq!(
+        log,
+        [
+            format!("127.0.0.1 \"GET /a.txt HTTP/1.1\" 200 7 b.test:{port} b.test"),
+            format!("127.0.0.1 \"GET /a.txt HTTP/2.0\" 200 7 b.test:{port} b.test"),
+            format!("127.0.0.1 \"GET /a.txt HTTP/1.1\" 200 8 127.0.0.1:{port} default"),
+        ]
+    );
+
+    let m = scrape(&sock);
+    assert_eq!(m.get("ktlsd_site_requests_total{code=\"2xx\",site=\"b.test\"}"), Some(&2.0), "{m:?}");
+    assert_eq!(m.get("ktlsd_site_requests_total{code=\"2xx\",site=\"default\"}"), Some(&1.0), "{m:?}");
+    assert_eq!(m.get("ktlsd_site_sent_body_bytes_total{site=\"b.test\"}"), Some(&14.0), "{m:?}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as f64;
+    for site in ["default", "b.test"] {
+        let end = m[&format!("ktlsd_certificate_expiry_timestamp_seconds{{site=\"{site}\"}}")];
+        assert!(end > now + 86_400.0, "{site}: {end}");
+    }
+    assert_eq!(m.get("ktlsd_config_last_reload_successful"), Some(&1.0));
+
+    std::fs::write(&config, text.replace("custom\"", "bogus\"")).unwrap();
+    srv.signal(libc::SIGHUP);
+    assert!(srv.wait_stderr("reload failed", Duration::from_secs(20)).is_some(), "{}", srv.stderr());
+    let m = scrape(&sock);
+    assert_eq!(m.get("ktlsd_reloads_total{result=\"failure\"}"), Some(&1.0), "{m:?}");
+    assert_eq!(m.get("ktlsd_config_last_reload_successful"), Some(&0.0));
+    std::fs::write(&config, &text).unwrap();
+    srv.signal(libc::SIGHUP);
+    assert!(srv.wait_stderr("reloaded configuration", Duration::from_secs(20)).is_some(), "{}", srv.stderr());
+    let m = scrape(&sock);
+    assert_eq!(m.get("ktlsd_reloads_total{result=\"success\"}"), Some(&1.0), "{m:?}");
+    assert_eq!(m.get("ktlsd_config_last_reload_successful"), Some(&1.0));
+    srv.stop();
+}

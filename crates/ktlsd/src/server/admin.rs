@@ -177,6 +177,8 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
             let stat = kernel_tls::TlsStat::read().ok();
             prometheus::render(&mut out, &total, state.started.elapsed(), stat.as_ref());
             prometheus::fd_budget(&mut out, open_fds(), Some(super::FdBudget::read().limit));
+            let certificates = current.shared.certificates.expiry();
+            crate::stats::sites::render(&mut out, &total.sites, &crate::stats::sites::RELOADS, &certificates);
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", out)
         }
         "/status" => ("200 OK", JSON, json(&status(&total, state, &current))),

@@ -78,6 +78,8 @@ pub struct Shared {
     pub h2: h2::Settings,
     /// How established sessions send (record sizes, send timeout), from `config`.
     pub session: SessionSettings,
+    /// The certificates presented, for their expiry metric.
+    pub certificates: prepare::Certificates,
 }
 
 impl Shared {

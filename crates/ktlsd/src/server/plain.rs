@@ -117,6 +117,7 @@ async fn accept_loop(
             Ok((stream, peer)) => {
                 let Current { shared, log: out } = current.borrow().clone();
                 log.set_format(shared.config.access_log_format);
+                log.set_custom(shared.config.access_log_custom.clone());
                 log.switch(out);
                 let (target, log) = (target.clone(), log.clone());
                 tokio::task::spawn_local(async move { connection(stream, peer, &shared, &target, &log).await });
@@ -176,6 +177,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
     let ttfb = started.elapsed();
     let written = net::write_all(&stream, &bytes, cfg.timeouts.send).await;
     let head = parsed.as_ref().ok();
+    let host = head.and_then(|h| h.request.authority.as_deref());
     log.write(&AccessEntry {
         peer,
         request: head.map(|h| RequestLine {
@@ -191,6 +193,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
         referer: head.and_then(|h| h.referer.as_deref()),
         user_agent: head.and_then(|h| h.user_agent.as_deref()),
         tls: None,
+        host,
+        site: &shared.sites().label(host),
     });
     // Port-80 traffic is a trickle: each line is written at once.
     log.flush();

@@ -11,6 +11,7 @@ use super::prepare::{prepare, Prepared};
 use super::{access_log, listener, Current};
 use crate::cli::ServeArgs;
 use crate::config::{Config, SiteCert};
+use crate::stats::sites::RELOADS;
 
 /// What start-up did that a reload cannot redo.
 pub struct Started {
@@ -46,10 +47,14 @@ pub fn reload(
     acme.retain(&acme_sites(&in_force.config));
     match result {
         Ok(r) => {
+            RELOADS.loaded(true);
             hand_over(current, r, args);
             Ok(())
         }
-        Err(e) => Err(report_failure(&e, started)),
+        Err(e) => {
+            RELOADS.failed();
+            Err(report_failure(&e, started))
+        }
     }
 }
 

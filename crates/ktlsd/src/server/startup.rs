@@ -19,6 +19,7 @@ use super::signals::{Event, Signals};
 use super::{access_log, admin, listener, plain, privileges, systemd, worker, Current, Shared};
 use crate::cli::ServeArgs;
 use crate::config::Config;
+use crate::stats::sites::RELOADS;
 use crate::stats::{Metrics, Stats};
 use crate::vocab::RecordLayer;
 
@@ -41,6 +42,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (shared, started_at) = announce_ready(prepared, &sockets);
     let running = spawn(sockets, Current { shared, log }, started_at)?;
     systemd::notify("READY=1");
+    RELOADS.loaded(false);
     // Listeners are up and privileges dropped: ACME may now order and be validated.
     acme.go();
     wait(&mut signals, &args, &running.current, &started, &acme);

@@ -85,6 +85,7 @@ impl Worker {
         if rx.has_changed().unwrap_or(false) {
             let Current { shared, log } = rx.borrow_and_update().clone();
             self.log.set_format(shared.config.access_log_format);
+            self.log.set_custom(shared.config.access_log_custom.clone());
             // A reopened access log keeps the configuration: connections go on.
             if !Arc::ptr_eq(&shared, &self.shared.borrow()) {
                 self.retire_connections();
@@ -189,6 +190,7 @@ fn run(
         refusal_log: RateLimit::new(1),
     });
     worker.log.set_format(format);
+    worker.log.set_custom(worker.shared.borrow().config.access_log_custom.clone());
     let local = LocalSet::new();
     local.block_on(&rt, {
         let worker = worker.clone();

@@ -194,7 +194,7 @@ pub fn fd_budget(out: &mut String, open: Option<u64>, limit: Option<u64>) {
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(super) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
@@ -232,7 +232,7 @@ fn decimal(v: u64, shift: u32) -> String {
 }
 
 /// A label value with `\`, `"` and newlines escaped, as the format requires.
-fn escape(s: &str) -> String {
+pub(super) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

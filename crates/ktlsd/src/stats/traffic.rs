@@ -29,7 +29,7 @@ fn method_index(method: Option<&Method>) -> usize {
 /// Status classes `1xx` to `5xx`, by index.
 pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-fn class_index(status: u16) -> usize {
+pub(super) fn class_index(status: u16) -> usize {
     (usize::from(status / 100)).clamp(1, 5) - 1
 }
 

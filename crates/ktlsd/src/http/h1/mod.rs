@@ -209,7 +209,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
             Err(e) => return State::Closed(End::Error(e)),
         };
         let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb };
-        self.ctx.log(self.conn, Some(logged(&x.head)), sent);
+        self.ctx.log_host(self.conn, Some(logged(&x.head)), sent, x.head.request.authority.as_deref());
         if x.keep_alive && !self.ctx.stopping() {
             State::Head
         } else {
@@ -263,7 +263,11 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         let ttfb = started.elapsed();
         self.conn.last_response();
         let bytes = send(self.conn, &response, version, false).await.unwrap_or(0);
-        self.ctx.log(self.conn, head.map(logged), Sent { status: response.status.0, bytes, started, ttfb });
+        let sent = Sent { status: response.status.0, bytes, started, ttfb };
+        match head {
+            Some(h) => self.ctx.log_host(self.conn, Some(logged(h)), sent, h.request.authority.as_deref()),
+            None => self.ctx.log(self.conn, None, sent),
+        }
     }
 }
 

@@ -44,6 +44,8 @@ struct Open {
     ttfb: Duration,
     referer: Option<String>,
     user_agent: Option<String>,
+    /// The :authority, for the access log.
+    host: Option<String>,
 }
 
 /// Serves streams on `conn` until the connection ends; when the context's shutdown turns true
@@ -265,8 +267,9 @@ fn answer<S>(
     };
     let text = |name: &str| head.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
     let (referer, user_agent) = (text("referer"), text("user-agent"));
-    let o =
-        Open { file, method, target, status, sent: in_memory, started, ttfb: started.elapsed(), referer, user_agent };
+    let host = head.authority.clone().filter(|a| !a.is_empty());
+    let ttfb = started.elapsed();
+    let o = Open { file, method, target, status, sent: in_memory, started, ttfb, referer, user_agent, host };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
             open.insert(stream, o);
@@ -311,11 +314,8 @@ impl Open {
     fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };
         let logged = Logged { line, referer: self.referer.as_deref(), user_agent: self.user_agent.as_deref() };
-        ctx.log(
-            conn,
-            Some(logged),
-            Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb },
-        );
+        let sent = Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb };
+        ctx.log_host(conn, Some(logged), sent, self.host.as_deref());
     }
 }
 
