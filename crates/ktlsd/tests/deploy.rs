@@ -341,3 +341,133 @@ fn check_with_user_refuses_a_key_that_user_cannot_read() {
 fn bin() -> std::path::PathBuf {
     bin_from_env(BIN)
 }
+
+/// What a socket unit does for ktlsd.service, in a small Python holder: it binds
+/// the HTTPS and the plain-HTTP sockets once and starts each generation of the
+/// server with them (`LISTEN_FDS=2`, `LISTEN_FDNAMES=https:http`). An upgrade
+/// starts the new generation on the same sockets, then stops the old one.
+const HOLDER: &str = r#"
+import os, socket, subprocess, sys, signal
+def listener():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(511)
+    return s
+https, http = listener(), listener()
+for want, s in ((3, https), (4, http)):
+    if s.fileno() != want:
+        os.dup2(s.fileno(), want)
+    os.set_inheritable(want, True)
+print(https.getsockname()[1], http.getsockname()[1], flush=True)
+argv = sys.argv[1:]
+def start():
+    env = dict(os.environ, LISTEN_FDS="2", LISTEN_FDNAMES="https:http")
+    env.pop("LISTEN_PID", None)
+    p = subprocess.Popen(["/bin/sh", "-c", 'LISTEN_PID=$$ exec "$@"', "sh"] + argv, pass_fds=(3, 4), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    ready = p.stdout.readline().decode().strip()
+    print(ready, flush=True)
+    return p
+old = start()
+for line in sys.stdin:
+    if line.strip() == "upgrade":
+        new = start()
+        old.send_signal(signal.SIGTERM)
+        print("old exited", old.wait(), flush=True)
+        old = new
+    else:
+        break
+old.send_signal(signal.SIGTERM)
+print("exited", old.wait(), flush=True)
+"#;
+
+/// A binary upgrade on socket-activated listeners under load: the new server
+/// starts on the sockets the manager holds, the old one stops, and no connection
+/// is refused or fails meanwhile; the plain-HTTP socket (named `http`) is passed too.
+#[test]
+fn socket_activated_upgrade_under_load_refuses_no_connection() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    write_file(&dir.path().join("www/a.txt"), b"served\n");
+    let www = dir.path().join("www");
+    let state = dir.path().join("state");
+    let mut holder = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(HOLDER)
+        .arg(bin())
+        .arg("serve")
+        .arg(&www)
+        .args(["--workers", "2", "--access-log", "off", "--state-dir"])
+        .arg(&state)
+        .args(allow_root_args())
+        .env_remove("KTLSD_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3");
+    let mut out = BufReader::new(holder.stdout.take().unwrap());
+    let mut stdin = holder.stdin.take().unwrap();
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let ports: Vec<u16> = line.split_whitespace().map(|p| p.parse().unwrap()).collect();
+    let (https, http): (SocketAddr, SocketAddr) =
+        (format!("127.0.0.1:{}", ports[0]).parse().unwrap(), format!("127.0.0.1:{}", ports[1]).parse().unwrap());
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let ready = Ready::parse(line.trim()).unwrap_or_else(|| panic!("no ready line: {line:?}"));
+    assert_eq!((ready.https, ready.http), (vec![https], vec![http]), "both passed sockets in use");
+    let redirect = curl(&["-sS", "-o", "/dev/null", "-w", "%{http_code}", &format!("http://{http}/a.txt")]);
+    assert_eq!(String::from_utf8_lossy(&redirect.stdout), "301", "the passed port-80 socket redirects");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // A new connection each time: a refused or reset one would count.
+                    let result =
+                        TlsClient::connect_with(https, client_config(&[&rustls::version::TLS13])).and_then(|mut c| {
+                            c.try_send(get("/a.txt").as_bytes())?;
+                            c.try_read_response(false)
+                        });
+                    match result {
+                        Ok(r) if r.status == 200 && r.body_str() == "served\n" => ok.fetch_add(1, Ordering::Relaxed),
+                        Ok(r) => panic!("unexpected answer {}", r.status),
+                        Err(e) => {
+                            eprintln!("request failed: {e}");
+                            failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = ok.load(Ordering::Relaxed);
+    writeln!(stdin, "upgrade").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    let second = Ready::parse(line.trim()).unwrap_or_else(|| panic!("no second ready line: {line:?}"));
+    assert_ne!(second.pid, ready.pid);
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "old exited 0", "the old server stopped cleanly");
+    let at_upgrade = ok.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("a client thread panicked");
+    }
+    writeln!(stdin, "stop").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "exited 0");
+    let _ = holder.wait();
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    eprintln!("{ok} requests on new connections ({before} before the upgrade, {at_upgrade} when the old one exited), {failed} failed");
+    assert!(before > 20 && ok > at_upgrade + 20, "too little load to tell: {before}, {at_upgrade}, {ok}");
+    assert_eq!(failed, 0, "connections refused or failed during the upgrade");
+}

@@ -76,10 +76,13 @@ fn keep_start_up_settings(config: &mut Config, running: &Config, started: &Start
     // Passed sockets are the service manager's: `listen` does not apply to them.
     if started.activated {
         config.listen = running.listen.clone();
+        config.http_listen = running.http_listen.clone();
     } else {
         keep_until_restart("listen addresses", &mut config.listen, &running.listen, |a| listener::join(a));
+        keep_until_restart("http_listen addresses", &mut config.http_listen, &running.http_listen, |a| {
+            listener::join(a)
+        });
     }
-    keep_until_restart("http_listen addresses", &mut config.http_listen, &running.http_listen, |a| listener::join(a));
     keep_until_restart("workers", &mut config.workers, &running.workers, |n| n.to_string());
     if (&config.user, &config.group, config.allow_root) != (&running.user, &running.group, running.allow_root) {
         tracing::warn!(

@@ -115,21 +115,40 @@ struct Sockets {
 fn bind(config: &mut Config) -> anyhow::Result<Sockets> {
     let passed = systemd::listen_fds().map_err(|e| anyhow!(e))?;
     let activated = passed.is_some();
-    let (https, https_bound) = match passed {
-        Some(sockets) => {
+    // Sockets named `http` (FileDescriptorName=http) are the plain-HTTP listener's.
+    let (passed_http, passed_https): (Vec<_>, Vec<_>) =
+        passed.unwrap_or_default().into_iter().partition(|(_, name)| name == systemd::HTTP_FD_NAME);
+    let passed_https: Vec<TcpListener> = passed_https.into_iter().map(|(l, _)| l).collect();
+    let passed_http: Vec<TcpListener> = passed_http.into_iter().map(|(l, _)| l).collect();
+    if activated && passed_https.is_empty() {
+        return Err(anyhow!(
+            "socket activation: no HTTPS socket was passed (only sockets named {:?}); give the HTTPS socket unit another FileDescriptorName=",
+            systemd::HTTP_FD_NAME
+        ));
+    }
+    let (https, https_bound) = match activated {
+        true => {
             tracing::info!(
                 "socket activation: using the {} socket(s) passed by the service manager; listen ({}) is ignored",
-                sockets.len(),
+                passed_https.len(),
                 listener::join(&config.listen)
             );
-            listener::share(sockets, config.workers)
+            listener::share(passed_https, config.workers)
         }
-        None => listener::bind_all(&config.listen, config.workers),
+        false => listener::bind_all(&config.listen, config.workers),
     }
     .map_err(|e| anyhow!(e))?;
-    let (http, http_bound) = match config.http_listen.is_empty() {
-        true => (Vec::new(), Vec::new()),
-        false => listener::bind_all(&config.http_listen, 1).map_err(|e| anyhow!(e))?,
+    let (http, http_bound) = if !passed_http.is_empty() {
+        tracing::info!(
+            "socket activation: using the {} plain-HTTP socket(s) passed by the service manager; http_listen ({}) is ignored",
+            passed_http.len(),
+            listener::join(&config.http_listen)
+        );
+        listener::share(passed_http, 1).map_err(|e| anyhow!(e))?
+    } else if config.http_listen.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        listener::bind_all(&config.http_listen, 1).map_err(|e| anyhow!(e))?
     };
     let admin = match &config.admin {
         Some(a) => Some(admin::bind(a)?),
@@ -137,6 +156,7 @@ fn bind(config: &mut Config) -> anyhow::Result<Sockets> {
     };
     if activated {
         config.listen = https_bound.clone();
+        config.http_listen = http_bound.clone();
     }
     Ok(Sockets { https, https_bound, http, http_bound, admin, activated })
 }

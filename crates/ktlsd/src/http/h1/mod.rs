@@ -62,7 +62,15 @@ pub struct Connection<'c, 'a, T> {
     ctx: Context<'a, Settings>,
     /// Bytes received and not yet consumed (pipelined requests stay here).
     buf: Vec<u8>,
+    /// Whether a request was answered: a connection that has had none is new,
+    /// and its first request may be on its way when the shutdown signal comes.
+    answered: bool,
 }
+
+/// How long a connection with no request answered yet may still send its first
+/// one once the shutdown signal came (a reload or a stop): the client that just
+/// connected has its request on the way, and closing now would fail it.
+const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serves requests on `conn` until the connection ends or the context's
 /// shutdown turns true (a request under way is answered first, with `Connection: close`).
@@ -91,12 +99,14 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
 
 impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub fn new(conn: &'c mut T, ctx: Context<'a, Settings>) -> Connection<'c, 'a, T> {
-        Connection { conn, ctx, buf: Vec::with_capacity(2048) }
+        Connection { conn, ctx, buf: Vec::with_capacity(2048), answered: false }
     }
 
     /// [`State::Head`]: reads until a whole head is in. The idle timeout applies
     /// until its first byte, the header timeout from then on; `stop` ends a
-    /// connection with no request begun.
+    /// connection with no request begun, at once once it has answered one, after
+    /// [`FIRST_REQUEST_GRACE`] without a first byte when it is new. `stop` is
+    /// polled only while the shutdown signal is false, so never after it completed.
     pub async fn read_head<F: Future>(&mut self, mut stop: Pin<&mut F>) -> State<'a, T::Error> {
         let settings = self.ctx.settings;
         let mut started: Option<Instant> = if self.buf.is_empty() { None } else { Some(Instant::now()) };
@@ -106,14 +116,20 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
                 Ok(None) => {}
                 Err(bad) => break Err(bad),
             }
+            let stopping = self.ctx.stopping();
+            if stopping && self.buf.is_empty() && self.answered {
+                return State::Closed(End::Done);
+            }
             let timeout = match started {
+                None if stopping => settings.idle_timeout.min(FIRST_REQUEST_GRACE),
                 None => settings.idle_timeout,
                 Some(t) => settings.header_timeout.saturating_sub(t.elapsed()),
             };
             let before = self.buf.len();
+            // `read` is cancel-safe: a wait cut short by the signal loses nothing.
             let read = tokio::select! {
                 r = self.conn.read(&mut self.buf, timeout) => r,
-                _ = stop.as_mut(), if self.buf.is_empty() => return State::Closed(End::Done),
+                _ = stop.as_mut(), if self.buf.is_empty() && !stopping => continue,
             };
             match read {
                 Ok(0) => return State::Closed(End::Done),
@@ -210,6 +226,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         };
         let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb };
         self.ctx.log_host(self.conn, Some(logged(&x.head)), sent, x.head.request.authority.as_deref());
+        self.answered = true;
         if x.keep_alive && !self.ctx.stopping() {
             State::Head
         } else {
