@@ -1,6 +1,6 @@
 //! Operations: reload on SIGHUP (certificate swap with no failed request and no
 //! interrupted response, connections from before it retired, invalid
-//! configurations refused, listener changes left for a restart), access-log reopening on SIGUSR1, signals that must not kill
+//! configurations refused, listeners opened and closed), access-log reopening on SIGUSR1, signals that must not kill
 //! the server, refusing a port someone else listens on, `ktlsd check`, and the
 //! ready line `serve` prints on stdout.
 
@@ -248,7 +248,7 @@ fn an_invalid_reload_keeps_the_running_configuration() {
 }
 
 #[test]
-fn reload_applies_settings_to_new_connections_and_leaves_listeners_for_a_restart() {
+fn reload_applies_settings_to_new_connections_and_opens_and_closes_listeners() {
     let b = Server::builder(BIN).listen(&[]);
     let conf = b.write_config("listen = [\"127.0.0.1:0\"]\n");
     let srv = b.arg("--config").arg(&conf).file(".hidden", "secret\n").file("d/x.txt", "x").start();
@@ -258,16 +258,19 @@ fn reload_applies_settings_to_new_connections_and_leaves_listeners_for_a_restart
     std::fs::write(&conf, "listen = [\"127.0.0.2:0\"]\ndotfiles = true\nautoindex = true\n").unwrap();
     let line = reload(&srv, 1);
     assert!(line.contains("reloaded configuration"), "{line}");
-    let warn = srv.stderr().lines().find(|l| l.contains("listen addresses changed")).map(String::from);
-    let warn = warn.unwrap_or_else(|| panic!("no listen warning:\n{}", srv.stderr()));
-    assert!(warn.contains("restart") && warn.contains("127.0.0.2:0"), "{warn}");
+    let stderr = srv.stderr();
+    let opened = stderr.lines().find_map(|l| l.split("reload: listening on https://").nth(1)).map(str::trim);
+    let new: SocketAddr = opened.unwrap_or_else(|| panic!("no new listener line:\n{stderr}")).parse().unwrap();
+    assert_eq!(new.ip().to_string(), "127.0.0.2");
+    assert!(stderr.contains(&format!("no longer listening on https://{}", srv.addr())), "{stderr}");
 
-    // The old listener still serves; new connections see the new settings.
-    let mut after = TlsClient::connect(srv.addr());
+    // The new listener serves with the new settings; the old one is closed.
+    let mut after = TlsClient::connect(new);
     let r = after.get("/.hidden");
     assert_eq!((r.status, r.body_str().as_str()), (200, "secret\n"));
     let r = after.get("/d/");
     assert!(r.status == 200 && r.body_str().contains("x.txt"), "{} {}", r.status, r.body_str());
+    assert!(wait_connect_refused(srv.addr(), Duration::from_secs(5)), "the removed listener still accepts");
     // A connection from before the reload, idle, is closed: it never serves the old settings again.
     assert!(matches!(before.poll_read(Duration::from_secs(5)), Ok(Some(0)) | Err(_)), "still open after the reload");
     srv.stop().assert_clean_exit();

@@ -59,7 +59,7 @@ pub fn reopen(current: &tokio::sync::watch::Sender<Current>) {
     };
     match open(&now.shared.config.access_log) {
         Ok(log) => {
-            current.send_replace(Current { shared: now.shared.clone(), log });
+            current.send_replace(Current { shared: now.shared.clone(), log, listeners: now.listeners.clone() });
             tracing::info!("reopened access log {}", path.display());
         }
         Err(e) => tracing::error!(

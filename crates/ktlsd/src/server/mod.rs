@@ -33,6 +33,7 @@ pub(crate) mod admin;
 pub(crate) mod congestion;
 mod fd_budget;
 mod listener;
+mod live_listeners;
 mod plain;
 mod prepare;
 mod privileges;
@@ -102,4 +103,6 @@ pub struct Current {
     pub shared: Arc<Shared>,
     /// Where access-log lines go; `None` when logging is off.
     pub log: Option<Arc<File>>,
+    /// The HTTPS listeners in force (a reload opens and closes them).
+    pub listeners: live_listeners::ListenerSet,
 }

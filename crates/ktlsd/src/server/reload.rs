@@ -1,12 +1,15 @@
 //! SIGHUP: the configuration file, the certificates and keys are read anew and
-//! handed to the workers; new connections take them, connections under way keep
-//! what they started with. What only start-up can do (bind sockets, start
-//! workers, drop privileges) keeps its running value, with a warning. On any
-//! error the running configuration stays. Not the signal itself (see `signals`).
+//! handed to the workers; new connections take them, and connections from before
+//! end after their current response (see `worker`). HTTPS listeners added to or
+//! removed from `listen` are opened and closed. What only start-up can do (the
+//! plain-HTTP listeners, worker threads, dropping privileges) keeps its running
+//! value, with a warning. On any error the running configuration stays. Not the
+//! signal itself (see `signals`).
 
 use std::sync::Arc;
 
 use super::acme::AcmeSites;
+use super::live_listeners::ListenerSet;
 use super::prepare::{prepare, Prepared};
 use super::{access_log, listener, Current};
 use crate::cli::ServeArgs;
@@ -66,19 +69,39 @@ fn load(args: &ServeArgs, old: &Current, started: &Started, acme: &AcmeSites) ->
     let log = open_access_log(&config, old)?;
     let Prepared { shared, fingerprint, origin } =
         prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, Some(acme))?;
-    Ok(Reloaded { next: Current { shared: Arc::new(shared), log }, fingerprint, origin })
+    // Last, so that nothing above can fail after a new port is bound.
+    let listeners = reopen_listeners(&shared.config, old, started)?;
+    Ok(Reloaded { next: Current { shared: Arc::new(shared), log, listeners }, fingerprint, origin })
 }
 
-/// Sockets, workers and privileges are set up once, at start-up: a reload that
-/// changes them keeps the running values (with a warning).
+/// The HTTPS listeners of the new configuration: addresses still configured keep
+/// their sockets, new ones are bound now, removed ones are closed by the workers
+/// once the new configuration is in force. Sockets passed by the service manager
+/// are its own: they stay as they are.
+fn reopen_listeners(config: &Config, old: &Current, started: &Started) -> anyhow::Result<ListenerSet> {
+    if started.activated {
+        return Ok(old.listeners.clone());
+    }
+    let next = old.listeners.reopen(&config.listen, config.workers).map_err(|e| anyhow::anyhow!(e))?;
+    let (before, after) = (old.listeners.bound(), next.bound());
+    for addr in after.iter().filter(|a| !before.contains(a)) {
+        tracing::info!("reload: listening on https://{addr}");
+    }
+    for addr in before.iter().filter(|a| !after.contains(a)) {
+        tracing::info!("reload: no longer listening on https://{addr}");
+    }
+    Ok(next)
+}
+
+/// Plain-HTTP sockets, workers and privileges are set up once, at start-up: a
+/// reload that changes them keeps the running values (with a warning).
 fn keep_start_up_settings(config: &mut Config, running: &Config, started: &Started) {
-    // Listeners are bound once, at start-up; changing them needs a restart.
     // Passed sockets are the service manager's: `listen` does not apply to them.
+    // Otherwise HTTPS listeners follow `listen` (see `reopen_listeners`).
     if started.activated {
         config.listen = running.listen.clone();
         config.http_listen = running.http_listen.clone();
     } else {
-        keep_until_restart("listen addresses", &mut config.listen, &running.listen, |a| listener::join(a));
         keep_until_restart("http_listen addresses", &mut config.http_listen, &running.http_listen, |a| {
             listener::join(a)
         });

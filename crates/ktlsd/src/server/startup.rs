@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use super::acme::AcmeSites;
 use super::fd_budget::FdBudget;
+use super::live_listeners::ListenerSet;
 use super::prepare::{prepare, Prepared};
 use super::reload::{reload, Started};
 use super::signals::{Event, Signals};
@@ -40,7 +41,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Everything that needs root (ports, keys, ROOT, the access log) is open: drop it.
     let started = drop_privileges(&plan, sockets.activated)?;
     let (shared, started_at) = announce_ready(prepared, &sockets);
-    let running = spawn(sockets, Current { shared, log }, started_at)?;
+    let listeners = match sockets.activated {
+        true => ListenerSet::default(),
+        false => ListenerSet::started(&shared.config.listen, &sockets.https_bound),
+    };
+    let running = spawn(sockets, Current { shared, log, listeners }, started_at)?;
     systemd::notify("READY=1");
     RELOADS.loaded(false);
     // Listeners are up and privileges dropped: ACME may now order and be validated.

@@ -21,12 +21,14 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tokio::task::JoinHandle as TaskHandle;
 
 use anyhow::Context;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
+use super::live_listeners::ListenerSet;
 use super::{Current, Shared};
 use crate::http::{self, h1, h2, End};
 use crate::log::{AccessLog, RateLimit};
@@ -43,6 +45,12 @@ struct Worker {
     shared: RefCell<Arc<Shared>>,
     /// Where a new configuration or access log arrives from.
     current: RefCell<watch::Receiver<Current>>,
+    /// This worker's index: which socket of each listener entry is its own.
+    id: usize,
+    /// The accept loop of each HTTPS address, by bound address.
+    accepting: RefCell<Vec<(SocketAddr, TaskHandle<()>)>>,
+    /// Turns true when the server stops (accept loops and connections watch it).
+    stop: watch::Receiver<bool>,
     log: AccessLog,
     /// This worker's counters; the admin listener reads them (only this worker writes).
     metrics: Arc<Metrics>,
@@ -59,6 +67,36 @@ struct Worker {
 }
 
 impl Worker {
+    /// Starts accepting on addresses new in `set` (with this worker's socket of
+    /// each) and stops on those no longer in it, which closes their sockets.
+    fn follow_listeners(self: &Rc<Worker>, set: &ListenerSet) {
+        if set.entries.is_empty() {
+            return; // Passed by the service manager: fixed.
+        }
+        let mut accepting = self.accepting.borrow_mut();
+        let keep: Vec<SocketAddr> = set.bound();
+        accepting.retain(|(addr, task)| {
+            let kept = keep.contains(addr);
+            if !kept {
+                task.abort();
+            }
+            kept
+        });
+        for entry in &set.entries {
+            if accepting.iter().any(|(a, _)| *a == entry.bound) {
+                continue;
+            }
+            let Some(socket) = entry.take(self.id) else { continue };
+            match TcpListener::from_std(socket) {
+                Ok(l) => {
+                    let task = tokio::task::spawn_local(accept_loop(l, self.clone(), self.stop.clone()));
+                    accepting.push((entry.bound, task));
+                }
+                Err(e) => tracing::error!("worker cannot use its listener on {}: {e}", entry.bound),
+            }
+        }
+    }
+
     /// Tells every connection started so far to end after its current response;
     /// connections accepted from now on get a new signal.
     fn retire_connections(&self) {
@@ -80,10 +118,11 @@ impl Worker {
 
     /// Takes a new configuration or access log if one was sent since the last look
     /// (one atomic load when nothing changed).
-    fn refresh(&self) {
+    fn refresh(self: &Rc<Worker>) {
         let mut rx = self.current.borrow_mut();
         if rx.has_changed().unwrap_or(false) {
-            let Current { shared, log } = rx.borrow_and_update().clone();
+            let Current { shared, log, listeners } = rx.borrow_and_update().clone();
+            self.follow_listeners(&listeners);
             self.log.set_format(shared.config.access_log_format);
             self.log.set_custom(shared.config.access_log_custom.clone());
             // A reopened access log keeps the configuration: connections go on.
@@ -157,11 +196,12 @@ pub fn spawn(
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(listeners, current, stop, metrics))
+        .spawn(move || run(id, listeners, current, stop, metrics))
         .context("cannot start a worker thread")
 }
 
 fn run(
+    id: usize,
     listeners: Vec<StdListener>,
     mut current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
@@ -174,13 +214,16 @@ fn run(
             return Stats::default();
         }
     };
-    let Current { shared, log } = current.borrow_and_update().clone();
+    let Current { shared, log, .. } = current.borrow_and_update().clone();
     let format = shared.config.access_log_format;
     let default_cap =
         super::FdBudget::read().connections_per_worker(shared.config.workers, shared.file_options.cache_entries);
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
+        id,
+        accepting: RefCell::default(),
+        stop: stop.clone(),
         log: AccessLog::new(log).counting(metrics.clone()),
         metrics,
         tasks: Rc::default(),
@@ -195,11 +238,14 @@ fn run(
     local.block_on(&rt, {
         let worker = worker.clone();
         async move {
-            let mut accepting = Vec::new();
             for l in listeners {
-                match TcpListener::from_std(l) {
-                    Ok(l) => accepting.push(tokio::task::spawn_local(accept_loop(l, worker.clone(), stop.clone()))),
-                    Err(e) => tracing::error!("worker cannot use its listener: {e}"),
+                let addr = l.local_addr();
+                match (TcpListener::from_std(l), addr) {
+                    (Ok(l), Ok(addr)) => {
+                        let task = tokio::task::spawn_local(accept_loop(l, worker.clone(), stop.clone()));
+                        worker.accepting.borrow_mut().push((addr, task));
+                    }
+                    (Err(e), _) | (_, Err(e)) => tracing::error!("worker cannot use its listener: {e}"),
                 }
             }
             let flusher = tokio::task::spawn_local({
@@ -231,7 +277,7 @@ fn run(
 
             let mut stop = stop;
             let _ = stop.wait_for(|s| *s).await;
-            for a in &accepting {
+            for (_, a) in worker.accepting.borrow_mut().drain(..) {
                 a.abort();
             }
             updates.abort();
