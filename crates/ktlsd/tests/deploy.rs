@@ -14,25 +14,6 @@ use testkit::*;
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
-/// Sends SIGHUP and waits for the `n`-th reload outcome line (success or failure).
-fn reload(srv: &Server, n: usize) -> String {
-    srv.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let lines: Vec<String> = srv
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("reloaded configuration") || l.contains("reload failed"))
-            .map(String::from)
-            .collect();
-        if lines.len() >= n {
-            return lines[n - 1].clone();
-        }
-        assert!(Instant::now() < deadline, "no reload line after SIGHUP #{n}; stderr:\n{}", srv.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A server whose configuration file names its root: `a/` (holding `which.txt` = "a")
 /// until the file is rewritten to name `b/`.
 fn two_roots_server() -> (Server, std::path::PathBuf) {

@@ -185,3 +185,32 @@ fn custom_format_names_the_site_and_metrics_count_per_site() {
     assert_eq!(m.get("ktlsd_config_last_reload_successful"), Some(&1.0));
     srv.stop();
 }
+
+/// An ACME site whose CA cannot be reached: its state is `failing` in the
+/// metrics, its failures are counted, and `/status` carries the last error.
+#[test]
+fn acme_order_state_and_last_error_are_reported() {
+    let b = builder().file("a.txt", "a\n");
+    let site_root = b.dir().join("acme-root");
+    std::fs::create_dir_all(&site_root).unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let config = b.write_config(&format!(
+        "admin = \"./admin.sock\"\nhttp_listen = [\"127.0.0.1:0\"]\n[[site]]\nnames = [\"acme.test\"]\nroot = {:?}\n\
+         acme = {{ directory = \"https://{closed}/dir\", challenge = \"http-01\" }}\n",
+        site_root.display().to_string()
+    ));
+    let sock = b.dir().join("admin.sock");
+    let srv = b.arg("--config").arg(&config).start();
+    assert!(srv.wait_stderr("not obtained", Duration::from_secs(30)).is_some(), "{}", srv.stderr());
+    let m = scrape(&sock);
+    assert_eq!(m.get("ktlsd_acme_order_state{site=\"acme.test\",state=\"failing\"}"), Some(&1.0), "{m:?}");
+    assert_eq!(m.get("ktlsd_acme_order_state{site=\"acme.test\",state=\"valid\"}"), Some(&0.0), "{m:?}");
+    assert!(m["ktlsd_acme_errors_total{site=\"acme.test\"}"] >= 1.0, "{m:?}");
+    assert!(m["ktlsd_acme_last_error_timestamp_seconds{site=\"acme.test\"}"] > 0.0, "{m:?}");
+    let (status, body) = admin_get(&sock, "/status");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(v["acme"]["acme.test"]["state"], "failing", "{v}");
+    assert!(v["acme"]["acme.test"]["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    srv.stop();
+}

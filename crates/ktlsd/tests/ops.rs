@@ -57,25 +57,6 @@ fn count_lines(srv: &Server, needle: &str) -> usize {
     srv.stderr().lines().filter(|l| l.contains(needle)).count()
 }
 
-/// Sends SIGHUP and waits for the `n`-th reload outcome line (success or failure).
-fn reload(srv: &Server, n: usize) -> String {
-    srv.signal(libc::SIGHUP);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let lines: Vec<String> = srv
-            .stderr()
-            .lines()
-            .filter(|l| l.contains("reloaded configuration") || l.contains("reload failed"))
-            .map(String::from)
-            .collect();
-        if lines.len() >= n {
-            return lines[n - 1].clone();
-        }
-        assert!(Instant::now() < deadline, "no reload line after SIGHUP #{n}; stderr:\n{}", srv.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn reload_swaps_the_certificate_without_a_failed_request_or_an_interrupted_download() {
     let b = Server::builder(BIN);

@@ -216,6 +216,8 @@ struct Status {
     connections_open: u64,
     requests: u64,
     body_bytes_sent: u64,
+    /// Each ACME site's state, failures and last error.
+    acme: std::collections::BTreeMap<String, crate::stats::sites::AcmeStatus>,
 }
 
 #[derive(Serialize)]
@@ -269,6 +271,7 @@ fn status(total: &Metrics, state: &State, current: &Current) -> Status {
         connections_open: t.open.iter().flatten().map(Stats::get).sum(),
         requests: t.requests.iter().flatten().map(Stats::get).sum(),
         body_bytes_sent: t.body_bytes.iter().map(Stats::get).sum(),
+        acme: crate::stats::sites::acme_snapshot(),
     }
 }
 

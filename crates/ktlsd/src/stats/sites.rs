@@ -97,6 +97,53 @@ impl Reloads {
     }
 }
 
+/// One ACME site's progress, as its task reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AcmeStatus {
+    /// `ordering` (no certificate from the CA yet: the placeholder is served),
+    /// `valid` (a certificate from the CA is served), `failing` (the last order
+    /// failed; retrying).
+    pub state: &'static str,
+    /// Orders that failed since start-up.
+    pub errors: u64,
+    /// The last failure, as logged.
+    pub last_error: Option<String>,
+    /// When it happened (Unix seconds).
+    pub last_error_at: Option<u64>,
+}
+
+/// The states `ktlsd_acme_order_state` reports.
+pub const ACME_STATES: [&str; 3] = ["ordering", "valid", "failing"];
+
+/// Each ACME site's status by site label, written by the ACME tasks.
+pub static ACME: Mutex<BTreeMap<String, AcmeStatus>> = Mutex::new(BTreeMap::new());
+
+/// Records that the ACME site `site` is now in `state` (one of [`ACME_STATES`]).
+pub fn acme_state(site: &str, state: &'static str) {
+    let mut all = ACME.lock().unwrap_or_else(PoisonError::into_inner);
+    all.entry(site.to_string()).or_default().state = state;
+}
+
+/// Records a failed order of `site`.
+pub fn acme_error(site: &str, error: String) {
+    let mut all = ACME.lock().unwrap_or_else(PoisonError::into_inner);
+    let s = all.entry(site.to_string()).or_default();
+    s.state = "failing";
+    s.errors += 1;
+    s.last_error = Some(error);
+    s.last_error_at = Some(unix_now());
+}
+
+/// Forgets the ACME sites not in `keep` (removed by a reload).
+pub fn acme_retain(keep: &[String]) {
+    ACME.lock().unwrap_or_else(PoisonError::into_inner).retain(|site, _| keep.contains(site));
+}
+
+/// A copy of every ACME site's status.
+pub fn acme_snapshot() -> BTreeMap<String, AcmeStatus> {
+    ACME.lock().unwrap_or_else(PoisonError::into_inner).clone()
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
@@ -135,6 +182,7 @@ pub fn render(out: &mut String, sites: &SiteCounters, reloads: &Reloads, certifi
     for (site, not_after) in certificates {
         let _ = writeln!(out, "ktlsd_certificate_expiry_timestamp_seconds{{site=\"{}\"}} {not_after}", esc(site));
     }
+    render_acme(out, &acme_snapshot());
     super::prometheus::family(out, "ktlsd_reloads_total", "counter", "Reloads (SIGHUP), by result.");
     let _ = writeln!(out, "ktlsd_reloads_total{{result=\"success\"}} {}", reloads.succeeded.load(Relaxed));
     let _ = writeln!(out, "ktlsd_reloads_total{{result=\"failure\"}} {}", reloads.failed.load(Relaxed));
@@ -153,6 +201,42 @@ pub fn render(out: &mut String, sites: &SiteCounters, reloads: &Reloads, certifi
     );
     let _ =
         writeln!(out, "ktlsd_config_last_reload_success_timestamp_seconds {}", reloads.last_success_at.load(Relaxed));
+}
+
+/// The ACME families: each site's state (1 for the current one) and its failures.
+fn render_acme(out: &mut String, acme: &BTreeMap<String, AcmeStatus>) {
+    let esc = super::prometheus::escape;
+    super::prometheus::family(
+        out,
+        "ktlsd_acme_order_state",
+        "gauge",
+        "Each ACME site's state: ordering (placeholder served), valid (CA certificate served), failing (last order failed; retrying).",
+    );
+    for (site, s) in acme {
+        for state in ACME_STATES {
+            let on = u8::from(s.state == state);
+            let _ = writeln!(out, "ktlsd_acme_order_state{{site=\"{}\",state=\"{state}\"}} {on}", esc(site));
+        }
+    }
+    super::prometheus::family(
+        out,
+        "ktlsd_acme_errors_total",
+        "counter",
+        "Failed ACME orders, by site (the last error is in /status).",
+    );
+    for (site, s) in acme {
+        let _ = writeln!(out, "ktlsd_acme_errors_total{{site=\"{}\"}} {}", esc(site), s.errors);
+    }
+    super::prometheus::family(
+        out,
+        "ktlsd_acme_last_error_timestamp_seconds",
+        "gauge",
+        "When each ACME site's last order failed (Unix seconds; 0: never).",
+    );
+    for (site, s) in acme {
+        let at = s.last_error_at.unwrap_or(0);
+        let _ = writeln!(out, "ktlsd_acme_last_error_timestamp_seconds{{site=\"{}\"}} {at}", esc(site));
+    }
 }
 
 #[cfg(test)]
@@ -183,6 +267,25 @@ mod tests {
         let s = c.snapshot();
         assert_eq!(s.len(), MAX_SITES + 1);
         assert_eq!(s["other"].requests[1], 10);
+    }
+
+    #[test]
+    fn acme_families() {
+        let mut acme = BTreeMap::new();
+        acme.insert(
+            "a.test".to_string(),
+            AcmeStatus { state: "failing", errors: 2, last_error: Some("x".into()), last_error_at: Some(7) },
+        );
+        let mut out = String::new();
+        render_acme(&mut out, &acme);
+        for line in [
+            "ktlsd_acme_order_state{site=\"a.test\",state=\"failing\"} 1",
+            "ktlsd_acme_order_state{site=\"a.test\",state=\"valid\"} 0",
+            "ktlsd_acme_errors_total{site=\"a.test\"} 2",
+            "ktlsd_acme_last_error_timestamp_seconds{site=\"a.test\"} 7",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
+        }
     }
 
     #[test]
