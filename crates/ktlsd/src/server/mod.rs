@@ -19,12 +19,14 @@
 //! 7. announce ready: the log lines and the JSON ready line on stdout;
 //! 8. spawn the workers (`worker`), the admin and plain-HTTP (`plain`) listeners,
 //!    tell the service manager and let ACME (`acme`) begin;
-//! 9. wait for signals: SIGHUP reloads (`reload`: stage 3 again, and a new
-//!    [`Current`]), SIGUSR1 reopens the access log;
+//! 9. wait for signals: SIGHUP reloads (`reload`: stage 3 again, listeners
+//!    opened and closed (`live_listeners`), and a new [`Current`], which retires
+//!    the connections opened before it), SIGUSR1 reopens the access log;
 //! 10. stop: no new connections, in-flight responses finish, threads joined.
 //!
-//! `ktlsd check` ([`check`]) runs stages 1 and 3 and checks the access log and
-//! ports without serving. Not here: TLS (`crate::tls`), HTTP (`crate::http`),
+//! `ktlsd check` ([`check`]) runs stages 1 and 3 and checks the access log,
+//! the files the `--user` account must read, and the ports (those of a running
+//! ktlsd are its own) without serving. Not here: TLS (`crate::tls`), HTTP (`crate::http`),
 //! what a request is answered with (`crate::handler`).
 
 mod access_log;

@@ -7,6 +7,11 @@
 //! never waits for a task that is gone. Failed handshakes are counted by reason
 //! and logged, at most [`HANDSHAKE_LOG_LINES`] lines per second per worker.
 //!
+//! A reload retires the connections opened before it: each watches its
+//! generation's signal, which turns true when a new configuration arrives (or
+//! the server stops), and ends after its current response. The worker also
+//! follows the HTTPS listeners a reload opens and closes.
+//!
 //! A worker holds at most `max_connections` connections (by default its share
 //! of the file descriptor budget): one more is accepted and closed at once,
 //! counted as refused and logged at most once per second, so the listen backlog
