@@ -2,7 +2,8 @@
 //! interrupted response, connections from before it retired, invalid
 //! configurations refused, listeners opened and closed), access-log reopening on SIGUSR1, signals that must not kill
 //! the server, refusing a port someone else listens on, `ktlsd check`, and the
-//! ready line `serve` prints on stdout.
+//! ready line `serve` prints on stdout; an HTTP/2 stream stalled on its own
+//! window reset at the send timeout while its connection stays busy.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -467,4 +468,62 @@ fn the_ready_line_comes_first_on_stdout_and_names_what_was_bound() {
     assert_eq!(Ready::parse(&lines[0]).map(|r| r.https), Some(vec![https]), "first stdout line: {lines:?}");
     assert_eq!(lines.iter().filter(|l| l.contains("\"ready\"")).count(), 1, "{lines:?}");
     assert!(lines[1..].contains(&access), "{lines:?}");
+}
+
+/// HTTP/2 send timeout per stream: a stream stalled on its own flow-control
+/// window (the client never opens it) is reset at the send timeout while other
+/// streams keep the connection busy, and those go on being answered.
+#[test]
+fn h2_stream_stalled_on_its_window_is_reset_while_the_connection_stays_busy() {
+    let srv = Server::builder(BIN)
+        .file("small.txt", "small\n")
+        .file("big.bin", vec![7u8; 100_000])
+        .args(["--send-timeout", "1s"])
+        .start();
+    let script = format!(
+        r#"
+import socket, ssl, time
+import h2.connection, h2.config, h2.events, h2.settings
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+ctx.set_alpn_protocols(["h2"])
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", {port})), server_hostname="localhost")
+s.settimeout(10)
+c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+c.initiate_connection()
+c.update_settings({{h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1000}})
+c.increment_flow_control_window(10_000_000)
+s.sendall(c.data_to_send())
+def get(path):
+    sid = c.get_next_available_stream_id()
+    c.send_headers(sid, [(":method","GET"),(":path",path),(":scheme","https"),(":authority","localhost")], end_stream=True)
+    s.sendall(c.data_to_send())
+    return sid
+big = get("/big.bin")
+start = time.time()
+reset_at = None
+small_done = 0
+pending = get("/small.txt")
+while time.time() - start < 6 and reset_at is None:
+    for e in c.receive_data(s.recv(65536)):
+        if isinstance(e, h2.events.StreamReset) and e.stream_id == big:
+            reset_at = time.time() - start
+        if isinstance(e, h2.events.StreamEnded) and e.stream_id == pending:
+            small_done += 1
+            time.sleep(0.1)
+            pending = get("/small.txt")
+    s.sendall(c.data_to_send())
+print("reset" if reset_at else "no-reset", round(reset_at or 0, 1), small_done, flush=True)
+"#,
+        port = srv.addr().port()
+    );
+    let out = run_with_timeout(Command::new("/usr/bin/python3").args(["-c", &script]), None, Duration::from_secs(60));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let f: Vec<&str> = text.split_whitespace().collect();
+    assert!(out.status.success() && f.len() == 3, "{out:?}");
+    assert_eq!(f[0], "reset", "the stalled stream was never reset: {text}");
+    let at: f64 = f[1].parse().unwrap();
+    let served: u32 = f[2].parse().unwrap();
+    assert!((0.9..3.0).contains(&at), "reset after {at} s with a 1 s send timeout");
+    assert!(served >= 5, "the connection stopped serving its other streams: {served}");
+    srv.stop().assert_clean_exit();
 }
