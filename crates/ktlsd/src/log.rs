@@ -213,6 +213,23 @@ pub struct AccessLog {
     custom: RefCell<Option<Arc<Template>>>,
     /// The plain-HTTP (port 80) listener's log: no TLS (`tls=none`), counted apart.
     plain: bool,
+    /// Sites with an access log of their own: their lines go there instead.
+    sites: RefCell<Vec<SiteOut>>,
+}
+
+/// A site's own access log as a worker writes it.
+struct SiteOut {
+    label: String,
+    out: Arc<File>,
+    buf: Vec<u8>,
+}
+
+/// A site's own access log: the site's label (see `handler::Sites::label`) and its open file.
+#[derive(Clone)]
+pub struct SiteLog {
+    pub label: String,
+    pub path: std::path::PathBuf,
+    pub file: Arc<File>,
 }
 
 impl AccessLog {
@@ -225,6 +242,7 @@ impl AccessLog {
             format: Cell::default(),
             custom: RefCell::new(None),
             plain: false,
+            sites: RefCell::new(Vec::new()),
         }
     }
 
@@ -265,7 +283,47 @@ impl AccessLog {
         }
     }
 
+    /// Writes out what the sites' own logs hold, then sends later lines of each
+    /// site in `logs` to its file (start-up, reload, reopening).
+    pub fn switch_sites(&self, logs: &[SiteLog]) {
+        let same = {
+            let now = self.sites.borrow();
+            now.len() == logs.len()
+                && now.iter().zip(logs).all(|(a, b)| a.label == b.label && Arc::ptr_eq(&a.out, &b.file))
+        };
+        if same {
+            return;
+        }
+        self.flush_sites();
+        *self.sites.borrow_mut() =
+            logs.iter().map(|l| SiteOut { label: l.label.clone(), out: l.file.clone(), buf: Vec::new() }).collect();
+    }
+
     pub fn write(&self, e: &AccessEntry<'_>) {
+        let mut sites = self.sites.borrow_mut();
+        if let Some(site) = sites.iter_mut().find(|s| s.label == e.site) {
+            self.write_to(&mut site.buf, e);
+            if site.buf.len() >= FLUSH_AT {
+                write_batch(&site.out, &mut site.buf);
+            }
+            return;
+        }
+        drop(sites);
+        if self.out.borrow().is_none() {
+            self.count(e);
+            return;
+        }
+        let mut buf = self.buf.borrow_mut();
+        self.write_to(&mut buf, e);
+        let full = buf.len() >= FLUSH_AT;
+        drop(buf);
+        if full {
+            self.flush();
+        }
+    }
+
+    /// Counts `e` in the metrics.
+    fn count(&self, e: &AccessEntry<'_>) {
         let elapsed = e.started.elapsed();
         match &self.metrics {
             Some(m) if self.plain => m.traffic.plain_request(e.status),
@@ -275,54 +333,63 @@ impl AccessLog {
             }
             None => {}
         }
+    }
+
+    /// Counts `e` and appends its line to `buf`.
+    fn write_to(&self, buf: &mut Vec<u8>, e: &AccessEntry<'_>) {
+        self.count(e);
+        let elapsed = e.started.elapsed();
         let layer = if self.plain { "none" } else { e.layer.label() };
-        if self.out.borrow().is_none() {
-            return;
-        }
-        let mut buf = self.buf.borrow_mut();
         let _ = match self.format.get() {
             LogFormat::Ktlsd => {
-                common_fields(&mut buf, e);
+                common_fields(buf, e);
                 buf.extend_from_slice(b" rt=");
-                Seconds(elapsed).write_to(&mut buf);
+                Seconds(elapsed).write_to(buf);
                 buf.extend_from_slice(b" tls=");
                 buf.extend_from_slice(layer.as_bytes());
                 buf.push(b'\n');
                 Ok(())
             }
             LogFormat::Combined => {
-                common_fields(&mut buf, e);
+                common_fields(buf, e);
                 writeln!(buf, " \"{}\" \"{}\"", Escaped(e.referer.unwrap_or("-")), Escaped(e.user_agent.unwrap_or("-")))
             }
             LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64(), layer)),
             LogFormat::Custom => {
                 match &*self.custom.borrow() {
-                    Some(t) => t.write(&mut buf, e, elapsed.as_secs_f64(), layer),
+                    Some(t) => t.write(buf, e, elapsed.as_secs_f64(), layer),
                     None => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64(), layer)).unwrap_or_default(),
                 }
                 Ok(())
             }
         };
-        let full = buf.len() >= FLUSH_AT;
-        drop(buf);
-        if full {
-            self.flush();
-        }
     }
 
     pub fn flush(&self) {
+        self.flush_sites();
         let (Ok(out), Ok(mut buf)) = (self.out.try_borrow(), self.buf.try_borrow_mut()) else { return };
         let Some(out) = out.as_deref() else { return };
-        if buf.is_empty() {
-            return;
-        }
-        // `&File` writes: one write per batch on an O_APPEND file keeps the
-        // workers' batches whole.
-        if let Err(e) = (&*out).write_all(&buf) {
-            tracing::warn!("access log write failed: {e}");
-        }
-        buf.clear();
+        write_batch(out, &mut buf);
     }
+
+    fn flush_sites(&self) {
+        let Ok(mut sites) = self.sites.try_borrow_mut() else { return };
+        for s in sites.iter_mut() {
+            write_batch(&s.out, &mut s.buf);
+        }
+    }
+}
+
+/// Writes out a batch of whole lines and empties it. `&File` writes: one write
+/// per batch on an O_APPEND file keeps the workers' batches whole.
+fn write_batch(out: &File, buf: &mut Vec<u8>) {
+    if buf.is_empty() {
+        return;
+    }
+    if let Err(e) = (&*out).write_all(buf) {
+        tracing::warn!("access log write failed: {e}");
+    }
+    buf.clear();
 }
 
 /// The common log format's fields, `peer - - [time] "request" status bytes`, the

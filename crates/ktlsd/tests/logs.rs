@@ -214,3 +214,50 @@ fn acme_order_state_and_last_error_are_reported() {
     assert!(v["acme"]["acme.test"]["last_error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
     srv.stop();
 }
+
+/// A `[[site]]` with its own `access_log`: its requests are logged there and not
+/// in the top-level log, and SIGUSR1 reopens it after rotation.
+#[test]
+fn a_site_logs_to_its_own_access_log() {
+    let b = builder().file("a.txt", "default\n");
+    let site_root = b.dir().join("b-root");
+    write_file(&site_root.join("a.txt"), b"site b\n");
+    let config = b.write_config(&format!(
+        "[[site]]\nnames = [\"b.test\"]\nroot = {:?}\naccess_log = \"b.log\"\n",
+        site_root.display().to_string()
+    ));
+    let site_log = b.dir().join("b.log");
+    let srv = b.arg("--config").arg(&config).start();
+    let port = srv.addr().port();
+    let resolve = format!("b.test:{port}:127.0.0.1");
+    let b_url = format!("https://b.test:{port}/a.txt");
+    assert_eq!(fetch(&b_url, &["--resolve", &resolve]).body_str(), "site b\n");
+    assert_eq!(fetch(&srv.url("/a.txt"), &[]).body_str(), "default\n");
+    let main = srv.wait_access_log(1, Duration::from_secs(10));
+    let read_site = || std::fs::read_to_string(&site_log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while read_site().lines().count() < 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(main.len(), 1, "{main:?}");
+    assert!(main[0].contains("GET /a.txt") && main[0].contains(" 200 8 "), "{main:?}");
+    let site = read_site();
+    assert_eq!(site.lines().count(), 1, "{site}");
+    assert!(site.contains(" 200 7 "), "{site}");
+
+    std::fs::rename(&site_log, site_log.with_extension("log.1")).unwrap();
+    srv.signal(libc::SIGUSR1);
+    assert!(
+        srv.wait_stderr("reopened site b.test's access log", Duration::from_secs(10)).is_some(),
+        "{}",
+        srv.stderr()
+    );
+    assert_eq!(fetch(&b_url, &["--resolve", &resolve]).body_str(), "site b\n");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while read_site().lines().count() < 1 {
+        assert!(std::time::Instant::now() < deadline, "no line in the reopened {}", site_log.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    srv.stop();
+}

@@ -185,7 +185,7 @@ fn resolve_paths(file: &mut Options, base: &Path) {
         rel(p);
     }
     for site in file.site.iter_mut().flatten() {
-        for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
+        for p in [&mut site.cert, &mut site.key, &mut site.access_log].into_iter().flatten() {
             rel(p);
         }
         rel(&mut site.root);

@@ -92,6 +92,9 @@ schema! {
         /// The site's certificate from an ACME CA instead of `cert` and `key`.
         #[arg(skip)]
         acme: Option<FileAcme>,
+        /// The site's own access log file: its requests are logged there instead of in `access_log`.
+        #[arg(skip)]
+        access_log: Option<PathBuf>,
     }
     per_site {
         /// Answer directory requests without index.html with an HTML listing instead of 403 [default: off]

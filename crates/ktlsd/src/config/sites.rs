@@ -44,6 +44,8 @@ pub struct SiteConfig {
     pub dotfiles: bool,
     /// Per site; what a site leaves out is the top level's.
     pub content: crate::handler::Content,
+    /// The site's own access log file; `None`: the top-level `access_log`.
+    pub access_log: Option<PathBuf>,
 }
 
 /// Validates the `[[site]]` blocks: names well formed and each in one site only,
@@ -88,6 +90,7 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
             hsts,
             autoindex: options.autoindex.unwrap_or(false),
             dotfiles: options.dotfiles.unwrap_or(false),
+            access_log: s.access_log,
         });
     }
     Ok(out)

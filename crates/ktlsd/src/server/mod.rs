@@ -107,4 +107,6 @@ pub struct Current {
     pub log: Option<Arc<File>>,
     /// The HTTPS listeners in force (a reload opens and closes them).
     pub listeners: live_listeners::ListenerSet,
+    /// The sites' own access logs.
+    pub site_logs: Vec<crate::log::SiteLog>,
 }

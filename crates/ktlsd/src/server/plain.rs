@@ -115,7 +115,8 @@ async fn accept_loop(
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let Current { shared, log: out, .. } = current.borrow().clone();
+                let Current { shared, log: out, site_logs, .. } = current.borrow().clone();
+                log.switch_sites(&site_logs);
                 log.set_format(shared.config.access_log_format);
                 log.set_custom(shared.config.access_log_custom.clone());
                 log.switch(out);

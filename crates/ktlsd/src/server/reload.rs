@@ -67,11 +67,12 @@ fn load(args: &ServeArgs, old: &Current, started: &Started, acme: &AcmeSites) ->
     let mut config = Config::from_args(args.clone())?;
     keep_start_up_settings(&mut config, &old.shared.config, started);
     let log = open_access_log(&config, old)?;
+    let site_logs = access_log::open_sites(&config, &old.site_logs)?;
     let Prepared { shared, fingerprint, origin } =
         prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, Some(acme))?;
     // Last, so that nothing above can fail after a new port is bound.
     let listeners = reopen_listeners(&shared.config, old, started)?;
-    Ok(Reloaded { next: Current { shared: Arc::new(shared), log, listeners }, fingerprint, origin })
+    Ok(Reloaded { next: Current { shared: Arc::new(shared), log, listeners, site_logs }, fingerprint, origin })
 }
 
 /// The HTTPS listeners of the new configuration: addresses still configured keep

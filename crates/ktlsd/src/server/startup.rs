@@ -34,6 +34,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let acme = AcmeSites::new()?;
     let mut prepared = prepare(config, None, cache_entries, Some(&acme))?;
     let log = access_log::open(&prepared.shared.config.access_log)?;
+    let site_logs = access_log::open_sites(&prepared.shared.config, &[])?;
     let sockets = bind(&mut prepared.shared.config)?;
     if let (privileges::Plan::Drop(account), Some(dir)) = (&plan, &prepared.shared.config.state_dir) {
         privileges::hand_over_state_dir(dir, account)?;
@@ -45,7 +46,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         true => ListenerSet::default(),
         false => ListenerSet::started(&shared.config.listen, &sockets.https_bound),
     };
-    let running = spawn(sockets, Current { shared, log, listeners }, started_at)?;
+    let running = spawn(sockets, Current { shared, log, listeners, site_logs }, started_at)?;
     systemd::notify("READY=1");
     RELOADS.loaded(false);
     // Listeners are up and privileges dropped: ACME may now order and be validated.
@@ -65,7 +66,7 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     // `check` writes nothing: a missing self-signed certificate is not stored.
     let prepared = prepare(config, None, 0, None)?;
     let config = &prepared.shared.config;
-    access_log::check(&config.access_log)?;
+    access_log::check_all(config)?;
     if let privileges::Plan::Drop(account) = &plan {
         // What a reload reads after the switch must be readable by that account.
         privileges::check_readable(config, config_file.as_deref(), account)?;

@@ -126,8 +126,9 @@ impl Worker {
     fn refresh(self: &Rc<Worker>) {
         let mut rx = self.current.borrow_mut();
         if rx.has_changed().unwrap_or(false) {
-            let Current { shared, log, listeners } = rx.borrow_and_update().clone();
+            let Current { shared, log, listeners, site_logs } = rx.borrow_and_update().clone();
             self.follow_listeners(&listeners);
+            self.log.switch_sites(&site_logs);
             self.log.set_format(shared.config.access_log_format);
             self.log.set_custom(shared.config.access_log_custom.clone());
             // A reopened access log keeps the configuration: connections go on.
@@ -219,7 +220,7 @@ fn run(
             return Stats::default();
         }
     };
-    let Current { shared, log, .. } = current.borrow_and_update().clone();
+    let Current { shared, log, site_logs, .. } = current.borrow_and_update().clone();
     let format = shared.config.access_log_format;
     let default_cap =
         super::FdBudget::read().connections_per_worker(shared.config.workers, shared.file_options.cache_entries);
@@ -238,6 +239,7 @@ fn run(
         refusal_log: RateLimit::new(1),
     });
     worker.log.set_format(format);
+    worker.log.switch_sites(&site_logs);
     worker.log.set_custom(worker.shared.borrow().config.access_log_custom.clone());
     let local = LocalSet::new();
     local.block_on(&rt, {
