@@ -19,6 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stats::Metrics;
 use crate::vocab::{Method, RecordLayer};
 
+pub mod custom;
+
+pub use custom::Template;
+
 /// The access log's line format (`access_log_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum LogFormat {
@@ -29,6 +33,8 @@ pub enum LogFormat {
     Combined,
     /// One JSON object per line with every field.
     Json,
+    /// The line template of `access_log_custom`, with nginx-style variables.
+    Custom,
 }
 
 /// The negotiated TLS version and cipher suite (IANA names).
@@ -56,6 +62,10 @@ pub struct AccessEntry<'a> {
     pub tls: Option<TlsInfo>,
     /// The subject of the client's verified certificate (mTLS), as RFC 4514 writes it.
     pub client_subject: Option<&'a str>,
+    /// The Host (HTTP/1.1) or :authority (HTTP/2) as received.
+    pub host: Option<&'a str>,
+    /// The site that answered: its first configured name, `default` or `unknown`.
+    pub site: &'a str,
 }
 
 /// What a request asked, as received.
@@ -96,6 +106,100 @@ impl std::fmt::Display for Escaped<'_> {
     }
 }
 
+/// Lets through at most `limit` events per one-second window and counts the rest,
+/// to be reported in one line when the window is over.
+pub struct RateLimit {
+    limit: u32,
+    window: Cell<Instant>,
+    passed: Cell<u32>,
+    suppressed: Cell<u64>,
+}
+
+impl RateLimit {
+    pub const WINDOW: Duration = Duration::from_secs(1);
+
+    pub fn new(limit: u32) -> RateLimit {
+        RateLimit { limit, window: Cell::new(Instant::now()), passed: Cell::new(0), suppressed: Cell::new(0) }
+    }
+
+    /// Whether an event at `now` may be logged. Returns, too, how many events the
+    /// window that just ended suppressed (to be reported first).
+    pub fn check(&self, now: Instant) -> (bool, u64) {
+        let ended = self.roll(now);
+        if self.passed.get() < self.limit {
+            self.passed.set(self.passed.get() + 1);
+            (true, ended)
+        } else {
+            self.suppressed.set(self.suppressed.get() + 1);
+            (false, ended)
+        }
+    }
+
+    /// Starts a new window when the current one is over; returns how many events
+    /// the ended window suppressed.
+    pub fn roll(&self, now: Instant) -> u64 {
+        if now.saturating_duration_since(self.window.get()) < Self::WINDOW {
+            return 0;
+        }
+        self.window.set(now);
+        self.passed.set(0);
+        self.suppressed.replace(0)
+    }
+}
+
+/// Most lines a thread writes per second for one kind of refused request
+/// (the status and reason); the rest are counted and reported in one line.
+pub const REFUSAL_LINES: u32 = 5;
+
+/// Kinds of refusal a thread keeps a count for; past this, the table starts afresh.
+const REFUSAL_KINDS: usize = 64;
+
+thread_local! {
+    static REFUSALS: RefCell<std::collections::HashMap<(u16, String), RateLimit>> = RefCell::default();
+}
+
+/// Logs one refused request at info, at most [`REFUSAL_LINES`] a second per
+/// thread for each status and reason (a client sending bad requests in a loop
+/// must not flood the log); at debug level every one. The access log and the
+/// counters have them all. `line` is called only when the line is written.
+pub fn refusal(status: u16, why: &str, line: impl FnOnce() -> String) {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!("{}", line());
+        return;
+    }
+    let now = Instant::now();
+    let (write, suppressed) = REFUSALS.with(|r| {
+        let mut r = r.borrow_mut();
+        if r.len() >= REFUSAL_KINDS && !r.contains_key(&(status, why.to_string())) {
+            report_suppressed(&mut r, now + RateLimit::WINDOW);
+            r.clear();
+        }
+        let limit = r.entry((status, why.to_string())).or_insert_with(|| RateLimit::new(REFUSAL_LINES));
+        limit.check(now)
+    });
+    if suppressed > 0 {
+        tracing::info!("suppressed {suppressed} similar refusal line(s) ({status} {why}) in the last second");
+    }
+    if write {
+        tracing::info!("{}", line());
+    }
+}
+
+/// Reports the refusals suppressed in windows that have ended by now; called on
+/// a timer so that the count of a flood that stopped is not lost.
+pub fn report_suppressed_refusals() {
+    REFUSALS.with(|r| report_suppressed(&mut r.borrow_mut(), Instant::now()));
+}
+
+fn report_suppressed(table: &mut std::collections::HashMap<(u16, String), RateLimit>, now: Instant) {
+    for ((status, why), limit) in table.iter() {
+        let n = limit.roll(now);
+        if n > 0 {
+            tracing::info!("suppressed {n} similar refusal line(s) ({status} {why}) in the last second");
+        }
+    }
+}
+
 const FLUSH_AT: usize = 32 * 1024;
 
 /// A worker's access log.
@@ -107,6 +211,27 @@ pub struct AccessLog {
     /// Where each entry is counted; `None` in tests of the log alone.
     metrics: Option<Arc<Metrics>>,
     format: Cell<LogFormat>,
+    /// The template of the `custom` format.
+    custom: RefCell<Option<Arc<Template>>>,
+    /// The plain-HTTP (port 80) listener's log: no TLS (`tls=none`), counted apart.
+    plain: bool,
+    /// Sites with an access log of their own: their lines go there instead.
+    sites: RefCell<Vec<SiteOut>>,
+}
+
+/// A site's own access log as a worker writes it.
+struct SiteOut {
+    label: String,
+    out: Arc<File>,
+    buf: Vec<u8>,
+}
+
+/// A site's own access log: the site's label (see `handler::Sites::label`) and its open file.
+#[derive(Clone)]
+pub struct SiteLog {
+    pub label: String,
+    pub path: std::path::PathBuf,
+    pub file: Arc<File>,
 }
 
 impl AccessLog {
@@ -117,12 +242,27 @@ impl AccessLog {
             buf: RefCell::new(Vec::with_capacity(FLUSH_AT)),
             metrics: None,
             format: Cell::default(),
+            custom: RefCell::new(None),
+            plain: false,
+            sites: RefCell::new(Vec::new()),
         }
+    }
+
+    /// The log of the plain-HTTP listener: its lines say `tls=none` (JSON:
+    /// `"record_layer": "none"`) and its requests are counted as plain-HTTP ones.
+    pub fn plain_http(mut self) -> AccessLog {
+        self.plain = true;
+        self
     }
 
     /// Writes later lines in `format` (start-up and reload).
     pub fn set_format(&self, format: LogFormat) {
         self.format.set(format);
+    }
+
+    /// The template later lines follow when the format is `custom`.
+    pub fn set_custom(&self, template: Option<Arc<Template>>) {
+        *self.custom.borrow_mut() = template;
     }
 
     /// Counts every entry in `metrics` too (the worker's own).
@@ -145,31 +285,38 @@ impl AccessLog {
         }
     }
 
-    pub fn write(&self, e: &AccessEntry<'_>) {
-        let elapsed = e.started.elapsed();
-        if let Some(m) = &self.metrics {
-            m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb);
+    /// Writes out what the sites' own logs hold, then sends later lines of each
+    /// site in `logs` to its file (start-up, reload, reopening).
+    pub fn switch_sites(&self, logs: &[SiteLog]) {
+        let same = {
+            let now = self.sites.borrow();
+            now.len() == logs.len()
+                && now.iter().zip(logs).all(|(a, b)| a.label == b.label && Arc::ptr_eq(&a.out, &b.file))
+        };
+        if same {
+            return;
         }
+        self.flush_sites();
+        *self.sites.borrow_mut() =
+            logs.iter().map(|l| SiteOut { label: l.label.clone(), out: l.file.clone(), buf: Vec::new() }).collect();
+    }
+
+    pub fn write(&self, e: &AccessEntry<'_>) {
+        let mut sites = self.sites.borrow_mut();
+        if let Some(site) = sites.iter_mut().find(|s| s.label == e.site) {
+            self.write_to(&mut site.buf, e);
+            if site.buf.len() >= FLUSH_AT {
+                write_batch(&site.out, &mut site.buf);
+            }
+            return;
+        }
+        drop(sites);
         if self.out.borrow().is_none() {
+            self.count(e);
             return;
         }
         let mut buf = self.buf.borrow_mut();
-        let _ = match self.format.get() {
-            LogFormat::Ktlsd => {
-                common_fields(&mut buf, e);
-                buf.extend_from_slice(b" rt=");
-                Seconds(elapsed).write_to(&mut buf);
-                buf.extend_from_slice(b" tls=");
-                buf.extend_from_slice(e.layer.label().as_bytes());
-                buf.push(b'\n');
-                Ok(())
-            }
-            LogFormat::Combined => {
-                common_fields(&mut buf, e);
-                writeln!(buf, " \"{}\" \"{}\"", Escaped(e.referer.unwrap_or("-")), Escaped(e.user_agent.unwrap_or("-")))
-            }
-            LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64())),
-        };
+        self.write_to(&mut buf, e);
         let full = buf.len() >= FLUSH_AT;
         drop(buf);
         if full {
@@ -177,19 +324,74 @@ impl AccessLog {
         }
     }
 
+    /// Counts `e` in the metrics.
+    fn count(&self, e: &AccessEntry<'_>) {
+        let elapsed = e.started.elapsed();
+        match &self.metrics {
+            Some(m) if self.plain => m.traffic.plain_request(e.status),
+            Some(m) => {
+                m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb);
+                m.sites.count(e.site, e.status, e.bytes);
+            }
+            None => {}
+        }
+    }
+
+    /// Counts `e` and appends its line to `buf`.
+    fn write_to(&self, buf: &mut Vec<u8>, e: &AccessEntry<'_>) {
+        self.count(e);
+        let elapsed = e.started.elapsed();
+        let layer = if self.plain { "none" } else { e.layer.label() };
+        let _ = match self.format.get() {
+            LogFormat::Ktlsd => {
+                common_fields(buf, e);
+                buf.extend_from_slice(b" rt=");
+                Seconds(elapsed).write_to(buf);
+                buf.extend_from_slice(b" tls=");
+                buf.extend_from_slice(layer.as_bytes());
+                buf.push(b'\n');
+                Ok(())
+            }
+            LogFormat::Combined => {
+                common_fields(buf, e);
+                writeln!(buf, " \"{}\" \"{}\"", Escaped(e.referer.unwrap_or("-")), Escaped(e.user_agent.unwrap_or("-")))
+            }
+            LogFormat::Json => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64(), layer)),
+            LogFormat::Custom => {
+                match &*self.custom.borrow() {
+                    Some(t) => t.write(buf, e, elapsed.as_secs_f64(), layer),
+                    None => writeln!(buf, "{}", json_line(e, elapsed.as_secs_f64(), layer)).unwrap_or_default(),
+                }
+                Ok(())
+            }
+        };
+    }
+
     pub fn flush(&self) {
+        self.flush_sites();
         let (Ok(out), Ok(mut buf)) = (self.out.try_borrow(), self.buf.try_borrow_mut()) else { return };
         let Some(out) = out.as_deref() else { return };
-        if buf.is_empty() {
-            return;
-        }
-        // `&File` writes: one write per batch on an O_APPEND file keeps the
-        // workers' batches whole.
-        if let Err(e) = (&*out).write_all(&buf) {
-            tracing::warn!("access log write failed: {e}");
-        }
-        buf.clear();
+        write_batch(out, &mut buf);
     }
+
+    fn flush_sites(&self) {
+        let Ok(mut sites) = self.sites.try_borrow_mut() else { return };
+        for s in sites.iter_mut() {
+            write_batch(&s.out, &mut s.buf);
+        }
+    }
+}
+
+/// Writes out a batch of whole lines and empties it. `&File` writes: one write
+/// per batch on an O_APPEND file keeps the workers' batches whole.
+fn write_batch(out: &File, buf: &mut Vec<u8>) {
+    if buf.is_empty() {
+        return;
+    }
+    if let Err(e) = (&*out).write_all(buf) {
+        tracing::warn!("access log write failed: {e}");
+    }
+    buf.clear();
 }
 
 /// The common log format's fields, `peer - - [time] "request" status bytes`, the
@@ -205,7 +407,7 @@ fn common_fields(buf: &mut Vec<u8>, e: &AccessEntry<'_>) {
 }
 
 /// One entry as a JSON object (absent fields are `null`).
-fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
+fn json_line(e: &AccessEntry<'_>, rt: f64, layer: &str) -> String {
     let r = e.request;
     let v = serde_json::json!({
         "time": clf_now(),
@@ -219,10 +421,12 @@ fn json_line(e: &AccessEntry<'_>, rt: f64) -> String {
         "ttfb": (e.ttfb.as_secs_f64() * 1e6).round() / 1e6,
         "tls_version": e.tls.map(|t| t.version),
         "cipher": e.tls.map(|t| t.cipher),
-        "record_layer": e.layer.label(),
+        "record_layer": layer,
         "referer": e.referer,
         "user_agent": e.user_agent,
         "client_subject": e.client_subject,
+        "host": e.host,
+        "site": e.site,
     });
     v.to_string()
 }
@@ -297,6 +501,8 @@ mod tests {
             user_agent: None,
             tls: None,
             client_subject: None,
+            host: None,
+            site: "default",
         });
         log.write(&AccessEntry {
             peer,
@@ -310,6 +516,8 @@ mod tests {
             user_agent: None,
             tls: None,
             client_subject: None,
+            host: None,
+            site: "default",
         });
         log.flush();
         let text = std::fs::read_to_string(&path).unwrap();
@@ -342,6 +550,8 @@ mod tests {
             user_agent,
             tls,
             client_subject: Some("CN=alice,O=Example"),
+            host: Some("a.test"),
+            site: "a.test",
         };
         log.set_format(LogFormat::Combined);
         log.write(&entry(Some("https://e.test/\"x"), Some("curl/8.0")));
@@ -371,6 +581,8 @@ mod tests {
             ("cipher", "TLS13_AES_128_GCM_SHA256"),
             ("user_agent", "curl/8.0"),
             ("client_subject", "CN=alice,O=Example"),
+            ("host", "a.test"),
+            ("site", "a.test"),
         ] {
             assert_eq!(v[k], want, "{k} in {v}");
         }
@@ -397,6 +609,32 @@ mod tests {
         ] {
             assert_eq!(Escaped(s).to_string(), s.escape_default().to_string(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn rate_limit_table() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let rl = RateLimit { limit: 3, window: Cell::new(t0), passed: Cell::new(0), suppressed: Cell::new(0) };
+        // (time in ms, logged, suppressed count reported)
+        let steps = [
+            (0, true, 0),
+            (10, true, 0),
+            (20, true, 0),
+            (30, false, 0),
+            (999, false, 0),
+            (1000, true, 2),
+            (1001, true, 0),
+            (3000, true, 0),
+        ];
+        for (ms, log, reported) in steps {
+            assert_eq!(rl.check(at(ms)), (log, reported), "at {ms} ms");
+        }
+        for _ in 0..5 {
+            rl.check(at(3100));
+        }
+        assert_eq!(rl.roll(at(3500)), 0, "window still open");
+        assert_eq!(rl.roll(at(4000)), 3, "3 of 5 over the limit of 3 (one already passed at 3000)");
     }
 
     #[test]

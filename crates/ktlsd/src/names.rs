@@ -45,6 +45,16 @@ impl Names {
         self.exact.iter().cloned().chain(self.wildcard.iter().map(|w| format!("*{w}"))).collect()
     }
 
+    /// The site's first exact name, else its first wildcard (`*.example.com`),
+    /// which names the site in logs and metrics.
+    pub fn label(&self) -> std::borrow::Cow<'_, str> {
+        match (self.exact.first(), self.wildcard.first()) {
+            (Some(e), _) => e.as_str().into(),
+            (None, Some(w)) => format!("*{w}").into(),
+            (None, None) => "default".into(),
+        }
+    }
+
     /// The exact names only (those an ACME order can validate).
     pub fn exact(&self) -> &[String] {
         &self.exact

@@ -271,7 +271,7 @@ fn notify_socket_gets_ready_reloading_and_stopping() {
         let reloading = recv(&sock);
         assert!(reloading.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{reloading:?}");
         assert!(reloading["RELOADING=1\nMONOTONIC_USEC=".len()..].parse::<u64>().is_ok(), "{reloading:?}");
-        assert_eq!(recv(&sock), "READY=1");
+        assert_eq!(recv(&sock), "READY=1\nSTATUS=serving; last reload succeeded");
         assert!(server.wait_stderr("reloaded configuration", Duration::from_secs(10)).is_some(), "{}", server.stderr());
         let stopped = server.stop();
         stopped.assert_clean_exit();
@@ -279,13 +279,13 @@ fn notify_socket_gets_ready_reloading_and_stopping() {
     }
 }
 
-/// dist/ktlsd.service and dist/ktlsd.socket pass `systemd-analyze verify` with no
+/// dist/ktlsd.service, dist/ktlsd.socket and dist/ktlsd-http.socket pass `systemd-analyze verify` with no
 /// warning (ExecStart pointed at the built binary).
 #[test]
 fn unit_files_verify_cleanly() {
     let dist = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../dist");
     let dir = tempfile::tempdir().unwrap();
-    for unit in ["ktlsd.service", "ktlsd.socket"] {
+    for unit in ["ktlsd.service", "ktlsd.socket", "ktlsd-http.socket"] {
         let text = std::fs::read_to_string(dist.join(unit)).unwrap_or_else(|e| panic!("{unit}: {e}"));
         std::fs::write(dir.path().join(unit), text.replace("/usr/local/bin/ktlsd", BIN)).unwrap();
     }
@@ -302,7 +302,7 @@ fn unit_files_verify_cleanly() {
     }
     let out = run_with_timeout(
         Command::new("systemd-analyze")
-            .args(["verify", "--man=no", "./ktlsd.socket", "./ktlsd.service"])
+            .args(["verify", "--man=no", "./ktlsd.socket", "./ktlsd-http.socket", "./ktlsd.service"])
             .current_dir(dir.path()),
         None,
         Duration::from_secs(60),

@@ -26,6 +26,7 @@
 //!    test there.
 //! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
 
+pub mod access_log;
 pub mod admin;
 pub mod auth;
 pub mod cache;
@@ -139,6 +140,8 @@ pub struct Config {
     /// Whether ALPN offers HTTP/2.
     pub http2: bool,
     pub access_log_format: crate::log::LogFormat,
+    /// The template of the `custom` access-log format.
+    pub access_log_custom: Option<std::sync::Arc<crate::log::Template>>,
     /// Most connections per worker; `None`: as many as the file descriptor budget allows.
     pub max_connections: Option<std::num::NonZeroUsize>,
     /// HTTP/2 settings and flood limits.
@@ -183,7 +186,7 @@ pub(crate) fn resolve_paths(file: &mut Options, base: &Path) {
         rel(p);
     }
     for site in file.site.iter_mut().flatten() {
-        for p in [&mut site.cert, &mut site.key].into_iter().flatten() {
+        for p in [&mut site.cert, &mut site.key, &mut site.access_log].into_iter().flatten() {
             rel(p);
         }
         rel(&mut site.root);
@@ -252,6 +255,7 @@ impl Config {
         let sites = sites::sites(o.site.clone().unwrap_or_default(), &top)?;
         sites::check_acme(&sites, &http_listen, privileges.state_dir.as_deref())?;
         let admin = admin::admin(&o, &listen, &http_listen)?;
+        let (access_log_format, access_log_custom) = access_log::access_log_format(&o)?;
         let access_log = match o.access_log.as_deref() {
             None | Some("-") => AccessLogTarget::Stdout,
             Some("off") => AccessLogTarget::Off,
@@ -286,7 +290,8 @@ impl Config {
             unknown_sni: o.unknown_sni.unwrap_or_default(),
             admin,
             http2: o.http2.unwrap_or(true),
-            access_log_format: o.access_log_format.unwrap_or_default(),
+            access_log_format,
+            access_log_custom,
             max_connections: timeouts::max_connections(&o)?,
             h2_limits: h2::h2_limits(&o)?,
             content,

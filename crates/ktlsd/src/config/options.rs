@@ -92,6 +92,9 @@ schema! {
         /// The site's certificate from an ACME CA instead of `cert` and `key`.
         #[arg(skip)]
         acme: Option<FileAcme>,
+        /// The site's own access log file: its requests are logged there instead of in `access_log`.
+        #[arg(skip)]
+        access_log: Option<PathBuf>,
     }
     per_site {
         /// Answer directory requests without index.html with an HTML listing instead of 403 [default: off]
@@ -263,7 +266,7 @@ schema! {
         /// Offer HTTP/2 in ALPN (preferred over HTTP/1.1 when the client offers both) [default: on]
         #[arg(long, value_name = "on|off", value_parser = on_off())]
         http2: bool,
-        /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent) or json (one object per line) [default: ktlsd]
+        /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent), json (one object per line, with host and site) or custom (the access_log_custom template) [default: ktlsd]
         #[arg(long, value_name = "FORMAT", hide_possible_values = true)]
         access_log_format: LogFormat,
         /// Most connections each worker holds at once; more are accepted and closed at once (counted as connections_refused) [default: the file descriptor budget shared among the workers]
@@ -302,6 +305,9 @@ schema! {
         /// More configuration files read after this one, as paths or globs relative to this file (e.g. ["sites/*.toml"]): each may add [[site]] blocks and set keys no other file sets; a glob matching nothing is fine, a missing plain path is an error; file only [default: none]
         #[arg(skip)]
         include: Vec<String>,
+        /// Access log line template for access_log_format = custom, with nginx-style variables: $remote_addr $time_local $time_iso8601 $request $request_method $request_uri $server_protocol $status $body_bytes_sent $request_time $ttfb $http_referer $http_user_agent $host $site $ssl_protocol $ssl_cipher $record_layer ($$ for a literal $) [default: none]
+        #[arg(long, value_name = "TEMPLATE")]
+        access_log_custom: String,
     }
 }
 

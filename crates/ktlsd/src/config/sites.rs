@@ -49,6 +49,8 @@ pub struct SiteConfig {
     pub content: crate::handler::Content,
     /// Client certificates asked for by this site's TLS server names; `None`: none.
     pub client_auth: Option<super::tls::ClientAuth>,
+    /// The site's own access log file; `None`: the top-level `access_log`.
+    pub access_log: Option<PathBuf>,
 }
 
 /// Validates the `[[site]]` blocks: names well formed and each in one site only,
@@ -97,6 +99,7 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
             hsts,
             autoindex: options.autoindex.unwrap_or(false),
             dotfiles: options.dotfiles.unwrap_or(false),
+            access_log: s.access_log,
         });
     }
     Ok(out)

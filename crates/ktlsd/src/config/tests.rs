@@ -276,7 +276,7 @@ fn choices_read_as_on_the_command_line() {
         ("unknown_sni = \"refuse\"\naccess_log_format = \"json\"\nhttp2 = false", Ok(())),
         ("ktls = \"bogus\"", Err("ktls \"bogus\": expected auto, on or off")),
         ("unknown_sni = \"maybe\"", Err("unknown_sni \"maybe\": expected default or refuse")),
-        ("access_log_format = \"xml\"", Err("access_log_format \"xml\": expected ktlsd, combined or json")),
+        ("access_log_format = \"xml\"", Err("access_log_format \"xml\": expected ktlsd, combined, json or custom")),
         ("bogus = 1", Err("unknown field `bogus`")),
     ] {
         match (toml::from_str::<Options>(toml), want) {

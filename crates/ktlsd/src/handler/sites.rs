@@ -99,6 +99,22 @@ impl<'a> Sites<'a> {
         let site = find(named, |s| &s.names, &host)?;
         named.iter().position(|s| std::ptr::eq(s, site))
     }
+
+    /// The name the access log and the metrics know the site answering
+    /// `authority` by: the site's first configured name, `default`, or `unknown`
+    /// (a name no site has, refused). One of the configured names, so their
+    /// number bounds the metrics' labels.
+    pub fn label(&self, authority: Option<&str>) -> std::borrow::Cow<'a, str> {
+        let Some(authority) = authority.filter(|_| !self.named.is_empty()) else { return "default".into() };
+        let named: &'a [NamedSite] = self.named;
+        match find(named, |s| &s.names, &host_of(authority)) {
+            Some(s) => s.names.label(),
+            None => match self.pick(Some(authority)) {
+                Pick::Site(_) => "default".into(),
+                Pick::Misdirected => "unknown".into(),
+            },
+        }
+    }
 }
 
 /// `192.0.2.1` or `[2001:db8::1]`, as [`host_of`] leaves them.

@@ -72,6 +72,13 @@ impl<S> Context<'_, S> {
     /// Writes the access-log entry of one answer sent on `conn`; `request` is
     /// `None` when no request head could be read.
     pub fn log(&self, conn: &impl Transport, request: Option<Logged<'_>>, sent: Sent) {
+        self.log_host(conn, request, sent, None);
+    }
+
+    /// [`Context::log`] naming the Host or :authority the request gave, which
+    /// also names the site that answered.
+    pub fn log_host(&self, conn: &impl Transport, request: Option<Logged<'_>>, sent: Sent, host: Option<&str>) {
+        let site = self.sites.label(host);
         self.log.write(&AccessEntry {
             peer: self.peer,
             request: request.map(|r| r.line),
@@ -84,6 +91,8 @@ impl<S> Context<'_, S> {
             user_agent: request.and_then(|r| r.user_agent),
             tls: conn.tls(),
             client_subject: conn.client_subject(),
+            host,
+            site: &site,
         });
     }
 

@@ -18,6 +18,7 @@ use anyhow::Context;
 use crate::acme::{Acme, AcmeSettings, Backoff, Challenges};
 use crate::config::SiteAcme;
 use crate::names::Names;
+use crate::stats::sites;
 use crate::tls::config::Identity;
 use crate::tls::sni::SiteKey;
 
@@ -95,12 +96,14 @@ impl AcmeSites {
             None => placeholder(names)?,
         };
         let slot = Arc::new(SiteKey::new(names.clone(), first));
+        sites::acme_state(&names.label(), if stored.is_some() { "valid" } else { "ordering" });
         let mut gate = self.gate.subscribe();
+        let label = names.label().into_owned();
         let task = self.rt.spawn({
             let slot = slot.clone();
             async move {
                 if gate.wait_for(|open| *open).await.is_ok() {
-                    run(client, stored, slot, which).await;
+                    run(client, stored, slot, which, label).await;
                 }
             }
         });
@@ -110,6 +113,7 @@ impl AcmeSites {
 
     /// Stops the tasks of sites not in `keep` (removed or changed by a reload).
     pub fn retain(&self, keep: &[(&Names, &SiteAcme)]) {
+        sites::acme_retain(&keep.iter().map(|(n, _)| n.label().into_owned()).collect::<Vec<_>>());
         let keep: Vec<Key> = keep.iter().map(|(n, a)| key(n, a)).collect();
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         running.retain(|k, r| {
@@ -157,10 +161,11 @@ pub fn placeholder(names: &Names) -> anyhow::Result<Arc<rustls::sign::CertifiedK
 
 /// Obtains the first certificate unless one is stored (retrying with [`Backoff`],
 /// one log line per failure, the placeholder served meanwhile), then renews forever.
-async fn run(client: Acme, stored: Option<crate::acme::Issued>, slot: Arc<SiteKey>, which: String) {
+async fn run(client: Acme, stored: Option<crate::acme::Issued>, slot: Arc<SiteKey>, which: String, label: String) {
     let swap = |issued: &crate::acme::Issued| match issued.certified_key() {
         Ok(k) => {
             slot.replace(k);
+            sites::acme_state(&label, "valid");
             tracing::info!(
                 "ACME: site {which} now serves its new certificate (valid until {})",
                 httpdate::fmt_http_date(issued.not_after)
@@ -181,6 +186,7 @@ async fn run(client: Acme, stored: Option<crate::acme::Issued>, slot: Arc<SiteKe
                         break issued;
                     }
                     Err(e) => {
+                        sites::acme_error(&label, e.to_string());
                         let delay = backoff.next_delay();
                         tracing::warn!(
                             "ACME certificate for {which} not obtained: {e}; serving the self-signed placeholder; retrying in {} s",

@@ -26,6 +26,8 @@ use crate::stats::{advisor, prometheus, Metrics, Stats};
 
 /// Longest an admin request head may take to arrive.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The admin Unix socket's mode.
+const SOCKET_MODE: u32 = 0o666;
 /// Largest admin request head.
 const MAX_HEAD: usize = 8 * 1024;
 
@@ -59,6 +61,14 @@ pub fn bind(addr: &AdminAddr) -> anyhow::Result<Bound> {
             }
             let l = std::os::unix::net::UnixListener::bind(p)
                 .with_context(|| format!("cannot listen on admin socket {}", p.display()))?;
+            // Connecting takes write permission on the socket: any local user may, as
+            // any local user may reach a loopback admin address (its endpoints only
+            // read). The directory's permissions say who gets that far.
+            std::fs::set_permissions(
+                p,
+                <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(SOCKET_MODE),
+            )
+            .with_context(|| format!("cannot set the mode of admin socket {}", p.display()))?;
             l.set_nonblocking(true)?;
             Ok(Bound::Unix(l, p.clone()))
         }
@@ -177,6 +187,8 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
                 prometheus::cache(&mut out, &cache.figures());
             }
             crate::handler::proxy::metrics::render(&mut out);
+            let certificates = current.shared.certificates.expiry();
+            crate::stats::sites::render(&mut out, &total.sites, &crate::stats::sites::RELOADS, &certificates);
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", out)
         }
         "/status" => ("200 OK", JSON, json(&status(&total, state, &current))),
@@ -256,6 +268,8 @@ struct Status {
     connections_open: u64,
     requests: u64,
     body_bytes_sent: u64,
+    /// Each ACME site's state, failures and last error.
+    acme: std::collections::BTreeMap<String, crate::stats::sites::AcmeStatus>,
 }
 
 #[derive(Serialize)]
@@ -309,6 +323,7 @@ fn status(total: &Metrics, state: &State, current: &Current) -> Status {
         connections_open: t.open.iter().flatten().map(Stats::get).sum(),
         requests: t.requests.iter().flatten().map(Stats::get).sum(),
         body_bytes_sent: t.body_bytes.iter().map(Stats::get).sum(),
+        acme: crate::stats::sites::acme_snapshot(),
     }
 }
 

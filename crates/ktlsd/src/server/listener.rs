@@ -59,16 +59,23 @@ pub enum PortState {
         pid: u32,
         command: String,
     },
+    /// A running ktlsd listens there: the server a reload of this configuration
+    /// would go to, which keeps its listening sockets.
+    HeldByRunningServer {
+        pid: u32,
+    },
 }
 
 /// [`check_free`] for `ktlsd check`, which may run while the service manager
-/// holds the port of a socket-activated ktlsd: that holder is not a conflict.
+/// holds the port of a socket-activated ktlsd, or while the ktlsd to be reloaded
+/// runs (`ktlsd check && systemctl reload ktlsd`): those holders are not conflicts.
 /// Any other holder is an error naming it when `/proc` tells who it is.
 pub fn check_port(addr: SocketAddr) -> Result<PortState, String> {
     match probe_free(addr) {
         Ok(()) => Ok(PortState::Free),
         Err(e) if e.kind() == io::ErrorKind::AddrInUse => match holder::of(addr) {
             Some((pid, command)) if command.starts_with("systemd") => Ok(PortState::HeldForActivation { pid, command }),
+            Some((pid, command)) if command == "ktlsd" => Ok(PortState::HeldByRunningServer { pid }),
             Some((pid, command)) => Err(format!("{} (held by {command}, pid {pid})", describe(addr, e))),
             None => Err(describe(addr, e)),
         },

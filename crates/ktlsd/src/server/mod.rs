@@ -19,12 +19,14 @@
 //! 7. announce ready: the log lines and the JSON ready line on stdout;
 //! 8. spawn the workers (`worker`), the admin and plain-HTTP (`plain`) listeners,
 //!    tell the service manager and let ACME (`acme`) begin;
-//! 9. wait for signals: SIGHUP reloads (`reload`: stage 3 again, and a new
-//!    [`Current`]), SIGUSR1 reopens the access log;
+//! 9. wait for signals: SIGHUP reloads (`reload`: stage 3 again, listeners
+//!    opened and closed (`live_listeners`), and a new [`Current`], which retires
+//!    the connections opened before it), SIGUSR1 reopens the access log;
 //! 10. stop: no new connections, in-flight responses finish, threads joined.
 //!
-//! `ktlsd check` ([`check`]) runs stages 1 and 3 and checks the access log and
-//! ports without serving. Not here: TLS (`crate::tls`), HTTP (`crate::http`),
+//! `ktlsd check` ([`check`]) runs stages 1 and 3 and checks the access log,
+//! the files the `--user` account must read, and the ports (those of a running
+//! ktlsd are its own) without serving. Not here: TLS (`crate::tls`), HTTP (`crate::http`),
 //! what a request is answered with (`crate::handler`).
 
 mod access_log;
@@ -33,6 +35,7 @@ pub(crate) mod admin;
 pub(crate) mod congestion;
 mod fd_budget;
 mod listener;
+mod live_listeners;
 mod per_ip;
 mod plain;
 mod prepare;
@@ -84,6 +87,8 @@ pub struct Shared {
     /// The response cache (`[cache]`), opened once the process runs as its own user;
     /// a reload with the same `[cache]` keeps it.
     pub cache: Option<Arc<crate::handler::cache::Cache>>,
+    /// The certificates presented, for their expiry metric.
+    pub certificates: prepare::Certificates,
 }
 
 impl Shared {
@@ -107,4 +112,8 @@ pub struct Current {
     pub shared: Arc<Shared>,
     /// Where access-log lines go; `None` when logging is off.
     pub log: Option<Arc<File>>,
+    /// The HTTPS listeners in force (a reload opens and closes them).
+    pub listeners: live_listeners::ListenerSet,
+    /// The sites' own access logs.
+    pub site_logs: Vec<crate::log::SiteLog>,
 }

@@ -1,7 +1,9 @@
 //! The plain-HTTP listener (`http_listen`, typically port 80): every request gets
 //! `301 Moved Permanently` to the same host, path and query over HTTPS, except ACME
-//! HTTP-01 challenges (`GET /.well-known/acme-challenge/TOKEN`), answered from
-//! ROOT's `.well-known/acme-challenge/` (certbot's `--webroot` layout).
+//! HTTP-01 challenges (`GET /.well-known/acme-challenge/TOKEN`), answered from the
+//! `.well-known/acme-challenge/` of the root of the site the Host names (certbot's
+//! `--webroot -w SITE_ROOT` layout). Every answer is logged in the access log (with
+//! `tls=none`) and counted (`ktlsd_plain_http_requests_total`).
 //!
 //! It runs on a thread of its own with one single-threaded event loop: port-80
 //! traffic is a trickle of redirects and challenges, so it needs no share of the
@@ -25,10 +27,14 @@ use tokio::task::LocalSet;
 use super::{Current, Shared};
 use crate::acme::Challenges;
 use crate::files::Root;
+use crate::handler::sites::Pick;
 use crate::handler::{Body, Header, Method, Response, Status};
 use crate::http::h1::parse::{self, Head, Version};
 use crate::http::h1::write;
+use crate::log::{AccessEntry, AccessLog, RequestLine};
 use crate::net;
+use crate::stats::Metrics;
+use crate::vocab::RecordLayer;
 
 /// Largest request head on the plain listener: a redirect needs only the request
 /// line and Host.
@@ -64,10 +70,11 @@ pub fn spawn(
     target: Target,
     current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 ) -> anyhow::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("ktlsd-http".into())
-        .spawn(move || run(listeners, Arc::new(target), current, stop))
+        .spawn(move || run(listeners, Arc::new(target), current, stop, metrics))
         .context("cannot start the plain-HTTP listener thread")
 }
 
@@ -76,6 +83,7 @@ fn run(
     target: Arc<Target>,
     current: watch::Receiver<Current>,
     mut stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -84,11 +92,12 @@ fn run(
             return;
         }
     };
+    let log = std::rc::Rc::new(AccessLog::new(current.borrow().log.clone()).plain_http().counting(metrics));
     LocalSet::new().block_on(&rt, async move {
         for l in listeners {
             match TcpListener::from_std(l) {
                 Ok(l) => {
-                    tokio::task::spawn_local(accept_loop(l, target.clone(), current.clone()));
+                    tokio::task::spawn_local(accept_loop(l, target.clone(), current.clone(), log.clone()));
                 }
                 Err(e) => tracing::error!("the plain-HTTP listener cannot use its socket: {e}"),
             }
@@ -97,13 +106,22 @@ fn run(
     });
 }
 
-async fn accept_loop(listener: TcpListener, target: Arc<Target>, current: watch::Receiver<Current>) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: Arc<Target>,
+    current: watch::Receiver<Current>,
+    log: std::rc::Rc<AccessLog>,
+) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let shared = current.borrow().shared.clone();
-                let target = target.clone();
-                tokio::task::spawn_local(async move { connection(stream, peer, &shared, &target).await });
+                let Current { shared, log: out, site_logs, .. } = current.borrow().clone();
+                log.switch_sites(&site_logs);
+                log.set_format(shared.config.access_log_format);
+                log.set_custom(shared.config.access_log_custom.clone());
+                log.switch(out);
+                let (target, log) = (target.clone(), log.clone());
+                tokio::task::spawn_local(async move { connection(stream, peer, &shared, &target, &log).await });
             }
             Err(e) => {
                 // EMFILE/ENFILE and friends: back off instead of spinning.
@@ -114,9 +132,10 @@ async fn accept_loop(listener: TcpListener, target: Arc<Target>, current: watch:
     }
 }
 
-async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target: &Target) {
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target: &Target, log: &AccessLog) {
     let cfg = &shared.config;
-    let deadline = Instant::now() + cfg.timeouts.header;
+    let started = Instant::now();
+    let deadline = started + cfg.timeouts.header;
     let mut buf = vec![0u8; MAX_HEAD];
     let mut len = 0;
     let parsed = loop {
@@ -135,27 +154,64 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
             Err(_) => return,
         }
     };
-    let bytes = match parsed {
-        Ok(head) => answer(&head, &shared.root, &shared.challenges, target, peer),
+    let (response, version) = match &parsed {
+        Ok(head) => {
+            let root = match shared.sites().pick(head.request.authority.as_deref()) {
+                Pick::Site(site) => site.root,
+                Pick::Misdirected => &shared.root,
+            };
+            (answer(head, root, &shared.challenges, target, peer), head.version)
+        }
         Err((status, why)) => {
-            tracing::info!("refused plain-HTTP request from {peer}: {} {why}", status.0);
-            let page = Response::page(status);
-            let page = if parse::is_head(&buf[..len]) { page.without_body() } else { page };
-            write::head_and_bytes(&page, Version::Http11, false)
+            crate::log::refusal(status.0, why, || {
+                format!("refused plain-HTTP request from {peer}: {} {why}", status.0)
+            });
+            let page = Response::page(*status);
+            (if parse::is_head(&buf[..len]) { page.without_body() } else { page }, Version::Http11)
         }
     };
-    if net::write_all(&stream, &bytes, cfg.timeouts.send).await.is_ok() {
+    let body = match &response.body {
+        Body::Bytes(b) => b.len() as u64,
+        _ => 0,
+    };
+    let bytes = write::head_and_bytes(&response, version, false);
+    let ttfb = started.elapsed();
+    let written = net::write_all(&stream, &bytes, cfg.timeouts.send).await;
+    let head = parsed.as_ref().ok();
+    let host = head.and_then(|h| h.request.authority.as_deref());
+    log.write(&AccessEntry {
+        peer,
+        request: head.map(|h| RequestLine {
+            method: &h.request.method,
+            target: &h.target,
+            version: h.version.as_str(),
+        }),
+        status: response.status.0,
+        bytes: if written.is_ok() { body } else { 0 },
+        started,
+        ttfb,
+        layer: RecordLayer::Userspace,
+        referer: head.and_then(|h| h.referer.as_deref()),
+        user_agent: head.and_then(|h| h.user_agent.as_deref()),
+        tls: None,
+        host,
+        site: &shared.sites().label(host),
+        client_subject: None,
+    });
+    // Port-80 traffic is a trickle: each line is written at once.
+    log.flush();
+    if written.is_ok() {
         net::linger(&stream, LINGER_TIME, LINGER_TIME, LINGER_BYTES).await;
     }
 }
 
-/// The answer to one parsed request: a challenge file, 404, 400 for a missing or
-/// invalid Host, or the redirect.
-fn answer(head: &Head, root: &Root, challenges: &Challenges, target: &Target, peer: SocketAddr) -> Vec<u8> {
+/// The answer to one parsed request: a challenge file from `root` (the root of
+/// the site the Host names), 404, 400 for a missing or invalid Host, or the redirect.
+fn answer(head: &Head, root: &Root, challenges: &Challenges, target: &Target, peer: SocketAddr) -> Response {
     let req = &head.request;
     let head_only = req.method == Method::Head;
     let response = if let Some(token) = req.path.strip_prefix(ACME_PREFIX).filter(|_| req.method.is_served()) {
-        // ktlsd's own ACME orders first, then files put in ROOT by another client.
+        // ktlsd's own ACME orders first, then files put in the site's root by another client.
         match challenges.http01(token) {
             Some(key_authorization) => {
                 tracing::info!("ACME challenge {token} answered for {peer}");
@@ -176,16 +232,21 @@ fn answer(head: &Head, root: &Root, challenges: &Challenges, target: &Target, pe
         let location = redirect_location(host, target.https_port, &req.path, req.query.as_deref());
         Response::page(Status::MOVED_PERMANENTLY).with(Header::Location(location))
     } else {
-        tracing::info!(
-            "refused plain-HTTP request from {peer} \"{} {} {}\": 400 no Host to redirect to",
-            req.method,
-            head.target,
-            head.version.as_str()
-        );
+        crate::log::refusal(400, "no Host to redirect to", || {
+            format!(
+                "refused plain-HTTP request from {peer} \"{} {} {}\": 400 no Host to redirect to",
+                req.method,
+                head.target,
+                head.version.as_str()
+            )
+        });
         Response::page(Status::BAD_REQUEST)
     };
-    let response = if head_only { response.without_body() } else { response };
-    write::head_and_bytes(&response, head.version, false)
+    if head_only {
+        response.without_body()
+    } else {
+        response
+    }
 }
 
 /// `https://HOST[:PORT]PATH[?QUERY]`: the Host's name without its (plain-HTTP)
@@ -273,7 +334,8 @@ mod tests {
         let root = Root::new(dir.path()).unwrap();
         let (head, _) = parse::parse(request.as_bytes(), MAX_HEAD).unwrap().unwrap();
         let peer: SocketAddr = "192.0.2.9:80".parse().unwrap();
-        String::from_utf8(answer(&head, &root, &Challenges::default(), &Target { https_port: 8443 }, peer)).unwrap()
+        let response = answer(&head, &root, &Challenges::default(), &Target { https_port: 8443 }, peer);
+        String::from_utf8(write::head_and_bytes(&response, head.version, false)).unwrap()
     }
 
     #[test]

@@ -56,7 +56,12 @@ pub fn prepare(
             tracing::warn!("{warning}");
         }
     }
+    let default_not_after = identity.chain.first().and_then(|leaf| not_after(leaf.as_ref()));
     let (keys, sites, alpn01) = open_sites(&config, &settings, cache_entries, acme)?;
+    let certificates = Certificates {
+        default: default_not_after,
+        sites: keys.iter().map(|k| (k.names.label().into_owned(), k.clone())).collect(),
+    };
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
     let tls = server_config(&settings, identity, keys, config.unknown_sni, alpn01.then(|| challenges.clone()))?;
     let client_auth = client_auth_configs(&config, &tls)?;
@@ -84,6 +89,7 @@ pub fn prepare(
         sites,
         challenges,
         cache,
+        certificates,
     };
     Ok(Prepared { shared, fingerprint, origin })
 }
@@ -246,6 +252,32 @@ fn check_tcp_options(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The certificates the server presents, for `ktlsd_certificate_expiry_timestamp_seconds`:
+/// the default one's end, fixed until a reload, and each site's slot, read when
+/// scraped (ACME swaps certificates in without a reload).
+pub struct Certificates {
+    pub default: Option<i64>,
+    pub sites: Vec<(String, Arc<SiteKey>)>,
+}
+
+impl Certificates {
+    /// Each site's label and the notAfter (Unix seconds) of the certificate it serves now.
+    pub fn expiry(&self) -> Vec<(String, i64)> {
+        let default = self.default.map(|t| ("default".to_string(), t));
+        let sites = self.sites.iter().filter_map(|(label, key)| {
+            let current = key.current();
+            Some((label.clone(), not_after(current.cert.first()?.as_ref())?))
+        });
+        default.into_iter().chain(sites).collect()
+    }
+}
+
+/// A certificate's notAfter (Unix seconds), when it parses.
+fn not_after(leaf: &[u8]) -> Option<i64> {
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// Days before a certificate's end from which start-up, reload and `check` warn.
 const EXPIRY_WARNING_DAYS: i64 = 14;
 
@@ -253,8 +285,7 @@ const EXPIRY_WARNING_DAYS: i64 = 14;
 /// [`EXPIRY_WARNING_DAYS`] of `now`; `None` when it is good for longer (or
 /// cannot be parsed here: rustls has accepted it, and the server goes on).
 fn expiry_warning(name: &str, leaf: &[u8], now: SystemTime) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
-    let not_after = cert.validity().not_after.timestamp();
+    let not_after = not_after(leaf)?;
     let now = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     let name = if name.is_empty() { "the certificate".to_string() } else { format!("certificate {name}") };
     let when = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(not_after.max(0) as u64));

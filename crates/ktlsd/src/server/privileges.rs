@@ -7,6 +7,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
+use std::path::{Path, PathBuf};
 
 use anyhow::anyhow;
 
@@ -82,6 +83,96 @@ pub fn drop_to(a: &Account) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Hands the state directory (what start-up wrote there as root: the generated
+/// certificate and key) to the account the server switches to, as systemd's
+/// `StateDirectory=` does, so that a reload after the switch can read it and ACME
+/// can write beside it. Symbolic links are changed themselves, never followed.
+pub fn hand_over_state_dir(dir: &std::path::Path, a: &Account) -> anyhow::Result<()> {
+    fn walk(p: &std::path::Path, a: &Account) -> io::Result<()> {
+        std::os::unix::fs::lchown(p, Some(a.uid), Some(a.gid))?;
+        if std::fs::symlink_metadata(p)?.is_dir() {
+            for entry in std::fs::read_dir(p)? {
+                walk(&entry?.path(), a)?;
+            }
+        }
+        Ok(())
+    }
+    if !dir.exists() {
+        return Ok(());
+    }
+    walk(dir, a).map_err(|e| {
+        anyhow!(
+            "cannot hand the state directory {} to user {:?}: {e} (chown it to that user, or name another --state-dir)",
+            dir.display(),
+            a.user
+        )
+    })
+}
+
+/// `ktlsd check --user NAME`: every file a reload reads after the switch (the
+/// configuration file, certificates and keys, session-ticket keys, ROOT and the
+/// sites' roots) must be readable by that account, judged by permission bits as
+/// the kernel would (each directory on the way searchable, the file readable).
+/// One error lists each file that is not.
+pub fn check_readable(config: &Config, config_file: Option<&Path>, a: &Account) -> anyhow::Result<()> {
+    let mut files: Vec<&Path> = config_file.into_iter().collect();
+    files.extend(config.cert.as_deref());
+    files.extend(config.key.as_deref());
+    files.extend(config.ticket_keys.iter().map(PathBuf::as_path));
+    let mut dirs: Vec<&Path> = vec![&config.root];
+    for site in &config.sites {
+        dirs.push(&site.root);
+        if let crate::config::SiteCert::Files { cert, key } = &site.cert {
+            files.extend([cert.as_path(), key.as_path()]);
+        }
+    }
+    let wanted = files.into_iter().map(|f| (f, READ)).chain(dirs.into_iter().map(|d| (d, READ | SEARCH)));
+    let refused: Vec<String> = wanted.filter_map(|(p, bits)| refusal(p, bits, a)).collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "user {:?} (--user) cannot read what a reload reads after the switch: {} (make each readable by that user or its group)",
+        a.user,
+        refused.join("; ")
+    ))
+}
+
+const READ: u32 = 4;
+const SEARCH: u32 = 1;
+
+/// Why `a` may not access `path` with `bits` (or a directory on the way to it
+/// with search), or `None` when it may.
+fn refusal(path: &Path, bits: u32, a: &Account) -> Option<String> {
+    let full = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    for dir in full.ancestors().skip(1) {
+        if let Err(why) = permits(dir, SEARCH, a) {
+            return Some(format!("{} ({}: {why})", path.display(), dir.display()));
+        }
+    }
+    permits(&full, bits, a).err().map(|why| format!("{} ({why})", path.display()))
+}
+
+/// Whether the permission bits of `path` give `a` every one of `bits` (rwx as 4, 2, 1).
+fn permits(path: &Path, bits: u32, a: &Account) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    let mode = m.mode();
+    let class = if a.uid == 0 {
+        return Ok(());
+    } else if m.uid() == a.uid {
+        (mode >> 6) & 7
+    } else if m.gid() == a.gid || a.groups.contains(&m.gid()) {
+        (mode >> 3) & 7
+    } else {
+        mode & 7
+    };
+    match class & bits == bits {
+        true => Ok(()),
+        false => Err(format!("mode {:04o}, owner uid {} gid {}", mode & 0o7777, m.uid(), m.gid())),
+    }
+}
+
 fn lookup_user(name: &str) -> anyhow::Result<(uid_t, gid_t)> {
     lookup("user", "passwd", name, sys::user_ids)
 }
@@ -120,5 +211,36 @@ mod tests {
         let e = lookup_group("no-such-group-ktlsd").unwrap_err().to_string();
         assert!(e.contains("does not exist"), "{e}");
         assert!(group_list("root", 0).unwrap().contains(&0));
+    }
+
+    #[test]
+    fn permission_bits_table() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("f");
+        std::fs::write(&f, "x").unwrap();
+        let me = sys::ids();
+        let (uid, gid) = (me.euid, me.egid);
+        let other =
+            Account { user: "other".into(), uid: uid.wrapping_add(4242), gid: gid.wrapping_add(4242), groups: vec![] };
+        let in_group = Account { groups: vec![gid], ..other.clone() };
+        let owner = Account { user: "owner".into(), uid, gid, groups: vec![gid] };
+        // (mode, account, readable)
+        let table = [
+            (0o600, &owner, true),
+            (0o600, &in_group, false),
+            (0o640, &in_group, true),
+            (0o640, &other, false),
+            (0o644, &other, true),
+            (0o044, &owner, uid == 0),
+        ];
+        for (mode, a, readable) in table {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(permits(&f, READ, a).is_ok(), readable, "{mode:o} for {a:?}");
+        }
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let why = refusal(&f, READ, &other).expect("the directory is not searchable");
+        assert!(why.contains("mode 0700"), "{why}");
     }
 }

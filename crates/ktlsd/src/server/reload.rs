@@ -1,16 +1,20 @@
 //! SIGHUP: the configuration file, the certificates and keys are read anew and
-//! handed to the workers; new connections take them, connections under way keep
-//! what they started with. What only start-up can do (bind sockets, start
-//! workers, drop privileges) keeps its running value, with a warning. On any
-//! error the running configuration stays. Not the signal itself (see `signals`).
+//! handed to the workers; new connections take them, and connections from before
+//! end after their current response (see `worker`). HTTPS listeners added to or
+//! removed from `listen` are opened and closed. What only start-up can do (the
+//! plain-HTTP listeners, worker threads, dropping privileges) keeps its running
+//! value, with a warning. On any error the running configuration stays. Not the
+//! signal itself (see `signals`).
 
 use std::sync::Arc;
 
 use super::acme::AcmeSites;
+use super::live_listeners::ListenerSet;
 use super::prepare::{prepare, Prepared};
 use super::{access_log, listener, Current};
 use crate::cli::ServeArgs;
 use crate::config::{Config, SiteCert};
+use crate::stats::sites::RELOADS;
 
 /// What start-up did that a reload cannot redo.
 pub struct Started {
@@ -28,8 +32,14 @@ struct Reloaded {
 }
 
 /// SIGHUP: re-reads the configuration file and the certificate and key, and
-/// hands the result to the workers. On any error the running configuration stays.
-pub fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, started: &Started, acme: &AcmeSites) {
+/// hands the result to the workers. On any error the running configuration stays,
+/// and the error (one line) is returned for the service manager.
+pub fn reload(
+    args: &ServeArgs,
+    current: &tokio::sync::watch::Sender<Current>,
+    started: &Started,
+    acme: &AcmeSites,
+) -> Result<(), String> {
     let old = current.borrow().clone();
     let result = load(args, &old, started, acme);
     // ACME tasks of sites the configuration now in force no longer has stop.
@@ -39,8 +49,15 @@ pub fn reload(args: &ServeArgs, current: &tokio::sync::watch::Sender<Current>, s
     };
     acme.retain(&acme_sites(&in_force.config));
     match result {
-        Ok(r) => hand_over(current, r, args),
-        Err(e) => report_failure(&e, started),
+        Ok(r) => {
+            RELOADS.loaded(true);
+            hand_over(current, r, args);
+            Ok(())
+        }
+        Err(e) => {
+            RELOADS.failed();
+            Err(report_failure(&e, started))
+        }
     }
 }
 
@@ -52,22 +69,46 @@ fn load(args: &ServeArgs, old: &Current, started: &Started, acme: &AcmeSites) ->
     // A reload that turns compression on opens the store; one open keeps its size.
     super::prepare::open_compressed_store(&config);
     let log = open_access_log(&config, old)?;
+    let site_logs = access_log::open_sites(&config, &old.site_logs)?;
     let Prepared { shared, fingerprint, origin } =
         prepare(config, Some(&old.shared), old.shared.file_options.cache_entries, Some(acme))?;
-    Ok(Reloaded { next: Current { shared: Arc::new(shared), log }, fingerprint, origin })
+    // Last, so that nothing above can fail after a new port is bound.
+    let listeners = reopen_listeners(&shared.config, old, started)?;
+    Ok(Reloaded { next: Current { shared: Arc::new(shared), log, listeners, site_logs }, fingerprint, origin })
 }
 
-/// Sockets, workers and privileges are set up once, at start-up: a reload that
-/// changes them keeps the running values (with a warning).
+/// The HTTPS listeners of the new configuration: addresses still configured keep
+/// their sockets, new ones are bound now, removed ones are closed by the workers
+/// once the new configuration is in force. Sockets passed by the service manager
+/// are its own: they stay as they are.
+fn reopen_listeners(config: &Config, old: &Current, started: &Started) -> anyhow::Result<ListenerSet> {
+    if started.activated {
+        return Ok(old.listeners.clone());
+    }
+    let next = old.listeners.reopen(&config.listen, config.workers).map_err(|e| anyhow::anyhow!(e))?;
+    let (before, after) = (old.listeners.bound(), next.bound());
+    for addr in after.iter().filter(|a| !before.contains(a)) {
+        tracing::info!("reload: listening on https://{addr}");
+    }
+    for addr in before.iter().filter(|a| !after.contains(a)) {
+        tracing::info!("reload: no longer listening on https://{addr}");
+    }
+    Ok(next)
+}
+
+/// Plain-HTTP sockets, workers and privileges are set up once, at start-up: a
+/// reload that changes them keeps the running values (with a warning).
 fn keep_start_up_settings(config: &mut Config, running: &Config, started: &Started) {
-    // Listeners are bound once, at start-up; changing them needs a restart.
     // Passed sockets are the service manager's: `listen` does not apply to them.
+    // Otherwise HTTPS listeners follow `listen` (see `reopen_listeners`).
     if started.activated {
         config.listen = running.listen.clone();
+        config.http_listen = running.http_listen.clone();
     } else {
-        keep_until_restart("listen addresses", &mut config.listen, &running.listen, |a| listener::join(a));
+        keep_until_restart("http_listen addresses", &mut config.http_listen, &running.http_listen, |a| {
+            listener::join(a)
+        });
     }
-    keep_until_restart("http_listen addresses", &mut config.http_listen, &running.http_listen, |a| listener::join(a));
     keep_until_restart("workers", &mut config.workers, &running.workers, |n| n.to_string());
     if (&config.user, &config.group, config.allow_root) != (&running.user, &running.group, running.allow_root) {
         tracing::warn!(
@@ -86,7 +127,8 @@ fn open_access_log(config: &Config, old: &Current) -> anyhow::Result<Option<Arc<
     match access_log::open(&config.access_log) {
         Ok(log) => Ok(log),
         Err(e) if config.access_log == old.shared.config.access_log => {
-            tracing::warn!("reload: {}; access-log lines keep going to the file already open", e.root_cause());
+            // `e` names the file and why it cannot be opened.
+            tracing::warn!("reload: {e:#}; access-log lines keep going to the file already open");
             Ok(old.log.clone())
         }
         Err(e) => Err(e),
@@ -109,8 +151,8 @@ fn hand_over(current: &tokio::sync::watch::Sender<Current>, r: Reloaded, args: &
 }
 
 /// Logs why a reload failed, with a hint when the account the server switched
-/// to cannot read a file.
-fn report_failure(e: &anyhow::Error, started: &Started) {
+/// to cannot read a file; returns that line.
+fn report_failure(e: &anyhow::Error, started: &Started) -> String {
     let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
     let denied = e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
@@ -121,10 +163,9 @@ fn report_failure(e: &anyhow::Error, started: &Started) {
         }
         _ => String::new(),
     };
-    tracing::error!(
-        "reload failed, still serving the previous configuration: {}{hint} (fix it and send SIGHUP again)",
-        chain.join(": ")
-    );
+    let why = format!("{}{hint}", chain.join(": "));
+    tracing::error!("reload failed, still serving the previous configuration: {why} (fix it and send SIGHUP again)");
+    why
 }
 
 /// The ACME sites of `config`, for [`AcmeSites::retain`].

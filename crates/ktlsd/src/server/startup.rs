@@ -13,12 +13,14 @@ use tokio::sync::watch;
 
 use super::acme::AcmeSites;
 use super::fd_budget::FdBudget;
+use super::live_listeners::ListenerSet;
 use super::prepare::{open_cache, prepare, Prepared};
 use super::reload::{reload, Started};
 use super::signals::{Event, Signals};
 use super::{access_log, admin, listener, plain, privileges, systemd, worker, Current, Shared};
 use crate::cli::ServeArgs;
 use crate::config::Config;
+use crate::stats::sites::RELOADS;
 use crate::stats::{Metrics, Stats};
 use crate::vocab::RecordLayer;
 
@@ -32,14 +34,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let acme = AcmeSites::new()?;
     let mut prepared = prepare(config, None, cache_entries, Some(&acme))?;
     let log = access_log::open(&prepared.shared.config.access_log)?;
+    let site_logs = access_log::open_sites(&prepared.shared.config, &[])?;
     let sockets = bind(&mut prepared.shared.config)?;
+    if let (privileges::Plan::Drop(account), Some(dir)) = (&plan, &prepared.shared.config.state_dir) {
+        privileges::hand_over_state_dir(dir, account)?;
+    }
     // Everything that needs root (ports, keys, ROOT, the access log) is open: drop it.
     let started = drop_privileges(&plan, sockets.activated)?;
     super::prepare::open_compressed_store(&prepared.shared.config);
     prepared.shared.cache = open_cache(&prepared.shared.config, None)?;
     let (shared, started_at) = announce_ready(prepared, &sockets);
-    let running = spawn(sockets, Current { shared, log }, started_at)?;
+    let listeners = match sockets.activated {
+        true => ListenerSet::default(),
+        false => ListenerSet::started(&shared.config.listen, &sockets.https_bound),
+    };
+    let running = spawn(sockets, Current { shared, log, listeners, site_logs }, started_at)?;
     systemd::notify("READY=1");
+    RELOADS.loaded(false);
     // Listeners are up and privileges dropped: ACME may now order and be validated.
     acme.go();
     wait(&mut signals, &args, &running.current, &started, &acme);
@@ -51,17 +62,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// certificate and key, ROOT, kTLS mode, TCP options, access log, free ports),
 /// without serving.
 pub fn check(args: ServeArgs) -> anyhow::Result<()> {
+    let config_file = args.config.clone();
     let config = Config::from_args(args)?;
-    privileges::plan(&config)?;
+    let plan = privileges::plan(&config)?;
     // `check` writes nothing: a missing self-signed certificate is not stored.
     let prepared = prepare(config, None, 0, None)?;
     let config = &prepared.shared.config;
-    access_log::check(&config.access_log)?;
+    access_log::check_all(config)?;
+    if let privileges::Plan::Drop(account) = &plan {
+        // What a reload reads after the switch must be readable by that account.
+        privileges::check_readable(config, config_file.as_deref(), account)?;
+    }
     for &addr in config.listen.iter().chain(&config.http_listen) {
-        if let listener::PortState::HeldForActivation { pid, command } =
-            listener::check_port(addr).map_err(|e| anyhow!(e))?
-        {
-            tracing::info!("{addr} is held by {command} (pid {pid}) for socket activation: serve started by it receives that socket");
+        match listener::check_port(addr).map_err(|e| anyhow!(e))? {
+            listener::PortState::Free => {}
+            listener::PortState::HeldForActivation { pid, command } => tracing::info!(
+                "{addr} is held by {command} (pid {pid}) for socket activation: serve started by it receives that socket"
+            ),
+            listener::PortState::HeldByRunningServer { pid } => tracing::info!(
+                "{addr} is held by the running ktlsd (pid {pid}): a reload keeps that listener"
+            ),
         }
     }
     println!("configuration OK");
@@ -103,21 +123,40 @@ struct Sockets {
 fn bind(config: &mut Config) -> anyhow::Result<Sockets> {
     let passed = systemd::listen_fds().map_err(|e| anyhow!(e))?;
     let activated = passed.is_some();
-    let (https, https_bound) = match passed {
-        Some(sockets) => {
+    // Sockets named `http` (FileDescriptorName=http) are the plain-HTTP listener's.
+    let (passed_http, passed_https): (Vec<_>, Vec<_>) =
+        passed.unwrap_or_default().into_iter().partition(|(_, name)| name == systemd::HTTP_FD_NAME);
+    let passed_https: Vec<TcpListener> = passed_https.into_iter().map(|(l, _)| l).collect();
+    let passed_http: Vec<TcpListener> = passed_http.into_iter().map(|(l, _)| l).collect();
+    if activated && passed_https.is_empty() {
+        return Err(anyhow!(
+            "socket activation: no HTTPS socket was passed (only sockets named {:?}); give the HTTPS socket unit another FileDescriptorName=",
+            systemd::HTTP_FD_NAME
+        ));
+    }
+    let (https, https_bound) = match activated {
+        true => {
             tracing::info!(
                 "socket activation: using the {} socket(s) passed by the service manager; listen ({}) is ignored",
-                sockets.len(),
+                passed_https.len(),
                 listener::join(&config.listen)
             );
-            listener::share(sockets, config.workers)
+            listener::share(passed_https, config.workers)
         }
-        None => listener::bind_all(&config.listen, config.workers),
+        false => listener::bind_all(&config.listen, config.workers),
     }
     .map_err(|e| anyhow!(e))?;
-    let (http, http_bound) = match config.http_listen.is_empty() {
-        true => (Vec::new(), Vec::new()),
-        false => listener::bind_all(&config.http_listen, 1).map_err(|e| anyhow!(e))?,
+    let (http, http_bound) = if !passed_http.is_empty() {
+        tracing::info!(
+            "socket activation: using the {} plain-HTTP socket(s) passed by the service manager; http_listen ({}) is ignored",
+            passed_http.len(),
+            listener::join(&config.http_listen)
+        );
+        listener::share(passed_http, 1).map_err(|e| anyhow!(e))?
+    } else if config.http_listen.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        listener::bind_all(&config.http_listen, 1).map_err(|e| anyhow!(e))?
     };
     let admin = match &config.admin {
         Some(a) => Some(admin::bind(a)?),
@@ -125,6 +164,7 @@ fn bind(config: &mut Config) -> anyhow::Result<Sockets> {
     };
     if activated {
         config.listen = https_bound.clone();
+        config.http_listen = http_bound.clone();
     }
     Ok(Sockets { https, https_bound, http, http_bound, admin, activated })
 }
@@ -225,6 +265,9 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
         metrics.push(m.clone());
         workers.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone(), m, per_ip.clone())?);
     }
+    // The port-80 listener counts its answers too; the admin listener sums it with the workers.
+    let plain_metrics = Arc::new(Metrics::default());
+    metrics.push(plain_metrics.clone());
     let admin = match sockets.admin {
         Some(b) => {
             if let Some(a) = &current_rx.borrow().shared.config.admin {
@@ -244,7 +287,7 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
     // Redirects name the first HTTPS address's port, as bound (port 0 resolved).
     let target = plain::Target { https_port: sockets.https_bound[0].port() };
     let plain = match sockets.http.into_iter().next() {
-        Some(ls) => Some(plain::spawn(ls, target, current_rx.clone(), stop_rx.clone())?),
+        Some(ls) => Some(plain::spawn(ls, target, current_rx.clone(), stop_rx.clone(), plain_metrics)?),
         None => None,
     };
     Ok(Running { stop: stop_tx, current: current_tx, workers, admin, plain })
@@ -263,8 +306,10 @@ fn wait(
             Event::Stop => return,
             Event::Reload => {
                 systemd::notify(&systemd::reloading_message());
-                reload(args, current, started, acme);
-                systemd::notify("READY=1");
+                match reload(args, current, started, acme) {
+                    Ok(()) => systemd::notify("READY=1\nSTATUS=serving; last reload succeeded"),
+                    Err(why) => systemd::notify(&systemd::reload_failed_message(&why)),
+                }
             }
             Event::Reopen => access_log::reopen(current),
         }

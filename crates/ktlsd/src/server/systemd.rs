@@ -1,5 +1,6 @@
 //! The two pieces of the systemd protocols ktlsd speaks: listening sockets
-//! passed by socket activation (`LISTEN_FDS`/`LISTEN_PID`, sd_listen_fds(3)),
+//! passed by socket activation (`LISTEN_FDS`/`LISTEN_PID`, sd_listen_fds(3), and
+//! their names, `LISTEN_FDNAMES`: `http` marks the plain-HTTP one),
 //! and state notifications to `NOTIFY_SOCKET` (sd_notify(3): `READY=1`,
 //! `RELOADING=1`, `STOPPING=1`) for `Type=notify` services.
 
@@ -17,10 +18,15 @@ const LISTEN_FDS_START: RawFd = 3;
 
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
+/// The name (`FileDescriptorName=` of the socket unit, `LISTEN_FDNAMES`) that
+/// marks a passed socket as the plain-HTTP (port 80) listener; any other name is HTTPS.
+pub const HTTP_FD_NAME: &str = "http";
+
 /// The listening sockets passed by the service manager, when `LISTEN_PID` names
 /// this process; `Ok(None)` when none were passed. Each must be a listening TCP
 /// socket. Takes ownership of the descriptors, so it acts once per process.
-pub fn listen_fds() -> Result<Option<Vec<TcpListener>>, String> {
+/// Each comes with its name from `LISTEN_FDNAMES` (empty when none was given).
+pub fn listen_fds() -> Result<Option<Vec<(TcpListener, String)>>, String> {
     let pid = std::env::var("LISTEN_PID").ok();
     if pid.and_then(|p| p.trim().parse::<u32>().ok()) != Some(std::process::id()) {
         return Ok(None);
@@ -35,8 +41,11 @@ pub fn listen_fds() -> Result<Option<Vec<TcpListener>>, String> {
     if TAKEN.swap(true, Ordering::SeqCst) {
         return Ok(None);
     }
+    let names: Vec<String> =
+        std::env::var("LISTEN_FDNAMES").map(|v| v.split(':').map(str::to_string).collect()).unwrap_or_default();
     let mut out = Vec::new();
     for fd in LISTEN_FDS_START..LISTEN_FDS_START + n {
+        let name = names.get((fd - LISTEN_FDS_START) as usize).cloned().unwrap_or_default();
         let Some(socket) = sys::take_passed_socket(fd) else {
             return Err(format!("socket activation: descriptor {fd} (of LISTEN_FDS={n}) is not open"));
         };
@@ -51,7 +60,7 @@ pub fn listen_fds() -> Result<Option<Vec<TcpListener>>, String> {
         // Non-blocking for the event loops; close-on-exec as every other descriptor here.
         socket.set_nonblocking(true).map_err(|e| format!("socket activation: descriptor {fd}: {e}"))?;
         socket.set_cloexec(true).map_err(|e| format!("socket activation: descriptor {fd}: {e}"))?;
-        out.push(socket.into());
+        out.push((socket.into(), name));
     }
     Ok(Some(out))
 }
@@ -82,4 +91,12 @@ pub fn notify(state: &str) {
 pub fn reloading_message() -> String {
     let usec = sys::monotonic_usec();
     format!("RELOADING=1\nMONOTONIC_USEC={usec}")
+}
+
+/// What a failed reload tells the service manager: the server is ready again (it
+/// still serves the previous configuration), and its status line says that the
+/// reload failed and why, with `RELOAD_FAILED=1` for tools that look for it.
+pub fn reload_failed_message(why: &str) -> String {
+    let why: String = why.chars().map(|c| if c == '\n' { ' ' } else { c }).collect();
+    format!("READY=1\nRELOAD_FAILED=1\nSTATUS=reload failed, still serving the previous configuration: {why}")
 }

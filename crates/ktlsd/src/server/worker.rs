@@ -7,6 +7,11 @@
 //! never waits for a task that is gone. Failed handshakes are counted by reason
 //! and logged, at most [`HANDSHAKE_LOG_LINES`] lines per second per worker.
 //!
+//! A reload retires the connections opened before it: each watches its
+//! generation's signal, which turns true when a new configuration arrives (or
+//! the server stops), and ends after its current response. The worker also
+//! follows the HTTPS listeners a reload opens and closes.
+//!
 //! A worker holds at most `max_connections` connections (by default its share
 //! of the file descriptor budget): one more is accepted and closed at once,
 //! counted as refused and logged at most once per second, so the listen backlog
@@ -23,16 +28,18 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tokio::task::JoinHandle as TaskHandle;
 
 use anyhow::Context;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
+use super::live_listeners::ListenerSet;
 use super::per_ip::PerIp;
 use super::{Current, Shared};
 use crate::http::{self, h1, h2, End};
-use crate::log::AccessLog;
+use crate::log::{AccessLog, RateLimit};
 use crate::stats::{Metrics, Stats, Traffic};
 use crate::tls;
 use crate::tls::handshake::{self, FailureKind};
@@ -46,10 +53,21 @@ struct Worker {
     shared: RefCell<Arc<Shared>>,
     /// Where a new configuration or access log arrives from.
     current: RefCell<watch::Receiver<Current>>,
+    /// This worker's index: which socket of each listener entry is its own.
+    id: usize,
+    /// The accept loop of each HTTPS address, by bound address.
+    accepting: RefCell<Vec<(SocketAddr, TaskHandle<()>)>>,
+    /// Turns true when the server stops (accept loops and connections watch it).
+    stop: watch::Receiver<bool>,
     log: AccessLog,
     /// This worker's counters; the admin listener reads them (only this worker writes).
     metrics: Arc<Metrics>,
     tasks: Rc<Tasks>,
+    /// Turns true when the configuration connections started with is replaced
+    /// (reload) or the server stops: idle keep-alive connections end, busy ones
+    /// after their current response (`Connection: close`, GOAWAY), so no client
+    /// is served an old configuration for more than one request.
+    retire: RefCell<watch::Sender<bool>>,
     handshake_log: RateLimit,
     /// Connections this worker holds at most when `max_connections` is not set.
     default_cap: usize,
@@ -59,6 +77,43 @@ struct Worker {
 }
 
 impl Worker {
+    /// Starts accepting on addresses new in `set` (with this worker's socket of
+    /// each) and stops on those no longer in it, which closes their sockets.
+    fn follow_listeners(self: &Rc<Worker>, set: &ListenerSet) {
+        if set.entries.is_empty() {
+            return; // Passed by the service manager: fixed.
+        }
+        let mut accepting = self.accepting.borrow_mut();
+        let keep: Vec<SocketAddr> = set.bound();
+        accepting.retain(|(addr, task)| {
+            let kept = keep.contains(addr);
+            if !kept {
+                task.abort();
+            }
+            kept
+        });
+        for entry in &set.entries {
+            if accepting.iter().any(|(a, _)| *a == entry.bound) {
+                continue;
+            }
+            let Some(socket) = entry.take(self.id) else { continue };
+            match TcpListener::from_std(socket) {
+                Ok(l) => {
+                    let task = tokio::task::spawn_local(accept_loop(l, self.clone(), self.stop.clone()));
+                    accepting.push((entry.bound, task));
+                }
+                Err(e) => tracing::error!("worker cannot use its listener on {}: {e}", entry.bound),
+            }
+        }
+    }
+
+    /// Tells every connection started so far to end after its current response;
+    /// connections accepted from now on get a new signal.
+    fn retire_connections(&self) {
+        let old = std::mem::replace(&mut *self.retire.borrow_mut(), watch::channel(false).0);
+        old.send_replace(true);
+    }
+
     /// Copies what this worker counts outside its metrics (panicked tasks, its
     /// open-file cache, its use of the compressed-body store) into them, so a scrape sees them within a tick.
     fn publish(&self) {
@@ -76,11 +131,18 @@ impl Worker {
 
     /// Takes a new configuration or access log if one was sent since the last look
     /// (one atomic load when nothing changed).
-    fn refresh(&self) {
+    fn refresh(self: &Rc<Worker>) {
         let mut rx = self.current.borrow_mut();
         if rx.has_changed().unwrap_or(false) {
-            let Current { shared, log } = rx.borrow_and_update().clone();
+            let Current { shared, log, listeners, site_logs } = rx.borrow_and_update().clone();
+            self.follow_listeners(&listeners);
+            self.log.switch_sites(&site_logs);
             self.log.set_format(shared.config.access_log_format);
+            self.log.set_custom(shared.config.access_log_custom.clone());
+            // A reopened access log keeps the configuration: connections go on.
+            if !Arc::ptr_eq(&shared, &self.shared.borrow()) {
+                self.retire_connections();
+            }
             *self.shared.borrow_mut() = shared;
             self.log.switch(log);
         }
@@ -131,47 +193,6 @@ impl Drop for Active {
     }
 }
 
-/// Lets through at most `limit` events per one-second window and counts the rest,
-/// to be reported in one line when the window is over.
-struct RateLimit {
-    limit: u32,
-    window: Cell<Instant>,
-    passed: Cell<u32>,
-    suppressed: Cell<u64>,
-}
-
-impl RateLimit {
-    const WINDOW: Duration = Duration::from_secs(1);
-
-    fn new(limit: u32) -> RateLimit {
-        RateLimit { limit, window: Cell::new(Instant::now()), passed: Cell::new(0), suppressed: Cell::new(0) }
-    }
-
-    /// Whether an event at `now` may be logged. Returns, too, how many events the
-    /// window that just ended suppressed (to be reported first).
-    fn check(&self, now: Instant) -> (bool, u64) {
-        let ended = self.roll(now);
-        if self.passed.get() < self.limit {
-            self.passed.set(self.passed.get() + 1);
-            (true, ended)
-        } else {
-            self.suppressed.set(self.suppressed.get() + 1);
-            (false, ended)
-        }
-    }
-
-    /// Starts a new window when the current one is over; returns how many events
-    /// the ended window suppressed.
-    fn roll(&self, now: Instant) -> u64 {
-        if now.saturating_duration_since(self.window.get()) < Self::WINDOW {
-            return 0;
-        }
-        self.window.set(now);
-        self.passed.set(0);
-        self.suppressed.replace(0)
-    }
-}
-
 fn log_suppressed_handshakes(n: u64) {
     if n > 0 {
         tracing::info!(
@@ -190,11 +211,12 @@ pub fn spawn(
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(listeners, current, stop, metrics, per_ip))
+        .spawn(move || run(id, listeners, current, stop, metrics, per_ip))
         .context("cannot start a worker thread")
 }
 
 fn run(
+    id: usize,
     listeners: Vec<StdListener>,
     mut current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
@@ -208,31 +230,40 @@ fn run(
             return Stats::default();
         }
     };
-    let Current { shared, log } = current.borrow_and_update().clone();
+    let Current { shared, log, site_logs, .. } = current.borrow_and_update().clone();
     let format = shared.config.access_log_format;
     let default_cap =
         super::FdBudget::read().connections_per_worker(shared.config.workers, shared.file_options.cache_entries);
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
+        id,
+        accepting: RefCell::default(),
+        stop: stop.clone(),
         log: AccessLog::new(log).counting(metrics.clone()),
         metrics,
         tasks: Rc::default(),
+        retire: RefCell::new(watch::channel(false).0),
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
         default_cap,
         refusal_log: RateLimit::new(1),
         per_ip,
     });
     worker.log.set_format(format);
+    worker.log.switch_sites(&site_logs);
+    worker.log.set_custom(worker.shared.borrow().config.access_log_custom.clone());
     let local = LocalSet::new();
     local.block_on(&rt, {
         let worker = worker.clone();
         async move {
-            let mut accepting = Vec::new();
             for l in listeners {
-                match TcpListener::from_std(l) {
-                    Ok(l) => accepting.push(tokio::task::spawn_local(accept_loop(l, worker.clone(), stop.clone()))),
-                    Err(e) => tracing::error!("worker cannot use its listener: {e}"),
+                let addr = l.local_addr();
+                match (TcpListener::from_std(l), addr) {
+                    (Ok(l), Ok(addr)) => {
+                        let task = tokio::task::spawn_local(accept_loop(l, worker.clone(), stop.clone()));
+                        worker.accepting.borrow_mut().push((addr, task));
+                    }
+                    (Err(e), _) | (_, Err(e)) => tracing::error!("worker cannot use its listener: {e}"),
                 }
             }
             let flusher = tokio::task::spawn_local({
@@ -244,6 +275,7 @@ fn run(
                         worker.log.flush();
                         worker.publish();
                         log_suppressed_handshakes(worker.handshake_log.roll(Instant::now()));
+                        crate::log::report_suppressed_refusals();
                     }
                 }
             });
@@ -263,10 +295,11 @@ fn run(
 
             let mut stop = stop;
             let _ = stop.wait_for(|s| *s).await;
-            for a in &accepting {
+            for (_, a) in worker.accepting.borrow_mut().drain(..) {
                 a.abort();
             }
             updates.abort();
+            worker.retire_connections();
             let shutdown_timeout = worker.shared.borrow().config.timeouts.shutdown;
             // In-flight connections finish their current response, bounded in time.
             let drained = tokio::time::timeout(shutdown_timeout, async {
@@ -321,12 +354,12 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                 };
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
-                let stop = stop.clone();
+                let signals = Signals { retire: worker.retire.borrow().subscribe(), stop: stop.clone() };
                 let shared = worker.shared.borrow().clone();
                 tokio::task::spawn_local(async move {
                     let _active = active;
                     let _counted = counted;
-                    connection(stream, peer, &w, &shared, stop).await;
+                    connection(stream, peer, &w, &shared, signals).await;
                 });
             }
             Err(e) => {
@@ -355,13 +388,16 @@ fn refuse(stream: TcpStream, peer: SocketAddr, worker: &Worker, why: &str) {
     }
 }
 
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    worker: &Worker,
-    shared: &Shared,
+/// What a connection watches besides its client.
+struct Signals {
+    /// Its configuration was replaced or the server stops: end after the current response.
+    retire: watch::Receiver<bool>,
+    /// The server stops: a lingering close ends at once.
     stop: watch::Receiver<bool>,
-) {
+}
+
+async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared: &Shared, signals: Signals) {
+    let Signals { retire, stop } = signals;
     let cfg = &shared.config;
     let stats = &worker.metrics.stats;
     let traffic = &worker.metrics.traffic;
@@ -426,14 +462,18 @@ async fn connection(
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
         HttpVersion::Http2 => {
-            let ctx = http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: stop };
+            let ctx =
+                http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: retire };
             h2::serve(&mut session, ctx).await
         }
         HttpVersion::Http1 => {
-            let ctx = http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: stop };
+            let ctx =
+                http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: retire };
             h1::serve(&mut session, ctx).await
         }
     };
+    // A connection retired by a reload still lingers on close; only a stop cuts that short.
+    session.linger_until(stop);
     session.count_into(stats);
     if let Ok(end) = tcp::read_end(session.socket()) {
         traffic.tcp_end(end);
@@ -499,31 +539,5 @@ mod tests {
             assert!(b.await.unwrap_err().is_panic());
         });
         assert_eq!((tasks.active.get(), tasks.panics.get()), (0, 1));
-    }
-
-    #[test]
-    fn rate_limit_table() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let rl = RateLimit { limit: 3, window: Cell::new(t0), passed: Cell::new(0), suppressed: Cell::new(0) };
-        // (time in ms, logged, suppressed count reported)
-        let steps = [
-            (0, true, 0),
-            (10, true, 0),
-            (20, true, 0),
-            (30, false, 0),
-            (999, false, 0),
-            (1000, true, 2),
-            (1001, true, 0),
-            (3000, true, 0),
-        ];
-        for (ms, log, reported) in steps {
-            assert_eq!(rl.check(at(ms)), (log, reported), "at {ms} ms");
-        }
-        for _ in 0..5 {
-            rl.check(at(3100));
-        }
-        assert_eq!(rl.roll(at(3500)), 0, "window still open");
-        assert_eq!(rl.roll(at(4000)), 3, "3 of 5 over the limit of 3 (one already passed at 3000)");
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod advisor;
 pub mod prometheus;
+pub mod sites;
 mod traffic;
 
 use std::fmt;
@@ -119,6 +120,8 @@ impl Stats {
 pub struct Metrics {
     pub stats: Stats,
     pub traffic: Traffic,
+    /// Requests and bytes by site.
+    pub sites: sites::SiteCounters,
 }
 
 impl Metrics {
@@ -127,6 +130,7 @@ impl Metrics {
     pub fn add(&self, other: &Metrics) {
         self.stats.add(&other.stats);
         self.traffic.add(&other.traffic);
+        self.sites.add(&other.sites);
     }
 
     /// The sum over `workers`.

@@ -78,6 +78,15 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
                 writeln!(out, "ktlsd_requests_total{{code=\"{class}\",method=\"{method}\"}} {}", v(&t.requests[i][j]));
         }
     }
+    family(
+        out,
+        "ktlsd_plain_http_requests_total",
+        "counter",
+        "Plain-HTTP answers (redirects to HTTPS, ACME HTTP-01), by status class.",
+    );
+    for (i, class) in STATUS_CLASSES.iter().enumerate() {
+        let _ = writeln!(out, "ktlsd_plain_http_requests_total{{code=\"{class}\"}} {}", v(&t.plain_requests[i]));
+    }
     family(out, "ktlsd_sent_body_bytes_total", "counter", "Response body bytes sent, by record layer.");
     for l in RecordLayer::ALL {
         let _ = writeln!(out, "ktlsd_sent_body_bytes_total{{record_layer=\"{l}\"}} {}", v(&t.body_bytes[l as usize]));
@@ -248,7 +257,7 @@ pub fn cache(out: &mut String, f: &CacheFigures) {
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(super) fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
@@ -286,7 +295,7 @@ fn decimal(v: u64, shift: u32) -> String {
 }
 
 /// A label value with `\`, `"` and newlines escaped, as the format requires.
-fn escape(s: &str) -> String {
+pub(super) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

@@ -29,7 +29,7 @@ fn method_index(method: Option<&Method>) -> usize {
 /// Status classes `1xx` to `5xx`, by index.
 pub const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-fn class_index(status: u16) -> usize {
+pub(super) fn class_index(status: u16) -> usize {
     (usize::from(status / 100)).clamp(1, 5) - 1
 }
 
@@ -157,6 +157,8 @@ pub struct Traffic {
     pub requests: [[Counter; 3]; 5],
     /// Body bytes sent, by [`RecordLayer`].
     pub body_bytes: [Counter; 2],
+    /// Plain-HTTP (port 80) answers: redirects, ACME HTTP-01, refusals; by status class.
+    pub plain_requests: [Counter; 5],
     pub response_time: Histogram,
     pub ttfb: Histogram,
     pub body_size: Histogram,
@@ -181,6 +183,7 @@ impl Default for Traffic {
             handshakes_resumed: Counter::new(0),
             requests: Default::default(),
             body_bytes: Default::default(),
+            plain_requests: Default::default(),
             response_time: Histogram::new(TIME_BOUNDS_US),
             ttfb: Histogram::new(TIME_BOUNDS_US),
             body_size: Histogram::new(SIZE_BOUNDS),
@@ -233,6 +236,11 @@ impl Traffic {
         }
     }
 
+    /// One plain-HTTP answer with `status`.
+    pub fn plain_request(&self, status: u16) {
+        Stats::bump(&self.plain_requests[class_index(status)]);
+    }
+
     /// A connection's TCP state at its end.
     pub fn tcp_end(&self, end: TcpEnd) {
         Stats::bump(&self.tcp_samples);
@@ -256,6 +264,9 @@ impl Traffic {
             Stats::add_to(x, y.load(Relaxed));
         }
         for (x, y) in self.body_bytes.iter().zip(&other.body_bytes) {
+            Stats::add_to(x, y.load(Relaxed));
+        }
+        for (x, y) in self.plain_requests.iter().zip(&other.plain_requests) {
             Stats::add_to(x, y.load(Relaxed));
         }
         for (x, y) in [

@@ -196,6 +196,14 @@ impl Session {
         self.linger = Some(stop);
     }
 
+    /// When a lingering close was asked for, it ends at once when `stop` turns
+    /// true instead of the signal the codec passed.
+    pub fn linger_until(&mut self, stop: watch::Receiver<bool>) {
+        if let Some(l) = &mut self.linger {
+            *l = stop;
+        }
+    }
+
     /// Ends the connection cleanly: close_notify, then (when asked to linger) the
     /// write side is shut down and input drained and dropped for a bounded time;
     /// the socket closes on drop.

@@ -67,7 +67,15 @@ pub struct Connection<'c, 'a, T> {
     buf: Vec<u8>,
     /// Whether any site has `[[proxy]]` rules (then request heads are kept for them).
     proxies: bool,
+    /// Whether a request was answered: a connection that has had none is new,
+    /// and its first request may be on its way when the shutdown signal comes.
+    answered: bool,
 }
+
+/// How long a connection with no request answered yet may still send its first
+/// one once the shutdown signal came (a reload or a stop): the client that just
+/// connected has its request on the way, and closing now would fail it.
+const FIRST_REQUEST_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serves requests on `conn` until the connection ends or the context's
 /// shutdown turns true (a request under way is answered first, with `Connection: close`).
@@ -97,12 +105,14 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
 impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub fn new(conn: &'c mut T, ctx: Context<'a, Settings>) -> Connection<'c, 'a, T> {
         let proxies = handler::proxy::any(&ctx.sites);
-        Connection { conn, ctx, buf: Vec::with_capacity(2048), proxies }
+        Connection { conn, ctx, buf: Vec::with_capacity(2048), proxies, answered: false }
     }
 
     /// [`State::Head`]: reads until a whole head is in. The idle timeout applies
     /// until its first byte, the header timeout from then on; `stop` ends a
-    /// connection with no request begun.
+    /// connection with no request begun, at once once it has answered one, after
+    /// [`FIRST_REQUEST_GRACE`] without a first byte when it is new. `stop` is
+    /// polled only while the shutdown signal is false, so never after it completed.
     pub async fn read_head<F: Future>(&mut self, mut stop: Pin<&mut F>) -> State<'a, T::Error> {
         let settings = self.ctx.settings;
         let mut started: Option<Instant> = if self.buf.is_empty() { None } else { Some(Instant::now()) };
@@ -112,14 +122,20 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
                 Ok(None) => {}
                 Err(bad) => break Err(bad),
             }
+            let stopping = self.ctx.stopping();
+            if stopping && self.buf.is_empty() && self.answered {
+                return State::Closed(End::Done);
+            }
             let timeout = match started {
+                None if stopping => settings.idle_timeout.min(FIRST_REQUEST_GRACE),
                 None => settings.idle_timeout,
                 Some(t) => settings.header_timeout.saturating_sub(t.elapsed()),
             };
             let before = self.buf.len();
+            // `read` is cancel-safe: a wait cut short by the signal loses nothing.
             let read = tokio::select! {
                 r = self.conn.read(&mut self.buf, timeout) => r,
-                _ = stop.as_mut(), if self.buf.is_empty() => return State::Closed(End::Done),
+                _ = stop.as_mut(), if self.buf.is_empty() && !stopping => continue,
             };
             match read {
                 Ok(0) => return State::Closed(End::Done),
@@ -228,7 +244,8 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
             Err(e) => return State::Closed(End::Error(e)),
         };
         let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb };
-        self.ctx.log(self.conn, Some(logged(&x.head)), sent);
+        self.ctx.log_host(self.conn, Some(logged(&x.head)), sent, x.head.request.authority.as_deref());
+        self.answered = true;
         if x.keep_alive && !self.ctx.stopping() {
             State::Head
         } else {
@@ -244,16 +261,16 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
 
     fn refused(&self, head: Option<&Head>, status: Status, why: &str) {
         let peer = self.ctx.peer;
-        match head {
-            Some(h) => tracing::info!(
+        crate::log::refusal(status.0, why, || match head {
+            Some(h) => format!(
                 "refused {peer} \"{} {} {}\": {} {why}",
                 h.request.method,
                 h.target,
                 h.version.as_str(),
                 status.0
             ),
-            None => tracing::info!("refused {peer} \"\": {} {why}", status.0),
-        }
+            None => format!("refused {peer} \"\": {} {why}", status.0),
+        });
     }
 
     /// Answers a request whose head could not be parsed, then the connection ends.
@@ -282,7 +299,11 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         let ttfb = started.elapsed();
         self.conn.last_response();
         let bytes = send(self.conn, &response, version, false).await.unwrap_or(0);
-        self.ctx.log(self.conn, head.map(logged), Sent { status: response.status.0, bytes, started, ttfb });
+        let sent = Sent { status: response.status.0, bytes, started, ttfb };
+        match head {
+            Some(h) => self.ctx.log_host(self.conn, Some(logged(h)), sent, h.request.authority.as_deref()),
+            None => self.ctx.log(self.conn, None, sent),
+        }
     }
 }
 

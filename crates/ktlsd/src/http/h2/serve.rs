@@ -51,6 +51,8 @@ struct Open<'a> {
     ttfb: Duration,
     referer: Option<String>,
     user_agent: Option<String>,
+    /// The :authority, for the access log.
+    host: Option<String>,
 }
 
 /// Serves streams on `conn` until the connection ends; when the context's shutdown turns true
@@ -106,7 +108,9 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     }
                 }
                 Event::HeaderListTooLarge { stream } => {
-                    tracing::info!("refused {peer} stream {}: 431 header list too large", stream.0);
+                    crate::log::refusal(431, "header list too large", || {
+                        format!("refused {peer} stream {}: 431 header list too large", stream.0)
+                    });
                     let fields =
                         [("server", "ktlsd".into()), ("date", http_date_now()), ("content-length", "0".into())];
                     let _ = h2.respond(stream, 431, fields, BodySize::None);
@@ -331,7 +335,10 @@ fn answer<'a, S>(
     };
     let method = request.map_or_else(|| Method::from_token(&head.method), |r| r.method);
     if let Some(why) = &response.refused {
-        tracing::info!("refused {peer} \"{} {target} HTTP/2.0\": {} {why}", head.method, response.status.0);
+        let status = response.status.0;
+        crate::log::refusal(status, why, || {
+            format!("refused {peer} \"{} {target} HTTP/2.0\": {status} {why}", head.method)
+        });
     }
     let status = response.status.0;
     let date = http_date_now();
@@ -349,10 +356,30 @@ fn answer<'a, S>(
         _ => (BodySize::None, None, Vec::new()),
     };
     let has_file = file.is_some() || upstream.is_some();
+    // An in-memory body (a built-in error page, a listing) is handed to the codec
+    // whole and leaves with the stream's frames: logged as sent, as HTTP/1.1 logs it.
+    let in_memory = match &size {
+        BodySize::Bytes(b) => b.len() as u64,
+        _ => 0,
+    };
     let text = |name: &str| head.header(name).map(|v| String::from_utf8_lossy(v).into_owned());
     let (referer, user_agent) = (text("referer"), text("user-agent"));
+    let host = head.authority.clone().filter(|a| !a.is_empty());
     let ttfb = started.elapsed();
-    let o = Open { file, parts, upstream, method, target, status, sent: 0, started, ttfb, referer, user_agent };
+    let o = Open {
+        file,
+        parts,
+        upstream,
+        method,
+        target,
+        status,
+        sent: in_memory,
+        started,
+        ttfb,
+        referer,
+        user_agent,
+        host,
+    };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
             open.insert(stream, o);
@@ -399,11 +426,8 @@ impl Open<'_> {
     fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };
         let logged = Logged { line, referer: self.referer.as_deref(), user_agent: self.user_agent.as_deref() };
-        ctx.log(
-            conn,
-            Some(logged),
-            Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb },
-        );
+        let sent = Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb };
+        ctx.log_host(conn, Some(logged), sent, self.host.as_deref());
     }
 }
 
