@@ -9,7 +9,7 @@
 //! The parts: [`options`] declares every option once (flag, key, type, help, default
 //! in the help); the command line's [`options::Options`] are merged over the file's
 //! (`Options::or`), and each section module validates its own options into its part
-//! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`],
+//! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`], [`h3`],
 //! [`content`] and [`sites`]. This module is not where the server applies them.
 //!
 //! # How to add an option
@@ -29,6 +29,7 @@
 pub mod admin;
 pub mod content;
 pub mod h2;
+pub mod h3;
 pub mod listen;
 pub mod options;
 pub mod privileges;
@@ -136,6 +137,8 @@ pub struct Config {
     pub h2_limits: crate::http::h2::Limits,
     /// The default site's content-delivery options (each `[[site]]` has its own).
     pub content: crate::handler::Content,
+    /// HTTP/3 over QUIC and its limits; `None`: off.
+    pub http3: Option<h3::Http3>,
 }
 
 /// Reads the configuration file: its keys are [`Options`]' names. Relative paths in
@@ -275,6 +278,7 @@ impl Config {
             max_connections: timeouts::max_connections(&o)?,
             h2_limits: h2::h2_limits(&o)?,
             content,
+            http3: h3::http3(&o)?,
         })
     }
 }

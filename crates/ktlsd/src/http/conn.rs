@@ -12,8 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::Transport;
-use crate::handler::Sites;
-use crate::log::{AccessEntry, AccessLog, RequestLine};
+use crate::handler::{Header, Response, Sites};
+use crate::log::{AccessEntry, AccessLog, RequestLine, TlsInfo};
+use crate::vocab::RecordLayer;
 
 /// One connection's surroundings, as its loop (`h1::serve`, `h2::serve`) takes
 /// them; `S` is the codec's own settings.
@@ -29,6 +30,8 @@ pub struct Context<'a, S> {
     /// Turns true when the server stops: requests under way are answered, then
     /// the connection ends.
     pub shutdown: watch::Receiver<bool>,
+    /// The `Alt-Svc` value answers carry (HTTP/3 on this port), or `None`.
+    pub alt_svc: Option<&'a str>,
 }
 
 /// How the connection ended, for the caller's counters.
@@ -69,6 +72,11 @@ impl<S> Context<'_, S> {
     /// Writes the access-log entry of one answer sent on `conn`; `request` is
     /// `None` when no request head could be read.
     pub fn log(&self, conn: &impl Transport, request: Option<Logged<'_>>, sent: Sent) {
+        self.log_over(conn.layer(), conn.tls(), request, sent);
+    }
+
+    /// [`Context::log`] for a connection that is no [`Transport`] (HTTP/3's QUIC).
+    pub fn log_over(&self, layer: RecordLayer, tls: Option<TlsInfo>, request: Option<Logged<'_>>, sent: Sent) {
         self.log.write(&AccessEntry {
             peer: self.peer,
             request: request.map(|r| r.line),
@@ -76,11 +84,19 @@ impl<S> Context<'_, S> {
             bytes: sent.bytes,
             started: sent.started,
             ttfb: sent.ttfb,
-            layer: conn.layer(),
+            layer,
             referer: request.and_then(|r| r.referer),
             user_agent: request.and_then(|r| r.user_agent),
-            tls: conn.tls(),
+            tls,
         });
+    }
+
+    /// `response` with the connection's `Alt-Svc` field, when it has one.
+    pub fn advertise(&self, mut response: Response) -> Response {
+        if let Some(v) = self.alt_svc {
+            response.headers.push(Header::Field("Alt-Svc".into(), v.to_string()));
+        }
+        response
     }
 
     /// Whether the server is stopping.

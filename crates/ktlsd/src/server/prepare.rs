@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, Context};
 
 use super::acme::{self, AcmeSites};
-use super::{congestion, Shared};
+use super::{congestion, Http3, Shared};
 use crate::acme::{Challenge, Challenges};
 use crate::config::{Config, KtlsMode, SiteCert};
 use crate::files::{self, Root};
@@ -60,6 +60,7 @@ pub fn prepare(
         _ => choose_ktls(&config)?.map(Arc::new),
     };
     check_tcp_options(&config)?;
+    let http3 = http3(&config, &tls)?;
     let shared = Shared {
         file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },
         h1: h1_settings(&config),
@@ -71,6 +72,7 @@ pub fn prepare(
         ktls,
         sites,
         challenges,
+        http3,
     };
     Ok(Prepared { shared, fingerprint, origin })
 }
@@ -152,6 +154,22 @@ fn h2_settings(config: &Config) -> h2::Settings {
         idle_timeout: config.timeouts.idle,
         stall_timeout: config.timeouts.send,
     }
+}
+
+/// What HTTP/3 connections are served with, when `http3` is on: the QUIC side of
+/// `tls`, the endpoint keys and the limits.
+fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<Http3>> {
+    let Some(h3) = &config.http3 else { return Ok(None) };
+    let settings = crate::quic::Settings {
+        max_streams: h3.max_streams,
+        idle_timeout: config.timeouts.idle,
+        handshake_timeout: config.timeouts.handshake,
+        retry: h3.retry,
+    };
+    let keys = crate::quic::Keys::new(&config.ticket_keys).map_err(|e| anyhow!(e))?;
+    let quic = crate::quic::server_config(tls, &settings, &keys).map_err(|e| anyhow!(e))?;
+    let h3 = crate::http::h3::Settings { max_field_section: config.limits.max_header_bytes as u64 };
+    Ok(Some(Http3 { quic: Arc::new(quic), keys, settings, h3 }))
 }
 
 /// The TLS layer's share of the configuration.

@@ -14,8 +14,10 @@
 //! itself fails (out of descriptors), the loop sleeps before trying again
 //! rather than spin on the pending connection.
 
+mod quic;
+
 use std::cell::{Cell, RefCell};
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::{SocketAddr, TcpListener as StdListener, UdpSocket};
 use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -175,18 +177,20 @@ fn log_suppressed_handshakes(n: u64) {
 pub fn spawn(
     id: usize,
     listeners: Vec<StdListener>,
+    udp: Vec<UdpSocket>,
     current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(listeners, current, stop, metrics))
+        .spawn(move || run(listeners, udp, current, stop, metrics))
         .context("cannot start a worker thread")
 }
 
 fn run(
     listeners: Vec<StdListener>,
+    udp: Vec<UdpSocket>,
     mut current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
@@ -224,6 +228,7 @@ fn run(
                     Err(e) => tracing::error!("worker cannot use its listener: {e}"),
                 }
             }
+            accepting.extend(quic::start(udp, &worker, &stop));
             let flusher = tokio::task::spawn_local({
                 let worker = worker.clone();
                 async move {
@@ -341,6 +346,8 @@ async fn connection(
     let cfg = &shared.config;
     let stats = &worker.metrics.stats;
     let traffic = &worker.metrics.traffic;
+    // HTTP/3 listens on the UDP port of the address this connection came to.
+    let alt_svc = shared.http3.as_ref().and_then(|_| stream.local_addr().ok()).map(|a| quic::alt_svc(a.port()));
     let _ = stream.set_nodelay(true);
     if let Some(lowat) = cfg.tcp.notsent_lowat {
         let _ = tcp::set_notsent_lowat(stream.as_fd(), lowat);
@@ -393,7 +400,8 @@ async fn connection(
     };
     Stats::bump(match session.mode() {
         RecordLayer::Kernel => &stats.ktls,
-        RecordLayer::Userspace => &stats.userspace,
+        // A TLS session is never QUIC's; counted with the other user-space layer if it were.
+        RecordLayer::Userspace | RecordLayer::Quic => &stats.userspace,
     });
     let _open = Open::new(traffic, session.mode(), protocol);
 
@@ -401,11 +409,26 @@ async fn connection(
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
         HttpVersion::Http2 => {
-            let ctx = http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: stop };
+            let ctx = http::Context {
+                peer,
+                settings: &shared.h2,
+                sites: site_table,
+                log: &worker.log,
+                shutdown: stop,
+                alt_svc: alt_svc.as_deref(),
+            };
             h2::serve(&mut session, ctx).await
         }
-        HttpVersion::Http1 => {
-            let ctx = http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: stop };
+        // ALPN over TCP never agrees on h3 (it is not offered there).
+        HttpVersion::Http1 | HttpVersion::Http3 => {
+            let ctx = http::Context {
+                peer,
+                settings: &shared.h1,
+                sites: site_table,
+                log: &worker.log,
+                shutdown: stop,
+                alt_svc: alt_svc.as_deref(),
+            };
             h1::serve(&mut session, ctx).await
         }
     };

@@ -192,7 +192,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     /// [`State::Answer`]: the handler's answer (method, file, preconditions,
     /// range) is sent and logged; the connection then waits for the next head, or ends.
     pub async fn answer(&mut self, x: Exchange, site: Site<'a>) -> State<'a, T::Error> {
-        let response = handler::handle(&x.head.request, &site);
+        let response = self.ctx.advertise(handler::handle(&x.head.request, &site));
         if let Some(why) = &response.refused {
             self.refused(Some(&x.head), response.status, why);
         }

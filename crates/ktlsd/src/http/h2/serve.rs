@@ -240,6 +240,7 @@ fn answer<S>(
     if let Some(why) = &response.refused {
         tracing::info!("refused {peer} \"{} {target} HTTP/2.0\": {} {why}", head.method, response.status.0);
     }
+    let response = ctx.advertise(response);
     let status = response.status.0;
     let date = http_date_now();
     let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
@@ -265,8 +266,8 @@ fn answer<S>(
 }
 
 /// The handler's view of a request head: method, path and query split from
-/// `:path`, `:authority`, and the conditional and range fields.
-fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
+/// `:path`, `:authority`, and the conditional and range fields (HTTP/3's too).
+pub fn to_request(head: &RequestHead) -> Result<Request, &'static str> {
     let method = Method::from_token(&head.method);
     let target = head.path.as_deref().unwrap_or("");
     let without_fragment = target.split('#').next().unwrap_or("");
