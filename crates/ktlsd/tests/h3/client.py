@@ -4,8 +4,10 @@
     client.py HOST PORT [--sni NAME] requests JSON
         JSON: a list of {"path": "/f", "method": "GET", "authority": "a.example",
         "headers": [["range", "bytes=0-9"]]}, all sent at once on one connection.
-        Prints a JSON list, one object per request: status, headers, len, sha256
-        and the first 300 bytes of the body as text (or "reset": code, "error").
+        Prints {"cert": the server certificate's SHA-256 (colon-separated hex),
+        "retried": whether the server sent a Retry, "responses": one object per
+        request: status, headers, len, sha256 and the first 300 bytes of the body
+        as text (or "reset": code, "error")}.
     client.py HOST PORT [--sni NAME] abuse KIND
         KIND: data-first (a DATA frame opens a request stream), qpack-garbage (a
         HEADERS frame QPACK cannot decode), huge-headers (a field section over the
@@ -21,6 +23,8 @@ import hashlib
 import json
 import ssl
 
+from cryptography.hazmat.primitives import serialization
+
 from aioquic.asyncio import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
@@ -31,10 +35,24 @@ from aioquic.quic.events import ConnectionTerminated, StreamReset
 TIMEOUT = 60
 
 
+class H3(H3Connection):
+    """aioquic's H3Connection, told which streams asked HEAD: it checks every
+    response's body against its Content-Length, which a HEAD response states for the
+    body it has not (RFC 9110 section 9.3.2)."""
+
+    def __init__(self, quic):
+        super().__init__(quic)
+        self.head_streams = set()
+
+    def _check_content_length(self, stream):
+        if stream.stream_id not in self.head_streams:
+            super()._check_content_length(stream)
+
+
 class Client(QuicConnectionProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.h3 = H3Connection(self._quic)
+        self.h3 = H3(self._quic)
         self.waiters = {}
         self.terminated = asyncio.get_event_loop().create_future()
 
@@ -67,7 +85,7 @@ class Client(QuicConnectionProtocol):
     def open(self):
         sid = self._quic.get_next_available_stream_id()
         fut = asyncio.get_event_loop().create_future()
-        self.waiters[sid] = (fut, {"headers": [], "body": b""})
+        self.waiters[sid] = (fut, {"headers": [], "body": bytearray()})
         return sid, fut
 
     async def request(self, method, path, authority, headers):
@@ -75,6 +93,8 @@ class Client(QuicConnectionProtocol):
         fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", authority.encode()),
                   (b":path", path.encode())]
         fields += [(k.encode(), v.encode()) for k, v in headers]
+        if method == "HEAD":
+            self.h3.head_streams.add(sid)
         self.h3.send_headers(sid, fields, end_stream=True)
         self.transmit()
         return await asyncio.wait_for(fut, TIMEOUT)
@@ -90,7 +110,7 @@ class Client(QuicConnectionProtocol):
 def summary(res):
     headers = res.get("headers", [])
     status = next((int(v) for k, v in headers if k == ":status"), None)
-    body = res.get("body", b"")
+    body = bytes(res.get("body", b""))
     out = {"status": status, "headers": [[k, v] for k, v in headers if not k.startswith(":")],
            "len": len(body), "sha256": hashlib.sha256(body).hexdigest(),
            "text": body[:300].decode("latin-1")}
@@ -98,6 +118,12 @@ def summary(res):
         if k in res:
             out[k] = res[k]
     return out
+
+
+def fingerprint(client):
+    cert = client._quic.tls._peer_certificate
+    der = cert.public_bytes(serialization.Encoding.DER)
+    return ":".join("%02X" % b for b in hashlib.sha256(der).digest())
 
 
 def varint(n):
@@ -133,7 +159,8 @@ async def main():
             tasks = [c.request(r.get("method", "GET"), r["path"], r.get("authority", a.sni),
                                r.get("headers", [])) for r in reqs]
             results = await asyncio.gather(*tasks)
-            print(json.dumps([summary(r) for r in results]))
+            print(json.dumps({"cert": fingerprint(c), "retried": c._quic._retry_source_connection_id is not None,
+                              "responses": [summary(r) for r in results]}))
             return
         if a.arg == "huge-headers":
             res = await c.request("GET", "/", a.sni, [("x-big-%d" % i, "a" * 1000) for i in range(40)])
