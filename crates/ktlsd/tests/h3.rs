@@ -198,3 +198,26 @@ fn sni_and_authority_choose_the_site_over_http3() {
     let r = requests(&srv, "a.example", &serde_json::json!([{"path": "/f.txt", "authority": "b.example"}]));
     assert_eq!(r["responses"][0]["text"], "b", "{r}");
 }
+
+#[test]
+fn shutdown_closes_open_connections_with_h3_no_error() {
+    use std::io::BufRead;
+    let srv = h3_server(Server::builder(BIN).file("index.html", "hi"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/client.py");
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .arg(&script)
+        .args([&srv.addr().ip().to_string(), &srv.port().to_string(), "wait-close", "20"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("200"), "{first}");
+    let t0 = Instant::now();
+    srv.signal(libc::SIGTERM);
+    let last = lines.next().unwrap().unwrap();
+    let _ = child.wait();
+    let v: Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(v["closed"].as_u64(), Some(0x100), "{last}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "closed after {:?}", t0.elapsed());
+}

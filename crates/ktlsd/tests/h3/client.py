@@ -8,6 +8,9 @@
         "retried": whether the server sent a Retry, "responses": one object per
         request: status, headers, len, sha256 and the first 300 bytes of the body
         as text (or "reset": code, "error")}.
+    client.py HOST PORT [--sni NAME] wait-close SECONDS
+        GET /, print {"status": ...}, then wait for the server to close the
+        connection and print {"closed": error code or null, "reason": ...}.
     client.py HOST PORT [--sni NAME] abuse KIND
         KIND: data-first (a DATA frame opens a request stream), qpack-garbage (a
         HEADERS frame QPACK cannot decode), huge-headers (a field section over the
@@ -148,7 +151,7 @@ async def main():
     ap.add_argument("host")
     ap.add_argument("port", type=int)
     ap.add_argument("--sni", default="localhost")
-    ap.add_argument("mode", choices=["requests", "abuse"])
+    ap.add_argument("mode", choices=["requests", "abuse", "wait-close"])
     ap.add_argument("arg")
     a = ap.parse_args()
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE,
@@ -161,6 +164,16 @@ async def main():
             results = await asyncio.gather(*tasks)
             print(json.dumps({"cert": fingerprint(c), "retried": c._quic._retry_source_connection_id is not None,
                               "responses": [summary(r) for r in results]}))
+            return
+        if a.mode == "wait-close":
+            # One request, then wait (up to ARG seconds) for the server to close the connection.
+            res = summary(await c.request("GET", "/", a.sni, []))
+            print(json.dumps({"status": res["status"]}), flush=True)
+            try:
+                ev = await asyncio.wait_for(asyncio.shield(c.terminated), float(a.arg))
+                print(json.dumps({"closed": ev.error_code, "reason": ev.reason_phrase}))
+            except asyncio.TimeoutError:
+                print(json.dumps({"closed": None}))
             return
         if a.arg == "huge-headers":
             res = await c.request("GET", "/", a.sni, [("x-big-%d" % i, "a" * 1000) for i in range(40)])

@@ -10,7 +10,7 @@
 use std::net::{SocketAddr, UdpSocket};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -21,6 +21,12 @@ use crate::quic::{self, Admit};
 use crate::server::Shared;
 use crate::stats::Stats;
 use crate::vocab::{HttpVersion, RecordLayer};
+
+/// HTTP/3's H3_NO_ERROR (RFC 9114 section 8.1), the code a connection is closed with.
+const H3_NO_ERROR: quinn::VarInt = quinn::VarInt::from_u32(0x100);
+
+/// How long a connection ended by shutdown waits for its CONNECTION_CLOSE to leave.
+const CLOSE_FLUSH: Duration = Duration::from_millis(200);
 
 /// The `Alt-Svc` value that points HTTP/1.1 and HTTP/2 clients to HTTP/3 on `port`
 /// for a day (as nginx's documentation and Caddy send it).
@@ -89,9 +95,14 @@ async fn accept_loop(endpoint: quinn::Endpoint, worker: Rc<Worker>, stop: watch:
         let active = Active::new(worker.tasks.clone(), peer);
         let w = worker.clone();
         let stop = stop.clone();
+        let endpoint = endpoint.clone();
         tokio::task::spawn_local(async move {
             let _active = active;
-            connection(incoming, peer, &w, &shared, stop).await;
+            connection(incoming, peer, &w, &shared, stop.clone()).await;
+            if *stop.borrow() {
+                // Lets the endpoint send the connection's CONNECTION_CLOSE before the worker's loop ends.
+                let _ = tokio::time::timeout(CLOSE_FLUSH, endpoint.wait_idle()).await;
+            }
         });
     }
 }
@@ -124,6 +135,7 @@ async fn connection(
         }
     };
     Stats::bump(&traffic.handshakes_ok);
+    let handle = conn.clone();
     let _open = Open::new(traffic, RecordLayer::Quic, HttpVersion::Http3);
     let ctx = http::Context {
         peer,
@@ -133,7 +145,11 @@ async fn connection(
         shutdown: stop,
         alt_svc: None,
     };
-    match http::h3::serve(h3_quinn::Connection::new(conn), ctx).await {
+    let end = http::h3::serve(h3_quinn::Connection::new(conn), ctx).await;
+    // After GOAWAY and the last response, or a failure: the connection is closed now,
+    // not when its idle timeout runs out on the client's side.
+    handle.close(H3_NO_ERROR, b"");
+    match end {
         End::Done => {}
         End::Timeout => Stats::bump(&stats.timeouts),
         End::Error(e) => {
