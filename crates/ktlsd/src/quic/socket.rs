@@ -51,6 +51,60 @@ pub fn bind_all(addrs: &[SocketAddr], workers: usize) -> Result<Vec<Vec<UdpSocke
     Ok(per_worker)
 }
 
+/// What this machine offers HTTP/3's UDP sockets, for `ktlsd doctor`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UdpFacts {
+    /// Datagrams one send may carry with UDP GSO (1: no GSO, each datagram its own send).
+    pub gso_segments: usize,
+    /// Datagrams one receive may return with UDP GRO (1: no GRO).
+    pub gro_segments: usize,
+    /// `net.core.rmem_max` and `wmem_max`: the most a socket may ask for.
+    pub rmem_max: Option<u64>,
+    pub wmem_max: Option<u64>,
+    /// What a socket asking for [`SOCKET_BUFFER`] gets (the kernel counts its own overhead in it).
+    pub recv_buffer: Option<usize>,
+    pub send_buffer: Option<usize>,
+}
+
+/// Probes a loopback UDP socket set up as the server sets up its own.
+pub fn probe() -> UdpFacts {
+    let sysctl = |name: &str| std::fs::read_to_string(format!("/proc/sys/net/core/{name}")).ok()?.trim().parse().ok();
+    let socket = bind_one(SocketAddr::from(([127, 0, 0, 1], 0))).ok();
+    let state = socket.as_ref().and_then(|s| quinn::udp::UdpSocketState::new(s.into()).ok());
+    let sock_ref = socket.as_ref().map(socket2::SockRef::from);
+    UdpFacts {
+        gso_segments: state.as_ref().map_or(1, |s| s.max_gso_segments()),
+        gro_segments: state.as_ref().map_or(1, |s| s.gro_segments()),
+        rmem_max: sysctl("rmem_max"),
+        wmem_max: sysctl("wmem_max"),
+        recv_buffer: sock_ref.as_ref().and_then(|s| s.recv_buffer_size().ok()),
+        send_buffer: sock_ref.as_ref().and_then(|s| s.send_buffer_size().ok()),
+    }
+}
+
+impl UdpFacts {
+    /// What to do about each gap, one line each.
+    pub fn advice(&self) -> Vec<String> {
+        let mut advice = Vec::new();
+        if self.gso_segments <= 1 {
+            advice.push(
+                "UDP GSO: unavailable; HTTP/3 sends each datagram with its own system call (Linux 4.18+ has GSO)"
+                    .to_string(),
+            );
+        }
+        let want = SOCKET_BUFFER as u64;
+        for (name, max) in [("rmem_max", self.rmem_max), ("wmem_max", self.wmem_max)] {
+            if max.is_some_and(|m| m < want) {
+                advice.push(format!(
+                    "UDP buffers: net.core.{name} is {} bytes; HTTP/3 asks for {want}: `sysctl -w net.core.{name}={want}` so bursts are not dropped",
+                    max.unwrap_or(0)
+                ));
+            }
+        }
+        advice
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +118,21 @@ mod tests {
         let sockets = bind_all(&[addr], 2).unwrap();
         assert_eq!(sockets.len(), 2);
         assert!(sockets.iter().all(|w| w[0].local_addr().unwrap() == addr));
+    }
+
+    #[test]
+    fn advice_names_each_gap() {
+        let facts = |gso, rmem| UdpFacts {
+            gso_segments: gso,
+            gro_segments: 1,
+            rmem_max: Some(rmem),
+            wmem_max: Some(1 << 30),
+            recv_buffer: None,
+            send_buffer: None,
+        };
+        assert!(facts(64, 1 << 30).advice().is_empty());
+        let a = facts(1, 212_992).advice();
+        assert!(a[0].contains("GSO") && a[1].contains("net.core.rmem_max=4194304"), "{a:?}");
+        assert!(probe().gso_segments >= 1);
     }
 }
