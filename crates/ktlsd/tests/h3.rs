@@ -221,3 +221,90 @@ fn shutdown_closes_open_connections_with_h3_no_error() {
     assert_eq!(v["closed"].as_u64(), Some(0x100), "{last}");
     assert!(t0.elapsed() < Duration::from_secs(5), "closed after {:?}", t0.elapsed());
 }
+
+/// A browser: headless Chromium, told to use QUIC for the server's origin and to
+/// trust its certificate by public key, loads a page of 30 images and scripts; the
+/// page writes into the DOM how many loaded and how many came over `h3` (Resource
+/// Timing's `nextHopProtocol`), and the access log has every request as HTTP/3.0.
+#[test]
+fn chromium_loads_a_page_of_thirty_resources_over_http3() {
+    let Some(chromium) = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|c| std::process::Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
+    else {
+        panic!("chromium is not installed (scripts/test installs Debian's chromium)");
+    };
+    const GIF: &[u8] = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;";
+    let mut b = Server::builder(BIN);
+    let mut tags = String::new();
+    for i in 0..20 {
+        b = b.file(&format!("img/{i}.gif"), GIF);
+        tags += &format!("<img src=\"/img/{i}.gif\" onload=\"ok()\" onerror=\"bad()\">\n");
+    }
+    for i in 0..10 {
+        b = b.file(
+            &format!("js/{i}.js"),
+            format!("window.scripts = (window.scripts || 0) + 1; // {}\n", "x".repeat(i * 900)),
+        );
+        tags += &format!("<script src=\"/js/{i}.js\" onload=\"ok()\" onerror=\"bad()\"></script>\n");
+    }
+    let page = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\n<script>\n\
+         var loaded = 0, failed = 0;\n\
+         function ok() {{ loaded++; }}\n\
+         function bad() {{ failed++; }}\n\
+         window.addEventListener('load', function () {{\n\
+           var e = performance.getEntriesByType('resource');\n\
+           var h3 = e.filter(function (r) {{ return r.nextHopProtocol === 'h3'; }}).length;\n\
+           var nav = performance.getEntriesByType('navigation')[0].nextHopProtocol;\n\
+           document.getElementById('result').textContent = 'loaded=' + loaded + ' failed=' + failed + ' h3=' + h3 + ' page=' + nav;\n\
+         }});\n\
+         </script>\n{tags}</head><body><p id=\"result\">pending</p></body></html>\n"
+    );
+    let (cert, key, _) = cert_for(b.dir(), "localhost", &["localhost"]);
+    let srv = h3_server(b.file("index.html", page).arg("--cert").arg(&cert).arg("--key").arg(&key));
+    // The certificate's SubjectPublicKeyInfo, SHA-256, base64: what Chromium is told to accept.
+    let spki = run_with_timeout(
+        std::process::Command::new("sh").arg("-c").arg(format!(
+            "openssl x509 -pubkey -noout -in {} | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | openssl base64 -A",
+            cert.display()
+        )),
+        None,
+        Duration::from_secs(20),
+    );
+    let spki = String::from_utf8_lossy(&spki.stdout).trim().to_string();
+    assert_eq!(spki.len(), 44, "SPKI hash {spki:?}");
+    let origin = format!("localhost:{}", srv.port());
+    let profile = srv.dir().join("chromium-profile");
+    let out = run_with_timeout(
+        std::process::Command::new(chromium).args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--enable-quic",
+            &format!("--origin-to-force-quic-on={origin}"),
+            &format!("--ignore-certificate-errors-spki-list={spki}"),
+            // The server listens on 127.0.0.1 only; Chromium would try ::1 first and not fall back for QUIC.
+            "--host-resolver-rules=MAP localhost 127.0.0.1",
+            &format!("--user-data-dir={}", profile.display()),
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            &format!("https://{origin}/index.html"),
+        ]),
+        None,
+        Duration::from_secs(120),
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(dom.contains("loaded=30 failed=0 h3=30 page=h3"), "{dom}\n{}", String::from_utf8_lossy(&out.stderr));
+    let stopped = srv.stop();
+    let lines: Vec<&String> = stopped.access_log.iter().filter(|l| l.contains("\"GET /")).collect();
+    assert!(lines.len() >= 31, "{:#?}", stopped.access_log);
+    assert!(
+        lines.iter().all(|l| l.contains(" HTTP/3.0\" 200 ") && l.ends_with("tls=quic")),
+        "{:#?}",
+        stopped.access_log
+    );
+}
