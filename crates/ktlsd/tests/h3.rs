@@ -308,3 +308,13 @@ fn chromium_loads_a_page_of_thirty_resources_over_http3() {
         stopped.access_log
     );
 }
+
+#[test]
+fn a_flood_of_cancelled_requests_ends_the_connection_with_excessive_load() {
+    let srv = h3_server(Server::builder(BIN).file("f", "fine").no_access_log().args(["--h2-max-resets", "50"]));
+    write_big_file(&srv.root().join("big"), 16 << 20);
+    let r = client(&srv, "localhost", &["abuse", "cancel-flood:400:/big"]);
+    assert_eq!(r["closed"].as_u64(), Some(0x107), "H3_EXCESSIVE_LOAD: {r}");
+    let r = requests(&srv, "localhost", &serde_json::json!([{"path": "/f"}]));
+    assert_eq!(r["responses"][0]["text"], "fine", "{r}");
+}

@@ -168,7 +168,10 @@ fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<H
     };
     let keys = crate::quic::Keys::new(&config.ticket_keys).map_err(|e| anyhow!(e))?;
     let quic = crate::quic::server_config(tls, &settings, &keys).map_err(|e| anyhow!(e))?;
-    let h3 = crate::http::h3::Settings { max_field_section: config.limits.max_header_bytes as u64 };
+    let h3 = crate::http::h3::Settings {
+        max_field_section: config.limits.max_header_bytes as u64,
+        max_resets: config.h2_limits.max_resets,
+    };
     Ok(Some(Http3 { quic: Arc::new(quic), keys, settings, h3 }))
 }
 

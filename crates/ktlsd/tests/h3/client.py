@@ -14,7 +14,7 @@
     client.py HOST PORT [--sni NAME] abuse KIND
         KIND: data-first (a DATA frame opens a request stream), qpack-garbage (a
         HEADERS frame QPACK cannot decode), huge-headers (a field section over the
-        server's limit). Prints {"closed": error code or null, "reason": ...,
+        server's limit), cancel-flood:N:PATH (N requests, each cancelled at once). Prints {"closed": error code or null, "reason": ...,
         "status": ..., "reset": ...}: what the server did about it.
 
 Exit status 0 when it could talk to the server at all; the test judges the rest.
@@ -175,7 +175,20 @@ async def main():
             except asyncio.TimeoutError:
                 print(json.dumps({"closed": None}))
             return
-        if a.arg == "huge-headers":
+        if a.arg.startswith("cancel-flood:"):
+            # N requests for PATH, each cancelled (STOP_SENDING) as soon as it is sent.
+            n, path = a.arg.split(":", 2)[1:]
+            for i in range(int(n)):
+                sid, _ = c.open()
+                c.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                                        (b":authority", a.sni.encode()), (b":path", path.encode())], end_stream=True)
+                c._quic.stop_stream(sid, 0x10C)  # H3_REQUEST_CANCELLED
+                c.transmit()
+                if c.terminated.done():
+                    break
+                await asyncio.sleep(0.002)
+            out = {}
+        elif a.arg == "huge-headers":
             res = await c.request("GET", "/", a.sni, [("x-big-%d" % i, "a" * 1000) for i in range(40)])
             out = summary(res)
         else:

@@ -21,11 +21,11 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h3::error::{ConnectionError, StreamError};
-use h3::quic::{BidiStream, Connection as QuicConnection};
+use h3::quic::{BidiStream, Connection as QuicConnection, OpenStreams};
 use h3::server::RequestStream;
 
 use crate::files::residency::ColdReads;
@@ -42,6 +42,25 @@ use crate::vocab::RecordLayer;
 pub struct Settings {
     /// Largest request field section, as QPACK decodes it (SETTINGS_MAX_FIELD_SECTION_SIZE).
     pub max_field_section: u64,
+    /// Requests a client may cancel (reset or stop before their answer is sent) per
+    /// [`FLOOD_WINDOW`] before the connection ends with H3_EXCESSIVE_LOAD: QUIC
+    /// returns stream credit as streams close, so without it a client could open and
+    /// cancel requests without end (HTTP/2's rapid reset). HTTP/2's `h2_max_resets`.
+    pub max_resets: u32,
+}
+
+/// The window over which cancelled requests are counted (as HTTP/2's flood limits are).
+pub const FLOOD_WINDOW: Duration = Duration::from_secs(10);
+
+/// Why an HTTP/3 connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum H3Error {
+    #[error("{0}")]
+    Connection(ConnectionError),
+    /// More cancelled requests than [`Settings::max_resets`] in [`FLOOD_WINDOW`]: the
+    /// connection was closed with H3_EXCESSIVE_LOAD.
+    #[error("more than {0} requests cancelled within {FLOOD_WINDOW:?}")]
+    Flood(u32),
 }
 
 /// Bytes of a file read into one buffer and handed to QUIC at once: large enough
@@ -49,10 +68,28 @@ pub struct Settings {
 pub const WINDOW: usize = 64 * 1024;
 
 /// How an HTTP/3 connection ended, or why it failed.
-pub type H3End = End<ConnectionError>;
+pub type H3End = End<H3Error>;
 
-/// A request stream's task, borrowing the connection's context.
-type StreamTask<'a> = Pin<Box<dyn Future<Output = ()> + 'a>>;
+/// A request stream's task, borrowing the connection's context; true when the
+/// client cancelled the request before its answer was sent.
+type StreamTask<'a> = Pin<Box<dyn Future<Output = bool> + 'a>>;
+
+/// Cancelled requests in the current [`FLOOD_WINDOW`].
+struct Resets {
+    since: Instant,
+    count: u32,
+}
+
+impl Resets {
+    /// Counts `n` more; true when the limit is passed.
+    fn add(&mut self, n: u32, max: u32, now: Instant) -> bool {
+        if now.duration_since(self.since) >= FLOOD_WINDOW {
+            *self = Resets { since: now, count: 0 };
+        }
+        self.count = self.count.saturating_add(n);
+        self.count > max
+    }
+}
 
 /// Serves request streams on `conn` until the client closes it, it times out, or
 /// the server stops: then GOAWAY is sent, requests already taken finish, and the
@@ -66,6 +103,8 @@ where
     C: QuicConnection<Bytes>,
     <C as h3::quic::OpenStreams<Bytes>>::BidiStream: BidiStream<Bytes>,
 {
+    // Closes the connection with a code of ours (the crate's own close on drop says H3_NO_ERROR).
+    let mut closer = conn.opener();
     let mut builder = h3::server::builder();
     builder.max_field_section_size(ctx.settings.max_field_section);
     let mut h3: h3::server::Connection<C, Bytes> = match builder.build(conn).await {
@@ -76,13 +115,24 @@ where
     let mut streams: Vec<StreamTask<'_>> = Vec::new();
     let mut stop = ctx.shutdown.clone();
     let mut going_away = false;
+    let mut resets = Resets { since: Instant::now(), count: 0 };
+    let mut cancelled = 0;
     loop {
+        if resets.add(std::mem::take(&mut cancelled), ctx.settings.max_resets, Instant::now()) {
+            tracing::info!(
+                "HTTP/3 client {} cancelled over {} requests in {FLOOD_WINDOW:?}",
+                ctx.peer,
+                ctx.settings.max_resets
+            );
+            closer.close(h3::error::Code::H3_EXCESSIVE_LOAD, b"too many cancelled requests");
+            return End::Error(H3Error::Flood(ctx.settings.max_resets));
+        }
         if going_away && streams.is_empty() {
             return End::Done;
         }
         let accepted = tokio::select! {
             r = h3.accept(), if !going_away => r,
-            () = drive(&mut streams), if !streams.is_empty() => continue,
+            () = drive(&mut streams, &mut cancelled), if !streams.is_empty() => continue,
             _ = stop.wait_for(|s| *s), if !going_away => {
                 going_away = true;
                 // GOAWAY: streams already opened are answered, no new ones are taken.
@@ -97,14 +147,17 @@ where
                 match resolver.resolve_request().await {
                     Ok((request, stream)) => answer(request, stream, ctx).await,
                     // The crate has reset the stream (or closed the connection) with the RFC's code.
-                    Err(e) => tracing::debug!("HTTP/3 request from {} refused: {e}", ctx.peer),
+                    Err(e) => {
+                        tracing::debug!("HTTP/3 request from {} refused: {e}", ctx.peer);
+                        matches!(e, StreamError::RemoteTerminate { .. })
+                    }
                 }
             })),
             Ok(None) => going_away = true,
             Err(e) => {
                 // The connection is gone: streams under way end at once, and are logged.
                 while !streams.is_empty() {
-                    drive(&mut streams).await;
+                    drive(&mut streams, &mut cancelled).await;
                 }
                 return ended(e);
             }
@@ -112,13 +165,20 @@ where
     }
 }
 
-/// Polls every stream task, dropping those done; ready once none is left.
+/// Polls every stream task, dropping those done (counting in `cancelled` those the
+/// client cancelled); ready once none is left.
 ///
 /// # Cancel safety
 /// Cancel-safe: the tasks stay in `streams`, each where it was.
-async fn drive(streams: &mut Vec<StreamTask<'_>>) {
+async fn drive(streams: &mut Vec<StreamTask<'_>>, cancelled: &mut u32) {
     std::future::poll_fn(move |cx| {
-        streams.retain_mut(|s| s.as_mut().poll(cx).is_pending());
+        streams.retain_mut(|s| match s.as_mut().poll(cx) {
+            Poll::Ready(reset) => {
+                *cancelled += u32::from(reset);
+                false
+            }
+            Poll::Pending => true,
+        });
         if streams.is_empty() {
             Poll::Ready(())
         } else {
@@ -136,12 +196,13 @@ fn ended(e: ConnectionError) -> H3End {
         ConnectionError::Remote { 0: h3::quic::ConnectionErrorIncoming::Timeout, .. } => End::Timeout,
         // The client closed the connection (with an error code of its own).
         ConnectionError::Remote { 0: h3::quic::ConnectionErrorIncoming::ApplicationClose { .. }, .. } => End::Done,
-        e => End::Error(e),
+        e => End::Error(H3Error::Connection(e)),
     }
 }
 
-/// Answers one request on its stream and logs it.
-async fn answer<S>(request: http::Request<()>, mut stream: RequestStream<S, Bytes>, ctx: &Context<'_, Settings>)
+/// Answers one request on its stream and logs it; true when the client cancelled
+/// it (reset the stream or stopped reading) before the answer was complete.
+async fn answer<S>(request: http::Request<()>, mut stream: RequestStream<S, Bytes>, ctx: &Context<'_, Settings>) -> bool
 where
     S: BidiStream<Bytes>,
 {
@@ -169,17 +230,18 @@ where
     let status = response.status.0;
     let ttfb = started.elapsed();
     let body = std::mem::replace(&mut response.body, Body::Empty);
-    let sent = match send(&mut stream, &response, body).await {
-        Ok(n) => n,
+    let (sent, cancelled) = match send(&mut stream, &response, body).await {
+        Ok(n) => (n, false),
         Err((n, e)) => {
             tracing::debug!("HTTP/3 response to {} \"{method} {target}\" cut short after {n} bytes: {e}", ctx.peer);
-            n
+            (n, matches!(e, StreamError::RemoteTerminate { .. }))
         }
     };
     let text = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
     let line = RequestLine { method: &method, target: &target, version: "HTTP/3.0" };
     let logged = Logged { line, referer: text("referer"), user_agent: text("user-agent") };
     ctx.log_over(RecordLayer::Quic, None, Some(logged), Sent { status, bytes: sent, started, ttfb });
+    cancelled
 }
 
 /// The request's pseudo-header and regular fields, as HTTP/2's message rules check them.

@@ -147,7 +147,8 @@ async fn connection(
     };
     let end = http::h3::serve(h3_quinn::Connection::new(conn), ctx).await;
     // After GOAWAY and the last response, or a failure: the connection is closed now,
-    // not when its idle timeout runs out on the client's side.
+    // not when its idle timeout runs out on the client's side (a close already made,
+    // such as H3_EXCESSIVE_LOAD's, stands).
     handle.close(H3_NO_ERROR, b"");
     match end {
         End::Done => {}
