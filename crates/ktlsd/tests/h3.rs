@@ -4,7 +4,7 @@
 //! admission rules and the HTTP/3 options run in-process (`quic::tests`,
 //! `config::h3::tests`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -162,17 +162,6 @@ fn quic_retry_always_validates_the_address_first() {
     assert_eq!(r["retried"].as_bool(), Some(false), "{r}");
 }
 
-/// A self-signed certificate for `names` in `dir`; returns (cert, key, SHA-256 fingerprint).
-fn cert_for(dir: &Path, label: &str, names: &[&str]) -> (PathBuf, PathBuf, String) {
-    use sha2::{Digest, Sha256};
-    let cert = rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    let (c, k) = (dir.join(format!("{label}.crt")), dir.join(format!("{label}.key")));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
-    let fp = Sha256::digest(cert.cert.der()).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":");
-    (c, k, fp)
-}
-
 #[test]
 fn sni_and_authority_choose_the_site_over_http3() {
     let b = Server::builder(BIN).file("f.txt", "default");
@@ -223,46 +212,15 @@ fn shutdown_closes_open_connections_with_h3_no_error() {
 }
 
 /// A browser: headless Chromium, told to use QUIC for the server's origin and to
-/// trust its certificate by public key, loads a page of 30 images and scripts; the
-/// page writes into the DOM how many loaded and how many came over `h3` (Resource
-/// Timing's `nextHopProtocol`), and the access log has every request as HTTP/3.0.
+/// trust its certificate by public key, loads a page of 50 images, scripts and style
+/// sheets; the page writes into the DOM how many loaded and how many came over `h3`
+/// (Resource Timing's `nextHopProtocol`), and the access log has every request as HTTP/3.0.
 #[test]
-fn chromium_loads_a_page_of_thirty_resources_over_http3() {
-    let Some(chromium) = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|c| std::process::Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
-    else {
-        panic!("chromium is not installed (scripts/test installs Debian's chromium)");
-    };
-    const GIF: &[u8] = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;";
-    let mut b = Server::builder(BIN);
-    let mut tags = String::new();
-    for i in 0..20 {
-        b = b.file(&format!("img/{i}.gif"), GIF);
-        tags += &format!("<img src=\"/img/{i}.gif\" onload=\"ok()\" onerror=\"bad()\">\n");
-    }
-    for i in 0..10 {
-        b = b.file(
-            &format!("js/{i}.js"),
-            format!("window.scripts = (window.scripts || 0) + 1; // {}\n", "x".repeat(i * 900)),
-        );
-        tags += &format!("<script src=\"/js/{i}.js\" onload=\"ok()\" onerror=\"bad()\"></script>\n");
-    }
-    let page = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\n<script>\n\
-         var loaded = 0, failed = 0;\n\
-         function ok() {{ loaded++; }}\n\
-         function bad() {{ failed++; }}\n\
-         window.addEventListener('load', function () {{\n\
-           var e = performance.getEntriesByType('resource');\n\
-           var h3 = e.filter(function (r) {{ return r.nextHopProtocol === 'h3'; }}).length;\n\
-           var nav = performance.getEntriesByType('navigation')[0].nextHopProtocol;\n\
-           document.getElementById('result').textContent = 'loaded=' + loaded + ' failed=' + failed + ' h3=' + h3 + ' page=' + nav;\n\
-         }});\n\
-         </script>\n{tags}</head><body><p id=\"result\">pending</p></body></html>\n"
-    );
+fn chromium_loads_a_page_of_fifty_resources_over_http3() {
+    let chromium = chromium();
+    let b = subresource_page(Server::builder(BIN), "h3");
     let (cert, key, _) = cert_for(b.dir(), "localhost", &["localhost"]);
-    let srv = h3_server(b.file("index.html", page).arg("--cert").arg(&cert).arg("--key").arg(&key));
+    let srv = h3_server(b.arg("--cert").arg(&cert).arg("--key").arg(&key));
     // The certificate's SubjectPublicKeyInfo, SHA-256, base64: what Chromium is told to accept.
     let spki = run_with_timeout(
         std::process::Command::new("sh").arg("-c").arg(format!(
@@ -298,10 +256,14 @@ fn chromium_loads_a_page_of_thirty_resources_over_http3() {
         Duration::from_secs(120),
     );
     let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(dom.contains("loaded=30 failed=0 h3=30 page=h3"), "{dom}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        dom.contains("loaded=50 failed=0 scripts=15 h3=50 page=h3"),
+        "{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stopped = srv.stop();
     let lines: Vec<&String> = stopped.access_log.iter().filter(|l| l.contains("\"GET /")).collect();
-    assert!(lines.len() >= 31, "{:#?}", stopped.access_log);
+    assert!(lines.len() >= 51, "{:#?}", stopped.access_log);
     assert!(
         lines.iter().all(|l| l.contains(" HTTP/3.0\" 200 ") && l.ends_with("tls=quic")),
         "{:#?}",
