@@ -171,6 +171,8 @@ fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<H
     let h3 = crate::http::h3::Settings {
         max_field_section: config.limits.max_header_bytes as u64,
         max_resets: config.h2_limits.max_resets,
+        header_timeout: config.timeouts.header,
+        send_timeout: config.timeouts.send,
     };
     Ok(Some(Http3 { quic: Arc::new(quic), keys, settings, h3 }))
 }

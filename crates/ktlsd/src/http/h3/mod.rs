@@ -47,6 +47,28 @@ pub struct Settings {
     /// returns stream credit as streams close, so without it a client could open and
     /// cancel requests without end (HTTP/2's rapid reset). HTTP/2's `h2_max_resets`.
     pub max_resets: u32,
+    /// Time a request stream may take to deliver its field section once opened.
+    pub header_timeout: Duration,
+    /// Time a response may make no progress (a client that keeps its flow-control
+    /// window shut) before its stream is reset; the connection's other streams go on.
+    pub send_timeout: Duration,
+}
+
+/// Why a response was not sent whole.
+#[derive(Debug, thiserror::Error)]
+enum Unsent {
+    #[error("{0}")]
+    Stream(StreamError),
+    #[error("no progress within the send timeout")]
+    Stalled,
+}
+
+/// `op` within `limit`.
+async fn within<T>(limit: Duration, op: impl Future<Output = Result<T, StreamError>>) -> Result<T, Unsent> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(r) => r.map_err(Unsent::Stream),
+        Err(_) => Err(Unsent::Stalled),
+    }
 }
 
 /// The window over which cancelled requests are counted (as HTTP/2's flood limits are).
@@ -144,12 +166,17 @@ where
         };
         match accepted {
             Ok(Some(resolver)) => streams.push(Box::pin(async move {
-                match resolver.resolve_request().await {
-                    Ok((request, stream)) => answer(request, stream, ctx).await,
+                match tokio::time::timeout(ctx.settings.header_timeout, resolver.resolve_request()).await {
+                    Ok(Ok((request, stream))) => answer(request, stream, ctx).await,
                     // The crate has reset the stream (or closed the connection) with the RFC's code.
-                    Err(e) => {
+                    Ok(Err(e)) => {
                         tracing::debug!("HTTP/3 request from {} refused: {e}", ctx.peer);
                         matches!(e, StreamError::RemoteTerminate { .. })
+                    }
+                    // Dropping the stream resets it.
+                    Err(_) => {
+                        tracing::debug!("HTTP/3 request from {} incomplete after the header timeout", ctx.peer);
+                        false
                     }
                 }
             })),
@@ -230,11 +257,14 @@ where
     let status = response.status.0;
     let ttfb = started.elapsed();
     let body = std::mem::replace(&mut response.body, Body::Empty);
-    let (sent, cancelled) = match send(&mut stream, &response, body).await {
+    let (sent, cancelled) = match send(&mut stream, &response, body, ctx.settings.send_timeout).await {
         Ok(n) => (n, false),
         Err((n, e)) => {
             tracing::debug!("HTTP/3 response to {} \"{method} {target}\" cut short after {n} bytes: {e}", ctx.peer);
-            (n, matches!(e, StreamError::RemoteTerminate { .. }))
+            if matches!(e, Unsent::Stalled) {
+                stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            }
+            (n, matches!(e, Unsent::Stream(StreamError::RemoteTerminate { .. })))
         }
     };
     let text = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
@@ -270,33 +300,38 @@ fn respond(req: &Request, ctx: &Context<'_, Settings>) -> Response {
     }
 }
 
-/// Sends the head, then the body, then ends the stream; returns the body bytes
-/// sent, also when it fails part-way (with the error).
+/// Sends the head, then the body, then ends the stream, each step within `limit`;
+/// returns the body bytes sent, also when it fails part-way (with the reason).
 async fn send<S>(
     stream: &mut RequestStream<S, Bytes>,
     response: &Response,
     body: Body,
-) -> Result<u64, (u64, StreamError)>
+    limit: Duration,
+) -> Result<u64, (u64, Unsent)>
 where
     S: BidiStream<Bytes>,
 {
-    stream.send_response(head(response)).await.map_err(|e| (0, e))?;
+    within(limit, stream.send_response(head(response))).await.map_err(|e| (0, e))?;
     let sent = match body {
         Body::Empty => 0,
         Body::Bytes(b) if b.is_empty() => 0,
         Body::Bytes(b) => {
             let n = b.len() as u64;
-            stream.send_data(Bytes::from(b)).await.map_err(|e| (0, e))?;
+            within(limit, stream.send_data(Bytes::from(b))).await.map_err(|e| (0, e))?;
             n
         }
-        Body::File { found, range } => send_file(stream, &found.body(range)).await?,
+        Body::File { found, range } => send_file(stream, &found.body(range), limit).await?,
     };
-    stream.finish().await.map_err(|e| (sent, e))?;
+    within(limit, stream.finish()).await.map_err(|e| (sent, e))?;
     Ok(sent)
 }
 
-/// Sends a file range one [`WINDOW`] at a time.
-async fn send_file<S>(stream: &mut RequestStream<S, Bytes>, body: &FileRange<'_>) -> Result<u64, (u64, StreamError)>
+/// Sends a file range one [`WINDOW`] at a time, each within `limit`.
+async fn send_file<S>(
+    stream: &mut RequestStream<S, Bytes>,
+    body: &FileRange<'_>,
+    limit: Duration,
+) -> Result<u64, (u64, Unsent)>
 where
     S: BidiStream<Bytes>,
 {
@@ -313,7 +348,7 @@ where
                 return Ok(sent);
             }
         };
-        stream.send_data(window).await.map_err(|e| (sent, e))?;
+        within(limit, stream.send_data(window)).await.map_err(|e| (sent, e))?;
         offset += n as u64;
     }
     Ok(body.len())
