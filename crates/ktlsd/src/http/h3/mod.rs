@@ -395,3 +395,34 @@ fn head(response: &Response) -> http::Response<()> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancelled_requests_are_counted_per_window() {
+        let t0 = Instant::now();
+        let mut r = Resets { since: t0, count: 0 };
+        // (cancelled now, at seconds, over the limit of 3)
+        for (n, at, over) in [(2, 0, false), (1, 1, false), (1, 2, true), (3, 10, false), (1, 11, true)] {
+            assert_eq!(r.add(n, 3, t0 + Duration::from_secs(at)), over, "{n} at {at}s");
+        }
+    }
+
+    #[test]
+    fn requests_are_checked_by_the_http2_message_rules() {
+        let req = |uri: &str, host: Option<&str>| {
+            let mut b = http::Request::builder().method("GET").uri(uri);
+            if let Some(h) = host {
+                b = b.header("host", h);
+            }
+            h2::parse_fields(fields(&b.body(()).unwrap()))
+        };
+        let ok = req("https://a.example/f?x=1", None).unwrap();
+        assert_eq!((ok.authority.as_deref(), ok.path.as_deref()), (Some("a.example"), Some("/f?x=1")));
+        assert!(req("https://a.example/f", Some("b.example")).is_err(), "host must name :authority's host");
+        assert!(req("https://a.example/f", Some("a.example")).is_ok());
+        assert!(req("/f", None).is_err(), "no :scheme");
+    }
+}
