@@ -13,6 +13,9 @@
 //! does not fill with connections that would wait for a slot. When `accept`
 //! itself fails (out of descriptors), the loop sleeps before trying again
 //! rather than spin on the pending connection.
+//!
+//! With HTTP/3 on, the worker also runs a QUIC endpoint on each of its UDP
+//! sockets (`quic` below), whose connections count against the same cap.
 
 mod quic;
 
