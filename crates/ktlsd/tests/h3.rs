@@ -1,8 +1,9 @@
-//! HTTP/3 through a real QUIC client: `tests/h3/client.py` (Python `aioquic`, at
-//! frame level) sends requests and malformed frames; curl checks that HTTP/1.1 and
-//! HTTP/2 answers advertise HTTP/3 with `Alt-Svc` only when it is on. The QUIC
-//! admission rules and the HTTP/3 options run in-process (`quic::tests`,
-//! `config::h3::tests`).
+//! HTTP/3 through real QUIC clients: `tests/h3/client.py` (Python `aioquic`, at
+//! frame level) sends requests and malformed frames, ngtcp2's `gtlsclient` and
+//! headless Chromium fetch files; curl checks that HTTP/1.1 and HTTP/2 answers
+//! advertise HTTP/3 with `Alt-Svc` only when it is on. The QUIC admission rules and
+//! the HTTP/3 options run in-process (`quic::tests`, `config::h3::tests`,
+//! `http::h3::tests`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -279,4 +280,34 @@ fn a_flood_of_cancelled_requests_ends_the_connection_with_excessive_load() {
     assert_eq!(r["closed"].as_u64(), Some(0x107), "H3_EXCESSIVE_LOAD: {r}");
     let r = requests(&srv, "localhost", &serde_json::json!([{"path": "/f"}]));
     assert_eq!(r["responses"][0]["text"], "fine", "{r}");
+}
+
+/// A third client, ngtcp2's `gtlsclient` (GnuTLS): 20 requests on one connection
+/// and a file downloaded whole.
+#[test]
+fn gtlsclient_downloads_intact() {
+    let srv = h3_server(Server::builder(BIN).file("f", pattern(300_000, 9)));
+    let out_dir = srv.dir().join("dl");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let port = srv.port().to_string();
+    let out = run_with_timeout(
+        std::process::Command::new("gtlsclient").args([
+            "-q",
+            "--no-quic-dump",
+            "--no-http-dump",
+            "--exit-on-all-streams-close",
+            "-n",
+            "20",
+            &format!("--download={}", out_dir.display()),
+            "127.0.0.1",
+            &port,
+            &format!("https://localhost:{port}/f"),
+        ]),
+        None,
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "gtlsclient (ngtcp2-client): {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(sha256_file(&out_dir.join("f")), sha256(&pattern(300_000, 9)));
+    let log = srv.wait_access_log(20, Duration::from_secs(10));
+    assert_eq!(log.iter().filter(|l| l.contains("\"GET /f HTTP/3.0\" 200 300000")).count(), 20, "{log:#?}");
 }
