@@ -311,3 +311,14 @@ fn gtlsclient_downloads_intact() {
     let log = srv.wait_access_log(20, Duration::from_secs(10));
     assert_eq!(log.iter().filter(|l| l.contains("\"GET /f HTTP/3.0\" 200 300000")).count(), 20, "{log:#?}");
 }
+
+#[test]
+fn http3_without_tls13_or_its_initial_suite_stops_start_up_with_one_line() {
+    for (args, needle) in [
+        (&["--tls-versions", "1.2"][..], "QUIC needs TLS 1.3"),
+        (&["--cipher-suites", "TLS_AES_256_GCM_SHA384"][..], "TLS_AES_128_GCM_SHA256 in cipher_suites"),
+    ] {
+        let e = Server::builder(BIN).arg("--http3").args(args).run_to_exit();
+        e.assert_startup_error(&["http3", needle]);
+    }
+}

@@ -160,6 +160,9 @@ fn h2_settings(config: &Config) -> h2::Settings {
 /// `tls`, the endpoint keys and the limits.
 fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<Http3>> {
     let Some(h3) = &config.http3 else { return Ok(None) };
+    if !config.tls_versions.contains(&crate::vocab::TlsVersion::Tls13) {
+        return Err(anyhow!("http3: QUIC needs TLS 1.3: add 1.3 to tls_versions, or leave http3 off"));
+    }
     let settings = crate::quic::Settings {
         max_streams: h3.max_streams,
         idle_timeout: config.timeouts.idle,
