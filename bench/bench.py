@@ -7,6 +7,8 @@ Scenarios:
                       and 10 KiB requests with wrk (64 keep-alive connections): ktlsd vs peers;
                       the AEAD alone (aws-lc-rs AES-128-GCM, one core) as the crypto limit.
   h2          (host)  the same over HTTP/2 with h2load.
+  h3          (host)  HTTP/3 (gtlsclient): 10 KiB over 8 connections and a 1 GiB single stream,
+                      ktlsd vs Caddy; ktlsd's HTTP/2 CPU s/GiB as the reference.
   ktls        (VM)    32 MiB download: ktlsd kTLS vs ktlsd userspace vs the peers with kTLS
                       (nginx, lighttpd through OpenSSL's KTLS option); the kernel's and
                       aws-lc-rs's AES-GCM as the crypto limit.
@@ -33,7 +35,7 @@ import os
 import shutil
 import tempfile
 
-from ktlsbench import cold, ktls, peers, scale, scale_ktls, servers, tail, throughput, throughput_h2
+from ktlsbench import cold, h3, ktls, peers, scale, scale_ktls, servers, tail, throughput, throughput_h2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -41,7 +43,7 @@ REPO = os.path.dirname(HERE)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "cold"])
+    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "h3", "cold"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -98,6 +100,7 @@ def main():
         table, raw = {"throughput": throughput.scenario_throughput,
                       "ktls": ktls.scenario_ktls_h2 if args.http2 else ktls.scenario_ktls,
                       "tail": tail.scenario_tail, "scale": scale.scenario_scale, "h2": throughput_h2.scenario_h2,
+                      "h3": h3.scenario_h3,
                       "cold": cold.scenario_cold, "scale-ktls": scale_ktls.scenario_scale_ktls}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -179,8 +179,9 @@ mimetype.assign = (".txt" => "text/plain", "" => "application/octet-stream")
 class Caddy(Peer):
     """Caddy 2.11: `file_server`, the given certificate (`tls`), no admin endpoint and no
     automatic HTTPS, GOMAXPROCS workers; Go's crypto/tls, so no kTLS. ALPN offers h2 only when
-    asked (`protocols h1 h2`; never h3)."""
+    asked (`protocols h1 h2`), and HTTP/3 (quic-go) only in the h3 scenario."""
     kind = "caddy"
+    h3 = False  # HTTP/3 too (`protocols ... h3`): the h3 scenario's subclass
     start_seconds = 180  # a 40 MB Go binary: slow to load and start under the VM's emulated CPU
 
     def launch(self, root, port, ktls, http2, connections):
@@ -193,7 +194,7 @@ class Caddy(Peer):
   auto_https off
   default_sni localhost
   servers {{
-    protocols h1{" h2" if http2 else ""}
+    protocols h1{" h2" if http2 else ""}{" h3" if self.h3 else ""}
   }}
 }}
 https://:{port} {{

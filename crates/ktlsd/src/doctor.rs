@@ -51,6 +51,8 @@ struct Report {
     record_size_cap: RecordSizeCap,
     congestion_control: Vec<String>,
     tls_stat: Stat,
+    /// HTTP/3's UDP sockets: GSO, GRO and buffer sizes (not probed in table tests).
+    udp: Option<crate::quic::socket::UdpFacts>,
     /// One line per gap, in the order of the report.
     advice: Vec<String>,
     probe_ms: f64,
@@ -111,7 +113,11 @@ impl Report {
         let caps = kernel_tls::probe();
         let stat = TlsStat::read();
         let congestion = crate::server::congestion::available().unwrap_or_default();
-        Report::from_facts(&caps, stat, congestion)
+        let mut report = Report::from_facts(&caps, stat, congestion);
+        let udp = crate::quic::socket::probe();
+        report.advice.extend(udp.advice());
+        report.udp = Some(udp);
+        report
     }
 
     fn from_facts(caps: &Capabilities, stat: io::Result<TlsStat>, congestion_control: Vec<String>) -> Report {
@@ -225,6 +231,7 @@ impl Report {
             record_size_cap,
             congestion_control,
             tls_stat,
+            udp: None,
             advice,
             probe_ms: (caps.elapsed.as_secs_f64() * 10_000.0).round() / 10.0,
         }
@@ -304,6 +311,23 @@ impl Report {
             b.target()
         );
         row(out, "file descriptors", &fds)?;
+        if let Some(u) = &self.udp {
+            let n = |v: Option<u64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+            let got = |v: Option<usize>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
+            row(
+                out,
+                "UDP (HTTP/3)",
+                &format!(
+                    "GSO {} segments, GRO {} segments; buffers: receive {} (rmem_max {}), send {} (wmem_max {})",
+                    u.gso_segments,
+                    u.gro_segments,
+                    got(u.recv_buffer),
+                    n(u.rmem_max),
+                    got(u.send_buffer),
+                    n(u.wmem_max)
+                ),
+            )?;
+        }
         writeln!(out)?;
 
         if self.tls_stat.available {

@@ -19,6 +19,7 @@ mod http;
 mod log;
 mod names;
 mod net;
+mod quic;
 mod server;
 mod state_file;
 mod stats;

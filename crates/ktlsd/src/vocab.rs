@@ -23,17 +23,20 @@ pub enum RecordLayer {
     Kernel,
     /// This process.
     Userspace,
+    /// QUIC packet protection (HTTP/3), sealed by this process packet by packet.
+    Quic,
 }
 
 impl RecordLayer {
-    /// Both, in the order metrics index them.
-    pub const ALL: [RecordLayer; 2] = [RecordLayer::Kernel, RecordLayer::Userspace];
+    /// All, in the order metrics index them.
+    pub const ALL: [RecordLayer; 3] = [RecordLayer::Kernel, RecordLayer::Userspace, RecordLayer::Quic];
 
-    /// `ktls` or `userspace`: the word in logs, metrics and the ready line.
+    /// `ktls`, `userspace` or `quic`: the word in logs, metrics and the ready line.
     pub fn label(self) -> &'static str {
         match self {
             RecordLayer::Kernel => "ktls",
             RecordLayer::Userspace => "userspace",
+            RecordLayer::Quic => "quic",
         }
     }
 }
@@ -51,11 +54,13 @@ pub enum HttpVersion {
     Http1,
     /// HTTP/2: ALPN `h2`.
     Http2,
+    /// HTTP/3: ALPN `h3`, over QUIC.
+    Http3,
 }
 
 impl HttpVersion {
-    /// Both, in the order metrics index them.
-    pub const ALL: [HttpVersion; 2] = [HttpVersion::Http1, HttpVersion::Http2];
+    /// All, in the order metrics index them.
+    pub const ALL: [HttpVersion; 3] = [HttpVersion::Http1, HttpVersion::Http2, HttpVersion::Http3];
 
     /// What an ALPN protocol name means; a client that offered nothing speaks HTTP/1.x.
     pub fn from_alpn(alpn: Option<&[u8]>) -> HttpVersion {
@@ -65,11 +70,12 @@ impl HttpVersion {
         }
     }
 
-    /// `http/1.1` or `h2`: the metrics label.
+    /// `http/1.1`, `h2` or `h3`: the metrics label.
     pub fn label(self) -> &'static str {
         match self {
             HttpVersion::Http1 => "http/1.1",
             HttpVersion::Http2 => "h2",
+            HttpVersion::Http3 => "h3",
         }
     }
 }

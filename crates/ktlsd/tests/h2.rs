@@ -174,43 +174,8 @@ fn conformance_script() {
 /// client port: one connection.
 #[test]
 fn chromium_loads_fifty_subresources_over_one_connection() {
-    let Some(chromium) = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
-    else {
-        panic!("chromium is not installed (scripts/test installs Debian's chromium)");
-    };
-    // A 1x1 transparent GIF.
-    const GIF: &[u8] = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;";
-    let mut b = Server::builder(BIN);
-    let mut tags = String::new();
-    for i in 0..20 {
-        b = b.file(&format!("img/{i}.gif"), GIF);
-        tags += &format!("<img src=\"/img/{i}.gif\" onload=\"ok()\" onerror=\"bad()\">\n");
-    }
-    for i in 0..15 {
-        b = b.file(
-            &format!("js/{i}.js"),
-            format!("window.scripts = (window.scripts || 0) + 1; // {}\n", "x".repeat(i * 500)),
-        );
-        tags += &format!("<script src=\"/js/{i}.js\" onload=\"ok()\" onerror=\"bad()\"></script>\n");
-    }
-    for i in 0..15 {
-        b = b.file(&format!("css/{i}.css"), format!(".c{i} {{ color: #{i:06x}; }}\n"));
-        tags += &format!("<link rel=\"stylesheet\" href=\"/css/{i}.css\" onload=\"ok()\" onerror=\"bad()\">\n");
-    }
-    let page = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">\n<script>\n\
-         var loaded = 0, failed = 0;\n\
-         function ok() {{ loaded++; }}\n\
-         function bad() {{ failed++; }}\n\
-         window.addEventListener('load', function () {{\n\
-           var h2 = performance.getEntriesByType('resource').filter(function (e) {{ return e.nextHopProtocol === 'h2'; }}).length;\n\
-           document.getElementById('result').textContent = 'loaded=' + loaded + ' failed=' + failed + ' scripts=' + window.scripts + ' h2=' + h2;\n\
-         }});\n\
-         </script>\n{tags}</head><body><p id=\"result\">pending</p></body></html>\n"
-    );
-    let srv = b.file("index.html", page).start();
+    let chromium = chromium();
+    let srv = subresource_page(Server::builder(BIN), "h2").start();
     let profile = srv.dir().join("chromium-profile");
     let netlog = srv.dir().join("chromium-netlog.json");
     let out = run_with_timeout(

@@ -5,7 +5,7 @@
 //! a Host naming no site goes to the default site or gets 421, and a reload adds
 //! a site.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -13,18 +13,6 @@ use testkit::*;
 
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
-
-/// A self-signed certificate for `names`, written as DIR/LABEL.crt and .key;
-/// returns the paths and its SHA-256 fingerprint (colon-separated upper-case hex).
-fn cert_for(dir: &Path, label: &str, names: &[&str]) -> (PathBuf, PathBuf, String) {
-    use sha2::{Digest, Sha256};
-    let cert = rcgen::generate_simple_self_signed(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-    let (c, k) = (dir.join(format!("{label}.crt")), dir.join(format!("{label}.key")));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
-    let fp = Sha256::digest(cert.cert.der()).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":");
-    (c, k, fp)
-}
 
 /// A `[[site]]` block serving DIR/LABEL (created, holding `f.txt` = LABEL) with
 /// its own certificate; returns the block and the certificate's fingerprint.

@@ -9,6 +9,8 @@
 //! Modules by subject; everything is also re-exported here, so a test file
 //! takes `use testkit::*;`.
 
+pub mod browser;
+pub mod certs;
 pub mod curl;
 pub mod data;
 pub mod forge;
@@ -20,6 +22,8 @@ pub mod server;
 pub mod tls;
 pub mod verify;
 
+pub use browser::*;
+pub use certs::*;
 pub use curl::*;
 pub use data::*;
 pub use forge::*;

@@ -9,7 +9,7 @@
 //! The parts: [`options`] declares every option once (flag, key, type, help, default
 //! in the help); the command line's [`options::Options`] are merged over the file's
 //! (`Options::or`), and each section module validates its own options into its part
-//! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`],
+//! of [`Config`]: [`listen`], [`tls`], [`timeouts`], [`privileges`], [`admin`], [`h2`], [`h3`],
 //! [`content`], [`routing`], [`compress`], [`sites`] and [`cache`]. This module is not where the server applies them.
 //!
 //! # How to add an option
@@ -35,6 +35,7 @@ pub mod content;
 mod effective;
 pub mod env;
 pub mod h2;
+pub mod h3;
 mod include;
 pub mod listen;
 pub mod options;
@@ -156,6 +157,8 @@ pub struct Config {
     pub cache: Option<crate::handler::cache::Settings>,
     /// The default site's client-certificate policy; `None`: none asked for.
     pub client_auth: Option<tls::ClientAuth>,
+    /// HTTP/3 over QUIC and its limits; `None`: off.
+    pub http3: Option<h3::Http3>,
 }
 
 /// Reads the configuration file and the files it includes ([`include`]), `${VAR}`s replaced
@@ -299,6 +302,7 @@ impl Config {
             compress_cache_size: compress::cache_size(&o)?,
             cache: cache::cache(o.cache.as_ref())?,
             client_auth: tls::client_auth(&top, "")?,
+            http3: h3::http3(&o)?,
         })
     }
 }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::KtlsMode;
 use crate::log::LogFormat;
+use crate::quic::Retry;
 use crate::vocab::UnknownName;
 
 /// Declares the options: `per_site` ones are keys of the top level (the default site,
@@ -308,6 +309,15 @@ schema! {
         /// Access log line template for access_log_format = custom, with nginx-style variables: $remote_addr $time_local $time_iso8601 $request $request_method $request_uri $server_protocol $status $body_bytes_sent $request_time $ttfb $http_referer $http_user_agent $host $site $ssl_protocol $ssl_cipher $record_layer ($$ for a literal $) [default: none]
         #[arg(long, value_name = "TEMPLATE")]
         access_log_custom: String,
+        /// Serve HTTP/3 over QUIC on the UDP port of each listen address, and advertise it with Alt-Svc on HTTP/1.1 and HTTP/2 responses [default: off]
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        http3: bool,
+        /// HTTP/3: request streams one connection may have open at once (QUIC's initial_max_streams_bidi) [default: 128]
+        #[arg(long, value_name = "N")]
+        h3_max_streams: u32,
+        /// HTTP/3: when a client's address is checked with a QUIC Retry before its handshake: auto (when a worker holds over half its max_connections), always, or never [default: auto]
+        #[arg(long, value_name = "auto|always|never", hide_possible_values = true)]
+        quic_retry: Retry,
     }
 }
 
@@ -381,6 +391,7 @@ choice! {
     LogFormat => "access_log_format",
     LogLevel => "log_level",
     super::tls::ClientAuthMode => "client_auth",
+    Retry => "quic_retry",
 }
 
 /// The least severe of ktlsd's own messages that is written.

@@ -83,13 +83,15 @@ impl<'a> Sites<'a> {
     /// misdirected (421), as nginx answers it: that handshake checked no
     /// certificate for this site.
     pub fn pick_for(&self, authority: Option<&str>, server_name: Option<&str>) -> Pick<'a> {
-        let pick = self.pick(authority);
-        let by_host = self.index(authority);
-        let asks = by_host.map_or(self.default_client_auth, |i| self.named[i].client_auth);
-        if asks && by_host != self.index(server_name) {
+        if self.asks_certificate(authority) && self.index(authority) != self.index(server_name) {
             return Pick::Misdirected;
         }
-        pick
+        self.pick(authority)
+    }
+
+    /// Whether the site `authority` picks asks for client certificates.
+    pub fn asks_certificate(&self, authority: Option<&str>) -> bool {
+        self.index(authority).map_or(self.default_client_auth, |i| self.named[i].client_auth)
     }
 
     /// Which named site `name` (a Host or a server name) picks; `None`: the default.

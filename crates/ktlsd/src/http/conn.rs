@@ -12,8 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::Transport;
-use crate::handler::Sites;
-use crate::log::{AccessEntry, AccessLog, RequestLine};
+use crate::handler::{Header, Response, Sites};
+use crate::log::{AccessEntry, AccessLog, RequestLine, TlsInfo};
+use crate::vocab::RecordLayer;
 
 /// One connection's surroundings, as its loop (`h1::serve`, `h2::serve`) takes
 /// them; `S` is the codec's own settings.
@@ -29,6 +30,8 @@ pub struct Context<'a, S> {
     /// Turns true when the server stops: requests under way are answered, then
     /// the connection ends.
     pub shutdown: watch::Receiver<bool>,
+    /// The `Alt-Svc` value answers carry (HTTP/3 on this port), or `None`.
+    pub alt_svc: Option<&'a str>,
 }
 
 /// How the connection ended, for the caller's counters.
@@ -78,6 +81,19 @@ impl<S> Context<'_, S> {
     /// [`Context::log`] naming the Host or :authority the request gave, which
     /// also names the site that answered.
     pub fn log_host(&self, conn: &impl Transport, request: Option<Logged<'_>>, sent: Sent, host: Option<&str>) {
+        self.log_over(conn.layer(), conn.tls(), conn.client_subject(), request, sent, host);
+    }
+
+    /// [`Context::log_host`] for a connection that is no [`Transport`] (HTTP/3's QUIC).
+    pub fn log_over(
+        &self,
+        layer: RecordLayer,
+        tls: Option<TlsInfo>,
+        client_subject: Option<&str>,
+        request: Option<Logged<'_>>,
+        sent: Sent,
+        host: Option<&str>,
+    ) {
         let site = self.sites.label(host);
         self.log.write(&AccessEntry {
             peer: self.peer,
@@ -86,14 +102,22 @@ impl<S> Context<'_, S> {
             bytes: sent.bytes,
             started: sent.started,
             ttfb: sent.ttfb,
-            layer: conn.layer(),
+            layer,
             referer: request.and_then(|r| r.referer),
             user_agent: request.and_then(|r| r.user_agent),
-            tls: conn.tls(),
-            client_subject: conn.client_subject(),
+            tls,
+            client_subject,
             host,
             site: &site,
         });
+    }
+
+    /// `response` with the connection's `Alt-Svc` field, when it has one.
+    pub fn advertise(&self, mut response: Response) -> Response {
+        if let Some(v) = self.alt_svc {
+            response.headers.push(Header::Field("Alt-Svc".into(), v.to_string()));
+        }
+        response
     }
 
     /// Whether the server is stopping.

@@ -1,11 +1,12 @@
 //! HTTP codecs: how requests arrive and answers leave over a [`Transport`]. The
 //! answers themselves come from [`crate::handler`]; HTTP/1.x lives in [`h1`],
-//! HTTP/2 in [`h2`], and what both share around a connection (its [`Context`],
+//! HTTP/2 in [`h2`], HTTP/3 in [`h3`], and what both share around a connection (its [`Context`],
 //! how it [`End`]s, its access-log entries) in [`conn`].
 
 pub mod conn;
 pub mod h1;
 pub mod h2;
+pub mod h3;
 pub mod host;
 pub mod parts;
 #[cfg(test)]

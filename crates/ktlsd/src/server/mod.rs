@@ -89,6 +89,18 @@ pub struct Shared {
     pub cache: Option<Arc<crate::handler::cache::Cache>>,
     /// The certificates presented, for their expiry metric.
     pub certificates: prepare::Certificates,
+    /// HTTP/3 over QUIC, when `config` turns it on.
+    pub http3: Option<Http3>,
+}
+
+/// What HTTP/3 connections are served with, from `config`.
+pub struct Http3 {
+    /// The QUIC side of the TLS configuration above (same resolver, suites and tickets).
+    pub quic: Arc<quinn::ServerConfig>,
+    /// The endpoint keys (stateless reset, Retry tokens), the same in every worker.
+    pub keys: crate::quic::Keys,
+    pub settings: crate::quic::Settings,
+    pub h3: crate::http::h3::Settings,
 }
 
 impl Shared {

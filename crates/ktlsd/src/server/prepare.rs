@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, Context};
 
 use super::acme::{self, AcmeSites};
-use super::{congestion, Shared};
+use super::{congestion, Http3, Shared};
 use crate::acme::{Challenge, Challenges};
 use crate::config::tls::ClientAuthMode;
 use crate::config::{Config, KtlsMode, SiteCert};
@@ -76,6 +76,7 @@ pub fn prepare(
         Some(p) => open_cache(&config, Some(p))?,
         None => None,
     };
+    let http3 = http3(&config, &tls)?;
     let shared = Shared {
         client_auth,
         file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },
@@ -90,6 +91,7 @@ pub fn prepare(
         challenges,
         cache,
         certificates,
+        http3,
     };
     Ok(Prepared { shared, fingerprint, origin })
 }
@@ -205,6 +207,30 @@ fn h2_settings(config: &Config) -> h2::Settings {
         stall_timeout: config.timeouts.send,
         max_body_bytes: config.limits.max_body_bytes,
     }
+}
+
+/// What HTTP/3 connections are served with, when `http3` is on: the QUIC side of
+/// `tls`, the endpoint keys and the limits.
+fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<Http3>> {
+    let Some(h3) = &config.http3 else { return Ok(None) };
+    if !config.tls_versions.contains(&crate::vocab::TlsVersion::Tls13) {
+        return Err(anyhow!("http3: QUIC needs TLS 1.3: add 1.3 to tls_versions, or leave http3 off"));
+    }
+    let settings = crate::quic::Settings {
+        max_streams: h3.max_streams,
+        idle_timeout: config.timeouts.idle,
+        handshake_timeout: config.timeouts.handshake,
+        retry: h3.retry,
+    };
+    let keys = crate::quic::Keys::new(&config.ticket_keys).map_err(|e| anyhow!(e))?;
+    let quic = crate::quic::server_config(tls, &settings, &keys).map_err(|e| anyhow!(e))?;
+    let h3 = crate::http::h3::Settings {
+        max_field_section: config.limits.max_header_bytes as u64,
+        max_resets: config.h2_limits.max_resets,
+        header_timeout: config.timeouts.header,
+        send_timeout: config.timeouts.send,
+    };
+    Ok(Some(Http3 { quic: Arc::new(quic), keys, settings, h3 }))
 }
 
 /// The TLS layer's share of the configuration.

@@ -110,6 +110,11 @@ fn keep_start_up_settings(config: &mut Config, running: &Config, started: &Start
         });
     }
     keep_until_restart("workers", &mut config.workers, &running.workers, |n| n.to_string());
+    if config.http3.is_some() != running.http3.is_some() {
+        // Its UDP sockets are bound at start-up; its limits, though, apply on reload.
+        tracing::warn!("reload: http3 turned on or off; this takes effect only after a restart");
+        config.http3 = running.http3.clone();
+    }
     if (&config.user, &config.group, config.allow_root) != (&running.user, &running.group, running.allow_root) {
         tracing::warn!(
             "reload: user, group or allow_root changed; privileges are dropped once, at start-up: this takes effect only after a restart"

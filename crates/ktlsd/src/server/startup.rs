@@ -110,6 +110,8 @@ struct Sockets {
     https: Vec<Vec<TcpListener>>,
     /// The HTTPS addresses as bound (port 0 resolved).
     https_bound: Vec<SocketAddr>,
+    /// Each worker's HTTP/3 sockets, on the HTTPS addresses' ports; empty without `http3`.
+    udp: Vec<Vec<std::net::UdpSocket>>,
     /// The plain-HTTP listeners (one listener thread).
     http: Vec<Vec<TcpListener>>,
     http_bound: Vec<SocketAddr>,
@@ -166,7 +168,11 @@ fn bind(config: &mut Config) -> anyhow::Result<Sockets> {
         config.listen = https_bound.clone();
         config.http_listen = http_bound.clone();
     }
-    Ok(Sockets { https, https_bound, http, http_bound, admin, activated })
+    let udp = match config.http3 {
+        Some(_) => crate::quic::socket::bind_all(&https_bound, config.workers).map_err(|e| anyhow!(e))?,
+        None => Vec::new(),
+    };
+    Ok(Sockets { https, https_bound, udp, http, http_bound, admin, activated })
 }
 
 /// Switches to the planned account, or says why the process stays as it is.
@@ -191,8 +197,9 @@ fn drop_privileges(plan: &privileges::Plan, activated: bool) -> anyhow::Result<S
 /// too. Returns what the workers serve with and the moment the server was ready.
 fn announce_ready(prepared: Prepared, sockets: &Sockets) -> (Arc<Shared>, Instant) {
     let Prepared { shared, fingerprint, origin } = prepared;
+    let h3 = if sockets.udp.is_empty() { "" } else { " and HTTP/3 on UDP" };
     for addr in &sockets.https_bound {
-        tracing::info!("listening on https://{addr}");
+        tracing::info!("listening on https://{addr}{h3}");
     }
     for addr in &sockets.http_bound {
         tracing::info!("listening on http://{addr} (redirects to HTTPS; ACME HTTP-01 challenges)");
@@ -260,10 +267,12 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
     let mut metrics = Vec::new();
     // One table for every worker, kept across reloads: connections outlive configurations.
     let per_ip = Arc::new(super::per_ip::PerIp::default());
+    let mut udp = sockets.udp.into_iter();
     for (id, ls) in sockets.https.into_iter().enumerate() {
         let m = Arc::new(Metrics::default());
         metrics.push(m.clone());
-        workers.push(worker::spawn(id, ls, current_rx.clone(), stop_rx.clone(), m, per_ip.clone())?);
+        let udp = udp.next().unwrap_or_default();
+        workers.push(worker::spawn(id, ls, udp, current_rx.clone(), stop_rx.clone(), m, per_ip.clone())?);
     }
     // The port-80 listener counts its answers too; the admin listener sums it with the workers.
     let plain_metrics = Arc::new(Metrics::default());

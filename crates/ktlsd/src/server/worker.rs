@@ -20,9 +20,14 @@
 //! all workers (`per_ip`) has one more refused the same way, counted apart. When `accept`
 //! itself fails (out of descriptors), the loop sleeps before trying again
 //! rather than spin on the pending connection.
+//!
+//! With HTTP/3 on, the worker also runs a QUIC endpoint on each of its UDP
+//! sockets (`quic` below), whose connections count against the same cap.
+
+mod quic;
 
 use std::cell::{Cell, RefCell};
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::{SocketAddr, TcpListener as StdListener, UdpSocket};
 use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -204,6 +209,7 @@ fn log_suppressed_handshakes(n: u64) {
 pub fn spawn(
     id: usize,
     listeners: Vec<StdListener>,
+    udp: Vec<UdpSocket>,
     current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
@@ -211,13 +217,14 @@ pub fn spawn(
 ) -> anyhow::Result<JoinHandle<Stats>> {
     std::thread::Builder::new()
         .name(format!("ktlsd-worker-{id}"))
-        .spawn(move || run(id, listeners, current, stop, metrics, per_ip))
+        .spawn(move || run(id, listeners, udp, current, stop, metrics, per_ip))
         .context("cannot start a worker thread")
 }
 
 fn run(
     id: usize,
     listeners: Vec<StdListener>,
+    udp: Vec<UdpSocket>,
     mut current: watch::Receiver<Current>,
     stop: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
@@ -266,6 +273,7 @@ fn run(
                     (Err(e), _) | (_, Err(e)) => tracing::error!("worker cannot use its listener: {e}"),
                 }
             }
+            let quic = quic::start(udp, &worker, &stop);
             let flusher = tokio::task::spawn_local({
                 let worker = worker.clone();
                 async move {
@@ -295,6 +303,9 @@ fn run(
 
             let mut stop = stop;
             let _ = stop.wait_for(|s| *s).await;
+            for a in &quic {
+                a.abort();
+            }
             for (_, a) in worker.accepting.borrow_mut().drain(..) {
                 a.abort();
             }
@@ -401,6 +412,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     let cfg = &shared.config;
     let stats = &worker.metrics.stats;
     let traffic = &worker.metrics.traffic;
+    // HTTP/3 listens on the UDP port of the address this connection came to.
+    let alt_svc = shared.http3.as_ref().and_then(|_| stream.local_addr().ok()).map(|a| quic::alt_svc(a.port()));
     let _ = stream.set_nodelay(true);
     if let Some(lowat) = cfg.tcp.notsent_lowat {
         let _ = tcp::set_notsent_lowat(stream.as_fd(), lowat);
@@ -454,7 +467,8 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     };
     Stats::bump(match session.mode() {
         RecordLayer::Kernel => &stats.ktls,
-        RecordLayer::Userspace => &stats.userspace,
+        // A TLS session is never QUIC's; counted with the other user-space layer if it were.
+        RecordLayer::Userspace | RecordLayer::Quic => &stats.userspace,
     });
     let _open = Open::new(traffic, session.mode(), protocol);
 
@@ -462,13 +476,26 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     // The one place the HTTP version is chosen: by what ALPN agreed.
     let end = match protocol {
         HttpVersion::Http2 => {
-            let ctx =
-                http::Context { peer, settings: &shared.h2, sites: site_table, log: &worker.log, shutdown: retire };
+            let ctx = http::Context {
+                peer,
+                settings: &shared.h2,
+                sites: site_table,
+                log: &worker.log,
+                shutdown: retire.clone(),
+                alt_svc: alt_svc.as_deref(),
+            };
             h2::serve(&mut session, ctx).await
         }
-        HttpVersion::Http1 => {
-            let ctx =
-                http::Context { peer, settings: &shared.h1, sites: site_table, log: &worker.log, shutdown: retire };
+        // ALPN over TCP never agrees on h3 (it is not offered there).
+        HttpVersion::Http1 | HttpVersion::Http3 => {
+            let ctx = http::Context {
+                peer,
+                settings: &shared.h1,
+                sites: site_table,
+                log: &worker.log,
+                shutdown: retire,
+                alt_svc: alt_svc.as_deref(),
+            };
             h1::serve(&mut session, ctx).await
         }
     };

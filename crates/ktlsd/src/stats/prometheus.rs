@@ -30,7 +30,7 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
     let _ = writeln!(out, "ktlsd_accepted_connections_total {}", v(&s.connections));
     family(out, "ktlsd_connections", "gauge", "Connections open now, by record layer and protocol.");
     for l in RecordLayer::ALL {
-        for p in HttpVersion::ALL {
+        for p in HttpVersion::ALL.into_iter().filter(|&p| carries(l, p)) {
             let _ = writeln!(
                 out,
                 "ktlsd_connections{{record_layer=\"{l}\",protocol=\"{}\"}} {}",
@@ -46,7 +46,7 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         "Connections that completed their handshake and got a record layer, by record layer and protocol.",
     );
     for l in RecordLayer::ALL {
-        for p in HttpVersion::ALL {
+        for p in HttpVersion::ALL.into_iter().filter(|&p| carries(l, p)) {
             let _ = writeln!(
                 out,
                 "ktlsd_connections_total{{record_layer=\"{l}\",protocol=\"{}\"}} {}",
@@ -255,6 +255,11 @@ pub fn cache(out: &mut String, f: &CacheFigures) {
         family(out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
     }
+}
+
+/// Whether record layer `l` can carry protocol `p`: QUIC carries HTTP/3 only, and only QUIC does.
+fn carries(l: RecordLayer, p: HttpVersion) -> bool {
+    (l == RecordLayer::Quic) == (p == HttpVersion::Http3)
 }
 
 pub(super) fn family(out: &mut String, name: &str, kind: &str, help: &str) {

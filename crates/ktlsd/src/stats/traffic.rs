@@ -148,15 +148,15 @@ impl TcpEnd {
 #[derive(Debug)]
 pub struct Traffic {
     /// Open connections, by [`RecordLayer`] then [`HttpVersion`].
-    pub open: [[Counter; 2]; 2],
+    pub open: [[Counter; 3]; 3],
     /// Connections that got a record layer, by [`RecordLayer`] then [`HttpVersion`].
-    pub connections: [[Counter; 2]; 2],
+    pub connections: [[Counter; 3]; 3],
     pub handshakes_ok: Counter,
     pub handshakes_resumed: Counter,
     /// Requests answered, by status class then [`METHODS`].
     pub requests: [[Counter; 3]; 5],
     /// Body bytes sent, by [`RecordLayer`].
-    pub body_bytes: [Counter; 2],
+    pub body_bytes: [Counter; 3],
     /// Plain-HTTP (port 80) answers: redirects, ACME HTTP-01, refusals; by status class.
     pub plain_requests: [Counter; 5],
     pub response_time: Histogram,
@@ -253,7 +253,7 @@ impl Traffic {
 
     /// Adds `other`'s figures to these (see [`super::Metrics::add`]).
     pub fn add(&self, other: &Traffic) {
-        let pairs = |a: &[[Counter; 2]; 2], b: &[[Counter; 2]; 2]| {
+        let pairs = |a: &[[Counter; 3]; 3], b: &[[Counter; 3]; 3]| {
             for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
                 Stats::add_to(x, y.load(Relaxed));
             }

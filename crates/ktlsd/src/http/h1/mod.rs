@@ -227,7 +227,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub async fn answer(&mut self, x: Exchange, site: Site<'a>) -> State<'a, T::Error> {
         // A body to compress is made off the loop first, so that this answer carries it.
         handler::prepare(&x.head.request, &site).await;
-        let response = handler::handle(&x.head.request, &site);
+        let response = self.ctx.advertise(handler::handle(&x.head.request, &site));
         if let Some(why) = &response.refused {
             self.refused(Some(&x.head), response.status, why);
         }

@@ -656,7 +656,7 @@ async fn a_send_that_fails_later_ends_the_connection() {
 impl Fixture {
     fn context<'a>(&'a self, log: &'a AccessLog, shutdown: watch::Receiver<bool>) -> Context<'a, Settings> {
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
-        Context { peer, settings: &self.settings, sites: Sites::single(self.site()), log, shutdown }
+        Context { peer, settings: &self.settings, sites: Sites::single(self.site()), log, shutdown, alt_svc: None }
     }
 }
 

@@ -38,8 +38,8 @@ mod serve;
 pub use conn::{BodySize, Connection, Event, Limits, StreamId, Write};
 #[cfg(test)]
 pub use conn::{RespondError, PREFACE};
-pub use request::RequestHead;
-pub use serve::{serve, Settings};
+pub use request::{parse as parse_fields, RequestHead};
+pub use serve::{serve, to_request, Settings};
 
 #[cfg(test)]
 mod tests;

@@ -340,6 +340,7 @@ fn answer<'a, S>(
             format!("refused {peer} \"{} {target} HTTP/2.0\": {status} {why}", head.method)
         });
     }
+    let response = ctx.advertise(response);
     let status = response.status.0;
     let date = http_date_now();
     let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
@@ -390,9 +391,9 @@ fn answer<'a, S>(
 }
 
 /// The handler's view of a request head: method, path and query split from
-/// `:path`, `:authority`, the conditional and range fields, and the connection's
-/// peer address as the client's.
-fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
+/// `:path`, `:authority`, the conditional and range fields (HTTP/3's too), and the
+/// connection's peer address as the client's.
+pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
     let method = Method::from_token(&head.method);
     let target = head.path.as_deref().unwrap_or("");
     let without_fragment = target.split('#').next().unwrap_or("");

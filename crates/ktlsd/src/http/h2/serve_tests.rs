@@ -126,7 +126,11 @@ impl Fixture {
         };
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
-        serve(mem, Context { peer, settings: &self.settings, sites: Sites::single(site), log: &log, shutdown }).await
+        serve(
+            mem,
+            Context { peer, settings: &self.settings, sites: Sites::single(site), log: &log, shutdown, alt_svc: None },
+        )
+        .await
     }
 }
 

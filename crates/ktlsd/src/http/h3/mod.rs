@@ -1,0 +1,454 @@
+//! HTTP/3 (RFC 9114) over a QUIC connection: each request stream is answered by
+//! [`handler::handle`] with the same sites, host checks and responses as HTTP/1.1
+//! and HTTP/2, and logged as `HTTP/3.0`.
+//!
+//! Why the framing and QPACK (RFC 9204) are the `h3` crate's rather than our own
+//! codec, as HTTP/2's are: HTTP/2's own codec exists so that a DATA frame can be one
+//! TLS record sent by `sendfile`. QUIC has no such path (every packet is sealed in
+//! user space), so an HTTP/3 body is bytes in memory whatever the codec, and QPACK
+//! and the mapping of requests onto QUIC streams are not what this server is about.
+//! The crate is bounded here: the field section size (`max_header_bytes`), and the
+//! streams a client may open are QUIC's limits, set by `crate::quic`.
+//!
+//! Bodies: a file range is read window by window ([`WINDOW`]) into a buffer that
+//! becomes the `Bytes` handed to `send_data`, which returns once QUIC has taken it
+//! within its flow-control and send windows: one window in flight per stream. A
+//! window out of the page cache is read in off the event loop first, as on TCP.
+//!
+//! Not here: QUIC, its handshake, limits and keys (`crate::quic`), or what a
+//! response says (`crate::handler`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h3::error::{ConnectionError, StreamError};
+use h3::quic::{BidiStream, Connection as QuicConnection, OpenStreams};
+use h3::server::RequestStream;
+
+use crate::files::residency::ColdReads;
+use crate::files::FileRange;
+use crate::handler::request::{Method, Request};
+use crate::handler::{self, Body, Pick, Response, Status};
+use crate::http::conn::{http_date_now, Logged, Sent};
+use crate::http::{h2, Context, End};
+use crate::log::RequestLine;
+use crate::vocab::RecordLayer;
+
+/// Limits of the HTTP/3 layer (the QUIC ones are `crate::quic`'s).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Largest request field section, as QPACK decodes it (SETTINGS_MAX_FIELD_SECTION_SIZE).
+    pub max_field_section: u64,
+    /// Requests a client may cancel (reset or stop before their answer is sent) per
+    /// [`FLOOD_WINDOW`] before the connection ends with H3_EXCESSIVE_LOAD: QUIC
+    /// returns stream credit as streams close, so without it a client could open and
+    /// cancel requests without end (HTTP/2's rapid reset). HTTP/2's `h2_max_resets`.
+    pub max_resets: u32,
+    /// Time a request stream may take to deliver its field section once opened.
+    pub header_timeout: Duration,
+    /// Time a response may make no progress (a client that keeps its flow-control
+    /// window shut) before its stream is reset; the connection's other streams go on.
+    pub send_timeout: Duration,
+}
+
+/// Why a response was not sent whole.
+#[derive(Debug, thiserror::Error)]
+enum Unsent {
+    #[error("{0}")]
+    Stream(StreamError),
+    #[error("no progress within the send timeout")]
+    Stalled,
+}
+
+/// `op` within `limit`.
+async fn within<T>(limit: Duration, op: impl Future<Output = Result<T, StreamError>>) -> Result<T, Unsent> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(r) => r.map_err(Unsent::Stream),
+        Err(_) => Err(Unsent::Stalled),
+    }
+}
+
+/// The window over which cancelled requests are counted (as HTTP/2's flood limits are).
+pub const FLOOD_WINDOW: Duration = Duration::from_secs(10);
+
+/// Why an HTTP/3 connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum H3Error {
+    #[error("{0}")]
+    Connection(ConnectionError),
+    /// More cancelled requests than [`Settings::max_resets`] in [`FLOOD_WINDOW`]: the
+    /// connection was closed with H3_EXCESSIVE_LOAD.
+    #[error("more than {0} requests cancelled within {FLOOD_WINDOW:?}")]
+    Flood(u32),
+}
+
+/// Bytes of a file read into one buffer and handed to QUIC at once: large enough
+/// that a window costs one `pread`, small enough that a stream holds little.
+pub const WINDOW: usize = 64 * 1024;
+
+/// How an HTTP/3 connection ended, or why it failed.
+pub type H3End = End<H3Error>;
+
+/// A request stream's task, borrowing the connection's context; true when the
+/// client cancelled the request before its answer was sent.
+type StreamTask<'a> = Pin<Box<dyn Future<Output = bool> + 'a>>;
+
+/// Cancelled requests in the current [`FLOOD_WINDOW`].
+struct Resets {
+    since: Instant,
+    count: u32,
+}
+
+impl Resets {
+    /// Counts `n` more; true when the limit is passed.
+    fn add(&mut self, n: u32, max: u32, now: Instant) -> bool {
+        if now.duration_since(self.since) >= FLOOD_WINDOW {
+            *self = Resets { since: now, count: 0 };
+        }
+        self.count = self.count.saturating_add(n);
+        self.count > max
+    }
+}
+
+/// Serves request streams on `conn` until the client closes it, it times out, or
+/// the server stops: then GOAWAY is sent, requests already taken finish, and the
+/// connection ends.
+///
+/// # Cancel safety
+/// Not cancel-safe: responses under way are cut off. The loop watches the shutdown
+/// signal itself.
+pub async fn serve<C>(conn: C, ctx: Context<'_, Settings>) -> H3End
+where
+    C: QuicConnection<Bytes>,
+    <C as h3::quic::OpenStreams<Bytes>>::BidiStream: BidiStream<Bytes>,
+{
+    // Closes the connection with a code of ours (the crate's own close on drop says H3_NO_ERROR).
+    let mut closer = conn.opener();
+    let mut builder = h3::server::builder();
+    builder.max_field_section_size(ctx.settings.max_field_section);
+    let mut h3: h3::server::Connection<C, Bytes> = match builder.build(conn).await {
+        Ok(c) => c,
+        Err(e) => return ended(e),
+    };
+    let ctx = &ctx;
+    let mut streams: Vec<StreamTask<'_>> = Vec::new();
+    let mut stop = ctx.shutdown.clone();
+    let mut going_away = false;
+    let mut resets = Resets { since: Instant::now(), count: 0 };
+    let mut cancelled = 0;
+    loop {
+        if resets.add(std::mem::take(&mut cancelled), ctx.settings.max_resets, Instant::now()) {
+            tracing::info!(
+                "HTTP/3 client {} cancelled over {} requests in {FLOOD_WINDOW:?}",
+                ctx.peer,
+                ctx.settings.max_resets
+            );
+            closer.close(h3::error::Code::H3_EXCESSIVE_LOAD, b"too many cancelled requests");
+            return End::Error(H3Error::Flood(ctx.settings.max_resets));
+        }
+        if going_away && streams.is_empty() {
+            return End::Done;
+        }
+        let accepted = tokio::select! {
+            r = h3.accept(), if !going_away => r,
+            () = drive(&mut streams, &mut cancelled), if !streams.is_empty() => continue,
+            _ = stop.wait_for(|s| *s), if !going_away => {
+                going_away = true;
+                // GOAWAY: streams already opened are answered, no new ones are taken.
+                if let Err(e) = h3.shutdown(0).await {
+                    tracing::debug!("HTTP/3 GOAWAY to {} failed: {e}", ctx.peer);
+                }
+                continue;
+            }
+        };
+        match accepted {
+            Ok(Some(resolver)) => streams.push(Box::pin(async move {
+                match tokio::time::timeout(ctx.settings.header_timeout, resolver.resolve_request()).await {
+                    Ok(Ok((request, stream))) => answer(request, stream, ctx).await,
+                    // The crate has reset the stream (or closed the connection) with the RFC's code.
+                    Ok(Err(e)) => {
+                        tracing::debug!("HTTP/3 request from {} refused: {e}", ctx.peer);
+                        matches!(e, StreamError::RemoteTerminate { .. })
+                    }
+                    // Dropping the stream resets it.
+                    Err(_) => {
+                        tracing::debug!("HTTP/3 request from {} incomplete after the header timeout", ctx.peer);
+                        false
+                    }
+                }
+            })),
+            Ok(None) => going_away = true,
+            Err(e) => {
+                // The connection is gone: streams under way end at once, and are logged.
+                while !streams.is_empty() {
+                    drive(&mut streams, &mut cancelled).await;
+                }
+                return ended(e);
+            }
+        }
+    }
+}
+
+/// Polls every stream task, dropping those done (counting in `cancelled` those the
+/// client cancelled); ready once none is left.
+///
+/// # Cancel safety
+/// Cancel-safe: the tasks stay in `streams`, each where it was.
+async fn drive(streams: &mut Vec<StreamTask<'_>>, cancelled: &mut u32) {
+    std::future::poll_fn(move |cx| {
+        streams.retain_mut(|s| match s.as_mut().poll(cx) {
+            Poll::Ready(reset) => {
+                *cancelled += u32::from(reset);
+                false
+            }
+            Poll::Pending => true,
+        });
+        if streams.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// What a connection error means for the caller's counters.
+fn ended(e: ConnectionError) -> H3End {
+    match e {
+        e if e.is_h3_no_error() => End::Done,
+        ConnectionError::Timeout { .. } => End::Timeout,
+        ConnectionError::Remote { 0: h3::quic::ConnectionErrorIncoming::Timeout, .. } => End::Timeout,
+        // The client closed the connection (with an error code of its own).
+        ConnectionError::Remote { 0: h3::quic::ConnectionErrorIncoming::ApplicationClose { .. }, .. } => End::Done,
+        e => End::Error(H3Error::Connection(e)),
+    }
+}
+
+/// Answers one request on its stream and logs it; true when the client cancelled
+/// it (reset the stream or stopped reading) before the answer was complete.
+async fn answer<S>(request: http::Request<()>, mut stream: RequestStream<S, Bytes>, ctx: &Context<'_, Settings>) -> bool
+where
+    S: BidiStream<Bytes>,
+{
+    let started = Instant::now();
+    let method_token = request.method().as_str().to_string();
+    let target = request.uri().path_and_query().map_or_else(String::new, |p| p.as_str().to_string());
+    let head = h2::parse_fields(fields(&request));
+    let is_head = method_token == "HEAD";
+    let (parsed, mut response) = match head
+        .as_ref()
+        .map_err(|e| format!("{e:?}"))
+        .and_then(|h| h2::to_request(h, ctx.peer.ip()).map_err(str::to_string))
+    {
+        Ok(req) => {
+            let response = respond(&req, ctx);
+            (Some(req), response)
+        }
+        Err(why) => {
+            let mut response = handler::refusal(Status::BAD_REQUEST, &ctx.sites.default, is_head);
+            response.refused = Some(format!("malformed request: {why}").into());
+            (None, response)
+        }
+    };
+    let host = parsed.as_ref().and_then(|r| r.authority.clone());
+    let method = parsed.map_or_else(|| Method::from_token(&method_token), |r| r.method);
+    if let Some(why) = &response.refused {
+        tracing::info!("refused {} \"{method} {target} HTTP/3.0\": {} {why}", ctx.peer, response.status.0);
+    }
+    let status = response.status.0;
+    let ttfb = started.elapsed();
+    let body = std::mem::replace(&mut response.body, Body::Empty);
+    let (sent, cancelled) = match send(&mut stream, &response, body, ctx.settings.send_timeout).await {
+        Ok(n) => (n, false),
+        Err((n, e)) => {
+            tracing::debug!("HTTP/3 response to {} \"{method} {target}\" cut short after {n} bytes: {e}", ctx.peer);
+            if matches!(e, Unsent::Stalled) {
+                stream.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            }
+            (n, matches!(e, Unsent::Stream(StreamError::RemoteTerminate { .. })))
+        }
+    };
+    let text = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    let line = RequestLine { method: &method, target: &target, version: "HTTP/3.0" };
+    let logged = Logged { line, referer: text("referer"), user_agent: text("user-agent") };
+    let sent = Sent { status, bytes: sent, started, ttfb };
+    ctx.log_over(RecordLayer::Quic, None, None, Some(logged), sent, host.as_deref());
+    cancelled
+}
+
+/// The request's pseudo-header and regular fields, as HTTP/2's message rules check them.
+fn fields(request: &http::Request<()>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let uri = request.uri();
+    let mut fields = vec![(b":method".to_vec(), request.method().as_str().as_bytes().to_vec())];
+    let pseudo = [
+        (&b":scheme"[..], uri.scheme_str()),
+        (b":authority", uri.authority().map(|a| a.as_str())),
+        (b":path", uri.path_and_query().map(|p| p.as_str())),
+    ];
+    fields.extend(pseudo.into_iter().filter_map(|(n, v)| Some((n.to_vec(), v?.as_bytes().to_vec()))));
+    fields.extend(request.headers().iter().map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec())));
+    fields
+}
+
+/// The handler's answer from the site `:authority` names (421 when none does, or
+/// when that site asks for client certificates: QUIC handshakes ask for none).
+fn respond(req: &Request, ctx: &Context<'_, Settings>) -> Response {
+    let pick = match ctx.sites.asks_certificate(req.authority.as_deref()) {
+        true => Pick::Misdirected,
+        false => ctx.sites.pick(req.authority.as_deref()),
+    };
+    match pick {
+        Pick::Site(site) => handler::handle(req, &site),
+        Pick::Misdirected => {
+            let mut r = handler::refusal(Status::MISDIRECTED_REQUEST, &ctx.sites.default, req.method == Method::Head);
+            r.refused = Some("no site has the requested host".into());
+            r
+        }
+    }
+}
+
+/// Sends the head, then the body, then ends the stream, each step within `limit`;
+/// returns the body bytes sent, also when it fails part-way (with the reason).
+async fn send<S>(
+    stream: &mut RequestStream<S, Bytes>,
+    response: &Response,
+    body: Body,
+    limit: Duration,
+) -> Result<u64, (u64, Unsent)>
+where
+    S: BidiStream<Bytes>,
+{
+    within(limit, stream.send_response(head(response))).await.map_err(|e| (0, e))?;
+    let sent = match body {
+        Body::Empty => 0,
+        Body::Bytes(b) if b.is_empty() => 0,
+        Body::Bytes(b) => {
+            let n = b.len() as u64;
+            within(limit, stream.send_data(Bytes::from(b))).await.map_err(|e| (0, e))?;
+            n
+        }
+        Body::File { found, range } => send_file(stream, &found.body(range), limit).await?,
+        // Several ranges: each part's delimiter and bytes in turn.
+        Body::Parts { found, parts } => {
+            let mut n = 0;
+            for part in &parts {
+                n += match part {
+                    handler::Part::Bytes(b) => {
+                        within(limit, stream.send_data(Bytes::copy_from_slice(b))).await.map_err(|e| (n, e))?;
+                        b.len() as u64
+                    }
+                    handler::Part::File(range) => {
+                        send_file(stream, &found.body(range.clone()), limit).await.map_err(|(k, e)| (n + k, e))?
+                    }
+                };
+            }
+            n
+        }
+    };
+    within(limit, stream.finish()).await.map_err(|e| (sent, e))?;
+    Ok(sent)
+}
+
+/// Sends a file range one [`WINDOW`] at a time, each within `limit`.
+async fn send_file<S>(
+    stream: &mut RequestStream<S, Bytes>,
+    body: &FileRange<'_>,
+    limit: Duration,
+) -> Result<u64, (u64, Unsent)>
+where
+    S: BidiStream<Bytes>,
+{
+    let mut cold = ColdReads::default();
+    let mut offset = body.range.start;
+    while offset < body.range.end {
+        let n = usize::try_from(body.range.end - offset).unwrap_or(WINDOW).min(WINDOW);
+        let sent = offset - body.range.start;
+        let window = match read_window(&mut cold, body, offset, n).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!("HTTP/3 body read failed at offset {offset}: {e}; the stream is reset");
+                stream.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+                return Ok(sent);
+            }
+        };
+        within(limit, stream.send_data(window)).await.map_err(|e| (sent, e))?;
+        offset += n as u64;
+    }
+    Ok(body.len())
+}
+
+/// `n` bytes of the file at `offset`: from the open-file cache's copy when it
+/// holds them, else read (off the loop when the window is cold).
+async fn read_window(cold: &mut ColdReads, body: &FileRange<'_>, offset: u64, n: usize) -> std::io::Result<Bytes> {
+    if let Some(bytes) = body.cached_at(offset, n) {
+        return Ok(Bytes::copy_from_slice(bytes));
+    }
+    let mut buf = vec![0u8; n];
+    let mut filled = 0;
+    while filled < n {
+        match cold.read_at(body.file, &mut buf[filled..], offset + filled as u64, body.range.end).await? {
+            0 => {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank while it was sent"))
+            }
+            r => filled += r,
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// The response head: status, Server, Date and the handler's fields (a field the
+/// `http` crate cannot carry is left out and logged).
+fn head(response: &Response) -> http::Response<()> {
+    let mut out = http::Response::new(());
+    *out.status_mut() =
+        http::StatusCode::from_u16(response.status.0).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = out.headers_mut();
+    headers.insert(http::header::SERVER, http::HeaderValue::from_static("ktlsd"));
+    if let Ok(date) = http::HeaderValue::from_str(&http_date_now()) {
+        headers.insert(http::header::DATE, date);
+    }
+    for h in &response.headers {
+        let value = h.to_string();
+        match (http::HeaderName::from_bytes(h.name().as_bytes()), http::HeaderValue::from_str(&value)) {
+            (Ok(name), Ok(value)) => {
+                headers.append(name, value);
+            }
+            _ => tracing::warn!("HTTP/3: response field {}: {value:?} cannot be sent; left out", h.name()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancelled_requests_are_counted_per_window() {
+        let t0 = Instant::now();
+        let mut r = Resets { since: t0, count: 0 };
+        // (cancelled now, at seconds, over the limit of 3)
+        for (n, at, over) in [(2, 0, false), (1, 1, false), (1, 2, true), (3, 10, false), (1, 11, true)] {
+            assert_eq!(r.add(n, 3, t0 + Duration::from_secs(at)), over, "{n} at {at}s");
+        }
+    }
+
+    #[test]
+    fn requests_are_checked_by_the_http2_message_rules() {
+        let req = |uri: &str, host: Option<&str>| {
+            let mut b = http::Request::builder().method("GET").uri(uri);
+            if let Some(h) = host {
+                b = b.header("host", h);
+            }
+            h2::parse_fields(fields(&b.body(()).unwrap()))
+        };
+        let ok = req("https://a.example/f?x=1", None).unwrap();
+        assert_eq!((ok.authority.as_deref(), ok.path.as_deref()), (Some("a.example"), Some("/f?x=1")));
+        assert!(req("https://a.example/f", Some("b.example")).is_err(), "host must name :authority's host");
+        assert!(req("https://a.example/f", Some("a.example")).is_ok());
+        assert!(req("/f", None).is_err(), "no :scheme");
+    }
+}

@@ -1,0 +1,324 @@
+//! HTTP/3 through real QUIC clients: `tests/h3/client.py` (Python `aioquic`, at
+//! frame level) sends requests and malformed frames, ngtcp2's `gtlsclient` and
+//! headless Chromium fetch files; curl checks that HTTP/1.1 and HTTP/2 answers
+//! advertise HTTP/3 with `Alt-Svc` only when it is on. The QUIC admission rules and
+//! the HTTP/3 options run in-process (`quic::tests`, `config::h3::tests`,
+//! `http::h3::tests`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use testkit::*;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
+
+/// Runs the aioquic client against `srv` (SNI `sni`); returns its JSON output.
+fn client(srv: &Server, sni: &str, args: &[&str]) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/client.py");
+    let out = run_with_timeout(
+        std::process::Command::new("/usr/bin/python3")
+            .arg(&script)
+            .args([&srv.addr().ip().to_string(), &srv.port().to_string(), "--sni", sni])
+            .args(args),
+        None,
+        Duration::from_secs(120),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "aioquic client failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("client output {text:?}: {e}"))
+}
+
+/// Sends `requests` (JSON objects as `client.py` takes them) at once on one connection.
+fn requests(srv: &Server, sni: &str, requests: &Value) -> Value {
+    client(srv, sni, &["requests", &requests.to_string()])
+}
+
+fn header<'a>(r: &'a Value, name: &str) -> Option<&'a str> {
+    r["headers"].as_array()?.iter().find(|h| h[0] == name).and_then(|h| h[1].as_str())
+}
+
+fn h3_server(b: ServerBuilder) -> Server {
+    b.arg("--http3").start()
+}
+
+#[test]
+fn get_head_404_range_and_304_as_on_tcp_logged_as_http3() {
+    let body = pattern(50_000, 3);
+    let b = Server::builder(BIN).file("f", &body);
+    let sock = b.dir().join("admin.sock");
+    let srv = h3_server(b.arg("--admin").arg(&sock));
+    let r = requests(
+        &srv,
+        "localhost",
+        &serde_json::json!([
+            {"path": "/f"},
+            {"path": "/f", "method": "HEAD"},
+            {"path": "/nope"},
+            {"path": "/f", "headers": [["range", "bytes=100-199"]]},
+            {"path": "/f", "method": "DELETE"},
+        ]),
+    );
+    let rs = &r["responses"];
+    assert_eq!(rs[0]["status"], 200, "{r}");
+    assert_eq!(rs[0]["sha256"], sha256(&body));
+    assert_eq!(header(&rs[0], "content-length"), Some("50000"));
+    assert_eq!(header(&rs[0], "server"), Some("ktlsd"));
+    assert!(header(&rs[0], "alt-svc").is_none(), "HTTP/3 answers need no Alt-Svc: {r}");
+    assert_eq!((rs[1]["status"].as_u64(), rs[1]["len"].as_u64()), (Some(200), Some(0)), "HEAD: {r}");
+    assert_eq!(header(&rs[1], "content-length"), Some("50000"));
+    assert_eq!(rs[2]["status"], 404);
+    assert_eq!(rs[3]["status"], 206);
+    assert_eq!(header(&rs[3], "content-range"), Some("bytes 100-199/50000"));
+    assert_eq!(rs[3]["sha256"], sha256(&body[100..200]));
+    assert_eq!(rs[4]["status"], 405);
+
+    let etag = header(&rs[0], "etag").expect("an ETag").to_string();
+    let r = requests(&srv, "localhost", &serde_json::json!([{"path": "/f", "headers": [["if-none-match", etag]]}]));
+    assert_eq!((r["responses"][0]["status"].as_u64(), r["responses"][0]["len"].as_u64()), (Some(304), Some(0)));
+
+    let log = srv.wait_access_log(6, Duration::from_secs(10));
+    for (line, want) in log.iter().zip(["\"GET /f HTTP/3.0\" 200 50000", "\"HEAD /f HTTP/3.0\" 200 0"]) {
+        assert!(line.contains(want) && line.ends_with("tls=quic"), "{line}");
+    }
+    assert!(log.iter().any(|l| l.contains("\"GET /f HTTP/3.0\" 304 0")), "{log:?}");
+
+    let m = scrape(&sock);
+    let key = r#"ktlsd_connections_total{protocol="h3",record_layer="quic"}"#;
+    assert_eq!(m.get(key).copied(), Some(2.0), "two QUIC connections: {m:?}");
+    assert!(!m.contains_key(r#"ktlsd_connections_total{protocol="h3",record_layer="ktls"}"#));
+}
+
+#[test]
+fn many_concurrent_streams_and_a_large_file_arrive_intact() {
+    let mut b = Server::builder(BIN).no_access_log();
+    for i in 0..100 {
+        b = b.file(&format!("s{i}"), pattern(10 * 1024, i));
+    }
+    let srv = b.arg("--h3-max-streams").arg("16").arg("--http3").start();
+    let want_big = write_big_file(&srv.root().join("big"), 30 << 20);
+    let many: Vec<Value> = (0..100).map(|i| serde_json::json!({"path": format!("/s{i}")})).collect();
+    let mut all = many.clone();
+    all.push(serde_json::json!({"path": "/big"}));
+    // 101 requests at once on a connection allowed 16 streams at a time: the client
+    // waits for stream credit, and every body arrives whole.
+    let r = requests(&srv, "localhost", &Value::Array(all));
+    let rs = r["responses"].as_array().unwrap();
+    for (i, resp) in rs[..100].iter().enumerate() {
+        assert_eq!(resp["status"], 200, "stream {i}: {resp}");
+        assert_eq!(resp["sha256"], sha256(&pattern(10 * 1024, i as u64)), "stream {i}");
+    }
+    assert_eq!(rs[100]["len"], 30 << 20);
+    assert_eq!(rs[100]["sha256"], want_big);
+}
+
+#[test]
+fn malformed_frames_and_qpack_garbage_get_the_rfc_errors_and_the_server_serves_on() {
+    let srv = h3_server(Server::builder(BIN).file("f", "still here").no_access_log());
+    // (abuse, QUIC application error code the connection is closed with)
+    for (kind, code) in [("data-first", 0x105u64), ("qpack-garbage", 0x200)] {
+        let r = client(&srv, "localhost", &["abuse", kind]);
+        assert_eq!(r["closed"].as_u64(), Some(code), "{kind}: {r}");
+    }
+    // A field section over max_header_bytes: 431 on that stream, the connection goes on.
+    let r = client(&srv, "localhost", &["abuse", "huge-headers"]);
+    assert_eq!(r["status"], 431, "{r}");
+    assert!(r["closed"].is_null(), "{r}");
+    let r = requests(&srv, "localhost", &serde_json::json!([{"path": "/f"}]));
+    assert_eq!(r["responses"][0]["text"], "still here", "{r}");
+    assert!(!srv.stderr().contains("panicked"), "{}", srv.stderr());
+}
+
+#[test]
+fn alt_svc_on_http1_and_http2_only_when_http3_is_on_and_reload_keeps_serving() {
+    let on = h3_server(Server::builder(BIN).file("f", "x"));
+    let want = format!("h3=\":{}\"; ma=86400", on.port());
+    for v in ["--http1.1", "--http2"] {
+        let r = fetch(&on.url("/f"), &[v]);
+        assert_eq!(r.header("alt-svc"), Some(want.as_str()), "{v}");
+    }
+    let off = Server::builder(BIN).file("f", "x").start();
+    for v in ["--http1.1", "--http2"] {
+        assert_eq!(fetch(&off.url("/f"), &[v]).header("alt-svc"), None, "{v}");
+    }
+    // The UDP sockets outlive a reload; new connections take the new configuration.
+    on.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !on.stderr().contains("reloaded configuration") {
+        assert!(Instant::now() < deadline, "no reload: {}", on.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = requests(&on, "localhost", &serde_json::json!([{"path": "/f"}]));
+    assert_eq!(r["responses"][0]["text"], "x", "{r}");
+}
+
+#[test]
+fn quic_retry_always_validates_the_address_first() {
+    let srv = h3_server(Server::builder(BIN).file("f", "ok").arg("--quic-retry").arg("always"));
+    let r = requests(&srv, "localhost", &serde_json::json!([{"path": "/f"}]));
+    assert_eq!((r["retried"].as_bool(), r["responses"][0]["text"].as_str()), (Some(true), Some("ok")), "{r}");
+    let plain = h3_server(Server::builder(BIN).file("f", "ok").arg("--quic-retry").arg("never"));
+    let r = requests(&plain, "localhost", &serde_json::json!([{"path": "/f"}]));
+    assert_eq!(r["retried"].as_bool(), Some(false), "{r}");
+}
+
+#[test]
+fn sni_and_authority_choose_the_site_over_http3() {
+    let b = Server::builder(BIN).file("f.txt", "default");
+    let mut config = String::new();
+    let mut fps = Vec::new();
+    for label in ["a", "b"] {
+        let name = format!("{label}.example");
+        let root = b.dir().join(label);
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("f.txt"), label).unwrap();
+        let (c, k, fp) = cert_for(b.dir(), label, &[&name]);
+        fps.push(fp);
+        config += &format!("[[site]]\nnames = [{name:?}]\nroot = {:?}\ncert = {:?}\nkey = {:?}\n", root, c, k);
+    }
+    let srv = h3_server(b.config(&config));
+    for (label, fp) in ["a", "b"].iter().zip(&fps) {
+        let name = format!("{label}.example");
+        let r = requests(&srv, &name, &serde_json::json!([{"path": "/f.txt"}]));
+        assert_eq!(r["cert"].as_str(), Some(fp.as_str()), "{name}: {r}");
+        assert_eq!(r["responses"][0]["text"].as_str(), Some(*label), "{name}: {r}");
+    }
+    // :authority picks the site per request, as Host does over TCP.
+    let r = requests(&srv, "a.example", &serde_json::json!([{"path": "/f.txt", "authority": "b.example"}]));
+    assert_eq!(r["responses"][0]["text"], "b", "{r}");
+}
+
+#[test]
+fn shutdown_closes_open_connections_with_h3_no_error() {
+    use std::io::BufRead;
+    let srv = h3_server(Server::builder(BIN).file("index.html", "hi"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/client.py");
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .arg(&script)
+        .args([&srv.addr().ip().to_string(), &srv.port().to_string(), "wait-close", "20"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("200"), "{first}");
+    let t0 = Instant::now();
+    srv.signal(libc::SIGTERM);
+    let last = lines.next().unwrap().unwrap();
+    let _ = child.wait();
+    let v: Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(v["closed"].as_u64(), Some(0x100), "{last}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "closed after {:?}", t0.elapsed());
+}
+
+/// A browser: headless Chromium, told to use QUIC for the server's origin and to
+/// trust its certificate by public key, loads a page of 50 images, scripts and style
+/// sheets; the page writes into the DOM how many loaded and how many came over `h3`
+/// (Resource Timing's `nextHopProtocol`), and the access log has every request as HTTP/3.0.
+#[test]
+fn chromium_loads_a_page_of_fifty_resources_over_http3() {
+    let chromium = chromium();
+    let b = subresource_page(Server::builder(BIN), "h3");
+    let (cert, key, _) = cert_for(b.dir(), "localhost", &["localhost"]);
+    let srv = h3_server(b.arg("--cert").arg(&cert).arg("--key").arg(&key));
+    // The certificate's SubjectPublicKeyInfo, SHA-256, base64: what Chromium is told to accept.
+    let spki = run_with_timeout(
+        std::process::Command::new("sh").arg("-c").arg(format!(
+            "openssl x509 -pubkey -noout -in {} | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | openssl base64 -A",
+            cert.display()
+        )),
+        None,
+        Duration::from_secs(20),
+    );
+    let spki = String::from_utf8_lossy(&spki.stdout).trim().to_string();
+    assert_eq!(spki.len(), 44, "SPKI hash {spki:?}");
+    let origin = format!("localhost:{}", srv.port());
+    let profile = srv.dir().join("chromium-profile");
+    let out = run_with_timeout(
+        std::process::Command::new(chromium).args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--enable-quic",
+            &format!("--origin-to-force-quic-on={origin}"),
+            &format!("--ignore-certificate-errors-spki-list={spki}"),
+            // The server listens on 127.0.0.1 only; Chromium would try ::1 first and not fall back for QUIC.
+            "--host-resolver-rules=MAP localhost 127.0.0.1",
+            &format!("--user-data-dir={}", profile.display()),
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+            &format!("https://{origin}/index.html"),
+        ]),
+        None,
+        Duration::from_secs(120),
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        dom.contains("loaded=50 failed=0 scripts=15 h3=50 page=h3"),
+        "{dom}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stopped = srv.stop();
+    let lines: Vec<&String> = stopped.access_log.iter().filter(|l| l.contains("\"GET /")).collect();
+    assert!(lines.len() >= 51, "{:#?}", stopped.access_log);
+    assert!(
+        lines.iter().all(|l| l.contains(" HTTP/3.0\" 200 ") && l.ends_with("tls=quic")),
+        "{:#?}",
+        stopped.access_log
+    );
+}
+
+#[test]
+fn a_flood_of_cancelled_requests_ends_the_connection_with_excessive_load() {
+    let srv = h3_server(Server::builder(BIN).file("f", "fine").no_access_log().args(["--h2-max-resets", "50"]));
+    write_big_file(&srv.root().join("big"), 16 << 20);
+    let r = client(&srv, "localhost", &["abuse", "cancel-flood:400:/big"]);
+    assert_eq!(r["closed"].as_u64(), Some(0x107), "H3_EXCESSIVE_LOAD: {r}");
+    let r = requests(&srv, "localhost", &serde_json::json!([{"path": "/f"}]));
+    assert_eq!(r["responses"][0]["text"], "fine", "{r}");
+}
+
+/// A third client, ngtcp2's `gtlsclient` (GnuTLS): 20 requests on one connection
+/// and a file downloaded whole.
+#[test]
+fn gtlsclient_downloads_intact() {
+    let srv = h3_server(Server::builder(BIN).file("f", pattern(300_000, 9)));
+    let out_dir = srv.dir().join("dl");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let port = srv.port().to_string();
+    let out = run_with_timeout(
+        std::process::Command::new("gtlsclient").args([
+            "-q",
+            "--no-quic-dump",
+            "--no-http-dump",
+            "--exit-on-all-streams-close",
+            "-n",
+            "20",
+            &format!("--download={}", out_dir.display()),
+            "127.0.0.1",
+            &port,
+            &format!("https://localhost:{port}/f"),
+        ]),
+        None,
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "gtlsclient (ngtcp2-client): {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(sha256_file(&out_dir.join("f")), sha256(&pattern(300_000, 9)));
+    let log = srv.wait_access_log(20, Duration::from_secs(10));
+    assert_eq!(log.iter().filter(|l| l.contains("\"GET /f HTTP/3.0\" 200 300000")).count(), 20, "{log:#?}");
+}
+
+#[test]
+fn http3_without_tls13_or_its_initial_suite_stops_start_up_with_one_line() {
+    for (args, needle) in [
+        (&["--tls-versions", "1.2"][..], "QUIC needs TLS 1.3"),
+        (&["--cipher-suites", "TLS_AES_256_GCM_SHA384"][..], "TLS_AES_128_GCM_SHA256 in cipher_suites"),
+    ] {
+        let e = Server::builder(BIN).arg("--http3").args(args).run_to_exit();
+        e.assert_startup_error(&["http3", needle]);
+    }
+}
