@@ -41,7 +41,15 @@ pub struct Session {
     last: bool,
     /// close_notify has left already (with the last response).
     notified: bool,
+    /// Plaintext [`Transport::queue`] held back, not yet in a record: the frames and
+    /// small bodies of several responses, packed into as few records as the
+    /// record-size policy allows when they leave. Empty (no allocation) between batches.
+    batch: Vec<u8>,
 }
+
+/// Plaintext a batch may reach before it leaves: four full records, one output
+/// buffer of the userspace layer (so one `write`), one `send` on kTLS.
+const BATCH_LIMIT: usize = 4 * super::sizing::MAX_RECORD;
 
 /// What ended this session's exchanges, counted from the errors it returned.
 #[derive(Debug, Default)]
@@ -100,6 +108,7 @@ impl Session {
             info: None,
             last: false,
             notified: false,
+            batch: Vec::new(),
         }
     }
 
@@ -143,10 +152,69 @@ impl Session {
     /// Not cancel-safe: a response cut short cannot be resumed (close the
     /// connection), though no record already encrypted is sent twice.
     pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
+        self.send_after_batch(head, body, false).await
+    }
+
+    /// Queues a response (or a part of one) behind those queued before: bytes in
+    /// memory, and a body the open-file cache holds, join the batch; a body read from
+    /// the file leaves at once, after the batch, in the same records and write where
+    /// it fits. The batch leaves when it reaches [`BATCH_LIMIT`] or at [`Self::flush`].
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as [`Self::send_response`].
+    pub async fn queue_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
+        let len = body.as_ref().map_or(0, |r| r.len());
+        let cached = body.as_ref().and_then(|r| r.cached_at(r.range.start, usize::try_from(len).ok()?));
+        match (&body, cached) {
+            (None, _) => self.batch.extend_from_slice(head),
+            (Some(_), Some(bytes)) => {
+                self.batch.extend_from_slice(head);
+                self.batch.extend_from_slice(bytes);
+            }
+            (Some(_), None) => return self.send_after_batch(head, body, true).await,
+        }
+        if self.batch.len() >= BATCH_LIMIT {
+            self.flush().await?;
+        }
+        Ok(len)
+    }
+
+    /// Sends what [`Self::queue_response`] held back.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as [`Self::send_response`].
+    pub async fn flush(&mut self) -> Result<(), SessionError> {
+        match &mut self.layer {
+            Layer::Kernel(_) if self.batch.is_empty() => Ok(()),
+            _ => self.send_after_batch(&[], None, false).await.map(|_| ()),
+        }
+    }
+
+    /// Sends the batch, then `head` and `body`, as one response; with `hold`, the
+    /// userspace layer may keep the last records for the next write.
+    async fn send_after_batch(
+        &mut self,
+        head: &[u8],
+        body: Option<FileRange<'_>>,
+        hold: bool,
+    ) -> Result<u64, SessionError> {
+        if self.batch.is_empty() {
+            return self.send_now(head, body, hold).await;
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.extend_from_slice(head);
+        self.send_now(&batch, body, hold).await
+    }
+
+    async fn send_now(&mut self, head: &[u8], body: Option<FileRange<'_>>, hold: bool) -> Result<u64, SessionError> {
         let r = match &mut self.layer {
             Layer::Userspace(tls) => {
                 let cold = &mut self.counters.cold;
-                let end = if self.last { Ending::CloseNotify } else { Ending::KeepOpen };
+                let end = match (self.last, hold) {
+                    (true, _) => Ending::CloseNotify,
+                    (false, true) => Ending::Hold,
+                    (false, false) => Ending::KeepOpen,
+                };
                 let r =
                     userspace::body::send(tls, &self.stream, &mut self.sizer, cold, head, body, end, self.send_timeout)
                         .await;
@@ -188,6 +256,10 @@ impl Session {
     /// the socket closes on drop.
     pub async fn close(mut self) {
         let t = self.send_timeout.min(Duration::from_secs(1));
+        // Whatever a codec queued and did not flush goes before the close_notify.
+        if !self.batch.is_empty() && self.flush().await.is_err() {
+            return;
+        }
         let sent = match &mut self.layer {
             _ if self.notified => Ok(()),
             Layer::Userspace(tls) => {
@@ -229,6 +301,14 @@ impl Transport for Session {
 
     async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         self.send_response(head, body).await
+    }
+
+    async fn queue(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
+        self.queue_response(head, body).await
+    }
+
+    async fn flush(&mut self) -> Result<(), SessionError> {
+        Session::flush(self).await
     }
 
     fn last_response(&mut self) {

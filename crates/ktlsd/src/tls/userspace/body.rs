@@ -25,6 +25,9 @@ pub const YIELD_EVERY: usize = 64 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
     KeepOpen,
+    /// More follows at once: the last records may wait in the output buffer for
+    /// the next write (they leave with the next flush).
+    Hold,
     /// The connection's last response: its close_notify leaves in the same
     /// write, after every record of the response.
     CloseNotify,
@@ -74,16 +77,21 @@ pub async fn send(
         tls.seal_record(n);
         sizer.sent(now);
 
-        // Small records are a decision about the wire right now: send them at once.
-        // Full records batch up to the output buffer's size.
-        if n < MAX_RECORD || tls.spare_plaintext() < MAX_RECORD {
+        // Small records of a file body are a decision about the wire right now: send
+        // them at once. Full records, and records of bytes already in memory, batch
+        // up to the output buffer's size.
+        if (n < MAX_RECORD && body.is_some()) || tls.spare_plaintext() < MAX_RECORD {
             tls.flush(stream, timeout).await?;
         }
     }
-    if ending == Ending::CloseNotify {
-        tls.queue_close_notify();
+    match ending {
+        Ending::Hold => {}
+        Ending::KeepOpen => tls.flush(stream, timeout).await?,
+        Ending::CloseNotify => {
+            tls.queue_close_notify();
+            tls.flush(stream, timeout).await?;
+        }
     }
-    tls.flush(stream, timeout).await?;
     Ok(body.map_or(0, |r| r.len()))
 }
 
