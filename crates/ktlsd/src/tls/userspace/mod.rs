@@ -353,6 +353,11 @@ impl UserspaceTls {
         OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(self.overhead())
     }
 
+    /// Records of `len` plaintext bytes the output buffer still has room for.
+    pub fn spare_records(&self, len: usize) -> usize {
+        OUT_CAPACITY.saturating_sub(self.out_len) / (len + self.overhead())
+    }
+
     /// Bytes a record adds to its plaintext.
     fn overhead(&self) -> usize {
         self.tx.prefix_len() + self.tx.suffix_len()
@@ -378,6 +383,38 @@ impl UserspaceTls {
             self.update_tx_key().map_err(|e| SessionError::Io(io::Error::other(e)))?;
         }
         Ok(self.slot(len))
+    }
+
+    /// Lays out `count` records of `len` plaintext bytes each, as [`Self::begin_record`]
+    /// does one, and returns their slots in order: fill them all (one vectored read),
+    /// then [`Self::seal_records`] with the same `len` and `count`. `None` when the TX
+    /// key could not protect them all without a change of keys (lay them out one by one).
+    pub fn begin_records(&mut self, len: usize, count: usize) -> Result<Option<Vec<&mut [u8]>>, SessionError> {
+        debug_assert!(len <= MAX_RECORD);
+        if self.failed {
+            return Err(SessionError::PeerClosed);
+        }
+        if self.tx.seq().saturating_add(count as u64) >= self.tx_budget {
+            return Ok(None);
+        }
+        let (prefix, stride) = (self.tx.prefix_len(), len + self.overhead());
+        let start = self.out_len;
+        reserve_output(&mut self.outgoing, start + count * stride);
+        let mut rest = &mut self.outgoing[start..start + count * stride];
+        let mut slots = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (record, after) = rest.split_at_mut(stride);
+            slots.push(&mut record[prefix..prefix + len]);
+            rest = after;
+        }
+        Ok(Some(slots))
+    }
+
+    /// Seals the `count` records [`Self::begin_records`] laid out, each slot full.
+    pub fn seal_records(&mut self, len: usize, count: usize) {
+        for _ in 0..count {
+            self.seal(ContentType::ApplicationData, len);
+        }
     }
 
     /// Seals the record [`Self::begin_record`] laid out, whose slot now holds `len` bytes.
