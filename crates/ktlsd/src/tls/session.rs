@@ -41,9 +41,10 @@ pub struct Session {
     last: bool,
     /// close_notify has left already (with the last response).
     notified: bool,
-    /// Plaintext [`Transport::queue`] held back, not yet in a record: the frames and
-    /// small bodies of several responses, packed into as few records as the
-    /// record-size policy allows when they leave. Empty (no allocation) between batches.
+    /// Kernel TLS: plaintext [`Transport::queue`] held back, the frames and small
+    /// bodies of several responses, sent as the records the policy allows by one
+    /// `send`. Empty (no allocation) between batches. (The userspace layer packs
+    /// them straight into its open record instead: see [`UserspaceTls::append`].)
     batch: Vec<u8>,
 }
 
@@ -165,6 +166,24 @@ impl Session {
     pub async fn queue_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         let len = body.as_ref().map_or(0, |r| r.len());
         let cached = body.as_ref().and_then(|r| r.cached_at(r.range.start, usize::try_from(len).ok()?));
+        if let Layer::Userspace(tls) = &mut self.layer {
+            if body.is_some() && cached.is_none() {
+                return self.send_now(head, body, true).await;
+            }
+            let (sizer, fd) = (&mut self.sizer, std::os::fd::AsFd::as_fd(&self.stream));
+            let mut next_len = || {
+                let now = std::time::Instant::now();
+                let n = sizer.next_record(fd, now);
+                sizer.sent(now);
+                n
+            };
+            tls.append(head, &mut next_len)?;
+            tls.append(cached.unwrap_or_default(), &mut next_len)?;
+            if tls.spare_plaintext() < super::sizing::MAX_RECORD {
+                tls.flush(&self.stream, self.send_timeout).await?;
+            }
+            return Ok(len);
+        }
         match (&body, cached) {
             (None, _) => self.batch.extend_from_slice(head),
             (Some(_), Some(bytes)) => {
@@ -185,8 +204,9 @@ impl Session {
     /// Not cancel-safe, as [`Self::send_response`].
     pub async fn flush(&mut self) -> Result<(), SessionError> {
         match &mut self.layer {
+            Layer::Userspace(tls) => tls.flush(&self.stream, self.send_timeout).await,
             Layer::Kernel(_) if self.batch.is_empty() => Ok(()),
-            _ => self.send_after_batch(&[], None, false).await.map(|_| ()),
+            Layer::Kernel(_) => self.send_after_batch(&[], None, false).await.map(|_| ()),
         }
     }
 
@@ -256,7 +276,8 @@ impl Session {
     /// the socket closes on drop.
     pub async fn close(mut self) {
         let t = self.send_timeout.min(Duration::from_secs(1));
-        // Whatever a codec queued and did not flush goes before the close_notify.
+        // Whatever a codec queued and did not flush goes before the close_notify
+        // (the userspace layer's flush below seals its open record first).
         if !self.batch.is_empty() && self.flush().await.is_err() {
             return;
         }

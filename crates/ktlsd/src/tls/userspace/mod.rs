@@ -119,6 +119,9 @@ pub struct UserspaceTls {
     /// flush already wrote is never written again.
     out_len: usize,
     out_sent: usize,
+    /// A record [`UserspaceTls::append`] is filling at `outgoing[out_len..]`: the
+    /// plaintext size the policy gave it, and the bytes in it so far.
+    open: Option<(usize, usize)>,
     /// The peer sent close_notify or closed the stream.
     peer_closed: bool,
     /// The session ended in a fatal alert (sent or received): nothing more is sealed.
@@ -156,6 +159,7 @@ impl UserspaceTls {
             outgoing: Vec::new(),
             out_len: 0,
             out_sent: 0,
+            open: None,
             peer_closed: false,
             failed: false,
             handshake: PostHandshake::default(),
@@ -350,12 +354,51 @@ impl UserspaceTls {
 
     /// Room left in the output buffer for plaintext of whole records.
     pub fn spare_plaintext(&self) -> usize {
-        OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(self.overhead())
+        OUT_CAPACITY.saturating_sub(self.used()).saturating_sub(self.overhead())
     }
 
     /// Records of `len` plaintext bytes the output buffer still has room for.
     pub fn spare_records(&self, len: usize) -> usize {
-        OUT_CAPACITY.saturating_sub(self.out_len) / (len + self.overhead())
+        OUT_CAPACITY.saturating_sub(self.used()) / (len + self.overhead())
+    }
+
+    /// Output buffer bytes taken by sealed records and the open one.
+    fn used(&self) -> usize {
+        self.out_len + self.open.map_or(0, |(cap, _)| cap + self.overhead())
+    }
+
+    /// Appends `data` as application data behind what is buffered, packing it into
+    /// records: each record is begun with the size `next_len` gives (called once per
+    /// record) and sealed when full; the last one stays open for the next `append`
+    /// and is sealed by [`Self::close_open`], which every other way of laying out,
+    /// sealing or flushing records calls first. Bytes are copied once, into their
+    /// place in the record.
+    pub fn append(&mut self, mut data: &[u8], mut next_len: impl FnMut() -> usize) -> Result<(), SessionError> {
+        while !data.is_empty() {
+            let (cap, filled) = match self.open {
+                Some(open) => open,
+                None => {
+                    let cap = next_len().clamp(1, MAX_RECORD);
+                    self.begin_record(cap)?;
+                    (cap, 0)
+                }
+            };
+            let take = (cap - filled).min(data.len());
+            self.slot(cap)[filled..filled + take].copy_from_slice(&data[..take]);
+            data = &data[take..];
+            self.open = Some((cap, filled + take));
+            if filled + take == cap {
+                self.close_open();
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals the record [`Self::append`] left open, with the bytes it holds.
+    pub fn close_open(&mut self) {
+        if let Some((_, filled)) = self.open.take() {
+            self.seal(ContentType::ApplicationData, filled);
+        }
     }
 
     /// Bytes a record adds to its plaintext.
@@ -373,6 +416,7 @@ impl UserspaceTls {
     /// session ends.
     pub fn begin_record(&mut self, len: usize) -> Result<&mut [u8], SessionError> {
         debug_assert!(len <= MAX_RECORD);
+        self.close_open();
         if self.failed {
             return Err(SessionError::PeerClosed);
         }
@@ -391,6 +435,7 @@ impl UserspaceTls {
     /// key could not protect them all without a change of keys (lay them out one by one).
     pub fn begin_records(&mut self, len: usize, count: usize) -> Result<Option<Vec<&mut [u8]>>, SessionError> {
         debug_assert!(len <= MAX_RECORD);
+        self.close_open();
         if self.failed {
             return Err(SessionError::PeerClosed);
         }
@@ -424,6 +469,7 @@ impl UserspaceTls {
 
     /// Seals a small control record (alert, KeyUpdate) after the buffered ones.
     fn seal_control(&mut self, typ: ContentType, payload: &[u8]) {
+        self.close_open();
         self.slot(payload.len()).copy_from_slice(payload);
         self.seal(typ, payload.len());
     }
@@ -449,6 +495,7 @@ impl UserspaceTls {
     /// next flush (or the close) goes on from the first unsent byte. Writing a
     /// record twice would break the peer's record sequence.
     pub async fn flush(&mut self, stream: &TcpStream, timeout: Duration) -> Result<(), SessionError> {
+        self.close_open();
         if self.out_sent < self.out_len {
             net::write_tracked(stream, &self.outgoing[..self.out_len], &mut self.out_sent, timeout).await?;
         }
@@ -583,6 +630,47 @@ pub(crate) mod tests {
     /// the client receives every record exactly once, then close_notify. Writing
     /// the buffer again from its start would repeat records, which the client
     /// rejects (bad_record_mac: the record sequence is off).
+    /// Appended pieces are packed into records of exactly the sizes asked for (the
+    /// last one shorter), a control record closes the open one first, and the peer
+    /// reads every byte in order.
+    #[test]
+    fn appended_pieces_fill_records_of_the_asked_size() {
+        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
+        let pieces: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; 37 * i + 1]).collect();
+        let data: Vec<u8> = pieces.concat();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let got = rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let (go_tx, go_rx) = mpsc::channel();
+            let client = client(listener.local_addr().unwrap(), root, go_rx);
+            let (stream, _) = listener.accept().await.unwrap();
+            let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
+            let mut tls = UserspaceTls::new(established.conn).unwrap();
+            let seq = tls.tx.seq();
+            let mut asked = 0;
+            for piece in &pieces {
+                tls.append(piece, || {
+                    asked += 1;
+                    1000
+                })
+                .unwrap();
+            }
+            assert_eq!(asked, data.len().div_ceil(1000), "one size asked per record");
+            assert_eq!(tls.tx.seq() - seq, (data.len() / 1000) as u64, "full records sealed, the last left open");
+            tls.queue_close_notify();
+            assert_eq!(tls.tx.seq() - seq, data.len().div_ceil(1000) as u64 + 1, "open record sealed before the alert");
+            assert_eq!(tls.out_len, data.len() + (asked + 1) * tls.overhead() + 2);
+            go_tx.send(()).unwrap();
+            tls.flush(&stream, Duration::from_secs(10)).await.unwrap();
+            drop(stream);
+            client.join().unwrap()
+        });
+        match got {
+            Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
+            Err(e) => panic!("the client saw: {e}"),
+        }
+    }
+
     #[test]
     fn cancelled_flush_then_close_sends_each_record_once() {
         let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
