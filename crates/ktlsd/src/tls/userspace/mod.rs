@@ -122,6 +122,10 @@ pub struct UserspaceTls {
     /// A record [`UserspaceTls::append`] is filling at `outgoing[out_len..]`: the
     /// plaintext size the policy gave it, and the bytes in it so far.
     open: Option<(usize, usize)>,
+    /// A control record (a KeyUpdate answer, a warning) waits in the output buffer:
+    /// `read` sends it before it blocks. Records of queued responses wait for the
+    /// codec's flush instead.
+    control_queued: bool,
     /// The peer sent close_notify or closed the stream.
     peer_closed: bool,
     /// The session ended in a fatal alert (sent or received): nothing more is sealed.
@@ -160,6 +164,7 @@ impl UserspaceTls {
             out_len: 0,
             out_sent: 0,
             open: None,
+            control_queued: false,
             peer_closed: false,
             failed: false,
             handshake: PostHandshake::default(),
@@ -197,8 +202,9 @@ impl UserspaceTls {
                 self.release_input();
                 return Ok(got);
             }
-            if self.out_len > 0 {
-                // A KeyUpdate answer or a no_renegotiation warning is queued: send it before blocking on reads.
+            if self.control_queued || self.out_sent > 0 {
+                // A KeyUpdate answer or a no_renegotiation warning is queued (or a cancelled
+                // flush left records half written): send them before blocking on reads.
                 self.flush(stream, timeout).await?;
             }
             if self.in_len == IN_CAPACITY {
@@ -470,6 +476,7 @@ impl UserspaceTls {
     /// Seals a small control record (alert, KeyUpdate) after the buffered ones.
     fn seal_control(&mut self, typ: ContentType, payload: &[u8]) {
         self.close_open();
+        self.control_queued = true;
         self.slot(payload.len()).copy_from_slice(payload);
         self.seal(typ, payload.len());
     }
@@ -499,7 +506,7 @@ impl UserspaceTls {
         if self.out_sent < self.out_len {
             net::write_tracked(stream, &self.outgoing[..self.out_len], &mut self.out_sent, timeout).await?;
         }
-        (self.out_sent, self.out_len) = (0, 0);
+        (self.out_sent, self.out_len, self.control_queued) = (0, 0, false);
         self.release_output();
         Ok(())
     }
