@@ -642,17 +642,11 @@ pub(crate) mod tests {
     /// reads every byte in order.
     #[test]
     fn appended_pieces_fill_records_of_the_asked_size() {
-        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
         let pieces: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; 37 * i + 1]).collect();
         let data: Vec<u8> = pieces.concat();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let got = rt.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let (go_tx, go_rx) = mpsc::channel();
-            let client = client(listener.local_addr().unwrap(), root, go_rx);
-            let (stream, _) = listener.accept().await.unwrap();
-            let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
-            let mut tls = UserspaceTls::new(established.conn).unwrap();
+            let (stream, mut tls, go_tx, client) = session_with_client(None).await;
             let seq = tls.tx.seq();
             let mut asked = 0;
             for piece in &pieces {
@@ -672,6 +666,27 @@ pub(crate) mod tests {
             drop(stream);
             client.join().unwrap()
         });
+        assert_received(got, &data);
+    }
+
+    /// A server session over loopback (its send buffer set to `send_buffer` when
+    /// given) with [`client`] at the other end, which reads once told to go.
+    async fn session_with_client(
+        send_buffer: Option<usize>,
+    ) -> (tokio::net::TcpStream, UserspaceTls, mpsc::Sender<()>, std::thread::JoinHandle<Result<Vec<u8>, String>>) {
+        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (go_tx, go_rx) = mpsc::channel();
+        let client = client(listener.local_addr().unwrap(), root, go_rx);
+        let (stream, _) = listener.accept().await.unwrap();
+        if let Some(bytes) = send_buffer {
+            socket2::SockRef::from(&stream).set_send_buffer_size(bytes).unwrap();
+        }
+        let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
+        (stream, UserspaceTls::new(established.conn).unwrap(), go_tx, client)
+    }
+
+    fn assert_received(got: Result<Vec<u8>, String>, data: &[u8]) {
         match got {
             Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
             Err(e) => panic!("the client saw: {e}"),
@@ -680,18 +695,11 @@ pub(crate) mod tests {
 
     #[test]
     fn cancelled_flush_then_close_sends_each_record_once() {
-        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
         let data: Vec<u8> = (0..64 * MAX_RECORD).map(|i| (i % 251) as u8).collect();
 
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let got = rt.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let (go_tx, go_rx) = mpsc::channel();
-            let client = client(listener.local_addr().unwrap(), root, go_rx);
-            let (stream, _) = listener.accept().await.unwrap();
-            socket2::SockRef::from(&stream).set_send_buffer_size(4096).unwrap();
-            let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
-            let mut tls = UserspaceTls::new(established.conn).unwrap();
+            let (stream, mut tls, go_tx, client) = session_with_client(Some(4096)).await;
             for chunk in data.chunks(MAX_RECORD) {
                 tls.begin_record(chunk.len()).unwrap().copy_from_slice(chunk);
                 tls.seal_record(chunk.len());
@@ -711,10 +719,7 @@ pub(crate) mod tests {
             session.close().await;
             client.join().unwrap()
         });
-        match got {
-            Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
-            Err(e) => panic!("the client saw: {e}"),
-        }
+        assert_received(got, &data);
     }
 
     /// Records sealed and opened here are the records a real rustls peer sends and
