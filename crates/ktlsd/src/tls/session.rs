@@ -153,13 +153,16 @@ impl Session {
     /// Not cancel-safe: a response cut short cannot be resumed (close the
     /// connection), though no record already encrypted is sent twice.
     pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
-        self.send_after_batch(head, body, false).await
+        self.flush().await?;
+        self.send_now(head, body, false).await
     }
 
     /// Queues a response (or a part of one) behind those queued before: bytes in
     /// memory, and a body the open-file cache holds, join the batch; a body read from
-    /// the file leaves at once, after the batch, in the same records and write where
-    /// it fits. The batch leaves when it reaches [`BATCH_LIMIT`] or at [`Self::flush`].
+    /// the file leaves at once, after the batch, in records of its own, so a DATA
+    /// frame sized to a record stays one record (in user space its records may then
+    /// wait for the next write). The batch leaves when it fills (the userspace output
+    /// buffer, or [`BATCH_LIMIT`] on kTLS) or at [`Self::flush`].
     ///
     /// # Cancel safety
     /// Not cancel-safe, as [`Self::send_response`].
@@ -190,7 +193,10 @@ impl Session {
                 self.batch.extend_from_slice(head);
                 self.batch.extend_from_slice(bytes);
             }
-            (Some(_), None) => return self.send_after_batch(head, body, true).await,
+            (Some(_), None) => {
+                self.flush().await?;
+                return self.send_now(head, body, true).await;
+            }
         }
         if self.batch.len() >= BATCH_LIMIT {
             self.flush().await?;
@@ -206,26 +212,15 @@ impl Session {
         match &mut self.layer {
             Layer::Userspace(tls) => tls.flush(&self.stream, self.send_timeout).await,
             Layer::Kernel(_) if self.batch.is_empty() => Ok(()),
-            Layer::Kernel(_) => self.send_after_batch(&[], None, false).await.map(|_| ()),
+            Layer::Kernel(_) => {
+                let batch = std::mem::take(&mut self.batch);
+                self.send_now(&batch, None, false).await.map(|_| ())
+            }
         }
     }
 
-    /// Sends the batch, then `head` and `body`, as one response; with `hold`, the
-    /// userspace layer may keep the last records for the next write.
-    async fn send_after_batch(
-        &mut self,
-        head: &[u8],
-        body: Option<FileRange<'_>>,
-        hold: bool,
-    ) -> Result<u64, SessionError> {
-        if self.batch.is_empty() {
-            return self.send_now(head, body, hold).await;
-        }
-        let mut batch = std::mem::take(&mut self.batch);
-        batch.extend_from_slice(head);
-        self.send_now(&batch, body, hold).await
-    }
-
+    /// Sends `head` then `body` now; with `hold`, the userspace layer may keep the
+    /// last records for the next write.
     async fn send_now(&mut self, head: &[u8], body: Option<FileRange<'_>>, hold: bool) -> Result<u64, SessionError> {
         let r = match &mut self.layer {
             Layer::Userspace(tls) => {
