@@ -171,6 +171,13 @@ pub fn read_nowait(fd: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> io::Resul
     Ok(rustix::io::preadv2(fd, &mut iov, offset, rustix::io::ReadWriteFlags::NOWAIT)?)
 }
 
+/// `preadv2(fd, bufs, offset, RWF_NOWAIT)`: fills `bufs` in order with what is in
+/// the page cache, in one call; a short count where the cached bytes end.
+pub fn read_nowait_vectored(fd: BorrowedFd<'_>, bufs: &mut [io::IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
+    libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    Ok(rustix::io::preadv2(fd, bufs, offset, rustix::io::ReadWriteFlags::NOWAIT)?)
+}
+
 /// `posix_fadvise(fd, start, len, WILLNEED)`: asks the kernel to read the range
 /// in (a `len` of 0: to the end of the file).
 pub fn will_need(file: &File, start: u64, len: u64) -> io::Result<()> {

@@ -32,6 +32,26 @@ pub trait Transport {
     /// means the response is incomplete and the connection must not be reused.
     async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, Self::Error>;
 
+    /// Like [`Transport::send`], but the transport may hold the bytes back and pack
+    /// them with those of later calls into fewer records and writes; they leave at
+    /// the next `send` or [`Transport::flush`], in order. HTTP/2 queues every frame
+    /// it has ready, then flushes once before it waits for input.
+    ///
+    /// # Cancel safety
+    /// As `send`: not cancel-safe.
+    async fn queue(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, Self::Error> {
+        self.send(head, body).await
+    }
+
+    /// Sends whatever [`Transport::queue`] held back. An error means the connection
+    /// must not be reused.
+    ///
+    /// # Cancel safety
+    /// As `send`: not cancel-safe.
+    async fn flush(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
     /// The next `send` is the connection's last: a record layer may send its
     /// close_notify in the same write instead of a write of its own at close. It
     /// must still never follow an incomplete response.

@@ -45,7 +45,16 @@ pub struct Session {
     last: bool,
     /// close_notify has left already (with the last response).
     notified: bool,
+    /// Kernel TLS: plaintext [`Transport::queue`] held back, the frames and small
+    /// bodies of several responses, sent as the records the policy allows by one
+    /// `send`. Empty (no allocation) between batches. (The userspace layer packs
+    /// them straight into its open record instead: see [`UserspaceTls::append`].)
+    batch: Vec<u8>,
 }
+
+/// Plaintext a batch may reach before it leaves: four full records, one output
+/// buffer of the userspace layer (so one `write`), one `send` on kTLS.
+const BATCH_LIMIT: usize = 4 * super::sizing::MAX_RECORD;
 
 /// What ended this session's exchanges, counted from the errors it returned.
 #[derive(Debug, Default)]
@@ -106,6 +115,7 @@ impl Session {
             server_name: None,
             last: false,
             notified: false,
+            batch: Vec::new(),
         }
     }
 
@@ -156,10 +166,83 @@ impl Session {
     /// Not cancel-safe: a response cut short cannot be resumed (close the
     /// connection), though no record already encrypted is sent twice.
     pub async fn send_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
+        self.flush().await?;
+        self.send_now(head, body, false).await
+    }
+
+    /// Queues a response (or a part of one) behind those queued before: bytes in
+    /// memory, and a body the open-file cache holds, join the batch; a body read from
+    /// the file leaves at once, after the batch, in records of its own, so a DATA
+    /// frame sized to a record stays one record (in user space its records may then
+    /// wait for the next write). The batch leaves when it fills (the userspace output
+    /// buffer, or [`BATCH_LIMIT`] on kTLS) or at [`Self::flush`].
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as [`Self::send_response`].
+    pub async fn queue_response(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
+        let len = body.as_ref().map_or(0, |r| r.len());
+        let cached = body.as_ref().and_then(|r| r.cached_at(r.range.start, usize::try_from(len).ok()?));
+        if let Layer::Userspace(tls) = &mut self.layer {
+            if body.is_some() && cached.is_none() {
+                return self.send_now(head, body, true).await;
+            }
+            let (sizer, fd) = (&mut self.sizer, std::os::fd::AsFd::as_fd(&self.stream));
+            let mut next_len = || {
+                let now = std::time::Instant::now();
+                let n = sizer.next_record(fd, now);
+                sizer.sent(now);
+                n
+            };
+            tls.append(head, &mut next_len)?;
+            tls.append(cached.unwrap_or_default(), &mut next_len)?;
+            if tls.spare_plaintext() < super::sizing::MAX_RECORD {
+                tls.flush(&self.stream, self.send_timeout).await?;
+            }
+            return Ok(len);
+        }
+        match (&body, cached) {
+            (None, _) => self.batch.extend_from_slice(head),
+            (Some(_), Some(bytes)) => {
+                self.batch.extend_from_slice(head);
+                self.batch.extend_from_slice(bytes);
+            }
+            (Some(_), None) => {
+                self.flush().await?;
+                return self.send_now(head, body, true).await;
+            }
+        }
+        if self.batch.len() >= BATCH_LIMIT {
+            self.flush().await?;
+        }
+        Ok(len)
+    }
+
+    /// Sends what [`Self::queue_response`] held back.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as [`Self::send_response`].
+    pub async fn flush(&mut self) -> Result<(), SessionError> {
+        match &mut self.layer {
+            Layer::Userspace(tls) => tls.flush(&self.stream, self.send_timeout).await,
+            Layer::Kernel(_) if self.batch.is_empty() => Ok(()),
+            Layer::Kernel(_) => {
+                let batch = std::mem::take(&mut self.batch);
+                self.send_now(&batch, None, false).await.map(|_| ())
+            }
+        }
+    }
+
+    /// Sends `head` then `body` now; with `hold`, the userspace layer may keep the
+    /// last records for the next write.
+    async fn send_now(&mut self, head: &[u8], body: Option<FileRange<'_>>, hold: bool) -> Result<u64, SessionError> {
         let r = match &mut self.layer {
             Layer::Userspace(tls) => {
                 let cold = &mut self.counters.cold;
-                let end = if self.last { Ending::CloseNotify } else { Ending::KeepOpen };
+                let end = match (self.last, hold) {
+                    (true, _) => Ending::CloseNotify,
+                    (false, true) => Ending::Hold,
+                    (false, false) => Ending::KeepOpen,
+                };
                 let r =
                     userspace::body::send(tls, &self.stream, &mut self.sizer, cold, head, body, end, self.send_timeout)
                         .await;
@@ -209,6 +292,11 @@ impl Session {
     /// the socket closes on drop.
     pub async fn close(mut self) {
         let t = self.send_timeout.min(Duration::from_secs(1));
+        // Whatever a codec queued and did not flush goes before the close_notify
+        // (the userspace layer's flush below seals its open record first).
+        if !self.batch.is_empty() && self.flush().await.is_err() {
+            return;
+        }
         let sent = match &mut self.layer {
             _ if self.notified => Ok(()),
             Layer::Userspace(tls) => {
@@ -250,6 +338,14 @@ impl Transport for Session {
 
     async fn send(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
         self.send_response(head, body).await
+    }
+
+    async fn queue(&mut self, head: &[u8], body: Option<FileRange<'_>>) -> Result<u64, SessionError> {
+        self.queue_response(head, body).await
+    }
+
+    async fn flush(&mut self) -> Result<(), SessionError> {
+        Session::flush(self).await
     }
 
     fn last_response(&mut self) {

@@ -2,10 +2,12 @@
 //! codec, each request it reports is answered by [`handler::handle`], and the
 //! frames it hands back are written, each DATA frame sized to one TLS record.
 //!
-//! The loop alternates: answer the codec's events, write one of its writes, and
+//! The loop alternates: answer the codec's events, queue one of its writes, and
 //! then look at the input once without waiting, so WINDOW_UPDATE and RST_STREAM
-//! act between frames of a long download; when there is nothing to write, wait
-//! for input (idle timeout without streams, stall timeout with them).
+//! act between frames of a long download; when there is nothing more to write,
+//! flush what was queued (the frames of every stream that had some, packed into as
+//! few records and writes as the transport can) and wait for input (idle timeout
+//! without streams, stall timeout with them).
 //!
 //! Not here: the frame rules (the codec), TLS, or what responses say.
 
@@ -141,7 +143,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         let max_payload = conn.next_record().saturating_sub(super::frame::HEADER_LEN).max(1);
         if let Some(write) = h2.poll_write(max_payload) {
             let sent = match write {
-                Write::Bytes(bytes) => conn.send(&bytes, None).await.map(|_| ()),
+                Write::Bytes(bytes) => conn.queue(&bytes, None).await.map(|_| ()),
                 Write::FileData { stream, head, offset, len, end_stream } => {
                     let Some(o) = open.get_mut(&stream) else {
                         // The codec sends DATA only for streams it was given a file
@@ -156,7 +158,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                         }
                         (Some((found, start)), _) => {
                             let from = start + offset;
-                            conn.send(&head, Some(found.body(from..from + u64::from(len)))).await
+                            conn.queue(&head, Some(found.body(from..from + u64::from(len)))).await
                         }
                         (None, Some(up)) => match up.take(len as usize).await {
                             Ok(bytes) => {
@@ -187,7 +189,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                                 continue;
                             }
                         },
-                        _ => conn.send(&head, None).await,
+                        _ => conn.queue(&head, None).await,
                     };
                     // The transport counts file bytes; an in-memory body's are the frame's.
                     if let Ok(n) = r {
@@ -222,6 +224,12 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                 }
             }
             continue;
+        }
+        // Nothing more to write now: what was queued leaves before any wait.
+        match conn.flush().await {
+            Ok(()) => {}
+            Err(e) if T::timed_out(&e) => return End::Timeout,
+            Err(e) => return End::Error(e),
         }
         if h2.is_finished() {
             // As HTTP/1.1 does: drain what the client still sends, so the close does

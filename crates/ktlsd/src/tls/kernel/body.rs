@@ -50,7 +50,7 @@ pub async fn send(
 ) -> Result<u64, SessionError> {
     tls.before_send(stream, timeout).await?;
     let Some(range) = body else {
-        send_all(stream, head, false, timeout).await?;
+        send_records(tls, stream, sizer, head, timeout).await?;
         tls.note_sent(head.len() as u64);
         return Ok(0);
     };
@@ -117,6 +117,27 @@ pub async fn send(
     }
     tls.note_sent(head.len() as u64 + range.len());
     Ok(range.len())
+}
+
+/// Sends bytes in memory (heads, or a batch of frames) as the records the policy
+/// allows: one call when full records are allowed or the kernel cuts records itself,
+/// else one call (one record) per record size.
+async fn send_records(
+    tls: &KernelTls,
+    stream: &TcpStream,
+    sizer: &mut RecordSizer,
+    mut data: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
+    while !data.is_empty() {
+        let now = Instant::now();
+        let want = sizer.next_record(stream.as_fd(), now);
+        let n = if want >= MAX_RECORD || tls.kernel_cuts_records() { data.len() } else { want.min(data.len()) };
+        send_all(stream, &data[..n], false, timeout).await?;
+        sizer.sent(now);
+        data = &data[n..];
+    }
+    Ok(())
 }
 
 async fn send_all(stream: &TcpStream, mut data: &[u8], more: bool, timeout: Duration) -> io::Result<()> {

@@ -4,6 +4,7 @@
 //! File bytes are read with `RWF_NOWAIT`; a window not in the page cache is read
 //! ahead off the event loop first (see [`crate::files::residency`]).
 
+use std::io::IoSliceMut;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,9 @@ pub const YIELD_EVERY: usize = 64 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
     KeepOpen,
+    /// More follows at once: the last records may wait in the output buffer for
+    /// the next write (they leave with the next flush).
+    Hold,
     /// The connection's last response: its close_notify leaves in the same
     /// write, after every record of the response.
     CloseNotify,
@@ -60,6 +64,28 @@ pub async fn send(
         }
         let now = Instant::now();
         let n = usize::try_from(total).unwrap_or(usize::MAX).min(sizer.next_record(stream.as_fd(), now));
+        if let Some(range) = body.as_ref().filter(|r| head.is_empty() && n == MAX_RECORD && r.cached.is_none()) {
+            // Full records of file bytes alone: as many as the policy allows and the
+            // output buffer holds are laid out and filled by one vectored read.
+            let most = tls.spare_records(MAX_RECORD).min(usize::try_from(left / MAX_RECORD as u64).unwrap_or(1));
+            let mut count = 1;
+            while count < most && sizer.next_record(stream.as_fd(), now) == MAX_RECORD {
+                count += 1;
+            }
+            if let Some(mut slots) = tls.begin_records(MAX_RECORD, count)? {
+                read_records_at(cold, range, &mut slots, offset).await?;
+                tls.seal_records(MAX_RECORD, count);
+                let read = count * MAX_RECORD;
+                (offset, left, since_yield) = (offset + read as u64, left - read as u64, since_yield + read);
+                for _ in 0..count {
+                    sizer.sent(now);
+                }
+                if tls.spare_plaintext() < MAX_RECORD {
+                    tls.flush(stream, timeout).await?;
+                }
+                continue;
+            }
+        }
         let slot = tls.begin_record(n)?;
         let h = head.len().min(n);
         slot[..h].copy_from_slice(&head[..h]);
@@ -74,17 +100,48 @@ pub async fn send(
         tls.seal_record(n);
         sizer.sent(now);
 
-        // Small records are a decision about the wire right now: send them at once.
-        // Full records batch up to the output buffer's size.
-        if n < MAX_RECORD || tls.spare_plaintext() < MAX_RECORD {
+        // Small records of a file body are a decision about the wire right now: send
+        // them at once. Full records, and records of bytes already in memory, batch
+        // up to the output buffer's size.
+        if (n < MAX_RECORD && body.is_some()) || tls.spare_plaintext() < MAX_RECORD {
             tls.flush(stream, timeout).await?;
         }
     }
-    if ending == Ending::CloseNotify {
-        tls.queue_close_notify();
+    match ending {
+        Ending::Hold => {}
+        Ending::KeepOpen => tls.flush(stream, timeout).await?,
+        Ending::CloseNotify => {
+            tls.queue_close_notify();
+            tls.flush(stream, timeout).await?;
+        }
     }
-    tls.flush(stream, timeout).await?;
     Ok(body.map_or(0, |r| r.len()))
+}
+
+/// Fills `slots`, in order, with the file's bytes from `offset`: one `preadv2` for
+/// all of them when the bytes are in the page cache; what it leaves unfilled (a cold
+/// window, a short read) is read slot by slot as [`read_exact_at`] does.
+async fn read_records_at(
+    cold: &mut ColdReads,
+    range: &FileRange<'_>,
+    slots: &mut [&mut [u8]],
+    offset: u64,
+) -> Result<(), SessionError> {
+    let mut filled = {
+        let mut iov: Vec<IoSliceMut<'_>> = slots.iter_mut().map(|s| IoSliceMut::new(s)).collect();
+        // Any failure here is met again, and reported, by the reads below.
+        crate::sys::read_nowait_vectored(range.file.as_fd(), &mut iov, offset).unwrap_or(0)
+    };
+    let mut at = offset;
+    for slot in slots.iter_mut() {
+        let len = slot.len();
+        if filled < len {
+            read_exact_at(cold, range, &mut slot[filled..], at + filled as u64).await?;
+        }
+        filled = filled.saturating_sub(len);
+        at += len as u64;
+    }
+    Ok(())
 }
 
 async fn read_exact_at(

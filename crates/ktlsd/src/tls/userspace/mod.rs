@@ -119,6 +119,13 @@ pub struct UserspaceTls {
     /// flush already wrote is never written again.
     out_len: usize,
     out_sent: usize,
+    /// A record [`UserspaceTls::append`] is filling at `outgoing[out_len..]`: the
+    /// plaintext size the policy gave it, and the bytes in it so far.
+    open: Option<(usize, usize)>,
+    /// A control record (a KeyUpdate answer, a warning) waits in the output buffer:
+    /// `read` sends it before it blocks. Records of queued responses wait for the
+    /// codec's flush instead.
+    control_queued: bool,
     /// The peer sent close_notify or closed the stream.
     peer_closed: bool,
     /// The session ended in a fatal alert (sent or received): nothing more is sealed.
@@ -156,6 +163,8 @@ impl UserspaceTls {
             outgoing: Vec::new(),
             out_len: 0,
             out_sent: 0,
+            open: None,
+            control_queued: false,
             peer_closed: false,
             failed: false,
             handshake: PostHandshake::default(),
@@ -193,8 +202,9 @@ impl UserspaceTls {
                 self.release_input();
                 return Ok(got);
             }
-            if self.out_len > 0 {
-                // A KeyUpdate answer or a no_renegotiation warning is queued: send it before blocking on reads.
+            if self.control_queued || self.out_sent > 0 {
+                // A KeyUpdate answer or a no_renegotiation warning is queued (or a cancelled
+                // flush left records half written): send them before blocking on reads.
                 self.flush(stream, timeout).await?;
             }
             if self.in_len == IN_CAPACITY {
@@ -350,7 +360,51 @@ impl UserspaceTls {
 
     /// Room left in the output buffer for plaintext of whole records.
     pub fn spare_plaintext(&self) -> usize {
-        OUT_CAPACITY.saturating_sub(self.out_len).saturating_sub(self.overhead())
+        OUT_CAPACITY.saturating_sub(self.used()).saturating_sub(self.overhead())
+    }
+
+    /// Records of `len` plaintext bytes the output buffer still has room for.
+    pub fn spare_records(&self, len: usize) -> usize {
+        OUT_CAPACITY.saturating_sub(self.used()) / (len + self.overhead())
+    }
+
+    /// Output buffer bytes taken by sealed records and the open one.
+    fn used(&self) -> usize {
+        self.out_len + self.open.map_or(0, |(cap, _)| cap + self.overhead())
+    }
+
+    /// Appends `data` as application data behind what is buffered, packing it into
+    /// records: each record is begun with the size `next_len` gives (called once per
+    /// record) and sealed when full; the last one stays open for the next `append`
+    /// and is sealed by [`Self::close_open`], which every other way of laying out,
+    /// sealing or flushing records calls first. Bytes are copied once, into their
+    /// place in the record.
+    pub fn append(&mut self, mut data: &[u8], mut next_len: impl FnMut() -> usize) -> Result<(), SessionError> {
+        while !data.is_empty() {
+            let (cap, filled) = match self.open {
+                Some(open) => open,
+                None => {
+                    let cap = next_len().clamp(1, MAX_RECORD);
+                    self.begin_record(cap)?;
+                    (cap, 0)
+                }
+            };
+            let take = (cap - filled).min(data.len());
+            self.slot(cap)[filled..filled + take].copy_from_slice(&data[..take]);
+            data = &data[take..];
+            self.open = Some((cap, filled + take));
+            if filled + take == cap {
+                self.close_open();
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals the record [`Self::append`] left open, with the bytes it holds.
+    pub fn close_open(&mut self) {
+        if let Some((_, filled)) = self.open.take() {
+            self.seal(ContentType::ApplicationData, filled);
+        }
     }
 
     /// Bytes a record adds to its plaintext.
@@ -368,6 +422,7 @@ impl UserspaceTls {
     /// session ends.
     pub fn begin_record(&mut self, len: usize) -> Result<&mut [u8], SessionError> {
         debug_assert!(len <= MAX_RECORD);
+        self.close_open();
         if self.failed {
             return Err(SessionError::PeerClosed);
         }
@@ -380,6 +435,39 @@ impl UserspaceTls {
         Ok(self.slot(len))
     }
 
+    /// Lays out `count` records of `len` plaintext bytes each, as [`Self::begin_record`]
+    /// does one, and returns their slots in order: fill them all (one vectored read),
+    /// then [`Self::seal_records`] with the same `len` and `count`. `None` when the TX
+    /// key could not protect them all without a change of keys (lay them out one by one).
+    pub fn begin_records(&mut self, len: usize, count: usize) -> Result<Option<Vec<&mut [u8]>>, SessionError> {
+        debug_assert!(len <= MAX_RECORD);
+        self.close_open();
+        if self.failed {
+            return Err(SessionError::PeerClosed);
+        }
+        if self.tx.seq().saturating_add(count as u64) >= self.tx_budget {
+            return Ok(None);
+        }
+        let (prefix, stride) = (self.tx.prefix_len(), len + self.overhead());
+        let start = self.out_len;
+        reserve_output(&mut self.outgoing, start + count * stride);
+        let mut rest = &mut self.outgoing[start..start + count * stride];
+        let mut slots = Vec::with_capacity(count);
+        for _ in 0..count {
+            let (record, after) = rest.split_at_mut(stride);
+            slots.push(&mut record[prefix..prefix + len]);
+            rest = after;
+        }
+        Ok(Some(slots))
+    }
+
+    /// Seals the `count` records [`Self::begin_records`] laid out, each slot full.
+    pub fn seal_records(&mut self, len: usize, count: usize) {
+        for _ in 0..count {
+            self.seal(ContentType::ApplicationData, len);
+        }
+    }
+
     /// Seals the record [`Self::begin_record`] laid out, whose slot now holds `len` bytes.
     pub fn seal_record(&mut self, len: usize) {
         self.seal(ContentType::ApplicationData, len);
@@ -387,6 +475,8 @@ impl UserspaceTls {
 
     /// Seals a small control record (alert, KeyUpdate) after the buffered ones.
     fn seal_control(&mut self, typ: ContentType, payload: &[u8]) {
+        self.close_open();
+        self.control_queued = true;
         self.slot(payload.len()).copy_from_slice(payload);
         self.seal(typ, payload.len());
     }
@@ -412,10 +502,11 @@ impl UserspaceTls {
     /// next flush (or the close) goes on from the first unsent byte. Writing a
     /// record twice would break the peer's record sequence.
     pub async fn flush(&mut self, stream: &TcpStream, timeout: Duration) -> Result<(), SessionError> {
+        self.close_open();
         if self.out_sent < self.out_len {
             net::write_tracked(stream, &self.outgoing[..self.out_len], &mut self.out_sent, timeout).await?;
         }
-        (self.out_sent, self.out_len) = (0, 0);
+        (self.out_sent, self.out_len, self.control_queued) = (0, 0, false);
         self.release_output();
         Ok(())
     }
@@ -546,20 +637,69 @@ pub(crate) mod tests {
     /// the client receives every record exactly once, then close_notify. Writing
     /// the buffer again from its start would repeat records, which the client
     /// rejects (bad_record_mac: the record sequence is off).
+    /// Appended pieces are packed into records of exactly the sizes asked for (the
+    /// last one shorter), a control record closes the open one first, and the peer
+    /// reads every byte in order.
+    #[test]
+    fn appended_pieces_fill_records_of_the_asked_size() {
+        let pieces: Vec<Vec<u8>> = (0..40).map(|i| vec![i as u8; 37 * i + 1]).collect();
+        let data: Vec<u8> = pieces.concat();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let got = rt.block_on(async {
+            let (stream, mut tls, go_tx, client) = session_with_client(None).await;
+            let seq = tls.tx.seq();
+            let mut asked = 0;
+            for piece in &pieces {
+                tls.append(piece, || {
+                    asked += 1;
+                    1000
+                })
+                .unwrap();
+            }
+            assert_eq!(asked, data.len().div_ceil(1000), "one size asked per record");
+            assert_eq!(tls.tx.seq() - seq, (data.len() / 1000) as u64, "full records sealed, the last left open");
+            tls.queue_close_notify();
+            assert_eq!(tls.tx.seq() - seq, data.len().div_ceil(1000) as u64 + 1, "open record sealed before the alert");
+            assert_eq!(tls.out_len, data.len() + (asked + 1) * tls.overhead() + 2);
+            go_tx.send(()).unwrap();
+            tls.flush(&stream, Duration::from_secs(10)).await.unwrap();
+            drop(stream);
+            client.join().unwrap()
+        });
+        assert_received(got, &data);
+    }
+
+    /// A server session over loopback (its send buffer set to `send_buffer` when
+    /// given) with [`client`] at the other end, which reads once told to go.
+    async fn session_with_client(
+        send_buffer: Option<usize>,
+    ) -> (tokio::net::TcpStream, UserspaceTls, mpsc::Sender<()>, std::thread::JoinHandle<Result<Vec<u8>, String>>) {
+        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (go_tx, go_rx) = mpsc::channel();
+        let client = client(listener.local_addr().unwrap(), root, go_rx);
+        let (stream, _) = listener.accept().await.unwrap();
+        if let Some(bytes) = send_buffer {
+            socket2::SockRef::from(&stream).set_send_buffer_size(bytes).unwrap();
+        }
+        let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
+        (stream, UserspaceTls::new(established.conn).unwrap(), go_tx, client)
+    }
+
+    fn assert_received(got: Result<Vec<u8>, String>, data: &[u8]) {
+        match got {
+            Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
+            Err(e) => panic!("the client saw: {e}"),
+        }
+    }
+
     #[test]
     fn cancelled_flush_then_close_sends_each_record_once() {
-        let (config, root) = test_server_config(vec![TlsVersion::Tls13, TlsVersion::Tls12]);
         let data: Vec<u8> = (0..64 * MAX_RECORD).map(|i| (i % 251) as u8).collect();
 
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let got = rt.block_on(async {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let (go_tx, go_rx) = mpsc::channel();
-            let client = client(listener.local_addr().unwrap(), root, go_rx);
-            let (stream, _) = listener.accept().await.unwrap();
-            socket2::SockRef::from(&stream).set_send_buffer_size(4096).unwrap();
-            let established = handshake::accept(&stream, config, Duration::from_secs(10)).await.unwrap();
-            let mut tls = UserspaceTls::new(established.conn).unwrap();
+            let (stream, mut tls, go_tx, client) = session_with_client(Some(4096)).await;
             for chunk in data.chunks(MAX_RECORD) {
                 tls.begin_record(chunk.len()).unwrap().copy_from_slice(chunk);
                 tls.seal_record(chunk.len());
@@ -579,10 +719,7 @@ pub(crate) mod tests {
             session.close().await;
             client.join().unwrap()
         });
-        match got {
-            Ok(got) => assert!(got == data, "received {} bytes, sent {}", got.len(), data.len()),
-            Err(e) => panic!("the client saw: {e}"),
-        }
+        assert_received(got, &data);
     }
 
     /// Records sealed and opened here are the records a real rustls peer sends and
