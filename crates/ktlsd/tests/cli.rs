@@ -83,8 +83,8 @@ fn serve_help_shows_every_default() {
         ("--record-size", "static:16k"),
         ("--tcp-notsent-lowat", "unset; 16384 with --record-size adaptive"),
         ("--tcp-congestion", "the system's"),
-        ("--autoindex ", "off"),
-        ("--dotfiles ", "off"),
+        ("--autoindex", "off"),
+        ("--dotfiles", "off"),
         ("--access-log", "-"),
         ("--handshake-timeout", "10s"),
         ("--header-timeout", "15s"),
@@ -103,12 +103,13 @@ fn serve_help_shows_every_default() {
         ("--h2-max-resets", "200"),
         ("--h2-max-control", "1000"),
     ] {
-        let line = out
-            .stdout
-            .lines()
-            .find(|l| l.trim_start().starts_with(flag))
-            .unwrap_or_else(|| panic!("serve --help has no line for {flag}:\n{}", out.stdout));
-        assert!(line.contains(&format!("[default: {default}")), "{flag} without its default {default:?}: {line}");
+        // The flag's entry: its line, and the help lines clap may put under it.
+        let is_flag = |l: &str| l.trim_start().strip_prefix(flag).is_some_and(|r| r.is_empty() || r.starts_with(' '));
+        let mut lines = out.stdout.lines().skip_while(|l| !is_flag(l));
+        let first = lines.next().unwrap_or_else(|| panic!("serve --help has no line for {flag}:\n{}", out.stdout));
+        let rest = lines.take_while(|l| !l.trim_start().starts_with('-') && !l.trim().is_empty());
+        let entry: String = std::iter::once(first).chain(rest).collect::<Vec<_>>().join(" ");
+        assert!(entry.contains(&format!("[default: {default}")), "{flag} without its default {default:?}: {entry}");
     }
     // How a DURATION is written is said once, above the timeouts.
     assert!(out.stdout.contains("65s, 500ms, 2m, 1h"), "{}", out.stdout);

@@ -31,14 +31,55 @@ pub struct FileRedirect {
     pub status: Option<u16>,
 }
 
-/// An `[[access]]` block as written; where its `allow` and `deny` keys stand in the
-/// file decides which is checked first, as the order of nginx's directives does.
-#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
+/// An `[[access]]` block as written: its `path`, and its `allow` and `deny` lists in
+/// the order the file writes them, which is the order they are checked in (as the
+/// order of nginx's directives decides).
+#[derive(Debug, Default, Clone)]
 pub struct FileAccess {
     pub path: Option<String>,
-    pub allow: Option<toml::Spanned<Vec<String>>>,
-    pub deny: Option<toml::Spanned<Vec<String>>>,
+    /// `(true, allow)` or `(false, deny)` lists, in the file's order.
+    pub lists: Vec<(bool, Vec<String>)>,
+}
+
+impl<'de> Deserialize<'de> for FileAccess {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FileAccess, D::Error> {
+        struct Block;
+        impl<'de> serde::de::Visitor<'de> for Block {
+            type Value = FileAccess;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table with path, allow and deny")
+            }
+
+            // Keys arrive in the file's order (the TOML tables keep it).
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FileAccess, A::Error> {
+                let mut block = FileAccess::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "path" => block.path = Some(map.next_value()?),
+                        "allow" | "deny" => block.lists.push((key == "allow", map.next_value()?)),
+                        other => return Err(serde::de::Error::unknown_field(other, &["path", "allow", "deny"])),
+                    }
+                }
+                Ok(block)
+            }
+        }
+        d.deserialize_map(Block)
+    }
+}
+
+impl serde::Serialize for FileAccess {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        if let Some(path) = &self.path {
+            map.serialize_entry("path", path)?;
+        }
+        for (allow, list) in &self.lists {
+            map.serialize_entry(if *allow { "allow" } else { "deny" }, list)?;
+        }
+        map.end()
+    }
 }
 
 /// `rate_limit = { requests = 20, per = "1s", burst = 40 }` as written.
@@ -172,16 +213,9 @@ fn check_loops(rules: &[Redirect]) -> Result<(), String> {
 
 fn access_rule(a: &FileAccess) -> Result<AccessRule, String> {
     let path = a.path.as_deref().map(pattern).transpose()?;
-    let mut lists: Vec<(usize, bool, &[String])> = Vec::new();
-    if let Some(allow) = &a.allow {
-        lists.push((allow.span().start, true, allow.get_ref()));
-    }
-    if let Some(deny) = &a.deny {
-        lists.push((deny.span().start, false, deny.get_ref()));
-    }
-    lists.sort_by_key(|(at, _, _)| *at);
     let mut rules = Vec::new();
-    for (_, allow, list) in lists {
+    for (allow, list) in &a.lists {
+        let allow = *allow;
         for item in list {
             let addresses =
                 Addresses::parse(item).map_err(|m| format!("{}: {m}", if allow { "allow" } else { "deny" }))?;
@@ -240,12 +274,9 @@ mod tests {
     }
 
     fn access(path: Option<&str>, allow: Option<&[&str]>, deny: Option<&[&str]>) -> SiteOptions {
-        let list = |at: usize, l: &[&str]| toml::Spanned::new(at..at + 1, l.iter().map(|s| s.to_string()).collect());
-        let block = FileAccess {
-            path: path.map(String::from),
-            allow: allow.map(|l| list(1, l)),
-            deny: deny.map(|l| list(2, l)),
-        };
+        let list = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+        let lists = [(true, allow), (false, deny)].into_iter().filter_map(|(a, l)| Some((a, list(l?)))).collect();
+        let block = FileAccess { path: path.map(String::from), lists };
         SiteOptions { access: Some(vec![block]), ..Default::default() }
     }
 
