@@ -441,3 +441,38 @@ fn a_site_has_its_own_proxy_rules() {
         assert_eq!(r.body_str(), "a file of the default site", "the default site has no rule ({proto})");
     }
 }
+
+#[test]
+fn proxied_paths_pass_redirects_and_basic_auth_before_forwarding() {
+    let origin = Origin::start("a");
+    let b = Server::builder(BIN).workers(Some(1)).file("index.txt", "static file");
+    let out = Command::new("htpasswd").args(["-nbB", "-C", "5", "alice", "s3cret"]).output();
+    let out = out.expect("htpasswd (apache2-utils) runs");
+    assert!(out.status.success(), "htpasswd failed: {}", String::from_utf8_lossy(&out.stderr));
+    let users = b.dir().join("users");
+    std::fs::write(&users, &out.stdout).unwrap();
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n\n[[redirect]]\npath = \"/api/name\"\nto = \"/index.txt\"\n\n\
+         [[auth]]\npath = \"/api/echo\"\nusers = {:?}\nrealm = \"Staff only\"\n",
+        origin.url(),
+        users.display().to_string()
+    );
+    let srv = b.config(&config).start();
+    for proto in PROTOCOLS {
+        let r = fetch(&srv.url("/api/name"), &[proto]);
+        assert_eq!(r.status, 301, "[[redirect]] ({proto})");
+        assert_eq!(r.header("location"), Some("/index.txt"), "{proto}");
+        let r = fetch(&srv.url("/api/name"), &[proto, "--data-binary", "a body that is never read"]);
+        assert!(matches!(r.status, 301 | 308), "[[redirect]] with a request body ({proto}): {}", r.status);
+        let r = fetch(&srv.url("/api/echo"), &[proto]);
+        assert_eq!(r.status, 401, "[[auth]] without credentials ({proto})");
+        assert!(r.header("www-authenticate").is_some_and(|v| v.contains("Staff only")), "{proto}");
+        let r = fetch(&srv.url("/api/echo"), &[proto, "-u", "alice:wrong"]);
+        assert_eq!(r.status, 401, "[[auth]] with a wrong password ({proto})");
+        let r = fetch(&srv.url("/api/echo"), &[proto, "-u", "alice:s3cret"]);
+        assert_eq!(r.status, 200, "[[auth]] with credentials ({proto}): {}", r.body_str());
+    }
+    let seen = origin.requests();
+    assert_eq!(seen.len(), 2, "only the authorised requests reach the upstream: {seen:?}");
+    assert!(seen.iter().all(|l| l.starts_with("GET /api/echo ")), "{seen:?}");
+}

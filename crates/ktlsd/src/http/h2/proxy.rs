@@ -9,7 +9,8 @@
 //!
 //! A request body is forwarded as its DATA frames arrive ([`Upload`]), with its
 //! content-length or chunked. The connection's other streams wait while an upstream
-//! is awaited.
+//! is awaited. A request is forwarded only once the handler's guarding phases
+//! (`handler::guard`: canonical host, redirects, IP rules, rate limit, basic auth) let it.
 
 use super::RequestHead;
 use crate::handler::proxy::{self, headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule};
@@ -136,6 +137,13 @@ pub(super) async fn forward<'a, S>(
     max_body: u64,
 ) -> Forwarded<'a> {
     let is_head = head.method == "HEAD";
+    // Guarded as files are; a request the handler cannot read is not forwarded (the codec answers 400).
+    let Ok(req) = super::serve::to_request(head, ctx.peer.ip()) else {
+        return Forwarded::Answer(Response::page(Status::BAD_REQUEST), None);
+    };
+    if let Some(response) = handler::guard(&req, site) {
+        return Forwarded::Answer(response, None);
+    }
     let target = head.path.clone().unwrap_or_else(|| "/".into());
     if head.content_length.is_some_and(|n| n > max_body) {
         let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, site, is_head);

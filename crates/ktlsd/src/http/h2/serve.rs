@@ -365,7 +365,7 @@ fn answer<'a, S>(
 /// The handler's view of a request head: method, path and query split from
 /// `:path`, `:authority`, the conditional and range fields, and the connection's
 /// peer address as the client's.
-fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
+pub(super) fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
     let method = Method::from_token(&head.method);
     let target = head.path.as_deref().unwrap_or("");
     let without_fragment = target.split('#').next().unwrap_or("");
