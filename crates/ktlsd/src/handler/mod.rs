@@ -16,7 +16,6 @@
 
 pub mod access;
 pub mod auth;
-#[allow(dead_code, unused_imports)] // its lookup and fill API is the reverse proxy's to call
 pub mod cache;
 pub mod canonical;
 pub mod compress;

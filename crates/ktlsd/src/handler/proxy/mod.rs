@@ -18,6 +18,7 @@
 //! which belongs to the codec; and the response cache (`handler::cache`), whose
 //! lookup and store belong in [`Exchange::begin`] and [`Exchange::response`].
 
+pub mod cached;
 pub mod headers;
 pub mod metrics;
 pub mod parse;
