@@ -139,23 +139,22 @@ impl<'a> Upload<'a> {
     }
 }
 
-/// Forwards `head` by `rule`: the answer, or the upload of its body.
+/// Forwards `head` (read as `req`) by `rule` once the guarding phases let it: the
+/// answer, or the upload of its body.
 ///
 /// # Cancel safety
 /// Not cancel-safe: the request may be half-sent to the upstream.
 pub(super) async fn forward<'a, S>(
     ctx: &Context<'_, S>,
     head: &RequestHead,
+    req: Request,
     end_stream: bool,
     site: &Site<'_>,
     rule: &'a Rule,
     max_body: u64,
 ) -> Forwarded<'a> {
     let is_head = head.method == "HEAD";
-    // Guarded as files are; a request the handler cannot read is not forwarded (the codec answers 400).
-    let Ok(req) = super::serve::to_request(head, ctx.peer.ip()) else {
-        return Forwarded::Answer(Response::page(Status::BAD_REQUEST), None);
-    };
+    // Guarded as files are.
     if let Some(response) = handler::guard(&req, site) {
         return Forwarded::Answer(response, None);
     }

@@ -79,10 +79,20 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             match event {
                 Event::Request { stream, head, end_stream } => {
                     prepare(&head, &ctx).await;
-                    let proxied = match super::proxy::route(&ctx, &head) {
-                        Some((site, rule)) => {
-                            match super::proxy::forward(&ctx, &head, end_stream, &site, rule, settings.max_body_bytes)
-                                .await
+                    // A request the handler cannot read is not forwarded: `answer` refuses it.
+                    let routed = super::proxy::route(&ctx, &head).zip(to_request(&head, peer.ip()).ok());
+                    let proxied = match routed {
+                        Some(((site, rule), req)) => {
+                            match super::proxy::forward(
+                                &ctx,
+                                &head,
+                                req,
+                                end_stream,
+                                &site,
+                                rule,
+                                settings.max_body_bytes,
+                            )
+                            .await
                             {
                                 Forwarded::Answer(response, streamed) => Some((response, streamed)),
                                 Forwarded::Upload(upload) => {
@@ -365,7 +375,7 @@ fn answer<'a, S>(
 /// The handler's view of a request head: method, path and query split from
 /// `:path`, `:authority`, the conditional and range fields, and the connection's
 /// peer address as the client's.
-pub(super) fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
+fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
     let method = Method::from_token(&head.method);
     let target = head.path.as_deref().unwrap_or("");
     let without_fragment = target.split('#').next().unwrap_or("");
