@@ -239,7 +239,13 @@ async fn complete<'a>(
         Err(f) => return pending.on_failure(&f, req).map(|stale| (stale, None)).ok_or(f),
     };
     let (cache_status, mut store) = match pending.on_head(&head, req).await {
-        Next::Answer(response) => return Ok((response, None)),
+        Next::Answer(response) => {
+            if head.framing == Framing::None {
+                // A 304 has no body: the connection goes back to the pool.
+                let _ = up.read_body(&mut Vec::new()).await;
+            }
+            return Ok((response, None));
+        }
         Next::Pass(status, store) => (status, store),
     };
     let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, &cache_status)
