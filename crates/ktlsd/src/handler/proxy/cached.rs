@@ -254,7 +254,9 @@ fn with_validators(fields: &mut Vec<(String, String)>, validators: &HeaderMap) {
 }
 
 /// Revalidates a stale entry served under `stale-while-revalidate`, on a task of
-/// the worker's own: a 304 refreshes the entry, a storable answer replaces it.
+/// the worker's own (the workers run their connections in a `LocalSet`): a 304
+/// refreshes the entry, a storable answer replaces it. Dropping the task (the
+/// worker stopping) abandons the fill.
 fn refresh_in_background(
     c: Arc<Cache>,
     rule: Rule,

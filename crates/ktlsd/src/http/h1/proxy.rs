@@ -6,7 +6,10 @@
 //! after the head was sent cuts the connection without the last chunk or
 //! close_notify, so the client never takes part of a body for the whole.
 //!
-//! The exchange with the upstream itself is `handler::proxy`'s.
+//! With `cache = true`, the response cache is asked first (`handler::proxy::cached`):
+//! a hit is answered as a file, and a stored miss's body is teed into its entry as
+//! it is sent, committed once complete. The exchange with the upstream itself is
+//! `handler::proxy`'s.
 
 use std::time::Instant;
 
