@@ -27,7 +27,7 @@ const PROTOCOLS: [&str; 2] = ["--http1.1", "--http2"];
 /// an admin socket `admin.sock` in its own directory.
 fn server(origin: &Origin, cache: &Path) -> Server {
     let config = format!(
-        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\ncache = true\n\n[cache]\ndir = {:?}\nmax_size = \"64M\"\n",
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\ncache = true\n\n[cache]\ndir = {:?}\nmax_size = \"256M\"\n",
         origin.url(),
         cache.display().to_string()
     );
@@ -125,6 +125,26 @@ fn vary_keeps_one_entry_per_accept_encoding_and_ranges_come_from_the_entry() {
         let r = get(&srv, &t, proto, &["-r", "2-4"]);
         assert_eq!((r.status, status(&r)), (206, "ktlsd; hit"), "{proto}");
         assert_eq!(r.body, full.body[2..5], "{proto}");
+        assert_eq!(origin.count(&t), 1, "{proto}");
+    }
+}
+
+#[test]
+fn large_responses_are_stored_as_they_stream_and_hit_whole() {
+    let origin = Origin::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server(&origin, dir.path());
+    // Over 8 MiB: HTTP/2 streams it to the client while storing it, as HTTP/1.1 does.
+    let n = 9 << 20;
+    for proto in PROTOCOLS {
+        let t = format!("{}&n={n}", target(&format!("large{proto}"), &["Cache-Control:max-age=60"]));
+        let first = get(&srv, &t, proto, &[]);
+        assert_eq!((first.status, first.body.len(), status(&first)), (200, n, "ktlsd; fwd=miss; stored"), "{proto}");
+        for again in PROTOCOLS {
+            let r = get(&srv, &t, again, &[]);
+            assert_eq!((r.status, status(&r)), (200, "ktlsd; hit"), "{proto} then {again}");
+            assert!(r.body == first.body, "the stored body is the one sent ({proto} then {again})");
+        }
         assert_eq!(origin.count(&t), 1, "{proto}");
     }
 }

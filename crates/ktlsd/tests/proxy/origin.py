@@ -17,9 +17,10 @@ Paths (the query is ignored unless stated):
   /api/slow-body   the head and 5 bytes of 10, then waits 3 s
   /api/close-early closes without answering
   /api/bad-chunk   a chunked body with an invalid chunk size
-  /api/set/ANY?h=NAME:VALUE&status=N&delay=S&short=1
+  /api/set/ANY?h=NAME:VALUE&status=N&delay=S&short=1&n=N
                    status N (200) after S seconds, each `h` field sent as given, and the body
-                   "NAME COUNT ACCEPT-ENCODING" (COUNT: requests for this target so far);
+                   "NAME COUNT ACCEPT-ENCODING" (COUNT: requests for this target so far),
+                   padded with dots to N bytes;
                    304 without a body when If-None-Match names the ETag given; with
                    `short`, a Content-Length 100 bytes longer than the body, then close
 """
@@ -170,6 +171,7 @@ def answer(conn, req):
             send(f"HTTP/1.1 304 Not Modified\r\n{head}\r\n".encode())
             return True
         out = f"{NAME} {count} {asked.get('accept-encoding', '-')}".encode()
+        out += b"." * max(0, int(dict(query).get("n", "0")) - len(out))
         if dict(query).get("short"):
             send(f"HTTP/1.1 200 OK\r\n{head}Content-Length: {len(out) + 100}\r\n\r\n".encode() + out)
             return False

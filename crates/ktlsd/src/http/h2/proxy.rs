@@ -255,7 +255,7 @@ async fn complete<'a>(
     let status = Status(head.status);
     if let Framing::Length(len) = head.framing {
         fields.push(Header::ContentLength(len));
-        if let (Some(mut s), true) = (store.take(), len <= MAX_BUFFERED as u64) {
+        if let Some(mut s) = store.take_if(|_| len <= MAX_BUFFERED as u64) {
             // Read and stored before the stream is answered: a later stream of this
             // connection asking for the same key then finds the entry instead of
             // waiting for a fill that only this loop could finish.
