@@ -6,10 +6,9 @@
 //! 502/504 without a half response passed off as whole, and retries for idempotent
 //! requests only.
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use testkit::*;
@@ -17,60 +16,10 @@ use testkit::*;
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
-fn free_port() -> u16 {
-    testkit::pebble::free_port(false)
-}
-
-/// A running `origin.py`; killed when dropped.
-struct Origin {
-    port: u16,
-    log: PathBuf,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Origin {
-    fn start(name: &str) -> Origin {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("requests.log");
-        std::fs::write(&log, "").unwrap();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proxy/origin.py");
-        for _ in 0..5 {
-            let port = free_port();
-            let mut child = Command::new("/usr/bin/python3")
-                .args([script, &port.to_string(), name])
-                .arg(&log)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("/usr/bin/python3 runs the origin");
-            let mut line = String::new();
-            let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
-            if line.trim() == "ready" {
-                return Origin { port, log, child, _dir: dir };
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("the Python origin did not start");
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// The requests it has read ("METHOD TARGET PEER-PORT").
-    fn requests(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log).unwrap().lines().map(str::to_string).collect()
-    }
-}
-
-impl Drop for Origin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+#[path = "proxy/origin.rs"]
+#[allow(dead_code)] // shared with proxy_cache.rs, which uses more of it
+mod origin;
+use origin::{free_port, Origin};
 
 /// ktlsd (one worker) with a file `/index.txt` and one `[[proxy]]` for `/api/**`.
 fn proxy_server(upstreams: &[String], extra: &str) -> Server {
@@ -440,4 +389,39 @@ fn a_site_has_its_own_proxy_rules() {
         let r = fetch(&srv.url("/api/name"), &[proto]);
         assert_eq!(r.body_str(), "a file of the default site", "the default site has no rule ({proto})");
     }
+}
+
+#[test]
+fn proxied_paths_pass_redirects_and_basic_auth_before_forwarding() {
+    let origin = Origin::start("a");
+    let b = Server::builder(BIN).workers(Some(1)).file("index.txt", "static file");
+    let out = Command::new("htpasswd").args(["-nbB", "-C", "5", "alice", "s3cret"]).output();
+    let out = out.expect("htpasswd (apache2-utils) runs");
+    assert!(out.status.success(), "htpasswd failed: {}", String::from_utf8_lossy(&out.stderr));
+    let users = b.dir().join("users");
+    std::fs::write(&users, &out.stdout).unwrap();
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n\n[[redirect]]\npath = \"/api/name\"\nto = \"/index.txt\"\n\n\
+         [[auth]]\npath = \"/api/echo\"\nusers = {:?}\nrealm = \"Staff only\"\n",
+        origin.url(),
+        users.display().to_string()
+    );
+    let srv = b.config(&config).start();
+    for proto in PROTOCOLS {
+        let r = fetch(&srv.url("/api/name"), &[proto]);
+        assert_eq!(r.status, 301, "[[redirect]] ({proto})");
+        assert_eq!(r.header("location"), Some("/index.txt"), "{proto}");
+        let r = fetch(&srv.url("/api/name"), &[proto, "--data-binary", "a body that is never read"]);
+        assert!(matches!(r.status, 301 | 308), "[[redirect]] with a request body ({proto}): {}", r.status);
+        let r = fetch(&srv.url("/api/echo"), &[proto]);
+        assert_eq!(r.status, 401, "[[auth]] without credentials ({proto})");
+        assert!(r.header("www-authenticate").is_some_and(|v| v.contains("Staff only")), "{proto}");
+        let r = fetch(&srv.url("/api/echo"), &[proto, "-u", "alice:wrong"]);
+        assert_eq!(r.status, 401, "[[auth]] with a wrong password ({proto})");
+        let r = fetch(&srv.url("/api/echo"), &[proto, "-u", "alice:s3cret"]);
+        assert_eq!(r.status, 200, "[[auth]] with credentials ({proto}): {}", r.body_str());
+    }
+    let seen = origin.requests();
+    assert_eq!(seen.len(), 2, "only the authorised requests reach the upstream: {seen:?}");
+    assert!(seen.iter().all(|l| l.starts_with("GET /api/echo ")), "{seen:?}");
 }

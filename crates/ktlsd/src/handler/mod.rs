@@ -2,7 +2,8 @@
 //! [`Response`] description out. [`handle`] runs the request phases in a fixed
 //! order, each in its own module, the first that answers ending the request:
 //! canonical host ([`canonical`]), redirects ([`redirect`]), IP rules
-//! ([`access`]), the per-client rate limit ([`limit`]), basic auth ([`auth`]), then the
+//! ([`access`]), the per-client rate limit ([`limit`]), basic auth ([`auth`]) (together
+//! [`guard`], which the codecs run before a `[[proxy]]` rule forwards), then the
 //! static answer (with [`try_files`]). The static answer resolves the path beneath the site's root,
 //! lists or redirects directories, evaluates preconditions and byte ranges
 //! (one, or several as `multipart/byteranges`), answers HEAD without a body and OPTIONS (CORS preflights included) with
@@ -15,7 +16,6 @@
 
 pub mod access;
 pub mod auth;
-#[allow(dead_code, unused_imports)] // its lookup and fill API is the reverse proxy's to call
 pub mod cache;
 pub mod canonical;
 pub mod compress;
@@ -61,7 +61,22 @@ pub struct Site<'a> {
 /// Answers `req` from `site`: the first phase that answers, with the site's error
 /// page, CORS and HSTS fields.
 pub fn handle(req: &Request, site: &Site<'_>) -> Response {
-    let response = phases(req, site);
+    let response = guarded(req, site).unwrap_or_else(|| static_answer(req, site));
+    finish(req, site, response)
+}
+
+/// The phases before the answer itself (canonical host, redirects, IP rules, rate
+/// limit, basic auth), finished as [`handle`] finishes its answers: the answer that
+/// ends the request, or `None` when it may go on. A codec calls it before handing a
+/// request to the reverse proxy, so that proxied paths are guarded as files are; it
+/// must not call [`handle`] for the same request afterwards (the rate limit would
+/// count it twice).
+pub fn guard(req: &Request, site: &Site<'_>) -> Option<Response> {
+    guarded(req, site).map(|response| finish(req, site, response))
+}
+
+/// `response` with the site's error page, CORS and HSTS fields, and no body for HEAD.
+fn finish(req: &Request, site: &Site<'_>, response: Response) -> Response {
     let mut response = with_error_page(response, site);
     if let (true, Some(cors)) = (req.method.is_served(), &site.content.cors) {
         if let Some(origin) = cors.allow_origin(req.headers.origin.as_deref()) {
@@ -78,31 +93,20 @@ pub fn handle(req: &Request, site: &Site<'_>) -> Response {
     }
 }
 
-/// The request phases, in order; each returns an answer to end the request with,
+/// The guarding phases, in order; each returns an answer to end the request with,
 /// or `None` to hand it to the next.
-fn phases(req: &Request, site: &Site<'_>) -> Response {
+fn guarded(req: &Request, site: &Site<'_>) -> Option<Response> {
     let routing = &site.content.routing;
     // Decoded and normalised once, and only for a site with rules that match paths.
     let path = match routing.redirects.is_empty() && routing.access.is_empty() {
         true => None,
         false => pattern::route_path(&req.path),
     };
-    if let Some(r) = canonical::phase(req, routing.canonical.as_deref()) {
-        return r;
-    }
-    if let Some(r) = redirect::phase(req, path.as_deref(), &routing.redirects) {
-        return r;
-    }
-    if let Some(r) = access::phase(req, path.as_deref(), &routing.access) {
-        return r;
-    }
-    if let Some(r) = limit::phase(req.client, routing.limiter.as_deref()) {
-        return r;
-    }
-    if let Some(r) = site.content.auth.as_ref().and_then(|a| a.check(req, std::time::Instant::now())) {
-        return r;
-    }
-    static_answer(req, site)
+    canonical::phase(req, routing.canonical.as_deref())
+        .or_else(|| redirect::phase(req, path.as_deref(), &routing.redirects))
+        .or_else(|| access::phase(req, path.as_deref(), &routing.access))
+        .or_else(|| limit::phase(req.client, routing.limiter.as_deref()))
+        .or_else(|| site.content.auth.as_ref().and_then(|a| a.check(req, std::time::Instant::now())))
 }
 
 /// The static answer: a file (after `try_files`), a listing, OPTIONS, or 405.

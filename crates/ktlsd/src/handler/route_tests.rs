@@ -180,3 +180,33 @@ fn phases_run_in_order() {
     let r = handle(&request(Method::Head, "/x", Some("www.example.com"), "192.0.2.1"), &site);
     assert_eq!((r.status.0, body(&r).len()), (301, 0));
 }
+
+#[test]
+fn guard_answers_as_handle_does_and_lets_the_rest_through() {
+    let (_dir, root) = tree();
+    let content = Content {
+        routing: Routing {
+            access: vec![AccessRule {
+                path: Some(PathPattern::new("/api/*").unwrap()),
+                rules: vec![(false, Addresses::parse("192.0.2.0/24").unwrap())],
+            }],
+            limiter: Some(Arc::new(Limiter::new(1, Duration::from_secs(60), 1, 64))),
+            ..Routing::default()
+        },
+        ..Content::NONE
+    };
+    let site = Site { root: &root, files: PLAIN, hsts: Some("max-age=1"), content: &content };
+    for (target, client, want) in [
+        ("/api/x", "192.0.2.1", Some(403)),
+        ("/api/x", "10.0.0.1", None),
+        // The guard counts against the rate limit once, as `handle` does.
+        ("/api/x", "10.0.0.1", Some(429)),
+        ("/api/x", "192.0.2.1", Some(403)),
+    ] {
+        let r = super::guard(&request(Method::Get, target, None, client), &site);
+        assert_eq!(r.as_ref().map(|r| r.status.0), want, "{target} from {client}");
+        if let Some(r) = r {
+            assert!(r.header("Strict-Transport-Security").is_some(), "{target}: finished as handle finishes");
+        }
+    }
+}

@@ -35,6 +35,8 @@ pub struct Sites<'a> {
     pub unknown: UnknownName,
     /// Whether the default site's handshakes ask for a client certificate.
     pub default_client_auth: bool,
+    /// The response cache of `[[proxy]]` rules with `cache = true` (from `[cache]`).
+    pub cache: Option<&'a std::sync::Arc<super::cache::Cache>>,
 }
 
 /// The site a request is for.
@@ -49,7 +51,7 @@ impl<'a> Sites<'a> {
     /// One site answering every name.
     #[cfg(test)]
     pub fn single(site: Site<'a>) -> Sites<'a> {
-        Sites { named: &[], default: site, unknown: UnknownName::Default, default_client_auth: false }
+        Sites { named: &[], default: site, unknown: UnknownName::Default, default_client_auth: false, cache: None }
     }
 
     /// The site for a request's Host/:authority. A request without one (HTTP/1.0)
@@ -159,7 +161,8 @@ mod tests {
             (true, None, None, false),
             (true, Some("other.test"), Some("another.test"), false),
         ] {
-            let sites = Sites { named: &named, default, unknown: UnknownName::Default, default_client_auth };
+            let sites =
+                Sites { named: &named, default, unknown: UnknownName::Default, default_client_auth, cache: None };
             let got = matches!(sites.pick_for(host, sni), Pick::Misdirected);
             assert_eq!(got, misdirected, "{default_client_auth} Host {host:?} SNI {sni:?}");
         }

@@ -113,7 +113,13 @@ impl Shared {
             content: &self.config.content,
         };
         let default_client_auth = self.config.client_auth.is_some();
-        Sites { named: &self.sites, default, unknown: self.config.unknown_sni, default_client_auth }
+        Sites {
+            named: &self.sites,
+            default,
+            unknown: self.config.unknown_sni,
+            default_client_auth,
+            cache: self.cache.as_ref(),
+        }
     }
 }
 

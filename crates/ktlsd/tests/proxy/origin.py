@@ -17,6 +17,12 @@ Paths (the query is ignored unless stated):
   /api/slow-body   the head and 5 bytes of 10, then waits 3 s
   /api/close-early closes without answering
   /api/bad-chunk   a chunked body with an invalid chunk size
+  /api/set/ANY?h=NAME:VALUE&status=N&delay=S&short=1&n=N
+                   status N (200) after S seconds, each `h` field sent as given, and the body
+                   "NAME COUNT ACCEPT-ENCODING" (COUNT: requests for this target so far),
+                   padded with dots to N bytes;
+                   304 without a body when If-None-Match names the ETag given; with
+                   `short`, a Content-Length 100 bytes longer than the body, then close
 """
 
 import hashlib
@@ -28,6 +34,7 @@ import time
 
 PORT, NAME, LOG = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 LOCK = threading.Lock()
+COUNTS = {}
 
 
 def log(line):
@@ -148,6 +155,27 @@ def answer(conn, req):
         send(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nslow.")
         time.sleep(3)
         return False
+    elif path.startswith("/api/set/"):
+        from urllib.parse import parse_qsl
+        query = parse_qsl(target.split("?", 1)[1] if "?" in target else "")
+        given = [v.split(":", 1) for k, v in query if k == "h"]
+        status = int(dict(query).get("status", "200"))
+        with LOCK:
+            COUNTS[target] = COUNTS.get(target, 0) + 1
+            count = COUNTS[target]
+        time.sleep(float(dict(query).get("delay", "0")))
+        asked = {n.lower(): v for n, v in fields}
+        head = "".join(f"{n}: {v.strip()}\r\n" for n, v in given)
+        etag = [v.strip() for n, v in given if n.lower() == "etag"]
+        if etag and asked.get("if-none-match", "").strip() == etag[0]:
+            send(f"HTTP/1.1 304 Not Modified\r\n{head}\r\n".encode())
+            return True
+        out = f"{NAME} {count} {asked.get('accept-encoding', '-')}".encode()
+        out += b"." * max(0, int(dict(query).get("n", "0")) - len(out))
+        if dict(query).get("short"):
+            send(f"HTTP/1.1 200 OK\r\n{head}Content-Length: {len(out) + 100}\r\n\r\n".encode() + out)
+            return False
+        send(f"HTTP/1.1 {status} X\r\n{head}Content-Length: {len(out)}\r\n\r\n".encode() + (b"" if no_body else out))
     elif path == "/api/close-early":
         return False
     elif path == "/api/bad-chunk":

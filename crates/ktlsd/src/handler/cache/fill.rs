@@ -60,6 +60,7 @@ impl FillGuard {
     }
 
     /// Whether other lookups of this key wait for this fill.
+    #[cfg(test)]
     pub fn leads(&self) -> bool {
         self.leader.is_some()
     }

@@ -211,11 +211,6 @@ impl Hit {
         Entry { meta: self.meta.clone(), file: (self.fstat.dev(), self.fstat.ino()), generation: self.generation }
     }
 
-    /// The stored status.
-    pub fn status(&self) -> u16 {
-        self.meta.head.status
-    }
-
     /// Its Cache-Status: `hit`, and `collapsed` when the lookup waited for the fill.
     pub fn cache_status(&self) -> CacheStatus {
         CacheStatus { collapsed: self.collapsed, ..CacheStatus::hit() }
@@ -268,11 +263,6 @@ impl Cache {
             .spawn(move || evict_loop(evict))
             .context("cannot start the cache eviction thread")?;
         Ok(cache)
-    }
-
-    /// The directory of the entries.
-    pub fn dir(&self) -> &std::path::Path {
-        &self.config.dir
     }
 
     /// What the cache holds for `key` and a request with fields `req` (Host is not

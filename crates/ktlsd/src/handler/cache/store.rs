@@ -104,7 +104,10 @@ pub fn load(path: &Path) -> Option<Meta> {
             discard(path, why);
             None
         }
-        Err(Bad::Io(_)) => None,
+        Err(Bad::Io(e)) => {
+            tracing::debug!("cache entry {} not read: {e}", path.display());
+            None
+        }
     }
 }
 

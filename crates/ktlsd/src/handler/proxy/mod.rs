@@ -14,10 +14,13 @@
 //! written, or, for an idempotent request without a body, when no byte of a
 //! response arrived.
 //!
+//! The response cache of a rule with `cache = true` is asked before an exchange and
+//! given its answer by [`cached`], which the codecs call around the exchange.
+//!
 //! Not here: the client's framing (chunked or not, HTTP/2 DATA, aborting a stream),
-//! which belongs to the codec; and the response cache (`handler::cache`), whose
-//! lookup and store belong in [`Exchange::begin`] and [`Exchange::response`].
+//! which belongs to the codec; and the cache itself (`handler::cache`).
 
+pub mod cached;
 pub mod headers;
 pub mod metrics;
 pub mod parse;
@@ -224,9 +227,6 @@ impl<'r> Exchange<'r> {
     /// cannot be reached is marked failed and the next is tried. `fields` are the
     /// client's request fields.
     ///
-    /// The response cache's lookup goes first here: a fresh stored response would be
-    /// answered without an exchange (and a stale one revalidated through one).
-    ///
     /// # Cancel safety
     /// Cancel-safe as to the pool: a dropped exchange returns no connection.
     pub async fn begin(
@@ -396,8 +396,6 @@ impl<'r> Exchange<'r> {
     /// Reads the upstream's response head (interim 1xx responses dropped). An
     /// idempotent request without a body whose upstream fails before a byte of a response
     /// is sent to the next upstream.
-    ///
-    /// A cacheable response is where the response cache would begin to store it.
     ///
     /// # Cancel safety
     /// Not cancel-safe: a retry may be half-sent; drop the exchange after a cancel.

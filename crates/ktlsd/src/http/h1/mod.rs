@@ -194,7 +194,15 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
                 .await;
         }
         if let Some(rule) = handler::proxy::route(&site, &req.path) {
-            return self.proxy(x, site, rule).await;
+            // Guarded as files are; a body left unread ends the connection after the answer.
+            return match handler::guard(req, &site) {
+                Some(response) if length > 0 || x.head.chunked => {
+                    self.refuse_and_close(&x.head, response, "refused before forwarding (body not read)", x.started)
+                        .await
+                }
+                Some(response) => self.reply(x, response).await,
+                None => self.proxy(x, site, rule).await,
+            };
         }
         if x.head.chunked {
             let response = handler::refusal(Status::LENGTH_REQUIRED, &site, is_head);
@@ -227,7 +235,14 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub async fn answer(&mut self, x: Exchange, site: Site<'a>) -> State<'a, T::Error> {
         // A body to compress is made off the loop first, so that this answer carries it.
         handler::prepare(&x.head.request, &site).await;
-        let response = self.ctx.advertise(handler::handle(&x.head.request, &site));
+        let response = handler::handle(&x.head.request, &site);
+        self.reply(x, response).await
+    }
+
+    /// Sends and logs `response`, the answer to `x`; the connection then waits for
+    /// the next head, or ends.
+    async fn reply(&mut self, x: Exchange, response: Response) -> State<'a, T::Error> {
+        let response = self.ctx.advertise(response);
         if let Some(why) = &response.refused {
             self.refused(Some(&x.head), response.status, why);
         }

@@ -6,12 +6,16 @@
 //! after the head was sent cuts the connection without the last chunk or
 //! close_notify, so the client never takes part of a body for the whole.
 //!
-//! The exchange with the upstream itself is `handler::proxy`'s.
+//! With `cache = true`, the response cache is asked first (`handler::proxy::cached`):
+//! a hit is answered as a file, and a stored miss's body is teed into its entry as
+//! it is sent, committed once complete. The exchange with the upstream itself is
+//! `handler::proxy`'s.
 
 use std::time::Instant;
 
 use super::parse::Version;
 use super::{logged, write, Connection, Exchange, State};
+use crate::handler::proxy::cached::{self, Next, Plan};
 use crate::handler::proxy::parse::{Chunked, Framing};
 use crate::handler::proxy::{self, headers, metrics, Failure, Forwarding, Rule};
 use crate::handler::{self, Body, Header, Method, Response, Site, Status};
@@ -26,7 +30,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
     /// Not cancel-safe, as the loop's other states: a response may be cut.
     pub(super) async fn proxy(&mut self, x: Exchange, site: Site<'a>, rule: &'a Rule) -> State<'a, T::Error> {
         let req = &x.head.request;
-        let fields = x.raw.as_deref().map(headers::fields_of_head).unwrap_or_default();
+        let mut fields = x.raw.as_deref().map(headers::fields_of_head).unwrap_or_default();
         let target = match x.head.target.starts_with('/') {
             true => x.head.target.clone(),
             // Absolute form: the path and query alone go upstream.
@@ -44,9 +48,15 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             version: if x.head.version == Version::Http10 { "1.0" } else { "1.1" },
             body: if x.head.chunked { Some(None) } else { (length > 0).then_some(Some(length)) },
         };
+        let has_body = length > 0 || x.head.chunked;
+        let pending = match cached::plan(&self.ctx.sites, rule, req, has_body, &fwd, &mut fields).await {
+            Plan::Answer(response) => return self.reply(x, handler::with_hsts(response, &site)).await,
+            Plan::Forward(pending) => pending,
+        };
+        let failed_status = pending.failed_status();
         let mut up = match proxy::Exchange::begin(rule, fwd, fields).await {
             Ok(up) => up,
-            Err(f) => return self.proxy_failed(&x, &site, &f).await,
+            Err(f) => return self.proxy_failed_or_stale(x, site, &f, pending).await,
         };
         if length > 0 || x.head.chunked {
             if x.head.expect_continue {
@@ -61,7 +71,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             match sent {
                 RequestBody::Sent => {}
                 RequestBody::ClientEnded(end) => return State::Closed(end),
-                RequestBody::UpstreamFailed(f) => return self.proxy_failed(&x, &site, &f).await,
+                RequestBody::UpstreamFailed(f) => return self.proxy_failed(&x, &site, &f, &failed_status).await,
                 RequestBody::Refused(status, why) => {
                     let response = handler::refusal(status, &site, x.head.request.method == Method::Head);
                     return self.refuse_and_close(&x.head, response, why, Instant::now()).await;
@@ -70,10 +80,21 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         }
         let head = match up.response().await {
             Ok(h) => h,
-            Err(f) => return self.proxy_failed(&x, &site, &f).await,
+            Err(f) => return self.proxy_failed_or_stale(x, site, &f, pending).await,
+        };
+        let (cache_status, mut store) = match pending.on_head(&head, &x.head.request).await {
+            Next::Answer(response) => {
+                if head.framing == Framing::None {
+                    // A 304 has no body: the connection goes back to the pool.
+                    let _ = up.read_body(&mut Vec::new()).await;
+                }
+                drop(up);
+                return self.reply(x, handler::with_hsts(response, &site)).await;
+            }
+            Next::Pass(status, store) => (status, store),
         };
         let ttfb = x.started.elapsed();
-        let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, proxy::CACHE_STATUS_MISS)
+        let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, &cache_status)
             .into_iter()
             .map(|(n, v)| Header::Field(n.into(), v))
             .collect();
@@ -124,6 +145,9 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
                 }
             };
             if !piece.is_empty() {
+                if let Some(store) = store.as_mut() {
+                    store.write(&piece);
+                }
                 let out: &[u8] = if chunked {
                     framed.clear();
                     framed.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
@@ -143,12 +167,16 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
                 break;
             }
         }
+        drop(up);
+        if let Some(store) = store {
+            // Stored only now that the body is known complete.
+            store.commit().await;
+        }
         if chunked {
             if let Err(e) = self.conn.send(b"0\r\n\r\n", None).await {
                 return State::Closed(End::Error(e));
             }
         }
-        drop(up);
         tracing::debug!(
             "proxied \"{} {}\": {} with {sent} body bytes by copy",
             x.head.request.method,
@@ -230,13 +258,36 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         self.ctx.log(self.conn, Some(logged(&x.head)), Sent { status, bytes, started: x.started, ttfb });
     }
 
-    /// Answers a failed exchange with 502 or 504 (no body for HEAD), logs why, and
-    /// closes the connection (a request body may be left unread).
-    async fn proxy_failed(&mut self, x: &Exchange, site: &Site<'a>, f: &Failure) -> State<'a, T::Error> {
+    /// Answers a failed exchange from the stale entry when `stale-if-error` allows
+    /// it, else as [`Self::proxy_failed`].
+    async fn proxy_failed_or_stale(
+        &mut self,
+        x: Exchange,
+        site: Site<'a>,
+        f: &Failure,
+        pending: cached::Pending,
+    ) -> State<'a, T::Error> {
+        let status = pending.failed_status();
+        match pending.on_failure(f, &x.head.request) {
+            Some(response) => self.reply(x, handler::with_hsts(response, &site)).await,
+            None => self.proxy_failed(&x, &site, f, &status).await,
+        }
+    }
+
+    /// Answers a failed exchange with 502 or 504 (no body for HEAD) and `cache_status`
+    /// with the failure's kind, logs why, and closes the connection (a request body
+    /// may be left unread).
+    async fn proxy_failed(
+        &mut self,
+        x: &Exchange,
+        site: &Site<'a>,
+        f: &Failure,
+        cache_status: &str,
+    ) -> State<'a, T::Error> {
         tracing::warn!("proxy {} \"{} {}\": {} {f}", self.ctx.peer, x.head.request.method, x.head.target, f.status.0);
         let head_request = x.head.request.method == Method::Head;
         let response = handler::refusal(f.status, site, head_request)
-            .with(Header::Field("Cache-Status".into(), format!("{}; detail={}", proxy::CACHE_STATUS_MISS, f.kind)));
+            .with(Header::Field("Cache-Status".into(), format!("{cache_status}; detail={}", f.kind)));
         let started = Instant::now();
         self.conn.last_response();
         let bytes = super::send(self.conn, &response, x.head.version, false).await.unwrap_or(0);

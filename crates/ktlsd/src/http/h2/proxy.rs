@@ -9,11 +9,15 @@
 //!
 //! A request body is forwarded as its DATA frames arrive ([`Upload`]), with its
 //! content-length or chunked. The connection's other streams wait while an upstream
-//! is awaited.
+//! is awaited. A response being stored (`[[proxy]] cache = true`) of at most
+//! [`MAX_BUFFERED`] bytes is read whole and stored before its stream is answered; a
+//! larger one is stored as it streams. A request is forwarded only once the handler's guarding phases
+//! (`handler::guard`: canonical host, redirects, IP rules, rate limit, basic auth) let it.
 
 use super::RequestHead;
-use crate::handler::proxy::{self, headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule};
-use crate::handler::{self, Body, Header, Pick, Response, Site, Status};
+use crate::handler::proxy::cached::{self, Next, Pending, Plan, Store};
+use crate::handler::proxy::{headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule};
+use crate::handler::{self, Body, Header, Pick, Request, Response, Site, Status};
 use crate::http::Context;
 
 /// The largest upstream response body of unknown length an HTTP/2 stream holds
@@ -23,6 +27,8 @@ pub const MAX_BUFFERED: usize = 8 * 1024 * 1024;
 /// A response body of known length still coming from the upstream.
 pub(super) struct Streamed<'a> {
     exchange: Exchange<'a>,
+    /// The body being stored, when the response is cached.
+    store: Option<Store>,
     /// Read from the upstream, not yet sent (less than one frame and one piece).
     pending: Vec<u8>,
     /// The body's length.
@@ -42,16 +48,24 @@ impl Streamed<'_> {
             }
         }
         metrics::body_bytes("copy", len as u64);
-        Ok(self.pending.drain(..len).collect())
+        let out: Vec<u8> = self.pending.drain(..len).collect();
+        if let Some(store) = self.store.as_mut() {
+            store.write(&out);
+        }
+        Ok(out)
     }
 
     /// After the last frame: lets the exchange see its body complete, so that its
-    /// connection goes back to the pool.
+    /// connection goes back to the pool, and stores the body when it is cached.
     ///
     /// # Cancel safety
-    /// Cancel-safe: a cancelled call only keeps the connection out of the pool.
+    /// Cancel-safe: a cancelled call only keeps the connection out of the pool
+    /// (and the body out of the cache).
     pub async fn finish(&mut self) {
         let _ = self.exchange.read_body(&mut self.pending).await;
+        if let Some(store) = self.store.take() {
+            store.commit().await;
+        }
     }
 }
 
@@ -74,6 +88,8 @@ pub(super) enum Forwarded<'a> {
 /// A proxied request whose body is still arriving from the client.
 pub(super) struct Upload<'a> {
     exchange: Exchange<'a>,
+    pending: Pending,
+    req: Request,
     /// The first failure to send to the upstream; the rest of the body is dropped.
     failed: Option<Failure>,
     is_head: bool,
@@ -115,27 +131,33 @@ impl<'a> Upload<'a> {
         let done = match self.failed.take() {
             Some(f) => Err(f),
             None => match self.exchange.end_body().await {
-                Ok(()) => complete(self.exchange).await,
+                Ok(()) => complete(self.exchange, self.pending, &self.req).await,
                 Err(f) => Err(f),
             },
         };
-        answer(ctx, site, done, self.is_head, &self.method, &self.target)
+        answer(ctx, site, done, self.is_head, &self.method, &self.target, "ktlsd; fwd=method")
     }
 }
 
-/// Forwards `head` by `rule`: the answer, or the upload of its body.
+/// Forwards `head` (read as `req`) by `rule` once the guarding phases let it: the
+/// answer, or the upload of its body.
 ///
 /// # Cancel safety
 /// Not cancel-safe: the request may be half-sent to the upstream.
 pub(super) async fn forward<'a, S>(
     ctx: &Context<'_, S>,
     head: &RequestHead,
+    req: Request,
     end_stream: bool,
     site: &Site<'_>,
     rule: &'a Rule,
     max_body: u64,
 ) -> Forwarded<'a> {
     let is_head = head.method == "HEAD";
+    // Guarded as files are.
+    if let Some(response) = handler::guard(&req, site) {
+        return Forwarded::Answer(response, None);
+    }
     let target = head.path.clone().unwrap_or_else(|| "/".into());
     if head.content_length.is_some_and(|n| n > max_body) {
         let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, site, is_head);
@@ -144,6 +166,7 @@ pub(super) async fn forward<'a, S>(
     }
     let fields: Vec<(String, String)> =
         head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
+    let mut fields = fields;
     let fwd = Forwarding {
         method: head.method.clone(),
         target: target.clone(),
@@ -153,17 +176,34 @@ pub(super) async fn forward<'a, S>(
         // A body without content-length goes on chunked.
         body: (!end_stream).then_some(head.content_length),
     };
+    let pending = match cached::plan(&ctx.sites, rule, &req, !end_stream, &fwd, &mut fields).await {
+        Plan::Answer(response) => return Forwarded::Answer(handler::with_hsts(response, site), None),
+        Plan::Forward(pending) => pending,
+    };
+    let failed_status = pending.failed_status();
     let begun = Exchange::begin(rule, fwd, fields).await;
     let done = match begun {
         Ok(exchange) if !end_stream => {
             let method = head.method.clone();
             let allowed = max_body;
-            return Forwarded::Upload(Upload { exchange, failed: None, is_head, method, target, allowed });
+            return Forwarded::Upload(Upload {
+                exchange,
+                pending,
+                req,
+                failed: None,
+                is_head,
+                method,
+                target,
+                allowed,
+            });
         }
-        Ok(exchange) => complete(exchange).await,
-        Err(f) => Err(f),
+        Ok(exchange) => complete(exchange, pending, &req).await,
+        Err(f) => match pending.on_failure(&f, &req) {
+            Some(stale) => Ok((stale, None)),
+            None => Err(f),
+        },
     };
-    let (response, streamed) = answer(ctx, site, done, is_head, &head.method, &target);
+    let (response, streamed) = answer(ctx, site, done, is_head, &head.method, &target, &failed_status);
     Forwarded::Answer(response, streamed)
 }
 
@@ -175,29 +215,61 @@ fn answer<'a, S>(
     is_head: bool,
     method: &str,
     target: &str,
+    cache_status: &str,
 ) -> (Response, Option<Streamed<'a>>) {
     match done {
         Ok((r, streamed)) => (handler::with_hsts(r, site), streamed),
         Err(f) => {
             tracing::warn!("proxy {} \"{method} {target} HTTP/2.0\": {} {f}", ctx.peer, f.status.0);
-            let status = format!("{}; detail={}", proxy::CACHE_STATUS_MISS, f.kind);
+            let status = format!("{cache_status}; detail={}", f.kind);
             (handler::refusal(f.status, site, is_head).with(Header::Field("Cache-Status".into(), status)), None)
         }
     }
 }
 
-/// Reads the upstream's answer to a request sent whole.
-async fn complete(mut up: Exchange<'_>) -> Result<(Response, Option<Streamed<'_>>), Failure> {
-    let head = up.response().await?;
-    let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, proxy::CACHE_STATUS_MISS)
+/// Reads the upstream's answer to a request sent whole (or the cache's, after a
+/// revalidation or under `stale-if-error`).
+async fn complete<'a>(
+    mut up: Exchange<'a>,
+    pending: Pending,
+    req: &Request,
+) -> Result<(Response, Option<Streamed<'a>>), Failure> {
+    let head = match up.response().await {
+        Ok(head) => head,
+        Err(f) => return pending.on_failure(&f, req).map(|stale| (stale, None)).ok_or(f),
+    };
+    let (cache_status, mut store) = match pending.on_head(&head, req).await {
+        Next::Answer(response) => {
+            if head.framing == Framing::None {
+                // A 304 has no body: the connection goes back to the pool.
+                let _ = up.read_body(&mut Vec::new()).await;
+            }
+            return Ok((response, None));
+        }
+        Next::Pass(status, store) => (status, store),
+    };
+    let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, &cache_status)
         .into_iter()
         .map(|(n, v)| Header::Field(n.into(), v))
         .collect();
     let status = Status(head.status);
     if let Framing::Length(len) = head.framing {
         fields.push(Header::ContentLength(len));
+        if let Some(mut s) = store.take_if(|_| len <= MAX_BUFFERED as u64) {
+            // Read and stored before the stream is answered: a later stream of this
+            // connection asking for the same key then finds the entry instead of
+            // waiting for a fill that only this loop could finish.
+            let mut body = Vec::with_capacity(len as usize);
+            while up.read_body(&mut body).await? {}
+            drop(up);
+            s.write(&body);
+            s.commit().await;
+            metrics::body_bytes("copy", body.len() as u64);
+            let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
+            return Ok((Response { status, headers: fields, body, refused: None }, None));
+        }
         let response = Response { status, headers: fields, body: Body::Empty, refused: None };
-        let streamed = (len > 0).then(|| Streamed { exchange: up, pending: Vec::new(), len });
+        let streamed = (len > 0).then(|| Streamed { exchange: up, store, pending: Vec::new(), len });
         return Ok((response, streamed));
     }
     let mut body = Vec::new();
@@ -207,6 +279,10 @@ async fn complete(mut up: Exchange<'_>) -> Result<(Response, Option<Streamed<'_>
         }
     }
     drop(up);
+    if let Some(mut store) = store {
+        store.write(&body);
+        store.commit().await;
+    }
     metrics::body_bytes("copy", body.len() as u64);
     let declared = head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length"));
     match (head.framing, declared) {

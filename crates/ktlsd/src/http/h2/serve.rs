@@ -83,10 +83,20 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             match event {
                 Event::Request { stream, head, end_stream } => {
                     prepare(&head, &ctx).await;
-                    let proxied = match super::proxy::route(&ctx, &head) {
-                        Some((site, rule)) => {
-                            match super::proxy::forward(&ctx, &head, end_stream, &site, rule, settings.max_body_bytes)
-                                .await
+                    // A request the handler cannot read is not forwarded: `answer` refuses it.
+                    let routed = super::proxy::route(&ctx, &head).zip(to_request(&head, peer.ip()).ok());
+                    let proxied = match routed {
+                        Some(((site, rule), req)) => {
+                            match super::proxy::forward(
+                                &ctx,
+                                &head,
+                                req,
+                                end_stream,
+                                &site,
+                                rule,
+                                settings.max_body_bytes,
+                            )
+                            .await
                             {
                                 Forwarded::Answer(response, streamed) => Some((response, streamed)),
                                 Forwarded::Upload(upload) => {

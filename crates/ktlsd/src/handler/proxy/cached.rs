@@ -1,0 +1,320 @@
+//! The response cache in front of a `[[proxy]]` rule with `cache = true`: the
+//! lookup before an exchange ([`plan`]), and what the upstream's answer does to
+//! the stored entry ([`Pending::on_head`], [`Pending::on_failure`], [`Store`]).
+//!
+//! A fresh hit is answered from the entry file (a `Body::File` from the body's
+//! offset, so the codec sends it by `sendfile` as a static file); a stale entry is
+//! revalidated with the stored validators (a 304 refreshes it), served at once while
+//! a background exchange refreshes it (`stale-while-revalidate`), or served when
+//! the upstream fails (`stale-if-error`); a miss is teed into an [`EntryWriter`]
+//! while it streams to the client and committed only once its body is complete.
+//! Only GET requests without a body are looked up; others go upstream with
+//! `fwd=method` (or `fwd=uri-miss` when the rule does not cache).
+//!
+//! Not here: the exchange itself (`super::Exchange`) and the client's framing,
+//! which the codecs own. Disk work that can block long (`fdatasync` on commit, the
+//! body copy of a refresh) runs on the blocking pool; the writes of body pieces
+//! go to the page cache and are left on the loop, as the codec's own reads of files are.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::{headers::Forwarding, parse, Exchange, Failure, Rule, CACHE_STATUS_MISS};
+use crate::handler::cache::{self, Cache, CacheStatus, EntryWriter, FillGuard, Fwd, Key, Lookup, NotStored};
+use crate::handler::{Method, Request, Response, Sites};
+
+/// What to do with a proxied request once the cache was asked.
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+pub enum Plan {
+    /// Answered from the cache: no exchange.
+    Answer(Response),
+    /// Go upstream, then hand the answer to the [`Pending`].
+    Forward(Pending),
+}
+
+/// A request gone upstream, with what the cache needs of its answer.
+pub struct Pending {
+    /// `None`: the rule does not cache (or the request is not looked up).
+    cache: Option<Arc<Cache>>,
+    fill: Option<FillGuard>,
+    /// The stale entry being revalidated.
+    stale: Option<cache::Stale>,
+    /// The request's fields (less Host), for the freshness rules.
+    fields: HeaderMap,
+    /// The Cache-Status when the cache is not asked.
+    bypass: String,
+}
+
+/// What the upstream's head leads to.
+pub enum Next {
+    /// Answer from the (refreshed, or stale) entry; the exchange is dropped.
+    Answer(Response),
+    /// Pass the upstream's answer on with this Cache-Status, teeing its body into
+    /// the `Store` when there is one.
+    Pass(String, Option<Store>),
+}
+
+/// The key of `target` (path and query, as sent) for a request to `authority`:
+/// a `[[site]]`'s host, or empty for the default site (as the admin purge keys it).
+pub fn key(sites: &Sites<'_>, authority: Option<&str>, target: &str) -> Key {
+    let host =
+        authority.map(crate::names::host_of).filter(|h| crate::names::find(sites.named, |s| &s.names, h).is_some());
+    Key::new(host.as_deref().unwrap_or(""), target)
+}
+
+/// Asks the cache about `req` (its `target` as sent, its `fields`, and whether a
+/// body follows); the revalidation fields are added to `fields` when a stale entry
+/// is to be validated. `fwd` and `rule` start a background refresh under
+/// `stale-while-revalidate`.
+///
+/// # Cancel safety
+/// Cancel-safe: a dropped lookup leaves nothing behind.
+pub async fn plan(
+    sites: &Sites<'_>,
+    rule: &Rule,
+    req: &Request,
+    has_body: bool,
+    fwd: &Forwarding,
+    fields: &mut Vec<(String, String)>,
+) -> Plan {
+    let uncached =
+        |bypass| Plan::Forward(Pending { cache: None, fill: None, stale: None, fields: HeaderMap::new(), bypass });
+    let Some(c) = sites.cache.filter(|_| rule.cache) else { return uncached(CACHE_STATUS_MISS.to_string()) };
+    match req.method {
+        // HEAD and requests with a body (a GET with one is unusual) pass by the cache.
+        Method::Get if !has_body => {}
+        Method::Get | Method::Head => return uncached(cache::cache_status(&CacheStatus::fwd(Fwd::Bypass))),
+        _ => return uncached(cache::cache_status(&CacheStatus::fwd(Fwd::Method))),
+    }
+    let map = header_map(fields);
+    let key = key(sites, req.authority.as_deref(), &fwd.target);
+    let mut pending = Pending { cache: Some(c.clone()), fill: None, stale: None, fields: map, bypass: String::new() };
+    match c.lookup(&key, &pending.fields).await {
+        Lookup::Hit(hit) => {
+            let status = hit.cache_status();
+            Plan::Answer(hit.into_response(req, &status))
+        }
+        Lookup::Miss(fill) => {
+            pending.fill = Some(fill);
+            Plan::Forward(pending)
+        }
+        Lookup::Stale(mut stale) if stale.serve_while_revalidating => {
+            if let Some(fill) = stale.fill.take() {
+                let validators = stale.revalidate.clone();
+                refresh_in_background(
+                    c.clone(),
+                    rule.clone(),
+                    fwd.clone(),
+                    fields.clone(),
+                    validators,
+                    stale.hit.entry(),
+                    fill,
+                );
+            }
+            let status = CacheStatus { detail: Some("stale-while-revalidate"), ..CacheStatus::hit() };
+            Plan::Answer(stale.hit.into_response(req, &status))
+        }
+        Lookup::Stale(mut stale) => {
+            with_validators(fields, &stale.revalidate);
+            pending.fill = stale.fill.take();
+            pending.stale = Some(stale);
+            Plan::Forward(pending)
+        }
+    }
+}
+
+impl Pending {
+    /// What the upstream's `head` leads to: a 304 refreshes a stale entry and the
+    /// refreshed entry answers `req`; an upstream error lets a stale entry answer
+    /// under `stale-if-error`; else the answer passes on, stored when it may be.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a refresh under way finishes on the blocking pool.
+    pub async fn on_head(mut self, head: &parse::Head, req: &Request) -> Next {
+        let Some(c) = self.cache.clone() else { return Next::Pass(self.bypass, None) };
+        let response = parts_of(head);
+        if let Some(stale) = self.stale.take() {
+            let fwd = stale.fwd;
+            if head.status == 304 {
+                let entry = stale.hit.entry();
+                let (cache, fields) = (c.clone(), response.headers.clone());
+                let refreshed = tokio::task::spawn_blocking(move || cache.refresh(&entry, &fields)).await;
+                let status = CacheStatus { fwd: Some(fwd), fwd_status: Some(304), ..CacheStatus::default() };
+                // Not rewritten (replaced or purged meanwhile): the 304 still validates what was looked up.
+                let hit = refreshed.ok().flatten().unwrap_or(stale.hit);
+                return Next::Answer(hit.into_response(req, &status));
+            }
+            if matches!(head.status, 500 | 502 | 503 | 504) && stale.on_error(&c, &self.fields) {
+                let detail = Some("stale-if-error");
+                let status =
+                    CacheStatus { fwd: Some(fwd), fwd_status: Some(head.status), detail, ..CacheStatus::default() };
+                return Next::Answer(stale.hit.into_response(req, &status));
+            }
+        }
+        let Some(fill) = self.fill.take() else {
+            return Next::Pass(cache::cache_status(&CacheStatus::fwd(Fwd::Stale)), None);
+        };
+        let stored = fill.cache_status(true);
+        let not_stored = fill.cache_status(false);
+        match fill.admit(&response, SystemTime::now()) {
+            Ok(writer) => Next::Pass(cache::cache_status(&stored), Some(Store { writer: Some(writer) })),
+            Err(why @ NotStored::Disk) => {
+                tracing::warn!("proxied \"{}\" not stored: {why:?}", req.path);
+                Next::Pass(cache::cache_status(&not_stored), None)
+            }
+            Err(why) => {
+                tracing::debug!("proxied \"{}\" not stored: {why:?}", req.path);
+                Next::Pass(cache::cache_status(&not_stored), None)
+            }
+        }
+    }
+
+    /// The stale entry's answer to `req` when the upstream failed (`f`) and
+    /// `stale-if-error` allows it; `None`: answer the failure.
+    pub fn on_failure(self, f: &Failure, req: &Request) -> Option<Response> {
+        let (c, stale) = (self.cache?, self.stale?);
+        if !stale.on_error(&c, &self.fields) {
+            return None;
+        }
+        tracing::warn!("proxy \"{} {}\": {f}; answered from the stale entry (stale-if-error)", req.method, req.path);
+        let status = CacheStatus { fwd: Some(stale.fwd), detail: Some("stale-if-error"), ..CacheStatus::default() };
+        Some(stale.hit.into_response(req, &status))
+    }
+
+    /// The Cache-Status of a failed exchange's 502 or 504.
+    pub fn failed_status(&self) -> String {
+        match (&self.cache, &self.stale) {
+            (Some(_), Some(s)) => cache::cache_status(&CacheStatus::fwd(s.fwd)),
+            (Some(_), None) => cache::cache_status(&CacheStatus::fwd(Fwd::Miss)),
+            (None, _) => self.bypass.clone(),
+        }
+    }
+}
+
+/// A response body being stored as it streams to the client.
+pub struct Store {
+    writer: Option<EntryWriter>,
+}
+
+impl Store {
+    /// Appends a piece of the body; after a failure (logged) nothing more is stored.
+    pub fn write(&mut self, piece: &[u8]) {
+        if let Some(w) = self.writer.as_mut() {
+            if let Err(e) = w.write(piece) {
+                tracing::info!("a proxied response is not stored: {e}");
+                self.writer = None;
+            }
+        }
+    }
+
+    /// Publishes the entry once the whole body was written (off the loop: it
+    /// flushes the file's data).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the commit finishes on the blocking pool.
+    pub async fn commit(self) {
+        let Some(w) = self.writer else { return };
+        match tokio::task::spawn_blocking(move || w.commit()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::info!("a proxied response is not stored: {e}"),
+            Err(e) => tracing::warn!("storing a proxied response failed: {e}"),
+        }
+    }
+}
+
+/// The upstream's status and fields as `http` parts.
+fn parts_of(head: &parse::Head) -> http::response::Parts {
+    let (mut parts, ()) = http::Response::new(()).into_parts();
+    parts.status = http::StatusCode::from_u16(head.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    parts.headers = header_map(&head.fields);
+    parts
+}
+
+/// `fields` as a header map; a field `http` cannot hold is left out.
+fn header_map(fields: &[(String, String)]) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for (n, v) in fields {
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_str(v)) {
+            map.append(n, v);
+        }
+    }
+    map
+}
+
+/// `fields` with the client's own validators replaced by the stored entry's.
+fn with_validators(fields: &mut Vec<(String, String)>, validators: &HeaderMap) {
+    fields.retain(|(n, _)| !n.eq_ignore_ascii_case("if-none-match") && !n.eq_ignore_ascii_case("if-modified-since"));
+    for (n, v) in validators {
+        if let Ok(v) = v.to_str() {
+            fields.push((n.as_str().to_string(), v.to_string()));
+        }
+    }
+}
+
+/// Revalidates a stale entry served under `stale-while-revalidate`, on a task of
+/// the worker's own (the workers run their connections in a `LocalSet`): a 304
+/// refreshes the entry, a storable answer replaces it. Dropping the task (the
+/// worker stopping) abandons the fill.
+fn refresh_in_background(
+    c: Arc<Cache>,
+    rule: Rule,
+    fwd: Forwarding,
+    mut fields: Vec<(String, String)>,
+    validators: HeaderMap,
+    entry: cache::Entry,
+    fill: FillGuard,
+) {
+    with_validators(&mut fields, &validators);
+    tokio::task::spawn_local(async move {
+        let target = fwd.target.clone();
+        let outcome = async {
+            let mut up = Exchange::begin(&rule, fwd, fields).await?;
+            let head = up.response().await?;
+            if head.status == 304 {
+                let map = parts_of(&head).headers;
+                let refreshed = tokio::task::spawn_blocking(move || c.refresh(&entry, &map).is_some()).await;
+                return Ok(refreshed.unwrap_or(false));
+            }
+            let Ok(writer) = fill.admit(&parts_of(&head), SystemTime::now()) else { return Ok(false) };
+            let mut store = Store { writer: Some(writer) };
+            let mut piece = Vec::with_capacity(super::PIECE);
+            while {
+                piece.clear();
+                up.read_body(&mut piece).await?
+            } {
+                store.write(&piece);
+            }
+            store.write(&piece);
+            store.commit().await;
+            Ok::<bool, Failure>(true)
+        };
+        match outcome.await {
+            Ok(done) => tracing::debug!("background revalidation of {target}: refreshed={done}"),
+            Err(f) => tracing::info!("background revalidation of {target}: {f}"),
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validators_replace_the_clients() {
+        let mut fields = vec![("If-None-Match".to_string(), "\"old\"".to_string()), ("Accept".into(), "*/*".into())];
+        let mut v = HeaderMap::new();
+        v.insert(http::header::IF_NONE_MATCH, HeaderValue::from_static("\"stored\""));
+        with_validators(&mut fields, &v);
+        assert_eq!(fields, [("Accept".to_string(), "*/*".to_string()), ("if-none-match".into(), "\"stored\"".into())]);
+    }
+
+    #[test]
+    fn header_maps_keep_repeated_fields_and_drop_bad_ones() {
+        let fields = [("A".to_string(), "1".to_string()), ("a".into(), "2".into()), ("bad name".into(), "x".into())];
+        let map = header_map(&fields);
+        assert_eq!(map.get_all("a").iter().count(), 2);
+        assert_eq!(map.len(), 2);
+    }
+}

@@ -1,0 +1,71 @@
+//! The Python origin of the proxy tests (`origin.py`), run as a child process.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+pub fn free_port() -> u16 {
+    testkit::pebble::free_port(false)
+}
+
+/// A running `origin.py`; killed when dropped.
+pub struct Origin {
+    pub port: u16,
+    log: PathBuf,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Origin {
+    pub fn start(name: &str) -> Origin {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("requests.log");
+        std::fs::write(&log, "").unwrap();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proxy/origin.py");
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new("/usr/bin/python3")
+                .args([script, &port.to_string(), name])
+                .arg(&log)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("/usr/bin/python3 runs the origin");
+            let mut line = String::new();
+            let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
+            if line.trim() == "ready" {
+                return Origin { port, log, child, _dir: dir };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("the Python origin did not start");
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// How many requests for exactly `target` it has read.
+    pub fn count(&self, target: &str) -> usize {
+        self.requests().iter().filter(|l| l.split(' ').nth(1) == Some(target)).count()
+    }
+
+    /// Stops it: the port then refuses connections.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The requests it has read ("METHOD TARGET PEER-PORT").
+    pub fn requests(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log).unwrap().lines().map(str::to_string).collect()
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
