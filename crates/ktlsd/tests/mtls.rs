@@ -5,7 +5,6 @@
 //! and a site beside them that asks for none. The verified subject reaches the
 //! JSON access log, on both record layers.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use testkit::*;
@@ -14,33 +13,6 @@ use testkit::*;
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const REQUEST: &str = "GET /f.txt HTTP/1.1\r\nHost: secure.test\r\nConnection: close\r\n\r\n";
-
-/// A CA written as DIR/LABEL-ca.pem, and its issuer for client certificates.
-fn ca(dir: &Path, label: &str) -> (PathBuf, rcgen::Issuer<'static, rcgen::KeyPair>) {
-    let key = rcgen::KeyPair::generate().expect("CA key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.distinguished_name.push(rcgen::DnType::CommonName, format!("{label} client CA"));
-    let cert = params.self_signed(&key).expect("CA certificate");
-    let path = dir.join(format!("{label}-ca.pem"));
-    std::fs::write(&path, cert.pem()).expect("write CA");
-    (path, rcgen::Issuer::new(params, key))
-}
-
-/// A client certificate for CN=`cn`, O=ktlsd tests, issued by `issuer`: (cert, key) paths.
-fn client(dir: &Path, cn: &str, issuer: &rcgen::Issuer<'_, rcgen::KeyPair>) -> (String, String) {
-    let key = rcgen::KeyPair::generate().expect("key");
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params.distinguished_name.push(rcgen::DnType::OrganizationName, "ktlsd tests");
-    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.signed_by(&key, issuer).expect("client certificate");
-    let (c, k) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
-    std::fs::write(&c, cert.pem()).expect("write");
-    std::fs::write(&k, key.serialize_pem()).expect("write");
-    (c.display().to_string(), k.display().to_string())
-}
 
 struct Setup {
     srv: Server,
@@ -52,10 +24,10 @@ struct Setup {
 fn setup(ktls: &str) -> Setup {
     let b = Server::builder(BIN).file("f.txt", "files").args(["--ktls", ktls, "--access-log-format", "json"]);
     let dir = b.dir().to_path_buf();
-    let (ca_pem, issuer) = ca(&dir, "good");
-    let (_, other) = ca(&dir, "other");
-    let alice = client(&dir, "alice", &issuer);
-    let mallory = client(&dir, "mallory", &other);
+    let (ca_pem, issuer) = client_ca(&dir, "good");
+    let (_, other) = client_ca(&dir, "other");
+    let alice = client_cert(&dir, "alice", &issuer);
+    let mallory = client_cert(&dir, "mallory", &other);
     let root = b.root().display().to_string();
     let ca_pem = ca_pem.display().to_string();
     let config = format!(

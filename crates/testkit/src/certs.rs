@@ -13,3 +13,30 @@ pub fn cert_for(dir: &Path, label: &str, names: &[&str]) -> (PathBuf, PathBuf, S
     let fp = Sha256::digest(cert.cert.der()).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":");
     (c, k, fp)
 }
+
+/// A CA written as DIR/LABEL-ca.pem, and its issuer for client certificates.
+pub fn client_ca(dir: &Path, label: &str) -> (PathBuf, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let key = rcgen::KeyPair::generate().expect("CA key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.distinguished_name.push(rcgen::DnType::CommonName, format!("{label} client CA"));
+    let cert = params.self_signed(&key).expect("CA certificate");
+    let path = dir.join(format!("{label}-ca.pem"));
+    std::fs::write(&path, cert.pem()).expect("write CA");
+    (path, rcgen::Issuer::new(params, key))
+}
+
+/// A client certificate for CN=`cn`, O=ktlsd tests, issued by `issuer`: (cert, key) paths.
+pub fn client_cert(dir: &Path, cn: &str, issuer: &rcgen::Issuer<'_, rcgen::KeyPair>) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.distinguished_name.push(rcgen::DnType::OrganizationName, "ktlsd tests");
+    params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, issuer).expect("client certificate");
+    let (c, k) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
+    std::fs::write(&c, cert.pem()).expect("write");
+    std::fs::write(&k, key.serialize_pem()).expect("write");
+    (c.display().to_string(), k.display().to_string())
+}

@@ -70,6 +70,7 @@ mod bad_records;
 mod conformance;
 mod connections;
 mod doctor;
+mod features;
 mod h2;
 mod handshake;
 mod key_update;
