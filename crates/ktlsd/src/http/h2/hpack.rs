@@ -1,4 +1,4 @@
-//! HPACK (RFC 7541) through the `loona-hpack` crate, with the limits a server needs
+//! HPACK (RFC 7541): decoding through the `loona-hpack` crate, with the limits a server needs
 //! against decompression bombs: a bounded dynamic table and a bounded decoded field
 //! list, counted as RFC 9113 section 6.5.2 counts it (name + value + 32 per field)
 //! while decoding, without copying the fields that would exceed it.
@@ -8,12 +8,17 @@
 //! hash-map entries) anew for every string, which cost a third of the server's CPU
 //! under h2load. The crate still does everything else (indexing, table, errors).
 //!
+//! Encoding is ours (`encoder`): response fields go by static-table index, with
+//! no table search per field.
+//!
 //! Not here: what the fields mean (see `request`), or how field blocks are framed.
 
 use std::cell::RefCell;
 
 use loona_hpack::decoder::DecoderError;
 use loona_hpack::huffman::HuffmanDecoder;
+
+mod encoder;
 
 /// Bytes RFC 9113 counts for one field besides its name and value.
 const FIELD_OVERHEAD: usize = 32;
@@ -104,7 +109,7 @@ fn unhuffman(block: &[u8]) -> Option<Vec<u8>> {
                 huffman = true;
                 let decoded = HUFFMAN.with(|h| h.borrow_mut().decode(bytes)).ok()?;
                 // H = 0: the length's first byte carries no flag.
-                out.extend_from_slice(&loona_hpack::encoder::encode_integer(decoded.len(), 7));
+                encoder::put_integer(&mut out, decoded.len(), 7, 0);
                 out.extend_from_slice(&decoded);
             } else {
                 out.extend_from_slice(&block[at - used - len..at]);
@@ -133,7 +138,7 @@ fn integer(buf: &[u8], prefix: u8) -> Option<(usize, usize)> {
 
 /// Encodes our field blocks.
 pub struct Encoder {
-    inner: loona_hpack::Encoder<'static>,
+    inner: encoder::FieldEncoder,
     /// The table size our encoder uses.
     table_size: u32,
     /// A smaller table size the peer asked for, announced at the start of the next
@@ -147,7 +152,11 @@ const ENCODER_TABLE_SIZE: u32 = 4096;
 
 impl Encoder {
     pub fn new() -> Encoder {
-        Encoder { inner: loona_hpack::Encoder::new(), table_size: ENCODER_TABLE_SIZE, pending_update: None }
+        Encoder {
+            inner: encoder::FieldEncoder::new(ENCODER_TABLE_SIZE as usize),
+            table_size: ENCODER_TABLE_SIZE,
+            pending_update: None,
+        }
     }
 
     /// Applies the peer's SETTINGS_HEADER_TABLE_SIZE.
@@ -155,24 +164,19 @@ impl Encoder {
         let size = size.min(ENCODER_TABLE_SIZE);
         if size != self.table_size {
             self.table_size = size;
-            self.inner.set_max_table_size(size as usize);
+            self.inner.set_table_size(size as usize);
             self.pending_update = Some(size);
         }
     }
 
     /// Encodes `fields` as one block.
     pub fn encode<'f>(&mut self, fields: impl IntoIterator<Item = (&'f [u8], &'f [u8])>) -> Vec<u8> {
-        let mut block = Vec::new();
+        let mut block = Vec::with_capacity(128);
         if let Some(size) = self.pending_update.take() {
             // Dynamic Table Size Update: 001xxxxx with a 5-bit prefix integer.
-            let mut update = loona_hpack::encoder::encode_integer(size as usize, 5);
-            if let Some(first) = update.first_mut() {
-                *first |= 0x20;
-            }
-            block.extend_from_slice(&update);
+            encoder::put_integer(&mut block, size as usize, 5, 0x20);
         }
-        // Writing into a Vec cannot fail.
-        let _ = self.inner.encode_into(fields, &mut block);
+        self.inner.encode(fields, &mut block);
         block
     }
 }
