@@ -164,24 +164,20 @@ pub fn render(out: &mut String, sites: &SiteCounters, reloads: &Reloads, certifi
             let _ = writeln!(out, "ktlsd_site_requests_total{{site=\"{}\",code=\"{class}\"}} {n}", esc(site));
         }
     }
-    super::prometheus::family(
+    by_site(
         out,
-        "ktlsd_site_sent_body_bytes_total",
-        "counter",
-        "Response body bytes sent over HTTPS, by site.",
+        ("ktlsd_site_sent_body_bytes_total", "counter", "Response body bytes sent over HTTPS, by site."),
+        counts.iter().map(|(site, c)| (site.as_str(), c.bytes)),
     );
-    for (site, c) in &counts {
-        let _ = writeln!(out, "ktlsd_site_sent_body_bytes_total{{site=\"{}\"}} {}", esc(site), c.bytes);
-    }
-    super::prometheus::family(
+    by_site(
         out,
-        "ktlsd_certificate_expiry_timestamp_seconds",
-        "gauge",
-        "When the certificate each site serves now stops being valid (Unix seconds; notAfter).",
+        (
+            "ktlsd_certificate_expiry_timestamp_seconds",
+            "gauge",
+            "When the certificate each site serves now stops being valid (Unix seconds; notAfter).",
+        ),
+        certificates.iter().map(|(site, not_after)| (site.as_str(), not_after)),
     );
-    for (site, not_after) in certificates {
-        let _ = writeln!(out, "ktlsd_certificate_expiry_timestamp_seconds{{site=\"{}\"}} {not_after}", esc(site));
-    }
     render_acme(out, &acme_snapshot());
     super::prometheus::family(out, "ktlsd_reloads_total", "counter", "Reloads (SIGHUP), by result.");
     let _ = writeln!(out, "ktlsd_reloads_total{{result=\"success\"}} {}", reloads.succeeded.load(Relaxed));
@@ -218,24 +214,32 @@ fn render_acme(out: &mut String, acme: &BTreeMap<String, AcmeStatus>) {
             let _ = writeln!(out, "ktlsd_acme_order_state{{site=\"{}\",state=\"{state}\"}} {on}", esc(site));
         }
     }
-    super::prometheus::family(
+    by_site(
         out,
-        "ktlsd_acme_errors_total",
-        "counter",
-        "Failed ACME orders, by site (the last error is in /status).",
+        ("ktlsd_acme_errors_total", "counter", "Failed ACME orders, by site (the last error is in /status)."),
+        acme.iter().map(|(site, s)| (site.as_str(), s.errors)),
     );
-    for (site, s) in acme {
-        let _ = writeln!(out, "ktlsd_acme_errors_total{{site=\"{}\"}} {}", esc(site), s.errors);
-    }
-    super::prometheus::family(
+    by_site(
         out,
-        "ktlsd_acme_last_error_timestamp_seconds",
-        "gauge",
-        "When each ACME site's last order failed (Unix seconds; 0: never).",
+        (
+            "ktlsd_acme_last_error_timestamp_seconds",
+            "gauge",
+            "When each ACME site's last order failed (Unix seconds; 0: never).",
+        ),
+        acme.iter().map(|(site, s)| (site.as_str(), s.last_error_at.unwrap_or(0))),
     );
-    for (site, s) in acme {
-        let at = s.last_error_at.unwrap_or(0);
-        let _ = writeln!(out, "ktlsd_acme_last_error_timestamp_seconds{{site=\"{}\"}} {at}", esc(site));
+}
+
+/// One family labelled by site: its HELP and TYPE lines (`family`: name, kind,
+/// help), then one sample per `(site, value)`.
+fn by_site<V: std::fmt::Display>(
+    out: &mut String,
+    (name, kind, help): (&str, &str, &str),
+    samples: impl Iterator<Item = (impl AsRef<str>, V)>,
+) {
+    super::prometheus::family(out, name, kind, help);
+    for (site, value) in samples {
+        let _ = writeln!(out, "{name}{{site=\"{}\"}} {value}", super::prometheus::escape(site.as_ref()));
     }
 }
 
