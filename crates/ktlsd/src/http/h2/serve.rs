@@ -83,8 +83,10 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             match event {
                 Event::Request { stream, head, end_stream } => {
                     prepare(&head, &ctx).await;
-                    // A request the handler cannot read is not forwarded: `answer` refuses it.
-                    let routed = super::proxy::route(&ctx, &head).zip(to_request(&head, peer.ip()).ok());
+                    // A request the handler cannot read is not forwarded: `answer` refuses it. It is
+                    // built here only for a path a [[proxy]] rule matches (`answer` builds its own).
+                    let routed = super::proxy::route(&ctx, &head)
+                        .and_then(|rule| Some((rule, to_request(&head, peer.ip()).ok()?)));
                     let proxied = match routed {
                         Some(((site, rule), req)) => {
                             match super::proxy::forward(
