@@ -7,8 +7,9 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use testkit::{assert_body, fetch, scrape};
+use testkit::{admin_get, assert_body, fetch};
 
 use crate::harness::*;
 use crate::origin::Origin;
@@ -53,8 +54,29 @@ impl Proxy {
         Proxy { server, sock, _dir: dir }
     }
 
+    /// `/metrics` as `name{labels}` to value, read as written (the emulated CPU of
+    /// the VMs makes starting Python's parser for each scrape too slow).
     pub fn metrics(&self) -> HashMap<String, f64> {
-        scrape(&self.sock)
+        let (status, text) = admin_get(&self.sock, "/metrics");
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect()
+    }
+
+    /// `/metrics` once `key` has grown from `before` by at least `want` (a worker
+    /// counts a response just after its last byte left), or after 10 s.
+    pub fn metrics_once(&self, before: &HashMap<String, f64>, key: &str, want: f64) -> HashMap<String, f64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let m = self.metrics();
+            if sample(&m, key) - sample(before, key) >= want || Instant::now() > deadline {
+                return m;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 }
 
@@ -83,13 +105,14 @@ fn hit_by_sendfile(test: &str, proto: &str) {
     assert_eq!(miss.header("cache-status"), Some("ktlsd; fwd=miss; stored"), "{proto} miss");
     assert_body(&format!("{proto} miss"), &miss.body, &want);
 
-    let before = sample(&proxy.metrics(), "ktlsd_cache_hit_bytes_total{by=\"sendfile\"}");
+    let key = "ktlsd_cache_hit_bytes_total{by=\"sendfile\"}";
+    let before = proxy.metrics();
     let hit = fetch(&proxy.server.url(&target), &[proto]);
     assert_eq!(hit.status, 200, "{proto} hit");
     assert_eq!(hit.header("cache-status"), Some("ktlsd; hit"), "{proto} hit");
     assert_body(&format!("{proto} hit"), &hit.body, &want);
-    let m = proxy.metrics();
-    let grew = sample(&m, "ktlsd_cache_hit_bytes_total{by=\"sendfile\"}") - before;
+    let m = proxy.metrics_once(&before, key, N as f64);
+    let grew = sample(&m, key) - sample(&before, key);
     assert_eq!(grew, N as f64, "{proto}: cache-hit bytes by sendfile grew by {grew}, want the body's {N}");
     assert_eq!(sample(&m, "ktlsd_cache_hit_bytes_total{by=\"copy\"}"), 0.0, "{proto}: no hit byte by copy");
     assert_eq!(origin.count(&target), 1, "{proto}: one upstream request for a miss and a hit");
