@@ -25,6 +25,7 @@
 //! | `record` | [`send`], [`sendfile`], [`send_record`], alerts, [`recv_record`], [`RxError`] |
 //! | `message` | [`Alert`] and `KeyUpdate` encoding/parsing (pure functions) |
 //! | `connection` | [`KtlsConnection`]: a rustls server connection living in the kernel, via [`Prepared`] |
+//! | `splice` | [`Pipe`]: socket to socket by `splice(2)`, never through user space (into a kTLS socket, encrypted by the kernel) |
 //! | `stat` | [`TlsStat`]: `/proc/net/tls_stat` counters |
 //! | `uapi`, `sys` | `linux/tls.h` constants and structures; the system calls and the crate's only `unsafe` (internal) |
 //!
@@ -79,6 +80,7 @@ mod keys;
 mod message;
 mod probe;
 mod record;
+mod splice;
 mod stat;
 #[allow(unsafe_code)] // the crate's one module of `unsafe` code
 mod sys;
@@ -100,6 +102,7 @@ pub use record::{
     recv_record, send, send_alert, send_alert_record, send_close_notify, send_key_update, send_record, sendfile,
     Received, RxError,
 };
+pub use splice::Pipe;
 pub use stat::TlsStat;
 pub use types::{Cipher, Direction, TlsVersion};
 /// Largest plaintext one TLS record carries (16 KiB), the kernel's record limit too.

@@ -242,6 +242,27 @@ pub(crate) fn errno_name(code: i32) -> &'static str {
     }
 }
 
+/// `pipe2(O_NONBLOCK | O_CLOEXEC)`: the read end, then the write end.
+pub(crate) fn pipe_nonblocking() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    let mut fds: [libc::c_int; 2] = [-1, -1];
+    // SAFETY: `fds` is a valid, exclusively borrowed array of two ints for the
+    // kernel to fill in.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 succeeded, so both are open descriptors that nothing else
+    // owns; each `OwnedFd` takes one and closes it on drop.
+    Ok(unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `splice(fd_in, NULL, fd_out, NULL, len, flags)`: both ends are streams (a
+/// socket or a pipe), so neither takes an offset.
+pub(crate) fn splice(fd_in: RawFd, fd_out: RawFd, len: usize, flags: libc::c_uint) -> io::Result<usize> {
+    // SAFETY: null offsets are allowed for pipes and sockets (the kernel
+    // rejects them with ESPIPE otherwise); the fds are plain integers
+    // (invalid ones give EBADF). No memory of ours is read or written.
+    check_len(unsafe { libc::splice(fd_in, std::ptr::null_mut(), fd_out, std::ptr::null_mut(), len, flags) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

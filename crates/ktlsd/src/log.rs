@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::stats::Metrics;
-use crate::vocab::{Method, RecordLayer};
+use crate::vocab::{BodyPath, Method, RecordLayer};
 
 pub mod custom;
 
@@ -57,6 +57,8 @@ pub struct AccessEntry<'a> {
     pub ttfb: Duration,
     /// Where the bytes were protected (logged as `ktls`, `userspace`).
     pub layer: RecordLayer,
+    /// How the body left (logged as `sendfile`, `copy`, `splice`); `None` without one.
+    pub body: Option<BodyPath>,
     pub referer: Option<&'a str>,
     pub user_agent: Option<&'a str>,
     pub tls: Option<TlsInfo>,
@@ -422,6 +424,7 @@ fn json_line(e: &AccessEntry<'_>, rt: f64, layer: &str) -> String {
         "tls_version": e.tls.map(|t| t.version),
         "cipher": e.tls.map(|t| t.cipher),
         "record_layer": layer,
+        "body": e.body.map(BodyPath::label),
         "referer": e.referer,
         "user_agent": e.user_agent,
         "client_subject": e.client_subject,
@@ -497,6 +500,7 @@ mod tests {
             started: Instant::now(),
             ttfb: Duration::ZERO,
             layer: RecordLayer::Kernel,
+            body: Some(BodyPath::Sendfile),
             referer: None,
             user_agent: None,
             tls: None,
@@ -512,6 +516,7 @@ mod tests {
             started: Instant::now(),
             ttfb: Duration::ZERO,
             layer: RecordLayer::Userspace,
+            body: None,
             referer: None,
             user_agent: None,
             tls: None,
@@ -546,6 +551,7 @@ mod tests {
             started: Instant::now(),
             ttfb: Duration::from_micros(250),
             layer: RecordLayer::Kernel,
+            body: Some(BodyPath::Splice),
             referer,
             user_agent,
             tls,
@@ -577,6 +583,7 @@ mod tests {
             ("target", "/a"),
             ("protocol", "HTTP/1.1"),
             ("record_layer", "ktls"),
+            ("body", "splice"),
             ("tls_version", "TLSv1_3"),
             ("cipher", "TLS13_AES_128_GCM_SHA256"),
             ("user_agent", "curl/8.0"),

@@ -1,6 +1,6 @@
 //! The words every layer shares: where a connection's records are protected
 //! ([`RecordLayer`]), which HTTP it speaks ([`HttpVersion`]), a request's
-//! [`Method`], what a name no site has gets ([`UnknownName`]), and the TLS
+//! [`Method`], how a response body left ([`BodyPath`]), what a name no site has gets ([`UnknownName`]), and the TLS
 //! protocol versions ([`TlsVersion`], kernel-tls's own, which already names
 //! them for the kernel and for rustls).
 //!
@@ -44,6 +44,32 @@ impl RecordLayer {
 impl fmt::Display for RecordLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.label())
+    }
+}
+
+/// How a response body left the process: the record layers' body writers say
+/// it, the codecs pass it up, and the access log and metrics name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyPath {
+    /// `sendfile(2)` from a file (a static file, a cache entry) into a kTLS
+    /// socket: the kernel encrypts the page-cache pages, no copy in user space.
+    Sendfile,
+    /// Through this process's memory: read or built here, then encrypted here
+    /// (userspace record layer, QUIC) or handed to the kernel by `send`.
+    Copy,
+    /// `splice(2)` from an upstream socket through a pipe into a kTLS socket:
+    /// the body never enters user space.
+    Splice,
+}
+
+impl BodyPath {
+    /// `sendfile`, `copy` or `splice`: the word in logs and metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            BodyPath::Sendfile => "sendfile",
+            BodyPath::Copy => "copy",
+            BodyPath::Splice => "splice",
+        }
     }
 }
 

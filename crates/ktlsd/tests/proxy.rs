@@ -183,7 +183,7 @@ fn two_upstreams_are_balanced_and_a_dead_one_is_skipped() {
     assert_eq!(get(&format!("ktlsd_upstream_up{{upstream=\"{}\"}}", a.url())), 1.0);
     assert!(get(&format!("ktlsd_upstream_requests_total{{upstream=\"{}\"}}", a.url())) >= 3.0);
     assert_eq!(get("ktlsd_upstream_errors_total{kind=\"connect\"}"), 1.0);
-    assert!(get("ktlsd_proxy_body_bytes_total{method=\"copy\"}") >= 8.0);
+    assert!(get("ktlsd_proxy_body_bytes_total{by=\"copy\"}") >= 8.0);
     assert!(get(&format!("ktlsd_upstream_response_seconds_count{{upstream=\"{}\"}}", b.url())) >= 3.0);
 
     let srv = proxy_server(&[a.url(), b.url()], "balance = \"least-connections\"");

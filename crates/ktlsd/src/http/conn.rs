@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::Transport;
-use crate::handler::{Header, Response, Sites};
+use crate::handler::{Body, Header, Response, Sites};
 use crate::log::{AccessEntry, AccessLog, RequestLine, TlsInfo};
-use crate::vocab::RecordLayer;
+use crate::vocab::{BodyPath, RecordLayer};
 
 /// One connection's surroundings, as its loop (`h1::serve`, `h2::serve`) takes
 /// them; `S` is the codec's own settings.
@@ -69,6 +69,8 @@ pub struct Sent {
     pub started: Instant,
     /// From `started` until the response began to be sent.
     pub ttfb: Duration,
+    /// How the body left; `None` when no body byte was sent.
+    pub body: Option<BodyPath>,
 }
 
 impl<S> Context<'_, S> {
@@ -102,6 +104,7 @@ impl<S> Context<'_, S> {
             bytes: sent.bytes,
             started: sent.started,
             ttfb: sent.ttfb,
+            body: sent.body.filter(|_| sent.bytes > 0),
             layer,
             referer: request.and_then(|r| r.referer),
             user_agent: request.and_then(|r| r.user_agent),
@@ -123,6 +126,16 @@ impl<S> Context<'_, S> {
     /// Whether the server is stopping.
     pub fn stopping(&self) -> bool {
         *self.shutdown.borrow()
+    }
+}
+
+/// How `body` leaves through `conn`: a file's bytes as the transport sends
+/// files, bytes in memory by copy; `None` without a body.
+pub fn body_path(conn: &impl Transport, body: &Body) -> Option<BodyPath> {
+    match body {
+        Body::Empty => None,
+        Body::Bytes(_) => Some(BodyPath::Copy),
+        Body::File { .. } | Body::Parts { .. } => Some(conn.file_path()),
     }
 }
 

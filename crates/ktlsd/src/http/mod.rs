@@ -14,4 +14,4 @@ pub mod testing;
 pub mod transport;
 
 pub use conn::{Context, End};
-pub use transport::Transport;
+pub use transport::{Spliced, Transport};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::files::FileRange;
-use crate::vocab::RecordLayer;
+use crate::vocab::{BodyPath, RecordLayer};
 
 /// A connection carrying HTTP.
 #[allow(async_fn_in_trait)] // used only by static dispatch inside this crate
@@ -66,6 +66,38 @@ pub trait Transport {
     /// `stop` turns true (see nginx's `lingering_close`).
     fn linger_on_close(&mut self, stop: watch::Receiver<bool>);
 
+    /// How a file body given to [`Transport::send`] leaves: by `sendfile` on kernel
+    /// TLS, else copied through user space.
+    fn file_path(&self) -> BodyPath {
+        BodyPath::Copy
+    }
+
+    /// Whether [`Transport::splice`] can move bytes from a socket into this
+    /// connection without passing them through user space.
+    fn can_splice(&self) -> bool {
+        false
+    }
+
+    /// Moves `len` bytes from the plain TCP socket `from` to the peer, by
+    /// `splice(2)` through a pipe (the kernel encrypts them on their way out):
+    /// each wait for `from` is bounded by `read_timeout`, each wait for the peer
+    /// by the transport's send timeout. Returns `len` once all have been handed to
+    /// the socket. Only where [`Transport::can_splice`] says so; elsewhere it
+    /// moves nothing and fails with [`Spliced::Unsupported`].
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: bytes taken from `from` may be lost and a record left
+    /// open; the connection must then be closed, as after any failure here.
+    async fn splice(
+        &mut self,
+        from: &tokio::net::TcpStream,
+        len: u64,
+        read_timeout: Duration,
+    ) -> Result<u64, Spliced<Self::Error>> {
+        let _ = (from, len, read_timeout);
+        Err(Spliced::Unsupported)
+    }
+
     /// Where the bytes are protected, for the access log and metrics.
     fn layer(&self) -> RecordLayer;
 
@@ -83,4 +115,20 @@ pub trait Transport {
     fn server_name(&self) -> Option<&str> {
         None
     }
+}
+
+/// Why [`Transport::splice`] stopped before its length: the source's fault (the
+/// response must be cut) or the peer's (the connection is gone).
+#[derive(Debug)]
+pub enum Spliced<E> {
+    /// This transport cannot splice (nothing was moved).
+    Unsupported,
+    /// The source closed after `moved` of the bytes asked for.
+    SourceClosed { moved: u64 },
+    /// The source sent nothing for the whole read timeout.
+    SourceTimedOut { moved: u64 },
+    /// Reading the source failed.
+    Source { moved: u64, error: std::io::Error },
+    /// The peer failed or timed out; the connection must not be reused.
+    Peer(E),
 }

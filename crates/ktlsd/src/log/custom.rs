@@ -28,6 +28,7 @@ enum Var {
     SslProtocol,
     SslCipher,
     RecordLayer,
+    BodyPath,
 }
 
 /// The variables a template may use, with nginx's names where nginx has one.
@@ -50,6 +51,7 @@ const VARS: &[(&str, Var)] = &[
     ("ssl_protocol", Var::SslProtocol),
     ("ssl_cipher", Var::SslCipher),
     ("record_layer", Var::RecordLayer),
+    ("body_path", Var::BodyPath),
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +150,7 @@ fn write_var(out: &mut String, v: Var, e: &AccessEntry<'_>, rt: f64, layer: &str
         Var::SslProtocol => out.write_str(e.tls.map_or("-", |t| t.version)),
         Var::SslCipher => out.write_str(e.tls.map_or("-", |t| t.cipher)),
         Var::RecordLayer => out.write_str(layer),
+        Var::BodyPath => out.write_str(e.body.map_or("-", crate::vocab::BodyPath::label)),
     }
 }
 
@@ -176,7 +179,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use crate::log::{RequestLine, TlsInfo};
-    use crate::vocab::{Method, RecordLayer};
+    use crate::vocab::{BodyPath, Method, RecordLayer};
     use std::time::{Duration, Instant};
 
     #[test]
@@ -190,6 +193,7 @@ mod tests {
             started: Instant::now(),
             ttfb: Duration::from_millis(2),
             layer: RecordLayer::Kernel,
+            body: Some(BodyPath::Sendfile),
             referer: None,
             user_agent: Some("curl/8 \"x\""),
             tls: Some(TlsInfo { version: "TLSv1_3", cipher: "TLS13_AES_128_GCM_SHA256" }),
@@ -206,6 +210,7 @@ mod tests {
             ("${site}:$request_method:${request_uri}x", Ok("b.test:GET:/a?bx")),
             ("$http_referer|$http_user_agent|$ssl_protocol", Ok("-|curl/8 \\\"x\\\"|TLSv1_3")),
             ("$$status $record_layer $request_time", Ok("$status ktls 0.250")),
+            ("tls=$record_layer body=$body_path", Ok("tls=ktls body=sendfile")),
             ("plain text", Ok("plain text")),
             ("$nope", Err("unknown variable $nope")),
             ("${host", Err("unclosed")),

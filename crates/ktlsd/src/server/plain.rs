@@ -191,6 +191,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
         started,
         ttfb,
         layer: RecordLayer::Userspace,
+        body: (body > 0 && written.is_ok()).then_some(crate::vocab::BodyPath::Copy),
         referer: head.and_then(|h| h.referer.as_deref()),
         user_agent: head.and_then(|h| h.user_agent.as_deref()),
         tls: None,

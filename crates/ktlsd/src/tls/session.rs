@@ -15,9 +15,9 @@ use super::SessionError;
 use super::{kernel, userspace};
 use crate::files::residency::ColdReads;
 use crate::files::FileRange;
-use crate::http::Transport;
+use crate::http::{Spliced, Transport};
 use crate::stats::Stats;
-use crate::vocab::RecordLayer;
+use crate::vocab::{BodyPath, RecordLayer};
 
 enum Layer {
     // Boxed: a connection holds one or the other for its whole life.
@@ -362,6 +362,32 @@ impl Transport for Session {
 
     fn layer(&self) -> RecordLayer {
         self.mode()
+    }
+
+    fn file_path(&self) -> BodyPath {
+        match self.layer {
+            Layer::Kernel(_) => BodyPath::Sendfile,
+            Layer::Userspace(_) => BodyPath::Copy,
+        }
+    }
+
+    fn can_splice(&self) -> bool {
+        matches!(self.layer, Layer::Kernel(_))
+    }
+
+    async fn splice(
+        &mut self,
+        from: &TcpStream,
+        len: u64,
+        read_timeout: Duration,
+    ) -> Result<u64, Spliced<SessionError>> {
+        self.flush().await.map_err(Spliced::Peer)?;
+        let Layer::Kernel(tls) = &mut self.layer else { return Err(Spliced::Unsupported) };
+        let r = kernel::body::splice(tls, &self.stream, from, len, read_timeout, self.send_timeout).await;
+        if let Err(Spliced::Peer(e)) = &r {
+            self.counters.note(e);
+        }
+        r
     }
 
     fn tls(&self) -> Option<crate::log::TlsInfo> {

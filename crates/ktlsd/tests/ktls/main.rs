@@ -62,11 +62,16 @@ macro_rules! every_cell {
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 mod harness;
+/// The Python origin of the proxy tests (`tests/proxy/origin.py`); part of it is used here.
+#[allow(dead_code)]
+#[path = "../proxy/origin.rs"]
+mod origin;
 mod suites;
 mod wire;
 
 mod admin;
 mod bad_records;
+mod cache;
 mod conformance;
 mod connections;
 mod doctor;
@@ -76,3 +81,4 @@ mod handshake;
 mod key_update;
 mod matrix;
 mod records;
+mod splice;

@@ -1,6 +1,8 @@
 //! The proxy's figures for `/metrics`: requests per upstream, failures by kind,
 //! time to the upstream's response head, each upstream's health as this process last
-//! saw it, and body bytes by how they moved (copied through user space, or spliced).
+//! saw it, body bytes relayed from upstreams by how they moved (copied through user
+//! space, or spliced), and the bytes of cache-hit bodies by how they left (sendfile
+//! from the entry, or copied).
 //!
 //! Process-wide (one lock, taken once per exchange and per scrape), unlike the
 //! per-worker `stats`: upstream names are only known from the configuration.
@@ -9,6 +11,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use crate::vocab::BodyPath;
 
 /// Upper bounds of the latency histogram, in milliseconds.
 const BOUNDS_MS: [u64; 10] = [1, 2, 5, 10, 25, 50, 100, 250, 1000, 5000];
@@ -26,10 +30,15 @@ struct Figures {
     upstreams: BTreeMap<String, Upstream>,
     errors: BTreeMap<&'static str, u64>,
     body_bytes: BTreeMap<&'static str, u64>,
+    hit_bytes: BTreeMap<&'static str, u64>,
 }
 
-static FIGURES: Mutex<Figures> =
-    Mutex::new(Figures { upstreams: BTreeMap::new(), errors: BTreeMap::new(), body_bytes: BTreeMap::new() });
+static FIGURES: Mutex<Figures> = Mutex::new(Figures {
+    upstreams: BTreeMap::new(),
+    errors: BTreeMap::new(),
+    body_bytes: BTreeMap::new(),
+    hit_bytes: BTreeMap::new(),
+});
 
 fn with<R>(f: impl FnOnce(&mut Figures) -> R) -> R {
     // A panic elsewhere while holding the lock leaves plain counters: still usable.
@@ -68,9 +77,28 @@ pub fn error(kind: &'static str) {
     with(|f| *f.errors.entry(kind).or_default() += 1);
 }
 
-/// `n` response body bytes moved by `how` (`copy` or `splice`).
+/// `n` response body bytes relayed from an upstream by `how` (`copy` or `splice`,
+/// [`BodyPath::label`]).
 pub fn body_bytes(how: &'static str, n: u64) {
     with(|f| *f.body_bytes.entry(how).or_default() += n);
+}
+
+/// `n` body bytes of a response answered from a cache entry left by `how`.
+pub fn hit_bytes(how: BodyPath, n: u64) {
+    if n > 0 {
+        with(|f| *f.hit_bytes.entry(how.label()).or_default() += n);
+    }
+}
+
+/// Writes one counter family by `by`, each of `always` shown (0 until counted).
+fn by_path(out: &mut String, name: &str, help: &str, counts: &BTreeMap<&'static str, u64>, always: [BodyPath; 2]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for how in always {
+        let _ = writeln!(out, "{name}{{by=\"{}\"}} {}", how.label(), counts.get(how.label()).copied().unwrap_or(0));
+    }
+    for (how, n) in counts.iter().filter(|(how, _)| !always.iter().any(|a| a.label() == **how)) {
+        let _ = writeln!(out, "{name}{{by=\"{how}\"}} {n}");
+    }
 }
 
 /// Appends the proxy's families in Prometheus text format.
@@ -97,10 +125,20 @@ pub fn render(out: &mut String) {
         for (kind, n) in &f.errors {
             let _ = writeln!(out, "ktlsd_upstream_errors_total{{kind=\"{kind}\"}} {n}");
         }
-        family(out, "ktlsd_proxy_body_bytes_total", "counter", "Proxied response body bytes by how they moved.");
-        for (how, n) in &f.body_bytes {
-            let _ = writeln!(out, "ktlsd_proxy_body_bytes_total{{method=\"{how}\"}} {n}");
-        }
+        by_path(
+            out,
+            "ktlsd_proxy_body_bytes_total",
+            "Response body bytes relayed from upstreams, by how they moved (splice: never through user space).",
+            &f.body_bytes,
+            [BodyPath::Splice, BodyPath::Copy],
+        );
+        by_path(
+            out,
+            "ktlsd_cache_hit_bytes_total",
+            "Body bytes of responses answered from the cache, by how they left (sendfile: from the entry over kTLS).",
+            &f.hit_bytes,
+            [BodyPath::Sendfile, BodyPath::Copy],
+        );
         let name = "ktlsd_upstream_response_seconds";
         family(out, name, "histogram", "Time from sending a request to an upstream to its response head.");
         for (up, u) in &f.upstreams {
@@ -126,6 +164,7 @@ mod tests {
         answered("http://metrics.test:1", Duration::from_millis(3));
         failed("http://metrics.test:2", "connect", true);
         body_bytes("copy", 10);
+        hit_bytes(BodyPath::Sendfile, 7);
         let mut out = String::new();
         render(&mut out);
         for line in [
@@ -134,9 +173,20 @@ mod tests {
             "ktlsd_upstream_up{upstream=\"http://metrics.test:2\"} 0",
             "ktlsd_upstream_response_seconds_bucket{upstream=\"http://metrics.test:1\",le=\"0.002\"} 0",
             "ktlsd_upstream_response_seconds_bucket{upstream=\"http://metrics.test:1\",le=\"0.005\"} 1",
+            "# TYPE ktlsd_cache_hit_bytes_total counter",
+            "# TYPE ktlsd_proxy_body_bytes_total counter",
         ] {
             assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
         }
         assert!(out.contains("ktlsd_upstream_errors_total{kind=\"connect\"} "), "{out}");
+        // Other tests of the process count too: the figures only grow.
+        let value = |name: &str| -> u64 {
+            let line = out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in\n{out}"));
+            line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        assert!(value("ktlsd_cache_hit_bytes_total{by=\"sendfile\"} ") >= 7, "{out}");
+        assert!(value("ktlsd_proxy_body_bytes_total{by=\"copy\"} ") >= 10, "{out}");
+        assert!(out.contains("ktlsd_proxy_body_bytes_total{by=\"splice\"} "), "{out}");
+        assert!(out.contains("ktlsd_cache_hit_bytes_total{by=\"copy\"} "), "{out}");
     }
 }

@@ -3,8 +3,10 @@
 //! codec drives: [`Exchange::begin`] chooses an upstream and sends the request head,
 //! [`Exchange::send_body`] forwards the request body as it arrives,
 //! [`Exchange::response`] reads the upstream's head, [`Exchange::read_body`] hands
-//! out its body piece by piece (bounded), and dropping the exchange returns a clean
-//! keep-alive connection to the worker's pool.
+//! out its body piece by piece (bounded) or [`Exchange::splice_source`] lends the
+//! plain socket a body of known length is still on, for the codec to `splice` to
+//! its client, and dropping the exchange returns a clean keep-alive connection to
+//! the worker's pool.
 //!
 //! HTTP/1.1 to the upstream, over TCP or TLS ([`upstream`]); idle connections, balancing
 //! and passive health per worker ([`pool`]); the header rules ([`headers`]) and the
@@ -554,6 +556,40 @@ impl<'r> Exchange<'r> {
                 ));
             }
         }
+    }
+}
+
+impl Exchange<'_> {
+    /// The plain TCP socket the rest of a Content-Length body is on, the bytes of
+    /// it left there, and the read timeout: for the codec to move them to its client
+    /// without reading them ([`Exchange::spliced`] or [`Exchange::splice_failed`]
+    /// after). `None` while body bytes already read are held (take them with
+    /// [`Exchange::read_body`] first), once the body is complete, for a TLS upstream
+    /// and for a body framed otherwise.
+    pub fn splice_source(&self) -> Option<(&tokio::net::TcpStream, u64, Duration)> {
+        if self.done || !self.buf.is_empty() || self.left == 0 || !matches!(self.framing, Framing::Length(_)) {
+            return None;
+        }
+        match self.conn.as_ref()? {
+            Conn::Plain(s) => Some((s, self.left, self.rule.timeouts.read)),
+            Conn::Tls(_) => None,
+        }
+    }
+
+    /// `n` bytes of the body were moved from [`Exchange::splice_source`]'s socket;
+    /// the body is complete (and the connection reusable) when none are left.
+    pub fn spliced(&mut self, n: u64) {
+        self.left -= n.min(self.left);
+        self.done = self.left == 0;
+    }
+
+    /// The body could not be moved to its end (`cause`: the upstream closed early,
+    /// was too slow, or failed): the failure, counted; the connection is not reused.
+    pub fn splice_failed(&mut self, cause: IoFailure) -> Failure {
+        let f = self.io_failure(cause, "reading the response body", "body");
+        metrics::error(f.kind);
+        self.release();
+        f
     }
 }
 

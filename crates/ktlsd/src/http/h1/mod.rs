@@ -242,6 +242,12 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     /// Sends and logs `response`, the answer to `x`; the connection then waits for
     /// the next head, or ends.
     async fn reply(&mut self, x: Exchange, response: Response) -> State<'a, T::Error> {
+        self.reply_as(x, response, false).await
+    }
+
+    /// [`Self::reply`]; with `from_cache`, a file body is a cache entry's and its
+    /// bytes count as cache-hit bytes.
+    async fn reply_as(&mut self, x: Exchange, response: Response, from_cache: bool) -> State<'a, T::Error> {
         let response = self.ctx.advertise(response);
         if let Some(why) = &response.refused {
             self.refused(Some(&x.head), response.status, why);
@@ -258,7 +264,11 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
             Err(e) if T::timed_out(&e) => return State::Closed(End::Timeout),
             Err(e) => return State::Closed(End::Error(e)),
         };
-        let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb };
+        let body = crate::http::conn::body_path(self.conn, &response.body);
+        if let (true, Some(path), Body::File { .. }) = (from_cache, body, &response.body) {
+            crate::handler::proxy::metrics::hit_bytes(path, bytes);
+        }
+        let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb, body };
         self.ctx.log_host(self.conn, Some(logged(&x.head)), sent, x.head.request.authority.as_deref());
         self.answered = true;
         if x.keep_alive && !self.ctx.stopping() {
@@ -314,7 +324,8 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         let ttfb = started.elapsed();
         self.conn.last_response();
         let bytes = send(self.conn, &response, version, false).await.unwrap_or(0);
-        let sent = Sent { status: response.status.0, bytes, started, ttfb };
+        let body = crate::http::conn::body_path(self.conn, &response.body);
+        let sent = Sent { status: response.status.0, bytes, started, ttfb, body };
         match head {
             Some(h) => self.ctx.log_host(self.conn, Some(logged(h)), sent, h.request.authority.as_deref()),
             None => self.ctx.log(self.conn, None, sent),

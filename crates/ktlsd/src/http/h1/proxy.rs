@@ -2,9 +2,12 @@
 //! goes to the upstream as it arrives (Content-Length framed, within
 //! `max_body_bytes`), the response head is written with the client's framing
 //! (Content-Length when the upstream gave one, else chunked, or close-delimited for an
-//! HTTP/1.0 client), and the body follows piece by piece. An upstream that fails
-//! after the head was sent cuts the connection without the last chunk or
-//! close_notify, so the client never takes part of a body for the whole.
+//! HTTP/1.0 client), and the body follows piece by piece. A Content-Length body
+//! from a plain `http://` upstream to a client on kernel TLS, not being stored,
+//! moves by `splice` instead (`Transport::splice`): socket to socket, never
+//! through user space. An upstream that fails after the head was sent cuts the
+//! connection without the last chunk or close_notify, so the client never takes
+//! part of a body for the whole.
 //!
 //! With `cache = true`, the response cache is asked first (`handler::proxy::cached`):
 //! a hit is answered as a file, and a stored miss's body is teed into its entry as
@@ -17,10 +20,12 @@ use super::parse::Version;
 use super::{logged, write, Connection, Exchange, State};
 use crate::handler::proxy::cached::{self, Next, Plan};
 use crate::handler::proxy::parse::{Chunked, Framing};
+use crate::handler::proxy::upstream::IoFailure;
 use crate::handler::proxy::{self, headers, metrics, Failure, Forwarding, Rule};
 use crate::handler::{self, Body, Header, Method, Response, Site, Status};
 use crate::http::conn::Sent;
-use crate::http::{End, Transport};
+use crate::http::{End, Spliced, Transport};
+use crate::vocab::BodyPath;
 
 impl<'a, T: Transport> Connection<'_, 'a, T> {
     /// Forwards the request of `x` by `rule` and sends the answer; the connection then
@@ -50,7 +55,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         };
         let has_body = length > 0 || x.head.chunked;
         let pending = match cached::plan(&self.ctx.sites, rule, req, has_body, &fwd, &mut fields).await {
-            Plan::Answer(response) => return self.reply(x, handler::with_hsts(response, &site)).await,
+            Plan::Answer(response) => return self.reply_as(x, handler::with_hsts(response, &site), true).await,
             Plan::Forward(pending) => pending,
         };
         let failed_status = pending.failed_status();
@@ -89,7 +94,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
                     let _ = up.read_body(&mut Vec::new()).await;
                 }
                 drop(up);
-                return self.reply(x, handler::with_hsts(response, &site)).await;
+                return self.reply_as(x, handler::with_hsts(response, &site), true).await;
             }
             Next::Pass(status, store) => (status, store),
         };
@@ -129,20 +134,39 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         let mut piece = Vec::with_capacity(proxy::PIECE);
         let mut framed = Vec::new();
         let mut sent = 0u64;
+        // What the exchange already read goes by copy, the rest by splice when it can.
+        let mut splice = !chunked && store.is_none() && self.conn.can_splice();
+        let mut path = BodyPath::Copy;
         loop {
+            if let Some((from, left, read_timeout)) = up.splice_source().filter(|_| splice) {
+                let (moved, cause) = match self.conn.splice(from, left, read_timeout).await {
+                    Ok(n) => (n, None),
+                    Err(Spliced::Unsupported) => (0, None),
+                    Err(Spliced::Peer(e)) => {
+                        return State::Closed(if T::timed_out(&e) { End::Timeout } else { End::Error(e) })
+                    }
+                    Err(Spliced::SourceClosed { moved }) => (moved, Some(IoFailure::Failed(closed_early()))),
+                    Err(Spliced::SourceTimedOut { moved }) => (moved, Some(IoFailure::TimedOut)),
+                    Err(Spliced::Source { moved, error }) => (moved, Some(IoFailure::Failed(error))),
+                };
+                splice = false;
+                sent += moved;
+                metrics::body_bytes(BodyPath::Splice.label(), moved);
+                if moved > 0 {
+                    path = BodyPath::Splice;
+                }
+                match cause {
+                    None => up.spliced(moved),
+                    Some(cause) => {
+                        let f = up.splice_failed(cause);
+                        return self.cut(&x, head.status, sent, ttfb, path, &f);
+                    }
+                }
+            }
             piece.clear();
             let more = match up.read_body(&mut piece).await {
                 Ok(more) => more,
-                Err(f) => {
-                    tracing::warn!(
-                        "proxy {} \"{} {}\": {f}; response cut after {sent} body bytes",
-                        self.ctx.peer,
-                        x.head.request.method,
-                        x.head.target
-                    );
-                    self.log_proxied(&x, head.status, sent, ttfb);
-                    return State::Closed(End::Aborted);
-                }
+                Err(f) => return self.cut(&x, head.status, sent, ttfb, path, &f),
             };
             if !piece.is_empty() {
                 if let Some(store) = store.as_mut() {
@@ -178,12 +202,13 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             }
         }
         tracing::debug!(
-            "proxied \"{} {}\": {} with {sent} body bytes by copy",
+            "proxied \"{} {}\": {} with {sent} body bytes by {}",
             x.head.request.method,
             x.head.target,
-            head.status
+            head.status,
+            path.label()
         );
-        self.log_proxied(&x, head.status, sent, ttfb);
+        self.log_proxied(&x, head.status, sent, ttfb, path);
         if keep_alive && !self.ctx.stopping() {
             State::Head
         } else {
@@ -254,8 +279,30 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         }
     }
 
-    fn log_proxied(&self, x: &Exchange, status: u16, bytes: u64, ttfb: std::time::Duration) {
-        self.ctx.log(self.conn, Some(logged(&x.head)), Sent { status, bytes, started: x.started, ttfb });
+    fn log_proxied(&self, x: &Exchange, status: u16, bytes: u64, ttfb: std::time::Duration, body: BodyPath) {
+        let sent = Sent { status, bytes, started: x.started, ttfb, body: Some(body) };
+        self.ctx.log(self.conn, Some(logged(&x.head)), sent);
+    }
+
+    /// Ends a response whose upstream failed after `sent` body bytes: logged, and the
+    /// connection cut so that the client cannot take the part for the whole.
+    fn cut(
+        &self,
+        x: &Exchange,
+        status: u16,
+        sent: u64,
+        ttfb: std::time::Duration,
+        path: BodyPath,
+        f: &Failure,
+    ) -> State<'a, T::Error> {
+        tracing::warn!(
+            "proxy {} \"{} {}\": {f}; response cut after {sent} body bytes",
+            self.ctx.peer,
+            x.head.request.method,
+            x.head.target
+        );
+        self.log_proxied(x, status, sent, ttfb, path);
+        State::Closed(End::Aborted)
     }
 
     /// Answers a failed exchange from the stale entry when `stale-if-error` allows
@@ -269,7 +316,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
     ) -> State<'a, T::Error> {
         let status = pending.failed_status();
         match pending.on_failure(f, &x.head.request) {
-            Some(response) => self.reply(x, handler::with_hsts(response, &site)).await,
+            Some(response) => self.reply_as(x, handler::with_hsts(response, &site), true).await,
             None => self.proxy_failed(&x, &site, f, &status).await,
         }
     }
@@ -294,7 +341,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         self.ctx.log(
             self.conn,
             Some(logged(&x.head)),
-            Sent { status: f.status.0, bytes, started: x.started, ttfb: started.elapsed() },
+            Sent { status: f.status.0, bytes, started: x.started, ttfb: started.elapsed(), body: Some(BodyPath::Copy) },
         );
         self.close()
     }
@@ -308,4 +355,9 @@ enum RequestBody<E> {
     UpstreamFailed(Failure),
     /// The body itself is refused (malformed, too large).
     Refused(Status, &'static str),
+}
+
+/// The error of an upstream that closed before the end of its Content-Length body.
+fn closed_early() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed the connection before the end of the body")
 }

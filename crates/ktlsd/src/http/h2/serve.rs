@@ -22,6 +22,7 @@ use crate::handler::{self, Body, Pick, Status};
 use crate::http::conn::{http_date_now, Logged, Sent};
 use crate::http::{Context, End, Transport};
 use crate::log::RequestLine;
+use crate::vocab::BodyPath;
 
 /// Limits and timeouts of the HTTP/2 codec.
 #[derive(Debug, Clone)]
@@ -55,6 +56,10 @@ struct Open<'a> {
     user_agent: Option<String>,
     /// The :authority, for the access log.
     host: Option<String>,
+    /// How the body leaves, for the access log.
+    body: Option<BodyPath>,
+    /// The body is a cache entry's: its bytes count as cache-hit bytes.
+    from_cache: bool,
 }
 
 /// Serves streams on `conn` until the connection ends; when the context's shutdown turns true
@@ -328,6 +333,7 @@ fn answer<'a, S>(
 ) {
     let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
+    let from_proxy = proxied.is_some();
     let (proxied, upstream) = match proxied {
         Some((response, streamed)) => (Some(response), streamed),
         None => (None, None),
@@ -365,6 +371,13 @@ fn answer<'a, S>(
     let date = http_date_now();
     let mut fields: Vec<(&str, String)> = vec![("server", "ktlsd".into()), ("date", date)];
     fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
+    // A file the open-file cache holds whole leaves from memory with the frames.
+    let body = match &response.body {
+        _ if upstream.is_some() => Some(BodyPath::Copy),
+        Body::File { found, .. } | Body::Parts { found, .. } if found.content.is_some() => Some(BodyPath::Copy),
+        body => crate::http::conn::body_path(conn, body),
+    };
+    let from_cache = from_proxy && matches!(response.body, Body::File { .. });
     let (size, file, parts) = match response.body {
         _ if upstream.is_some() => (BodySize::File { len: upstream.as_ref().map_or(0, |u| u.len) }, None, Vec::new()),
         Body::File { found, range } if !range.is_empty() => {
@@ -400,6 +413,8 @@ fn answer<'a, S>(
         referer,
         user_agent,
         host,
+        body,
+        from_cache,
     };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
@@ -447,7 +462,11 @@ impl Open<'_> {
     fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };
         let logged = Logged { line, referer: self.referer.as_deref(), user_agent: self.user_agent.as_deref() };
-        let sent = Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb };
+        if let (true, Some(path)) = (self.from_cache, self.body) {
+            crate::handler::proxy::metrics::hit_bytes(path, self.sent);
+        }
+        let sent =
+            Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb, body: self.body };
         ctx.log_host(conn, Some(logged), sent, self.host.as_deref());
     }
 }

@@ -274,7 +274,7 @@ where
     let text = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
     let line = RequestLine { method: &method, target: &target, version: "HTTP/3.0" };
     let logged = Logged { line, referer: text("referer"), user_agent: text("user-agent") };
-    let sent = Sent { status, bytes: sent, started, ttfb };
+    let sent = Sent { status, bytes: sent, started, ttfb, body: Some(crate::vocab::BodyPath::Copy) };
     ctx.log_over(RecordLayer::Quic, None, None, Some(logged), sent, host.as_deref());
     cancelled
 }

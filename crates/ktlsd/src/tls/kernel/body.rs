@@ -10,6 +10,10 @@
 //! Before each window of the file is sent, its pages are checked to be in the
 //! page cache, and read ahead off the event loop when they are not (see
 //! [`crate::files::residency`]): `sendfile` of cold pages would block the loop.
+//!
+//! A body coming from another socket (a plain upstream's) takes [`splice`]:
+//! socket -> pipe -> this socket with `splice(2)`, the kernel encrypting the
+//! pipe's pages as it does the file's, so the body never enters user space.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -21,6 +25,7 @@ use tokio::net::TcpStream;
 use super::KernelTls;
 use crate::files::residency::ColdReads;
 use crate::files::FileRange;
+use crate::http::Spliced;
 use crate::net;
 use crate::tls::error::SessionError;
 use crate::tls::sizing::{RecordSizer, MAX_RECORD};
@@ -117,6 +122,60 @@ pub async fn send(
     }
     tls.note_sent(head.len() as u64 + range.len());
     Ok(range.len())
+}
+
+/// Moves `len` bytes from the plain TCP socket `from` into the kTLS socket by
+/// `splice(2)` through a pipe, at most a pipe's capacity (64 KiB) per call: the
+/// kernel cuts full 16 KiB records (`SPLICE_F_MORE` keeps a record open until the
+/// last call), whatever the record-size policy. Each wait for `from` is bounded by
+/// `read_timeout`, each wait for the client by `send_timeout`; after each 64 KiB
+/// the writer yields, as [`send`] does. Returns `len`.
+///
+/// # Cancel safety
+/// Not cancel-safe: bytes in the pipe are lost and a record may be left open; the
+/// connection must then be closed, as after any error.
+pub async fn splice(
+    tls: &mut KernelTls,
+    stream: &TcpStream,
+    from: &TcpStream,
+    len: u64,
+    read_timeout: Duration,
+    send_timeout: Duration,
+) -> Result<u64, Spliced<SessionError>> {
+    tls.before_send(stream, send_timeout).await.map_err(Spliced::Peer)?;
+    let mut pipe = kernel_tls::Pipe::new().map_err(|e| Spliced::Peer(SessionError::Io(e)))?;
+    let (mut taken, mut moved, mut since_yield) = (0u64, 0u64, 0usize);
+    while moved < len {
+        if pipe.held() == 0 {
+            let want = usize::try_from(len - taken).unwrap_or(usize::MAX);
+            let n = match net::retry(from, Interest::READABLE, read_timeout, || pipe.fill_from(from, want)).await {
+                Ok(0) => return Err(Spliced::SourceClosed { moved }),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::TimedOut => return Err(Spliced::SourceTimedOut { moved }),
+                Err(error) => return Err(Spliced::Source { moved, error }),
+            };
+            taken += n as u64;
+        }
+        let more = taken < len;
+        let n = net::retry(stream, Interest::WRITABLE, send_timeout, || {
+            let r = pipe.drain_to(stream, more);
+            if r.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock) {
+                // As for sendfile: push out a record TCP holds back (see `send`).
+                let _ = stream.set_nodelay(true);
+            }
+            r
+        })
+        .await
+        .map_err(|e| Spliced::Peer(e.into()))?;
+        moved += n as u64;
+        since_yield += n;
+        if moved < len && since_yield >= MAX_SENDFILE {
+            tokio::task::yield_now().await;
+            since_yield = 0;
+        }
+    }
+    tls.note_sent(len);
+    Ok(len)
 }
 
 /// Sends bytes in memory (heads, or a batch of frames) as the records the policy
