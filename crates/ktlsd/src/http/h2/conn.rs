@@ -73,6 +73,9 @@ pub enum BodySize {
     Bytes(Vec<u8>),
     /// A file body of `len` bytes; each DATA frame comes out as `Write::FileData`.
     File { len: u64 },
+    /// A body of `len` bytes the caller hands over piece by piece ([`Connection::push`]);
+    /// its DATA frames come out as [`Write::Data`] as far as the pieces given reach.
+    Stream { len: u64 },
 }
 
 /// What the connection tells its caller.
@@ -106,6 +109,9 @@ pub enum Write {
     /// then `len` bytes of the stream's file starting at body offset `offset`.
     /// `end_stream`: this is the stream's last frame; the caller may drop the file.
     FileData { stream: StreamId, head: Vec<u8>, offset: u64, len: u32, end_stream: bool },
+    /// Pending frames, then a DATA frame of `len` bytes of a [`BodySize::Stream`] body.
+    /// `end_stream`: this is the stream's last frame.
+    Data { stream: StreamId, bytes: Vec<u8>, len: u32, end_stream: bool },
 }
 
 /// Why `respond` refused.
@@ -129,6 +135,13 @@ enum Send {
     File {
         len: u64,
         offset: u64,
+    },
+    /// A body handed over piece by piece: `buf[pos..]` is given and unsent, `left`
+    /// is what is still to send in all (given or not).
+    Stream {
+        buf: Vec<u8>,
+        pos: usize,
+        left: u64,
     },
     Done,
 }
@@ -166,6 +179,7 @@ impl Stream {
         match &self.send {
             Send::Bytes { data, pos } => (data.len() - pos) as u64,
             Send::File { len, offset } => len - offset,
+            Send::Stream { buf, pos, .. } => (buf.len() - pos) as u64,
             Send::Waiting | Send::Done => 0,
         }
     }
@@ -391,6 +405,7 @@ impl Connection {
         let send = match body {
             BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
             BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },
+            BodySize::Stream { len } if len > 0 => Send::Stream { buf: Vec::new(), pos: 0, left: len },
             _ => Send::Done,
         };
         let end_stream = matches!(send, Send::Done);
@@ -434,7 +449,10 @@ impl Connection {
             .min(remaining);
         // At most the peer's frame size, so it fits the 24-bit length.
         let len32 = len as u32;
-        let end = len == remaining;
+        let end = match &stream.send {
+            Send::Stream { left, .. } => len == *left,
+            _ => len == remaining,
+        };
         self.send_window -= len as i64;
         stream.send_window -= len as i64;
         self.last_served = stream.id;
@@ -452,6 +470,16 @@ impl Connection {
                     Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
                 *offset += len;
             }
+            Send::Stream { buf, pos, left } => {
+                head.extend_from_slice(&buf[*pos..*pos + len as usize]);
+                *pos += len as usize;
+                *left -= len;
+                if *pos == buf.len() {
+                    buf.clear();
+                    *pos = 0;
+                }
+                write = Write::Data { stream: StreamId(stream.id), bytes: head, len: len32, end_stream: end };
+            }
             // `next_stream` offers only streams with bytes left to send.
             Send::Waiting | Send::Done => {}
         }
@@ -460,6 +488,33 @@ impl Connection {
             self.finish_send(index);
         }
         Some(write)
+    }
+
+    /// Gives the next piece of a [`BodySize::Stream`] body; bytes beyond its length
+    /// are dropped. `StreamGone`: the stream was reset or the connection failed.
+    pub fn push(&mut self, stream: StreamId, data: &[u8]) -> Result<(), RespondError> {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        let Send::Stream { buf, pos, left } = &mut self.streams[index].send else {
+            return Err(RespondError::AlreadyResponded);
+        };
+        buf.drain(..*pos);
+        *pos = 0;
+        let given = buf.len() as u64;
+        let room = left.saturating_sub(given).min(data.len() as u64) as usize;
+        buf.extend_from_slice(&data[..room]);
+        Ok(())
+    }
+
+    /// Bytes of `stream`'s [`BodySize::Stream`] body given and not yet sent (`None`:
+    /// the stream is not sending such a body), so the caller bounds what it hands over.
+    pub fn buffered(&self, stream: StreamId) -> Option<usize> {
+        match &self.streams[self.index(stream.0)?].send {
+            Send::Stream { buf, pos, .. } => Some(buf.len() - pos),
+            _ => None,
+        }
     }
 
     /// Hands request bodies to the caller as [`Event::Data`] from now on. Their
