@@ -25,13 +25,7 @@ const PROTOCOLS: [&str; 2] = ["--http1.1", "--http2"];
 /// and `more` after it (top-level tables).
 fn server(origin: &Origin, extra: &str, more: &str) -> Server {
     let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n{extra}\n\n{more}\n", origin.url());
-    Server::builder(BIN)
-        .workers(Some(1))
-        .file("index.txt", "static file")
-        .config(&config)
-        .arg("--log-level")
-        .arg("debug")
-        .start()
+    origin::ktlsd(BIN, &config, &[])
 }
 
 /// One finished stream of `h2_streams.py`: its id, status (or `reset`), seconds since the start, body bytes.

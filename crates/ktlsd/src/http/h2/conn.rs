@@ -200,6 +200,9 @@ enum Ended {
 #[path = "conn_flow.rs"]
 mod flow;
 
+#[path = "conn_body.rs"]
+mod body;
+
 /// How long a stream whose response is sent waits for the rest of its request
 /// before RST_STREAM NO_ERROR (RFC 9113 section 8.1 allows the reset at once). The
 /// wait makes the answer to a request the client is still sending deterministic: a
@@ -490,50 +493,10 @@ impl Connection {
         Some(write)
     }
 
-    /// Gives the next piece of a [`BodySize::Stream`] body; bytes beyond its length
-    /// are dropped. `StreamGone`: the stream was reset or the connection failed.
-    pub fn push(&mut self, stream: StreamId, data: &[u8]) -> Result<(), RespondError> {
-        if self.phase == Phase::Failed {
-            return Err(RespondError::StreamGone);
-        }
-        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
-        let Send::Stream { buf, pos, left } = &mut self.streams[index].send else {
-            return Err(RespondError::AlreadyResponded);
-        };
-        buf.drain(..*pos);
-        *pos = 0;
-        let given = buf.len() as u64;
-        let room = left.saturating_sub(given).min(data.len() as u64) as usize;
-        buf.extend_from_slice(&data[..room]);
-        Ok(())
-    }
-
-    /// Bytes of `stream`'s [`BodySize::Stream`] body given and not yet sent (`None`:
-    /// the stream is not sending such a body), so the caller bounds what it hands over.
-    pub fn buffered(&self, stream: StreamId) -> Option<usize> {
-        match &self.streams[self.index(stream.0)?].send {
-            Send::Stream { buf, pos, .. } => Some(buf.len() - pos),
-            _ => None,
-        }
-    }
-
     /// Hands request bodies to the caller as [`Event::Data`] from now on. Their
     /// flow-control credit is still returned as they arrive: the caller bounds what it keeps.
     pub fn deliver_bodies(&mut self) {
         self.deliver = true;
-    }
-
-    /// Ends `stream`'s response early with RST_STREAM INTERNAL_ERROR because its body's
-    /// source failed: the client sees the stream fail, never a short body as whole.
-    /// `unsent` is the DATA length of the last [`Write::FileData`] that was not sent;
-    /// it goes back to the connection's window. Not counted as a reset the client provoked.
-    pub fn abort(&mut self, stream: StreamId, unsent: u32) {
-        self.send_window += i64::from(unsent);
-        frame::put_rst_stream(&mut self.out, stream.0, ErrorCode::InternalError);
-        if let Some(index) = self.index(stream.0) {
-            self.streams.swap_remove(index);
-        }
-        self.remember(stream.0, Ended::ResetByUs);
     }
 
     /// Starts a graceful close: GOAWAY with the last stream we took; streams already

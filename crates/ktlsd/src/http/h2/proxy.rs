@@ -215,6 +215,12 @@ impl Proxied<'_> {
         }
     }
 
+    /// Whether the stream waits for its upstream rather than its client: no answer
+    /// yet, or no body bytes waiting in the codec (`buffered`).
+    pub fn awaits_upstream(&self, buffered: Option<usize>) -> bool {
+        !self.answered || (buffered == Some(0) && self.out.borrow().body.is_empty())
+    }
+
     /// What the loop does next for this stream; `buffered` is what the codec holds of
     /// its body (`Connection::buffered`), `peer` the client for the log lines.
     pub fn step(&mut self, buffered: Option<usize>, peer: SocketAddr) -> Step {

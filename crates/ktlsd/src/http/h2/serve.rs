@@ -7,7 +7,9 @@
 //! act between frames of a long download; when there is nothing more to write,
 //! flush what was queued (the frames of every stream that had some, packed into as
 //! few records and writes as the transport can) and wait for input (idle timeout
-//! without streams, stall timeout with them).
+//! without streams, stall timeout with them). Proxied streams run as tasks of
+//! their own (`super::proxy`); the loop also wakes when one of them has an answer
+//! or body bytes for it, and takes them at the top of each turn.
 //!
 //! Not here: the frame rules (the codec), TLS, or what responses say.
 
@@ -243,7 +245,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             Input::Closed => return End::Done,
             Input::TimedOut if held.is_some_and(|d| d <= Instant::now()) => h2.expire(Instant::now()),
             // A stream awaiting its upstream is bounded by the upstream's own timeouts.
-            Input::TimedOut if !proxied.is_empty() => {}
+            Input::TimedOut if proxied.iter().any(|(id, p)| p.awaits_upstream(h2.buffered(*id))) => {}
             // An idle connection is closed politely: GOAWAY, then close_notify.
             Input::TimedOut if idle && !going_away => {
                 h2.shutdown();
