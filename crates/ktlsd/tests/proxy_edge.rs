@@ -54,12 +54,13 @@ fn h2_streams(srv: &Server, slow: &str, quick: &str, n: usize, args: &[&str]) ->
         .filter(|l| !l.starts_with("reset "))
         .map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
-            let secs = if f[1] == "reset" { f[3] } else { f[2] };
+            let reset = f[1] == "reset";
+            let secs = if reset { f[3] } else { f[2] };
             Done {
                 stream: f[0].parse().unwrap(),
-                status: f[1].into(),
+                status: if reset { format!("reset {}", f[2]) } else { f[1].into() },
                 secs: secs.parse().unwrap(),
-                bytes: f.get(3).filter(|_| f[1] != "reset").map_or(0, |b| b.parse().unwrap()),
+                bytes: f.get(3).filter(|_| !reset).map_or(0, |b| b.parse().unwrap()),
             }
         })
         .collect()
@@ -107,6 +108,24 @@ fn a_reset_stream_stops_its_exchange_and_the_connection_goes_on() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(origin.requests().contains(&closed), "{:?}", origin.requests());
+}
+
+#[test]
+fn an_upstream_failing_mid_body_resets_only_its_stream() {
+    let origin = Origin::start("a");
+    let srv = server(&origin, "read_timeout = \"1s\"", "");
+    // The head and 5 bytes of 10, then the origin stalls past read_timeout.
+    let done = h2_streams(&srv, "/api/slow-body", "/index.txt", 5, &["--after", "/api/name"]);
+    assert_eq!(done.len(), 7, "{done:?}");
+    let slow: Vec<&Done> = done.iter().filter(|d| d.stream == 1).collect();
+    // RST_STREAM INTERNAL_ERROR (2), never an END_STREAM after 5 bytes.
+    assert_eq!(slow.len(), 1, "{done:?}");
+    assert_eq!(slow[0].status, "reset 2", "{done:?}");
+    let others: Vec<(&str, usize)> =
+        done.iter().filter(|d| d.stream != 1).map(|d| (d.status.as_str(), d.bytes)).collect();
+    assert_eq!(others.iter().filter(|o| **o == ("200", 11)).count(), 5, "{done:?}");
+    assert!(others.contains(&("200", 1)), "the connection goes on: {done:?}");
+    assert!(srv.stderr().contains("stream reset after 5 body bytes"), "{}", srv.stderr());
 }
 
 #[test]

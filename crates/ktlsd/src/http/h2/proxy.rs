@@ -404,7 +404,7 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
     feed.answer(Answer::Response(response, (len > 0).then_some(len)));
     // The last piece is held back until the body is known complete (and stored):
     // the stream's last frame leaves only then.
-    let mut held = Vec::new();
+    let (mut held, mut received) = (Vec::new(), 0u64);
     loop {
         let mut piece = Vec::with_capacity(PIECE);
         match up.read_body(&mut piece).await {
@@ -413,10 +413,12 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
                     store.write(&piece);
                 }
                 metrics::body_bytes("copy", piece.len() as u64);
-                if !held.is_empty() {
-                    feed.body(&held).await;
+                received += piece.len() as u64;
+                if received < len {
+                    feed.body(&piece).await;
+                } else {
+                    held = piece;
                 }
-                held = piece;
             }
             Ok(false) => break,
             Err(f) => {

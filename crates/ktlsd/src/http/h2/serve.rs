@@ -183,8 +183,10 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     if let (Ok(_), Some(o)) = (&r, open.get_mut(&stream)) {
                         o.sent += u64::from(len);
                     }
-                    if let Some(o) = open.remove(&stream).filter(|_| end_stream) {
-                        o.log(&ctx, conn);
+                    if end_stream {
+                        if let Some(o) = open.remove(&stream) {
+                            o.log(&ctx, conn);
+                        }
                     }
                     r.map(|_| ())
                 }
