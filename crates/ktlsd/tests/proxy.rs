@@ -30,14 +30,7 @@ fn proxy_server(upstreams: &[String], extra: &str) -> Server {
 fn proxy_server_with(upstreams: &[String], extra: &str, args: &[&str]) -> Server {
     let list = upstreams.iter().map(|u| format!("{u:?}")).collect::<Vec<_>>().join(", ");
     let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{list}]\n{extra}\n");
-    Server::builder(BIN)
-        .workers(Some(1))
-        .file("index.txt", "static file")
-        .config(&config)
-        .arg("--log-level")
-        .arg("debug")
-        .args(args)
-        .start()
+    origin::ktlsd(BIN, &config, args)
 }
 
 const PROTOCOLS: [&str; 2] = ["--http1.1", "--http2"];

@@ -17,6 +17,12 @@ Paths (the query is ignored unless stated):
   /api/slow-body   the head and 5 bytes of 10, then waits 3 s
   /api/close-early closes without answering
   /api/bad-chunk   a chunked body with an invalid chunk size
+  /api/long        Content-Length 10, then 100 bytes, then close
+  /api/cut-chunked a chunked body that closes in the middle of a chunk
+  /api/hold?s=S    200 after S seconds, unless the client closes first; appends
+                   "! answered TARGET" or "! closed TARGET" to LOG
+With `cc=1` in the query, the hostile answers above (and /api/big) say
+`Cache-Control: max-age=60`, so that a cache would keep them if it took them for whole.
   /api/set/ANY?h=NAME:VALUE&status=N&delay=S&short=1&n=N
                    status N (200) after S seconds, each `h` field sent as given, and the body
                    "NAME COUNT ACCEPT-ENCODING" (COUNT: requests for this target so far),
@@ -27,6 +33,7 @@ Paths (the query is ignored unless stated):
 
 import hashlib
 import json
+import select
 import socket
 import sys
 import threading
@@ -88,12 +95,33 @@ def query_n(target, default=1000):
     return default
 
 
+def ok(target):
+    """A 200 status line, with a Cache-Control field when the query asks for one."""
+    return b"HTTP/1.1 200 OK\r\n" + (b"Cache-Control: max-age=60\r\n" if "cc=1" in target else b"")
+
+
+def hold(conn, secs):
+    """Waits `secs` seconds for the client to close; True if it did."""
+    deadline = time.time() + secs
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return False
+        readable, _, _ = select.select([conn], [], [], left)
+        if readable and conn.recv(1, socket.MSG_PEEK) == b"":
+            return True
+        if readable:
+            time.sleep(left)
+            return False
+
+
 def answer(conn, req):
     method, target, fields, body = req
     path = target.split("?", 1)[0]
     log(f"{method} {target} {conn.getpeername()[1]}")
     send = conn.sendall
     no_body = method == "HEAD"
+    status = ok(target)
     if path == "/api/echo":
         out = json.dumps({
             "name": NAME, "method": method, "target": target, "fields": fields,
@@ -106,7 +134,7 @@ def answer(conn, req):
         send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
     elif path == "/api/big":
         n = query_n(target)
-        send(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % n)
+        send(status + b"Content-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % n)
         if not no_body:
             piece = bytes(i % 251 for i in range(65536))
             left = n
@@ -135,10 +163,10 @@ def answer(conn, req):
         send(b"this is not http\r\n\r\n")
         return False
     elif path == "/api/short":
-        send(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"s" * 10)
+        send(status + b"Content-Length: 100\r\n\r\n" + b"s" * 10)
         return False
     elif path == "/api/endless":
-        send(b"HTTP/1.1 200 OK\r\n")
+        send(status)
         try:
             while True:
                 send(b"X-More: " + b"m" * 100 + b"\r\n")
@@ -146,13 +174,13 @@ def answer(conn, req):
             pass
         return False
     elif path == "/api/huge-head":
-        send(b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * 100000 + b"\r\nContent-Length: 0\r\n\r\n")
+        send(status + b"X-Huge: " + b"h" * 100000 + b"\r\nContent-Length: 0\r\n\r\n")
         return False
     elif path == "/api/slow-head":
         time.sleep(3)
-        send(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nlate")
+        send(status + b"Content-Length: 4\r\n\r\nlate")
     elif path == "/api/slow-body":
-        send(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nslow.")
+        send(status + b"Content-Length: 10\r\n\r\nslow.")
         time.sleep(3)
         return False
     elif path.startswith("/api/set/"):
@@ -179,8 +207,21 @@ def answer(conn, req):
     elif path == "/api/close-early":
         return False
     elif path == "/api/bad-chunk":
-        send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
+        send(status + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n")
         return False
+    elif path == "/api/long":
+        send(status + b"Content-Length: 10\r\n\r\n" + b"l" * 100)
+        return False
+    elif path == "/api/cut-chunked":
+        send(status + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n10\r\nabc")
+        return False
+    elif path == "/api/hold":
+        from urllib.parse import parse_qsl
+        if hold(conn, float(dict(parse_qsl(target.split("?", 1)[1])).get("s", "2"))):
+            log(f"! closed {target}")
+            return False
+        log(f"! answered {target}")
+        send(status + b"Content-Length: 4\r\n\r\nheld")
     else:
         send(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
     return True

@@ -4,6 +4,20 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
+/// `bin` (one worker, debug log) with `config` and `args`, serving `index.txt`
+/// ("static file") besides what `config` proxies.
+#[allow(dead_code)] // proxy_cache.rs builds its own server
+pub fn ktlsd(bin: &str, config: &str, args: &[&str]) -> testkit::Server {
+    testkit::Server::builder(bin)
+        .workers(Some(1))
+        .file("index.txt", "static file")
+        .config(config)
+        .arg("--log-level")
+        .arg("debug")
+        .args(args)
+        .start()
+}
+
 pub fn free_port() -> u16 {
     testkit::pebble::free_port(false)
 }

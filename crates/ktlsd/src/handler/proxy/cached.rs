@@ -79,9 +79,31 @@ pub async fn plan(
     fwd: &Forwarding,
     fields: &mut Vec<(String, String)>,
 ) -> Plan {
+    plan_with(cache_of(sites, rule, req, fwd), rule, req, has_body, fwd, fields).await
+}
+
+/// The cache that `rule` stores `req` (forwarded as `fwd`) in, with its key, when
+/// it caches: what [`plan_with`] needs of the sites, for a task that outlives them.
+pub fn cache_of(sites: &Sites<'_>, rule: &Rule, req: &Request, fwd: &Forwarding) -> Option<(Arc<Cache>, Key)> {
+    let c = sites.cache.filter(|_| rule.cache)?;
+    Some((c.clone(), key(sites, req.authority.as_deref(), &fwd.target)))
+}
+
+/// [`plan`] with the cache and key from [`cache_of`].
+///
+/// # Cancel safety
+/// Cancel-safe: a dropped lookup leaves nothing behind.
+pub async fn plan_with(
+    cache: Option<(Arc<Cache>, Key)>,
+    rule: &Rule,
+    req: &Request,
+    has_body: bool,
+    fwd: &Forwarding,
+    fields: &mut Vec<(String, String)>,
+) -> Plan {
     let uncached =
         |bypass| Plan::Forward(Pending { cache: None, fill: None, stale: None, fields: HeaderMap::new(), bypass });
-    let Some(c) = sites.cache.filter(|_| rule.cache) else { return uncached(CACHE_STATUS_MISS.to_string()) };
+    let Some((c, key)) = cache else { return uncached(CACHE_STATUS_MISS.to_string()) };
     match req.method {
         // HEAD and requests with a body (a GET with one is unusual) pass by the cache.
         Method::Get if !has_body => {}
@@ -89,7 +111,6 @@ pub async fn plan(
         _ => return uncached(cache::cache_status(&CacheStatus::fwd(Fwd::Method))),
     }
     let map = header_map(fields);
-    let key = key(sites, req.authority.as_deref(), &fwd.target);
     let mut pending = Pending { cache: Some(c.clone()), fill: None, stale: None, fields: map, bypass: String::new() };
     match c.lookup(&key, &pending.fields).await {
         Lookup::Hit(hit) => {

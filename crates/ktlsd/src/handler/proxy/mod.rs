@@ -502,6 +502,10 @@ impl<'r> Exchange<'r> {
                 }
                 Framing::Length(_) if !self.buf.is_empty() => {
                     let take = (self.buf.len() as u64).min(self.left) as usize;
+                    if take as u64 == self.left && beyond_length(&self.buf[take..]) {
+                        let why = format!("sent more than its Content-Length of {} bytes", self.length());
+                        return Err(self.failure(Status::BAD_GATEWAY, "body", why));
+                    }
                     out.extend_from_slice(&self.buf[..take]);
                     self.buf.drain(..take);
                     self.left -= take as u64;
@@ -591,6 +595,21 @@ impl Exchange<'_> {
         self.release();
         f
     }
+
+    /// The response's Content-Length (0 for a body of another framing).
+    fn length(&self) -> u64 {
+        match self.framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        }
+    }
+}
+
+/// Whether `extra`, read after a body of known length, is more body: bytes other
+/// than the stray line ends some servers send after a body. Such a response is
+/// not taken for whole (nor stored); a next response cannot come unasked.
+fn beyond_length(extra: &[u8]) -> bool {
+    extra.iter().any(|b| !matches!(b, b'\r' | b'\n'))
 }
 
 impl Drop for Exchange<'_> {
@@ -628,6 +647,15 @@ mod tests {
             let got = Upstream::parse(url).ok();
             let got = got.as_ref().map(|u| (u.tls, u.host.as_str(), u.port, u.authority.as_str()));
             assert_eq!(got, want, "{url}");
+        }
+    }
+
+    #[test]
+    fn bytes_after_a_body_of_known_length() {
+        for (extra, want) in
+            [(&b""[..], false), (b"\r\n", false), (b"\n", false), (b"x", true), (b"\r\nHTTP/1.1", true)]
+        {
+            assert_eq!(beyond_length(extra), want, "{extra:?}");
         }
     }
 

@@ -73,6 +73,9 @@ pub enum BodySize {
     Bytes(Vec<u8>),
     /// A file body of `len` bytes; each DATA frame comes out as `Write::FileData`.
     File { len: u64 },
+    /// A body of `len` bytes the caller hands over piece by piece ([`Connection::push`]);
+    /// its DATA frames come out as [`Write::Data`] as far as the pieces given reach.
+    Stream { len: u64 },
 }
 
 /// What the connection tells its caller.
@@ -106,6 +109,9 @@ pub enum Write {
     /// then `len` bytes of the stream's file starting at body offset `offset`.
     /// `end_stream`: this is the stream's last frame; the caller may drop the file.
     FileData { stream: StreamId, head: Vec<u8>, offset: u64, len: u32, end_stream: bool },
+    /// Pending frames, then a DATA frame of `len` bytes of a [`BodySize::Stream`] body.
+    /// `end_stream`: this is the stream's last frame.
+    Data { stream: StreamId, bytes: Vec<u8>, len: u32, end_stream: bool },
 }
 
 /// Why `respond` refused.
@@ -129,6 +135,13 @@ enum Send {
     File {
         len: u64,
         offset: u64,
+    },
+    /// A body handed over piece by piece: `buf[pos..]` is given and unsent, `left`
+    /// is what is still to send in all (given or not).
+    Stream {
+        buf: Vec<u8>,
+        pos: usize,
+        left: u64,
     },
     Done,
 }
@@ -166,6 +179,7 @@ impl Stream {
         match &self.send {
             Send::Bytes { data, pos } => (data.len() - pos) as u64,
             Send::File { len, offset } => len - offset,
+            Send::Stream { buf, pos, .. } => (buf.len() - pos) as u64,
             Send::Waiting | Send::Done => 0,
         }
     }
@@ -185,6 +199,9 @@ enum Ended {
 
 #[path = "conn_flow.rs"]
 mod flow;
+
+#[path = "conn_body.rs"]
+mod body;
 
 /// How long a stream whose response is sent waits for the rest of its request
 /// before RST_STREAM NO_ERROR (RFC 9113 section 8.1 allows the reset at once). The
@@ -391,6 +408,7 @@ impl Connection {
         let send = match body {
             BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
             BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },
+            BodySize::Stream { len } if len > 0 => Send::Stream { buf: Vec::new(), pos: 0, left: len },
             _ => Send::Done,
         };
         let end_stream = matches!(send, Send::Done);
@@ -434,7 +452,10 @@ impl Connection {
             .min(remaining);
         // At most the peer's frame size, so it fits the 24-bit length.
         let len32 = len as u32;
-        let end = len == remaining;
+        let end = match &stream.send {
+            Send::Stream { left, .. } => len == *left,
+            _ => len == remaining,
+        };
         self.send_window -= len as i64;
         stream.send_window -= len as i64;
         self.last_served = stream.id;
@@ -452,6 +473,16 @@ impl Connection {
                     Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
                 *offset += len;
             }
+            Send::Stream { buf, pos, left } => {
+                head.extend_from_slice(&buf[*pos..*pos + len as usize]);
+                *pos += len as usize;
+                *left -= len;
+                if *pos == buf.len() {
+                    buf.clear();
+                    *pos = 0;
+                }
+                write = Write::Data { stream: StreamId(stream.id), bytes: head, len: len32, end_stream: end };
+            }
             // `next_stream` offers only streams with bytes left to send.
             Send::Waiting | Send::Done => {}
         }
@@ -466,19 +497,6 @@ impl Connection {
     /// flow-control credit is still returned as they arrive: the caller bounds what it keeps.
     pub fn deliver_bodies(&mut self) {
         self.deliver = true;
-    }
-
-    /// Ends `stream`'s response early with RST_STREAM INTERNAL_ERROR because its body's
-    /// source failed: the client sees the stream fail, never a short body as whole.
-    /// `unsent` is the DATA length of the last [`Write::FileData`] that was not sent;
-    /// it goes back to the connection's window. Not counted as a reset the client provoked.
-    pub fn abort(&mut self, stream: StreamId, unsent: u32) {
-        self.send_window += i64::from(unsent);
-        frame::put_rst_stream(&mut self.out, stream.0, ErrorCode::InternalError);
-        if let Some(index) = self.index(stream.0) {
-            self.streams.swap_remove(index);
-        }
-        self.remember(stream.0, Ended::ResetByUs);
     }
 
     /// Starts a graceful close: GOAWAY with the last stream we took; streams already

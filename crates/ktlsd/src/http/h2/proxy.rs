@@ -1,22 +1,39 @@
-//! HTTP/2 streams that a `[[proxy]]` rule takes: the exchange with the upstream
-//! (`handler::proxy`) runs up to the response head before the stream is answered.
-//! A body of known length is then streamed: each DATA frame the codec schedules is
-//! filled from the upstream ([`Streamed::take`]), so flow control paces the upstream
-//! and at most one frame and one read piece are held; an upstream that fails after
-//! the head resets the stream (INTERNAL_ERROR). A body of unknown length (chunked or
-//! close-delimited) is held whole, at most [`MAX_BUFFERED`] bytes, and answered
-//! 502 or 504 when the upstream fails.
+//! HTTP/2 streams that a `[[proxy]]` rule takes. Each runs as its own task on the
+//! worker's `LocalSet` ([`start`]): the cache lookup (a coalesced wait included),
+//! the exchange with the upstream, the request body's upload, the cache fill, and
+//! the response body. The connection's loop goes on meanwhile with its other
+//! streams, and takes what a task has ([`Proxied::step`]) when the task raises the
+//! connection's [`Signal`]: the answer, then body pieces, each handed to the codec
+//! only while less than [`QUEUED`] bytes of the stream wait there, so the stream's
+//! and the connection's flow-control windows pace the upstream read and a stream
+//! holds at most about two times [`QUEUED`] plus one read piece.
 //!
-//! A request body is forwarded as its DATA frames arrive ([`Upload`]), with its
-//! content-length or chunked. The connection's other streams wait while an upstream
-//! is awaited. A response being stored (`[[proxy]] cache = true`) of at most
-//! [`MAX_BUFFERED`] bytes is read whole and stored before its stream is answered; a
-//! larger one is stored as it streams. A request is forwarded only once the handler's guarding phases
-//! (`handler::guard`: canonical host, redirects, IP rules, rate limit, basic auth) let it.
+//! A body of known length is streamed; one of unknown length (chunked or
+//! close-delimited) is held whole, at most [`MAX_BUFFERED`] bytes, and answered
+//! 502 or 504 when the upstream fails. An upstream that fails after the head resets
+//! the stream (INTERNAL_ERROR). A response being stored (`cache = true`) of at most
+//! [`MAX_BUFFERED`] bytes is read whole and stored before its stream is answered, so
+//! a hostile upstream's answer is a clean 502 or 504; a larger one is stored as it
+//! streams and committed before its last frame leaves.
+//!
+//! Dropping a [`Proxied`] (the client reset the stream, or the connection ended)
+//! aborts its task; see [`run`] for what that leaves behind. A request is forwarded
+//! only once the handler's guarding phases (`handler::guard`: canonical host,
+//! redirects, IP rules, rate limit, basic auth) let it; they run on the loop.
+//!
+//! Not here: the frames (the codec) and the exchange itself (`handler::proxy`).
+
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Notify};
 
 use super::RequestHead;
-use crate::handler::proxy::cached::{self, Next, Pending, Plan, Store};
-use crate::handler::proxy::{headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule};
+use crate::handler::cache::{Cache, Key};
+use crate::handler::proxy::cached::{self, Next, Pending, Plan};
+use crate::handler::proxy::{headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule, PIECE};
 use crate::handler::{self, Body, Header, Pick, Request, Response, Site, Status};
 use crate::http::Context;
 
@@ -24,50 +41,11 @@ use crate::http::Context;
 /// before it is answered.
 pub const MAX_BUFFERED: usize = 8 * 1024 * 1024;
 
-/// A response body of known length still coming from the upstream.
-pub(super) struct Streamed<'a> {
-    exchange: Exchange<'a>,
-    /// The body being stored, when the response is cached.
-    store: Option<Store>,
-    /// Read from the upstream, not yet sent (less than one frame and one piece).
-    pending: Vec<u8>,
-    /// The body's length.
-    pub len: u64,
-}
+/// Body bytes a stream keeps waiting, in its task's hands and in the codec each.
+const QUEUED: usize = 64 * 1024;
 
-impl Streamed<'_> {
-    /// The next `len` body bytes; an error means the body cannot be completed.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: bytes read stay in `pending`.
-    pub async fn take(&mut self, len: usize) -> Result<Vec<u8>, Failure> {
-        while self.pending.len() < len {
-            let more = self.exchange.read_body(&mut self.pending).await?;
-            if !more && self.pending.len() < len {
-                return Err(self.exchange.failure_now("body", "the body ended before its Content-Length"));
-            }
-        }
-        metrics::body_bytes("copy", len as u64);
-        let out: Vec<u8> = self.pending.drain(..len).collect();
-        if let Some(store) = self.store.as_mut() {
-            store.write(&out);
-        }
-        Ok(out)
-    }
-
-    /// After the last frame: lets the exchange see its body complete, so that its
-    /// connection goes back to the pool, and stores the body when it is cached.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: a cancelled call only keeps the connection out of the pool
-    /// (and the body out of the cache).
-    pub async fn finish(&mut self) {
-        let _ = self.exchange.read_body(&mut self.pending).await;
-        if let Some(store) = self.store.take() {
-            store.commit().await;
-        }
-    }
-}
+/// Request body pieces (DATA frames) queued for a task before the loop waits for it.
+const UPLOAD_QUEUE: usize = 8;
 
 /// The site and rule that take `head`, if a `[[proxy]]` rule does.
 pub(super) fn route<'a, S>(ctx: &Context<'a, S>, head: &RequestHead) -> Option<(Site<'a>, &'a Rule)> {
@@ -76,175 +54,300 @@ pub(super) fn route<'a, S>(ctx: &Context<'a, S>, head: &RequestHead) -> Option<(
     handler::proxy::route(&site, path).map(|rule| (site, rule))
 }
 
-/// What forwarding a request gave.
+/// Wakes a connection's loop when one of its proxied streams has something for it.
+#[derive(Default)]
+pub(super) struct Signal {
+    dirty: Cell<bool>,
+    notify: Notify,
+}
+
+impl Signal {
+    fn raise(&self) {
+        self.dirty.set(true);
+        self.notify.notify_one();
+    }
+
+    /// Marks the streams for a look without waking anyone (the loop sent some of a body).
+    pub fn poke(&self) {
+        self.dirty.set(true);
+    }
+
+    /// Whether the streams are to be looked at ([`Proxied::step`]); clears the mark.
+    pub fn take(&self) -> bool {
+        self.dirty.replace(false)
+    }
+
+    /// Waits for a task to raise the signal.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a raise while nobody waits is kept for the next wait.
+    pub async fn wait(&self) {
+        self.notify.notified().await;
+    }
+}
+
+/// A task's answer.
 #[allow(clippy::large_enum_variant)] // one per request, moved once
-pub(super) enum Forwarded<'a> {
-    /// The answer, and its body still to come when that is streamed.
-    Answer(Response, Option<Streamed<'a>>),
-    /// The request body is still arriving: feed it to [`Upload::data`].
-    Upload(Upload<'a>),
+enum Answer {
+    /// A response; `Some(len)`: `len` body bytes follow.
+    Response(Response, Option<u64>),
+    /// The exchange failed before a response head: 502 or 504, with this Cache-Status.
+    Failed(Failure, String),
 }
 
-/// A proxied request whose body is still arriving from the client.
-pub(super) struct Upload<'a> {
-    exchange: Exchange<'a>,
-    pending: Pending,
-    req: Request,
-    /// The first failure to send to the upstream; the rest of the body is dropped.
+/// What a task has for the loop.
+#[derive(Default)]
+struct Out {
+    answer: Option<Answer>,
+    /// Body bytes not yet handed to the codec (at most [`QUEUED`] and a piece).
+    body: Vec<u8>,
+    /// The body is complete: `body` is the last of it.
+    ended: bool,
+    /// The body failed after the head: the stream is to be reset.
     failed: Option<Failure>,
-    is_head: bool,
-    method: String,
-    target: String,
-    /// Body bytes still allowed (`max_body_bytes`).
-    allowed: u64,
 }
 
-impl<'a> Upload<'a> {
-    /// Forwards a piece of the body.
-    ///
-    /// # Cancel safety
-    /// Not cancel-safe: part of the piece may have been sent.
-    pub async fn data(&mut self, piece: &[u8]) {
-        if self.failed.is_some() {
-            return;
-        }
-        if piece.len() as u64 > self.allowed {
-            let too_large = Failure { status: Status::PAYLOAD_TOO_LARGE, ..self.exchange.failure_now("body", "") };
-            self.failed = Some(Failure {
-                kind: "request-body",
-                detail: "request body exceeds max_body_bytes".into(),
-                ..too_large
-            });
-            return;
-        }
-        self.allowed -= piece.len() as u64;
-        if let Err(f) = self.exchange.send_body(piece).await {
-            self.failed = Some(f);
-        }
-    }
+/// What the loop does next for a proxied stream.
+#[allow(clippy::large_enum_variant)] // one per step, moved once
+pub(super) enum Step {
+    /// Nothing for now.
+    Idle,
+    /// Answer the stream; `Some(len)`: a [`super::BodySize::Stream`] of `len` bytes follows.
+    Respond(Response, Option<u64>),
+    /// The next body bytes, for `Connection::push`.
+    Body(Vec<u8>),
+    /// The body failed after the head: reset the stream.
+    Reset(Failure),
+    /// The stream needs the task no more: forget it.
+    Done,
+}
 
-    /// The answer once the body has ended.
-    ///
-    /// # Cancel safety
-    /// Not cancel-safe: the upstream may be half-way through its answer.
-    pub async fn finish<S>(mut self, ctx: &Context<'_, S>, site: &Site<'_>) -> (Response, Option<Streamed<'a>>) {
-        let done = match self.failed.take() {
-            Some(f) => Err(f),
-            None => match self.exchange.end_body().await {
-                Ok(()) => complete(self.exchange, self.pending, &self.req).await,
-                Err(f) => Err(f),
-            },
-        };
-        answer(ctx, site, done, self.is_head, &self.method, &self.target, "ktlsd; fwd=method")
+/// A proxied stream as its connection's loop sees it. Dropping it aborts its task.
+pub(super) struct Proxied<'a> {
+    out: Rc<RefCell<Out>>,
+    /// Wakes the task when the loop took body bytes.
+    room: Rc<Notify>,
+    upload: Option<mpsc::Sender<Vec<u8>>>,
+    task: tokio::task::AbortHandle,
+    site: Site<'a>,
+    pub head: RequestHead,
+    answered: bool,
+}
+
+impl Drop for Proxied<'_> {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
-/// Forwards `head` (read as `req`) by `rule` once the guarding phases let it: the
-/// answer, or the upload of its body.
-///
-/// # Cancel safety
-/// Not cancel-safe: the request may be half-sent to the upstream.
-pub(super) async fn forward<'a, S>(
-    ctx: &Context<'_, S>,
+/// How [`start`] took a request.
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+pub(super) enum Started<'a> {
+    /// Answered at once (a guarding phase, or a body over `max_body_bytes`).
+    Answer(Response),
+    /// Forwarded by a task.
+    Task(Proxied<'a>),
+}
+
+/// Starts forwarding `head` (read as `req`) by `rule` once the guarding phases let
+/// it, on a task of the worker's `LocalSet` that raises `signal` when it has
+/// something for the loop. `end_stream`: the request has no body; else feed it to
+/// [`Proxied::data`].
+#[allow(clippy::too_many_arguments)] // the parts of one request, each used once
+pub(super) fn start<'a, S>(
+    ctx: &Context<'a, S>,
     head: &RequestHead,
     req: Request,
     end_stream: bool,
-    site: &Site<'_>,
-    rule: &'a Rule,
+    site: Site<'a>,
+    rule: &Rule,
     max_body: u64,
-) -> Forwarded<'a> {
-    let is_head = head.method == "HEAD";
+    signal: &Rc<Signal>,
+) -> Started<'a> {
     // Guarded as files are.
-    if let Some(response) = handler::guard(&req, site) {
-        return Forwarded::Answer(response, None);
+    if let Some(response) = handler::guard(&req, &site) {
+        return Started::Answer(response);
     }
     let target = head.path.clone().unwrap_or_else(|| "/".into());
     if head.content_length.is_some_and(|n| n > max_body) {
-        let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, site, is_head);
+        let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, &site, head.method == "HEAD");
         r.refused = Some("request body exceeds max_body_bytes".into());
-        return Forwarded::Answer(r, None);
+        return Started::Answer(r);
     }
-    let fields: Vec<(String, String)> =
-        head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
-    let mut fields = fields;
+    let fields = head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
     let fwd = Forwarding {
         method: head.method.clone(),
-        target: target.clone(),
+        target,
         authority: head.authority.clone(),
         peer: ctx.peer.ip(),
         version: "2",
         // A body without content-length goes on chunked.
         body: (!end_stream).then_some(head.content_length),
     };
-    let pending = match cached::plan(&ctx.sites, rule, &req, !end_stream, &fwd, &mut fields).await {
-        Plan::Answer(response) => return Forwarded::Answer(handler::with_hsts(response, site), None),
-        Plan::Forward(pending) => pending,
-    };
-    let failed_status = pending.failed_status();
-    let begun = Exchange::begin(rule, fwd, fields).await;
-    let done = match begun {
-        Ok(exchange) if !end_stream => {
-            let method = head.method.clone();
-            let allowed = max_body;
-            return Forwarded::Upload(Upload {
-                exchange,
-                pending,
-                req,
-                failed: None,
-                is_head,
-                method,
-                target,
-                allowed,
-            });
+    let cache = cached::cache_of(&ctx.sites, rule, &req, &fwd);
+    let (upload, body) = match end_stream {
+        true => (None, None),
+        false => {
+            let (tx, rx) = mpsc::channel(UPLOAD_QUEUE);
+            (Some(tx), Some(rx))
         }
-        Ok(exchange) => complete(exchange, pending, &req).await,
-        Err(f) => match pending.on_failure(&f, &req) {
-            Some(stale) => Ok((stale, None)),
-            None => Err(f),
-        },
     };
-    let (response, streamed) = answer(ctx, site, done, is_head, &head.method, &target, &failed_status);
-    Forwarded::Answer(response, streamed)
+    let out = Rc::new(RefCell::new(Out::default()));
+    let room = Rc::new(Notify::new());
+    let feed = Feed { out: out.clone(), room: room.clone(), signal: signal.clone() };
+    let job = Job { rule: rule.clone(), cache, req, fwd, fields, max_body, peer: ctx.peer };
+    let task = tokio::task::spawn_local(run(job, body, feed)).abort_handle();
+    Started::Task(Proxied { out, room, upload, task, site, head: head.clone(), answered: false })
 }
 
-/// The client's answer from an exchange's outcome: with the site's HSTS, or the 502/504 page.
-fn answer<'a, S>(
-    ctx: &Context<'_, S>,
-    site: &Site<'_>,
-    done: Result<(Response, Option<Streamed<'a>>), Failure>,
-    is_head: bool,
-    method: &str,
-    target: &str,
-    cache_status: &str,
-) -> (Response, Option<Streamed<'a>>) {
-    match done {
-        Ok((r, streamed)) => (handler::with_hsts(r, site), streamed),
-        Err(f) => {
-            tracing::warn!("proxy {} \"{method} {target} HTTP/2.0\": {} {f}", ctx.peer, f.status.0);
-            let status = format!("{cache_status}; detail={}", f.kind);
-            (handler::refusal(f.status, site, is_head).with(Header::Field("Cache-Status".into(), status)), None)
+impl Proxied<'_> {
+    /// Forwards a piece of the request body; `end_stream` ends it.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a piece not queued when cancelled is not sent.
+    pub async fn data(&mut self, piece: Vec<u8>, end_stream: bool) {
+        if let Some(tx) = &self.upload {
+            // A task that stopped reading has its answer already: the rest is dropped.
+            let _ = tx.send(piece).await;
         }
+        if end_stream {
+            self.upload = None;
+        }
+    }
+
+    /// Whether the stream waits for its upstream rather than its client: no answer
+    /// yet, or no body bytes waiting in the codec (`buffered`).
+    pub fn awaits_upstream(&self, buffered: Option<usize>) -> bool {
+        !self.answered || (buffered == Some(0) && self.out.borrow().body.is_empty())
+    }
+
+    /// What the loop does next for this stream; `buffered` is what the codec holds of
+    /// its body (`Connection::buffered`), `peer` the client for the log lines.
+    pub fn step(&mut self, buffered: Option<usize>, peer: SocketAddr) -> Step {
+        let mut out = self.out.borrow_mut();
+        if !self.answered {
+            let is_head = self.head.method == "HEAD";
+            return match out.answer.take() {
+                None => Step::Idle,
+                Some(Answer::Response(r, len)) => {
+                    self.answered = true;
+                    Step::Respond(handler::with_hsts(r, &self.site), len)
+                }
+                Some(Answer::Failed(f, cache_status)) => {
+                    self.answered = true;
+                    let (method, target) = (&self.head.method, self.head.path.as_deref().unwrap_or("/"));
+                    tracing::warn!("proxy {peer} \"{method} {target} HTTP/2.0\": {} {f}", f.status.0);
+                    let status = format!("{cache_status}; detail={}", f.kind);
+                    let r = handler::refusal(f.status, &self.site, is_head);
+                    Step::Respond(r.with(Header::Field("Cache-Status".into(), status)), None)
+                }
+            };
+        }
+        if let Some(f) = out.failed.take() {
+            return Step::Reset(f);
+        }
+        let Some(buffered) = buffered else { return Step::Done };
+        if out.body.is_empty() {
+            return if out.ended { Step::Done } else { Step::Idle };
+        }
+        if buffered >= QUEUED {
+            return Step::Idle;
+        }
+        let take = out.body.len().min(QUEUED);
+        let piece = match take == out.body.len() {
+            true => std::mem::take(&mut out.body),
+            false => out.body.drain(..take).collect(),
+        };
+        self.room.notify_one();
+        Step::Body(piece)
     }
 }
 
-/// Reads the upstream's answer to a request sent whole (or the cache's, after a
-/// revalidation or under `stale-if-error`).
-async fn complete<'a>(
-    mut up: Exchange<'a>,
-    pending: Pending,
-    req: &Request,
-) -> Result<(Response, Option<Streamed<'a>>), Failure> {
+/// What a task owns of its request: nothing borrowed from the connection.
+struct Job {
+    rule: Rule,
+    cache: Option<(Arc<Cache>, Key)>,
+    req: Request,
+    fwd: Forwarding,
+    fields: Vec<(String, String)>,
+    max_body: u64,
+    peer: SocketAddr,
+}
+
+/// A task's side of its stream.
+struct Feed {
+    out: Rc<RefCell<Out>>,
+    room: Rc<Notify>,
+    signal: Rc<Signal>,
+}
+
+impl Feed {
+    fn answer(&self, answer: Answer) {
+        self.out.borrow_mut().answer = Some(answer);
+        self.signal.raise();
+    }
+
+    /// Hands over body bytes once the loop has taken enough of the earlier ones.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: nothing is handed over until the wait is over.
+    async fn body(&self, piece: &[u8]) {
+        while self.out.borrow().body.len() >= QUEUED {
+            self.room.notified().await;
+        }
+        self.out.borrow_mut().body.extend_from_slice(piece);
+        self.signal.raise();
+    }
+
+    fn end(&self) {
+        self.out.borrow_mut().ended = true;
+        self.signal.raise();
+    }
+
+    fn fail(&self, f: Failure) {
+        self.out.borrow_mut().failed = Some(f);
+        self.signal.raise();
+    }
+}
+
+/// One proxied stream's task: the cache lookup, the exchange, the request body from
+/// `upload` (closed at its end), and the answer and body to `feed`.
+///
+/// # Cancel safety
+/// Aborted at any await (the stream reset, the connection gone), it leaves nothing
+/// half-done behind: the exchange's upstream connection is closed rather than
+/// pooled (the upstream sees the request abandoned), a cache fill is abandoned (its
+/// temporary file removed, lookups waiting for it woken), and a commit already
+/// under way finishes on the blocking pool with a complete body.
+async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
+    let Job { rule, cache, req, fwd, mut fields, max_body, peer } = job;
+    let (method, target) = (fwd.method.clone(), fwd.target.clone());
+    let has_body = upload.is_some();
+    let pending = match cached::plan_with(cache, &rule, &req, has_body, &fwd, &mut fields).await {
+        Plan::Answer(response) => return feed.answer(Answer::Response(response, None)),
+        Plan::Forward(pending) => pending,
+    };
+    let failed_status = pending.failed_status();
+    let mut up = match Exchange::begin(&rule, fwd, fields).await {
+        Ok(up) => up,
+        Err(f) => return feed.answer(failed(pending, f, &req, failed_status)),
+    };
+    if let Some(upload) = upload {
+        if let Err(f) = send_body(&mut up, upload, max_body).await {
+            return feed.answer(Answer::Failed(f, failed_status));
+        }
+    }
     let head = match up.response().await {
         Ok(head) => head,
-        Err(f) => return pending.on_failure(&f, req).map(|stale| (stale, None)).ok_or(f),
+        Err(f) => return feed.answer(failed(pending, f, &req, failed_status)),
     };
-    let (cache_status, mut store) = match pending.on_head(&head, req).await {
+    let (cache_status, mut store) = match pending.on_head(&head, &req).await {
         Next::Answer(response) => {
             if head.framing == Framing::None {
                 // A 304 has no body: the connection goes back to the pool.
                 let _ = up.read_body(&mut Vec::new()).await;
             }
-            return Ok((response, None));
+            return feed.answer(Answer::Response(response, None));
         }
         Next::Pass(status, store) => (status, store),
     };
@@ -253,45 +356,118 @@ async fn complete<'a>(
         .map(|(n, v)| Header::Field(n.into(), v))
         .collect();
     let status = Status(head.status);
-    if let Framing::Length(len) = head.framing {
-        fields.push(Header::ContentLength(len));
-        if let Some(mut s) = store.take_if(|_| len <= MAX_BUFFERED as u64) {
-            // Read and stored before the stream is answered: a later stream of this
-            // connection asking for the same key then finds the entry instead of
-            // waiting for a fill that only this loop could finish.
-            let mut body = Vec::with_capacity(len as usize);
-            while up.read_body(&mut body).await? {}
-            drop(up);
-            s.write(&body);
-            s.commit().await;
-            metrics::body_bytes("copy", body.len() as u64);
-            let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
-            return Ok((Response { status, headers: fields, body, refused: None }, None));
+    let streamed = match head.framing {
+        Framing::Length(len) => {
+            fields.push(Header::ContentLength(len));
+            store.is_none() || len > MAX_BUFFERED as u64
         }
-        let response = Response { status, headers: fields, body: Body::Empty, refused: None };
-        let streamed = (len > 0).then(|| Streamed { exchange: up, store, pending: Vec::new(), len });
-        return Ok((response, streamed));
+        _ => false,
+    };
+    if !streamed {
+        // Held whole: of unknown length, or stored before it is answered.
+        let mut body = Vec::new();
+        let whole = async {
+            while up.read_body(&mut body).await? {
+                if body.len() > MAX_BUFFERED {
+                    let why = "a body of unknown length larger than the 8 MiB HTTP/2 streams hold";
+                    return Err(up.failure_now("body", why));
+                }
+            }
+            Ok(())
+        };
+        if let Err(f) = whole.await {
+            return feed.answer(Answer::Failed(f, failed_status));
+        }
+        drop(up);
+        if let Some(mut store) = store {
+            store.write(&body);
+            store.commit().await;
+        }
+        metrics::body_bytes("copy", body.len() as u64);
+        let declared = head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length"));
+        match (head.framing, declared) {
+            (Framing::Length(_), _) => {}
+            (Framing::None, Some((_, v))) if head.status >= 200 && head.status != 204 => {
+                fields.push(Header::Field("Content-Length".into(), v.clone()))
+            }
+            (Framing::None, _) => {}
+            _ => fields.push(Header::ContentLength(body.len() as u64)),
+        }
+        let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
+        return feed.answer(Answer::Response(Response { status, headers: fields, body, refused: None }, None));
     }
-    let mut body = Vec::new();
-    while up.read_body(&mut body).await? {
-        if body.len() > MAX_BUFFERED {
-            return Err(up.failure_now("body", "a body of unknown length larger than the 8 MiB HTTP/2 streams hold"));
+    let len = match head.framing {
+        Framing::Length(len) => len,
+        _ => 0,
+    };
+    let response = Response { status, headers: fields, body: Body::Empty, refused: None };
+    feed.answer(Answer::Response(response, (len > 0).then_some(len)));
+    // The last piece is held back until the body is known complete (and stored):
+    // the stream's last frame leaves only then.
+    let (mut held, mut received) = (Vec::new(), 0u64);
+    loop {
+        let mut piece = Vec::with_capacity(PIECE);
+        match up.read_body(&mut piece).await {
+            Ok(true) => {
+                if let Some(store) = store.as_mut() {
+                    store.write(&piece);
+                }
+                metrics::body_bytes("copy", piece.len() as u64);
+                received += piece.len() as u64;
+                if received < len {
+                    feed.body(&piece).await;
+                } else {
+                    held = piece;
+                }
+            }
+            Ok(false) => break,
+            Err(f) => {
+                tracing::debug!("proxy {peer} \"{method} {target} HTTP/2.0\": body failed: {f}");
+                return feed.fail(f);
+            }
         }
     }
     drop(up);
-    if let Some(mut store) = store {
-        store.write(&body);
+    if let Some(store) = store {
         store.commit().await;
     }
-    metrics::body_bytes("copy", body.len() as u64);
-    let declared = head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length"));
-    match (head.framing, declared) {
-        (Framing::None, Some((_, v))) if head.status >= 200 && head.status != 204 => {
-            fields.push(Header::Field("Content-Length".into(), v.clone()))
+    feed.body(&held).await;
+    feed.end();
+}
+
+/// Sends the request body as it comes from `upload`, within `max_body` bytes, then
+/// ends it; the first failure is kept and the rest of the body dropped.
+///
+/// # Cancel safety
+/// Not cancel-safe: part of a piece may have been sent.
+async fn send_body(up: &mut Exchange<'_>, mut upload: mpsc::Receiver<Vec<u8>>, max_body: u64) -> Result<(), Failure> {
+    let mut allowed = max_body;
+    let mut failed = None;
+    while let Some(piece) = upload.recv().await {
+        if failed.is_some() {
+            continue;
         }
-        (Framing::None, _) => {}
-        _ => fields.push(Header::ContentLength(body.len() as u64)),
+        if piece.len() as u64 > allowed {
+            let too_large = Failure { status: Status::PAYLOAD_TOO_LARGE, ..up.failure_now("body", "") };
+            let detail = "request body exceeds max_body_bytes".into();
+            failed = Some(Failure { kind: "request-body", detail, ..too_large });
+            continue;
+        }
+        allowed -= piece.len() as u64;
+        if let Err(f) = up.send_body(&piece).await {
+            failed = Some(f);
+        }
     }
-    let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
-    Ok((Response { status, headers: fields, body, refused: None }, None))
+    match failed {
+        Some(f) => Err(f),
+        None => up.end_body().await,
+    }
+}
+
+/// The answer to a failed exchange: the stale entry under `stale-if-error`, or the failure.
+fn failed(pending: Pending, f: Failure, req: &Request, cache_status: String) -> Answer {
+    match pending.on_failure(&f, req) {
+        Some(stale) => Answer::Response(stale, None),
+        None => Answer::Failed(f, cache_status),
+    }
 }

@@ -7,14 +7,16 @@
 //! act between frames of a long download; when there is nothing more to write,
 //! flush what was queued (the frames of every stream that had some, packed into as
 //! few records and writes as the transport can) and wait for input (idle timeout
-//! without streams, stall timeout with them).
+//! without streams, stall timeout with them). Proxied streams run as tasks of
+//! their own (`super::proxy`); the loop also wakes when one of them has an answer
+//! or body bytes for it, and takes them at the top of each turn.
 //!
 //! Not here: the frame rules (the codec), TLS, or what responses say.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::proxy::Forwarded;
+use super::proxy::{Signal, Started, Step};
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
 use crate::handler::request::{HeaderFields, Method, Request};
@@ -38,13 +40,11 @@ pub struct Settings {
 }
 
 /// A response under way, kept until its last frame is sent (the file stays open).
-struct Open<'a> {
+struct Open {
     /// The file and where the response's range starts in it.
     file: Option<(Found, u64)>,
     /// A body made of parts (of `file`, whose start is then 0); empty otherwise.
     parts: Vec<handler::Part>,
-    /// A proxied body still coming from its upstream.
-    upstream: Option<super::proxy::Streamed<'a>>,
     method: Method,
     target: String,
     status: u16,
@@ -71,9 +71,10 @@ struct Open<'a> {
 pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> End<T::Error> {
     let (settings, peer) = (ctx.settings, ctx.peer);
     let mut h2 = Connection::new(settings.limits.clone());
-    let mut open: HashMap<StreamId, Open<'_>> = HashMap::new();
-    // Proxied requests whose bodies are still arriving, with their heads and sites.
-    let mut uploads = HashMap::new();
+    let mut open: HashMap<StreamId, Open> = HashMap::new();
+    // Proxied streams whose tasks are not done, and what wakes the loop for them.
+    let mut proxied = HashMap::new();
+    let signal = std::rc::Rc::new(Signal::default());
     if handler::proxy::any(&ctx.sites) {
         h2.deliver_bodies();
     }
@@ -84,6 +85,9 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     let stop = stop_rx.wait_for(|s| *s);
     tokio::pin!(stop);
     loop {
+        if signal.take() {
+            step_proxied(&mut h2, &mut open, &mut proxied, &ctx, conn);
+        }
         while let Some(event) = h2.poll_event() {
             match event {
                 Event::Request { stream, head, end_stream } => {
@@ -92,38 +96,24 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     // built here only for a path a [[proxy]] rule matches (`answer` builds its own).
                     let routed = super::proxy::route(&ctx, &head)
                         .and_then(|rule| Some((rule, to_request(&head, peer.ip()).ok()?)));
-                    let proxied = match routed {
+                    let answered = match routed {
                         Some(((site, rule), req)) => {
-                            match super::proxy::forward(
-                                &ctx,
-                                &head,
-                                req,
-                                end_stream,
-                                &site,
-                                rule,
-                                settings.max_body_bytes,
-                            )
-                            .await
-                            {
-                                Forwarded::Answer(response, streamed) => Some((response, streamed)),
-                                Forwarded::Upload(upload) => {
-                                    uploads.insert(stream, (upload, head, site));
+                            let max_body = settings.max_body_bytes;
+                            match super::proxy::start(&ctx, &head, req, end_stream, site, rule, max_body, &signal) {
+                                Started::Answer(response) => Some((response, None)),
+                                Started::Task(task) => {
+                                    proxied.insert(stream, task);
                                     continue;
                                 }
                             }
                         }
                         None => None,
                     };
-                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, proxied)
+                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, answered)
                 }
                 Event::Data { stream, data, end_stream } => {
-                    if let Some((upload, ..)) = uploads.get_mut(&stream) {
-                        upload.data(&data).await;
-                    }
-                    let finished = if end_stream { uploads.remove(&stream) } else { None };
-                    if let Some((upload, head, site)) = finished {
-                        let proxied = upload.finish(&ctx, &site).await;
-                        answer(&mut h2, &mut open, stream, &head, &ctx, conn, Some(proxied));
+                    if let Some(task) = proxied.get_mut(&stream) {
+                        task.data(data, end_stream).await;
                     }
                 }
                 Event::HeaderListTooLarge { stream } => {
@@ -135,7 +125,8 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     let _ = h2.respond(stream, 431, fields, BodySize::None);
                 }
                 Event::Reset { stream, code } => {
-                    uploads.remove(&stream);
+                    // Its task, if any, is aborted.
+                    proxied.remove(&stream);
                     if let Some(o) = open.remove(&stream) {
                         tracing::debug!("stream {} from {peer} reset ({code:?}) after {} bytes", stream.0, o.sent);
                         o.log(&ctx, conn);
@@ -145,7 +136,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                 Event::ConnectionError { code } => {
                     tracing::info!("HTTP/2 connection with {peer} failed: {code:?}");
                     open.clear();
-                    uploads.clear();
+                    proxied.clear();
                 }
             }
         }
@@ -168,49 +159,34 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                         tracing::warn!("HTTP/2 DATA for stream {} without its file; closing", stream.0);
                         return End::Done;
                     };
-                    let r = match (&o.file, o.upstream.as_mut()) {
-                        (Some((found, _)), _) if !o.parts.is_empty() => {
+                    let r = match &o.file {
+                        Some((found, _)) if !o.parts.is_empty() => {
                             let span = (offset, u64::from(len));
                             crate::http::parts::send_span(conn, &head, found, &o.parts, span.0, span.1).await
                         }
-                        (Some((found, start)), _) => {
+                        Some((found, start)) => {
                             let from = start + offset;
                             conn.queue(&head, Some(found.body(from..from + u64::from(len)))).await
                         }
-                        (None, Some(up)) => match up.take(len as usize).await {
-                            Ok(bytes) => {
-                                let mut frame = head;
-                                frame.extend_from_slice(&bytes);
-                                if end_stream {
-                                    up.finish().await;
-                                }
-                                conn.send(&frame, None).await
-                            }
-                            Err(f) => {
-                                // The frames before this DATA header go; the stream is reset.
-                                tracing::warn!(
-                                    "proxy {peer} \"{} {} HTTP/2.0\": {f}; stream reset after {} body bytes",
-                                    o.method,
-                                    o.target,
-                                    o.sent
-                                );
-                                let before = &head[..head.len().saturating_sub(super::frame::HEADER_LEN)];
-                                let r = conn.send(before, None).await;
-                                h2.abort(stream, len);
-                                if let Some(o) = open.remove(&stream) {
-                                    o.log(&ctx, conn);
-                                }
-                                if let Err(e) = r {
-                                    return if T::timed_out(&e) { End::Timeout } else { End::Error(e) };
-                                }
-                                continue;
-                            }
-                        },
-                        _ => conn.queue(&head, None).await,
+                        None => conn.queue(&head, None).await,
                     };
-                    // The transport counts file bytes; an in-memory body's are the frame's.
+                    // The transport counts file bytes.
                     if let Ok(n) = r {
-                        o.sent += if o.file.is_some() { n } else { u64::from(len) };
+                        o.sent += n;
+                    }
+                    if end_stream {
+                        if let Some(o) = open.remove(&stream) {
+                            o.log(&ctx, conn);
+                        }
+                    }
+                    r.map(|_| ())
+                }
+                Write::Data { stream, bytes, len, end_stream } => {
+                    // A proxied body: its task may hand over more now.
+                    signal.poke();
+                    let r = conn.queue(&bytes, None).await;
+                    if let (Ok(_), Some(o)) = (&r, open.get_mut(&stream)) {
+                        o.sent += u64::from(len);
                     }
                     if end_stream {
                         if let Some(o) = open.remove(&stream) {
@@ -263,6 +239,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         let read = tokio::select! {
             r = conn.read(&mut buf, wait) => Some(r),
             _ = &mut stop, if !going_away => None,
+            () = signal.wait(), if !proxied.is_empty() => continue,
         };
         let Some(read) = read else {
             // Shutdown (or the server dropped its signal, which means the same).
@@ -274,6 +251,8 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             Input::More => {}
             Input::Closed => return End::Done,
             Input::TimedOut if held.is_some_and(|d| d <= Instant::now()) => h2.expire(Instant::now()),
+            // A stream awaiting its upstream is bounded by the upstream's own timeouts.
+            Input::TimedOut if proxied.iter().any(|(id, p)| p.awaits_upstream(h2.buffered(*id))) => {}
             // An idle connection is closed politely: GOAWAY, then close_notify.
             Input::TimedOut if idle && !going_away => {
                 h2.shutdown();
@@ -322,19 +301,19 @@ async fn prepare<S>(head: &RequestHead, ctx: &Context<'_, S>) {
 
 /// Answers one request: the handler's response (or `proxied`, the upstream's) goes
 /// to the codec; a file body stays open in `open` until its last frame.
-fn answer<'a, S>(
+fn answer<S>(
     h2: &mut Connection,
-    open: &mut HashMap<StreamId, Open<'a>>,
+    open: &mut HashMap<StreamId, Open>,
     stream: StreamId,
     head: &RequestHead,
     ctx: &Context<'_, S>,
     conn: &impl Transport,
-    proxied: Option<(handler::Response, Option<super::proxy::Streamed<'a>>)>,
+    proxied: Option<(handler::Response, Option<u64>)>,
 ) {
     let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
     let from_proxy = proxied.is_some();
-    let (proxied, upstream) = match proxied {
+    let (proxied, streamed) = match proxied {
         Some((response, streamed)) => (Some(response), streamed),
         None => (None, None),
     };
@@ -373,13 +352,13 @@ fn answer<'a, S>(
     fields.extend(response.headers.iter().map(|h| (h.name(), h.to_string())));
     // A file the open-file cache holds whole leaves from memory with the frames.
     let body = match &response.body {
-        _ if upstream.is_some() => Some(BodyPath::Copy),
+        _ if streamed.is_some() => Some(BodyPath::Copy),
         Body::File { found, .. } | Body::Parts { found, .. } if found.content.is_some() => Some(BodyPath::Copy),
         body => crate::http::conn::body_path(conn, body),
     };
     let from_cache = from_proxy && matches!(response.body, Body::File { .. });
     let (size, file, parts) = match response.body {
-        _ if upstream.is_some() => (BodySize::File { len: upstream.as_ref().map_or(0, |u| u.len) }, None, Vec::new()),
+        _ if streamed.is_some() => (BodySize::Stream { len: streamed.unwrap_or(0) }, None, Vec::new()),
         Body::File { found, range } if !range.is_empty() => {
             (BodySize::File { len: range.end - range.start }, Some((found, range.start)), Vec::new())
         }
@@ -389,7 +368,7 @@ fn answer<'a, S>(
         Body::Bytes(b) if !b.is_empty() => (BodySize::Bytes(b), None, Vec::new()),
         _ => (BodySize::None, None, Vec::new()),
     };
-    let has_file = file.is_some() || upstream.is_some();
+    let has_file = file.is_some() || streamed.is_some();
     // An in-memory body (a built-in error page, a listing) is handed to the codec
     // whole and leaves with the stream's frames: logged as sent, as HTTP/1.1 logs it.
     let in_memory = match &size {
@@ -403,7 +382,6 @@ fn answer<'a, S>(
     let o = Open {
         file,
         parts,
-        upstream,
         method,
         target,
         status,
@@ -422,6 +400,53 @@ fn answer<'a, S>(
         }
         Ok(()) => o.log(ctx, conn),
         Err(e) => tracing::debug!("stream {} from {peer}: response dropped: {e}", stream.0),
+    }
+}
+
+/// Takes what the proxied streams' tasks have: answers go to the codec (as `answer`
+/// does), body pieces while the codec holds little of the stream's body, failures
+/// after the head reset their streams.
+fn step_proxied<'a, S>(
+    h2: &mut Connection,
+    open: &mut HashMap<StreamId, Open>,
+    proxied: &mut HashMap<StreamId, super::proxy::Proxied<'a>>,
+    ctx: &Context<'_, S>,
+    conn: &impl Transport,
+) {
+    let streams: Vec<StreamId> = proxied.keys().copied().collect();
+    for stream in streams {
+        while let Some(task) = proxied.get_mut(&stream) {
+            match task.step(h2.buffered(stream), ctx.peer) {
+                Step::Idle => break,
+                Step::Body(piece) => {
+                    let _ = h2.push(stream, &piece);
+                }
+                Step::Respond(response, streamed) => {
+                    let head = task.head.clone();
+                    if streamed.is_none() {
+                        proxied.remove(&stream);
+                    }
+                    answer(h2, open, stream, &head, ctx, conn, Some((response, streamed)));
+                }
+                Step::Reset(f) => {
+                    let o = open.remove(&stream);
+                    let sent = o.as_ref().map_or(0, |o| o.sent);
+                    let (method, target) = (&task.head.method, task.head.path.as_deref().unwrap_or("/"));
+                    tracing::warn!(
+                        "proxy {} \"{method} {target} HTTP/2.0\": {f}; stream reset after {sent} body bytes",
+                        ctx.peer
+                    );
+                    proxied.remove(&stream);
+                    h2.abort(stream, 0);
+                    if let Some(o) = o {
+                        o.log(ctx, conn);
+                    }
+                }
+                Step::Done => {
+                    proxied.remove(&stream);
+                }
+            }
+        }
     }
 }
 
@@ -457,7 +482,7 @@ pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Reques
     })
 }
 
-impl Open<'_> {
+impl Open {
     /// Writes the stream's access-log entry.
     fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };

@@ -128,6 +128,7 @@ impl Client {
                     bytes.extend(head);
                     bytes.extend(std::iter::repeat_n(b'f', len as usize));
                 }
+                Write::Data { bytes: b, .. } => bytes.extend(b),
             }
         }
         split(&bytes)

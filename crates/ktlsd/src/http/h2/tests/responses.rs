@@ -25,7 +25,7 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
         .iter()
         .filter_map(|w| match w {
             Write::FileData { stream, head, offset, len, .. } => Some((*stream, head.len(), *offset, *len)),
-            Write::Bytes(_) => None,
+            _ => None,
         })
         .collect();
     // A body longer than one record: the HEADERS go out alone, so the client
@@ -43,7 +43,7 @@ fn file_body_comes_out_as_headers_and_sendfile_sized_frames() {
         .iter()
         .filter_map(|w| match w {
             Write::FileData { end_stream, .. } => Some(*end_stream),
-            Write::Bytes(_) => None,
+            _ => None,
         })
         .collect();
     assert_eq!(ends.iter().filter(|e| **e).count(), 1);
@@ -251,4 +251,35 @@ fn peer_header_table_size_is_honoured() {
         let headers: Vec<_> = got.iter().filter(|f| f.head.kind == frame::HEADERS).collect();
         assert_eq!(c.decode(&headers[0].payload)[1], ("x-custom".into(), "same".into()));
     }
+}
+
+#[test]
+fn streamed_body_leaves_as_far_as_its_pieces_reach() {
+    let mut c = Client::new();
+    c.get(1);
+    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Stream { len: 30_000 }).unwrap();
+    let data = |c: &mut Client| -> Vec<(u32, bool)> {
+        std::iter::from_fn(|| c.conn.poll_write(c.max_payload))
+            .filter_map(|w| match w {
+                Write::Data { stream, bytes, len, end_stream } => {
+                    assert_eq!(
+                        (stream, &bytes[bytes.len() - len as usize..]),
+                        (StreamId(1), &vec![7; len as usize][..])
+                    );
+                    Some((len, end_stream))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(data(&mut c), [], "nothing given, only the HEADERS leave");
+    assert_eq!(c.conn.buffered(StreamId(1)), Some(0));
+    c.conn.push(StreamId(1), &[7; 20_000]).unwrap();
+    assert_eq!(c.conn.buffered(StreamId(1)), Some(20_000));
+    assert_eq!(data(&mut c), [(16_375, false), (3_625, false)]);
+    // Bytes beyond the length are dropped.
+    c.conn.push(StreamId(1), &[7; 10_100]).unwrap();
+    assert_eq!(data(&mut c), [(10_000, true)]);
+    assert_eq!(c.conn.buffered(StreamId(1)), None);
+    assert_eq!(c.conn.push(StreamId(1), &[7]), Err(RespondError::StreamGone));
 }

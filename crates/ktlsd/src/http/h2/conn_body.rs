@@ -1,0 +1,49 @@
+//! Response bodies of one [`Connection`] whose bytes the caller hands over as they
+//! come ([`super::BodySize::Stream`]), and the early end of a body whose source failed.
+//!
+//! Not here: the choice of which stream sends next (`poll_write`).
+
+use super::frame::{self, ErrorCode};
+use super::{Connection, Ended, Phase, RespondError, Send, StreamId};
+
+impl Connection {
+    /// Gives the next piece of a [`super::BodySize::Stream`] body; bytes beyond its length
+    /// are dropped. `StreamGone`: the stream was reset or the connection failed.
+    pub fn push(&mut self, stream: StreamId, data: &[u8]) -> Result<(), RespondError> {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        let Send::Stream { buf, pos, left } = &mut self.streams[index].send else {
+            return Err(RespondError::AlreadyResponded);
+        };
+        buf.drain(..*pos);
+        *pos = 0;
+        let given = buf.len() as u64;
+        let room = left.saturating_sub(given).min(data.len() as u64) as usize;
+        buf.extend_from_slice(&data[..room]);
+        Ok(())
+    }
+
+    /// Bytes of `stream`'s [`super::BodySize::Stream`] body given and not yet sent (`None`:
+    /// the stream is not sending such a body), so the caller bounds what it hands over.
+    pub fn buffered(&self, stream: StreamId) -> Option<usize> {
+        match &self.streams[self.index(stream.0)?].send {
+            Send::Stream { buf, pos, .. } => Some(buf.len() - pos),
+            _ => None,
+        }
+    }
+
+    /// Ends `stream`'s response early with RST_STREAM INTERNAL_ERROR because its body's
+    /// source failed: the client sees the stream fail, never a short body as whole.
+    /// `unsent` is the DATA length of the last [`Write::FileData`] that was not sent;
+    /// it goes back to the connection's window. Not counted as a reset the client provoked.
+    pub fn abort(&mut self, stream: StreamId, unsent: u32) {
+        self.send_window += i64::from(unsent);
+        frame::put_rst_stream(&mut self.out, stream.0, ErrorCode::InternalError);
+        if let Some(index) = self.index(stream.0) {
+            self.streams.swap_remove(index);
+        }
+        self.remember(stream.0, Ended::ResetByUs);
+    }
+}

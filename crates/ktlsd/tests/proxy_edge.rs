@@ -1,0 +1,236 @@
+//! The reverse proxy at its edges, end to end with the real binary in front of the
+//! Python origin (`tests/proxy/origin.py`, which logs every request it reads):
+//! HTTP/2 streams waiting for an upstream do not hold back the connection's other
+//! streams, and a reset frees them (a Python h2 client, `tests/proxy/h2_streams.py`);
+//! `[[access]]` refuses a proxied path before anything reaches the origin; and
+//! hostile upstreams with `cache = true` get a clean 502/504 or a cut response, a
+//! log line naming what went wrong, and nothing stored.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use testkit::*;
+
+#[path = "proxy/origin.rs"]
+#[allow(dead_code)] // shared with the other proxy tests
+mod origin;
+use origin::Origin;
+
+/// The binary under test.
+const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
+
+const PROTOCOLS: [&str; 2] = ["--http1.1", "--http2"];
+
+/// ktlsd (one worker) forwarding `/api/**` to `origin` with `extra` in the rule,
+/// and `more` after it (top-level tables).
+fn server(origin: &Origin, extra: &str, more: &str) -> Server {
+    let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n{extra}\n\n{more}\n", origin.url());
+    origin::ktlsd(BIN, &config, &[])
+}
+
+/// One finished stream of `h2_streams.py`: its id, status (or `reset`), seconds since the start, body bytes.
+#[derive(Debug)]
+struct Done {
+    stream: u32,
+    status: String,
+    secs: f64,
+    bytes: usize,
+}
+
+/// Runs `h2_streams.py` against `srv`: the slow path on stream 1, `n` quick ones,
+/// then `args`; the streams in the order they finished.
+fn h2_streams(srv: &Server, slow: &str, quick: &str, n: usize, args: &[&str]) -> Vec<Done> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proxy/h2_streams.py");
+    let out = std::process::Command::new("/usr/bin/python3")
+        .arg(script)
+        .args([srv.addr().ip().to_string(), srv.port().to_string(), slow.into(), quick.into(), n.to_string()])
+        .args(args)
+        .output()
+        .expect("/usr/bin/python3 runs h2_streams.py (python3-h2)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "h2_streams.py failed:\n{text}\n{err}\n{}", srv.stderr());
+    text.lines()
+        .filter(|l| !l.starts_with("reset "))
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let reset = f[1] == "reset";
+            let secs = if reset { f[3] } else { f[2] };
+            Done {
+                stream: f[0].parse().unwrap(),
+                status: if reset { format!("reset {}", f[2]) } else { f[1].into() },
+                secs: secs.parse().unwrap(),
+                bytes: f.get(3).filter(|_| !reset).map_or(0, |b| b.parse().unwrap()),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_stream_waiting_for_its_upstream_holds_back_no_other_stream() {
+    let origin = Origin::start("a");
+    let srv = server(&origin, "", "");
+    for quick in ["/index.txt", "/api/name"] {
+        let slow = format!("/api/hold?s=2&q={}", quick.len());
+        let done = h2_streams(&srv, &slow, quick, 20, &[]);
+        assert_eq!(done.len(), 21, "{done:?}");
+        let (last, quick_ones) = done.split_last().unwrap();
+        assert_eq!(
+            (last.stream, last.status.as_str(), last.bytes),
+            (1, "200", 4),
+            "the slow stream ends last: {done:?}"
+        );
+        assert!(last.secs >= 1.9, "{done:?}");
+        for d in quick_ones {
+            assert_eq!(d.status, "200", "{quick}: {done:?}");
+            // Well under the origin's 2 s, on a loaded machine too.
+            assert!(d.secs < 1.0, "{quick} waited for the slow stream: {done:?}");
+        }
+        assert!(origin.requests().contains(&format!("! answered {slow}")), "{:?}", origin.requests());
+    }
+    assert_eq!(origin.count("/api/name"), 20);
+}
+
+#[test]
+fn a_reset_stream_stops_its_exchange_and_the_connection_goes_on() {
+    let origin = Origin::start("a");
+    let srv = server(&origin, "", "");
+    let slow = "/api/hold?s=3";
+    let done = h2_streams(&srv, slow, "/index.txt", 5, &["--reset", "--after", "/api/name", "/index.txt"]);
+    assert_eq!(done.len(), 7, "{done:?}");
+    assert!(done.iter().all(|d| d.stream != 1), "stream 1 was reset by the client: {done:?}");
+    let after: Vec<(&str, usize)> = done[5..].iter().map(|d| (d.status.as_str(), d.bytes)).collect();
+    assert!(after.contains(&("200", 1)) && after.contains(&("200", 11)), "{done:?}");
+    // The origin sees its client go away long before its 3 s are up.
+    let start = Instant::now();
+    let closed = format!("! closed {slow}");
+    while !origin.requests().contains(&closed) && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(origin.requests().contains(&closed), "{:?}", origin.requests());
+}
+
+#[test]
+fn an_upstream_failing_mid_body_resets_only_its_stream() {
+    let origin = Origin::start("a");
+    let srv = server(&origin, "read_timeout = \"1s\"", "");
+    // The head and 5 bytes of 10, then the origin stalls past read_timeout.
+    let done = h2_streams(&srv, "/api/slow-body", "/index.txt", 5, &["--after", "/api/name"]);
+    assert_eq!(done.len(), 7, "{done:?}");
+    let slow: Vec<&Done> = done.iter().filter(|d| d.stream == 1).collect();
+    // RST_STREAM INTERNAL_ERROR (2), never an END_STREAM after 5 bytes.
+    assert_eq!(slow.len(), 1, "{done:?}");
+    assert_eq!(slow[0].status, "reset 2", "{done:?}");
+    let others: Vec<(&str, usize)> =
+        done.iter().filter(|d| d.stream != 1).map(|d| (d.status.as_str(), d.bytes)).collect();
+    assert_eq!(others.iter().filter(|o| **o == ("200", 11)).count(), 5, "{done:?}");
+    assert!(others.contains(&("200", 1)), "the connection goes on: {done:?}");
+    assert!(srv.stderr().contains("stream reset after 5 body bytes"), "{}", srv.stderr());
+}
+
+#[test]
+fn access_rules_refuse_a_proxied_path_before_the_upstream() {
+    let origin = Origin::start("a");
+    let rules = "[[access]]\npath = \"/api/**\"\ndeny = [\"127.0.0.9\"]\n";
+    let srv = server(&origin, "", rules);
+    for proto in PROTOCOLS {
+        let denied = ["--interface", "127.0.0.9"];
+        let r = fetch(&srv.url("/api/name"), &[proto, denied[0], denied[1]]);
+        assert_eq!(r.status, 403, "{proto}");
+        let post = [proto, denied[0], denied[1], "--data-binary", "body"];
+        assert_eq!(fetch(&srv.url("/api/echo"), &post).status, 403, "{proto}");
+        assert_eq!(origin.requests(), Vec::<String>::new(), "{proto}: a denied request reached the origin");
+    }
+    for proto in PROTOCOLS {
+        let r = fetch(&srv.url("/api/name"), &[proto]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "a"), "{proto}");
+    }
+    assert_eq!(origin.count("/api/name"), 2);
+}
+
+/// How a client sees a hostile upstream's answer.
+#[derive(Debug, Clone, Copy)]
+enum Seen {
+    /// A clean error answer with this status.
+    Status(u16),
+    /// The head went out, then the response was cut (curl reports it incomplete).
+    Cut,
+}
+
+/// Every file under `dir`.
+fn files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn hostile_upstreams_with_the_cache_on_store_nothing() {
+    use Seen::*;
+    let origin = Origin::start("a");
+    let cache = tempfile::tempdir().unwrap();
+    let tables = format!("[cache]\ndir = {:?}\nmax_size = \"64M\"\n", cache.path().display().to_string());
+    let srv = server(&origin, "cache = true\nread_timeout = \"1s\"\nfail_timeout = \"1ms\"", &tables);
+    // (path, what the log says, HTTP/1.1, HTTP/2): every body is small, so an HTTP/2
+    // stream is answered once the body is whole and stored, and gets a clean 502/504.
+    let cases = [
+        ("/api/garbage", "invalid response", Status(502), Status(502)),
+        ("/api/endless", "invalid response", Status(502), Status(502)),
+        ("/api/huge-head", "invalid response", Status(502), Status(502)),
+        ("/api/slow-head", "waiting for the response head: timed out", Status(504), Status(504)),
+        // Content-Length longer than the body, then the upstream closes: early close mid-body.
+        ("/api/short", "closed the connection before the end of the body", Cut, Status(502)),
+        // Content-Length longer than the body, and the upstream stalls past read_timeout.
+        ("/api/slow-body", "reading the response body: timed out", Cut, Status(504)),
+        // Content-Length shorter than the body.
+        ("/api/long", "sent more than its Content-Length", Cut, Status(502)),
+        ("/api/cut-chunked", "closed the connection before the end of the body", Cut, Status(502)),
+        ("/api/bad-chunk", "invalid chunked body", Cut, Status(502)),
+    ];
+    for (path, why, h1, h2) in cases {
+        for (proto, seen) in [("--http1.1", h1), ("--http2", h2)] {
+            let target = format!("{path}?cc=1&p={proto}");
+            for round in 1..=2 {
+                let url = srv.url(&target);
+                let out = curl(&["-sS", "-D", "-", "-o", "/dev/null", proto, &url]);
+                let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+                match seen {
+                    Status(status) => {
+                        assert!(out.status.success(), "{target} round {round}: {}", srv.stderr());
+                        let (_, got, fields) = parse_head(head.trim_end());
+                        assert_eq!(got, status, "{target} round {round}: {}", srv.stderr());
+                        let cs = fields.iter().find(|(n, _)| n == "cache-status").map(|(_, v)| v.as_str());
+                        assert!(
+                            cs.is_some_and(|v| v.starts_with("ktlsd; fwd=miss; detail=")),
+                            "{target} round {round}: {cs:?}"
+                        );
+                    }
+                    Cut => {
+                        assert!(!out.status.success(), "{target} round {round} looked complete: {head}");
+                        assert!(head.contains("cache-status: ktlsd; fwd=miss"), "{target} round {round}: {head}");
+                    }
+                }
+            }
+            // Both rounds reached the origin: nothing was stored by the first.
+            assert_eq!(origin.count(&target), 2, "{target}");
+        }
+        assert!(srv.stderr().contains(why), "{path}: no log line saying {why:?}:\n{}", srv.stderr());
+    }
+    // No entry and no temporary file left behind.
+    assert_eq!(files(cache.path()), Vec::<std::path::PathBuf>::new());
+    // The cache still stores what is whole.
+    for proto in PROTOCOLS {
+        let target = format!("/api/big?n=5000&cc=1&p={proto}");
+        let first = fetch(&srv.url(&target), &[proto]);
+        assert_eq!(first.header("cache-status"), Some("ktlsd; fwd=miss; stored"), "{proto}");
+        let second = fetch(&srv.url(&target), &[proto]);
+        assert_eq!((second.header("cache-status"), second.body.len()), (Some("ktlsd; hit"), 5000), "{proto}");
+    }
+}
