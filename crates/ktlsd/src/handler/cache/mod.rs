@@ -285,21 +285,21 @@ impl Cache {
         let mut waited = false;
         loop {
             let now = SystemTime::now();
-            let wait = match self.find(key, &req, now) {
+            let wait = match self.find(key, req, now) {
                 Some((mut hit, Freshness::Fresh)) => {
                     self.counters.hits.fetch_add(1, Relaxed);
                     hit.collapsed = waited;
                     return Lookup::Hit(hit);
                 }
                 Some((hit, _)) => {
-                    let swr = hit.meta.may_serve_while_revalidating(&req, now);
+                    let swr = hit.meta.may_serve_while_revalidating(req, now);
                     // A fresh entry that needs validation: the request asked for it (no-cache, max-age).
                     let fwd = if hit.meta.is_stale(now) { Fwd::Stale } else { Fwd::Request };
-                    let fill = self.lead(key, &req, fwd, waited);
+                    let fill = self.lead(key, req, fwd, waited);
                     match (fill, swr || waited) {
                         (Some(fill), _) => return self.stale(hit, swr, Some(fill), fwd),
                         (None, true) => {
-                            let fill = (!swr).then(|| self.follow(key, &req, fwd));
+                            let fill = (!swr).then(|| self.follow(key, req, fwd));
                             return self.stale(hit, swr, fill, fwd);
                         }
                         (None, false) => self.inflight_of(key),
@@ -310,14 +310,14 @@ impl Cache {
                         Some(v) if v.iter().any(|m| m.head.key == key.text) => Fwd::VaryMiss,
                         _ => Fwd::Miss,
                     };
-                    match self.lead(key, &req, fwd, waited) {
+                    match self.lead(key, req, fwd, waited) {
                         Some(fill) => {
                             self.counters.misses.fetch_add(1, Relaxed);
                             return Lookup::Miss(fill);
                         }
                         None if waited => {
                             self.counters.misses.fetch_add(1, Relaxed);
-                            return Lookup::Miss(self.follow(key, &req, fwd));
+                            return Lookup::Miss(self.follow(key, req, fwd));
                         }
                         None => self.inflight_of(key),
                     }

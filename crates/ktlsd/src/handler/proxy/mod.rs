@@ -500,8 +500,13 @@ impl<'r> Exchange<'r> {
                 }
                 Framing::Length(_) if !self.buf.is_empty() => {
                     let take = (self.buf.len() as u64).min(self.left) as usize;
-                    out.extend_from_slice(&self.buf[..take]);
-                    self.buf.drain(..take);
+                    if out.is_empty() && take == self.buf.len() {
+                        // All of it: the buffers change places instead of copying.
+                        std::mem::swap(out, &mut self.buf);
+                    } else {
+                        out.extend_from_slice(&self.buf[..take]);
+                        self.buf.drain(..take);
+                    }
                     self.left -= take as u64;
                     return Ok(true);
                 }
