@@ -39,6 +39,26 @@ SLOW_RATE = "4k"
 MISSES = 100
 
 
+def nginx(peer, workers, connections, http):
+    """The command of an nginx `peer` with `workers` processes, no access log and `http` (its
+    upstream and server blocks) in the http block."""
+    conf = peer.write("nginx.conf", f"""
+user root;
+worker_processes {workers};
+pid {peer.path("nginx.pid")};
+error_log {peer.path("error.log")};
+worker_rlimit_nofile {2 * connections + 64};
+events {{ worker_connections {connections}; }}
+http {{
+  include /etc/nginx/mime.types;
+  access_log off;
+  sendfile on;
+  keepalive_requests 1000000;{http}
+}}
+""")
+    return ["nginx", "-c", conf, "-g", "daemon off;"], {}
+
+
 class Origin(peers.Peer):
     """The upstream of both proxies: nginx over plain HTTP, 2 workers, `expires 1h` on every
     file, and `limit_rate` with an access log under /slow/ only (the coalescing count)."""
@@ -46,17 +66,7 @@ class Origin(peers.Peer):
     stop_signal = peers.Nginx.stop_signal
 
     def launch(self, root, port, ktls, http2, connections):
-        conf = self.write("nginx.conf", f"""
-user root;
-worker_processes 2;
-pid {self.path("nginx.pid")};
-error_log {self.path("error.log")};
-events {{ worker_connections {connections}; }}
-http {{
-  include /etc/nginx/mime.types;
-  access_log off;
-  sendfile on;
-  keepalive_requests 1000000;
+        return nginx(self, 2, connections, f"""
   server {{
     listen 127.0.0.1:{port} reuseport;
     root {root};
@@ -65,10 +75,7 @@ http {{
       limit_rate {SLOW_RATE};
       access_log {self.path("slow.log")};
     }}
-  }}
-}}
-""")
-        return ["nginx", "-c", conf, "-g", "daemon off;"], {}
+  }}""")
 
     def slow_requests(self, marker):
         """Requests the origin logged whose line holds `marker` (a run's query string)."""
@@ -91,18 +98,7 @@ class NginxProxy(peers.Nginx):
         proxy = """proxy_pass http://origin;
       proxy_http_version 1.1;
       proxy_set_header Connection "";"""
-        conf = self.write("nginx.conf", f"""
-user root;
-worker_processes {servers.WORKERS};
-pid {self.path("nginx.pid")};
-error_log {self.path("error.log")};
-worker_rlimit_nofile {2 * connections + 64};
-events {{ worker_connections {connections}; }}
-http {{
-  include /etc/nginx/mime.types;
-  access_log off;
-  sendfile on;
-  keepalive_requests 1000000;
+        return nginx(self, servers.WORKERS, connections, f"""
   upstream origin {{
     server 127.0.0.1:{ORIGIN_PORT};
     keepalive 32;
@@ -130,10 +126,7 @@ http {{
     location /pass/ {{
       {proxy}
     }}
-  }}
-}}
-""")
-        return ["nginx", "-c", conf, "-g", "daemon off;"], {}
+  }}""")
 
 
 def ktlsd_config(work):
