@@ -24,6 +24,10 @@ Scenarios:
                       files from a slow disk (ext4 on a loop file under dm-delay): the hot file's
                       p50/p99, idle and loaded, for ktlsd kTLS and userspace, nginx default, nginx
                       aio threads, and the other peers.
+  proxy       (host)  the reverse proxy and its cache against nginx proxy_pass / proxy_cache, one
+                      plain-HTTP upstream for both: 10 KiB hits over HTTP/1.1 and HTTP/2, 10 KiB
+                      proxied without cache, a hit's CPU against a static file's, and 100
+                      concurrent misses on one key counted at the upstream.
 
 Run through bench/run, which installs what is needed and boots a VM for the VM scenarios. Each scenario
 is a module of the ktlsbench package beside this file, with the helpers they share.
@@ -35,7 +39,7 @@ import os
 import shutil
 import tempfile
 
-from ktlsbench import cold, h3, ktls, peers, scale, scale_ktls, servers, tail, throughput, throughput_h2
+from ktlsbench import cold, h3, ktls, peers, proxy, scale, scale_ktls, servers, tail, throughput, throughput_h2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -43,7 +47,8 @@ REPO = os.path.dirname(HERE)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "h3", "cold"])
+    p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "h3", "cold",
+                                               "proxy"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -100,7 +105,7 @@ def main():
         table, raw = {"throughput": throughput.scenario_throughput,
                       "ktls": ktls.scenario_ktls_h2 if args.http2 else ktls.scenario_ktls,
                       "tail": tail.scenario_tail, "scale": scale.scenario_scale, "h2": throughput_h2.scenario_h2,
-                      "h3": h3.scenario_h3,
+                      "h3": h3.scenario_h3, "proxy": proxy.scenario_proxy,
                       "cold": cold.scenario_cold, "scale-ktls": scale_ktls.scenario_scale_ktls}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

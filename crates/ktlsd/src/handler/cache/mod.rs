@@ -49,6 +49,7 @@
 
 mod entry;
 mod fill;
+mod open;
 mod policy;
 mod serve;
 mod store;
@@ -100,7 +101,7 @@ impl Key {
     /// `$scheme$proxy_host$request_uri` shares them).
     pub fn new(host: &str, target: &str) -> Key {
         let text = format!("GET {host} {target}");
-        Key { primary: store::primary(&text), text }
+        Key { primary: store::primary_memo(&text), text }
     }
 }
 
@@ -191,11 +192,14 @@ impl Stale {
     }
 }
 
-/// A stored response, its file open: answer with [`Hit::into_response`].
+/// A stored response: answer with [`Hit::into_response`].
 pub struct Hit {
     meta: Arc<Meta>,
-    file: File,
-    fstat: std::fs::Metadata,
+    /// Its file, opened for this hit; `None` when the worker that looked it up holds
+    /// it open already (`open`).
+    file: Option<(File, std::fs::Metadata)>,
+    /// The file's device and inode.
+    id: (u64, u64),
     /// Seconds the response has been stored or upstream, for Age.
     age: u64,
     /// The lookup waited for another request's fill.
@@ -207,8 +211,7 @@ pub struct Hit {
 impl Hit {
     /// The entry this hit reads, for [`Cache::refresh`].
     pub fn entry(&self) -> Entry {
-        use std::os::unix::fs::MetadataExt;
-        Entry { meta: self.meta.clone(), file: (self.fstat.dev(), self.fstat.ino()), generation: self.generation }
+        Entry { meta: self.meta.clone(), file: self.id, generation: self.generation }
     }
 
     /// Its Cache-Status: `hit`, and `collapsed` when the lookup waited for the fill.
@@ -269,26 +272,34 @@ impl Cache {
     /// looked at). Waits, at most [`COALESCE_WAIT`], while another request fills
     /// this key. Cancel safe: dropping the future leaves nothing behind.
     pub async fn lookup(self: &Arc<Self>, key: &Key, req: &HeaderMap) -> Lookup {
-        let mut req = req.clone();
-        req.remove(http::header::HOST);
+        // Host is not part of the match: a map with it is copied without it.
+        let req = match req.contains_key(http::header::HOST) {
+            true => {
+                let mut r = req.clone();
+                r.remove(http::header::HOST);
+                std::borrow::Cow::Owned(r)
+            }
+            false => std::borrow::Cow::Borrowed(req),
+        };
+        let req = req.as_ref();
         let mut waited = false;
         loop {
             let now = SystemTime::now();
-            let wait = match self.find(key, &req, now) {
+            let wait = match self.find(key, req, now) {
                 Some((mut hit, Freshness::Fresh)) => {
                     self.counters.hits.fetch_add(1, Relaxed);
                     hit.collapsed = waited;
                     return Lookup::Hit(hit);
                 }
                 Some((hit, _)) => {
-                    let swr = hit.meta.may_serve_while_revalidating(&req, now);
+                    let swr = hit.meta.may_serve_while_revalidating(req, now);
                     // A fresh entry that needs validation: the request asked for it (no-cache, max-age).
-                    let fwd = if hit.meta.policy.is_stale(now) { Fwd::Stale } else { Fwd::Request };
-                    let fill = self.lead(key, &req, fwd, waited);
+                    let fwd = if hit.meta.is_stale(now) { Fwd::Stale } else { Fwd::Request };
+                    let fill = self.lead(key, req, fwd, waited);
                     match (fill, swr || waited) {
                         (Some(fill), _) => return self.stale(hit, swr, Some(fill), fwd),
                         (None, true) => {
-                            let fill = (!swr).then(|| self.follow(key, &req, fwd));
+                            let fill = (!swr).then(|| self.follow(key, req, fwd));
                             return self.stale(hit, swr, fill, fwd);
                         }
                         (None, false) => self.inflight_of(key),
@@ -299,14 +310,14 @@ impl Cache {
                         Some(v) if v.iter().any(|m| m.head.key == key.text) => Fwd::VaryMiss,
                         _ => Fwd::Miss,
                     };
-                    match self.lead(key, &req, fwd, waited) {
+                    match self.lead(key, req, fwd, waited) {
                         Some(fill) => {
                             self.counters.misses.fetch_add(1, Relaxed);
                             return Lookup::Miss(fill);
                         }
                         None if waited => {
                             self.counters.misses.fetch_add(1, Relaxed);
-                            return Lookup::Miss(self.follow(key, &req, fwd));
+                            return Lookup::Miss(self.follow(key, req, fwd));
                         }
                         None => self.inflight_of(key),
                     }
@@ -369,16 +380,23 @@ impl Cache {
         found
     }
 
-    /// Opens the entry's file; a file that is gone or no longer as indexed is
-    /// forgotten (and deleted when its length is wrong).
+    /// The hit of the entry's file: held open by this worker already, or opened
+    /// now; a file that is gone or no longer as indexed is forgotten (and deleted
+    /// when its length is wrong).
     fn open_hit(&self, p: &Primary, meta: Arc<Meta>, now: SystemTime) -> Option<Hit> {
-        let opened = File::open(&meta.path).and_then(|f| f.metadata().map(|m| (f, m)));
+        use std::os::unix::fs::MetadataExt;
+        let held = open::held(&meta).map(|id| Ok((None, id)));
+        let opened = held.unwrap_or_else(|| {
+            File::open(&meta.path)
+                .and_then(|f| f.metadata().map(|m| ((m.dev(), m.ino()), Some((f, m)))))
+                .map(|(id, f)| (f, id))
+        });
         match opened {
-            Ok((file, fstat)) if fstat.len() == meta.file_len => {
+            Ok((file, id)) if file.as_ref().is_none_or(|(_, m)| m.len() == meta.file_len) => {
                 self.lock_index().touch(p, &meta.path);
-                let age = meta.policy.age(now).as_secs();
+                let age = meta.age(now).as_secs();
                 let generation = self.purge_generation();
-                Some(Hit { meta, file, fstat, age, collapsed: false, generation })
+                Some(Hit { meta, file, id, age, collapsed: false, generation })
             }
             Ok(_) => {
                 store::discard(&meta.path, "its length changed");

@@ -75,6 +75,13 @@ pub struct Meta {
     pub file_len: u64,
     /// Where the entry's file is.
     pub path: PathBuf,
+    /// The policy's figures, constant for an entry, kept so that a hit need not
+    /// parse the stored fields again: when the response was received, its age then
+    /// (its Age field), how long it stays fresh from then, and whether it has no Vary.
+    response_time: SystemTime,
+    age_at_response: Duration,
+    fresh_for: Duration,
+    plain: bool,
 }
 
 impl Meta {
@@ -84,13 +91,14 @@ impl Meta {
         let request = to_map(&parsed.head.request)?;
         let response = to_map(&parsed.head.fields)?;
         let status = StatusCode::from_u16(parsed.head.status).ok()?;
-        let policy = CachePolicy::new_options(
-            &View(&request),
-            &Res { status, headers: &response },
-            entry::time(parsed.head.response_ms),
-            options(),
-        );
+        let response_time = entry::time(parsed.head.response_ms);
+        let policy =
+            CachePolicy::new_options(&View(&request), &Res { status, headers: &response }, response_time, options());
         Some(Meta {
+            age_at_response: policy.age(response_time),
+            fresh_for: policy.time_to_live(response_time),
+            plain: parsed.head.request.is_empty() && stored_vary(&parsed.head.fields).is_empty(),
+            response_time,
             head: parsed.head,
             policy,
             body_offset: parsed.body_offset,
@@ -98,6 +106,17 @@ impl Meta {
             file_len,
             path,
         })
+    }
+
+    /// The entry's age at `now`: the crate's `age`, without reading the fields again.
+    pub fn age(&self, now: SystemTime) -> Duration {
+        self.age_at_response + now.duration_since(self.response_time).unwrap_or_default()
+    }
+
+    /// Whether the entry is stale at `now`: the crate's `is_stale` (its freshness
+    /// lifetime at most its age), without reading the fields again.
+    pub fn is_stale(&self, now: SystemTime) -> bool {
+        self.fresh_for.is_zero() || now.duration_since(self.response_time).is_ok_and(|d| d >= self.fresh_for)
     }
 
     /// The response field `name` (lower-case), the first one.
@@ -108,6 +127,11 @@ impl Meta {
     /// Fresh for `req` (fields less Host) at `now`, stale but matching (its Vary
     /// fields agree), or not for this request at all.
     pub fn freshness(&self, req: &HeaderMap, now: SystemTime) -> Freshness {
+        // Without Vary and without the request's Cache-Control or Pragma, the crate's
+        // answer is its staleness alone.
+        if self.plain && !req.contains_key(http::header::CACHE_CONTROL) && !req.contains_key(http::header::PRAGMA) {
+            return if self.is_stale(now) { Freshness::Stale } else { Freshness::Fresh };
+        }
         match self.policy.before_request(&View(req), now) {
             BeforeRequest::Fresh(_) => Freshness::Fresh,
             BeforeRequest::Stale { matches: true, .. } => Freshness::Stale,
@@ -138,7 +162,7 @@ impl Meta {
 
     /// Stale by less than `window` at `now` (a fresh entry is within any window).
     fn stale_within(&self, window: Duration, now: SystemTime) -> bool {
-        !self.policy.is_stale(now.checked_sub(window).unwrap_or(now))
+        !self.is_stale(now.checked_sub(window).unwrap_or(now))
     }
 
     /// A Cache-Control directive of the stored response with a number of seconds.
@@ -329,4 +353,51 @@ fn request_no_cache(req: &HeaderMap) -> bool {
         return req.get_all(http::header::PRAGMA).iter().any(|v| v.to_str().is_ok_and(|v| v.contains("no-cache")));
     }
     cc.iter().flat_map(|v| v.split(',')).any(|d| d.trim().eq_ignore_ascii_case("no-cache"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The figures kept in `Meta` answer as the crate does, for every kind of freshness.
+    #[test]
+    fn kept_figures_agree_with_the_crate() {
+        let t0 = entry::time(1_700_000_000_000);
+        let date = httpdate::fmt_http_date(t0);
+        let expires = httpdate::fmt_http_date(t0 + Duration::from_secs(90));
+        let modified = httpdate::fmt_http_date(t0 - Duration::from_secs(1000));
+        for fields in [
+            vec![("cache-control", "max-age=60")],
+            vec![("cache-control", "max-age=60"), ("age", "50")],
+            vec![("cache-control", "max-age=60"), ("age", "600")],
+            vec![("cache-control", "s-maxage=5, max-age=60")],
+            vec![("cache-control", "no-cache, max-age=60")],
+            vec![("date", date.as_str()), ("expires", expires.as_str())],
+            vec![("date", date.as_str()), ("last-modified", modified.as_str())],
+            vec![],
+        ] {
+            let head = Head {
+                key: "GET  /".into(),
+                request: Vec::new(),
+                status: 200,
+                fields: fields.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
+                stored_ms: entry::millis(t0),
+                response_ms: entry::millis(t0),
+            };
+            let meta = Meta::new(Parsed { head, body_offset: 0, body_len: 0 }, 0, PathBuf::new()).unwrap();
+            for after in [0, 1, 4, 5, 6, 9, 10, 11, 59, 60, 61, 89, 90, 91, 100, 1000] {
+                for now in [t0 + Duration::from_secs(after), t0 + Duration::from_millis(after * 1000 + 500)] {
+                    assert_eq!(meta.is_stale(now), meta.policy.is_stale(now), "{fields:?} +{after}s");
+                    assert_eq!(meta.age(now), meta.policy.age(now), "{fields:?} +{after}s");
+                    let crate_says = match meta.policy.before_request(&View(&HeaderMap::new()), now) {
+                        BeforeRequest::Fresh(_) => Freshness::Fresh,
+                        BeforeRequest::Stale { matches: true, .. } => Freshness::Stale,
+                        BeforeRequest::Stale { matches: false, .. } => Freshness::Other,
+                    };
+                    assert_eq!(meta.freshness(&HeaderMap::new(), now), crate_says, "{fields:?} +{after}s");
+                }
+            }
+            assert_eq!(meta.is_stale(t0 - Duration::from_secs(5)), meta.policy.is_stale(t0 - Duration::from_secs(5)));
+        }
+    }
 }

@@ -6,8 +6,6 @@
 //! value, built in one place.
 
 use std::borrow::Cow;
-use std::path::Path;
-use std::rc::Rc;
 
 use super::Hit;
 use crate::files::Found;
@@ -184,8 +182,11 @@ impl Hit {
     /// range of the entry file, or no body for HEAD.
     fn with_body(self, status: Status, headers: Vec<Header>, range: std::ops::Range<u64>, head: bool) -> Response {
         let offset = self.meta.body_offset;
-        let rel: Rc<Path> = Rc::from(self.meta.path.file_name().map_or(Path::new("entry"), Path::new));
-        let found = Found { file: Rc::new(self.file), meta: self.fstat, rel, mime: "", content: None };
+        let Some(o) = super::open::opened(&self.meta, self.file) else {
+            // Purged or evicted since the lookup, and not held open by this worker.
+            return Response::page(Status(503));
+        };
+        let found = Found { file: o.file, meta: o.fstat, rel: o.rel, mime: "", content: o.content };
         let body = match head {
             true => Body::Empty,
             false => Body::File { found, range: offset + range.start..offset + range.end },

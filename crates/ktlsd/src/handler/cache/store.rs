@@ -25,6 +25,30 @@ pub fn primary(key: &str) -> Primary {
     out
 }
 
+/// [`primary`], remembered per worker for the last keys asked for (at most
+/// [`MEMO_KEYS`]; forgotten all at once when full), so that a hit of a busy key
+/// costs a hash-map lookup instead of a SHA-256.
+pub fn primary_memo(key: &str) -> Primary {
+    thread_local! {
+        static MEMO: std::cell::RefCell<HashMap<String, Primary>> = std::cell::RefCell::default();
+    }
+    MEMO.with(|m| {
+        let mut m = m.borrow_mut();
+        if let Some(p) = m.get(key) {
+            return *p;
+        }
+        if m.len() >= MEMO_KEYS {
+            m.clear();
+        }
+        let p = primary(key);
+        m.insert(key.to_string(), p);
+        p
+    })
+}
+
+/// Keys whose digest a worker remembers.
+pub const MEMO_KEYS: usize = 4096;
+
 /// The cache directory's layout: `ab/cd/<primary>.<secondary>` for an entry whose
 /// primary key's digest starts `abcd` (65,536 directories, so none grows large),
 /// and `tmp/` for entries still being written.

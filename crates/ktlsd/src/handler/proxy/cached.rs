@@ -110,7 +110,9 @@ pub async fn plan_with(
         Method::Get | Method::Head => return uncached(cache::cache_status(&CacheStatus::fwd(Fwd::Bypass))),
         _ => return uncached(cache::cache_status(&CacheStatus::fwd(Fwd::Method))),
     }
-    let map = header_map(fields);
+    let mut map = header_map(fields);
+    // Not part of the match (the key holds the site): without it the lookup need not copy the map.
+    map.remove(http::header::HOST);
     let mut pending = Pending { cache: Some(c.clone()), fill: None, stale: None, fields: map, bypass: String::new() };
     match c.lookup(&key, &pending.fields).await {
         Lookup::Hit(hit) => {

@@ -20,14 +20,25 @@ fn is_hop_by_hop(name: &str) -> bool {
     HOP.iter().any(|h| name.eq_ignore_ascii_case(h)) || name.get(..6).is_some_and(|p| p.eq_ignore_ascii_case("proxy-"))
 }
 
-/// The field names the `Connection` fields of `fields` list (lower-case).
-fn connection_options<'f>(fields: impl Iterator<Item = (&'f str, &'f str)>) -> Vec<String> {
+/// The field names the `Connection` fields of `fields` list (as sent: compare them
+/// ignoring case). Most heads list only `keep-alive` or `close`, no field: empty.
+fn connection_options<'f>(fields: impl Iterator<Item = (&'f str, &'f str)>) -> Vec<&'f str> {
     fields
         .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
         .flat_map(|(_, v)| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
+        .map(str::trim)
         .filter(|t| !t.is_empty())
         .collect()
+}
+
+/// Whether `name` is hop-by-hop or one of the `named` Connection options.
+fn dropped(name: &str, named: &[&str]) -> bool {
+    is_hop_by_hop(name) || named.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// Which of the fields a proxy rewrites `name` is (any case).
+fn which<'n>(name: &str, of: &[&'n str]) -> Option<&'n str> {
+    of.iter().find(|n| n.eq_ignore_ascii_case(name)).copied()
 }
 
 /// What the upstream request says about its client and its body.
@@ -63,36 +74,52 @@ pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -
     out.push_str(" HTTP/1.1\r\n");
     line(&mut out, "Host", host);
     let (mut xff, mut forwarded, mut via) = (Vec::new(), Vec::new(), Vec::new());
+    const REWRITTEN: [&str; 7] =
+        ["x-forwarded-for", "forwarded", "via", "host", "x-forwarded-proto", "x-forwarded-host", "content-length"];
     for (name, value) in fields {
-        let lower = name.to_ascii_lowercase();
-        match lower.as_str() {
-            "x-forwarded-for" => xff.push(value.as_str()),
-            "forwarded" => forwarded.push(value.as_str()),
-            "via" => via.push(value.as_str()),
+        match which(name, &REWRITTEN) {
+            Some("x-forwarded-for") => xff.push(value.as_str()),
+            Some("forwarded") => forwarded.push(value.as_str()),
+            Some("via") => via.push(value.as_str()),
             // Replaced by this hop's own; the body's framing is set below.
-            "host" | "x-forwarded-proto" | "x-forwarded-host" | "content-length" => {}
-            _ if is_hop_by_hop(&lower) || named.contains(&lower) => {}
-            _ => line(&mut out, name, value),
+            Some(_) => {}
+            None if dropped(name, &named) => {}
+            None => line(&mut out, name, value),
         }
     }
-    let peer = fwd.peer.to_string();
-    xff.push(&peer);
-    line(&mut out, "X-Forwarded-For", &xff.join(", "));
+    // Each list: the values received, then this hop's, written in place.
+    let list = |out: &mut String, name: &str, values: &[&str], own: &dyn Fn(&mut String)| {
+        out.push_str(name);
+        out.push_str(": ");
+        for v in values {
+            out.push_str(v);
+            out.push_str(", ");
+        }
+        own(out);
+        out.push_str("\r\n");
+    };
+    list(&mut out, "X-Forwarded-For", &xff, &|out| {
+        use std::fmt::Write;
+        let _ = write!(out, "{}", fwd.peer);
+    });
     line(&mut out, "X-Forwarded-Proto", "https");
     if let Some(a) = &fwd.authority {
         line(&mut out, "X-Forwarded-Host", a);
     }
-    let mut element = format!("for={}", forwarded_node(fwd.peer));
-    if let Some(a) = &fwd.authority {
-        element.push_str(";host=");
-        element.push_str(&quoted_if_needed(a));
-    }
-    element.push_str(";proto=https");
-    forwarded.push(&element);
-    line(&mut out, "Forwarded", &forwarded.join(", "));
-    let own_via = format!("{} {PSEUDONYM}", fwd.version);
-    via.push(&own_via);
-    line(&mut out, "Via", &via.join(", "));
+    list(&mut out, "Forwarded", &forwarded, &|out| {
+        out.push_str("for=");
+        out.push_str(&forwarded_node(fwd.peer));
+        if let Some(a) = &fwd.authority {
+            out.push_str(";host=");
+            out.push_str(&quoted_if_needed(a));
+        }
+        out.push_str(";proto=https");
+    });
+    list(&mut out, "Via", &via, &|out| {
+        out.push_str(fwd.version);
+        out.push(' ');
+        out.push_str(PSEUDONYM);
+    });
     match fwd.body {
         Some(Some(n)) => line(&mut out, "Content-Length", itoa::Buffer::new().format(n)),
         Some(None) => line(&mut out, "Transfer-Encoding", "chunked"),
@@ -134,19 +161,22 @@ pub fn response_fields(
 ) -> Vec<(String, String)> {
     let named = connection_options(upstream.iter().map(|(n, v)| (n.as_str(), v.as_str())));
     let mut out = Vec::with_capacity(upstream.len() + 2);
-    let mut via = Vec::new();
+    let mut via = String::new();
     for (name, value) in upstream {
-        let lower = name.to_ascii_lowercase();
-        match lower.as_str() {
-            "via" => via.push(value.as_str()),
-            "content-length" | "server" | "date" | "cache-status" => {}
-            _ if is_hop_by_hop(&lower) || named.contains(&lower) => {}
-            _ => out.push((name.clone(), value.clone())),
+        match which(name, &["via", "content-length", "server", "date", "cache-status"]) {
+            Some("via") => {
+                via.push_str(value);
+                via.push_str(", ");
+            }
+            Some(_) => {}
+            None if dropped(name, &named) => {}
+            None => out.push((name.clone(), value.clone())),
         }
     }
-    let own = format!("{version} {PSEUDONYM}");
-    via.push(&own);
-    out.push(("Via".to_string(), via.join(", ")));
+    via.push_str(version);
+    via.push(' ');
+    via.push_str(PSEUDONYM);
+    out.push(("Via".to_string(), via));
     out.push(("Cache-Status".to_string(), cache_status.to_string()));
     out
 }

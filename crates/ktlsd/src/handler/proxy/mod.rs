@@ -506,8 +506,13 @@ impl<'r> Exchange<'r> {
                         let why = format!("sent more than its Content-Length of {} bytes", self.length());
                         return Err(self.failure(Status::BAD_GATEWAY, "body", why));
                     }
-                    out.extend_from_slice(&self.buf[..take]);
-                    self.buf.drain(..take);
+                    if out.is_empty() && take == self.buf.len() {
+                        // All of it: the buffers change places instead of copying.
+                        std::mem::swap(out, &mut self.buf);
+                    } else {
+                        out.extend_from_slice(&self.buf[..take]);
+                        self.buf.drain(..take);
+                    }
                     self.left -= take as u64;
                     return Ok(true);
                 }

@@ -89,25 +89,22 @@ impl Conn {
     /// # Cancel safety
     /// Cancel-safe: bytes are only appended once read.
     pub async fn read(&mut self, buf: &mut Vec<u8>, max: usize, timeout: Duration) -> Result<usize, IoFailure> {
-        let start = buf.len();
-        buf.resize(start + max, 0);
+        use bytes::BufMut;
+        // Into the spare capacity, not zero-filled first: `max` is up to 64 KiB per read.
+        buf.reserve(max);
+        let mut room = buf.limit(max);
         let read = async {
             match self {
-                Conn::Plain(s) => s.read(&mut buf[start..]).await,
+                Conn::Plain(s) => s.read_buf(&mut room).await,
                 // A peer that closes without close_notify ends the body as plain TCP would;
                 // whether that is a complete body is the framing's to say.
-                Conn::Tls(s) => match s.read(&mut buf[start..]).await {
+                Conn::Tls(s) => match s.read_buf(&mut room).await {
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
                     r => r,
                 },
             }
         };
         let r = tokio::time::timeout(timeout, read).await;
-        let n = match &r {
-            Ok(Ok(n)) => *n,
-            _ => 0,
-        };
-        buf.truncate(start + n);
         match r {
             Ok(r) => r.map_err(IoFailure::Failed),
             Err(_) => Err(IoFailure::TimedOut),

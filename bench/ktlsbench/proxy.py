@@ -1,0 +1,282 @@
+"""Scenario proxy (this machine): ktlsd's reverse proxy and response cache against nginx's
+`proxy_pass` and `proxy_cache`, both in front of the same upstream, in one interleaved plan.
+
+The upstream is a third server, not measured: nginx over plain HTTP on loopback (`Origin`),
+serving 10 KiB files with `expires 1h` (so both caches may keep them), and a slow copy of them
+under /slow/ (`limit_rate`, about 2.5 s per answer) whose requests it logs, so that the bench
+counts at the origin what 100 concurrent misses on one key cost. Both proxies keep upstream
+connections alive (nginx: `upstream { keepalive 32; }`, `proxy_http_version 1.1`; ktlsd: its
+default `keepalive = 32`), have 2 workers (`--workers`), the bench's certificate, `sendfile on`
+(nginx) and no access log.
+
+Measures, each as the ratio ktlsd/nginx beside its goal:
+- 10 KiB cache hits: req/s over HTTP/1.1 (`wrk -t1 -c64`) and HTTP/2 (`h2load -c16 -m32`);
+- 10 KiB through the proxy without cache: req/s over HTTP/1.1 (`wrk -t1 -c64`);
+- the server CPU per request of a 10 KiB hit against ktlsd serving the same bytes as a static
+  file, both measured in the same run (`wrk`, utime+stime from /proc);
+- 100 concurrent misses on one fresh key (`curl --parallel`, 100 connections): the requests the
+  origin received (ktlsd coalesces; nginx with `proxy_cache_lock on`).
+
+Not here: the large-hit CPU s/GiB over kTLS, which needs the VM (not built)."""
+
+import os
+import random
+import re
+import subprocess
+
+from . import peers, servers
+from .clients import h2load, wrk_rps
+from .servers import Ktlsd
+from .stats import median, versus_table
+from .system import cpu_seconds, log, make_file, sh
+
+ORIGIN_PORT = 18680
+KTLSD_PORT = 18643
+NGINX_PORT = 18644
+# The slow path's rate: a 10 KiB answer takes about 2.5 s, longer than 100 handshakes here and
+# shorter than ktlsd's coalescing wait (5 s), after which a waiter would go upstream itself.
+SLOW_RATE = "4k"
+MISSES = 100
+
+
+def nginx(peer, workers, connections, http):
+    """The command of an nginx `peer` with `workers` processes, no access log and `http` (its
+    upstream and server blocks) in the http block."""
+    conf = peer.write("nginx.conf", f"""
+user root;
+worker_processes {workers};
+pid {peer.path("nginx.pid")};
+error_log {peer.path("error.log")};
+worker_rlimit_nofile {2 * connections + 64};
+events {{ worker_connections {connections}; }}
+http {{
+  include /etc/nginx/mime.types;
+  access_log off;
+  sendfile on;
+  keepalive_requests 1000000;{http}
+}}
+""")
+    return ["nginx", "-c", conf, "-g", "daemon off;"], {}
+
+
+class Origin(peers.Peer):
+    """The upstream of both proxies: nginx over plain HTTP, 2 workers, `expires 1h` on every
+    file, and `limit_rate` with an access log under /slow/ only (the coalescing count)."""
+    kind = "origin"
+    stop_signal = peers.Nginx.stop_signal
+
+    def launch(self, root, port, ktls, http2, connections):
+        return nginx(self, 2, connections, f"""
+  server {{
+    listen 127.0.0.1:{port} reuseport;
+    root {root};
+    expires 1h;
+    location /slow/ {{
+      limit_rate {SLOW_RATE};
+      access_log {self.path("slow.log")};
+    }}
+  }}""")
+
+    def slow_requests(self, marker):
+        """Requests the origin logged whose line holds `marker` (a run's query string)."""
+        try:
+            with open(self.path("slow.log")) as f:
+                return sum(marker in line for line in f)
+        except FileNotFoundError:
+            return 0
+
+
+class NginxProxy(peers.Nginx):
+    """nginx as a caching reverse proxy, as its documentation configures one: an `upstream`
+    block with `keepalive 32`, `proxy_http_version 1.1` and an empty Connection field;
+    `proxy_cache` on /cache/ and /slow/ (with `proxy_cache_lock on` there), `proxy_pass`
+    alone on /pass/; HTTP/2 on its listen line (wrk still speaks HTTP/1.1 to it)."""
+
+    def launch(self, root, port, ktls, http2, connections):
+        cache = self.path("cache")
+        os.makedirs(cache, exist_ok=True)
+        proxy = """proxy_pass http://origin;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";"""
+        return nginx(self, servers.WORKERS, connections, f"""
+  upstream origin {{
+    server 127.0.0.1:{ORIGIN_PORT};
+    keepalive 32;
+  }}
+  proxy_cache_path {cache} levels=1:2 keys_zone=bench:10m max_size=1g inactive=60m use_temp_path=off;
+  server {{
+    listen 127.0.0.1:{port} ssl http2 reuseport;
+    ssl_certificate {servers.CERT};
+    ssl_certificate_key {servers.KEY};
+    ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_session_tickets on;
+    root {root};
+    location /cache/ {{
+      {proxy}
+      proxy_cache bench;
+      add_header X-Cache-Status $upstream_cache_status;
+    }}
+    location /slow/ {{
+      {proxy}
+      proxy_cache bench;
+      proxy_cache_lock on;
+      proxy_cache_lock_timeout 5s;
+      add_header X-Cache-Status $upstream_cache_status;
+    }}
+    location /pass/ {{
+      {proxy}
+    }}
+  }}""")
+
+
+def ktlsd_config(work):
+    """ktlsd's configuration: the same three paths, /cache/ and /slow/ cached."""
+    cache = os.path.join(work, "ktlsd-cache")
+    up = f'upstream = ["http://127.0.0.1:{ORIGIN_PORT}"]'
+    path = os.path.join(work, "ktlsd-proxy.toml")
+    with open(path, "w") as f:
+        f.write(f"""[[proxy]]
+path = "/cache/**"
+{up}
+cache = true
+
+[[proxy]]
+path = "/slow/**"
+{up}
+cache = true
+
+[[proxy]]
+path = "/pass/**"
+{up}
+
+[cache]
+dir = "{cache}"
+max_size = "1G"
+""")
+    return path
+
+
+def head_field(port, path, field):
+    """`field` of a GET of `path` (HTTP/1.1), after checking the answer is 200 and 10 KiB."""
+    out = sh(["curl", "-sk", "--http1.1", "-D", "-", "-o", "/dev/null", "-w", "%{size_download}",
+              f"https://127.0.0.1:{port}{path}"])
+    size = int(out.rsplit("\n", 1)[-1])
+    status = out.split(" ", 2)[1] if out.startswith("HTTP/") else "?"
+    if status != "200" or size != 10 * 1024:
+        raise RuntimeError(f"GET {path} on port {port}: status {status}, {size} bytes:\n{out}")
+    m = re.search(rf"(?im)^{re.escape(field)}:\s*(.*?)\s*$", out)
+    return m.group(1) if m else None
+
+
+def warm(server, status_field, hit):
+    """Fills the server's cache with /cache/10k.bin and fails unless the next answer is a hit."""
+    head_field(server.port, "/cache/10k.bin", status_field)
+    got = head_field(server.port, "/cache/10k.bin", status_field)
+    if not got or not hit(got):
+        raise RuntimeError(f"{server.name}: /cache/10k.bin is not a cache hit after one request ({status_field}: {got})")
+    head_field(server.port, "/pass/10k.bin", status_field)
+
+
+def concurrent_misses(server, origin, marker):
+    """MISSES clients at once (each on its own HTTP/1.1 connection) ask for one fresh key;
+    returns the requests the origin received for it. Fails on any answer but a whole 200."""
+    url = f"https://127.0.0.1:{server.port}/slow/10k.bin?{marker}"
+    cmd = ["curl", "-sk", "--http1.1", "--parallel", "--parallel-immediate", "--parallel-max", str(MISSES),
+           "-w", "%{http_code} %{size_download}\\n"]
+    for _ in range(MISSES):
+        cmd += ["-o", "/dev/null", url]
+    out = subprocess.run(cmd, text=True, capture_output=True, timeout=120).stdout.split("\n")
+    answers = [l for l in out if l.strip()]
+    bad = [a for a in answers if a != f"200 {10 * 1024}"]
+    if len(answers) != MISSES or bad:
+        raise RuntimeError(f"{server.name}: {len(answers)} answers to {MISSES} concurrent misses, bad: {bad[:5]}")
+    return origin.slow_requests(marker)
+
+
+def require_free(*ports):
+    """Fails when another process already listens on one of `ports` (it would answer instead)."""
+    import socket
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise RuntimeError(f"port {port} is taken ({e}): stop what listens there") from None
+
+
+def scenario_proxy(args, work):
+    if "nginx" not in peers.PEERS:
+        raise RuntimeError("the proxy scenario compares with nginx: keep it in --peers")
+    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT)
+    root, origin_root = os.path.join(work, "www"), os.path.join(work, "origin")
+    for d in ("cache", "pass", "slow"):
+        os.makedirs(os.path.join(origin_root, d))
+        make_file(os.path.join(origin_root, d, "10k.bin"), 10 * 1024)
+    os.makedirs(root)
+    # The static file: the same bytes as the cached one.
+    with open(os.path.join(origin_root, "cache", "10k.bin"), "rb") as f, \
+            open(os.path.join(root, "10k.bin"), "wb") as g:
+        g.write(f.read())
+    origin = Origin("origin", origin_root, ORIGIN_PORT, work)
+    started = [origin]
+    try:
+        ktlsd = Ktlsd("ktlsd", args.ktlsd, root, KTLSD_PORT, work, ["--config", ktlsd_config(work)])
+        started.append(ktlsd)
+        nginx = NginxProxy("nginx", root, NGINX_PORT, work, http2=True)
+        started.append(nginx)
+        warm(ktlsd, "cache-status", lambda v: v.startswith("ktlsd; hit"))
+        warm(nginx, "x-cache-status", lambda v: v == "HIT")
+        return measure(args, ktlsd, nginx, origin)
+    finally:
+        for s in reversed(started):
+            s.stop()
+
+
+def measure(args, ktlsd, nginx, origin):
+    d = args.duration
+    plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"),
+            (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2")]
+    paths = {"hit": "cache/10k.bin", "hit-h2": "cache/10k.bin", "pass": "pass/10k.bin", "static": "10k.bin"}
+    res = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
+    cpu = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
+    misses = {ktlsd.name: [], nginx.name: []}
+    rounds = max(1, args.runs // 3)
+    for i in range(rounds):
+        for s, m in random.sample(plan, len(plan)):
+            if m == "hit-h2":
+                c0 = cpu_seconds(s.pids())
+                secs, done, _ = h2load(["-c16", "-m32", f"-D{d}", f"https://127.0.0.1:{s.port}/{paths[m]}"])
+                rps, us = done / secs, (cpu_seconds(s.pids()) - c0) * 1e6 / done
+            else:
+                rps, us = wrk_rps(s, paths[m], 64, d, threads=1)
+            res[s.name][m].append(rps)
+            cpu[s.name][m].append(us)
+        for s in random.sample([ktlsd, nginx], 2):
+            misses[s.name].append(concurrent_misses(s, origin, f"run={s.name}-{i}"))
+        log(f"  round {i + 1}/{rounds}: " + "; ".join(
+            f"{n} " + ", ".join(f"{m} {v[-1]:.0f} req/s ({cpu[n][m][-1]:.1f} us)" for m, v in r.items())
+            + f", misses -> {misses[n][-1]} upstream" for n, r in res.items()))
+    k, n = res["ktlsd"], res["nginx"]
+    rows = [
+        (f"10 KiB cache hit, HTTP/1.1 wrk -t1 -c64 {d}s, median req/s", median(k["hit"]),
+         {"nginx": median(n["hit"])}, ">= 1.2"),
+        (f"10 KiB cache hit, HTTP/2 h2load -c16 -m32 -D{d}, median req/s", median(k["hit-h2"]),
+         {"nginx": median(n["hit-h2"])}, ">= 1.2"),
+        (f"10 KiB proxied without cache (keep-alive upstream), wrk -t1 -c64 {d}s, median req/s",
+         median(k["pass"]), {"nginx": median(n["pass"])}, ">= 1.2"),
+        ("server CPU us per 10 KiB hit (HTTP/1.1), median", median(cpu["ktlsd"]["hit"]),
+         {"nginx": median(cpu["nginx"]["hit"])}, "-"),
+        ("server CPU us per 10 KiB proxied request, median", median(cpu["ktlsd"]["pass"]),
+         {"nginx": median(cpu["nginx"]["pass"])}, "-"),
+        (f"{MISSES} concurrent misses on one key: upstream requests, most in a round", max(misses["ktlsd"]),
+         {"nginx": max(misses["nginx"])}, "ktlsd = 1"),
+    ]
+    hit, static = median(cpu["ktlsd"]["hit"]), median(cpu["ktlsd"]["static"])
+    table = versus_table(rows, ["nginx"], "measure (10 KiB, nginx proxy_cache / proxy_pass)", digits=1)
+    table += (f"\n\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same run): "
+              f"{hit:.1f} us / {static:.1f} us = {hit / static:.2f}x (goal <= 1.05x)\n"
+              f"\nThe upstream: nginx over plain HTTP on loopback, 2 workers (not measured); nginx with "
+              f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB) need the VM "
+              f"and are not part of this scenario.\n")
+    return table, {"rps": res, "cpu_us_per_request": cpu, "upstream_requests_for_100_misses": misses,
+                   "hit_vs_static_cpu": hit / static}

@@ -1,0 +1,193 @@
+//! A worker's open cache entries: the descriptor, `fstat` and, for a small entry,
+//! the bytes of each entry file recently answered from, so that a hit of a busy
+//! entry costs no `openat` + `fstat` + `close` and, when small, no read either (the
+//! userspace record layer encrypts from memory, as for a small static file).
+//!
+//! An entry file never changes once it is in the index: a new response or a
+//! refreshed head is a new file renamed over the old one, indexed as a new [`Meta`].
+//! So the map is keyed by the [`Meta`] itself (the address of its `Arc`, which the
+//! map holds, so it cannot be reused), and what it holds stays valid for as long
+//! as that `Meta` is the one looked up; a replaced, purged or evicted entry is
+//! simply never asked for again, and its slot goes when the map needs room.
+//!
+//! Each worker has its own map (nothing shared between threads), of at most
+//! [`ENTRIES`] descriptors and [`CONTENT_BUDGET`] bytes. Not here: which entry
+//! answers a request (the module above) or how its answer is built (`serve`).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::{File, Metadata};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::policy::Meta;
+
+/// Descriptors one worker keeps open at most.
+pub const ENTRIES: usize = 256;
+/// Largest entry file (head and body) whose bytes are kept.
+pub const SMALL_ENTRY: u64 = 64 * 1024;
+/// Entry bytes one worker keeps at most.
+pub const CONTENT_BUDGET: usize = 8 << 20;
+
+/// An entry file as the codec sends it.
+#[derive(Clone)]
+pub struct Opened {
+    pub file: Rc<File>,
+    pub fstat: Metadata,
+    /// The file's name, for the body writer's messages.
+    pub rel: Rc<Path>,
+    /// The whole file, for a small entry.
+    pub content: Option<Rc<[u8]>>,
+}
+
+struct Slot {
+    meta: Arc<Meta>,
+    opened: Opened,
+    used: u64,
+}
+
+#[derive(Default)]
+struct Open {
+    slots: HashMap<usize, Slot>,
+    content_bytes: usize,
+    clock: u64,
+}
+
+thread_local! {
+    static OPEN: RefCell<Open> = RefCell::default();
+}
+
+fn id(meta: &Arc<Meta>) -> usize {
+    Arc::as_ptr(meta) as usize
+}
+
+/// The device and inode of `meta`'s file when this worker has it open (marked used).
+pub fn held(meta: &Arc<Meta>) -> Option<(u64, u64)> {
+    OPEN.with(|o| {
+        let o = &mut *o.borrow_mut();
+        o.clock += 1;
+        let s = o.slots.get_mut(&id(meta))?;
+        s.used = o.clock;
+        Some((s.opened.fstat.dev(), s.opened.fstat.ino()))
+    })
+}
+
+/// `meta`'s file as the codec sends it: `file` (just opened and checked by the
+/// caller) kept for the next hits, else the one this worker holds, else opened
+/// now (its length checked against the index). `None`: the file is gone.
+pub fn opened(meta: &Arc<Meta>, file: Option<(File, Metadata)>) -> Option<Opened> {
+    if file.is_none() {
+        if let Some(o) = OPEN.with(|o| o.borrow().slots.get(&id(meta)).map(|s| s.opened.clone())) {
+            return Some(o);
+        }
+    }
+    let (file, fstat) = match file {
+        Some(f) => f,
+        None => {
+            let f = File::open(&meta.path).ok()?;
+            let m = f.metadata().ok().filter(|m| m.len() == meta.file_len)?;
+            (f, m)
+        }
+    };
+    Some(OPEN.with(|o| o.borrow_mut().put(meta.clone(), file, fstat)))
+}
+
+impl Open {
+    fn put(&mut self, meta: Arc<Meta>, file: File, fstat: Metadata) -> Opened {
+        if self.slots.len() >= ENTRIES {
+            self.make_room();
+        }
+        let len = fstat.len();
+        let content = (len <= SMALL_ENTRY && self.content_bytes + len as usize <= CONTENT_BUDGET)
+            .then(|| {
+                let mut bytes = vec![0u8; len as usize];
+                file.read_exact_at(&mut bytes, 0).ok().map(|()| Rc::<[u8]>::from(bytes))
+            })
+            .flatten();
+        self.content_bytes += content.as_ref().map_or(0, |c| c.len());
+        let rel: Rc<Path> = Rc::from(meta.path.file_name().map_or(Path::new("entry"), Path::new));
+        let opened = Opened { file: Rc::new(file), fstat, rel, content };
+        self.clock += 1;
+        let slot = Slot { meta: meta.clone(), opened: opened.clone(), used: self.clock };
+        if let Some(old) = self.slots.insert(id(&meta), slot) {
+            self.content_bytes -= old.opened.content.map_or(0, |c| c.len());
+        }
+        opened
+    }
+
+    /// Drops the slots of entries no longer indexed nor answered from, and when
+    /// none was, the least recently used one.
+    fn make_room(&mut self) {
+        let before = self.slots.len();
+        let mut freed = 0;
+        self.slots.retain(|_, s| {
+            let keep = Arc::strong_count(&s.meta) > 1;
+            if !keep {
+                freed += s.opened.content.as_ref().map_or(0, |c| c.len());
+            }
+            keep
+        });
+        self.content_bytes -= freed;
+        if self.slots.len() < before {
+            return;
+        }
+        if let Some(k) = self.slots.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| *k) {
+            if let Some(s) = self.slots.remove(&k) {
+                self.content_bytes -= s.opened.content.map_or(0, |c| c.len());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handler::cache::entry::{Head, Parsed};
+
+    fn meta(path: &Path, len: u64) -> Arc<Meta> {
+        let head = Head {
+            key: "GET  /".into(),
+            request: Vec::new(),
+            status: 200,
+            fields: vec![("cache-control".into(), "max-age=60".into())],
+            stored_ms: 0,
+            response_ms: 0,
+        };
+        Arc::new(Meta::new(Parsed { head, body_offset: 0, body_len: len }, len, path.to_path_buf()).unwrap())
+    }
+
+    #[test]
+    fn entries_are_held_open_with_small_contents_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("small");
+        std::fs::write(&small, b"hello").unwrap();
+        let m = meta(&small, 5);
+        assert_eq!(held(&m), None, "nothing is held before a first answer");
+        let first = opened(&m, None).expect("the file is opened");
+        assert_eq!(first.content.as_deref(), Some(&b"hello"[..]));
+        assert!(held(&m).is_some());
+        // Held: the same descriptor, even once the file is gone.
+        std::fs::remove_file(&small).unwrap();
+        let again = opened(&m, None).expect("held open");
+        assert!(Rc::ptr_eq(&first.file, &again.file));
+        // Another Meta of a file that is gone, or whose length differs from the index's, is not opened.
+        assert!(opened(&meta(&small, 5), None).is_none());
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"longer than indexed").unwrap();
+        assert!(opened(&meta(&other, 5), None).is_none());
+        // A large entry is held without its bytes.
+        let large = dir.path().join("large");
+        std::fs::write(&large, vec![0u8; SMALL_ENTRY as usize + 1]).unwrap();
+        let l = meta(&large, SMALL_ENTRY + 1);
+        assert!(opened(&l, None).unwrap().content.is_none());
+        // At most ENTRIES descriptors: those no longer indexed go first, then the least recently used.
+        let kept: Vec<Arc<Meta>> = (0..ENTRIES + 10).map(|_| meta(&other, 19)).collect();
+        for k in &kept {
+            assert!(opened(k, None).is_some());
+        }
+        OPEN.with(|o| assert!(o.borrow().slots.len() <= ENTRIES));
+        assert!(held(&kept[ENTRIES + 9]).is_some() && held(&kept[0]).is_none());
+    }
+}
