@@ -38,6 +38,7 @@ pub mod h2;
 pub mod h3;
 mod include;
 pub mod listen;
+pub mod open_files;
 pub mod options;
 pub mod privileges;
 pub mod proxy;
@@ -157,6 +158,8 @@ pub struct Config {
     pub cache: Option<crate::handler::cache::Settings>,
     /// The default site's client-certificate policy; `None`: none asked for.
     pub client_auth: Option<tls::ClientAuth>,
+    /// How long a cached open file's metadata is trusted (0: read for every request).
+    pub open_file_cache_valid: std::time::Duration,
     /// HTTP/3 over QUIC and its limits; `None`: off.
     pub http3: Option<h3::Http3>,
 }
@@ -303,6 +306,7 @@ impl Config {
             cache: cache::cache(o.cache.as_ref())?,
             client_auth: tls::client_auth(&top, "")?,
             http3: h3::http3(&o)?,
+            open_file_cache_valid: open_files::cache_valid(&o)?,
         })
     }
 }

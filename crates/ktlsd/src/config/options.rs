@@ -318,6 +318,9 @@ schema! {
         /// HTTP/3: when a client's address is checked with a QUIC Retry before its handshake: auto (when a worker holds over half its max_connections), always, or never [default: auto]
         #[arg(long, value_name = "auto|always|never", hide_possible_values = true)]
         quic_retry: Retry,
+        /// Seconds a cached open file's size and times are trusted before they are read again, as nginx's open_file_cache_valid: 0 reads them for every request, so a file changed in place is seen at once; N saves that fstat and may serve a changed file's old length, times and ETag for up to N seconds (0 to 3600) [default: 0]
+        #[arg(long, value_name = "SECONDS")]
+        open_file_cache_valid: u64,
     }
 }
 

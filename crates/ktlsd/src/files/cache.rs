@@ -5,7 +5,14 @@
 //! Size, modification time and so the ETag are read afresh on every use; only
 //! the name-to-file binding is cached, for at most [`VALID`]: a file replaced by
 //! rename (or deleted) is noticed within that time. Each worker has its own
-//! cache; nothing is shared between threads.
+//! cache; nothing is shared between threads but the one setting below.
+//!
+//! With `open_file_cache_valid` set (nginx's directive of that name, 0 by
+//! default), an entry's metadata is trusted for that long instead of read for
+//! every use, and the binding lasts as long: a busy file then costs one `fstat` per
+//! interval per worker, and a file changed in place may be answered with its old
+//! length, times and ETag (and, when its bytes are kept, its old bytes) until the
+//! interval ends.
 //!
 //! Every entry holds a file descriptor, so the cache must never starve the
 //! process of them: it is keyed by the normalised path (`/x`, `/./x` and `/%78`
@@ -30,6 +37,7 @@ use std::fs::{File, Metadata};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::residency::{read_nowait, Nowait};
@@ -37,6 +45,24 @@ use super::Found;
 
 /// How long a name stays bound to an open file.
 pub const VALID: Duration = Duration::from_secs(1);
+
+/// How long an entry's metadata is trusted, in milliseconds (0: read it on every
+/// use): the process's `open_file_cache_valid`, set at start-up and on reload.
+static METADATA_VALID_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets how long a cached file's metadata is trusted (`open_file_cache_valid`).
+pub fn set_metadata_valid(valid: Duration) {
+    METADATA_VALID_MS.store(valid.as_millis().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+}
+
+fn metadata_valid() -> Duration {
+    Duration::from_millis(METADATA_VALID_MS.load(Ordering::Relaxed))
+}
+
+/// How long a name stays bound: [`VALID`], or the metadata interval when longer.
+fn lifetime(metadata_valid: Duration) -> Duration {
+    VALID.max(metadata_valid)
+}
 
 /// Largest file whose bytes an entry keeps.
 pub const SMALL_FILE: u64 = 64 * 1024;
@@ -77,6 +103,9 @@ struct Entry {
     rel: Rc<Path>,
     mime: &'static str,
     opened: Instant,
+    /// The metadata last read, and when; trusted for the metadata interval.
+    meta: Metadata,
+    checked: Instant,
     /// The whole file as read when it had this stamp.
     content: Option<(Stamp, Rc<[u8]>)>,
 }
@@ -113,12 +142,12 @@ pub struct Counts {
 }
 
 impl Cache {
-    /// Drops expired entries, at most once per [`VALID`] (or at once when `force`).
-    fn sweep(&mut self, now: Instant, force: bool) {
+    /// Drops entries older than `lifetime`, at most once per [`VALID`] (or at once when `force`).
+    fn sweep(&mut self, now: Instant, lifetime: Duration, force: bool) {
         if force || self.swept.is_none_or(|t| now.duration_since(t) >= VALID) {
             let mut freed = 0;
             self.entries.retain(|_, e| {
-                let keep = now.duration_since(e.opened) < VALID;
+                let keep = now.duration_since(e.opened) < lifetime;
                 if !keep {
                     freed += e.content_len();
                 }
@@ -173,20 +202,34 @@ thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
 }
 
-/// The open file for normalised path `key`, if bound within the last [`VALID`],
-/// with its metadata read now and, for a small file, its bytes when they are
-/// still the file's. `None` also when the `fstat` fails (look the path up again).
+/// The open file for normalised path `key`, if bound within its lifetime, with
+/// its metadata (read now, or within the metadata interval) and, for a small file,
+/// its bytes when they are still the file's. `None` also when the `fstat` fails
+/// (look the path up again).
 pub fn get(key: &[u8], now: Instant) -> Option<Found> {
+    get_within(key, now, metadata_valid())
+}
+
+fn get_within(key: &[u8], now: Instant, valid: Duration) -> Option<Found> {
     CACHE.with(|c| {
         let c = &mut *c.borrow_mut();
-        c.sweep(now, false);
-        let Some(e) = c.entries.get_mut(key).filter(|e| now.duration_since(e.opened) < VALID) else {
+        let lifetime = lifetime(valid);
+        c.sweep(now, lifetime, false);
+        let Some(e) = c.entries.get_mut(key).filter(|e| now.duration_since(e.opened) < lifetime) else {
             c.misses += 1;
             return None;
         };
         c.hits += 1;
-        // The binding is cached; the file's size and times are not.
-        let meta = e.file.metadata().ok()?;
+        // The binding is cached; the file's size and times only within the interval.
+        let meta = if valid.is_zero() {
+            e.file.metadata().ok()?
+        } else if now.duration_since(e.checked) < valid {
+            e.meta.clone()
+        } else {
+            let meta = e.file.metadata().ok()?;
+            (e.meta, e.checked) = (meta.clone(), now);
+            meta
+        };
         if e.content.as_ref().is_none_or(|(s, _)| *s != Stamp::of(&meta)) {
             // Never kept, or changed since it was read: forget any old bytes and keep
             // the file's bytes now if they may be kept.
@@ -227,7 +270,7 @@ pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<R
         let mut c = c.borrow_mut();
         c.remove(key);
         if c.entries.len() >= capacity {
-            c.sweep(now, true);
+            c.sweep(now, lifetime(metadata_valid()), true);
             while c.entries.len() >= capacity {
                 let oldest = c.entries.iter().min_by_key(|(_, e)| e.opened).map(|(k, _)| k.clone());
                 match oldest {
@@ -239,7 +282,7 @@ pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<R
         let content = keepable(&found.file, &found.meta, c.content_bytes);
         let bytes = content.as_ref().map(|(_, b)| b.clone());
         let (file, rel, mime) = (found.file.clone(), found.rel.clone(), found.mime);
-        let entry = Entry { file, rel, mime, opened: now, content };
+        let entry = Entry { file, rel, mime, opened: now, meta: found.meta.clone(), checked: now, content };
         c.content_bytes += entry.content_len();
         c.entries.insert(key.to_vec(), entry);
         bytes
@@ -303,6 +346,33 @@ mod tests {
         assert_eq!(len(), 0);
         // Two lookups above found their entry, three did not.
         assert_eq!(counts(), Counts { hits: 2, misses: 3, entries: 0, content_hits: 0, content_bytes: 0 });
+    }
+
+    /// With an interval, a file changed in place keeps its old metadata until the
+    /// interval ends, and its entry lasts that long; without one, the next use sees it.
+    #[test]
+    fn metadata_is_trusted_for_the_interval_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v");
+        std::fs::write(&p, [b'a'; 10]).unwrap();
+        let secs = Duration::from_secs;
+        let t0 = Instant::now();
+        put(b"v", &open(&p), t0, 8);
+        std::fs::write(&p, [b'b'; 20]).unwrap();
+        let len = |at: Duration, valid: Duration| get_within(b"v", t0 + at, valid).map(|f| f.meta.len());
+        let cases = [
+            (secs(0), secs(5), Some(10)),
+            (Duration::from_millis(4900), secs(5), Some(10)),
+            // Past the interval the entry is gone: the path is looked up and stat-ed anew.
+            (secs(5), secs(5), None),
+        ];
+        for (at, valid, want) in cases {
+            assert_eq!(len(at, valid), want, "{at:?} into an interval of {valid:?}");
+        }
+        put(b"v", &open(&p), t0, 8);
+        std::fs::write(&p, [b'c'; 30]).unwrap();
+        assert_eq!(len(secs(0), Duration::ZERO), Some(30), "no interval: read on every use");
+        assert_eq!(len(secs(2), Duration::ZERO), None, "no interval: bound for VALID only");
     }
 
     /// A file of `len` bytes last changed `age` ago as far as its mtime goes

@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 pub use cache::counts as cache_counts;
+pub use cache::set_metadata_valid as set_cache_valid;
 pub use open::Root;
 
 /// A byte range of an open file, sent as a response body.

@@ -77,6 +77,7 @@ pub fn prepare(
         None => None,
     };
     let http3 = http3(&config, &tls)?;
+    files::set_cache_valid(config.open_file_cache_valid);
     let shared = Shared {
         client_auth,
         file_options: files::Options { dotfiles: config.dotfiles, autoindex: config.autoindex, cache_entries },

@@ -117,10 +117,13 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         let settings = self.ctx.settings;
         let mut started: Option<Instant> = if self.buf.is_empty() { None } else { Some(Instant::now()) };
         let parsed = loop {
-            match parse::parse(&self.buf, settings.max_head_bytes) {
-                Ok(Some(r)) => break Ok(r),
-                Ok(None) => {}
-                Err(bad) => break Err(bad),
+            // An empty buffer (the usual case after an answer) holds no head to parse.
+            if !self.buf.is_empty() {
+                match parse::parse(&self.buf, settings.max_head_bytes) {
+                    Ok(Some(r)) => break Ok(r),
+                    Ok(None) => {}
+                    Err(bad) => break Err(bad),
+                }
             }
             let stopping = self.ctx.stopping();
             if stopping && self.buf.is_empty() && self.answered {

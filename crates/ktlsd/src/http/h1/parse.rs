@@ -1,6 +1,8 @@
 //! HTTP/1.x request heads: parsing with httparse, the head-size limit, framing
 //! (version, keep-alive, Content-Length, Expect) and the handler's [`Request`].
 
+use std::borrow::Cow;
+
 use crate::handler::request::{join, HeaderFields, Method, Request};
 use crate::handler::Status;
 use crate::http::host;
@@ -135,9 +137,10 @@ pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, BadRe
 }
 
 fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, BadRequest> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
-    let used = match req.parse(window) {
+    // Left uninitialised: httparse writes only the headers it finds.
+    let mut headers = [std::mem::MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut []);
+    let used = match req.parse_with_uninit_headers(window, &mut headers) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => {
             if window.len() < max_head {
@@ -192,7 +195,11 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
     let mut transfer_codings: Option<String> = None;
     for h in req.headers.iter() {
         let name = h.name;
-        let value = || String::from_utf8_lossy(h.value).trim().to_string();
+        // Borrowed from the buffer unless it has bytes that are not UTF-8.
+        let value = || match String::from_utf8_lossy(h.value) {
+            Cow::Borrowed(v) => Cow::Borrowed(v.trim()),
+            Cow::Owned(v) => Cow::Owned(v.trim().to_string()),
+        };
         if name.eq_ignore_ascii_case("host") {
             hosts += 1;
             if hosts > 1 {
@@ -205,7 +212,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
             if !v.is_empty() && !host::valid(v.as_bytes()) {
                 return Err(bad(Status::BAD_REQUEST, "invalid Host"));
             }
-            r.request.authority = (!v.is_empty()).then_some(v);
+            r.request.authority = (!v.is_empty()).then(|| v.into_owned());
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value().split(',') {
                 let t = token.trim();
@@ -240,9 +247,9 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
             }
         } else {
             if name.eq_ignore_ascii_case("referer") {
-                r.referer = Some(value());
+                r.referer = Some(value().into_owned());
             } else if name.eq_ignore_ascii_case("user-agent") {
-                r.user_agent = Some(value());
+                r.user_agent = Some(value().into_owned());
             }
             fields.add(name, &value());
         }

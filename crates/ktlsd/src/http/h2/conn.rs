@@ -259,6 +259,8 @@ pub struct Connection {
     peer_going_away: bool,
     decoder: hpack::Decoder,
     encoder: hpack::Encoder,
+    /// The field block being encoded, kept so that each response reuses its room.
+    block: Vec<u8>,
     streams: Vec<Stream>,
     ended: VecDeque<(u32, Ended)>,
     last_stream: u32,
@@ -296,6 +298,7 @@ impl Connection {
         Connection {
             decoder: hpack::Decoder::new(limits.header_table_size, limits.max_header_list_size),
             encoder: hpack::Encoder::new(),
+            block: Vec::new(),
             limits,
             phase: Phase::Preface,
             going_away: false,
@@ -396,15 +399,18 @@ impl Connection {
         if !matches!(self.streams[index].send, Send::Waiting) {
             return Err(RespondError::AlreadyResponded);
         }
-        let status = format!("{:03}", status.min(999));
-        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = vec![(b":status".to_vec(), status.into_bytes())];
+        let status = status.min(999);
+        let digits = [b'0' + (status / 100) as u8, b'0' + (status / 10 % 10) as u8, b'0' + (status % 10) as u8];
+        let mut block = std::mem::take(&mut self.block);
+        self.encoder.start(&mut block);
+        self.encoder.field(b":status", &digits, &mut block);
         for (name, value) in headers {
-            let name = name.as_ref().to_ascii_lowercase();
-            if !request::CONNECTION_SPECIFIC.contains(&name.as_slice()) {
-                fields.push((name, value.as_ref().to_vec()));
-            }
+            request::with_lowercase(name.as_ref(), |name| {
+                if !request::CONNECTION_SPECIFIC.contains(&name) {
+                    self.encoder.field(name, value.as_ref(), &mut block);
+                }
+            });
         }
-        let block = self.encoder.encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
         let send = match body {
             BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
             BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },
@@ -414,6 +420,7 @@ impl Connection {
         let end_stream = matches!(send, Send::Done);
         // Any frame size up to the default is valid whatever the peer allows.
         frame::put_headers(&mut self.out, stream.0, &block, end_stream, frame::DEFAULT_MAX_FRAME_SIZE as usize);
+        self.block = block;
         self.streams[index].send = send;
         if end_stream {
             self.finish_send(index);

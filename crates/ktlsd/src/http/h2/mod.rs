@@ -13,7 +13,7 @@
 //! the frame header ([`Write::FileData`]); the caller sends that many bytes of the
 //! stream's file at the offset given.
 //!
-//! HPACK (RFC 7541) decoding is the `loona-hpack` crate, encoding our own; the codec bounds its dynamic table
+//! HPACK (RFC 7541) is our own, decoder and encoder; the codec bounds its dynamic table
 //! and counts the decoded field list against SETTINGS_MAX_HEADER_LIST_SIZE.
 //!
 //! Parts: `frame` (wire format and per-frame checks), `hpack` (field-block coding

@@ -61,6 +61,21 @@ pub enum Malformed {
 pub(super) const CONNECTION_SPECIFIC: [&[u8]; 5] =
     [b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"];
 
+/// Calls `f` with `name` in lowercase, as HTTP/2 sends field names (RFC 9113
+/// section 8.2.1): as it is when it is, on the stack when short.
+pub(super) fn with_lowercase<R>(name: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
+    match name.len() {
+        _ if !name.iter().any(u8::is_ascii_uppercase) => f(name),
+        len @ ..=64 => {
+            let mut short = [0u8; 64];
+            short[..len].copy_from_slice(name);
+            short[..len].make_ascii_lowercase();
+            f(&short[..len])
+        }
+        _ => f(&name.to_ascii_lowercase()),
+    }
+}
+
 fn check_name(name: &[u8]) -> Result<(), Malformed> {
     if name.is_empty() {
         return Err(Malformed::InvalidName);

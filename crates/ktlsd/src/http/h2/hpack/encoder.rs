@@ -126,36 +126,42 @@ impl FieldEncoder {
     }
 
     /// Appends the fields to `out`.
+    #[cfg(test)]
     pub fn encode<'f>(&mut self, fields: impl IntoIterator<Item = (&'f [u8], &'f [u8])>, out: &mut Vec<u8>) {
         for (name, value) in fields {
-            let index = static_index(name, value);
-            if let Some((_, Some(whole))) = index {
-                put_integer(out, usize::from(whole), 7, 0x80);
-                continue;
-            }
-            if name == b"server" {
-                if self.server.as_deref() == Some(value) {
-                    put_integer(out, FIRST_DYNAMIC, 7, 0x80);
-                    continue;
-                }
-                if name.len() + value.len() + ENTRY_OVERHEAD <= self.table_size {
-                    // Literal with incremental indexing, indexed name.
-                    put_integer(out, 54, 6, 0x40);
-                    put_string(out, value);
-                    self.server = Some(value.to_vec());
-                    continue;
-                }
-            }
-            match index {
-                // Literal without indexing, indexed name.
-                Some((name_index, _)) => put_integer(out, usize::from(name_index), 4, 0),
-                None => {
-                    out.push(0);
-                    put_string(out, name);
-                }
-            }
-            put_string(out, value);
+            self.field(name, value, out);
         }
+    }
+
+    /// Appends one field to `out`.
+    pub fn field(&mut self, name: &[u8], value: &[u8], out: &mut Vec<u8>) {
+        let index = static_index(name, value);
+        if let Some((_, Some(whole))) = index {
+            put_integer(out, usize::from(whole), 7, 0x80);
+            return;
+        }
+        if name == b"server" {
+            if self.server.as_deref() == Some(value) {
+                put_integer(out, FIRST_DYNAMIC, 7, 0x80);
+                return;
+            }
+            if name.len() + value.len() + ENTRY_OVERHEAD <= self.table_size {
+                // Literal with incremental indexing, indexed name.
+                put_integer(out, 54, 6, 0x40);
+                put_string(out, value);
+                self.server = Some(value.to_vec());
+                return;
+            }
+        }
+        match index {
+            // Literal without indexing, indexed name.
+            Some((name_index, _)) => put_integer(out, usize::from(name_index), 4, 0),
+            None => {
+                out.push(0);
+                put_string(out, name);
+            }
+        }
+        put_string(out, value);
     }
 }
 
