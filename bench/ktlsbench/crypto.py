@@ -15,7 +15,8 @@ layer does them, with no cipher: `preadv` of a file in the page cache into the p
 16 KiB records laid out in one reused buffer, then one `send` of that buffer (16 records, 256 KiB)
 to a loopback TCP connection that another process drains. The CPU is the sending thread's, as
 `/proc` accounts it (the receive work loopback does in the sender's context included), per GiB of
-payload, the median of five slices. AEAD + floor is the least a userspace record layer can spend per GiB on this machine."""
+payload, the median of five slices. AEAD + floor estimates the least a userspace record layer can spend per GiB
+on this machine; each part is measured alone, so a run in other conditions can put a server a little under it."""
 
 import json
 import os
@@ -164,7 +165,7 @@ def limit_lines(aead, kernel, server_cpu, kernel_servers=(), floor=None):
         lines += [f"| socket floor: preadv into 16 KiB record slots, then one send of {floor['records_per_send']} "
                   f"records over loopback (no cipher) | {floor['cpu_s_per_gib']:.4f} (preadv "
                   f"{floor['read_s_per_gib']:.4f}, send {floor['send_s_per_gib']:.4f}) |",
-                  f"| AEAD + socket floor: the least a userspace record layer spends | {both:.4f} |"]
+                  f"| AEAD + socket floor: a userspace record layer's least cost, each part measured alone | {both:.4f} |"]
     if kernel is None and kernel_servers:
         lines.append("| kernel AES-GCM as kTLS uses it (tls_sw) | not measured (no kTLS in this kernel) |")
     elif kernel is not None:
