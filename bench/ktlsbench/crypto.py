@@ -35,7 +35,8 @@ GIB = 1 << 30
 RECORD, OVERHEAD = 16384, 22  # a full TLS 1.3 AES-GCM record: header 5, content type 1, tag 16
 FLOOR_BATCH = 16  # records per send, as ktlsd's userspace record layer writes them
 FLOOR_SLICES = 5
-DRAIN = "import socket, sys\ns = socket.socket(fileno=int(sys.argv[1]))\nb = bytearray(1 << 20)\nwhile s.recv_into(b):\n    pass\n"
+DRAIN = ("import socket, sys\ns = socket.socket(fileno=int(sys.argv[1]))\nb = bytearray(1 << 20)\n"
+         "while s.recv_into(b):\n    pass\n")
 
 
 def aead_limit(binary, seconds):
@@ -165,7 +166,8 @@ def limit_lines(aead, kernel, server_cpu, kernel_servers=(), floor=None):
         lines += [f"| socket floor: preadv into 16 KiB record slots, then one send of {floor['records_per_send']} "
                   f"records over loopback (no cipher) | {floor['cpu_s_per_gib']:.4f} (preadv "
                   f"{floor['read_s_per_gib']:.4f}, send {floor['send_s_per_gib']:.4f}) |",
-                  f"| AEAD + socket floor: a userspace record layer's least cost, each part measured alone | {both:.4f} |"]
+                  "| AEAD + socket floor: a userspace record layer's least cost, each part measured alone | "
+                  f"{both:.4f} |"]
     if kernel is None and kernel_servers:
         lines.append("| kernel AES-GCM as kTLS uses it (tls_sw) | not measured (no kTLS in this kernel) |")
     elif kernel is not None:
