@@ -7,20 +7,36 @@ record layer runs; and, where the kernel has kTLS, the kernel's own AES-GCM as k
 (tls_sw): one socket with TLS_TX on a loopback connection, fed by sendfile from a file of zeros,
 drained by a reader thread, measured as the sending thread's CPU time. That kernel figure also
 holds the TCP send path (and, on loopback, some of the receive path), so it is an upper bound on
-the kernel's AEAD cost, not the AEAD alone. Not a server benchmark: no HTTP, no handshake."""
+the kernel's AEAD cost, not the AEAD alone. Not a server benchmark: no HTTP, no handshake.
+
+Beside the AEAD, a userspace record layer cannot avoid two kernel costs: reading the file into its
+own memory and writing the sealed records to the socket. The socket floor measures both as such a
+layer does them, with no cipher: `preadv` of a file in the page cache into the payload areas of
+16 KiB records laid out in one reused buffer, then one `send` of that buffer (16 records, 256 KiB)
+to a loopback TCP connection that another process drains. The CPU is the sending thread's, as
+`/proc` accounts it (the receive work loopback does in the sender's context included), per GiB of
+payload, the median of five slices. AEAD + floor estimates the least a userspace record layer can spend per GiB
+on this machine; each part is measured alone, so a run in other conditions can put a server a little under it."""
 
 import json
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
-from .system import log, sh
+from .system import log, make_file, sh
 
 SOL_TLS, TLS_TX, TCP_ULP = 282, 1, 31
 TLS_1_3_VERSION, TLS_CIPHER_AES_GCM_128 = 0x0304, 51
 GIB = 1 << 30
+RECORD, OVERHEAD = 16384, 22  # a full TLS 1.3 AES-GCM record: header 5, content type 1, tag 16
+FLOOR_BATCH = 16  # records per send, as ktlsd's userspace record layer writes them
+FLOOR_SLICES = 5
+DRAIN = ("import socket, sys\ns = socket.socket(fileno=int(sys.argv[1]))\nb = bytearray(1 << 20)\n"
+         "while s.recv_into(b):\n    pass\n")
 
 
 def aead_limit(binary, seconds):
@@ -31,6 +47,66 @@ def aead_limit(binary, seconds):
     log(f"  AEAD alone (aws-lc-rs AES-128-GCM, 16 KiB records, one core): {got['cpu_s_per_gib']:.4f} CPU s/GiB "
         f"({got['mb_per_cpu_second']:.0f} MB per CPU second)")
     return got
+
+
+def socket_floor(work, seconds, batch=FLOOR_BATCH):
+    """The kernel's share of a userspace record layer, without the cipher: CPU s/GiB of payload
+    for reading a cached file into record slots (preadv) and for sending the records over loopback."""
+    path = os.path.join(work, "floor.bin")
+    size = 64 << 20
+    make_file(path, size)
+    stride = RECORD + OVERHEAD
+    buf = bytearray(batch * stride)
+    view = memoryview(buf)
+    slots = [view[i * stride + 5:i * stride + 5 + RECORD] for i in range(batch)]
+    lst = socket.create_server(("127.0.0.1", 0))
+    tx = socket.create_connection(lst.getsockname())
+    rx, _ = lst.accept()
+    lst.close()
+    # The reader is another process, so that it takes no CPU time from the measured thread.
+    reader = subprocess.Popen([sys.executable, "-c", DRAIN, str(rx.fileno())], pass_fds=[rx.fileno()])
+    rx.close()
+    fd = os.open(path, os.O_RDONLY)
+    slices, t0 = [], time.monotonic()
+    try:
+        for off in range(0, size, 1 << 20):  # into the page cache first
+            os.pread(fd, 1 << 20, off)
+        off = 0
+        # Five slices, and the median one: a busy machine disturbs some of them, not the median.
+        for _ in range(FLOOR_SLICES):
+            read_cpu = send_cpu = 0.0
+            payload = 0
+            while read_cpu + send_cpu < seconds / FLOOR_SLICES:
+                c0 = time.thread_time()
+                got = os.preadv(fd, slots, off)
+                c1 = time.thread_time()
+                tx.sendall(view)
+                c2 = time.thread_time()
+                if got != batch * RECORD:
+                    raise RuntimeError(f"socket floor: short read of {path} ({got} bytes at {off})")
+                read_cpu, send_cpu = read_cpu + c1 - c0, send_cpu + c2 - c1
+                payload += got
+                off = (off + got) % size
+            gib = payload / GIB
+            slices.append({"read_s_per_gib": read_cpu / gib, "send_s_per_gib": send_cpu / gib,
+                           "cpu_s_per_gib": (read_cpu + send_cpu) / gib})
+    finally:
+        os.close(fd)
+        tx.close()
+        reader.wait(timeout=30)
+        os.unlink(path)
+    slices.sort(key=lambda s: s["cpu_s_per_gib"])
+    got = {**slices[len(slices) // 2], "records_per_send": batch, "wall_seconds": time.monotonic() - t0,
+           "slices_cpu_s_per_gib": [s["cpu_s_per_gib"] for s in slices]}
+    log(f"  socket floor ({batch} records of 16 KiB per send, loopback): {got['cpu_s_per_gib']:.4f} CPU s/GiB "
+        f"(preadv {got['read_s_per_gib']:.4f}, send {got['send_s_per_gib']:.4f}; median of "
+        + ", ".join(f"{c:.4f}" for c in got["slices_cpu_s_per_gib"]) + ")")
+    return got
+
+
+def userspace_limits(args, work):
+    """The references of a userspace-record-layer scenario: (AEAD alone, socket floor)."""
+    return aead_limit(args.aead_limit, args.aead_seconds), socket_floor(work, args.aead_seconds)
 
 
 def kernel_ktls_limit(work, seconds):
@@ -79,11 +155,19 @@ def kernel_ktls_limit(work, seconds):
     return got
 
 
-def limit_lines(aead, kernel, server_cpu, kernel_servers=()):
+def limit_lines(aead, kernel, server_cpu, kernel_servers=(), floor=None):
     """Report lines: each reference's CPU s/GiB and each server's CPU s/GiB as a multiple of
-    it ({name: s/GiB}); servers in kernel_servers are read against the kernel's reference."""
+    it ({name: s/GiB}); servers in kernel_servers are read against the kernel's reference, the
+    others also against AEAD + socket floor when the floor was measured."""
     lines = ["", "| crypto limit (same machine, same run) | CPU s/GiB |", "|---|---|",
              f"| AEAD alone: AES-128-GCM seal of 16 KiB records, aws-lc-rs, one core | {aead['cpu_s_per_gib']:.4f} |"]
+    if floor is not None:
+        both = aead["cpu_s_per_gib"] + floor["cpu_s_per_gib"]
+        lines += [f"| socket floor: preadv into 16 KiB record slots, then one send of {floor['records_per_send']} "
+                  f"records over loopback (no cipher) | {floor['cpu_s_per_gib']:.4f} (preadv "
+                  f"{floor['read_s_per_gib']:.4f}, send {floor['send_s_per_gib']:.4f}) |",
+                  "| AEAD + socket floor: a userspace record layer's least cost, each part measured alone | "
+                  f"{both:.4f} |"]
     if kernel is None and kernel_servers:
         lines.append("| kernel AES-GCM as kTLS uses it (tls_sw) | not measured (no kTLS in this kernel) |")
     elif kernel is not None:
@@ -96,6 +180,9 @@ def limit_lines(aead, kernel, server_cpu, kernel_servers=()):
             lines.append(f"- {name}: n/a ({cpu})")
         elif ref is None:
             lines.append(f"- {name}: {cpu:.3f} s/GiB; {what} not measured")
+        elif ref is aead and floor is not None:
+            both = aead["cpu_s_per_gib"] + floor["cpu_s_per_gib"]
+            lines.append(f"- {name}: {cpu / ref['cpu_s_per_gib']:.1f}x {what}, {cpu / both:.2f}x AEAD + socket floor")
         else:
             lines.append(f"- {name}: {cpu / ref['cpu_s_per_gib']:.1f}x {what}")
     return "\n".join(lines)

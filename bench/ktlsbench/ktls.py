@@ -50,11 +50,11 @@ def ktls_report(args, work, head, res, missing, digits):
         table.append(f"ktlsd kTLS CPU/GiB vs {n}: {cpu['ktlsd-ktls'] / cpu[n]:.2f}x"
                      + (f" (goal <= {goal_peer}x)" if n == "nginx-ktls" else ""))
     table += [f"ktlsd kTLS CPU/GiB vs {n}: n/a ({why})" for n, why in missing.items()]
-    aead = crypto.aead_limit(args.aead_limit, args.aead_seconds)
+    aead, floor = crypto.userspace_limits(args, work)
     kernel = crypto.kernel_ktls_limit(work, args.aead_seconds)
     kernel_servers = [n for n in cpu if n != "ktlsd-userspace"]
-    table.append(crypto.limit_lines(aead, kernel, cpu, kernel_servers))
-    return "\n".join(table), {"aead_limit": aead, "kernel_ktls_limit": kernel}
+    table.append(crypto.limit_lines(aead, kernel, cpu, kernel_servers, floor))
+    return "\n".join(table), {"aead_limit": aead, "kernel_ktls_limit": kernel, "socket_floor": floor}
 
 
 def scenario_ktls(args, work):

@@ -49,7 +49,7 @@ def scenario_throughput(args, work):
     finally:
         for s in servers:
             s.stop()
-    aead = crypto.aead_limit(args.aead_limit, args.aead_seconds)
+    aead, floor = crypto.userspace_limits(args, work)
     k = dl["ktlsd"]
     rows = [
         (f"{size_name(big)} download speed, median MB/s", median(k["speed"]), peer_values(dl, "speed", missing), ">= 1.0"),
@@ -58,5 +58,5 @@ def scenario_throughput(args, work):
          {**missing, **{n: median(v) for n, v in rps.items() if n != "ktlsd"}}, ">= 1.2"),
     ]
     cpu = {"ktlsd": median(k["cpu_per_gib"]), **peer_values(dl, "cpu_per_gib", missing)}
-    table = versus_table(rows, peers.PEERS) + "\n" + crypto.limit_lines(aead, None, cpu)
-    return table, {"download": dl, "wrk": rps, "aead_limit": aead}
+    table = versus_table(rows, peers.PEERS) + "\n" + crypto.limit_lines(aead, None, cpu, floor=floor)
+    return table, {"download": dl, "wrk": rps, "aead_limit": aead, "socket_floor": floor}

@@ -31,7 +31,7 @@ def scenario_h2(args, work):
         for s in servers:
             s.stop()
     # h2load fails unless ALPN chose h2, so every number above is HTTP/2.
-    aead = crypto.aead_limit(args.aead_limit, args.aead_seconds)
+    aead, floor = crypto.userspace_limits(args, work)
     k = res["ktlsd"]
     rows = [
         (f"10 KiB h2load -c16 -m32 -D{args.duration}, median req/s", median(k["rps"]),
@@ -41,5 +41,6 @@ def scenario_h2(args, work):
         ("server CPU s per GiB, median", median(k["cpu_per_gib"]), peer_values(res, "cpu_per_gib", missing), "<= 1.0"),
     ]
     cpu = {"ktlsd": median(k["cpu_per_gib"]), **peer_values(res, "cpu_per_gib", missing)}
-    table = versus_table(rows, peers.PEERS, "measure (HTTP/2)") + "\n" + crypto.limit_lines(aead, None, cpu)
-    return table, {**res, "aead_limit": aead}
+    table = versus_table(rows, peers.PEERS, "measure (HTTP/2)") + "\n"
+    table += crypto.limit_lines(aead, None, cpu, floor=floor)
+    return table, {**res, "aead_limit": aead, "socket_floor": floor}

@@ -1,6 +1,7 @@
 //! Many connections on the real binary: what an idle keep-alive connection
-//! costs in memory (its record-layer buffers go back to the worker after each
-//! response), and the per-worker connection cap (`--max-connections`) refusing
+//! costs in memory over HTTP/1.1 and HTTP/2 (its record-layer buffers go back to
+//! the worker after each response; HTTP/2 also drops its read buffer and stream
+//! table while idle), and the per-worker connection cap (`--max-connections`) refusing
 //! extra connections and admitting new ones once others have closed.
 //! Thousands of connections are the `scale` bench's job (bench/run scale); these
 //! use a few hundred.
@@ -63,6 +64,72 @@ fn idle_connections_hold_no_buffers() {
         "a second round of {N} idle connections grew the server from {with} to {after} KiB: memory was not returned"
     );
     drop(again);
+}
+
+/// An HTTP/2 client on a new connection: preface, empty SETTINGS, then `GET /small.txt`
+/// on stream 1, read until that stream's last frame. The connection is left open.
+fn h2_get_small(srv: &Server) -> TlsClient {
+    let mut cfg = (*client_config(&[&rustls::version::TLS13])).clone();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let mut c = TlsClient::connect_with(srv.addr(), std::sync::Arc::new(cfg)).expect("TLS connect");
+    assert_eq!(c.tls.conn.alpn_protocol(), Some(&b"h2"[..]), "ALPN did not choose h2");
+    // :method GET, :scheme https, :path as a literal (static name 4), :authority localhost.
+    let mut fields = vec![0x82, 0x87, 0x04, 10];
+    fields.extend_from_slice(b"/small.txt");
+    fields.extend_from_slice(&[0x41, 9]);
+    fields.extend_from_slice(b"localhost");
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&[0, 0, fields.len() as u8, 1, 0x05, 0, 0, 0, 1]);
+    out.extend_from_slice(&fields);
+    c.send(&out);
+    loop {
+        if frames_end_of_stream_1(c.pending()).is_some() {
+            return c;
+        }
+        assert!(matches!(c.poll_read(Duration::from_secs(10)), Ok(Some(n)) if n > 0), "no answer on stream 1");
+    }
+}
+
+/// Where the frame that ends stream 1 (END_STREAM on HEADERS or DATA) finishes in `buf`.
+fn frames_end_of_stream_1(buf: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while buf.len() >= at + 9 {
+        let len = usize::from(buf[at]) << 16 | usize::from(buf[at + 1]) << 8 | usize::from(buf[at + 2]);
+        let (typ, flags) = (buf[at + 3], buf[at + 4]);
+        let stream = u32::from_be_bytes([buf[at + 5], buf[at + 6], buf[at + 7], buf[at + 8]]) & 0x7fff_ffff;
+        if buf.len() < at + 9 + len {
+            return None;
+        }
+        at += 9 + len;
+        if stream == 1 && (typ == 0 || typ == 1) && flags & 1 == 1 {
+            return Some(at);
+        }
+    }
+    None
+}
+
+/// An idle HTTP/2 connection keeps no read buffer, stream table or room for the
+/// handshake: 300 of them, each after one answered request, grow the server by
+/// less than the 30 KiB each took when it kept them.
+#[test]
+fn idle_http2_connections_release_their_state() {
+    const N: usize = 300;
+    const MAX_KIB_PER_CONNECTION: u64 = 26;
+    let srv = Server::builder(BIN)
+        .file("small.txt", "hello\n".repeat(20))
+        .workers(Some(1))
+        .no_access_log()
+        .bin_from_env()
+        .start();
+    drop((0..4).map(|_| h2_get_small(&srv)).collect::<Vec<_>>());
+    let before = rss_kib(srv.pid());
+    let clients: Vec<TlsClient> = (0..N).map(|_| h2_get_small(&srv)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let with = rss_kib(srv.pid());
+    let per = with.saturating_sub(before) / N as u64;
+    assert!(per <= MAX_KIB_PER_CONNECTION, "{per} KiB per idle HTTP/2 connection (RSS {before} -> {with} KiB)");
+    drop(clients);
 }
 
 /// With `--max-connections 5` on one worker, the sixth connection is closed at

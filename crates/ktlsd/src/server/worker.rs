@@ -423,7 +423,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     }
 
     let (tls, client_auth) = (shared.tls.clone(), Some(&shared.client_auth));
-    let established = match handshake::accept_choosing(&stream, tls, client_auth, cfg.timeouts.handshake).await {
+    // Each phase's future is boxed, so that the task holds only the one running, at its own
+    // size: an idle keep-alive connection keeps no room for the handshake's or HTTP/2's state.
+    let accepting = Box::pin(handshake::accept_choosing(&stream, tls, client_auth, cfg.timeouts.handshake));
+    let established = match accepting.await {
         Ok(e) => e,
         Err(e) => {
             let kind = e.kind();
@@ -484,7 +487,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
                 shutdown: retire.clone(),
                 alt_svc: alt_svc.as_deref(),
             };
-            h2::serve(&mut session, ctx).await
+            Box::pin(h2::serve(&mut session, ctx)).await
         }
         // ALPN over TCP never agrees on h3 (it is not offered there).
         HttpVersion::Http1 | HttpVersion::Http3 => {
@@ -496,7 +499,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
                 shutdown: retire,
                 alt_svc: alt_svc.as_deref(),
             };
-            h1::serve(&mut session, ctx).await
+            Box::pin(h1::serve(&mut session, ctx)).await
         }
     };
     // A connection retired by a reload still lingers on close; only a stop cuts that short.
@@ -506,7 +509,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         traffic.tcp_end(end);
     }
     match end {
-        End::Done => session.close().await,
+        End::Done => Box::pin(session.close()).await,
         End::Timeout => Stats::bump(&stats.timeouts),
         End::Error(_) | End::Truncated | End::Aborted => Stats::bump(&stats.errors),
     }

@@ -52,7 +52,7 @@ pub struct Session {
     batch: Vec<u8>,
 }
 
-/// Plaintext a batch may reach before it leaves: four full records, one output
+/// Plaintext a batch may reach before it leaves: four full records, within one output
 /// buffer of the userspace layer (so one `write`), one `send` on kTLS.
 const BATCH_LIMIT: usize = 4 * super::sizing::MAX_RECORD;
 

@@ -86,7 +86,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     if handler::proxy::any(&ctx.sites) {
         h2.deliver_bodies();
     }
-    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut buf: Vec<u8> = Vec::new();
     let mut going_away = false;
     // Bytes of frames handed to the transport since the input was last looked at.
     let mut since_look = 0usize;
@@ -251,6 +251,10 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         }
 
         let idle = h2.active_streams() == 0;
+        if idle && buf.is_empty() && open.is_empty() {
+            // An idle connection keeps no read buffer or stream table: the next request brings them back.
+            (buf, open) = (Vec::new(), HashMap::new());
+        }
         let timeout = if idle { settings.idle_timeout } else { settings.stall_timeout };
         // A stream held for the rest of its request is reset when its time is up.
         let held = h2.next_deadline();

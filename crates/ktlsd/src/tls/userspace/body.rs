@@ -1,6 +1,8 @@
 //! The userspace body writer: each record is laid out in the connection's output
 //! buffer, the head and file bytes are copied straight into its slot, and it is
-//! sealed where it lies; several records leave in one `write`.
+//! sealed where it lies; several records leave in one `write`. Full records of a
+//! file body are read by one `preadv2` into the slots of as many records as the
+//! output buffer holds (16, 256 KiB) and leave by one `write`.
 //! File bytes are read with `RWF_NOWAIT`; a window not in the page cache is read
 //! ahead off the event loop first (see [`crate::files::residency`]).
 
@@ -74,9 +76,20 @@ pub async fn send(
             }
             if let Some(mut slots) = tls.begin_records(MAX_RECORD, count)? {
                 read_records_at(cold, range, &mut slots, offset).await?;
-                tls.seal_records(MAX_RECORD, count);
+                // Sealed a few at a time, with a yield whenever YIELD_EVERY bytes were
+                // encrypted: the records read and not yet sealed wait in place.
+                let mut sealed = 0;
+                while sealed < count {
+                    if since_yield >= YIELD_EVERY {
+                        tokio::task::yield_now().await;
+                        since_yield = 0;
+                    }
+                    let group = (count - sealed).min((YIELD_EVERY / MAX_RECORD).max(1));
+                    tls.seal_records(MAX_RECORD, group);
+                    (sealed, since_yield) = (sealed + group, since_yield + group * MAX_RECORD);
+                }
                 let read = count * MAX_RECORD;
-                (offset, left, since_yield) = (offset + read as u64, left - read as u64, since_yield + read);
+                (offset, left) = (offset + read as u64, left - read as u64);
                 for _ in 0..count {
                     sizer.sent(now);
                 }
