@@ -88,6 +88,10 @@ fn get_head_404_range_and_304_as_on_tcp_logged_as_http3() {
     let key = r#"ktlsd_connections_total{protocol="h3",record_layer="quic"}"#;
     assert_eq!(m.get(key).copied(), Some(2.0), "two QUIC connections: {m:?}");
     assert!(!m.contains_key(r#"ktlsd_connections_total{protocol="h3",record_layer="ktls"}"#));
+    // The advisor knows HTTP/3 is on, and recommends nothing about it.
+    let (code, body) = admin_get(&sock, "/advisor");
+    let adv: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("/advisor {code} {body:?}: {e}"));
+    assert_eq!((adv["http3_recommended"].as_bool(), adv["http3_reason"].as_str()), (Some(false), Some("HTTP/3 is on")));
 }
 
 #[test]
