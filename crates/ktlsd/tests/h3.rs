@@ -88,6 +88,10 @@ fn get_head_404_range_and_304_as_on_tcp_logged_as_http3() {
     let key = r#"ktlsd_connections_total{protocol="h3",record_layer="quic"}"#;
     assert_eq!(m.get(key).copied(), Some(2.0), "two QUIC connections: {m:?}");
     assert!(!m.contains_key(r#"ktlsd_connections_total{protocol="h3",record_layer="ktls"}"#));
+    // The advisor knows HTTP/3 is on, and recommends nothing about it.
+    let (code, body) = admin_get(&sock, "/advisor");
+    let adv: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("/advisor {code} {body:?}: {e}"));
+    assert_eq!((adv["http3_recommended"].as_bool(), adv["http3_reason"].as_str()), (Some(false), Some("HTTP/3 is on")));
 }
 
 #[test]
@@ -321,4 +325,107 @@ fn http3_without_tls13_or_its_initial_suite_stops_start_up_with_one_line() {
         let e = Server::builder(BIN).arg("--http3").args(args).run_to_exit();
         e.assert_startup_error(&["http3", needle]);
     }
+}
+
+/// The server's resident memory, KiB.
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS in kB")
+}
+
+/// Growth of resident memory allowed over the hostile run: without the handshake
+/// cap before Retry, the 10,000 Initials held about 200 MiB of connection state.
+const HOSTILE_RSS_BOUND_KIB: u64 = 64 * 1024;
+
+/// Raw UDP no QUIC client sends (`tests/h3/hostile.py`: random bytes, truncated
+/// Initials, 10,000 Initials with fake connection IDs from one socket, 65507-byte
+/// datagrams, stateless-reset-shaped packets, unknown versions) while an aioquic
+/// client keeps fetching: every request succeeds, memory stays bounded, each
+/// unknown version of a full-sized datagram draws one Version Negotiation offering
+/// QUIC v1 only, and nothing panics.
+#[test]
+fn hostile_datagrams_leave_real_clients_served_and_memory_bounded() {
+    let body = pattern(20_000, 5);
+    let srv = h3_server(Server::builder(BIN).file("f", &body).no_access_log());
+    let ten = Value::Array(vec![serde_json::json!({"path": "/f"}); 10]);
+    let check = |r: &Value| {
+        for resp in r["responses"].as_array().expect("responses") {
+            assert_eq!((resp["status"].as_u64(), resp["sha256"].as_str()), (Some(200), Some(sha256(&body).as_str())));
+        }
+    };
+    check(&requests(&srv, "localhost", &ten));
+    let before = rss_kib(srv.pid());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/hostile.py");
+    let (host, port) = (srv.addr().ip().to_string(), srv.port().to_string());
+    let hostile = std::thread::spawn(move || {
+        run_with_timeout(
+            std::process::Command::new("/usr/bin/python3").arg(&script).args([&host, &port]),
+            None,
+            Duration::from_secs(300),
+        )
+    });
+    let mut rounds = 0;
+    while !hostile.is_finished() || rounds < 3 {
+        check(&requests(&srv, "localhost", &ten));
+        rounds += 1;
+    }
+    let out = hostile.join().expect("hostile.py thread");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "hostile.py: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("hostile.py output {text:?}: {e}"));
+    assert_eq!(r["sent"]["initial-flood"], 10_000, "{r}");
+    assert_eq!(r["version_negotiation"], 4, "one per unknown version in a full-sized datagram: {r}");
+    let offered = r["vn_versions"].as_array().expect("versions offered");
+    assert!(offered.contains(&Value::from("0x1")) && !offered.iter().any(|v| v == "0xff00001d"), "{r}");
+    check(&requests(&srv, "localhost", &ten));
+    let after = rss_kib(srv.pid());
+    assert!(after < before + HOSTILE_RSS_BOUND_KIB, "RSS {before} KiB before, {after} KiB after {rounds} rounds");
+    eprintln!("hostile UDP: RSS {before} KiB before, {after} KiB after; {rounds} rounds of 10 requests during it");
+    let stopped = srv.stop();
+    stopped.assert_clean_exit();
+    assert!(!stopped.stderr.contains("panicked"), "{}", stopped.stderr);
+}
+
+/// Under the real `systemd-socket-activate --datagram`, the UDP socket it passes
+/// carries HTTP/3 (the server binds no UDP socket of its own on that address, which
+/// would fail as the passed one holds it) while TCP binds `listen` itself.
+#[test]
+fn a_udp_socket_passed_by_socket_activation_carries_http3() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    // systemd-socket-activate starts the server on the first datagram to the socket.
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poke = {
+        let (started, addr) = (started.clone(), addr.clone());
+        std::thread::spawn(move || {
+            let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            for _ in 0..300 {
+                if started.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let _ = udp.send_to(b"wake up", &addr);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let srv = Server::builder(BIN)
+        .file("f", "over a passed socket\n")
+        .workers(Some(2))
+        .listen(&[&addr])
+        .arg("--http3")
+        .wrapper(["systemd-socket-activate", "--datagram", "-l", &addr])
+        .start();
+    started.store(true, std::sync::atomic::Ordering::SeqCst);
+    poke.join().unwrap();
+    assert!(srv.stderr().contains("socket activation: HTTP/3 on the 1 UDP socket(s) passed"), "{}", srv.stderr());
+    assert_eq!(srv.port(), port, "TCP binds listen itself");
+    for _ in 0..3 {
+        let r = requests(&srv, "localhost", &Value::Array(vec![serde_json::json!({"path": "/f"}); 5]));
+        for resp in r["responses"].as_array().unwrap() {
+            assert_eq!(resp["text"], "over a passed socket\n", "{r}");
+        }
+    }
+    assert_eq!(fetch(&srv.url("/f"), &[]).status, 200, "TCP serves beside it");
+    srv.stop().assert_clean_exit();
 }

@@ -48,6 +48,16 @@ pub struct Settings {
     pub retry: Retry,
 }
 
+/// QUIC version 1 (RFC 9000).
+const QUIC_V1: u32 = 1;
+
+/// Handshakes a worker may have under way before new clients must first answer a
+/// Retry (with [`Retry::Auto`]): a flood of Initials from addresses that never
+/// complete a handshake then costs a stateless packet each, not a connection's
+/// state (about 20 KiB each, measured with `tests/h3/hostile.py`), while a burst of
+/// this many real clients per worker is taken without the extra round trip.
+pub const MAX_HANDSHAKES_BEFORE_RETRY: usize = 256;
+
 /// Unidirectional streams a client may open: HTTP/3's control stream and QPACK's
 /// encoder and decoder streams, with room for reserved (grease) stream types,
 /// which are read and discarded.
@@ -99,9 +109,13 @@ impl Keys {
         }
     }
 
-    /// The endpoint configuration every worker's endpoint is created with.
+    /// The endpoint configuration every worker's endpoint is created with: QUIC v1
+    /// only (quinn would also take the drafts 29 to 34, which no current client
+    /// sends; a client offering one gets Version Negotiation instead).
     pub fn endpoint_config(&self) -> quinn::EndpointConfig {
-        quinn::EndpointConfig::new(self.reset.clone())
+        let mut config = quinn::EndpointConfig::new(self.reset.clone());
+        config.supported_versions(vec![QUIC_V1]);
+        config
     }
 }
 
@@ -160,16 +174,26 @@ pub enum Admit {
     Refuse,
 }
 
+/// The worker's load when a new client arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Load {
+    /// Connections the worker holds (TCP and QUIC), of at most `cap`.
+    pub active: usize,
+    pub cap: usize,
+    /// QUIC handshakes under way.
+    pub handshaking: usize,
+}
+
 /// Decides for a new client, given whether its address is already validated (it
-/// came back with a Retry token) and whether a Retry may still be sent, and the
-/// worker's connections (`active` of at most `cap`).
-pub fn admit(retry: Retry, validated: bool, may_retry: bool, active: usize, cap: usize) -> Admit {
-    if active >= cap {
+/// came back with a Retry token), whether a Retry may still be sent, and the
+/// worker's load.
+pub fn admit(retry: Retry, validated: bool, may_retry: bool, load: Load) -> Admit {
+    if load.active >= load.cap {
         return Admit::Refuse;
     }
     let wanted = match retry {
         Retry::Always => true,
-        Retry::Auto => active > cap / 2,
+        Retry::Auto => load.active > load.cap / 2 || load.handshaking >= MAX_HANDSHAKES_BEFORE_RETRY,
         Retry::Never => false,
     };
     if wanted && !validated && may_retry {
@@ -211,19 +235,27 @@ mod tests {
     #[test]
     fn admit_table() {
         use Admit::{Accept, Refuse};
-        // (policy, validated, may_retry, active, cap, expected)
-        for (retry, validated, may, active, cap, want) in [
-            (Retry::Never, false, true, 0, 10, Accept),
-            (Retry::Never, false, true, 10, 10, Refuse),
-            (Retry::Always, false, true, 0, 10, Admit::Retry),
-            (Retry::Always, true, false, 0, 10, Accept),
-            (Retry::Always, false, false, 0, 10, Accept),
-            (Retry::Auto, false, true, 5, 10, Accept),
-            (Retry::Auto, false, true, 6, 10, Admit::Retry),
-            (Retry::Auto, true, false, 6, 10, Accept),
-            (Retry::Auto, true, false, 10, 10, Refuse),
+        let h = MAX_HANDSHAKES_BEFORE_RETRY;
+        // (policy, validated, may_retry, active, cap, handshaking, expected)
+        for (retry, validated, may, active, cap, handshaking, want) in [
+            (Retry::Never, false, true, 0, 10, 0, Accept),
+            (Retry::Never, false, true, 10, 10, 0, Refuse),
+            (Retry::Never, false, true, 5, 1000, h, Accept),
+            (Retry::Always, false, true, 0, 10, 0, Admit::Retry),
+            (Retry::Always, true, false, 0, 10, 0, Accept),
+            (Retry::Always, false, false, 0, 10, 0, Accept),
+            (Retry::Auto, false, true, 5, 10, 0, Accept),
+            (Retry::Auto, false, true, 6, 10, 0, Admit::Retry),
+            (Retry::Auto, true, false, 6, 10, 0, Accept),
+            (Retry::Auto, true, false, 10, 10, 0, Refuse),
+            // Many handshakes under way: unvalidated clients answer a Retry first.
+            (Retry::Auto, false, true, h, 10_000, h - 1, Accept),
+            (Retry::Auto, false, true, h, 10_000, h, Admit::Retry),
+            (Retry::Auto, true, false, h, 10_000, h, Accept),
+            (Retry::Auto, false, false, h, 10_000, h, Accept),
         ] {
-            assert_eq!(admit(retry, validated, may, active, cap), want, "{retry:?} {validated} {may} {active}/{cap}");
+            let load = Load { active, cap, handshaking };
+            assert_eq!(admit(retry, validated, may, load), want, "{retry:?} {validated} {may} {load:?}");
         }
     }
 

@@ -4,7 +4,13 @@
 //! address does; a packet that reaches another worker gets a stateless reset, which
 //! every worker can send as they share [`super::Keys`]).
 //!
-//! Not here: the TCP listeners (`server::listener`).
+//! Sockets passed by the service manager (`ListenDatagram=`) are used as they are:
+//! one worker reads each (two readers of one socket would each see packets of the
+//! other's connections), unless the socket has `SO_REUSEPORT` (`ReusePort=yes`),
+//! when the other workers bind their own beside it.
+//!
+//! Not here: the TCP listeners (`server::listener`), or reading `LISTEN_FDS`
+//! (`server::systemd`).
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
@@ -47,6 +53,49 @@ pub fn bind_all(addrs: &[SocketAddr], workers: usize) -> Result<Vec<Vec<UdpSocke
         for w in per_worker.iter_mut() {
             w.push(bind_one(addr).map_err(|e| format!("http3: cannot bind UDP {addr}: {e}"))?);
         }
+    }
+    Ok(per_worker)
+}
+
+/// Each worker's UDP sockets: the `passed` ones first (worker 0 reads each; the
+/// others bind beside it when it has `SO_REUSEPORT`), then bound ones for every
+/// HTTPS address in `addrs` that no passed socket covers (same port, and the same
+/// or an unspecified IP).
+pub fn with_passed(
+    passed: Vec<UdpSocket>,
+    addrs: &[SocketAddr],
+    workers: usize,
+) -> Result<Vec<Vec<UdpSocket>>, String> {
+    let mut covered = Vec::new();
+    let mut per_worker: Vec<Vec<UdpSocket>> = (0..workers.max(1)).map(|_| Vec::new()).collect();
+    for socket in passed {
+        let addr = socket.local_addr().map_err(|e| format!("http3: a passed UDP socket has no address: {e}"))?;
+        let sock = socket2::SockRef::from(&socket);
+        let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+        let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
+        let shared = sock.reuse_port().unwrap_or(false);
+        let mut others = per_worker.iter_mut().skip(1);
+        if shared {
+            for w in others.by_ref() {
+                match bind_one(addr) {
+                    Ok(s) => w.push(s),
+                    Err(e) => {
+                        tracing::warn!(
+                            "http3: cannot bind UDP {addr} beside the passed socket ({e}); one worker reads it"
+                        );
+                        break;
+                    }
+                }
+            }
+        }
+        covered.push(addr);
+        per_worker[0].push(socket);
+    }
+    let is_covered =
+        |a: &SocketAddr| covered.iter().any(|c| c.port() == a.port() && (c.ip() == a.ip() || c.ip().is_unspecified()));
+    let rest: Vec<SocketAddr> = addrs.iter().copied().filter(|a| !is_covered(a)).collect();
+    for (w, bound) in per_worker.iter_mut().zip(bind_all(&rest, workers)?) {
+        w.extend(bound);
     }
     Ok(per_worker)
 }
@@ -118,6 +167,23 @@ mod tests {
         let sockets = bind_all(&[addr], 2).unwrap();
         assert_eq!(sockets.len(), 2);
         assert!(sockets.iter().all(|w| w[0].local_addr().unwrap() == addr));
+    }
+
+    #[test]
+    fn a_passed_socket_is_read_by_one_worker_and_covers_its_address() {
+        let passed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = passed.local_addr().unwrap();
+        let other = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        // The other address is free again once its probe socket is dropped.
+        let sockets = with_passed(vec![passed], &[addr, other], 2).unwrap();
+        let addrs: Vec<Vec<SocketAddr>> =
+            sockets.iter().map(|w| w.iter().map(|s| s.local_addr().unwrap()).collect()).collect();
+        assert_eq!(addrs, vec![vec![addr, other], vec![other]]);
+        // With SO_REUSEPORT, the other workers bind beside it.
+        let shared = bind_one(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = shared.local_addr().unwrap();
+        let sockets = with_passed(vec![shared], &[addr], 3).unwrap();
+        assert!(sockets.iter().all(|w| w.len() == 1 && w[0].local_addr().unwrap() == addr));
     }
 
     #[test]

@@ -194,7 +194,7 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
         "/status" => ("200 OK", JSON, json(&status(&total, state, &current))),
         "/advisor" => {
             let policy = current.shared.config.record_policy.to_string();
-            ("200 OK", JSON, json(&advisor::advise(&total.traffic, &policy)))
+            ("200 OK", JSON, json(&advisor::advise(&total.traffic, &policy, current.shared.http3.is_some())))
         }
         _ => ("404 Not Found", TEXT, "not found: try /metrics, /status or /advisor\n".into()),
     }

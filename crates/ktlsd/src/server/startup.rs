@@ -123,11 +123,13 @@ struct Sockets {
 /// Binds the HTTPS listeners (or takes those the service manager passed, and
 /// records their addresses as `listen`), the plain-HTTP ones and the admin socket.
 fn bind(config: &mut Config) -> anyhow::Result<Sockets> {
-    let passed = systemd::listen_fds().map_err(|e| anyhow!(e))?;
-    let activated = passed.is_some();
+    let passed = systemd::listen_fds().map_err(|e| anyhow!(e))?.unwrap_or_default();
+    // UDP sockets alone (a socket unit with only ListenDatagram=): TCP binds `listen` itself.
+    let activated = !passed.tcp.is_empty();
+    let passed_udp = passed.udp;
     // Sockets named `http` (FileDescriptorName=http) are the plain-HTTP listener's.
     let (passed_http, passed_https): (Vec<_>, Vec<_>) =
-        passed.unwrap_or_default().into_iter().partition(|(_, name)| name == systemd::HTTP_FD_NAME);
+        passed.tcp.into_iter().partition(|(_, name)| name == systemd::HTTP_FD_NAME);
     let passed_https: Vec<TcpListener> = passed_https.into_iter().map(|(l, _)| l).collect();
     let passed_http: Vec<TcpListener> = passed_http.into_iter().map(|(l, _)| l).collect();
     if activated && passed_https.is_empty() {
@@ -168,8 +170,16 @@ fn bind(config: &mut Config) -> anyhow::Result<Sockets> {
         config.listen = https_bound.clone();
         config.http_listen = http_bound.clone();
     }
+    if config.http3.is_none() && !passed_udp.is_empty() {
+        tracing::warn!("socket activation: {} UDP socket(s) passed but http3 is off; unused", passed_udp.len());
+    }
     let udp = match config.http3 {
-        Some(_) => crate::quic::socket::bind_all(&https_bound, config.workers).map_err(|e| anyhow!(e))?,
+        Some(_) => {
+            if !passed_udp.is_empty() {
+                tracing::info!("socket activation: HTTP/3 on the {} UDP socket(s) passed", passed_udp.len());
+            }
+            crate::quic::socket::with_passed(passed_udp, &https_bound, config.workers).map_err(|e| anyhow!(e))?
+        }
         None => Vec::new(),
     };
     Ok(Sockets { https, https_bound, udp, http, http_bound, admin, activated })

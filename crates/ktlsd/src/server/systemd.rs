@@ -1,10 +1,11 @@
 //! The two pieces of the systemd protocols ktlsd speaks: listening sockets
 //! passed by socket activation (`LISTEN_FDS`/`LISTEN_PID`, sd_listen_fds(3), and
-//! their names, `LISTEN_FDNAMES`: `http` marks the plain-HTTP one),
+//! their names, `LISTEN_FDNAMES`: `http` marks the plain-HTTP one; UDP sockets
+//! are HTTP/3's),
 //! and state notifications to `NOTIFY_SOCKET` (sd_notify(3): `READY=1`,
 //! `RELOADING=1`, `STOPPING=1`) for `Type=notify` services.
 
-use std::net::TcpListener;
+use std::net::{TcpListener, UdpSocket};
 use std::os::fd::RawFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,11 +23,20 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// marks a passed socket as the plain-HTTP (port 80) listener; any other name is HTTPS.
 pub const HTTP_FD_NAME: &str = "http";
 
-/// The listening sockets passed by the service manager, when `LISTEN_PID` names
-/// this process; `Ok(None)` when none were passed. Each must be a listening TCP
-/// socket. Takes ownership of the descriptors, so it acts once per process.
-/// Each comes with its name from `LISTEN_FDNAMES` (empty when none was given).
-pub fn listen_fds() -> Result<Option<Vec<(TcpListener, String)>>, String> {
+/// The sockets the service manager passed.
+#[derive(Default)]
+pub struct Passed {
+    /// Listening TCP sockets (`ListenStream=`), each with its name from
+    /// `LISTEN_FDNAMES` (empty when none was given).
+    pub tcp: Vec<(TcpListener, String)>,
+    /// Bound UDP sockets (`ListenDatagram=`), for HTTP/3.
+    pub udp: Vec<UdpSocket>,
+}
+
+/// The sockets passed by the service manager, when `LISTEN_PID` names this
+/// process; `Ok(None)` when none were passed. Each must be a listening TCP socket
+/// or a bound UDP one. Takes ownership of the descriptors, so it acts once per process.
+pub fn listen_fds() -> Result<Option<Passed>, String> {
     let pid = std::env::var("LISTEN_PID").ok();
     if pid.and_then(|p| p.trim().parse::<u32>().ok()) != Some(std::process::id()) {
         return Ok(None);
@@ -43,24 +53,29 @@ pub fn listen_fds() -> Result<Option<Vec<(TcpListener, String)>>, String> {
     }
     let names: Vec<String> =
         std::env::var("LISTEN_FDNAMES").map(|v| v.split(':').map(str::to_string).collect()).unwrap_or_default();
-    let mut out = Vec::new();
+    let mut out = Passed::default();
     for fd in LISTEN_FDS_START..LISTEN_FDS_START + n {
         let name = names.get((fd - LISTEN_FDS_START) as usize).cloned().unwrap_or_default();
         let Some(socket) = sys::take_passed_socket(fd) else {
             return Err(format!("socket activation: descriptor {fd} (of LISTEN_FDS={n}) is not open"));
         };
         let bad = |what: &str| {
-            format!("socket activation: descriptor {fd} is {what}; ktlsd needs listening TCP sockets (ListenStream= with an IP address and port)")
+            format!("socket activation: descriptor {fd} is {what}; ktlsd needs listening TCP sockets (ListenStream= with an IP address and port) or UDP ones for HTTP/3 (ListenDatagram=)")
         };
-        match (socket.domain(), socket.r#type(), socket.is_listener()) {
-            (Ok(d), Ok(t), Ok(true)) if (d == Domain::IPV4 || d == Domain::IPV6) && t == Type::STREAM => {}
-            (Ok(_), Ok(_), Ok(false)) => return Err(bad("not listening")),
-            _ => return Err(bad("not a TCP socket")),
-        }
+        let ip = matches!(socket.domain(), Ok(d) if d == Domain::IPV4 || d == Domain::IPV6);
+        let datagram = match (ip, socket.r#type(), socket.is_listener()) {
+            (true, Ok(t), _) if t == Type::DGRAM => true,
+            (true, Ok(t), Ok(true)) if t == Type::STREAM => false,
+            (_, Ok(t), Ok(false)) if t == Type::STREAM => return Err(bad("not listening")),
+            _ => return Err(bad("neither an IP TCP nor an IP UDP socket")),
+        };
         // Non-blocking for the event loops; close-on-exec as every other descriptor here.
         socket.set_nonblocking(true).map_err(|e| format!("socket activation: descriptor {fd}: {e}"))?;
         socket.set_cloexec(true).map_err(|e| format!("socket activation: descriptor {fd}: {e}"))?;
-        out.push((socket.into(), name));
+        match datagram {
+            true => out.udp.push(socket.into()),
+            false => out.tcp.push((socket.into(), name)),
+        }
     }
     Ok(Some(out))
 }

@@ -1,8 +1,9 @@
 //! The record-size advisor: reads the summed traffic figures (response body
 //! sizes, each connection's RTT and loss at its end) and recommends a
-//! `record_size` policy with a one-sentence reason. Pure: figures in, advice
-//! out; it changes nothing. The rules and the evidence behind them are in
-//! docs/ktls.md ("Record-size advisor").
+//! `record_size` policy with a one-sentence reason, and says whether the TCP
+//! connections' loss profile favours HTTP/3 when it is off. Pure: figures in,
+//! advice out; it changes nothing. The rules and the evidence behind them are in
+//! docs/ktls.md ("Record-size advisor") and docs/http3.md.
 
 use serde::Serialize;
 
@@ -16,6 +17,8 @@ const SMALL_BODY: u64 = 4_096;
 const LARGE_SHARE: f64 = 0.05;
 /// A p95 RTT at or under this (microseconds) makes one more round trip negligible.
 const NEAR_RTT_US: u64 = 1_000;
+/// Share of TCP connections that retransmitted from which HTTP/3 is suggested.
+const LOSSY_SHARE_FOR_H3: f64 = 0.05;
 
 /// What the advisor saw and what it recommends; serialised as `/advisor`.
 #[derive(Debug, Serialize, PartialEq)]
@@ -48,6 +51,20 @@ pub struct Advice {
     pub reason: String,
     /// A line to paste into the configuration file.
     pub config: String,
+    /// Whether turning HTTP/3 on is recommended (never when it is on already).
+    pub http3_recommended: bool,
+    /// Why, in one sentence.
+    pub http3_reason: String,
+}
+
+/// The rule that decided the HTTP/3 hint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum H3Rule {
+    AlreadyOn,
+    TooFewConnections,
+    NearClients,
+    LittleLoss,
+    LossOverDistance,
 }
 
 /// The rule that decided, for tests and the documentation.
@@ -61,12 +78,42 @@ pub enum Rule {
 }
 
 /// Advice from the summed `traffic` with `current` the policy in force (as
-/// written in the configuration).
-pub fn advise(traffic: &Traffic, current: &str) -> Advice {
-    advise_with_rule(traffic, current).0
+/// written in the configuration) and `http3` whether HTTP/3 is on.
+pub fn advise(traffic: &Traffic, current: &str, http3: bool) -> Advice {
+    advise_with_rule(traffic, current, http3).0
 }
 
-pub fn advise_with_rule(t: &Traffic, current: &str) -> (Advice, Rule) {
+/// The HTTP/3 hint from the TCP connections sampled (`connections`, the share
+/// that retransmitted, the p95 RTT in µs): a lost segment holds back every HTTP/2
+/// stream and the whole TLS record it falls in, where QUIC holds back only the
+/// stream it belongs to; that matters when losses are common and each recovery
+/// costs a real round trip.
+pub fn http3_hint(connections: u64, lossy: f64, rtt_p95_us: Option<u64>, http3: bool) -> (H3Rule, bool, String) {
+    let pct = |x: f64| format!("{:.0}%", x * 100.0);
+    if http3 {
+        return (H3Rule::AlreadyOn, false, "HTTP/3 is on".to_string());
+    }
+    if connections < MIN_SAMPLES {
+        let why = format!("only {connections} TCP connections sampled (at least {MIN_SAMPLES} are needed)");
+        return (H3Rule::TooFewConnections, false, why);
+    }
+    let rtt_ms = rtt_p95_us.map_or(0.0, |r| r as f64 / 1000.0);
+    if rtt_p95_us.is_none_or(|r| r <= NEAR_RTT_US) {
+        let why = format!("p95 RTT {rtt_ms:.1} ms: a lost segment is recovered within a millisecond over TCP too");
+        return (H3Rule::NearClients, false, why);
+    }
+    if lossy < LOSSY_SHARE_FOR_H3 {
+        let why = format!("{} of TCP connections retransmitted: too few losses for HTTP/3 to gain", pct(lossy));
+        return (H3Rule::LittleLoss, false, why);
+    }
+    let why = format!(
+        "{} of TCP connections retransmitted at a p95 RTT of {rtt_ms:.0} ms: over HTTP/3 a lost packet holds back only its own stream; set http3 = true and open the UDP port",
+        pct(lossy)
+    );
+    (H3Rule::LossOverDistance, true, why)
+}
+
+pub fn advise_with_rule(t: &Traffic, current: &str, http3: bool) -> (Advice, Rule) {
     let samples = t.body_size.count();
     let body_max = Stats::get(&t.body_max);
     // A histogram bucket's bound may lie above every body seen: no quantile exceeds the maximum.
@@ -120,6 +167,7 @@ pub fn advise_with_rule(t: &Traffic, current: &str) -> (Advice, Rule) {
             ),
         )
     };
+    let (_, http3_recommended, http3_reason) = http3_hint(connections, lossy, rtt_p95_us, http3);
     let ms = |us: Option<u64>| us.map(|u| u as f64 / 1000.0);
     let ratio = |ppm: Option<u64>| ppm.map(|p| p as f64 / 1e6);
     let advice = Advice {
@@ -139,6 +187,8 @@ pub fn advise_with_rule(t: &Traffic, current: &str) -> (Advice, Rule) {
         config: format!("record_size = \"{recommended}\""),
         recommended,
         reason,
+        http3_recommended,
+        http3_reason,
     };
     (advice, rule)
 }
@@ -196,7 +246,7 @@ mod tests {
             (mix(&[(1_000_000, 200)], &[]), "static:16384", Rule::LargeOverDistance, "adaptive"),
         ];
         for (i, (t, current, rule, rec)) in table.iter().enumerate() {
-            let (a, r) = advise_with_rule(t, current);
+            let (a, r) = advise_with_rule(t, current, false);
             assert_eq!((r, a.recommended.as_str()), (*rule, *rec), "mix {i}: {a:?}");
             assert_eq!(a.config, format!("record_size = \"{rec}\""));
             assert!(!a.reason.is_empty() && !a.reason.contains('\n'));
@@ -206,7 +256,7 @@ mod tests {
     #[test]
     fn figures() {
         let t = mix(&[(8_000, 500), (100_000, 300), (1_000_000, 100)], &[(100_000, 0, 92), (100_000, 3, 8)]);
-        let a = advise(&t, "static:16384");
+        let a = advise(&t, "static:16384", false);
         assert_eq!(a.samples, 900);
         assert_eq!(a.body_p50, Some(8_192));
         assert_eq!(a.body_p95, Some(1_000_000), "never above the maximum, whatever the bucket's bound");
@@ -216,6 +266,34 @@ mod tests {
         assert!((a.lossy_connections - 0.08).abs() < 1e-9);
         assert_eq!((a.loss_p50, a.loss_p95), (Some(0.0), Some(0.05)));
         assert_eq!((a.rtt_p50_ms, a.rtt_p95_ms), (Some(100.0), Some(100.0)));
+        assert!(a.http3_recommended, "{a:?}");
         assert_eq!(a.reason, "44% of responses exceed the initial window and 8% of connections lose packets: adaptive's first record fits the window and its records shrink while a loss is recovered");
+    }
+
+    #[test]
+    fn http3_hint_on_loss_profiles() {
+        use H3Rule::*;
+        // (TCP connections of (rtt µs, retransmits of 100 segments, count), http3 on, rule)
+        // TCP connections as (rtt µs, retransmits of 100 segments, count).
+        type Conns = &'static [(u32, u32, u32)];
+        let table: [(Conns, bool, H3Rule); 7] = [
+            (&[(80_000, 2, 100)], true, AlreadyOn),
+            (&[(80_000, 2, 99)], false, TooFewConnections),
+            (&[(300, 5, 100)], false, NearClients),
+            (&[(80_000, 0, 97), (80_000, 2, 3)], false, LittleLoss),
+            (&[(80_000, 0, 95), (80_000, 2, 5)], false, LossOverDistance),
+            (&[(50_000, 1, 50), (50_000, 0, 50)], false, LossOverDistance),
+            (&[(50_000, 1, 50), (50_000, 0, 50)], true, AlreadyOn),
+        ];
+        for (i, (conns, on, want)) in table.iter().enumerate() {
+            let t = mix(&[(50_000, 200)], conns);
+            let lossy = Stats::get(&t.lossy) as f64 / Stats::get(&t.tcp_samples).max(1) as f64;
+            let (rule, recommended, why) = http3_hint(Stats::get(&t.tcp_samples), lossy, t.rtt.quantile(0.95), *on);
+            assert_eq!(rule, *want, "case {i}: {why}");
+            assert_eq!(recommended, *want == LossOverDistance, "case {i}");
+            assert!(!why.is_empty() && !why.contains('\n'));
+            let a = advise(&t, "adaptive", *on);
+            assert_eq!((a.http3_recommended, a.http3_reason), (recommended, why), "advise carries the hint");
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! force when its first packet is taken; connections under way keep theirs. Not
 //! here: the QUIC configuration and keys (`crate::quic`).
 
+use std::cell::Cell;
 use std::net::{SocketAddr, UdpSocket};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -56,6 +57,7 @@ pub(super) fn start(sockets: Vec<UdpSocket>, worker: &Rc<Worker>, stop: &watch::
 /// Takes new clients until aborted.
 async fn accept_loop(endpoint: quinn::Endpoint, worker: Rc<Worker>, stop: watch::Receiver<bool>) {
     let mut in_force: Option<Arc<quinn::ServerConfig>> = None;
+    let handshaking = Rc::new(Cell::new(0usize));
     while let Some(incoming) = endpoint.accept().await {
         // A client that arrives after a reload gets it, even before the update task runs.
         worker.refresh();
@@ -74,7 +76,8 @@ async fn accept_loop(endpoint: quinn::Endpoint, worker: Rc<Worker>, stop: watch:
         let active = worker.tasks.active.get();
         let peer = incoming.remote_address();
         let validated = incoming.remote_address_validated();
-        match quic::admit(h3.settings.retry, validated, incoming.may_retry(), active, cap) {
+        let load = quic::Load { active, cap, handshaking: handshaking.get() };
+        match quic::admit(h3.settings.retry, validated, incoming.may_retry(), load) {
             Admit::Refuse => {
                 Stats::bump(&worker.metrics.stats.connections_refused);
                 incoming.refuse();
@@ -96,14 +99,31 @@ async fn accept_loop(endpoint: quinn::Endpoint, worker: Rc<Worker>, stop: watch:
         let w = worker.clone();
         let stop = stop.clone();
         let endpoint = endpoint.clone();
+        let handshake = Handshaking::new(&handshaking);
         tokio::task::spawn_local(async move {
             let _active = active;
-            connection(incoming, peer, &w, &shared, stop.clone()).await;
+            connection(incoming, peer, &w, &shared, stop.clone(), handshake).await;
             if *stop.borrow() {
                 // Lets the endpoint send the connection's CONNECTION_CLOSE before the worker's loop ends.
                 let _ = tokio::time::timeout(CLOSE_FLUSH, endpoint.wait_idle()).await;
             }
         });
+    }
+}
+
+/// One handshake under way, counted in the accept loop's figure while it lives.
+struct Handshaking(Rc<Cell<usize>>);
+
+impl Handshaking {
+    fn new(count: &Rc<Cell<usize>>) -> Handshaking {
+        count.set(count.get() + 1);
+        Handshaking(count.clone())
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
     }
 }
 
@@ -114,11 +134,14 @@ async fn connection(
     worker: &Worker,
     shared: &Shared,
     stop: watch::Receiver<bool>,
+    handshake: Handshaking,
 ) {
     let Some(h3) = &shared.http3 else { return };
     let stats = &worker.metrics.stats;
     let traffic = &worker.metrics.traffic;
-    let conn = match quic::handshake(incoming, h3.quic.clone(), h3.settings.handshake_timeout).await {
+    let done = quic::handshake(incoming, h3.quic.clone(), h3.settings.handshake_timeout).await;
+    drop(handshake);
+    let conn = match done {
         Ok(c) => c,
         Err(e) => {
             Stats::bump(&stats.handshake_failures);
