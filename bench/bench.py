@@ -88,7 +88,7 @@ def main():
             p.error("--http2 applies to the ktls and tail scenarios (h2 is HTTP/2 on this machine)")
         args.out = os.path.join(args.out, "h2")
     servers.WORKERS = args.workers
-    peers.PEERS = [n for n in args.peers.split(",") if n]
+    peers.PEERS = [n for n in args.peers.split(",") if n] if not args.http3 else []  # --http3: ktlsd alone
     unknown = set(peers.PEERS) - set(peers.KINDS)
     if unknown:
         p.error(f"--peers: unknown {', '.join(sorted(unknown))}; choose from {', '.join(peers.KINDS)}")

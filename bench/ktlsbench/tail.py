@@ -140,13 +140,14 @@ def tail_at(args, work, loss):
         sh(cmd)
     plan = [(c, size) for c in conds for size in TAIL_SIZES for _ in range(args.n)]
     random.shuffle(plan)
-    # Batches of one protocol each (one client process serves a batch), in the order the
-    # shuffled plan first reaches them, so every protocol's batches run interleaved.
+    # Batches of one protocol each (one curl process serves 40 connections; gtlsclient makes
+    # one connection per process, so an HTTP/3 batch is one job), in the order the shuffled
+    # plan fills them, so every protocol's connections run interleaved.
     batches, open_ = [], {}
     for c, size in plan:
         b = open_.setdefault(c.proto, [])
         b.append((c, size))
-        if len(b) == 40:
+        if len(b) == (1 if c.proto == tail_h3.H3 else 40):
             batches.append(open_.pop(c.proto))
     batches += [b for b in open_.values() if b]
     run = {"h1": lambda b: tail_batch(b, resolve), "h2": lambda b: tail_batch_h2(b, resolve),
@@ -160,6 +161,8 @@ def tail_at(args, work, loss):
     udp0, cpu0 = tail_h3.udp_counters(), {s.name: cpu_seconds(s.pids()) for s in servers}
     tail_h3.CLIENT_CPU.clear()
     tail_h3.CLIENT_WAIT.clear()
+    tail_h3.SLOW_LOGS = os.path.join(args.out, "h3-slow")
+    os.makedirs(tail_h3.SLOW_LOGS, exist_ok=True)
     try:
         # A few clients at once: each connection mostly waits on the 100 ms round
         # trips, and every condition shares the same concurrency.

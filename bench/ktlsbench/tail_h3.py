@@ -26,6 +26,8 @@ STAMP = re.compile(r"^I(\d{8}) ")
 # Per HTTP/3 connection, ms from the client's handshake completing to its first 1-RTT packet
 # (Finished and request): the client's own wait, part of its TTFB.
 CLIENT_WAIT = []
+# Where gtlsclient's log of a connection whose TTFB is over SLOW_MS is kept (None: nowhere).
+SLOW_LOGS, SLOW_MS = None, 1000
 
 
 def run_timed(cmd, proto, conns, timeout):
@@ -99,6 +101,9 @@ def gtlsclient_batch(jobs, work):
             raise RuntimeError(f"{c.name} {name}: gtlsclient exit {rc}, ALPN {alpn}, HTTP {status}, "
                                f"{got} of {size} bytes, TTFB {ttfb} ms, total {total} ms: {err[-1500:]}")
         rows.append((c.name, name, float(ttfb), float(total)))
+        if ttfb > SLOW_MS and SLOW_LOGS is not None:  # the client's own account of its slowest connections
+            with open(os.path.join(SLOW_LOGS, f"{name}-ttfb{ttfb}-{threading.get_ident()}.log"), "w") as f:
+                f.write(err[:200_000])
         if wait is not None:
             CLIENT_WAIT.append(wait)
     return rows
