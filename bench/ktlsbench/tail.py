@@ -161,8 +161,9 @@ def tail_at(args, work, loss):
     udp0, cpu0 = tail_h3.udp_counters(), {s.name: cpu_seconds(s.pids()) for s in servers}
     tail_h3.CLIENT_CPU.clear()
     tail_h3.CLIENT_WAIT.clear()
-    tail_h3.SLOW_LOGS = os.path.join(args.out, "h3-slow")
-    os.makedirs(tail_h3.SLOW_LOGS, exist_ok=True)
+    if args.http3:
+        tail_h3.SLOW_LOGS = os.path.join(args.out, "h3-slow")
+        os.makedirs(tail_h3.SLOW_LOGS, exist_ok=True)
     try:
         # A few clients at once: each connection mostly waits on the 100 ms round
         # trips, and every condition shares the same concurrency.
