@@ -19,7 +19,8 @@ Scenarios:
                       fresh; 10 KiB with wrk over 1000 keep-alive connections, and with a new
                       TLS connection per request (Connection: close).
   tail        (VM)    cold connections over netem 50 ms delay / 1% loss: TTFB and total time
-                      per record-size policy and each peer, for 10 KB, 100 KB and 1 MB files.
+                      per record-size policy and each peer, for 10 KB, 100 KB and 1 MB files;
+                      --http3: every policy over HTTP/1.1 and HTTP/2 beside ktlsd's HTTP/3.
   cold        (VM)    a hot 10 KiB file fetched by wrk while other clients download cold large
                       files from a slow disk (ext4 on a loop file under dm-delay): the hot file's
                       p50/p99, idle and loaded, for ktlsd kTLS and userspace, nginx default, nginx
@@ -39,7 +40,7 @@ import os
 import shutil
 import tempfile
 
-from ktlsbench import cold, h3, ktls, peers, proxy, scale, scale_ktls, servers, tail, throughput, throughput_h2
+from ktlsbench import cold, h3, ktls, peers, proxy, scale, scale_ktls, servers, tail, tail_h3, throughput, throughput_h2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -57,7 +58,8 @@ def main():
     p.add_argument("--tail-ktls", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--clients", type=int, default=2, help="tail: curl processes running at once")
     p.add_argument("--delay", default="50ms", help="tail: netem delay, each direction")
-    p.add_argument("--loss", default="1%", help="tail: netem loss, each direction (%%)")
+    p.add_argument("--loss", default="1%",
+                   help="tail: netem loss, each direction (%%); a comma-separated list runs the plan at each")
     p.add_argument("--quick", action="store_true", help="throughput: 64 MiB instead of 1 GiB")
     p.add_argument("--record-size", help="throughput: ktlsd's --record-size (default: ktlsd's default)")
     p.add_argument("--report-only", action="store_true",
@@ -78,13 +80,20 @@ def main():
                    help="throughput, h2, ktls: CPU seconds each crypto-limit measurement runs")
     p.add_argument("--http2", action="store_true",
                    help="ktls, tail: over HTTP/2 (h2load; curl --http2); results under OUT/h2/")
+    p.add_argument("--http3", action="store_true",
+                   help="tail: ktlsd's HTTP/3 (gtlsclient) beside every policy over HTTP/1.1 and HTTP/2, no peers; "
+                        "results under OUT/h3/")
     args = p.parse_args()
+    if args.http3:
+        if args.scenario != "tail" or args.http2:
+            p.error("--http3 applies to the tail scenario, without --http2 (its plan has HTTP/2 already)")
+        args.out = os.path.join(args.out, "h3")
     if args.http2:
         if args.scenario not in ("ktls", "tail"):
             p.error("--http2 applies to the ktls and tail scenarios (h2 is HTTP/2 on this machine)")
         args.out = os.path.join(args.out, "h2")
     servers.WORKERS = args.workers
-    peers.PEERS = [n for n in args.peers.split(",") if n]
+    peers.PEERS = [n for n in args.peers.split(",") if n] if not args.http3 else []  # --http3: ktlsd alone
     unknown = set(peers.PEERS) - set(peers.KINDS)
     if unknown:
         p.error(f"--peers: unknown {', '.join(sorted(unknown))}; choose from {', '.join(peers.KINDS)}")
@@ -92,12 +101,18 @@ def main():
     servers.ACCESS_LOG = args.scenario in ("ktls", "tail", "cold", "scale-ktls")
     os.makedirs(args.out, exist_ok=True)
     if args.report_only:
-        with open(os.path.join(args.out, "tail.csv")) as f:
-            rows = [(r["condition"], r["size"], float(r["ttfb_ms"]), float(r["total_ms"])) for r in csv.DictReader(f)]
-        conds = [n for n, _ in tail.TAIL_CONDITIONS]
-        names = conds + sorted({r[0] for r in rows} - set(conds))  # ktlsd's policies, then the peers
-        table, _ = tail.tail_report(rows, tail.TAIL_SIZES, names, args.out)
-        print(table)
+        losses = [x for x in args.loss.split(",") if x]
+        for loss in losses:  # a list of rates left each one's CSV under OUT/loss-RATE/
+            out = args.out if len(losses) == 1 else os.path.join(args.out, f"loss-{loss.rstrip('%')}")
+            with open(os.path.join(out, "tail.csv")) as f:
+                rows = [(r["condition"], r["size"], float(r["ttfb_ms"]), float(r["total_ms"]))
+                        for r in csv.DictReader(f)]
+            conds = [n for n, _ in tail.TAIL_CONDITIONS]
+            if args.http3:  # each policy over HTTP/1.1, then over HTTP/2, then HTTP/3
+                conds = [f"{proto}/{n}" for proto in tail_h3.PROTOCOLS for n in conds] + [tail_h3.H3]
+            names = conds + sorted({r[0] for r in rows} - set(conds))  # ktlsd's policies, then the peers
+            table, _ = tail.tail_report(rows, tail.TAIL_SIZES, names, out)
+            print(f"### loss {loss}\n\n{table}\n" if len(losses) > 1 else table)
         return
     work = tempfile.mkdtemp(prefix="ktlsd-bench-")
     try:
