@@ -16,10 +16,15 @@ layer does them, with no cipher: `preadv` of a file in the page cache into the p
 to a loopback TCP connection that another process drains. The CPU is the sending thread's, as
 `/proc` accounts it (the receive work loopback does in the sender's context included), per GiB of
 payload, the median of five slices. AEAD + floor estimates the least a userspace record layer can spend per GiB
-on this machine; each part is measured alone, so a run in other conditions can put a server a little under it."""
+on this machine; each part is measured alone, so a run in other conditions can put a server a little under it.
+
+For HTTP/3 the same kind of floor is the UDP one (`udp_floor`): the kernel time of sending 1452-byte
+datagrams (QUIC's packets on a 1500-byte path) in GSO batches over loopback to a receiver in another
+process, with no payload work at all (no reading, no sealing, no acknowledgements)."""
 
 import json
 import os
+import resource
 import socket
 import struct
 import subprocess
@@ -101,6 +106,55 @@ def socket_floor(work, seconds, batch=FLOOR_BATCH):
     log(f"  socket floor ({batch} records of 16 KiB per send, loopback): {got['cpu_s_per_gib']:.4f} CPU s/GiB "
         f"(preadv {got['read_s_per_gib']:.4f}, send {got['send_s_per_gib']:.4f}; median of "
         + ", ".join(f"{c:.4f}" for c in got["slices_cpu_s_per_gib"]) + ")")
+    return got
+
+
+UDP_SEGMENT, UDP_GRO = 103, 104
+UDP_DRAIN = ("import socket, sys\ns = socket.socket(fileno=int(sys.argv[1]))\n"
+             "s.setsockopt(socket.IPPROTO_UDP, 104, int(sys.argv[2]))\nb = bytearray(1 << 16)\n"
+             "while s.recv_into(b) != 1:\n    pass\n")
+
+
+def udp_floor(seconds, segment=1452, segments=10, gro=False):
+    """Kernel CPU s/GiB of payload for sending `segment`-byte UDP datagrams over loopback,
+    `segments` per `send` (UDP GSO), to a receiver that asks for GRO or not: the sending
+    thread's system time only (the loopback delivery it does in its context included), so the
+    Python loop around it is not counted. The least any QUIC stack sending such packets pays."""
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+    rx.bind(("127.0.0.1", 0))
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.connect(rx.getsockname())
+    reader = subprocess.Popen([sys.executable, "-c", UDP_DRAIN, str(rx.fileno()), str(int(gro))],
+                              pass_fds=[rx.fileno()])
+    rx.close()
+    if segments > 1:
+        tx.setsockopt(socket.IPPROTO_UDP, UDP_SEGMENT, segment)
+    payload = bytes(segment * segments)
+    slices = []
+    try:
+        for _ in range(FLOOR_SLICES):
+            r0, sent = resource.getrusage(resource.RUSAGE_THREAD), 0
+            c0 = time.thread_time()
+            while time.thread_time() - c0 < seconds / FLOOR_SLICES:
+                sent += tx.send(payload)
+            r1 = resource.getrusage(resource.RUSAGE_THREAD)
+            slices.append((r1.ru_stime - r0.ru_stime) / (sent / GIB))
+    finally:
+        if segments > 1:
+            tx.setsockopt(socket.IPPROTO_UDP, UDP_SEGMENT, 0)
+        for _ in range(100):  # the stop datagram; the receiver may drop some under load
+            if reader.poll() is not None:
+                break
+            tx.send(b"!")
+            time.sleep(0.01)
+        reader.kill()
+        tx.close()
+    slices.sort()
+    got = {"cpu_s_per_gib": slices[len(slices) // 2], "segment": segment, "segments_per_send": segments,
+           "gro": gro, "slices_cpu_s_per_gib": slices}
+    log(f"  UDP floor ({segments} x {segment}-byte datagrams per send, receiver GRO {'on' if gro else 'off'}): "
+        f"{got['cpu_s_per_gib']:.4f} kernel CPU s/GiB (median of " + ", ".join(f"{c:.4f}" for c in slices) + ")")
     return got
 
 
