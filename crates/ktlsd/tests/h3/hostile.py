@@ -12,8 +12,11 @@ of a stateless reset (a short header and random bytes, 21 to 42 bytes); long
 headers with versions the server does not speak (which must draw a Version
 Negotiation packet, RFC 9000 section 6) and a Version Negotiation packet sent to
 the server (which must draw nothing). Then prints JSON: {"sent": datagrams sent by
-kind, "version_negotiation": how many Version Negotiation packets came back,
-"vn_versions": the versions the first one offered}.
+kind, "version_negotiation": how many Version Negotiation packets came back to the
+unknown-version packets (told apart by the Source Connection ID each one echoes as
+its Destination Connection ID), "vn_other": Version Negotiation packets that came
+back to anything else (random bytes can look like a long header of an unknown
+version), "vn_versions": the versions the first one offered}.
 """
 
 import argparse
@@ -41,9 +44,9 @@ def initial(host, port):
     return conn.datagrams_to_send(now=time.time())[0][0]
 
 
-def long_header(version, size):
+def long_header(version, size, scid):
     """A long-header packet of `version` padded to `size` bytes: connection IDs of 8 bytes, then noise."""
-    head = bytes([0xC0]) + struct.pack("!I", version) + bytes([8]) + os.urandom(8) + bytes([8]) + os.urandom(8)
+    head = bytes([0xC0]) + struct.pack("!I", version) + bytes([8]) + os.urandom(8) + bytes([len(scid)]) + scid
     return head + os.urandom(size - len(head))
 
 
@@ -59,16 +62,21 @@ def main():
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     s.setblocking(False)
     sent = {}
-    vn = {"count": 0, "versions": None}
+    vn = {"count": 0, "other": 0, "versions": None}
+    # Source Connection IDs of the unknown-version packets that must each draw one answer.
+    awaited = set()
 
     def drain():
         # Counts the Version Negotiation packets among the answers (version field 0).
         while select.select([s], [], [], 0)[0]:
             data = s.recv(MAX_UDP)
             if len(data) >= 7 and data[0] & 0x80 and data[1:5] == b"\0\0\0\0":
+                dcid_len = data[5]
+                if data[6:6 + dcid_len] not in awaited:
+                    vn["other"] += 1
+                    continue
                 vn["count"] += 1
                 if vn["versions"] is None:
-                    dcid_len = data[5]
                     scid_len = data[6 + dcid_len]
                     rest = data[7 + dcid_len + scid_len:]
                     vn["versions"] = ["%#x" % v for (v,) in struct.iter_unpack("!I", rest[: len(rest) // 4 * 4])]
@@ -98,15 +106,21 @@ def main():
     for length in range(21, 43):
         send("stateless-reset-shaped", bytes([0x40 | os.urandom(1)[0] & 0x3F]) + os.urandom(length - 1))
     for version in (0x1A2A3A4A, 0xFF00001D, 0x00000002, 0x6B3343CF):
-        send("unknown-version", long_header(version, 1200))
+        scid = os.urandom(8)
+        awaited.add(scid)
+        send("unknown-version", long_header(version, 1200, scid))
     # Too short for a Version Negotiation answer (RFC 9000 section 14.1: only datagrams of 1200 bytes or more).
-    send("unknown-version-short", long_header(0x1A2A3A4A, 100))
-    send("version-negotiation", long_header(0, 60))
+    scid = os.urandom(8)
+    awaited.add(scid)
+    send("unknown-version-short", long_header(0x1A2A3A4A, 100, scid))
+    scid = os.urandom(8)
+    awaited.add(scid)
+    send("version-negotiation", long_header(0, 60, scid))
     deadline = time.time() + 2
     while time.time() < deadline:
         drain()
         time.sleep(0.05)
-    print(json.dumps({"sent": sent, "version_negotiation": vn["count"], "vn_versions": vn["versions"]}))
+    print(json.dumps({"sent": sent, "version_negotiation": vn["count"], "vn_other": vn["other"], "vn_versions": vn["versions"]}))
 
 
 if __name__ == "__main__":
