@@ -30,7 +30,7 @@ import urllib.request
 from . import crypto, peers, servers
 from .clients import h2load, wrk_rps
 from .servers import Ktlsd, require_ktls
-from .stats import median, size_name, versus_table
+from .stats import median, ratio_ci, size_name, versus_table
 from .system import cpu_seconds, log, make_file, proc_counters_flat, sh
 
 ORIGIN_PORT = 18680
@@ -440,6 +440,11 @@ def vm_report(args, work, res, grew, hits):
             (f"server CPU s/GiB (utime+stime from /proc), median of {args.runs}", median(k["cpu_per_gib"]),
              {"nginx": median(n["cpu_per_gib"])}, "ktlsd/nginx <= 1")]
     table = versus_table(rows, ["nginx"], f"measure ({size} hit, nginx proxy_cache with kTLS)", digits=3)
+    ratio, lo, hi = ratio_ci(k["cpu_per_gib"], n["cpu_per_gib"], 50)
+    per_round = sorted(a / b for a, b in zip(k["cpu_per_gib"], n["cpu_per_gib"]))
+    table += (f"\n\nCPU s/GiB ktlsd/nginx: {ratio:.2f}x, 95% bootstrap interval [{lo:.2f}, {hi:.2f}]; per round "
+              f"(the two downloads of a round run back to back): median {median(per_round):.2f}x, "
+              f"{per_round[0]:.2f}x to {per_round[-1]:.2f}x.")
     kernel = crypto.kernel_ktls_limit(work, args.aead_seconds)
     evidence = [
         "", f"kTLS on both: each download installed one kernel TLS transmit context (TlsTxSw: ktlsd "
@@ -454,4 +459,5 @@ def vm_report(args, work, res, grew, hits):
         evidence += ["", f"The kernel's kTLS send alone (tls_sw AES-128-GCM plus the TCP send path, sendfile over "
                          f"loopback, this guest): {ref:.3f} CPU s/GiB; ktlsd {median(k['cpu_per_gib']) / ref:.2f}x, "
                          f"nginx {median(n['cpu_per_gib']) / ref:.2f}x of it."]
-    return table + "\n" + "\n".join(evidence) + "\n", {"hits": res, "hit_bytes_grew": grew, "kernel_ktls_limit": kernel}
+    return table + "\n" + "\n".join(evidence) + "\n", {"hits": res, "hit_bytes_grew": grew, "kernel_ktls_limit": kernel,
+                                                         "cpu_ratio_ci": [ratio, lo, hi]}
