@@ -285,8 +285,8 @@ def measure(args, ktlsd, nginx, origin):
     table += (f"\n\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same run): "
               f"{hit:.1f} us / {static:.1f} us = {hit / static:.2f}x (goal <= 1.05x)\n"
               f"\nThe upstream: nginx over plain HTTP on loopback, 2 workers (not measured); nginx with "
-              f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB) need the VM "
-              f"and are not part of this scenario.\n")
+              f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB): "
+              f"`bench/run proxy --vm`.\n")
     return table, {"rps": res, "cpu_us_per_request": cpu, "upstream_requests_for_100_misses": misses,
                    "hit_vs_static_cpu": hit / static}
 
