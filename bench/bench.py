@@ -29,6 +29,8 @@ Scenarios:
                       plain-HTTP upstream for both: 10 KiB hits over HTTP/1.1 and HTTP/2, 10 KiB
                       proxied without cache, a hit's CPU against a static file's, and 100
                       concurrent misses on one key counted at the upstream.
+              (VM)    --vm: a 128 MiB hit over kTLS from both (nginx with OpenSSL's KTLS option):
+                      MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it.
 
 Run through bench/run, which installs what is needed and boots a VM for the VM scenarios. Each scenario
 is a module of the ktlsbench package beside this file, with the helpers they share.
@@ -83,7 +85,14 @@ def main():
     p.add_argument("--http3", action="store_true",
                    help="tail: ktlsd's HTTP/3 (gtlsclient) beside every policy over HTTP/1.1 and HTTP/2, no peers; "
                         "results under OUT/h3/")
+    p.add_argument("--vm", action="store_true",
+                   help="proxy: large cache hits over kTLS in the VM (bench/run boots it), ktlsd vs nginx proxy_cache; "
+                        "results under OUT/vm/")
     args = p.parse_args()
+    if args.vm:
+        if args.scenario != "proxy":
+            p.error("--vm applies to the proxy scenario (the other VM scenarios always run in the VM)")
+        args.out = os.path.join(args.out, "vm")
     if args.http3:
         if args.scenario != "tail" or args.http2:
             p.error("--http3 applies to the tail scenario, without --http2 (its plan has HTTP/2 already)")
@@ -98,7 +107,7 @@ def main():
     if unknown:
         p.error(f"--peers: unknown {', '.join(sorted(unknown))}; choose from {', '.join(peers.KINDS)}")
     # The VM scenarios check ktlsd's access log (tls=ktls): there every server writes one, alike.
-    servers.ACCESS_LOG = args.scenario in ("ktls", "tail", "cold", "scale-ktls")
+    servers.ACCESS_LOG = args.scenario in ("ktls", "tail", "cold", "scale-ktls") or args.vm
     os.makedirs(args.out, exist_ok=True)
     if args.report_only:
         losses = [x for x in args.loss.split(",") if x]

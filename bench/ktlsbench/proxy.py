@@ -17,18 +17,21 @@ Measures, each as the ratio ktlsd/nginx beside its goal:
 - 100 concurrent misses on one fresh key (`curl --parallel`, 100 connections): the requests the
   origin received (ktlsd coalesces; nginx with `proxy_cache_lock on`).
 
-Not here: the large-hit CPU s/GiB over kTLS, which needs the VM (not built)."""
+With --vm (in the guest, through `bench/run proxy --vm`): large hits over kTLS instead, see
+scenario_proxy_vm."""
 
 import os
 import random
 import re
 import subprocess
+import time
+import urllib.request
 
-from . import peers, servers
+from . import crypto, peers, servers
 from .clients import h2load, wrk_rps
-from .servers import Ktlsd
-from .stats import median, versus_table
-from .system import cpu_seconds, log, make_file, sh
+from .servers import Ktlsd, require_ktls
+from .stats import median, ratio_ci, size_name, versus_table
+from .system import cpu_seconds, log, make_file, proc_counters_flat, sh
 
 ORIGIN_PORT = 18680
 KTLSD_PORT = 18643
@@ -39,9 +42,9 @@ SLOW_RATE = "4k"
 MISSES = 100
 
 
-def nginx(peer, workers, connections, http):
-    """The command of an nginx `peer` with `workers` processes, no access log and `http` (its
-    upstream and server blocks) in the http block."""
+def nginx(peer, workers, connections, http, access_log=None):
+    """The command of an nginx `peer` with `workers` processes, `access_log` (a path, or none)
+    and `http` (its upstream and server blocks) in the http block."""
     conf = peer.write("nginx.conf", f"""
 user root;
 worker_processes {workers};
@@ -51,7 +54,7 @@ worker_rlimit_nofile {2 * connections + 64};
 events {{ worker_connections {connections}; }}
 http {{
   include /etc/nginx/mime.types;
-  access_log off;
+  access_log {access_log or "off"};
   sendfile on;
   keepalive_requests 1000000;{http}
 }}
@@ -90,7 +93,9 @@ class NginxProxy(peers.Nginx):
     """nginx as a caching reverse proxy, as its documentation configures one: an `upstream`
     block with `keepalive 32`, `proxy_http_version 1.1` and an empty Connection field;
     `proxy_cache` on /cache/ and /slow/ (with `proxy_cache_lock on` there), `proxy_pass`
-    alone on /pass/; HTTP/2 on its listen line (wrk still speaks HTTP/1.1 to it)."""
+    alone on /pass/; HTTP/2 on its listen line (wrk still speaks HTTP/1.1 to it); with `ktls`,
+    `ssl_conf_command Options KTLS` (OpenSSL hands the records to the kernel, and a hit leaves
+    by `SSL_sendfile`)."""
 
     def launch(self, root, port, ktls, http2, connections):
         cache = self.path("cache")
@@ -110,6 +115,7 @@ class NginxProxy(peers.Nginx):
     ssl_certificate_key {servers.KEY};
     ssl_protocols TLSv1.2 TLSv1.3;
     ssl_session_tickets on;
+    {"ssl_conf_command Options KTLS;" if ktls else ""}
     root {root};
     location /cache/ {{
       {proxy}
@@ -126,11 +132,12 @@ class NginxProxy(peers.Nginx):
     location /pass/ {{
       {proxy}
     }}
-  }}""")
+  }}""", self.access_log())
 
 
-def ktlsd_config(work):
-    """ktlsd's configuration: the same three paths, /cache/ and /slow/ cached."""
+def ktlsd_config(work, cache_limits='max_size = "1G"'):
+    """ktlsd's configuration: the same three paths, /cache/ and /slow/ cached, with
+    `cache_limits` in [cache]."""
     cache = os.path.join(work, "ktlsd-cache")
     up = f'upstream = ["http://127.0.0.1:{ORIGIN_PORT}"]'
     path = os.path.join(work, "ktlsd-proxy.toml")
@@ -151,7 +158,7 @@ path = "/pass/**"
 
 [cache]
 dir = "{cache}"
-max_size = "1G"
+{cache_limits}
 """)
     return path
 
@@ -205,6 +212,8 @@ def require_free(*ports):
 
 
 def scenario_proxy(args, work):
+    if args.vm:
+        return scenario_proxy_vm(args, work)
     if "nginx" not in peers.PEERS:
         raise RuntimeError("the proxy scenario compares with nginx: keep it in --peers")
     require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT)
@@ -276,7 +285,179 @@ def measure(args, ktlsd, nginx, origin):
     table += (f"\n\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same run): "
               f"{hit:.1f} us / {static:.1f} us = {hit / static:.2f}x (goal <= 1.05x)\n"
               f"\nThe upstream: nginx over plain HTTP on loopback, 2 workers (not measured); nginx with "
-              f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB) need the VM "
-              f"and are not part of this scenario.\n")
+              f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB): "
+              f"`bench/run proxy --vm`.\n")
     return table, {"rps": res, "cpu_us_per_request": cpu, "upstream_requests_for_100_misses": misses,
                    "hit_vs_static_cpu": hit / static}
+
+
+# Large hits over kTLS (--vm, in the guest): one entry of VM_SIZE, fetched as a hit from ktlsd and
+# from nginx in interleaved rounds. Scaled to the emulated CPU (AES-GCM at tens of MB/s): a download
+# takes a few seconds, and the origin's file and both caches' copies fit the guest's /tmp (RAM).
+VM_SIZE = 128 << 20
+VM_PATH = f"/cache/{VM_SIZE >> 20}m.bin"
+ADMIN_PORT = 18690
+# ktlsd's access log line: how the body left and where it was encrypted (`tls=` last, as
+# servers.require_ktls reads it).
+VM_LOG_FORMAT = '"$request" $status $body_bytes_sent body=$body_path tls=$record_layer'
+SENDFILE_BYTES = 'ktlsd_cache_hit_bytes_total{by="sendfile"}'
+COPY_BYTES = 'ktlsd_cache_hit_bytes_total{by="copy"}'
+
+
+def tls_stat():
+    """/proc/net/tls_stat by name; fails where the kernel has no kTLS (the scenario needs it)."""
+    try:
+        return proc_counters_flat("/proc/net/tls_stat")
+    except OSError as e:
+        raise RuntimeError(f"no /proc/net/tls_stat ({e}): proxy --vm needs kTLS; run it as bench/run proxy --vm") \
+            from None
+
+
+def ktlsd_metrics():
+    """ktlsd's /metrics from its admin listener, as {name{labels}: value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{ADMIN_PORT}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    pairs = (l.rsplit(" ", 1) for l in text.splitlines() if l and not l.startswith("#"))
+    return {k: float(v) for k, v in pairs}
+
+
+def hit_download(server, status_field, hit):
+    """One GET of VM_PATH on a fresh HTTP/1.1 connection, which must be a whole 200 and a cache
+    hit: its speed (MB/s), the server's CPU seconds, the TlsTxSw rise (kTLS transmit contexts
+    installed) and the highest TlsCurrTxSw rise seen while it ran (polled every 0.2 s)."""
+    base, c0 = tls_stat(), cpu_seconds(server.pids())
+    proc = subprocess.Popen(["curl", "-sk", "--http1.1", "-o", "/dev/null", "-w",
+                             f"%{{http_code}} %{{size_download}} %{{speed_download}} %header{{{status_field}}}",
+                             f"https://127.0.0.1:{server.port}{VM_PATH}"], stdout=subprocess.PIPE, text=True)
+    live = 0
+    while proc.poll() is None:
+        live = max(live, tls_stat()["TlsCurrTxSw"] - base["TlsCurrTxSw"])
+        time.sleep(0.2)
+    out = proc.communicate()[0]
+    cpu, after = cpu_seconds(server.pids()) - c0, tls_stat()
+    code, size, speed, status = (out.split(" ", 3) + ["", "", "", ""])[:4]
+    if proc.returncode or code != "200" or size != str(VM_SIZE) or not hit(status.strip()):
+        raise RuntimeError(f"{server.name}: GET {VM_PATH}: curl exit {proc.returncode}, status {code}, {size} bytes "
+                           f"of {VM_SIZE}, {status_field}: {status!r}; want a whole 200 cache hit")
+    return float(speed) / 1e6, cpu, after["TlsTxSw"] - base["TlsTxSw"], live
+
+
+def fill(server, status_field, hit):
+    """Stores VM_PATH in the server's cache: GETs it until the answer is a hit (the first one
+    stores it; a HEAD would not do: ktlsd passes HEAD on to the origin)."""
+    url = f"https://127.0.0.1:{server.port}{VM_PATH}"
+    for _ in range(5):
+        out = sh(["curl", "-sk", "--http1.1", "--fail", "-o", "/dev/null", "-D", "-", url])
+        m = re.search(rf"(?im)^{re.escape(status_field)}:\s*(.*?)\s*$", out)
+        if m and hit(m.group(1)):
+            return
+        time.sleep(1)
+    raise RuntimeError(f"{server.name}: {VM_PATH} is not a cache hit after 5 GETs:\n{out}")
+
+
+def scenario_proxy_vm(args, work):
+    """Large hits over kTLS (VM): ktlsd (`--ktls on`, `[cache]`, `[[proxy]] cache = true`) and
+    nginx (`proxy_cache`, `sendfile on`, `ssl_conf_command Options KTLS`) in front of the same
+    origin; one VM_SIZE entry fetched as a hit by curl (HTTP/1.1, a fresh connection each), the
+    servers interleaved in random order for --runs rounds: MB/s and server CPU s/GiB (utime+stime
+    from /proc, as the ktls scenario measures). Fails unless each download was a whole hit that
+    installed one kTLS transmit context (TlsTxSw) which was live while it ran (TlsCurrTxSw), every
+    ktlsd response was `tls=ktls` and each hit `body=sendfile` in its access log, and ktlsd's
+    ktlsd_cache_hit_bytes_total{by="sendfile"} grew by the bytes of its hits (and by="copy" not)."""
+    if "nginx" not in peers.PEERS:
+        raise RuntimeError("the proxy scenario compares with nginx: keep it in --peers")
+    tls_stat()
+    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT, ADMIN_PORT)
+    root, origin_root = os.path.join(work, "www"), os.path.join(work, "origin")
+    os.makedirs(os.path.join(origin_root, "cache"))
+    os.makedirs(root)
+    make_file(os.path.join(origin_root, VM_PATH.lstrip("/")), VM_SIZE)
+    origin = Origin("origin", origin_root, ORIGIN_PORT, work)
+    started = [origin]
+    try:
+        # max_object_size is at most max_size / 8; the default (64M) would pass the entry on.
+        config = ktlsd_config(work, 'max_size = "2G"\nmax_object_size = "256M"')
+        ktlsd = Ktlsd("ktlsd", args.ktlsd, root, KTLSD_PORT, work,
+                      ["--ktls", "on", "--config", config, "--admin", f"127.0.0.1:{ADMIN_PORT}",
+                       "--access-log-format", "custom", "--access-log-custom", VM_LOG_FORMAT])
+        started.append(ktlsd)
+        nginx = NginxProxy("nginx", root, NGINX_PORT, work, ktls=True, http2=True)
+        started.append(nginx)
+        fields = {ktlsd.name: ("cache-status", lambda v: v.startswith("ktlsd; hit")),
+                  nginx.name: ("x-cache-status", lambda v: v == "HIT")}
+        log(f"filling both caches with {size_name(VM_SIZE)} from the origin")
+        for s in (ktlsd, nginx):
+            fill(s, *fields[s.name])
+        res = {s.name: {"speed": [], "cpu_per_gib": [], "ktls_tx": [], "ktls_live": []} for s in (ktlsd, nginx)}
+        time.sleep(1)  # a worker counts a hit's bytes just after its last byte left
+        m0 = ktlsd_metrics()
+        log(f"{size_name(VM_SIZE)} hits x {args.runs} rounds, interleaved")
+        for i in range(args.runs):
+            for s in random.sample([ktlsd, nginx], 2):
+                speed, cpu, tx, live = hit_download(s, *fields[s.name])
+                r = res[s.name]
+                r["speed"].append(speed)
+                r["cpu_per_gib"].append(cpu / (VM_SIZE / (1 << 30)))
+                r["ktls_tx"].append(tx)
+                r["ktls_live"].append(live)
+            log(f"  round {i + 1}/{args.runs}: " + ", ".join(
+                f"{n} {r['speed'][-1]:.1f} MB/s {r['cpu_per_gib'][-1]:.2f} s/GiB TlsTxSw +{r['ktls_tx'][-1]} "
+                f"TlsCurrTxSw +{r['ktls_live'][-1]}" for n, r in res.items()))
+        want = args.runs * VM_SIZE
+        deadline = time.time() + 10
+        while True:
+            m1 = ktlsd_metrics()
+            grew = {k: m1.get(k, 0) - m0.get(k, 0) for k in (SENDFILE_BYTES, COPY_BYTES)}
+            if grew[SENDFILE_BYTES] >= want or time.time() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        for s in reversed(started):
+            s.stop()
+    for n, r in res.items():
+        if r["ktls_tx"] != [1] * args.runs or r["ktls_live"] != [1] * args.runs:
+            raise RuntimeError(f"{n}: kTLS transmit contexts per download {r['ktls_tx']} (TlsTxSw), live during "
+                               f"it {r['ktls_live']} (TlsCurrTxSw); want 1 each: not every hit went over kTLS")
+    if grew[SENDFILE_BYTES] != want or grew[COPY_BYTES]:
+        raise RuntimeError(f"ktlsd's cache-hit bytes grew by {grew[SENDFILE_BYTES]:.0f} by sendfile and "
+                           f"{grew[COPY_BYTES]:.0f} by copy; want {want} ({args.runs} hits) by sendfile, 0 by copy")
+    require_ktls(work, ["ktlsd"])
+    with open(os.path.join(work, "ktlsd.access")) as f:
+        hits = sum(f" {VM_SIZE} body=sendfile tls=ktls" in l and VM_PATH in l and l.startswith('"GET ') for l in f)
+    if hits < args.runs:
+        raise RuntimeError(f"ktlsd's access log has {hits} GET {VM_PATH} lines with body=sendfile tls=ktls; "
+                           f"want at least {args.runs}")
+    return vm_report(args, work, res, grew, hits)
+
+
+def vm_report(args, work, res, grew, hits):
+    """The table (MB/s and CPU s/GiB, ktlsd/nginx), the evidence that kTLS carried every hit,
+    and the kernel's kTLS send alone as the reference, measured now in the same guest."""
+    k, n = res["ktlsd"], res["nginx"]
+    size = size_name(VM_SIZE)
+    rows = [(f"{size} cache hit over kTLS, curl --http1.1, fresh connection, median MB/s", median(k["speed"]),
+             {"nginx": median(n["speed"])}, "-"),
+            (f"server CPU s/GiB (utime+stime from /proc), median of {args.runs}", median(k["cpu_per_gib"]),
+             {"nginx": median(n["cpu_per_gib"])}, "ktlsd/nginx <= 1")]
+    table = versus_table(rows, ["nginx"], f"measure ({size} hit, nginx proxy_cache with kTLS)", digits=3)
+    ratio, lo, hi = ratio_ci(k["cpu_per_gib"], n["cpu_per_gib"], 50)
+    per_round = sorted(a / b for a, b in zip(k["cpu_per_gib"], n["cpu_per_gib"]))
+    table += (f"\n\nCPU s/GiB ktlsd/nginx: {ratio:.2f}x, 95% bootstrap interval [{lo:.2f}, {hi:.2f}]; per round "
+              f"(the two downloads of a round run back to back): median {median(per_round):.2f}x, "
+              f"{per_round[0]:.2f}x to {per_round[-1]:.2f}x.")
+    kernel = crypto.kernel_ktls_limit(work, args.aead_seconds)
+    evidence = [
+        "", f"kTLS on both: each download installed one kernel TLS transmit context (TlsTxSw: ktlsd "
+            f"+{sum(k['ktls_tx'])}, nginx +{sum(n['ktls_tx'])} over {args.runs} downloads each), live while it "
+            f"ran (TlsCurrTxSw +1 each); ktlsd's `{SENDFILE_BYTES}` grew by {grew[SENDFILE_BYTES]:.0f} bytes "
+            f"({args.runs} x {VM_SIZE}), by=\"copy\" by {grew[COPY_BYTES]:.0f}; its access log: {hits} GET lines "
+            f"`{VM_SIZE} body=sendfile tls=ktls`.",
+        "", "The origin: nginx over plain HTTP on loopback, 2 workers (not measured); the entry was stored by "
+            "one GET through each server before the rounds."]
+    if kernel is not None:
+        ref = kernel["cpu_s_per_gib"]
+        evidence += ["", f"The kernel's kTLS send alone (tls_sw AES-128-GCM plus the TCP send path, sendfile over "
+                         f"loopback, this guest): {ref:.3f} CPU s/GiB; ktlsd {median(k['cpu_per_gib']) / ref:.2f}x, "
+                         f"nginx {median(n['cpu_per_gib']) / ref:.2f}x of it."]
+    return table + "\n" + "\n".join(evidence) + "\n", {"hits": res, "hit_bytes_grew": grew, "kernel_ktls_limit": kernel,
+                                                         "cpu_ratio_ci": [ratio, lo, hi]}
