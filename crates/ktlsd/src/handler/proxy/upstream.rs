@@ -4,7 +4,9 @@
 //!
 //! Not here: which upstream, pooling (`pool`), or what the bytes mean (`parse`).
 
+use std::future::Future;
 use std::io;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -62,6 +64,25 @@ pub async fn connect(upstream: &Upstream, tls: Option<&TlsClient>, timeout: Dura
     }
 }
 
+/// `io` within `timeout`, its timer armed only once `io` has to wait: a write or a
+/// read of bytes already there completes at the first poll, and a timer is a
+/// registration with the runtime's timer wheel (and its removal) for nothing.
+///
+/// # Cancel safety
+/// As `io`'s.
+async fn bounded<T>(io: impl Future<Output = io::Result<T>>, timeout: Duration) -> Result<T, IoFailure> {
+    let mut io = std::pin::pin!(io);
+    let first = std::future::poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await;
+    let r = match first {
+        Poll::Ready(r) => r,
+        Poll::Pending => match tokio::time::timeout(timeout, io).await {
+            Ok(r) => r,
+            Err(_) => return Err(IoFailure::TimedOut),
+        },
+    };
+    r.map_err(IoFailure::Failed)
+}
+
 impl Conn {
     /// Writes all of `bytes` within `timeout`.
     ///
@@ -77,10 +98,7 @@ impl Conn {
                 }
             }
         };
-        match tokio::time::timeout(timeout, write).await {
-            Ok(r) => r.map_err(IoFailure::Failed),
-            Err(_) => Err(IoFailure::TimedOut),
-        }
+        bounded(write, timeout).await
     }
 
     /// Appends what arrives to `buf` (at most `max` bytes) within `timeout`; 0: the
@@ -104,11 +122,7 @@ impl Conn {
                 },
             }
         };
-        let r = tokio::time::timeout(timeout, read).await;
-        match r {
-            Ok(r) => r.map_err(IoFailure::Failed),
-            Err(_) => Err(IoFailure::TimedOut),
-        }
+        bounded(read, timeout).await
     }
 
     /// Whether an idle connection still looks usable: the upstream has neither closed
