@@ -418,3 +418,63 @@ fn proxied_paths_pass_redirects_and_basic_auth_before_forwarding() {
     assert_eq!(seen.len(), 2, "only the authorised requests reach the upstream: {seen:?}");
     assert!(seen.iter().all(|l| l.starts_with("GET /api/echo ")), "{seen:?}");
 }
+
+/// An upstream that answers `ok` with keep-alive, counting its connections: when
+/// `idle_close`, each connection is closed 100 ms after its first answer (as a short
+/// keepalive_timeout would); otherwise a second request on a connection is read and
+/// the connection closed without an answer (the race of a keep-alive timeout).
+fn keep_alive_upstream(idle_close: bool) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = count.clone();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let length = text.split("content-length:").nth(1).and_then(|v| v.lines().next());
+                let mut body = vec![0u8; length.and_then(|v| v.trim().parse().ok()).unwrap_or(0)];
+                let _ = s.read_exact(&mut body);
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                if idle_close {
+                    std::thread::sleep(Duration::from_millis(100));
+                } else {
+                    let _ = s.read(&mut [0u8; 4096]);
+                }
+            });
+        }
+    });
+    (url, count)
+}
+
+#[test]
+fn idle_upstream_connections_closed_by_the_upstream_are_not_used_or_are_retried() {
+    use std::sync::atomic::Ordering::SeqCst;
+    // Closed while idle: seen before use, so even a POST (never sent twice) goes on a fresh connection.
+    let (url, accepted) = keep_alive_upstream(true);
+    let srv = proxy_server(&[url], "");
+    for (i, args) in [&[][..], &["--data-binary", "payload"], &[]].iter().enumerate() {
+        let r = fetch(&srv.url("/api/x"), &[&["--http1.1"][..], args].concat());
+        assert_eq!((r.status, r.body_str().as_str()), (200, "ok"), "request {i}:\n{}", srv.stderr());
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    assert_eq!(accepted.load(SeqCst), 3, "one connection per request");
+    drop(srv);
+
+    // Closed as the next request arrives: a GET is sent again on a new connection.
+    let (url, accepted) = keep_alive_upstream(false);
+    let srv = proxy_server(&[url], "");
+    for i in 0..3 {
+        let r = fetch(&srv.url("/api/x"), &["--http1.1"]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "ok"), "request {i}:\n{}", srv.stderr());
+    }
+    assert_eq!(accepted.load(SeqCst), 3, "each stale connection replaced by a new one");
+    assert!(!srv.stderr().contains("skipped"), "a stale connection does not mark the upstream failed");
+}

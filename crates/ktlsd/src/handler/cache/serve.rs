@@ -107,6 +107,29 @@ const REPLACED: &[&str] = &["date", "server", "content-length", "accept-ranges",
 /// The stored fields a 304 carries (RFC 9110 section 15.4.5).
 const ON_304: &[&str] = &["cache-control", "content-location", "etag", "expires", "vary", "last-modified"];
 
+/// Stored field names most answers carry: sent on each hit without a copy of the name.
+const COMMON: &[&str] = &[
+    "cache-control",
+    "content-type",
+    "content-encoding",
+    "content-language",
+    "content-location",
+    "etag",
+    "expires",
+    "last-modified",
+    "vary",
+    "via",
+    "x-content-type-options",
+];
+
+/// `name` (as stored, in lower case) for a response field: borrowed when common.
+fn field_name(name: &str) -> Cow<'static, str> {
+    match COMMON.iter().find(|c| **c == name) {
+        Some(c) => Cow::Borrowed(c),
+        None => Cow::Owned(name.to_string()),
+    }
+}
+
 impl Hit {
     /// The answer to `req` (GET or HEAD) from this entry, with `status` as its
     /// Cache-Status. A stored 200 answers conditionals (304, 412) and one byte range
@@ -114,13 +137,15 @@ impl Hit {
     pub fn into_response(self, req: &Request, status: &CacheStatus) -> Response {
         let meta = self.meta.clone();
         let size = meta.body_len;
-        let mut headers: Vec<Header> = meta
-            .head
-            .fields
-            .iter()
-            .filter(|(n, _)| !REPLACED.contains(&n.as_str()))
-            .map(|(n, v)| Header::Field(Cow::Owned(n.clone()), v.clone()))
-            .collect();
+        // Room for the fields added below: the list is not grown again on each hit.
+        let mut headers: Vec<Header> = Vec::with_capacity(meta.head.fields.len() + 6);
+        headers.extend(
+            meta.head
+                .fields
+                .iter()
+                .filter(|(n, _)| !REPLACED.contains(&n.as_str()))
+                .map(|(n, v)| Header::Field(field_name(n), v.clone())),
+        );
         headers.push(Header::Field(Cow::Borrowed("age"), self.age.to_string()));
         headers.push(Header::Field(Cow::Borrowed("cache-status"), cache_status(status)));
         let head = req.method == Method::Head;
@@ -204,4 +229,18 @@ fn parse_etag(v: &str) -> Option<EntityTag> {
     };
     (opaque.len() >= 2 && opaque.starts_with('"') && opaque.ends_with('"'))
         .then(|| EntityTag { weak, opaque: opaque.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_field_names_are_not_copied() {
+        for (name, borrowed) in [("etag", true), ("cache-control", true), ("x-custom", false), ("ETag", false)] {
+            let got = field_name(name);
+            assert_eq!(got, name);
+            assert_eq!(matches!(got, Cow::Borrowed(_)), borrowed, "{name}");
+        }
+    }
 }

@@ -190,7 +190,13 @@ pub fn fields_of_head(raw: &[u8]) -> Vec<(String, String)> {
         Ok(httparse::Status::Complete(_)) => req
             .headers
             .iter()
-            .map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).trim().to_string()))
+            .map(|h| {
+                let value = match std::str::from_utf8(h.value) {
+                    Ok(v) => v.trim().to_string(),
+                    Err(_) => String::from_utf8_lossy(h.value).trim().to_string(),
+                };
+                (h.name.to_string(), value)
+            })
             .collect(),
         _ => Vec::new(),
     }

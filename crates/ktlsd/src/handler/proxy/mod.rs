@@ -22,6 +22,7 @@
 //! Not here: the client's framing (chunked or not, HTTP/2 DATA, aborting a stream),
 //! which belongs to the codec; and the cache itself (`handler::cache`).
 
+pub mod buffers;
 pub mod cached;
 pub mod headers;
 pub mod metrics;
@@ -207,6 +208,9 @@ pub struct Exchange<'r> {
     rule: &'r Rule,
     fwd: Forwarding,
     fields: Vec<(String, String)>,
+    /// The request body bytes that leave in one write with the head (sent again
+    /// with it when the head goes to another upstream).
+    first: Vec<u8>,
     /// The upstream in use (its index in the rule) and its connection.
     index: usize,
     conn: Option<Conn>,
@@ -236,17 +240,33 @@ impl<'r> Exchange<'r> {
         fwd: Forwarding,
         fields: Vec<(String, String)>,
     ) -> Result<Exchange<'r>, Failure> {
+        Exchange::begin_with_body(rule, fwd, fields, &[]).await
+    }
+
+    /// As [`Exchange::begin`], with `first`, the start of the request body already
+    /// at hand, written together with the head (one write, as nginx's `writev`);
+    /// the rest follows with [`Exchange::send_body`].
+    ///
+    /// # Cancel safety
+    /// As [`Exchange::begin`].
+    pub async fn begin_with_body(
+        rule: &'r Rule,
+        fwd: Forwarding,
+        fields: Vec<(String, String)>,
+        first: &[u8],
+    ) -> Result<Exchange<'r>, Failure> {
         let mut x = Exchange {
             rule,
             fwd,
             fields,
+            first: first.to_vec(),
             index: 0,
             conn: None,
             reused: false,
             tried: Vec::new(),
             sent_body: false,
             sent_at: Instant::now(),
-            buf: Vec::new(),
+            buf: buffers::take(),
             framing: Framing::None,
             left: 0,
             chunks: Chunked::default(),
@@ -317,10 +337,17 @@ impl<'r> Exchange<'r> {
                 HostMode::Upstream => &up.authority,
                 HostMode::Fixed(h) => h,
             };
-            let head = headers::request_head(&self.fwd, &self.fields, host);
+            let mut head = headers::request_head(&self.fwd, &self.fields, host);
+            if !self.first.is_empty() {
+                // A body in the same write: if it fails, no upstream had the whole request.
+                head.extend_from_slice(&self.first);
+            }
             self.sent_at = Instant::now();
             match self.write(&head).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    self.sent_body |= !self.first.is_empty();
+                    return Ok(());
+                }
                 Err(e) => {
                     let f = self.io_failure(e, "sending the request head", "send");
                     self.release();
@@ -487,62 +514,8 @@ impl<'r> Exchange<'r> {
 
     async fn read_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, Failure> {
         loop {
-            if self.done {
-                return Ok(false);
-            }
-            match self.framing {
-                Framing::None => {
-                    self.done = true;
-                    return Ok(false);
-                }
-                Framing::Length(_) if self.left == 0 => {
-                    self.done = true;
-                    self.reusable &= self.buf.is_empty();
-                    return Ok(false);
-                }
-                Framing::Length(_) if !self.buf.is_empty() => {
-                    let take = (self.buf.len() as u64).min(self.left) as usize;
-                    if take as u64 == self.left && beyond_length(&self.buf[take..]) {
-                        let why = format!("sent more than its Content-Length of {} bytes", self.length());
-                        return Err(self.failure(Status::BAD_GATEWAY, "body", why));
-                    }
-                    if out.is_empty() && take == self.buf.len() {
-                        // All of it: the buffers change places instead of copying.
-                        std::mem::swap(out, &mut self.buf);
-                    } else {
-                        out.extend_from_slice(&self.buf[..take]);
-                        self.buf.drain(..take);
-                    }
-                    self.left -= take as u64;
-                    return Ok(true);
-                }
-                Framing::Chunked if !self.buf.is_empty() => {
-                    let before = out.len();
-                    let used = match self.chunks.decode(&self.buf, out) {
-                        Ok(n) => n,
-                        Err(parse::Invalid(why)) => {
-                            return Err(self.failure(
-                                Status::BAD_GATEWAY,
-                                "body",
-                                format!("invalid chunked body: {why}"),
-                            ))
-                        }
-                    };
-                    self.buf.drain(..used);
-                    if self.chunks.is_done() {
-                        self.done = true;
-                        self.reusable &= self.buf.is_empty();
-                        return Ok(out.len() > before);
-                    }
-                    if out.len() > before {
-                        return Ok(true);
-                    }
-                }
-                Framing::Close if !self.buf.is_empty() => {
-                    out.append(&mut self.buf);
-                    return Ok(true);
-                }
-                _ => {}
+            if let Some(r) = self.take_buffered(out) {
+                return r;
             }
             let read_timeout = self.rule.timeouts.read;
             let Some(conn) = self.conn.as_mut() else {
@@ -565,6 +538,75 @@ impl<'r> Exchange<'r> {
                 ));
             }
         }
+    }
+
+    /// As [`Exchange::read_body`] without waiting: the next piece of the body among
+    /// the bytes already read (the end of a body is known without a read too);
+    /// `None` when it needs a read from the upstream.
+    pub fn read_buffered(&mut self, out: &mut Vec<u8>) -> Option<Result<bool, Failure>> {
+        let r = self.take_buffered(out)?;
+        Some(self.counted(r))
+    }
+
+    fn take_buffered(&mut self, out: &mut Vec<u8>) -> Option<Result<bool, Failure>> {
+        if self.done {
+            return Some(Ok(false));
+        }
+        match self.framing {
+            Framing::None => {
+                self.done = true;
+                return Some(Ok(false));
+            }
+            Framing::Length(_) if self.left == 0 => {
+                self.done = true;
+                self.reusable &= self.buf.is_empty();
+                return Some(Ok(false));
+            }
+            Framing::Length(_) if !self.buf.is_empty() => {
+                let take = (self.buf.len() as u64).min(self.left) as usize;
+                if take as u64 == self.left && beyond_length(&self.buf[take..]) {
+                    let why = format!("sent more than its Content-Length of {} bytes", self.length());
+                    return Some(Err(self.failure(Status::BAD_GATEWAY, "body", why)));
+                }
+                if out.is_empty() && take == self.buf.len() {
+                    // All of it: the buffers change places instead of copying.
+                    std::mem::swap(out, &mut self.buf);
+                } else {
+                    out.extend_from_slice(&self.buf[..take]);
+                    self.buf.drain(..take);
+                }
+                self.left -= take as u64;
+                return Some(Ok(true));
+            }
+            Framing::Chunked if !self.buf.is_empty() => {
+                let before = out.len();
+                let used = match self.chunks.decode(&self.buf, out) {
+                    Ok(n) => n,
+                    Err(parse::Invalid(why)) => {
+                        return Some(Err(self.failure(
+                            Status::BAD_GATEWAY,
+                            "body",
+                            format!("invalid chunked body: {why}"),
+                        )))
+                    }
+                };
+                self.buf.drain(..used);
+                if self.chunks.is_done() {
+                    self.done = true;
+                    self.reusable &= self.buf.is_empty();
+                    return Some(Ok(out.len() > before));
+                }
+                if out.len() > before {
+                    return Some(Ok(true));
+                }
+            }
+            Framing::Close if !self.buf.is_empty() => {
+                out.append(&mut self.buf);
+                return Some(Ok(true));
+            }
+            _ => {}
+        }
+        None
     }
 }
 
@@ -620,12 +662,14 @@ fn beyond_length(extra: &[u8]) -> bool {
 impl Drop for Exchange<'_> {
     /// A connection whose response was read to its end goes back to the pool.
     fn drop(&mut self) {
-        let Some(conn) = self.conn.take() else { return };
-        let url = &self.rule.upstreams[self.index].url;
-        pool::finished(url);
-        if self.done && self.reusable && self.buf.is_empty() {
-            pool::put_idle(url, conn, self.rule.keepalive);
+        if let Some(conn) = self.conn.take() {
+            let url = &self.rule.upstreams[self.index].url;
+            pool::finished(url);
+            if self.done && self.reusable && self.buf.is_empty() {
+                pool::put_idle(url, conn, self.rule.keepalive);
+            }
         }
+        buffers::give(std::mem::take(&mut self.buf));
     }
 }
 

@@ -64,8 +64,9 @@ pub fn pick(rule: &Rule, tried: &[usize]) -> Option<usize> {
     let now = Instant::now();
     POOLS.with(|p| {
         let mut p = p.borrow_mut();
-        let key = rule.key();
-        let turn = p.turns.get(&key).copied().unwrap_or(0);
+        // A rule of one upstream has no turn to keep (nor a key to build per request).
+        let key = (rule.upstreams.len() > 1).then(|| rule.key());
+        let turn = key.as_ref().and_then(|k| p.turns.get(k)).copied().unwrap_or(0);
         let candidates: Vec<Candidate> = rule
             .upstreams
             .iter()
@@ -80,7 +81,9 @@ pub fn pick(rule: &Rule, tried: &[usize]) -> Option<usize> {
             })
             .collect();
         let chosen = choose(&candidates, rule.balance, turn)?;
-        p.turns.insert(key, chosen + 1);
+        if let Some(key) = key {
+            p.turns.insert(key, chosen + 1);
+        }
         Some(chosen)
     })
 }
@@ -90,8 +93,9 @@ pub fn take_idle(key: &str) -> Option<Conn> {
     POOLS.with(|p| {
         let mut p = p.borrow_mut();
         let s = p.upstreams.get_mut(key)?;
+        let now = Instant::now();
         while let Some((conn, since)) = s.idle.pop() {
-            if since.elapsed() < IDLE_FOR && conn.looks_alive() {
+            if now.duration_since(since) < IDLE_FOR && conn.looks_alive() {
                 return Some(conn);
             }
         }
@@ -101,19 +105,31 @@ pub fn take_idle(key: &str) -> Option<Conn> {
 
 /// Returns a connection whose exchange completed, keeping at most `keep` idle.
 pub fn put_idle(key: &str, conn: Conn, keep: usize) {
-    POOLS.with(|p| {
-        let mut p = p.borrow_mut();
-        let s = p.upstreams.entry(key.to_string()).or_default();
-        s.idle.retain(|(_, since)| since.elapsed() < IDLE_FOR);
+    with_state(key, |s| {
+        // Oldest first (connections are taken from the end): the expired ones lead.
+        let now = Instant::now();
+        let expired = s.idle.iter().take_while(|(_, since)| now.duration_since(*since) >= IDLE_FOR).count();
+        s.idle.drain(..expired);
         if s.idle.len() < keep {
-            s.idle.push((conn, Instant::now()));
+            s.idle.push((conn, now));
         }
     });
 }
 
+/// Runs `f` on the state of `key`, created on first use (its name copied only then).
+fn with_state<R>(key: &str, f: impl FnOnce(&mut State) -> R) -> R {
+    POOLS.with(|p| {
+        let mut p = p.borrow_mut();
+        if let Some(s) = p.upstreams.get_mut(key) {
+            return f(s);
+        }
+        f(p.upstreams.entry(key.to_string()).or_default())
+    })
+}
+
 /// Counts a request in flight to `key` (until [`finished`]).
 pub fn started(key: &str) {
-    POOLS.with(|p| p.borrow_mut().upstreams.entry(key.to_string()).or_default().active += 1);
+    with_state(key, |s| s.active += 1);
 }
 
 pub fn finished(key: &str) {
@@ -126,9 +142,7 @@ pub fn finished(key: &str) {
 
 /// Marks `key` failed: it is skipped for `fail_timeout`; its idle connections go.
 pub fn failed(key: &str, fail_timeout: Duration) {
-    POOLS.with(|p| {
-        let mut p = p.borrow_mut();
-        let s = p.upstreams.entry(key.to_string()).or_default();
+    with_state(key, |s| {
         s.failed_until = Some(Instant::now() + fail_timeout);
         s.idle.clear();
     });

@@ -4,7 +4,9 @@
 //!
 //! Not here: which upstream, pooling (`pool`), or what the bytes mean (`parse`).
 
+use std::future::Future;
 use std::io;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -62,6 +64,25 @@ pub async fn connect(upstream: &Upstream, tls: Option<&TlsClient>, timeout: Dura
     }
 }
 
+/// `io` within `timeout`, its timer armed only once `io` has to wait: a write or a
+/// read of bytes already there completes at the first poll, and a timer is a
+/// registration with the runtime's timer wheel (and its removal) for nothing.
+///
+/// # Cancel safety
+/// As `io`'s.
+async fn bounded<T>(io: impl Future<Output = io::Result<T>>, timeout: Duration) -> Result<T, IoFailure> {
+    let mut io = std::pin::pin!(io);
+    let first = std::future::poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx))).await;
+    let r = match first {
+        Poll::Ready(r) => r,
+        Poll::Pending => match tokio::time::timeout(timeout, io).await {
+            Ok(r) => r,
+            Err(_) => return Err(IoFailure::TimedOut),
+        },
+    };
+    r.map_err(IoFailure::Failed)
+}
+
 impl Conn {
     /// Writes all of `bytes` within `timeout`.
     ///
@@ -77,10 +98,7 @@ impl Conn {
                 }
             }
         };
-        match tokio::time::timeout(timeout, write).await {
-            Ok(r) => r.map_err(IoFailure::Failed),
-            Err(_) => Err(IoFailure::TimedOut),
-        }
+        bounded(write, timeout).await
     }
 
     /// Appends what arrives to `buf` (at most `max` bytes) within `timeout`; 0: the
@@ -104,20 +122,23 @@ impl Conn {
                 },
             }
         };
-        let r = tokio::time::timeout(timeout, read).await;
-        match r {
-            Ok(r) => r.map_err(IoFailure::Failed),
-            Err(_) => Err(IoFailure::TimedOut),
-        }
+        bounded(read, timeout).await
     }
 
     /// Whether an idle connection still looks usable: the upstream has neither closed
-    /// it nor sent anything unasked (checked without waiting).
+    /// it nor sent anything unasked. The event loop's readiness answers without a
+    /// system call: a socket nothing arrived on since its last read found it empty is
+    /// taken as alive (a close still in flight is caught by the retry of a stale
+    /// connection, as nginx does); only one marked readable is looked at (`MSG_PEEK`).
     pub fn looks_alive(&self) -> bool {
         let tcp = match self {
             Conn::Plain(s) => s,
             Conn::Tls(s) => s.get_ref().0,
         };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if tcp.poll_read_ready(&mut cx).is_pending() {
+            return true;
+        }
         match socket2::SockRef::from(tcp).peek(&mut [std::mem::MaybeUninit::new(0u8); 1]) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
             // Closed (0), bytes nobody asked for, or an error: not reusable. A TLS

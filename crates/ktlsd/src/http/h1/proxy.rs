@@ -59,10 +59,13 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             Plan::Forward(pending) => pending,
         };
         let failed_status = pending.failed_status();
-        let mut up = match proxy::Exchange::begin(rule, fwd, fields).await {
+        // What the client sent of a Content-Length body with its head goes in the head's write.
+        let first = if x.head.chunked { 0 } else { (self.buf.len() as u64).min(length) as usize };
+        let mut up = match proxy::Exchange::begin_with_body(rule, fwd, fields, &self.buf[..first]).await {
             Ok(up) => up,
             Err(f) => return self.proxy_failed_or_stale(x, site, &f, pending).await,
         };
+        self.buf.drain(..first);
         if length > 0 || x.head.chunked {
             if x.head.expect_continue {
                 if let Err(e) = self.conn.send(write::CONTINUE, None).await {
@@ -71,7 +74,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             }
             let sent = match x.head.chunked {
                 true => self.forward_chunked(&mut up).await,
-                false => self.forward_length(&mut up, length).await,
+                false => self.forward_length(&mut up, length - first as u64).await,
             };
             match sent {
                 RequestBody::Sent => {}
@@ -128,16 +131,38 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         };
         let response = Response { status: Status(head.status), headers: fields, body: Body::Empty, refused: None };
         let response = handler::with_hsts(response, &site);
-        if let Err(e) = self.conn.send(&write::head(&response, x.head.version, keep_alive), None).await {
+        let mut out = write::head(&response, x.head.version, keep_alive);
+        let mut piece = proxy::buffers::take();
+        let mut sent = 0u64;
+        // The body bytes that came with the upstream's head leave in the head's write
+        // (one record, one system call), its end too when they are all of it.
+        let mut more = true;
+        match up.read_buffered(&mut piece) {
+            None => {}
+            Some(Ok(m)) => {
+                more = m;
+                if let Some(store) = store.as_mut() {
+                    store.write(&piece);
+                }
+                frame(&mut out, &piece, chunked);
+                sent += piece.len() as u64;
+                metrics::body_bytes("copy", piece.len() as u64);
+                if chunked && !more {
+                    out.extend_from_slice(LAST_CHUNK);
+                }
+            }
+            Some(Err(f)) => {
+                let _ = self.conn.send(&out, None).await;
+                return self.cut(&x, head.status, 0, ttfb, BodyPath::Copy, &f);
+            }
+        }
+        if let Err(e) = self.conn.send(&out, None).await {
             return State::Closed(if T::timed_out(&e) { End::Timeout } else { End::Error(e) });
         }
-        let mut piece = Vec::with_capacity(proxy::PIECE);
-        let mut framed = Vec::new();
-        let mut sent = 0u64;
         // What the exchange already read goes by copy, the rest by splice when it can.
         let mut splice = !chunked && store.is_none() && self.conn.can_splice();
         let mut path = BodyPath::Copy;
-        loop {
+        while more {
             if let Some((from, left, read_timeout)) = up.splice_source().filter(|_| splice) {
                 let (moved, cause) = match self.conn.splice(from, left, read_timeout).await {
                     Ok(n) => (n, None),
@@ -164,7 +189,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
                 }
             }
             piece.clear();
-            let more = match up.read_body(&mut piece).await {
+            more = match up.read_body(&mut piece).await {
                 Ok(more) => more,
                 Err(f) => return self.cut(&x, head.status, sent, ttfb, path, &f),
             };
@@ -172,34 +197,32 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
                 if let Some(store) = store.as_mut() {
                     store.write(&piece);
                 }
-                let out: &[u8] = if chunked {
-                    framed.clear();
-                    framed.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
-                    framed.extend_from_slice(&piece);
-                    framed.extend_from_slice(b"\r\n");
-                    &framed
-                } else {
-                    &piece
-                };
-                if let Err(e) = self.conn.send(out, None).await {
-                    return State::Closed(if T::timed_out(&e) { End::Timeout } else { End::Error(e) });
-                }
                 sent += piece.len() as u64;
                 metrics::body_bytes("copy", piece.len() as u64);
             }
-            if !more {
-                break;
+            let bytes: &[u8] = match chunked {
+                true => {
+                    out.clear();
+                    frame(&mut out, &piece, true);
+                    if !more {
+                        out.extend_from_slice(LAST_CHUNK);
+                    }
+                    &out
+                }
+                false => &piece,
+            };
+            if bytes.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.conn.send(bytes, None).await {
+                return State::Closed(if T::timed_out(&e) { End::Timeout } else { End::Error(e) });
             }
         }
+        proxy::buffers::give(piece);
         drop(up);
         if let Some(store) = store {
             // Stored only now that the body is known complete.
             store.commit().await;
-        }
-        if chunked {
-            if let Err(e) = self.conn.send(b"0\r\n\r\n", None).await {
-                return State::Closed(End::Error(e));
-            }
         }
         tracing::debug!(
             "proxied \"{} {}\": {} with {sent} body bytes by {}",
@@ -355,6 +378,23 @@ enum RequestBody<E> {
     UpstreamFailed(Failure),
     /// The body itself is refused (malformed, too large).
     Refused(Status, &'static str),
+}
+
+/// The last chunk of a chunked body, with no trailer.
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Appends `piece` of a body to `out`, as a chunk when `chunked` (nothing for an empty piece).
+fn frame(out: &mut Vec<u8>, piece: &[u8], chunked: bool) {
+    if piece.is_empty() {
+        return;
+    }
+    if chunked {
+        out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        out.extend_from_slice(piece);
+        out.extend_from_slice(b"\r\n");
+    } else {
+        out.extend_from_slice(piece);
+    }
 }
 
 /// The error of an upstream that closed before the end of its Content-Length body.
