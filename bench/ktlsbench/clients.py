@@ -5,7 +5,7 @@ import random
 import re
 import time
 
-from .system import cpu_seconds, log, rss_kib, sh, tls_tx_contexts
+from .system import children_cpu_seconds, cpu_seconds, log, rss_kib, sh, tls_tx_contexts
 
 
 def curl_download(url, extra=()):
@@ -20,16 +20,18 @@ def curl_download(url, extra=()):
 
 def download_runs(servers, path, size, runs):
     """Interleaved single-connection HTTP/1.1 downloads: speed (MB/s), server CPU s/GiB and the
-    kernel TLS transmit contexts each download installed (None without kTLS in the kernel)."""
-    res = {s.name: {"speed": [], "cpu_per_gib": [], "ktls_tx": []} for s in servers}
+    kernel TLS transmit contexts each download installed (None without kTLS in the kernel), and
+    curl's own CPU time over the download's wall time (in cores: near 1.00, curl set the speed)."""
+    res = {s.name: {"speed": [], "cpu_per_gib": [], "ktls_tx": [], "client_cores": []} for s in servers}
     for i in range(runs):
         order = servers[:]
         random.shuffle(order)
         for s in order:
-            t0, c0 = tls_tx_contexts(), cpu_seconds(s.pids())
-            got, speed, _, _ = curl_download(f"https://localhost:{s.port}/{path}",
+            t0, c0, w0 = tls_tx_contexts(), cpu_seconds(s.pids()), children_cpu_seconds()
+            got, speed, _, total = curl_download(f"https://localhost:{s.port}/{path}",
                                              ["--http1.1", "--resolve", f"localhost:{s.port}:127.0.0.1"])
             c1, t1 = cpu_seconds(s.pids()), tls_tx_contexts()
+            res[s.name]["client_cores"].append((children_cpu_seconds() - w0) / total)
             res[s.name]["ktls_tx"].append(None if t0 is None else t1 - t0)
             if got != size:
                 raise RuntimeError(f"{s.name}: got {got} bytes of {size}")
@@ -40,11 +42,14 @@ def download_runs(servers, path, size, runs):
     return res
 
 
-def wrk_rps(s, path, conns, duration, extra=(), threads=2):
-    """Runs wrk against s; returns (requests/s, server CPU microseconds per request)."""
-    c0 = cpu_seconds(s.pids())
+def wrk_rps(s, path, conns, duration, extra=(), threads=2, client=None):
+    """Runs wrk against s; returns (requests/s, server CPU microseconds per request). With a
+    list as `client`, appends wrk's own CPU time over the run's wall time to it (in cores)."""
+    c0, w0, t0 = cpu_seconds(s.pids()), children_cpu_seconds(), time.monotonic()
     out = sh(["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", *extra, f"https://127.0.0.1:{s.port}/{path}"])
     cpu = cpu_seconds(s.pids()) - c0
+    if client is not None:
+        client.append((children_cpu_seconds() - w0) / (time.monotonic() - t0))
     m = re.search(r"Requests/sec:\s+([\d.]+)", out)
     n = re.search(r"(\d+) requests in", out)
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)

@@ -20,6 +20,13 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
 
 
+def children_cpu_seconds():
+    """utime+stime of this process's waited-for children (the clients `sh` ran), in seconds."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def cpu_seconds(pids):
     """utime+stime of the given processes (all threads), in seconds."""
     total = 0
