@@ -95,8 +95,10 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     loop {
         state = match state {
             State::Head => c.read_head(stop.as_mut()).await,
-            State::Body(x) => c.read_body(x).await,
-            State::Answer(x, site) => c.answer(x, site).await,
+            // Boxed while they run: an idle connection's future holds only what
+            // waiting for the next head needs, not room for a response under way.
+            State::Body(x) => Box::pin(c.read_body(x)).await,
+            State::Answer(x, site) => Box::pin(c.answer(x, site)).await,
             State::Closed(end) => return end,
         };
     }
