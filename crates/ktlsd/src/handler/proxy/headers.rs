@@ -153,32 +153,37 @@ fn quoted_if_needed(v: &str) -> String {
 /// `Connection` names, the framing (`Content-Length`, which the codec writes from the
 /// body's length) and `Server`/`Date` (the codec writes its own) removed; `Via` with
 /// this hop appended (`version` is the upstream's: `1.0` or `1.1`) and the RFC 9211
-/// `Cache-Status` given as `cache_status`.
+/// `Cache-Status` given as `cache_status`. The upstream's list is reused: the fields
+/// kept are moved, not copied.
 pub fn response_fields(
-    upstream: &[(String, String)],
+    mut upstream: Vec<(String, String)>,
     version: &'static str,
     cache_status: &str,
 ) -> Vec<(String, String)> {
-    let named = connection_options(upstream.iter().map(|(n, v)| (n.as_str(), v.as_str())));
-    let mut out = Vec::with_capacity(upstream.len() + 2);
     let mut via = String::new();
-    for (name, value) in upstream {
-        match which(name, &["via", "content-length", "server", "date", "cache-status"]) {
-            Some("via") => {
-                via.push_str(value);
-                via.push_str(", ");
-            }
-            Some(_) => {}
-            None if dropped(name, &named) => {}
-            None => out.push((name.clone(), value.clone())),
-        }
-    }
+    let keep: Vec<bool> = {
+        let named = connection_options(upstream.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        upstream
+            .iter()
+            .map(|(name, value)| match which(name, &["via", "content-length", "server", "date", "cache-status"]) {
+                Some("via") => {
+                    via.push_str(value);
+                    via.push_str(", ");
+                    false
+                }
+                Some(_) => false,
+                None => !dropped(name, &named),
+            })
+            .collect()
+    };
+    let mut keep = keep.into_iter();
+    upstream.retain(|_| keep.next().unwrap_or(false));
     via.push_str(version);
     via.push(' ');
     via.push_str(PSEUDONYM);
-    out.push(("Via".to_string(), via));
-    out.push(("Cache-Status".to_string(), cache_status.to_string()));
-    out
+    upstream.push(("Via".to_string(), via));
+    upstream.push(("Cache-Status".to_string(), cache_status.to_string()));
+    upstream
 }
 
 /// The request's regular fields from an HTTP/1.x head as received (`raw`: request line,
@@ -292,7 +297,7 @@ mod tests {
             ("Proxy-Authenticate", "Basic"),
             ("Cache-Status", "app; hit"),
         ]);
-        let got = response_fields(&upstream, "1.1", "ktlsd; fwd=uri-miss");
+        let got = response_fields(upstream, "1.1", "ktlsd; fwd=uri-miss");
         assert_eq!(
             got,
             pairs(&[

@@ -86,7 +86,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
                 }
             }
         }
-        let head = match up.response().await {
+        let mut head = match up.response().await {
             Ok(h) => h,
             Err(f) => return self.proxy_failed_or_stale(x, site, &f, pending).await,
         };
@@ -102,10 +102,18 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             Next::Pass(status, store) => (status, store),
         };
         let ttfb = x.started.elapsed();
-        let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, &cache_status)
-            .into_iter()
-            .map(|(n, v)| Header::Field(n.into(), v))
-            .collect();
+        // HEAD and 304 answers say the length a GET would have had.
+        let declared = match head.framing {
+            Framing::None if head.status != 204 && head.status >= 200 => {
+                head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.clone())
+            }
+            _ => None,
+        };
+        let mut fields: Vec<Header> =
+            headers::response_fields(std::mem::take(&mut head.fields), head.version, &cache_status)
+                .into_iter()
+                .map(|(n, v)| Header::Field(n.into(), v))
+                .collect();
         let mut keep_alive = x.keep_alive;
         let chunked = match head.framing {
             Framing::Length(n) => {
@@ -113,10 +121,8 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
                 false
             }
             Framing::None => {
-                // HEAD and 304 answers say the length a GET would have had.
-                let declared = head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length"));
-                if let (Some((_, v)), false) = (declared, head.status == 204 || head.status < 200) {
-                    fields.push(Header::Field("Content-Length".into(), v.clone()));
+                if let Some(v) = declared {
+                    fields.push(Header::Field("Content-Length".into(), v));
                 }
                 false
             }

@@ -337,7 +337,7 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
             return feed.answer(Answer::Failed(f, failed_status));
         }
     }
-    let head = match up.response().await {
+    let mut head = match up.response().await {
         Ok(head) => head,
         Err(f) => return feed.answer(failed(pending, f, &req, failed_status)),
     };
@@ -351,10 +351,18 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
         }
         Next::Pass(status, store) => (status, store),
     };
-    let mut fields: Vec<Header> = headers::response_fields(&head.fields, head.version, &cache_status)
-        .into_iter()
-        .map(|(n, v)| Header::Field(n.into(), v))
-        .collect();
+    // HEAD and 304 answers say the length a GET would have had.
+    let declared = match head.framing {
+        Framing::None if head.status >= 200 && head.status != 204 => {
+            head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.clone())
+        }
+        _ => None,
+    };
+    let mut fields: Vec<Header> =
+        headers::response_fields(std::mem::take(&mut head.fields), head.version, &cache_status)
+            .into_iter()
+            .map(|(n, v)| Header::Field(n.into(), v))
+            .collect();
     let status = Status(head.status);
     let streamed = match head.framing {
         Framing::Length(len) => {
@@ -384,13 +392,10 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
             store.commit().await;
         }
         metrics::body_bytes("copy", body.len() as u64);
-        let declared = head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length"));
         match (head.framing, declared) {
             (Framing::Length(_), _) => {}
-            (Framing::None, Some((_, v))) if head.status >= 200 && head.status != 204 => {
-                fields.push(Header::Field("Content-Length".into(), v.clone()))
-            }
-            (Framing::None, _) => {}
+            (Framing::None, Some(v)) => fields.push(Header::Field("Content-Length".into(), v)),
+            (Framing::None, None) => {}
             _ => fields.push(Header::ContentLength(body.len() as u64)),
         }
         let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
