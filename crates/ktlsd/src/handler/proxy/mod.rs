@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::rules::PathMatch;
-use super::{Site, Status};
+use super::{Header, Site, Status};
 pub use headers::Forwarding;
 use parse::{Chunked, Framing};
 use upstream::{Conn, IoFailure};
@@ -45,6 +45,31 @@ pub const PIECE: usize = 64 * 1024;
 
 /// The RFC 9211 `Cache-Status` of a response forwarded without a cache.
 pub const CACHE_STATUS_MISS: &str = "ktlsd; fwd=uri-miss";
+
+/// The client's response fields from the upstream's `head` (whose fields are moved
+/// out): [`headers::response_fields`], then the length where the framing gives one:
+/// a Content-Length body's, or for an answer without a body (HEAD, 304) the length a
+/// GET would have had, as the upstream declared it. A chunked or close-delimited body
+/// is framed by the codec.
+pub fn client_fields(head: &mut parse::Head, cache_status: &str) -> Vec<Header> {
+    let declared = match head.framing {
+        Framing::None if head.status >= 200 && head.status != 204 => {
+            head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.clone())
+        }
+        _ => None,
+    };
+    let mut fields: Vec<Header> =
+        headers::response_fields(std::mem::take(&mut head.fields), head.version, cache_status)
+            .into_iter()
+            .map(|(n, v)| Header::Field(n.into(), v))
+            .collect();
+    match (head.framing, declared) {
+        (Framing::Length(n), _) => fields.push(Header::ContentLength(n)),
+        (Framing::None, Some(v)) => fields.push(Header::Field("Content-Length".into(), v)),
+        _ => {}
+    }
+    fields
+}
 
 /// One validated `[[proxy]]` block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -676,6 +701,30 @@ impl Drop for Exchange<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_fields_carry_the_length_the_framing_gives() {
+        let fields =
+            || vec![("Content-Length".to_string(), "5".to_string()), ("ETag".to_string(), "\"e\"".to_string())];
+        // (status, framing): the length field the client gets, if any.
+        for (status, framing, want) in [
+            (200, Framing::Length(5), Some("5")),
+            (200, Framing::None, Some("5")), // HEAD: the length a GET would have had
+            (304, Framing::None, Some("5")),
+            (204, Framing::None, None),
+            (103, Framing::None, None),
+            (200, Framing::Chunked, None), // framed by the codec
+            (200, Framing::Close, None),
+        ] {
+            let mut head = parse::Head { status, version: "1.1", fields: fields(), framing, reusable: true };
+            let got = client_fields(&mut head, CACHE_STATUS_MISS);
+            let lengths: Vec<String> =
+                got.iter().filter(|h| h.name().eq_ignore_ascii_case("content-length")).map(|h| h.to_string()).collect();
+            assert_eq!(lengths, want.map(str::to_string).into_iter().collect::<Vec<_>>(), "{status} {framing:?}");
+            assert!(got.iter().any(|h| h.name() == "ETag") && got.iter().any(|h| h.name() == "Via"), "{got:?}");
+            assert!(head.fields.is_empty(), "the upstream's fields are moved out");
+        }
+    }
 
     #[test]
     fn upstream_urls() {

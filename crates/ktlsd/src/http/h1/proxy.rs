@@ -102,30 +102,10 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             Next::Pass(status, store) => (status, store),
         };
         let ttfb = x.started.elapsed();
-        // HEAD and 304 answers say the length a GET would have had.
-        let declared = match head.framing {
-            Framing::None if head.status != 204 && head.status >= 200 => {
-                head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.clone())
-            }
-            _ => None,
-        };
-        let mut fields: Vec<Header> =
-            headers::response_fields(std::mem::take(&mut head.fields), head.version, &cache_status)
-                .into_iter()
-                .map(|(n, v)| Header::Field(n.into(), v))
-                .collect();
+        let mut fields = proxy::client_fields(&mut head, &cache_status);
         let mut keep_alive = x.keep_alive;
         let chunked = match head.framing {
-            Framing::Length(n) => {
-                fields.push(Header::ContentLength(n));
-                false
-            }
-            Framing::None => {
-                if let Some(v) = declared {
-                    fields.push(Header::Field("Content-Length".into(), v));
-                }
-                false
-            }
+            Framing::Length(_) | Framing::None => false,
             Framing::Chunked | Framing::Close if x.head.version == Version::Http11 => {
                 fields.push(Header::Field("Transfer-Encoding".into(), "chunked".into()));
                 true

@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, Notify};
 use super::RequestHead;
 use crate::handler::cache::{Cache, Key};
 use crate::handler::proxy::cached::{self, Next, Pending, Plan};
-use crate::handler::proxy::{headers, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule, PIECE};
+use crate::handler::proxy::{self, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule, PIECE};
 use crate::handler::{self, Body, Header, Pick, Request, Response, Site, Status};
 use crate::http::Context;
 
@@ -351,24 +351,10 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
         }
         Next::Pass(status, store) => (status, store),
     };
-    // HEAD and 304 answers say the length a GET would have had.
-    let declared = match head.framing {
-        Framing::None if head.status >= 200 && head.status != 204 => {
-            head.fields.iter().find(|(n, _)| n.eq_ignore_ascii_case("content-length")).map(|(_, v)| v.clone())
-        }
-        _ => None,
-    };
-    let mut fields: Vec<Header> =
-        headers::response_fields(std::mem::take(&mut head.fields), head.version, &cache_status)
-            .into_iter()
-            .map(|(n, v)| Header::Field(n.into(), v))
-            .collect();
+    let mut fields = proxy::client_fields(&mut head, &cache_status);
     let status = Status(head.status);
     let streamed = match head.framing {
-        Framing::Length(len) => {
-            fields.push(Header::ContentLength(len));
-            store.is_none() || len > MAX_BUFFERED as u64
-        }
+        Framing::Length(len) => store.is_none() || len > MAX_BUFFERED as u64,
         _ => false,
     };
     if !streamed {
@@ -392,11 +378,8 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
             store.commit().await;
         }
         metrics::body_bytes("copy", body.len() as u64);
-        match (head.framing, declared) {
-            (Framing::Length(_), _) => {}
-            (Framing::None, Some(v)) => fields.push(Header::Field("Content-Length".into(), v)),
-            (Framing::None, None) => {}
-            _ => fields.push(Header::ContentLength(body.len() as u64)),
+        if matches!(head.framing, Framing::Chunked | Framing::Close) {
+            fields.push(Header::ContentLength(body.len() as u64));
         }
         let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
         return feed.answer(Answer::Response(Response { status, headers: fields, body, refused: None }, None));
