@@ -74,6 +74,26 @@ class Peer:
             self.proc.wait()
 
 
+def nginx(peer, workers, connections, http, access_log=None):
+    """The command of an nginx `peer` with `workers` processes, `access_log` (a path, or none)
+    and `http` (its upstream and server blocks) in the http block."""
+    conf = peer.write("nginx.conf", f"""
+user root;
+worker_processes {workers};
+pid {peer.path("nginx.pid")};
+error_log {peer.path("error.log")};
+worker_rlimit_nofile {2 * connections + 64};
+events {{ worker_connections {connections}; }}
+http {{
+  include /etc/nginx/mime.types;
+  access_log {access_log or "off"};
+  sendfile on;
+  keepalive_requests 1000000;{http}
+}}
+""")
+    return ["nginx", "-c", conf, "-g", "daemon off;"], {}
+
+
 class Nginx(Peer):
     """nginx: `sendfile on`, kTLS through OpenSSL (`ssl_conf_command Options KTLS`), `buffer` as
     ssl_buffer_size and `extra` directives in the server block for scenarios that vary them."""
@@ -85,19 +105,7 @@ class Nginx(Peer):
         super().__init__(name, root, port, work, ktls, http2, connections)
 
     def launch(self, root, port, ktls, http2, connections):
-        log = self.access_log()
-        conf = self.write("nginx.conf", f"""
-user root;
-worker_processes {servers.WORKERS};
-pid {self.path("nginx.pid")};
-error_log {self.path("error.log")};
-worker_rlimit_nofile {2 * connections + 64};
-events {{ worker_connections {connections}; }}
-http {{
-  include /etc/nginx/mime.types;
-  access_log {log or "off"};
-  sendfile on;
-  keepalive_requests 1000000;
+        return nginx(self, servers.WORKERS, connections, f"""
   server {{
     listen 127.0.0.1:{port} ssl{" http2" if http2 else ""} reuseport;
     ssl_certificate {servers.CERT};
@@ -108,10 +116,7 @@ http {{
     {"ssl_conf_command Options KTLS;" if ktls else ""}
     {self.extra}
     root {root};
-  }}
-}}
-""")
-        return ["nginx", "-c", conf, "-g", "daemon off;"], {}
+  }}""", self.access_log())
 
 
 class H2o(Peer):

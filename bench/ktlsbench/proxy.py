@@ -42,26 +42,6 @@ SLOW_RATE = "4k"
 MISSES = 100
 
 
-def nginx(peer, workers, connections, http, access_log=None):
-    """The command of an nginx `peer` with `workers` processes, `access_log` (a path, or none)
-    and `http` (its upstream and server blocks) in the http block."""
-    conf = peer.write("nginx.conf", f"""
-user root;
-worker_processes {workers};
-pid {peer.path("nginx.pid")};
-error_log {peer.path("error.log")};
-worker_rlimit_nofile {2 * connections + 64};
-events {{ worker_connections {connections}; }}
-http {{
-  include /etc/nginx/mime.types;
-  access_log {access_log or "off"};
-  sendfile on;
-  keepalive_requests 1000000;{http}
-}}
-""")
-    return ["nginx", "-c", conf, "-g", "daemon off;"], {}
-
-
 class Origin(peers.Peer):
     """The upstream of both proxies: nginx over plain HTTP, 2 workers, `expires 1h` on every
     file, and `limit_rate` with an access log under /slow/ only (the coalescing count)."""
@@ -69,7 +49,7 @@ class Origin(peers.Peer):
     stop_signal = peers.Nginx.stop_signal
 
     def launch(self, root, port, ktls, http2, connections):
-        return nginx(self, 2, connections, f"""
+        return peers.nginx(self, 2, connections, f"""
   server {{
     listen 127.0.0.1:{port} reuseport;
     root {root};
@@ -103,7 +83,7 @@ class NginxProxy(peers.Nginx):
         proxy = """proxy_pass http://origin;
       proxy_http_version 1.1;
       proxy_set_header Connection "";"""
-        return nginx(self, servers.WORKERS, connections, f"""
+        return peers.nginx(self, servers.WORKERS, connections, f"""
   upstream origin {{
     server 127.0.0.1:{ORIGIN_PORT};
     keepalive 32;

@@ -4,6 +4,7 @@ Not servers or clients: see servers and clients."""
 
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -22,7 +23,6 @@ def sh(cmd, **kw):
 
 def children_cpu_seconds():
     """utime+stime of this process's waited-for children (the clients `sh` ran), in seconds."""
-    import resource
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
