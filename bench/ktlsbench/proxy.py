@@ -17,12 +17,22 @@ Measures, each as the ratio ktlsd/nginx beside its goal:
 - 100 concurrent misses on one fresh key (`curl --parallel`, 100 connections): the requests the
   origin received (ktlsd coalesces; nginx with `proxy_cache_lock on`).
 
+wrk, the proxy and the origin share this machine's cores, so the proxied rate is set by the CPU
+all three spend per request. The scenario therefore also measures wrk's and the origin's CPU per
+proxied request, and the upstream leg's floor (`upstream_leg_floor`): the kernel time of sending a
+proxy's request head to the origin and reading its 10 KiB answer on keep-alive loopback connections,
+with nothing else done. From these it states what ktlsd's CPU per proxied request would have to be
+for the rate goal, beside the least it can be (its static-file CPU for the same bytes plus that floor).
+
 With --vm (in the guest, through `bench/run proxy --vm`): large hits over kTLS instead, see
 scenario_proxy_vm."""
 
 import os
 import random
 import re
+import resource
+import select
+import socket
 import subprocess
 import time
 import urllib.request
@@ -182,13 +192,80 @@ def concurrent_misses(server, origin, marker):
 
 def require_free(*ports):
     """Fails when another process already listens on one of `ports` (it would answer instead)."""
-    import socket
     for port in ports:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError as e:
                 raise RuntimeError(f"port {port} is taken ({e}): stop what listens there") from None
+
+
+# The upstream leg's floor: as many keep-alive connections to the origin as wrk holds to a proxy,
+# and a request head like the one ktlsd forwards (the client's, X-Forwarded-*, Forwarded, Via).
+LEG_CONNS = 64
+LEG_HEAD = (f"GET /pass/10k.bin HTTP/1.1\r\nHost: 127.0.0.1:{KTLSD_PORT}\r\nX-Forwarded-For: 127.0.0.1\r\n"
+            f"X-Forwarded-Proto: https\r\nX-Forwarded-Host: 127.0.0.1:{KTLSD_PORT}\r\n"
+            f"Forwarded: for=127.0.0.1;host=\"127.0.0.1:{KTLSD_PORT}\";proto=https\r\nVia: 1.1 ktlsd\r\n\r\n").encode()
+
+
+def upstream_leg_floor(seconds, slices=5):
+    """Kernel CPU microseconds per request of the upstream leg alone: LEG_HEAD sent on each of
+    LEG_CONNS keep-alive loopback connections to the origin, then each whole answer read, in
+    rounds (a short sleep between the two halves, so that the reads rarely wait). Only this
+    thread's system time counts (the loopback delivery it does in its context included), so the
+    Python around it is not; the median of `slices`. The least any proxy pays for one request
+    out and one 10 KiB response in; it leaves out the proxy's own waiting (epoll, wakeups)."""
+    conns = [socket.create_connection(("127.0.0.1", ORIGIN_PORT)) for _ in range(LEG_CONNS)]
+    buf = bytearray(1 << 16)
+    try:
+        # The answer's length, from a first exchange: the same file, so the same length each time.
+        conns[0].sendall(LEG_HEAD)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += conns[0].recv(1 << 16) or _closed()
+        head, body = got.split(b"\r\n\r\n", 1)
+        m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        if not head.startswith(b"HTTP/1.1 200") or not m:
+            raise RuntimeError(f"upstream leg floor: the origin answered {head[:200]!r}")
+        answer = len(head) + 4 + int(m.group(1))
+        left = answer - len(head) - 4 - len(body)
+        while left > 0:
+            left -= len(conns[0].recv(left) or _closed())
+        for c in conns:
+            c.setblocking(False)
+        per_request = []
+        for _ in range(slices):
+            r0, c0, n = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time(), 0
+            while time.thread_time() - c0 < seconds / slices:
+                for c in conns:
+                    c.send(LEG_HEAD)
+                time.sleep(0.002)
+                for c in conns:
+                    read = 0
+                    while read < answer:
+                        try:
+                            got = c.recv_into(buf, answer - read) or _closed()
+                        except BlockingIOError:
+                            select.select([c], [], [])
+                            continue
+                        if read == 0 and not buf.startswith(b"HTTP/1.1 200 "):
+                            raise RuntimeError(f"upstream leg floor: an answer began {bytes(buf[:40])!r}")
+                        read += got
+                n += len(conns)
+            r1 = resource.getrusage(resource.RUSAGE_THREAD)
+            per_request.append((r1.ru_stime - r0.ru_stime) * 1e6 / n)
+    finally:
+        for c in conns:
+            c.close()
+    per_request.sort()
+    log("  upstream leg floor (request head out, 10 KiB answer in, loopback keep-alive): "
+        f"{per_request[len(per_request) // 2]:.2f} kernel us/request (median of "
+        + ", ".join(f"{x:.2f}" for x in per_request) + ")")
+    return per_request[len(per_request) // 2]
+
+
+def _closed():
+    raise RuntimeError("upstream leg floor: the origin closed a keep-alive connection")
 
 
 def scenario_proxy(args, work):
@@ -229,6 +306,9 @@ def measure(args, ktlsd, nginx, origin):
     res = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     cpu = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     misses = {ktlsd.name: [], nginx.name: []}
+    # wrk's and the origin's CPU per proxied request (us), and the upstream leg's floor.
+    others = {s.name: {"wrk": [], "origin": []} for s in (ktlsd, nginx)}
+    floor = []
     rounds = max(1, args.runs // 3)
     for i in range(rounds):
         for s, m in random.sample(plan, len(plan)):
@@ -237,11 +317,17 @@ def measure(args, ktlsd, nginx, origin):
                 secs, done, _ = h2load(["-c16", "-m32", f"-D{d}", f"https://127.0.0.1:{s.port}/{paths[m]}"])
                 rps, us = done / secs, (cpu_seconds(s.pids()) - c0) * 1e6 / done
             else:
-                rps, us = wrk_rps(s, paths[m], 64, d, threads=1)
+                wrk_cores, o0, t0 = [], cpu_seconds(origin.pids()), time.monotonic()
+                rps, us = wrk_rps(s, paths[m], 64, d, threads=1, client=wrk_cores)
+                if m == "pass":
+                    requests = rps * (time.monotonic() - t0)
+                    others[s.name]["wrk"].append(wrk_cores[0] * 1e6 / rps)
+                    others[s.name]["origin"].append((cpu_seconds(origin.pids()) - o0) * 1e6 / requests)
             res[s.name][m].append(rps)
             cpu[s.name][m].append(us)
         for s in random.sample([ktlsd, nginx], 2):
             misses[s.name].append(concurrent_misses(s, origin, f"run={s.name}-{i}"))
+        floor.append(upstream_leg_floor(d / 2))
         log(f"  round {i + 1}/{rounds}: " + "; ".join(
             f"{n} " + ", ".join(f"{m} {v[-1]:.0f} req/s ({cpu[n][m][-1]:.1f} us)" for m, v in r.items())
             + f", misses -> {misses[n][-1]} upstream" for n, r in res.items()))
@@ -261,14 +347,29 @@ def measure(args, ktlsd, nginx, origin):
          {"nginx": max(misses["nginx"])}, "ktlsd = 1"),
     ]
     hit, static = median(cpu["ktlsd"]["hit"]), median(cpu["ktlsd"]["static"])
+    ko, no = ({k: median(v) for k, v in others[n].items()} for n in ("ktlsd", "nginx"))
+    rows += [("wrk's CPU us per proxied request, median", ko["wrk"], {"nginx": no["wrk"]}, "-"),
+             ("the origin's CPU us per proxied request, median", ko["origin"], {"nginx": no["origin"]}, "-")]
+    # The rate goal as CPU: the machine's CPU per request through nginx, over 1.2, less what wrk
+    # and the origin spend per request through ktlsd, is what ktlsd may spend.
+    machine = no["wrk"] + median(cpu["nginx"]["pass"]) + no["origin"]
+    budget = machine / 1.2 - ko["wrk"] - ko["origin"]
+    least = static + median(floor)
     table = versus_table(rows, ["nginx"], "measure (10 KiB, nginx proxy_cache / proxy_pass)", digits=1)
     table += (f"\n\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same run): "
               f"{hit:.1f} us / {static:.1f} us = {hit / static:.2f}x (goal <= 1.05x)\n"
+              f"\nThe proxied rate as CPU (wrk, the proxy and the origin share the cores): through nginx the three "
+              f"spend {machine:.1f} us per request. 1.2x nginx's rate leaves ktlsd {budget:.1f} us per proxied "
+              f"request, with wrk and the origin at their cost through ktlsd. The least ktlsd can spend is its "
+              f"static-file CPU for the same bytes ({static:.1f} us) plus the upstream leg's kernel floor "
+              f"({median(floor):.1f} us, `upstream_leg_floor`): {least:.1f} us. ktlsd spent "
+              f"{median(cpu['ktlsd']['pass']):.1f} us.\n"
               f"\nThe upstream: nginx over plain HTTP on loopback, 2 workers (not measured); nginx with "
               f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB): "
               f"`bench/run proxy --vm`.\n")
     return table, {"rps": res, "cpu_us_per_request": cpu, "upstream_requests_for_100_misses": misses,
-                   "hit_vs_static_cpu": hit / static}
+                   "hit_vs_static_cpu": hit / static, "others_cpu_us_per_proxied_request": others,
+                   "upstream_leg_floor_us": floor, "rate_goal_budget_us": budget, "least_us": least}
 
 
 # Large hits over kTLS (--vm, in the guest): one entry of VM_SIZE, fetched as a hit from ktlsd and
