@@ -256,10 +256,10 @@ fn parts_of(head: &parse::Head) -> http::response::Parts {
 }
 
 /// `fields` as a header map; a field `http` cannot hold is left out.
-fn header_map(fields: &[(String, String)]) -> HeaderMap {
+fn header_map<N: AsRef<str>>(fields: &[(N, String)]) -> HeaderMap {
     let mut map = HeaderMap::with_capacity(fields.len());
     for (n, v) in fields {
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_str(v)) {
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_ref().as_bytes()), HeaderValue::from_str(v)) {
             map.append(n, v);
         }
     }

@@ -7,6 +7,7 @@
 //! No I/O here, and no framing decisions beyond the request's own body length: the
 //! upstream response's framing is `parse`'s, the client's the codec's.
 
+use super::parse::FieldName;
 use std::net::IpAddr;
 
 /// The name by which this server appears in `Via` and `Cache-Status`.
@@ -156,13 +157,13 @@ fn quoted_if_needed(v: &str) -> String {
 /// `Cache-Status` given as `cache_status`. The upstream's list is reused: the fields
 /// kept are moved, not copied.
 pub fn response_fields(
-    mut upstream: Vec<(String, String)>,
+    mut upstream: Vec<(FieldName, String)>,
     version: &'static str,
     cache_status: &str,
-) -> Vec<(String, String)> {
+) -> Vec<(FieldName, String)> {
     let mut via = String::new();
     let keep: Vec<bool> = {
-        let named = connection_options(upstream.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        let named = connection_options(upstream.iter().map(|(n, v)| (n.as_ref(), v.as_str())));
         upstream
             .iter()
             .map(|(name, value)| match which(name, &["via", "content-length", "server", "date", "cache-status"]) {
@@ -181,8 +182,8 @@ pub fn response_fields(
     via.push_str(version);
     via.push(' ');
     via.push_str(PSEUDONYM);
-    upstream.push(("Via".to_string(), via));
-    upstream.push(("Cache-Status".to_string(), cache_status.to_string()));
+    upstream.push(("Via".into(), via));
+    upstream.push(("Cache-Status".into(), cache_status.to_string()));
     upstream
 }
 
@@ -213,6 +214,10 @@ mod tests {
 
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
+    }
+
+    fn response_pairs(list: &[(&str, &str)]) -> Vec<(FieldName, String)> {
+        list.iter().map(|(n, v)| (crate::handler::proxy::parse::field_name(n), v.to_string())).collect()
     }
 
     fn fwd(method: &'static str, body: Option<Option<u64>>) -> Forwarding {
@@ -282,7 +287,7 @@ mod tests {
 
     #[test]
     fn client_response_fields() {
-        let upstream = pairs(&[
+        let upstream = response_pairs(&[
             ("Content-Type", "text/plain"),
             ("Content-Length", "5"),
             ("Connection", "close, X-Hop"),
@@ -300,7 +305,7 @@ mod tests {
         let got = response_fields(upstream, "1.1", "ktlsd; fwd=uri-miss");
         assert_eq!(
             got,
-            pairs(&[
+            response_pairs(&[
                 ("Content-Type", "text/plain"),
                 ("Set-Cookie", "a=1"),
                 ("Set-Cookie", "b=2"),

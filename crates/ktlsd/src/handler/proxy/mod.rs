@@ -61,7 +61,7 @@ pub fn client_fields(head: &mut parse::Head, cache_status: &str) -> Vec<Header> 
     let mut fields: Vec<Header> =
         headers::response_fields(std::mem::take(&mut head.fields), head.version, cache_status)
             .into_iter()
-            .map(|(n, v)| Header::Field(n.into(), v))
+            .map(|(n, v)| Header::Field(n, v))
             .collect();
     match (head.framing, declared) {
         (Framing::Length(n), _) => fields.push(Header::ContentLength(n)),
@@ -704,8 +704,7 @@ mod tests {
 
     #[test]
     fn client_fields_carry_the_length_the_framing_gives() {
-        let fields =
-            || vec![("Content-Length".to_string(), "5".to_string()), ("ETag".to_string(), "\"e\"".to_string())];
+        let fields = || vec![("Content-Length".into(), "5".to_string()), ("ETag".into(), "\"e\"".to_string())];
         // (status, framing): the length field the client gets, if any.
         for (status, framing, want) in [
             (200, Framing::Length(5), Some("5")),

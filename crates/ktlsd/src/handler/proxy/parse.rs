@@ -5,6 +5,8 @@
 //!
 //! No I/O: the exchange reads, this decides.
 
+use std::borrow::Cow;
+
 /// The largest response head accepted from an upstream (nginx's default
 /// `proxy_buffer_size` is one page; 64 KiB leaves room for many cookies).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -29,6 +31,41 @@ pub enum Framing {
     Close,
 }
 
+/// A response field's name: borrowed for the names most responses carry (spelled
+/// as most servers send them), so that those cost no allocation; else owned.
+pub type FieldName = Cow<'static, str>;
+
+/// Response field names borrowed by [`field_name`] when an upstream spells them so.
+const COMMON: &[&str] = &[
+    "Accept-Ranges",
+    "Cache-Control",
+    "Connection",
+    "Content-Encoding",
+    "Content-Length",
+    "Content-Type",
+    "Date",
+    "ETag",
+    "Expires",
+    "Keep-Alive",
+    "Last-Modified",
+    "Server",
+    "Transfer-Encoding",
+    "Vary",
+    "Via",
+    "content-length",
+    "content-type",
+    "date",
+    "server",
+];
+
+/// `name` as a [`FieldName`]: borrowed when it is one of [`COMMON`], as spelled there.
+pub fn field_name(name: &str) -> FieldName {
+    match COMMON.iter().find(|c| **c == name) {
+        Some(c) => Cow::Borrowed(c),
+        None => Cow::Owned(name.to_string()),
+    }
+}
+
 /// A parsed response head.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
@@ -36,7 +73,7 @@ pub struct Head {
     /// `1.0` or `1.1`, as `Via` names it.
     pub version: &'static str,
     /// The fields in order; values as text (obs-text bytes replaced).
-    pub fields: Vec<(String, String)>,
+    pub fields: Vec<(FieldName, String)>,
     pub framing: Framing,
     /// Whether the connection may carry another request after this response's body.
     pub reusable: bool,
@@ -99,7 +136,7 @@ pub fn head(buf: &[u8], method: &str) -> Result<Option<(Head, usize)>, Invalid> 
                 }
             }
         }
-        out.push((h.name.to_string(), value));
+        out.push((field_name(h.name), value));
     }
     let no_body = method == "HEAD" || (100..200).contains(&status) || status == 204 || status == 304;
     let framing = match (no_body, chunked, length) {
@@ -215,11 +252,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn common_field_names_are_borrowed_as_spelled() {
+        for (name, borrowed) in
+            [("Content-Type", true), ("content-type", true), ("ETag", true), ("CONTENT-TYPE", false), ("X-App", false)]
+        {
+            let got = field_name(name);
+            assert_eq!(got, name, "the spelling is kept");
+            assert_eq!(matches!(got, Cow::Borrowed(_)), borrowed, "{name}");
+        }
+    }
+
+    #[test]
     fn heads() {
         let ok = |raw: &str, method: &str| head(raw.as_bytes(), method).unwrap().unwrap().0;
         let h = ok("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: b\r\n\r\nhello", "GET");
         assert_eq!((h.status, h.framing, h.reusable, h.version), (200, Framing::Length(5), true, "1.1"));
-        assert_eq!(h.fields[1], ("X-A".to_string(), "b".to_string()));
+        assert_eq!(h.fields[1], ("X-A".into(), "b".to_string()));
         let cases = [
             ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "GET", Framing::Chunked, true),
             (

@@ -14,6 +14,7 @@
 //! it is sent, committed once complete. The exchange with the upstream itself is
 //! `handler::proxy`'s.
 
+use std::io::Write;
 use std::time::Instant;
 
 use super::parse::Version;
@@ -117,7 +118,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         };
         let response = Response { status: Status(head.status), headers: fields, body: Body::Empty, refused: None };
         let response = handler::with_hsts(response, &site);
-        let mut out = write::head(&response, x.head.version, keep_alive);
+        let mut out = write::head_into(proxy::buffers::take(), &response, x.head.version, keep_alive);
         let mut piece = proxy::buffers::take();
         let mut sent = 0u64;
         // The body bytes that came with the upstream's head leave in the head's write
@@ -205,6 +206,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
             }
         }
         proxy::buffers::give(piece);
+        proxy::buffers::give(out);
         drop(up);
         if let Some(store) = store {
             // Stored only now that the body is known complete.
@@ -375,7 +377,7 @@ fn frame(out: &mut Vec<u8>, piece: &[u8], chunked: bool) {
         return;
     }
     if chunked {
-        out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        let _ = write!(out, "{:x}\r\n", piece.len()); // into a Vec: cannot fail
         out.extend_from_slice(piece);
         out.extend_from_slice(b"\r\n");
     } else {

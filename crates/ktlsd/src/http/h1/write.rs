@@ -9,8 +9,14 @@ use crate::http::conn::with_http_date_now;
 /// server implements, for 1.0 requests too (RFC 9110 section 6.2; nginx answers the
 /// same); the Connection field follows the request's version and `keep_alive`.
 pub fn head(response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
+    head_into(Vec::with_capacity(256), response, version, keep_alive)
+}
+
+/// [`head`] written in `out`'s memory (a buffer the caller reuses; its bytes are dropped).
+pub fn head_into(mut out: Vec<u8>, response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
     let status = response.status;
-    let mut buf = String::with_capacity(256);
+    out.clear();
+    let mut buf = String::from_utf8(out).unwrap_or_default(); // empty, so always text
     buf.push_str("HTTP/1.1 ");
     buf.push_str(itoa::Buffer::new().format(status.0));
     buf.push(' ');
