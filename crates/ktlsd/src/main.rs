@@ -59,9 +59,13 @@ fn main() -> ExitCode {
 }
 
 /// Logging to standard error at `level` (`--log-level`), or as the KTLSD_LOG variable says when set.
+/// rustls's own records are kept to errors unless KTLSD_LOG asks for them (`rustls=debug`):
+/// it warns about what clients send (an IP address as SNI, as wrk and some bots do), and a
+/// line per such handshake would let any client fill the log.
 fn init_tracing(level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("KTLSD_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    let filter =
+        EnvFilter::try_from_env("KTLSD_LOG").unwrap_or_else(|_| EnvFilter::new(format!("{level},rustls=error")));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,6 +1,7 @@
 //! Logs and metrics as an operator reads them: access-log entries of every
 //! protocol with the bytes sent, the admin socket reachable by a non-root
-//! scraper, per-request refusals kept out of the error log's flood.
+//! scraper, per-request refusals and clients' handshake quirks kept out of the
+//! error log's flood.
 
 use std::path::Path;
 use std::process::Command;
@@ -121,6 +122,21 @@ fn refusals_are_rate_limited_per_reason_in_the_error_log() {
     let refused = stderr.lines().filter(|l| l.contains("refused 127.0.0.1")).count();
     assert!((1..=20).contains(&refused), "{refused} refusal lines for 200 refused requests:\n{stderr}");
     assert!(stderr.contains("suppressed ") && stderr.contains("similar refusal line(s) (405"), "{stderr}");
+    srv.stop();
+}
+
+/// What a client puts in its handshake writes no error-log line: an IP address as
+/// SNI (which RFC 6066 forbids, and wrk and some bots send) is ignored quietly.
+#[test]
+fn handshakes_naming_an_ip_address_leave_the_error_log_quiet() {
+    let srv = builder().file("a.txt", "a\n").start();
+    for _ in 0..3 {
+        let (ok, out, err) = s_client(srv.addr(), &["-servername", "127.0.0.1"], "GET /a.txt HTTP/1.0\r\n\r\n");
+        assert!(ok && out.contains("HTTP/1.1 200"), "{out}\n{err}");
+    }
+    assert_eq!(srv.wait_access_log(3, Duration::from_secs(20)).len(), 3);
+    let stderr = srv.stderr();
+    assert!(!stderr.contains("SNI"), "{stderr}");
     srv.stop();
 }
 
