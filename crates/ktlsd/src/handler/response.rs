@@ -88,6 +88,55 @@ pub enum ContentRange {
     Unsatisfied { size: u64 },
 }
 
+/// A header field's name: borrowed for the names most responses carry, so that those
+/// cost no allocation; else owned.
+pub type FieldName = Cow<'static, str>;
+
+/// Field names [`field_name`] borrows, sorted, in the spellings met most: as most
+/// servers send them, and in lower case (HTTP/2 upstreams, the cache's stored heads).
+const COMMON_FIELDS: &[&str] = &[
+    "Accept-Ranges",
+    "Cache-Control",
+    "Connection",
+    "Content-Encoding",
+    "Content-Language",
+    "Content-Length",
+    "Content-Location",
+    "Content-Type",
+    "Date",
+    "ETag",
+    "Expires",
+    "Keep-Alive",
+    "Last-Modified",
+    "Server",
+    "Transfer-Encoding",
+    "Vary",
+    "Via",
+    "X-Content-Type-Options",
+    "cache-control",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-type",
+    "date",
+    "etag",
+    "expires",
+    "last-modified",
+    "server",
+    "vary",
+    "via",
+    "x-content-type-options",
+];
+
+/// `name` as a [`FieldName`]: borrowed when it is one of [`COMMON_FIELDS`] as spelled there.
+pub fn field_name(name: &str) -> FieldName {
+    match COMMON_FIELDS.binary_search(&name) {
+        Ok(i) => Cow::Borrowed(COMMON_FIELDS[i]),
+        Err(_) => Cow::Owned(name.to_string()),
+    }
+}
+
 /// A response header field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Header {
@@ -109,7 +158,7 @@ pub enum Header {
     VaryAcceptEncoding,
     /// A field from the site's configuration (header rules, CORS), its name and value
     /// checked at start-up.
-    Field(Cow<'static, str>, String),
+    Field(FieldName, String),
 }
 
 impl Header {
@@ -292,6 +341,24 @@ pub const HTML: &str = "text/html; charset=utf-8";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_field_names_are_borrowed_as_spelled() {
+        assert!(COMMON_FIELDS.windows(2).all(|w| w[0] < w[1]), "sorted, for the binary search");
+        for (name, borrowed) in [
+            ("Content-Type", true),
+            ("content-type", true),
+            ("ETag", true),
+            ("etag", true),
+            ("x-content-type-options", true),
+            ("CONTENT-TYPE", false),
+            ("X-App", false),
+        ] {
+            let got = field_name(name);
+            assert_eq!(got, name, "the spelling is kept");
+            assert_eq!(matches!(got, Cow::Borrowed(_)), borrowed, "{name}");
+        }
+    }
 
     #[test]
     fn header_values() {

@@ -12,7 +12,7 @@ use crate::files::Found;
 use crate::handler::preconditions::{self, Outcome, Validators};
 use crate::handler::range::RangeOutcome;
 use crate::handler::request::EntityTag;
-use crate::handler::response::ContentRange;
+use crate::handler::response::{field_name, ContentRange};
 use crate::handler::{Body, Header, Method, Request, Response, Status};
 
 /// Why a request went to the upstream (RFC 9211 section 2.2).
@@ -106,29 +106,6 @@ pub fn cache_status(s: &CacheStatus) -> String {
 const REPLACED: &[&str] = &["date", "server", "content-length", "accept-ranges", "age", "cache-status"];
 /// The stored fields a 304 carries (RFC 9110 section 15.4.5).
 const ON_304: &[&str] = &["cache-control", "content-location", "etag", "expires", "vary", "last-modified"];
-
-/// Stored field names most answers carry: sent on each hit without a copy of the name.
-const COMMON: &[&str] = &[
-    "cache-control",
-    "content-type",
-    "content-encoding",
-    "content-language",
-    "content-location",
-    "etag",
-    "expires",
-    "last-modified",
-    "vary",
-    "via",
-    "x-content-type-options",
-];
-
-/// `name` (as stored, in lower case) for a response field: borrowed when common.
-fn field_name(name: &str) -> Cow<'static, str> {
-    match COMMON.iter().find(|c| **c == name) {
-        Some(c) => Cow::Borrowed(c),
-        None => Cow::Owned(name.to_string()),
-    }
-}
 
 impl Hit {
     /// The answer to `req` (GET or HEAD) from this entry, with `status` as its
@@ -229,18 +206,4 @@ fn parse_etag(v: &str) -> Option<EntityTag> {
     };
     (opaque.len() >= 2 && opaque.starts_with('"') && opaque.ends_with('"'))
         .then(|| EntityTag { weak, opaque: opaque.to_string() })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn common_field_names_are_not_copied() {
-        for (name, borrowed) in [("etag", true), ("cache-control", true), ("x-custom", false), ("ETag", false)] {
-            let got = field_name(name);
-            assert_eq!(got, name);
-            assert_eq!(matches!(got, Cow::Borrowed(_)), borrowed, "{name}");
-        }
-    }
 }

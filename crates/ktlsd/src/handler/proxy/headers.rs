@@ -7,7 +7,7 @@
 //! No I/O here, and no framing decisions beyond the request's own body length: the
 //! upstream response's framing is `parse`'s, the client's the codec's.
 
-use super::parse::FieldName;
+use crate::handler::response::FieldName;
 use std::net::IpAddr;
 
 /// The name by which this server appears in `Via` and `Cache-Status`.
@@ -217,7 +217,7 @@ mod tests {
     }
 
     fn response_pairs(list: &[(&str, &str)]) -> Vec<(FieldName, String)> {
-        list.iter().map(|(n, v)| (crate::handler::proxy::parse::field_name(n), v.to_string())).collect()
+        list.iter().map(|(n, v)| (crate::handler::response::field_name(n), v.to_string())).collect()
     }
 
     fn fwd(method: &'static str, body: Option<Option<u64>>) -> Forwarding {

@@ -5,7 +5,7 @@
 //!
 //! No I/O: the exchange reads, this decides.
 
-use std::borrow::Cow;
+use crate::handler::response::{field_name, FieldName};
 
 /// The largest response head accepted from an upstream (nginx's default
 /// `proxy_buffer_size` is one page; 64 KiB leaves room for many cookies).
@@ -29,41 +29,6 @@ pub enum Framing {
     Chunked,
     /// Until the upstream closes.
     Close,
-}
-
-/// A response field's name: borrowed for the names most responses carry (spelled
-/// as most servers send them), so that those cost no allocation; else owned.
-pub type FieldName = Cow<'static, str>;
-
-/// Response field names borrowed by [`field_name`] when an upstream spells them so.
-const COMMON: &[&str] = &[
-    "Accept-Ranges",
-    "Cache-Control",
-    "Connection",
-    "Content-Encoding",
-    "Content-Length",
-    "Content-Type",
-    "Date",
-    "ETag",
-    "Expires",
-    "Keep-Alive",
-    "Last-Modified",
-    "Server",
-    "Transfer-Encoding",
-    "Vary",
-    "Via",
-    "content-length",
-    "content-type",
-    "date",
-    "server",
-];
-
-/// `name` as a [`FieldName`]: borrowed when it is one of [`COMMON`], as spelled there.
-pub fn field_name(name: &str) -> FieldName {
-    match COMMON.iter().find(|c| **c == name) {
-        Some(c) => Cow::Borrowed(c),
-        None => Cow::Owned(name.to_string()),
-    }
 }
 
 /// A parsed response head.
@@ -250,17 +215,6 @@ impl Chunked {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn common_field_names_are_borrowed_as_spelled() {
-        for (name, borrowed) in
-            [("Content-Type", true), ("content-type", true), ("ETag", true), ("CONTENT-TYPE", false), ("X-App", false)]
-        {
-            let got = field_name(name);
-            assert_eq!(got, name, "the spelling is kept");
-            assert_eq!(matches!(got, Cow::Borrowed(_)), borrowed, "{name}");
-        }
-    }
 
     #[test]
     fn heads() {
