@@ -102,7 +102,7 @@ pub use record::{
     recv_record, send, send_alert, send_alert_record, send_close_notify, send_key_update, send_record, sendfile,
     Received, RxError,
 };
-pub use splice::Pipe;
+pub use splice::{queued, Pipe};
 pub use stat::TlsStat;
 pub use types::{Cipher, Direction, TlsVersion};
 /// Largest plaintext one TLS record carries (16 KiB), the kernel's record limit too.

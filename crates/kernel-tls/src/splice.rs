@@ -71,6 +71,12 @@ impl Pipe {
     }
 }
 
+/// The bytes waiting in the receive queue of the TCP socket `src` (`SIOCINQ`):
+/// that many can be moved by [`Pipe::fill_from`] at once, without waiting.
+pub fn queued(src: impl AsFd) -> io::Result<usize> {
+    sys::queued(src.as_fd().as_raw_fd())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +88,19 @@ mod tests {
         let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (b, _) = l.accept().unwrap();
         (a, b)
+    }
+
+    /// `queued` counts the bytes a socket has received and nobody has read.
+    #[test]
+    fn queued_counts_unread_bytes() {
+        let (mut w, r) = pair();
+        assert_eq!(queued(&r).unwrap(), 0);
+        w.write_all(&[7u8; 5000]).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while queued(&r).unwrap() < 5000 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(queued(&r).unwrap(), 5000);
     }
 
     /// Bytes written into one connection come out of another, whole and in

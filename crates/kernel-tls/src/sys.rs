@@ -254,6 +254,15 @@ pub(crate) fn pipe_nonblocking() -> io::Result<(std::os::fd::OwnedFd, std::os::f
     Ok(unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// `ioctl(fd, SIOCINQ)`: the bytes in a TCP socket's receive queue, not yet read.
+pub(crate) fn queued(fd: RawFd) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCINQ (FIONREAD) writes one int through the pointer, which points
+    // at `n`, exclusively borrowed for the call.
+    check(unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n as *mut libc::c_int) })?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
 /// `splice(fd_in, NULL, fd_out, NULL, len, flags)`: both ends are streams (a
 /// socket or a pipe), so neither takes an offset.
 pub(crate) fn splice(fd_in: RawFd, fd_out: RawFd, len: usize, flags: libc::c_uint) -> io::Result<usize> {

@@ -169,6 +169,22 @@ pub async fn retry_recv<T>(
     }
 }
 
+/// Waits at most `timeout` for `stream` to have bytes to read, and returns how many
+/// are queued in it (`SIOCINQ`) without reading any; `Ok(0)` once the peer has
+/// closed and nothing is left. Fails with `TimedOut`.
+///
+/// # Cancel safety
+/// Cancel-safe: nothing is read.
+pub async fn queued(stream: &TcpStream, timeout: Duration) -> io::Result<usize> {
+    let mut one = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut one)).await {
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "peer made no progress within the timeout")),
+        Ok(Ok(0)) => Ok(0),
+        Ok(Ok(_)) => kernel_tls::queued(stream),
+        Ok(Err(e)) => Err(e),
+    }
+}
+
 /// Waits at most `timeout` for `stream` to be ready for `interest`; fails with `TimedOut`.
 pub async fn ready(stream: &TcpStream, interest: Interest, timeout: Duration) -> io::Result<()> {
     match tokio::time::timeout(timeout, stream.ready(interest)).await {

@@ -98,6 +98,25 @@ pub trait Transport {
         Err(Spliced::Unsupported)
     }
 
+    /// Sends `head`, then `len` bytes waiting in the receive queue of the plain TCP
+    /// socket `from` (the caller saw them there), moved by `splice(2)` without
+    /// passing through user space: an HTTP/2 DATA frame whose header ends `head`,
+    /// one record when it fits one. Only where [`Transport::can_splice`] says so;
+    /// elsewhere `Ok(false)`, and nothing is sent. An error means the connection
+    /// must not be reused.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as `send`.
+    async fn send_queued(
+        &mut self,
+        head: &[u8],
+        from: std::os::fd::BorrowedFd<'_>,
+        len: usize,
+    ) -> Result<bool, Self::Error> {
+        let _ = (head, from, len);
+        Ok(false)
+    }
+
     /// Where the bytes are protected, for the access log and metrics.
     fn layer(&self) -> RecordLayer;
 

@@ -390,6 +390,21 @@ impl Transport for Session {
         r
     }
 
+    async fn send_queued(
+        &mut self,
+        head: &[u8],
+        from: std::os::fd::BorrowedFd<'_>,
+        len: usize,
+    ) -> Result<bool, SessionError> {
+        self.flush().await?;
+        let Layer::Kernel(tls) = &mut self.layer else { return Ok(false) };
+        let r = kernel::body::send_queued(tls, &self.stream, head, from, len, self.send_timeout).await;
+        if let Err(e) = &r {
+            self.counters.note(e);
+        }
+        r.map(|()| true)
+    }
+
     fn tls(&self) -> Option<crate::log::TlsInfo> {
         self.info
     }

@@ -10,7 +10,7 @@ use crate::harness::*;
 
 /// Relays one client connection to `to` and returns the length field of every TLS
 /// record the server sent (header type 23, application data), in order.
-fn record_lengths_proxy(to: SocketAddr) -> (SocketAddr, thread::JoinHandle<Vec<(u8, usize)>>) {
+pub fn record_lengths_proxy(to: SocketAddr) -> (SocketAddr, thread::JoinHandle<Vec<(u8, usize)>>) {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
@@ -124,7 +124,7 @@ fn h2_bodies_and_one_frame_per_record() {
 }
 
 /// The lengths of the DATA frames `nghttp -v` received, in order.
-fn data_frames(text: &str) -> Vec<usize> {
+pub fn data_frames(text: &str) -> Vec<usize> {
     text.lines()
         .filter(|l| l.contains("recv DATA frame"))
         .filter_map(|l| l.split("length=").nth(1)?.split(',').next()?.parse().ok())

@@ -228,13 +228,15 @@ pub fn assert_ktls(test: &str, s: &KtlsStopped, want: &Expect) {
     }
 }
 
-/// The byte count an access log line reports for `GET path`, in log order.
+/// The status and byte count an access log line reports for `GET path` (any HTTP
+/// version), in log order.
 pub fn logged(s: &Stopped, path: &str) -> Vec<(u16, u64)> {
-    let needle = format!("\"GET {path} HTTP/1.1\" ");
+    let needle = format!("\"GET {path} HTTP/");
     s.access_log
         .iter()
         .filter_map(|l| {
-            let rest = &l[l.find(&needle)? + needle.len()..];
+            let line = &l[l.find(&needle)? + needle.len()..];
+            let rest = &line[line.find("\" ")? + 2..];
             let mut f = rest.split_whitespace();
             Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
         })

@@ -636,6 +636,19 @@ impl<'r> Exchange<'r> {
 }
 
 impl Exchange<'_> {
+    /// The plain TCP socket a Content-Length body with bytes still to come arrives
+    /// on, even while some already read are held: whether [`Exchange::splice_source`]
+    /// will have it once those are taken.
+    pub fn plain_body_socket(&self) -> Option<&tokio::net::TcpStream> {
+        if self.done || self.left == 0 || !matches!(self.framing, Framing::Length(_)) {
+            return None;
+        }
+        match self.conn.as_ref()? {
+            Conn::Plain(s) => Some(s),
+            Conn::Tls(_) => None,
+        }
+    }
+
     /// The plain TCP socket the rest of a Content-Length body is on, the bytes of
     /// it left there, and the read timeout: for the codec to move them to its client
     /// without reading them ([`Exchange::spliced`] or [`Exchange::splice_failed`]

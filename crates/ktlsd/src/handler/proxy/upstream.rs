@@ -23,6 +23,11 @@ pub enum IoFailure {
     Failed(io::Error),
 }
 
+/// The error of an upstream that closed before the end of its Content-Length body.
+pub fn closed_early() -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, "closed the connection before the end of the body")
+}
+
 impl std::fmt::Display for IoFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

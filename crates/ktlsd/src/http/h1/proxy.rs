@@ -21,7 +21,7 @@ use super::parse::Version;
 use super::{logged, write, Connection, Exchange, State};
 use crate::handler::proxy::cached::{self, Next, Plan};
 use crate::handler::proxy::parse::{Chunked, Framing};
-use crate::handler::proxy::upstream::IoFailure;
+use crate::handler::proxy::upstream::{closed_early, IoFailure};
 use crate::handler::proxy::{self, headers, metrics, Failure, Forwarding, Rule};
 use crate::handler::{self, Body, Header, Method, Response, Site, Status};
 use crate::http::conn::Sent;
@@ -383,9 +383,4 @@ fn frame(out: &mut Vec<u8>, piece: &[u8], chunked: bool) {
     } else {
         out.extend_from_slice(piece);
     }
-}
-
-/// The error of an upstream that closed before the end of its Content-Length body.
-fn closed_early() -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed the connection before the end of the body")
 }

@@ -112,6 +112,10 @@ pub enum Write {
     /// Pending frames, then a DATA frame of `len` bytes of a [`BodySize::Stream`] body.
     /// `end_stream`: this is the stream's last frame.
     Data { stream: StreamId, bytes: Vec<u8>, len: u32, end_stream: bool },
+    /// Send `head` (pending frames, then the 9-byte DATA frame header that ends it),
+    /// then `len` bytes the caller takes from the stream's source itself, in one
+    /// record ([`Connection::push_at_source`]). `end_stream`: the stream's last frame.
+    SourceData { stream: StreamId, head: Vec<u8>, len: u32, end_stream: bool },
 }
 
 /// Why `respond` refused.
@@ -136,11 +140,13 @@ enum Send {
         len: u64,
         offset: u64,
     },
-    /// A body handed over piece by piece: `buf[pos..]` is given and unsent, `left`
-    /// is what is still to send in all (given or not).
+    /// A body handed over piece by piece: `buf[pos..]` is given and unsent, then
+    /// `at_source` bytes the caller moves from its source itself; `left` is what is
+    /// still to send in all (given or not).
     Stream {
         buf: Vec<u8>,
         pos: usize,
+        at_source: u64,
         left: u64,
     },
     Done,
@@ -179,6 +185,8 @@ impl Stream {
         match &self.send {
             Send::Bytes { data, pos } => (data.len() - pos) as u64,
             Send::File { len, offset } => len - offset,
+            // What the next DATA frame may carry: the bytes given in memory go first.
+            Send::Stream { buf, pos, at_source, .. } if *pos == buf.len() => *at_source,
             Send::Stream { buf, pos, .. } => (buf.len() - pos) as u64,
             Send::Waiting | Send::Done => 0,
         }
@@ -414,7 +422,7 @@ impl Connection {
         let send = match body {
             BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
             BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },
-            BodySize::Stream { len } if len > 0 => Send::Stream { buf: Vec::new(), pos: 0, left: len },
+            BodySize::Stream { len } if len > 0 => Send::Stream { buf: Vec::new(), pos: 0, at_source: 0, left: len },
             _ => Send::Done,
         };
         let end_stream = matches!(send, Send::Done);
@@ -480,7 +488,12 @@ impl Connection {
                     Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
                 *offset += len;
             }
-            Send::Stream { buf, pos, left } => {
+            Send::Stream { buf, pos, left, at_source } if *pos == buf.len() => {
+                *at_source -= len;
+                *left -= len;
+                write = Write::SourceData { stream: StreamId(stream.id), head, len: len32, end_stream: end };
+            }
+            Send::Stream { buf, pos, left, .. } => {
                 head.extend_from_slice(&buf[*pos..*pos + len as usize]);
                 *pos += len as usize;
                 *left -= len;

@@ -14,9 +14,13 @@ impl Connection {
             return Err(RespondError::StreamGone);
         }
         let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
-        let Send::Stream { buf, pos, left } = &mut self.streams[index].send else {
+        let Send::Stream { buf, pos, left, at_source } = &mut self.streams[index].send else {
             return Err(RespondError::AlreadyResponded);
         };
+        if *at_source > 0 {
+            // The bytes in memory go before those at the source: none may follow them.
+            return Err(RespondError::AlreadyResponded);
+        }
         buf.drain(..*pos);
         *pos = 0;
         let given = buf.len() as u64;
@@ -25,8 +29,26 @@ impl Connection {
         Ok(())
     }
 
-    /// Bytes of `stream`'s [`super::BodySize::Stream`] body given and not yet sent (`None`:
-    /// the stream is not sending such a body), so the caller bounds what it hands over.
+    /// Says that `n` more bytes of `stream`'s [`super::BodySize::Stream`] body wait at
+    /// the caller's source (an upstream socket): they leave as [`super::Write::SourceData`],
+    /// after every byte given by [`Connection::push`], which takes no more then. Bytes
+    /// beyond the body's length are not counted.
+    pub fn push_at_source(&mut self, stream: StreamId, n: u64) -> Result<(), RespondError> {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        let Send::Stream { buf, pos, left, at_source } = &mut self.streams[index].send else {
+            return Err(RespondError::AlreadyResponded);
+        };
+        let given = (buf.len() - *pos) as u64 + *at_source;
+        *at_source += left.saturating_sub(given).min(n);
+        Ok(())
+    }
+
+    /// Bytes of `stream`'s [`super::BodySize::Stream`] body given in memory and not yet
+    /// sent (`None`: the stream is not sending such a body), so the caller bounds what
+    /// it hands over.
     pub fn buffered(&self, stream: StreamId) -> Option<usize> {
         match &self.streams[self.index(stream.0)?].send {
             Send::Stream { buf, pos, .. } => Some(buf.len() - pos),

@@ -8,7 +8,12 @@
 //! and the connection's flow-control windows pace the upstream read and a stream
 //! holds at most about two times [`QUEUED`] plus one read piece.
 //!
-//! A body of known length is streamed; one of unknown length (chunked or
+//! A body of known length is streamed. On a kTLS connection, from a plain
+//! `http://` upstream and not being stored, it is not read at all: the task waits
+//! for its upstream socket and says how many body bytes are queued there
+//! ([`Step::AtSource`]), and the loop splices exactly those after each DATA frame's
+//! header (`Transport::send_queued`), so the writer never waits on an upstream.
+//! One of unknown length (chunked or
 //! close-delimited) is held whole, at most [`MAX_BUFFERED`] bytes, and answered
 //! 502 or 504 when the upstream fails. An upstream that fails after the head resets
 //! the stream (INTERNAL_ERROR). A response being stored (`cache = true`) of at most
@@ -25,6 +30,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -33,6 +39,7 @@ use tokio::sync::{mpsc, Notify};
 use super::RequestHead;
 use crate::handler::cache::{Cache, Key};
 use crate::handler::proxy::cached::{self, Next, Pending, Plan};
+use crate::handler::proxy::upstream::{closed_early, IoFailure};
 use crate::handler::proxy::{self, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule, PIECE};
 use crate::handler::{self, Body, Header, Pick, Request, Response, Site, Status};
 use crate::http::Context;
@@ -105,6 +112,15 @@ struct Out {
     ended: bool,
     /// The body failed after the head: the stream is to be reset.
     failed: Option<Failure>,
+    /// The upstream socket the loop splices the body from (a duplicate of the
+    /// exchange's descriptor), when the body goes that way.
+    source: Option<Rc<OwnedFd>>,
+    /// Body bytes queued in `source` that the loop has not yet handed to the codec.
+    at_source: u64,
+    /// Body bytes at the source the loop has handed to the codec.
+    source_handed: u64,
+    /// Body bytes the loop has spliced from `source`.
+    source_sent: u64,
 }
 
 /// What the loop does next for a proxied stream.
@@ -116,6 +132,8 @@ pub(super) enum Step {
     Respond(Response, Option<u64>),
     /// The next body bytes, for `Connection::push`.
     Body(Vec<u8>),
+    /// More body bytes wait in the stream's source, for `Connection::push_at_source`.
+    AtSource(u64),
     /// The body failed after the head: reset the stream.
     Reset(Failure),
     /// The stream needs the task no more: forget it.
@@ -162,6 +180,7 @@ pub(super) fn start<'a, S>(
     site: Site<'a>,
     rule: &Rule,
     max_body: u64,
+    splice: bool,
     signal: &Rc<Signal>,
 ) -> Started<'a> {
     // Guarded as files are.
@@ -195,7 +214,7 @@ pub(super) fn start<'a, S>(
     let out = Rc::new(RefCell::new(Out::default()));
     let room = Rc::new(Notify::new());
     let feed = Feed { out: out.clone(), room: room.clone(), signal: signal.clone() };
-    let job = Job { rule: rule.clone(), cache, req, fwd, fields, max_body, peer: ctx.peer };
+    let job = Job { rule: rule.clone(), cache, req, fwd, fields, max_body, peer: ctx.peer, splice };
     let task = tokio::task::spawn_local(run(job, body, feed)).abort_handle();
     Started::Task(Proxied { out, room, upload, task, site, head: head.clone(), answered: false })
 }
@@ -218,7 +237,20 @@ impl Proxied<'_> {
     /// Whether the stream waits for its upstream rather than its client: no answer
     /// yet, or no body bytes waiting in the codec (`buffered`).
     pub fn awaits_upstream(&self, buffered: Option<usize>) -> bool {
-        !self.answered || (buffered == Some(0) && self.out.borrow().body.is_empty())
+        let out = self.out.borrow();
+        let none_at_source = out.at_source == 0 && out.source_handed == out.source_sent;
+        !self.answered || (buffered == Some(0) && out.body.is_empty() && none_at_source)
+    }
+
+    /// The socket to splice this stream's body from, once its answer says so.
+    pub fn take_source(&mut self) -> Option<Rc<OwnedFd>> {
+        self.out.borrow_mut().source.take()
+    }
+
+    /// `n` body bytes were spliced from the source: the task may look for more.
+    pub fn sent_from_source(&self, n: u64) {
+        self.out.borrow_mut().source_sent += n;
+        self.room.notify_one();
     }
 
     /// What the loop does next for this stream; `buffered` is what the codec holds of
@@ -246,7 +278,19 @@ impl Proxied<'_> {
         if let Some(f) = out.failed.take() {
             return Step::Reset(f);
         }
-        let Some(buffered) = buffered else { return Step::Done };
+        let Some(buffered) = buffered else {
+            // The codec is done with the stream. When it spliced the body to its end,
+            // the task still finishes the exchange (its upstream connection goes back
+            // to the pool): wait for it to say so.
+            let spliced_whole = out.source_handed > 0 && out.source_sent == out.source_handed && out.at_source == 0;
+            return if spliced_whole && !out.ended { Step::Idle } else { Step::Done };
+        };
+        if out.body.is_empty() && out.at_source > 0 {
+            // After the bytes given in memory: what waits at the source.
+            let n = std::mem::take(&mut out.at_source);
+            out.source_handed += n;
+            return Step::AtSource(n);
+        }
         if out.body.is_empty() {
             return if out.ended { Step::Done } else { Step::Idle };
         }
@@ -272,6 +316,8 @@ struct Job {
     fields: Vec<(String, String)>,
     max_body: u64,
     peer: SocketAddr,
+    /// The connection can take a body spliced from a plain upstream socket.
+    splice: bool,
 }
 
 /// A task's side of its stream.
@@ -299,6 +345,19 @@ impl Feed {
         self.signal.raise();
     }
 
+    /// Says that `n` more body bytes wait in the source, then waits until the loop
+    /// has spliced every byte said so far (so that the source's queue counts anew).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the bytes are said at once; only the wait is cut.
+    async fn at_source(&self, n: u64, said: u64) {
+        self.out.borrow_mut().at_source += n;
+        self.signal.raise();
+        while self.out.borrow().source_sent < said {
+            self.room.notified().await;
+        }
+    }
+
     fn end(&self) {
         self.out.borrow_mut().ended = true;
         self.signal.raise();
@@ -320,7 +379,7 @@ impl Feed {
 /// temporary file removed, lookups waiting for it woken), and a commit already
 /// under way finishes on the blocking pool with a complete body.
 async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
-    let Job { rule, cache, req, fwd, mut fields, max_body, peer } = job;
+    let Job { rule, cache, req, fwd, mut fields, max_body, peer, splice } = job;
     let (method, target) = (fwd.method.clone(), fwd.target.clone());
     let has_body = upload.is_some();
     let pending = match cached::plan_with(cache, &rule, &req, has_body, &fwd, &mut fields).await {
@@ -389,6 +448,25 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
         _ => 0,
     };
     let response = Response { status, headers: fields, body: Body::Empty, refused: None };
+    // Spliced from the upstream socket when the connection and the exchange allow it.
+    let source = (splice && store.is_none())
+        .then(|| up.plain_body_socket())
+        .flatten()
+        .and_then(|from| from.as_fd().try_clone_to_owned().ok());
+    if let Some(fd) = source {
+        feed.out.borrow_mut().source = Some(Rc::new(fd));
+        feed.answer(Answer::Response(response, Some(len)));
+        return match splice_body(&mut up, &feed).await {
+            Ok(()) => {
+                drop(up);
+                feed.end();
+            }
+            Err(f) => {
+                tracing::debug!("proxy {peer} \"{method} {target} HTTP/2.0\": body failed: {f}");
+                feed.fail(f);
+            }
+        };
+    }
     feed.answer(Answer::Response(response, (len > 0).then_some(len)));
     // The last piece is held back until the body is known complete (and stored):
     // the stream's last frame leaves only then.
@@ -421,6 +499,49 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
     }
     feed.body(&held).await;
     feed.end();
+}
+
+/// The body of `up` by way of its upstream socket: what the exchange read with the
+/// head is handed over as bytes; then, each time the socket has more, the count
+/// queued there is said to the loop, which splices them ([`Step::AtSource`]), until
+/// the Content-Length is reached. Each wait for the upstream is bounded by the read
+/// timeout; an upstream that closes early or stalls fails the body.
+///
+/// # Cancel safety
+/// Not cancel-safe: bytes said to be at the source may be spliced after the cut.
+async fn splice_body(up: &mut Exchange<'_>, feed: &Feed) -> Result<(), Failure> {
+    let mut piece = Vec::new();
+    if let Some(more) = up.read_buffered(&mut piece) {
+        let more = more?;
+        metrics::body_bytes("copy", piece.len() as u64);
+        feed.body(&piece).await;
+        if !more {
+            return Ok(());
+        }
+    }
+    let Some((from, left, read_timeout)) = up.splice_source() else { return Ok(()) };
+    let mut said = 0u64;
+    let cause = loop {
+        if said == left {
+            break None;
+        }
+        match crate::net::queued(from, read_timeout).await {
+            Ok(0) => break Some(IoFailure::Failed(closed_early())),
+            Ok(n) => {
+                let n = (n as u64).min(left - said);
+                said += n;
+                feed.at_source(n, said).await;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => break Some(IoFailure::TimedOut),
+            Err(e) => break Some(IoFailure::Failed(e)),
+        }
+    };
+    up.spliced(said);
+    piece.clear();
+    match cause {
+        Some(cause) => Err(up.splice_failed(cause)),
+        None => up.read_body(&mut piece).await.map(drop),
+    }
 }
 
 /// Sends the request body as it comes from `upload`, within `max_body` bytes, then

@@ -68,6 +68,8 @@ struct Open {
     body: Option<BodyPath>,
     /// The body is a cache entry's: its bytes count as cache-hit bytes.
     from_cache: bool,
+    /// The upstream socket a proxied body is spliced from (`Write::SourceData`).
+    source: Option<std::rc::Rc<std::os::fd::OwnedFd>>,
 }
 
 /// Serves streams on `conn` until the connection ends; when the context's shutdown turns true
@@ -109,7 +111,10 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     let answered = match routed {
                         Some(((site, rule), req)) => {
                             let max_body = settings.max_body_bytes;
-                            match super::proxy::start(&ctx, &head, req, end_stream, site, rule, max_body, &signal) {
+                            let splice = conn.can_splice();
+                            match super::proxy::start(
+                                &ctx, &head, req, end_stream, site, rule, max_body, splice, &signal,
+                            ) {
                                 Started::Answer(response) => Some((response, None)),
                                 Started::Task(task) => {
                                     proxied.insert(stream, task);
@@ -162,7 +167,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         if let Some(write) = h2.poll_write(max_payload) {
             since_look += match &write {
                 Write::Bytes(bytes) | Write::Data { bytes, .. } => bytes.len(),
-                Write::FileData { head, len, .. } => head.len() + *len as usize,
+                Write::FileData { head, len, .. } | Write::SourceData { head, len, .. } => head.len() + *len as usize,
             };
             let sent = match write {
                 Write::Bytes(bytes) => conn.queue(&bytes, None).await.map(|_| ()),
@@ -194,6 +199,39 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                         }
                     }
                     r.map(|_| ())
+                }
+                Write::SourceData { stream, head, len, end_stream } => {
+                    let Some(o) = open.get_mut(&stream) else {
+                        tracing::warn!("HTTP/2 DATA for stream {} without its source; closing", stream.0);
+                        return End::Done;
+                    };
+                    let Some(source) = o.source.clone() else {
+                        tracing::warn!("HTTP/2 DATA for stream {} without its source; closing", stream.0);
+                        return End::Done;
+                    };
+                    let r = conn.send_queued(&head, std::os::fd::AsFd::as_fd(&*source), len as usize).await;
+                    if let Ok(true) = r {
+                        o.sent += u64::from(len);
+                        o.body = Some(BodyPath::Splice);
+                        handler::proxy::metrics::body_bytes(BodyPath::Splice.label(), u64::from(len));
+                        if let Some(task) = proxied.get(&stream) {
+                            task.sent_from_source(u64::from(len));
+                        }
+                    }
+                    if end_stream {
+                        if let Some(o) = open.remove(&stream) {
+                            o.log(&ctx, conn);
+                        }
+                    }
+                    match r {
+                        Ok(true) => Ok(()),
+                        Ok(false) => {
+                            // The codec was told of source bytes only on a transport that splices.
+                            tracing::warn!("HTTP/2 stream {}: this connection cannot splice; closing", stream.0);
+                            return End::Done;
+                        }
+                        Err(e) => Err(e),
+                    }
                 }
                 Write::Data { stream, bytes, len, end_stream } => {
                     // A proxied body: its task may hand over more now.
@@ -431,6 +469,7 @@ fn answer<S>(
         host,
         body,
         from_cache,
+        source: None,
     };
     match h2.respond(stream, status, fields, size) {
         Ok(()) if has_file => {
@@ -459,12 +498,19 @@ fn step_proxied<'a, S>(
                 Step::Body(piece) => {
                     let _ = h2.push(stream, &piece);
                 }
+                Step::AtSource(n) => {
+                    let _ = h2.push_at_source(stream, n);
+                }
                 Step::Respond(response, streamed) => {
                     let head = task.head.clone();
+                    let source = task.take_source();
                     if streamed.is_none() {
                         proxied.remove(&stream);
                     }
                     answer(h2, open, stream, &head, ctx, conn, Some((response, streamed)));
+                    if let Some(o) = open.get_mut(&stream) {
+                        o.source = source;
+                    }
                 }
                 Step::Reset(f) => {
                     let o = open.remove(&stream);

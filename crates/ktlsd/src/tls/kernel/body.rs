@@ -178,6 +178,52 @@ pub async fn splice(
     Ok(len)
 }
 
+/// Sends `head`, then `len` bytes that wait in the receive queue of the plain TCP
+/// socket `from` (the caller saw them there, `kernel_tls::queued`), moved by
+/// `splice` through the connection's pipe: one record for both when they fit one,
+/// as `send` does for a head and a file. The caller waits for `from`, never this:
+/// bytes missing from it are an error, not a wait.
+///
+/// # Cancel safety
+/// Not cancel-safe: cut short, a record stays open and the pipe may hold bytes;
+/// the connection must then be closed.
+pub async fn send_queued(
+    tls: &mut KernelTls,
+    stream: &TcpStream,
+    head: &[u8],
+    from: std::os::fd::BorrowedFd<'_>,
+    len: usize,
+    timeout: Duration,
+) -> Result<(), SessionError> {
+    tls.before_send(stream, timeout).await?;
+    send_all(stream, head, len > 0, timeout).await?;
+    let mut pipe = match tls.pipe.take() {
+        Some(pipe) => pipe,
+        None => kernel_tls::Pipe::new()?,
+    };
+    let (mut taken, mut moved) = (0usize, 0usize);
+    while moved < len {
+        if pipe.held() == 0 {
+            let n = match pipe.fill_from(from, len - taken) {
+                Ok(0) => 0,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => return Err(e.into()),
+            };
+            if n == 0 {
+                let why = format!("{} of {len} bytes said to wait in the source socket were not there", len - taken);
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, why).into());
+            }
+            taken += n;
+        }
+        let more = taken < len;
+        moved += net::retry(stream, Interest::WRITABLE, timeout, || pipe.drain_to(stream, more)).await?;
+    }
+    tls.pipe = Some(pipe);
+    tls.note_sent((head.len() + len) as u64);
+    Ok(())
+}
+
 /// Sends bytes in memory (heads, or a batch of frames) as the records the policy
 /// allows: one call when full records are allowed or the kernel cuts records itself,
 /// else one call (one record) per record size.

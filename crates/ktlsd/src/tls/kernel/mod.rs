@@ -103,6 +103,9 @@ pub struct KernelTls {
     kernel_cuts_records: bool,
     /// TLS 1.3 KeyUpdates installed on this connection.
     key_updates: u64,
+    /// The pipe that bytes queued in another socket pass through on their way in
+    /// (`body::send_queued`), kept empty between calls; made at first use.
+    pipe: Option<kernel_tls::Pipe>,
 }
 
 impl KernelTls {
@@ -128,7 +131,7 @@ impl KernelTls {
         // Set before any data, while no record is open (the kernel ignores it otherwise).
         let kernel_cuts_records =
             record_cap.is_some_and(|cap| kernel_tls::set_tx_max_payload_len(stream.as_fd(), cap).is_ok());
-        Ok(KernelTls { conn, kernel_cuts_records, key_updates: 0 })
+        Ok(KernelTls { conn, kernel_cuts_records, key_updates: 0, pipe: None })
     }
 
     /// Whether the kernel cuts records at the policy's size by itself.

@@ -129,6 +129,11 @@ impl Client {
                     bytes.extend(std::iter::repeat_n(b'f', len as usize));
                 }
                 Write::Data { bytes: b, .. } => bytes.extend(b),
+                Write::SourceData { head, len, .. } => {
+                    assert!(head.len() + len as usize <= self.max_payload + 9, "one write, one record");
+                    bytes.extend(head);
+                    bytes.extend(std::iter::repeat_n(b's', len as usize));
+                }
             }
         }
         split(&bytes)

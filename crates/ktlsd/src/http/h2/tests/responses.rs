@@ -283,3 +283,39 @@ fn streamed_body_leaves_as_far_as_its_pieces_reach() {
     assert_eq!(c.conn.buffered(StreamId(1)), None);
     assert_eq!(c.conn.push(StreamId(1), &[7]), Err(RespondError::StreamGone));
 }
+
+/// A streamed body whose first bytes are given in memory and the rest counted at
+/// the caller's source: the memory bytes leave first, then DATA frames the caller
+/// fills from its source, each within one record, the last with END_STREAM; no
+/// more is taken in memory once bytes wait at the source.
+#[test]
+fn streamed_body_from_its_source_follows_the_bytes_given() {
+    let mut c = Client::new();
+    c.get(1);
+    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Stream { len: 40_000 }).unwrap();
+    let writes = |c: &mut Client| -> Vec<(&'static str, u32, bool)> {
+        std::iter::from_fn(|| c.conn.poll_write(c.max_payload))
+            .filter_map(|w| match w {
+                Write::Data { len, end_stream, .. } => Some(("memory", len, end_stream)),
+                Write::SourceData { stream, head, len, end_stream } => {
+                    assert_eq!(stream, StreamId(1));
+                    assert!(head.len() + len as usize <= c.max_payload + 9, "one write, one record");
+                    let frame = &head[head.len() - 9..];
+                    let said = u32::from_be_bytes([0, frame[0], frame[1], frame[2]]);
+                    assert_eq!((said, frame[3]), (len, frame::DATA), "the header ending `head` is this DATA frame's");
+                    Some(("source", len, end_stream))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(writes(&mut c), []);
+    c.conn.push(StreamId(1), &[7; 1_000]).unwrap();
+    c.conn.push_at_source(StreamId(1), 30_000).unwrap();
+    assert_eq!(c.conn.push(StreamId(1), &[7]), Err(RespondError::AlreadyResponded), "memory bytes go first");
+    assert_eq!(writes(&mut c), [("memory", 1_000, false), ("source", 16_375, false), ("source", 13_625, false)]);
+    // More than the body's length waits at the source: only its length is counted.
+    c.conn.push_at_source(StreamId(1), 50_000).unwrap();
+    assert_eq!(writes(&mut c), [("source", 9_000, true)]);
+    assert_eq!(c.conn.push_at_source(StreamId(1), 1), Err(RespondError::StreamGone));
+}
