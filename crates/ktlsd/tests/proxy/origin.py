@@ -7,6 +7,7 @@ Paths (the query is ignored unless stated):
   /api/name        200, the origin's NAME
   /api/big?n=N     200, N bytes with Content-Length, written in 64 KiB pieces
   /api/chunked?n=N 200, N bytes chunked, with a trailer
+  /api/events?n=N&gap=S  200, N chunked lines "event I", each its own chunk, S seconds apart
   /api/close?n=N   200, N bytes delimited by closing (no Content-Length)
   /api/headers     200, with hop-by-hop and end-to-end fields to be filtered
   /api/garbage     not HTTP at all
@@ -21,7 +22,7 @@ Paths (the query is ignored unless stated):
   /api/cut-chunked a chunked body that closes in the middle of a chunk
   /api/hold?s=S    200 after S seconds, unless the client closes first; appends
                    "! answered TARGET" or "! closed TARGET" to LOG
-With `cc=1` in the query, the hostile answers above (and /api/big) say
+With `cc=1` in the query, the hostile answers above (and /api/big, /api/chunked) say
 `Cache-Control: max-age=60`, so that a cache would keep them if it took them for whole.
   /api/set/ANY?h=NAME:VALUE&status=N&delay=S&short=1&n=N
                    status N (200) after S seconds, each `h` field sent as given, and the body
@@ -143,7 +144,7 @@ def answer(conn, req):
                 left -= min(left, len(piece))
     elif path == "/api/chunked":
         n = query_n(target)
-        send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n")
+        send(status + b"Transfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n")
         piece = bytes(i % 251 for i in range(10000))
         left = n
         while left > 0:
@@ -151,6 +152,16 @@ def answer(conn, req):
             send(b"%x\r\n" % k + piece[:k] + b"\r\n")
             left -= k
         send(b"0\r\nX-Sum: 1\r\n\r\n")
+    elif path == "/api/events":
+        query = dict(p.split("=", 1) for p in target.split("?", 1)[-1].split("&") if "=" in p)
+        n, gap = int(query.get("n", "3")), float(query.get("gap", "1"))
+        send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(n):
+            if i:
+                time.sleep(gap)
+            line = b"event %d\n" % i
+            send(b"%x\r\n%s\r\n" % (len(line), line))
+        send(b"0\r\n\r\n")
     elif path == "/api/close":
         n = query_n(target)
         send(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"c" * n)

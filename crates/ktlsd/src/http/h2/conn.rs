@@ -73,9 +73,10 @@ pub enum BodySize {
     Bytes(Vec<u8>),
     /// A file body of `len` bytes; each DATA frame comes out as `Write::FileData`.
     File { len: u64 },
-    /// A body of `len` bytes the caller hands over piece by piece ([`Connection::push`]);
-    /// its DATA frames come out as [`Write::Data`] as far as the pieces given reach.
-    Stream { len: u64 },
+    /// A body the caller hands over piece by piece ([`Connection::push`]); its DATA
+    /// frames come out as [`Write::Data`] as far as the pieces given reach. `len`: its
+    /// length; `None`: not known ahead, the body ends where [`Connection::finish`] says.
+    Stream { len: Option<u64> },
 }
 
 /// What the connection tells its caller.
@@ -142,12 +143,13 @@ enum Send {
     },
     /// A body handed over piece by piece: `buf[pos..]` is given and unsent, then
     /// `at_source` bytes the caller moves from its source itself; `left` is what is
-    /// still to send in all (given or not).
+    /// still to send in all (given or not), `None` until the caller says where an
+    /// open-ended body ends.
     Stream {
         buf: Vec<u8>,
         pos: usize,
         at_source: u64,
-        left: u64,
+        left: Option<u64>,
     },
     Done,
 }
@@ -190,6 +192,12 @@ impl Stream {
             Send::Stream { buf, pos, .. } => (buf.len() - pos) as u64,
             Send::Waiting | Send::Done => 0,
         }
+    }
+
+    /// An open-ended body ended with every byte sent: only its END_STREAM is due,
+    /// as an empty DATA frame, which flow control does not hold back.
+    fn ends_empty(&self) -> bool {
+        matches!(self.send, Send::Stream { left: Some(0), .. })
     }
 }
 
@@ -422,7 +430,9 @@ impl Connection {
         let send = match body {
             BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
             BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },
-            BodySize::Stream { len } if len > 0 => Send::Stream { buf: Vec::new(), pos: 0, at_source: 0, left: len },
+            BodySize::Stream { len } if len != Some(0) => {
+                Send::Stream { buf: Vec::new(), pos: 0, at_source: 0, left: len }
+            }
             _ => Send::Done,
         };
         let end_stream = matches!(send, Send::Done);
@@ -468,7 +478,7 @@ impl Connection {
         // At most the peer's frame size, so it fits the 24-bit length.
         let len32 = len as u32;
         let end = match &stream.send {
-            Send::Stream { left, .. } => len == *left,
+            Send::Stream { left, .. } => *left == Some(len),
             _ => len == remaining,
         };
         self.send_window -= len as i64;
@@ -488,15 +498,15 @@ impl Connection {
                     Write::FileData { stream: StreamId(stream.id), head, offset: *offset, len: len32, end_stream: end };
                 *offset += len;
             }
-            Send::Stream { buf, pos, left, at_source } if *pos == buf.len() => {
+            Send::Stream { buf, pos, left, at_source } if *pos == buf.len() && *at_source > 0 => {
                 *at_source -= len;
-                *left -= len;
+                *left = left.map(|l| l - len);
                 write = Write::SourceData { stream: StreamId(stream.id), head, len: len32, end_stream: end };
             }
             Send::Stream { buf, pos, left, .. } => {
                 head.extend_from_slice(&buf[*pos..*pos + len as usize]);
                 *pos += len as usize;
-                *left -= len;
+                *left = left.map(|l| l - len);
                 if *pos == buf.len() {
                     buf.clear();
                     *pos = 0;
@@ -564,10 +574,12 @@ impl Connection {
     /// The stream whose DATA goes next, by priority, among those with bytes left
     /// and window open.
     fn next_stream(&self) -> Option<usize> {
-        if self.send_window <= 0 {
-            return None;
-        }
-        let ready = self.streams.iter().filter(|s| s.send_window > 0 && s.remaining() > 0).map(|s| (s.id, s.priority));
+        let open = self.send_window > 0;
+        let ready = self
+            .streams
+            .iter()
+            .filter(|s| (open && s.send_window > 0 && s.remaining() > 0) || s.ends_empty())
+            .map(|s| (s.id, s.priority));
         let id = priority::pick(ready, self.last_served)?;
         self.index(id)
     }

@@ -24,8 +24,22 @@ impl Connection {
         buf.drain(..*pos);
         *pos = 0;
         let given = buf.len() as u64;
-        let room = left.saturating_sub(given).min(data.len() as u64) as usize;
+        let room = left.map_or(data.len(), |left| left.saturating_sub(given).min(data.len() as u64) as usize);
         buf.extend_from_slice(&data[..room]);
+        Ok(())
+    }
+
+    /// Ends `stream`'s open-ended [`super::BodySize::Stream`] body after the bytes
+    /// given so far: the last of them carry END_STREAM, or an empty DATA frame does
+    /// when all are sent. A body of known length ends by itself: nothing changes.
+    pub fn finish(&mut self, stream: StreamId) -> Result<(), RespondError> {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        if let Send::Stream { buf, pos, left: left @ None, at_source } = &mut self.streams[index].send {
+            *left = Some((buf.len() - *pos) as u64 + *at_source);
+        }
         Ok(())
     }
 
@@ -42,7 +56,7 @@ impl Connection {
             return Err(RespondError::AlreadyResponded);
         };
         let given = (buf.len() - *pos) as u64 + *at_source;
-        *at_source += left.saturating_sub(given).min(n);
+        *at_source += left.map_or(n, |left| left.saturating_sub(given).min(n));
         Ok(())
     }
 

@@ -8,18 +8,17 @@
 //! and the connection's flow-control windows pace the upstream read and a stream
 //! holds at most about two times [`QUEUED`] plus one read piece.
 //!
-//! A body of known length is streamed. On a kTLS connection, from a plain
-//! `http://` upstream and not being stored, it is not read at all: the task waits
-//! for its upstream socket and says how many body bytes are queued there
-//! ([`Step::AtSource`]), and the loop splices exactly those after each DATA frame's
-//! header (`Transport::send_queued`), so the writer never waits on an upstream.
-//! One of unknown length (chunked or
-//! close-delimited) is held whole, at most [`MAX_BUFFERED`] bytes, and answered
-//! 502 or 504 when the upstream fails. An upstream that fails after the head resets
-//! the stream (INTERNAL_ERROR). A response being stored (`cache = true`) of at most
-//! [`MAX_BUFFERED`] bytes is read whole and stored before its stream is answered, so
-//! a hostile upstream's answer is a clean 502 or 504; a larger one is stored as it
-//! streams and committed before its last frame leaves.
+//! A body is streamed, of known length or not (chunked or close-delimited: each
+//! piece goes on as it comes, and an empty DATA frame ends the stream). On a kTLS
+//! connection, from a plain `http://` upstream, a Content-Length body not being
+//! stored is not read at all: the task waits for its upstream socket and says how
+//! many body bytes are queued there ([`Step::AtSource`]), and the loop splices
+//! exactly those after each DATA frame's header (`Transport::send_queued`), so the
+//! writer never waits on an upstream. An upstream that fails after the head resets
+//! the stream (INTERNAL_ERROR). A response being stored (`cache = true`) with a
+//! Content-Length of at most [`MAX_BUFFERED`] bytes is read whole and stored before
+//! its stream is answered, so a hostile upstream's answer is a clean 502 or 504;
+//! any other is stored as it streams and committed before its last frame leaves.
 //!
 //! Dropping a [`Proxied`] (the client reset the stream, or the connection ended)
 //! aborts its task; see [`run`] for what that leaves behind. A request is forwarded
@@ -44,8 +43,8 @@ use crate::handler::proxy::{self, metrics, parse::Framing, Exchange, Failure, Fo
 use crate::handler::{self, Body, Header, Pick, Request, Response, Site, Status};
 use crate::http::Context;
 
-/// The largest upstream response body of unknown length an HTTP/2 stream holds
-/// before it is answered.
+/// The largest Content-Length of an upstream response being stored that an HTTP/2
+/// stream holds whole before it is answered.
 pub const MAX_BUFFERED: usize = 8 * 1024 * 1024;
 
 /// Body bytes a stream keeps waiting, in its task's hands and in the codec each.
@@ -93,11 +92,18 @@ impl Signal {
     }
 }
 
+/// A proxied response's body that its task hands over after the head, as a
+/// [`super::BodySize::Stream`] of `len` bytes (`None`: a length not known ahead).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Streamed {
+    pub len: Option<u64>,
+}
+
 /// A task's answer.
 #[allow(clippy::large_enum_variant)] // one per request, moved once
 enum Answer {
-    /// A response; `Some(len)`: `len` body bytes follow.
-    Response(Response, Option<u64>),
+    /// A response; `Some`: its body follows.
+    Response(Response, Option<Streamed>),
     /// The exchange failed before a response head: 502 or 504, with this Cache-Status.
     Failed(Failure, String),
 }
@@ -128,15 +134,16 @@ struct Out {
 pub(super) enum Step {
     /// Nothing for now.
     Idle,
-    /// Answer the stream; `Some(len)`: a [`super::BodySize::Stream`] of `len` bytes follows.
-    Respond(Response, Option<u64>),
+    /// Answer the stream; `Some`: its body follows.
+    Respond(Response, Option<Streamed>),
     /// The next body bytes, for `Connection::push`.
     Body(Vec<u8>),
     /// More body bytes wait in the stream's source, for `Connection::push_at_source`.
     AtSource(u64),
     /// The body failed after the head: reset the stream.
     Reset(Failure),
-    /// The stream needs the task no more: forget it.
+    /// The stream needs the task no more: forget it, after ending its body of unknown
+    /// length (`Connection::finish`).
     Done,
 }
 
@@ -410,22 +417,20 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
         }
         Next::Pass(status, store) => (status, store),
     };
-    let mut fields = proxy::client_fields(&mut head, &cache_status);
+    let fields = proxy::client_fields(&mut head, &cache_status);
     let status = Status(head.status);
-    let streamed = match head.framing {
-        Framing::Length(len) => store.is_none() || len > MAX_BUFFERED as u64,
-        _ => false,
+    let len = match head.framing {
+        Framing::None => Some(0),
+        Framing::Length(len) => Some(len),
+        Framing::Chunked | Framing::Close => None,
     };
-    if !streamed {
-        // Held whole: of unknown length, or stored before it is answered.
+    // Held whole and stored before it is answered, so that a hostile upstream's answer
+    // is a clean 502 or 504: a response being stored of a known length of at most
+    // MAX_BUFFERED bytes (and one without a body).
+    if len.is_some_and(|len| len == 0 || (store.is_some() && len <= MAX_BUFFERED as u64)) {
         let mut body = Vec::new();
         let whole = async {
-            while up.read_body(&mut body).await? {
-                if body.len() > MAX_BUFFERED {
-                    let why = "a body of unknown length larger than the 8 MiB HTTP/2 streams hold";
-                    return Err(up.failure_now("body", why));
-                }
-            }
+            while up.read_body(&mut body).await? {}
             Ok(())
         };
         if let Err(f) = whole.await {
@@ -437,16 +442,9 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
             store.commit().await;
         }
         metrics::body_bytes("copy", body.len() as u64);
-        if matches!(head.framing, Framing::Chunked | Framing::Close) {
-            fields.push(Header::ContentLength(body.len() as u64));
-        }
         let body = if body.is_empty() { Body::Empty } else { Body::Bytes(body) };
         return feed.answer(Answer::Response(Response { status, headers: fields, body, refused: None }, None));
     }
-    let len = match head.framing {
-        Framing::Length(len) => len,
-        _ => 0,
-    };
     let response = Response { status, headers: fields, body: Body::Empty, refused: None };
     // Spliced from the upstream socket when the connection and the exchange allow it.
     let source = (splice && store.is_none())
@@ -455,7 +453,7 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
         .and_then(|from| from.as_fd().try_clone_to_owned().ok());
     if let Some(fd) = source {
         feed.out.borrow_mut().source = Some(Rc::new(fd));
-        feed.answer(Answer::Response(response, Some(len)));
+        feed.answer(Answer::Response(response, Some(Streamed { len })));
         return match splice_body(&mut up, &feed).await {
             Ok(()) => {
                 drop(up);
@@ -467,10 +465,12 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
             }
         };
     }
-    feed.answer(Answer::Response(response, (len > 0).then_some(len)));
-    // The last piece is held back until the body is known complete (and stored):
-    // the stream's last frame leaves only then.
-    let (mut held, mut received) = (Vec::new(), 0u64);
+    feed.answer(Answer::Response(response, Some(Streamed { len })));
+    let mut received = 0u64;
+    // Of a known length, the last piece is held back until the body is complete (and
+    // stored): the stream's last frame leaves only then. Of an unknown length, each
+    // piece goes on as it comes, and the end (an empty last frame) follows the commit.
+    let mut last = Vec::new();
     loop {
         let mut piece = Vec::with_capacity(PIECE);
         match up.read_body(&mut piece).await {
@@ -480,10 +480,10 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
                 }
                 metrics::body_bytes("copy", piece.len() as u64);
                 received += piece.len() as u64;
-                if received < len {
+                if len.is_some_and(|len| received >= len) {
+                    last = piece;
+                } else if !piece.is_empty() {
                     feed.body(&piece).await;
-                } else {
-                    held = piece;
                 }
             }
             Ok(false) => break,
@@ -497,7 +497,9 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
     if let Some(store) = store {
         store.commit().await;
     }
-    feed.body(&held).await;
+    if !last.is_empty() {
+        feed.body(&last).await;
+    }
     feed.end();
 }
 

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::proxy::{Signal, Started, Step};
+use super::proxy::{Signal, Started, Step, Streamed};
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
 use crate::handler::request::{HeaderFields, Method, Request};
@@ -369,7 +369,7 @@ fn answer<S>(
     head: &RequestHead,
     ctx: &Context<'_, S>,
     conn: &impl Transport,
-    proxied: Option<(handler::Response, Option<u64>)>,
+    proxied: Option<(handler::Response, Option<Streamed>)>,
 ) {
     let (sites, peer) = (ctx.sites, ctx.peer);
     let started = Instant::now();
@@ -434,7 +434,7 @@ fn answer<S>(
     };
     let from_cache = from_proxy && matches!(response.body, Body::File { .. });
     let (size, file, parts) = match response.body {
-        _ if streamed.is_some() => (BodySize::Stream { len: streamed.unwrap_or(0) }, None, Vec::new()),
+        _ if streamed.is_some() => (BodySize::Stream { len: streamed.and_then(|s| s.len) }, None, Vec::new()),
         Body::File { found, range } if !range.is_empty() => {
             (BodySize::File { len: range.end - range.start }, Some((found, range.start)), Vec::new())
         }
@@ -528,6 +528,8 @@ fn step_proxied<'a, S>(
                 }
                 Step::Done => {
                     proxied.remove(&stream);
+                    // Gone already when the codec is done with it.
+                    let _ = h2.finish(stream);
                 }
             }
         }

@@ -257,7 +257,7 @@ fn peer_header_table_size_is_honoured() {
 fn streamed_body_leaves_as_far_as_its_pieces_reach() {
     let mut c = Client::new();
     c.get(1);
-    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Stream { len: 30_000 }).unwrap();
+    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Stream { len: Some(30_000) }).unwrap();
     let data = |c: &mut Client| -> Vec<(u32, bool)> {
         std::iter::from_fn(|| c.conn.poll_write(c.max_payload))
             .filter_map(|w| match w {
@@ -284,6 +284,45 @@ fn streamed_body_leaves_as_far_as_its_pieces_reach() {
     assert_eq!(c.conn.push(StreamId(1), &[7]), Err(RespondError::StreamGone));
 }
 
+/// A streamed body of unknown length: pieces leave as they are given, none ends
+/// the stream until `finish`; then the last bytes given carry END_STREAM, or an
+/// empty DATA frame does when all were sent, even with the windows shut.
+#[test]
+fn streamed_body_of_unknown_length_ends_where_finish_says() {
+    let data = |c: &mut Client| -> Vec<(u32, u32, bool)> {
+        std::iter::from_fn(|| c.conn.poll_write(c.max_payload))
+            .filter_map(|w| match w {
+                Write::Data { stream, len, end_stream, .. } => Some((stream.0, len, end_stream)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut c = Client::new();
+    c.send(&settings(&[(setting::INITIAL_WINDOW_SIZE, 10_000)]));
+    c.get(1);
+    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Stream { len: None }).unwrap();
+    c.conn.push(StreamId(1), &[7; 12_000]).unwrap();
+    assert_eq!(data(&mut c), [(1, 10_000, false)]);
+    c.conn.finish(StreamId(1)).unwrap();
+    assert_eq!(data(&mut c), [], "2,000 bytes wait for the stream's window");
+    c.send(&window_update(1, 5_000));
+    assert_eq!(data(&mut c), [(1, 2_000, true)]);
+    assert_eq!(c.conn.push(StreamId(1), &[7]), Err(RespondError::StreamGone));
+
+    c.get(3);
+    c.conn.respond(StreamId(3), 200, [("a", "b")], BodySize::Stream { len: None }).unwrap();
+    c.conn.push(StreamId(3), &[7; 10_000]).unwrap();
+    assert_eq!(data(&mut c), [(3, 10_000, false)]);
+    c.conn.push(StreamId(3), &[7; 10]).unwrap();
+    assert_eq!(data(&mut c), [], "the stream's window is shut");
+    assert_eq!(c.conn.buffered(StreamId(3)), Some(10));
+    c.send(&window_update(3, 10));
+    assert_eq!(data(&mut c), [(3, 10, false)]);
+    c.conn.finish(StreamId(3)).unwrap();
+    assert_eq!(data(&mut c), [(3, 0, true)], "an empty END_STREAM frame, whatever the windows");
+    assert_eq!(c.conn.finish(StreamId(3)), Err(RespondError::StreamGone));
+}
+
 /// A streamed body whose first bytes are given in memory and the rest counted at
 /// the caller's source: the memory bytes leave first, then DATA frames the caller
 /// fills from its source, each within one record, the last with END_STREAM; no
@@ -292,7 +331,7 @@ fn streamed_body_leaves_as_far_as_its_pieces_reach() {
 fn streamed_body_from_its_source_follows_the_bytes_given() {
     let mut c = Client::new();
     c.get(1);
-    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Stream { len: 40_000 }).unwrap();
+    c.conn.respond(StreamId(1), 200, [("a", "b")], BodySize::Stream { len: Some(40_000) }).unwrap();
     let writes = |c: &mut Client| -> Vec<(&'static str, u32, bool)> {
         std::iter::from_fn(|| c.conn.poll_write(c.max_payload))
             .filter_map(|w| match w {
