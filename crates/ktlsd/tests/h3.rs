@@ -39,6 +39,10 @@ fn header<'a>(r: &'a Value, name: &str) -> Option<&'a str> {
     r["headers"].as_array()?.iter().find(|h| h[0] == name).and_then(|h| h[1].as_str())
 }
 
+#[path = "proxy/origin.rs"]
+#[allow(dead_code)] // shared with the proxy tests
+mod origin;
+
 fn h3_server(b: ServerBuilder) -> Server {
     b.arg("--http3").start()
 }
@@ -428,4 +432,60 @@ fn a_udp_socket_passed_by_socket_activation_carries_http3() {
     }
     assert_eq!(fetch(&srv.url("/f"), &[]).status, 200, "TCP serves beside it");
     srv.stop().assert_clean_exit();
+}
+
+/// A `[[proxy]]` rule takes HTTP/3 requests as it takes HTTP/1.1 and HTTP/2 ones:
+/// a GET reaches the upstream (with `Via: 3 ktlsd`) and comes back with a
+/// Cache-Status; a POST body reaches it whole; a cacheable answer is stored and the
+/// next request is a hit with the same bytes; an upstream that closes without
+/// answering gets a 502; one that closes mid-body gets the stream reset, never a
+/// short body passed off as whole; files beside the rule are still served.
+#[test]
+fn proxied_paths_over_http3() {
+    let origin = origin::Origin::start("a");
+    let cache = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\ncache = true\n\n[cache]\ndir = {:?}\nmax_size = \"64M\"\n",
+        origin.url(),
+        cache.path().display().to_string()
+    );
+    let srv = origin::ktlsd(BIN, &config, &["--http3"]);
+    let body = "b".repeat(100_000);
+    let big = "/api/big?n=300000&cc=1";
+    let r = requests(
+        &srv,
+        "localhost",
+        &serde_json::json!([
+            {"path": "/api/name"},
+            {"path": "/api/echo", "method": "POST", "body": body},
+            {"path": big},
+            {"path": "/api/close-early"},
+            {"path": "/api/short"},
+            {"path": "/index.txt"},
+        ]),
+    );
+    let rs = &r["responses"];
+    assert_eq!((rs[0]["status"].as_u64(), rs[0]["text"].as_str()), (Some(200), Some("a")), "{r}");
+    // Via names the protocol each message was received with: the upstream's here.
+    assert_eq!(header(&rs[0], "via"), Some("1.1 ktlsd"), "{r}");
+    assert!(header(&rs[0], "cache-status").is_some_and(|c| c.starts_with("ktlsd; fwd=")), "{r}");
+    let echo: Value = serde_json::from_str(rs[1]["text"].as_str().unwrap_or("")).expect("the echo's JSON");
+    assert_eq!(echo["method"], "POST", "{echo}");
+    assert_eq!(echo["body_len"], 100_000, "{echo}");
+    assert_eq!(echo["body_sha256"], sha256(body.as_bytes()), "{echo}");
+    assert!(echo["fields"].as_array().is_some_and(|f| f.contains(&serde_json::json!(["Via", "3 ktlsd"]))), "{echo}");
+    assert_eq!((rs[2]["status"].as_u64(), rs[2]["len"].as_u64()), (Some(200), Some(300_000)), "{r}");
+    assert_eq!(header(&rs[2], "cache-status"), Some("ktlsd; fwd=miss; stored"), "{r}");
+    assert_eq!(rs[3]["status"].as_u64(), Some(502), "{r}");
+    // H3_INTERNAL_ERROR, after the 10 bytes the upstream sent of the 100 it announced.
+    assert_eq!(rs[4]["reset"].as_u64(), Some(0x102), "{r}");
+    assert_eq!(rs[5]["text"], "static file", "{r}");
+
+    let again = requests(&srv, "localhost", &serde_json::json!([{"path": big}]));
+    let hit = &again["responses"][0];
+    assert_eq!(header(hit, "cache-status"), Some("ktlsd; hit"), "{again}");
+    assert_eq!(hit["sha256"], rs[2]["sha256"], "{again}");
+    assert_eq!(origin.count(big), 1);
+    let log = srv.stderr();
+    assert!(log.contains("HTTP/3.0\": ") && log.contains("stream reset after 10 body bytes"), "{log}");
 }

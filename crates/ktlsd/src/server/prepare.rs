@@ -230,6 +230,7 @@ fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<H
         max_resets: config.h2_limits.max_resets,
         header_timeout: config.timeouts.header,
         send_timeout: config.timeouts.send,
+        max_body_bytes: config.limits.max_body_bytes,
     };
     Ok(Some(Http3 { quic: Arc::new(quic), keys, settings, h3 }))
 }

@@ -3,10 +3,11 @@
 
     client.py HOST PORT [--sni NAME] requests JSON
         JSON: a list of {"path": "/f", "method": "GET", "authority": "a.example",
-        "headers": [["range", "bytes=0-9"]]}, all sent at once on one connection.
+        "headers": [["range", "bytes=0-9"]], "body": "text"}, all sent at once on
+        one connection ("body": sent in DATA frames after the HEADERS).
         Prints {"cert": the server certificate's SHA-256 (colon-separated hex),
         "retried": whether the server sent a Retry, "responses": one object per
-        request: status, headers, len, sha256 and the first 300 bytes of the body
+        request: status, headers, len, sha256 and the first 4096 bytes of the body
         as text (or "reset": code, "error")}.
     client.py HOST PORT [--sni NAME] wait-close SECONDS
         GET /, print {"status": ...}, then wait for the server to close the
@@ -91,14 +92,16 @@ class Client(QuicConnectionProtocol):
         self.waiters[sid] = (fut, {"headers": [], "body": bytearray()})
         return sid, fut
 
-    async def request(self, method, path, authority, headers):
+    async def request(self, method, path, authority, headers, body=None):
         sid, fut = self.open()
         fields = [(b":method", method.encode()), (b":scheme", b"https"), (b":authority", authority.encode()),
                   (b":path", path.encode())]
         fields += [(k.encode(), v.encode()) for k, v in headers]
         if method == "HEAD":
             self.h3.head_streams.add(sid)
-        self.h3.send_headers(sid, fields, end_stream=True)
+        self.h3.send_headers(sid, fields, end_stream=body is None)
+        if body is not None:
+            self.h3.send_data(sid, body.encode(), end_stream=True)
         self.transmit()
         return await asyncio.wait_for(fut, TIMEOUT)
 
@@ -116,7 +119,7 @@ def summary(res):
     body = bytes(res.get("body", b""))
     out = {"status": status, "headers": [[k, v] for k, v in headers if not k.startswith(":")],
            "len": len(body), "sha256": hashlib.sha256(body).hexdigest(),
-           "text": body[:300].decode("latin-1")}
+           "text": body[:4096].decode("latin-1")}
     for k in ("reset", "error"):
         if k in res:
             out[k] = res[k]
@@ -160,7 +163,7 @@ async def main():
         if a.mode == "requests":
             reqs = json.loads(a.arg)
             tasks = [c.request(r.get("method", "GET"), r["path"], r.get("authority", a.sni),
-                               r.get("headers", [])) for r in reqs]
+                               r.get("headers", []), r.get("body")) for r in reqs]
             results = await asyncio.gather(*tasks)
             print(json.dumps({"cert": fingerprint(c), "retried": c._quic._retry_source_connection_id is not None,
                               "responses": [summary(r) for r in results]}))

@@ -1,6 +1,7 @@
 //! HTTP/3 (RFC 9114) over a QUIC connection: each request stream is answered by
 //! [`handler::handle`] with the same sites, host checks and responses as HTTP/1.1
-//! and HTTP/2, and logged as `HTTP/3.0`.
+//! and HTTP/2, or forwarded by a `[[proxy]]` rule ([`proxy`]), and logged as
+//! `HTTP/3.0`.
 //!
 //! Why the framing and QPACK (RFC 9204) are the `h3` crate's rather than our own
 //! codec, as HTTP/2's are: HTTP/2's own codec exists so that a DATA frame can be one
@@ -37,6 +38,9 @@ use crate::http::{h2, Context, End};
 use crate::log::RequestLine;
 use crate::vocab::RecordLayer;
 
+mod proxy;
+use proxy::Forwarded;
+
 /// Limits of the HTTP/3 layer (the QUIC ones are `crate::quic`'s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -52,6 +56,8 @@ pub struct Settings {
     /// Time a response may make no progress (a client that keeps its flow-control
     /// window shut) before its stream is reset; the connection's other streams go on.
     pub send_timeout: Duration,
+    /// Largest request body a `[[proxy]]` rule forwards (HTTP/1.1's `max_body_bytes`).
+    pub max_body_bytes: u64,
 }
 
 /// Why a response was not sent whole.
@@ -61,6 +67,9 @@ enum Unsent {
     Stream(StreamError),
     #[error("no progress within the send timeout")]
     Stalled,
+    /// A proxied body's upstream failed after the head.
+    #[error("{0}")]
+    Upstream(crate::handler::proxy::Failure),
 }
 
 /// `op` within `limit`.
@@ -238,31 +247,47 @@ where
     let target = request.uri().path_and_query().map_or_else(String::new, |p| p.as_str().to_string());
     let head = h2::parse_fields(fields(&request));
     let is_head = method_token == "HEAD";
-    let (parsed, mut response) = match head
+    let (parsed, forwarded) = match head
         .as_ref()
         .map_err(|e| format!("{e:?}"))
-        .and_then(|h| h2::to_request(h, ctx.peer.ip()).map_err(str::to_string))
+        .and_then(|h| h2::to_request(h, ctx.peer.ip()).map(|req| (h, req)).map_err(str::to_string))
     {
-        Ok(req) => {
-            let response = respond(&req, ctx);
-            (Some(req), response)
+        Ok((head, req)) => {
+            let forwarded = match site_for(&req, ctx) {
+                Pick::Site(site) => match handler::proxy::route(&site, &req.path) {
+                    Some(rule) => proxy::forward(&mut stream, head, &req, &site, rule, ctx).await,
+                    None => Forwarded::Answer(handler::handle(&req, &site)),
+                },
+                Pick::Misdirected => Forwarded::Answer(misdirected(&req, ctx)),
+            };
+            (Some(req), forwarded)
         }
         Err(why) => {
             let mut response = handler::refusal(Status::BAD_REQUEST, &ctx.sites.default, is_head);
             response.refused = Some(format!("malformed request: {why}").into());
-            (None, response)
+            (None, Forwarded::Answer(response))
         }
     };
     let host = parsed.as_ref().and_then(|r| r.authority.clone());
     let method = parsed.map_or_else(|| Method::from_token(&method_token), |r| r.method);
-    if let Some(why) = &response.refused {
-        tracing::info!("refused {} \"{method} {target} HTTP/3.0\": {} {why}", ctx.peer, response.status.0);
-    }
-    let status = response.status.0;
-    let ttfb = started.elapsed();
-    let body = std::mem::replace(&mut response.body, Body::Empty);
-    let (sent, cancelled) = match send(&mut stream, &response, body, ctx.settings.send_timeout).await {
+    let (status, ttfb, result) = match forwarded {
+        Forwarded::Answer(mut response) => {
+            if let Some(why) = &response.refused {
+                tracing::info!("refused {} \"{method} {target} HTTP/3.0\": {} {why}", ctx.peer, response.status.0);
+            }
+            let ttfb = started.elapsed();
+            let body = std::mem::replace(&mut response.body, Body::Empty);
+            (response.status.0, ttfb, send(&mut stream, &response, body, ctx.settings.send_timeout).await)
+        }
+        Forwarded::Streamed { status, answered, sent } => (status, answered.duration_since(started), sent),
+    };
+    let (sent, cancelled) = match result {
         Ok(n) => (n, false),
+        Err((n, Unsent::Upstream(f))) => {
+            tracing::warn!("proxy {} \"{method} {target} HTTP/3.0\": {f}; stream reset after {n} body bytes", ctx.peer);
+            stream.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+            (n, false)
+        }
         Err((n, e)) => {
             tracing::debug!("HTTP/3 response to {} \"{method} {target}\" cut short after {n} bytes: {e}", ctx.peer);
             if matches!(e, Unsent::Stalled) {
@@ -293,21 +318,20 @@ fn fields(request: &http::Request<()>) -> Vec<(Vec<u8>, Vec<u8>)> {
     fields
 }
 
-/// The handler's answer from the site `:authority` names (421 when none does, or
-/// when that site asks for client certificates: QUIC handshakes ask for none).
-fn respond(req: &Request, ctx: &Context<'_, Settings>) -> Response {
-    let pick = match ctx.sites.asks_certificate(req.authority.as_deref()) {
+/// The site `:authority` names; misdirected when none does, or when that site asks
+/// for client certificates (QUIC handshakes ask for none).
+fn site_for<'a>(req: &Request, ctx: &Context<'a, Settings>) -> Pick<'a> {
+    match ctx.sites.asks_certificate(req.authority.as_deref()) {
         true => Pick::Misdirected,
         false => ctx.sites.pick(req.authority.as_deref()),
-    };
-    match pick {
-        Pick::Site(site) => handler::handle(req, &site),
-        Pick::Misdirected => {
-            let mut r = handler::refusal(Status::MISDIRECTED_REQUEST, &ctx.sites.default, req.method == Method::Head);
-            r.refused = Some("no site has the requested host".into());
-            r
-        }
     }
+}
+
+/// 421 Misdirected Request.
+fn misdirected(req: &Request, ctx: &Context<'_, Settings>) -> Response {
+    let mut r = handler::refusal(Status::MISDIRECTED_REQUEST, &ctx.sites.default, req.method == Method::Head);
+    r.refused = Some("no site has the requested host".into());
+    r
 }
 
 /// Sends the head, then the body, then ends the stream, each step within `limit`;
