@@ -437,9 +437,10 @@ fn a_udp_socket_passed_by_socket_activation_carries_http3() {
 /// A `[[proxy]]` rule takes HTTP/3 requests as it takes HTTP/1.1 and HTTP/2 ones:
 /// a GET reaches the upstream (with `Via: 3 ktlsd`) and comes back with a
 /// Cache-Status; a POST body reaches it whole; a cacheable answer is stored and the
-/// next request is a hit with the same bytes; an upstream that closes without
-/// answering gets a 502; one that closes mid-body gets the stream reset, never a
-/// short body passed off as whole; files beside the rule are still served.
+/// next request is a hit with the same bytes (counted as a hit's bytes by copy);
+/// an upstream that closes without answering gets a 502; one that closes mid-body
+/// gets the stream reset, never a short body passed off as whole; files beside the
+/// rule are still served.
 #[test]
 fn proxied_paths_over_http3() {
     let origin = origin::Origin::start("a");
@@ -449,7 +450,9 @@ fn proxied_paths_over_http3() {
         origin.url(),
         cache.path().display().to_string()
     );
-    let srv = origin::ktlsd(BIN, &config, &["--http3"]);
+    let admin = tempfile::tempdir().unwrap();
+    let sock = admin.path().join("admin.sock");
+    let srv = origin::ktlsd(BIN, &config, &["--http3", "--admin", sock.to_str().unwrap()]);
     let body = "b".repeat(100_000);
     let big = "/api/big?n=300000&cc=1";
     let r = requests(
@@ -486,6 +489,8 @@ fn proxied_paths_over_http3() {
     assert_eq!(header(hit, "cache-status"), Some("ktlsd; hit"), "{again}");
     assert_eq!(hit["sha256"], rs[2]["sha256"], "{again}");
     assert_eq!(origin.count(big), 1);
+    let hit_bytes = scrape(&sock).get("ktlsd_cache_hit_bytes_total{by=\"copy\"}").copied();
+    assert_eq!(hit_bytes, Some(300_000.0), "the hit's body bytes, by copy");
     let log = srv.stderr();
     assert!(log.contains("HTTP/3.0\": ") && log.contains("stream reset after 10 body bytes"), "{log}");
 }

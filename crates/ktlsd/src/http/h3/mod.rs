@@ -247,6 +247,7 @@ where
     let target = request.uri().path_and_query().map_or_else(String::new, |p| p.as_str().to_string());
     let head = h2::parse_fields(fields(&request));
     let is_head = method_token == "HEAD";
+    let mut proxied = false;
     let (parsed, forwarded) = match head
         .as_ref()
         .map_err(|e| format!("{e:?}"))
@@ -255,7 +256,10 @@ where
         Ok((head, req)) => {
             let forwarded = match site_for(&req, ctx) {
                 Pick::Site(site) => match handler::proxy::route(&site, &req.path) {
-                    Some(rule) => proxy::forward(&mut stream, head, &req, &site, rule, ctx).await,
+                    Some(rule) => {
+                        proxied = true;
+                        proxy::forward(&mut stream, head, &req, &site, rule, ctx).await
+                    }
                     None => Forwarded::Answer(handler::handle(&req, &site)),
                 },
                 Pick::Misdirected => Forwarded::Answer(misdirected(&req, ctx)),
@@ -270,6 +274,8 @@ where
     };
     let host = parsed.as_ref().and_then(|r| r.authority.clone());
     let method = parsed.map_or_else(|| Method::from_token(&method_token), |r| r.method);
+    // A proxied path's answer from a file is a cache hit.
+    let mut hit = false;
     let (status, ttfb, result) = match forwarded {
         Forwarded::Answer(mut response) => {
             if let Some(why) = &response.refused {
@@ -277,6 +283,7 @@ where
             }
             let ttfb = started.elapsed();
             let body = std::mem::replace(&mut response.body, Body::Empty);
+            hit = proxied && matches!(body, Body::File { .. });
             (response.status.0, ttfb, send(&mut stream, &response, body, ctx.settings.send_timeout).await)
         }
         Forwarded::Streamed { status, answered, sent } => (status, answered.duration_since(started), sent),
@@ -296,6 +303,9 @@ where
             (n, matches!(e, Unsent::Stream(StreamError::RemoteTerminate { .. })))
         }
     };
+    if hit {
+        handler::proxy::metrics::hit_bytes(crate::vocab::BodyPath::Copy, sent);
+    }
     let text = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
     let line = RequestLine { method: &method, target: &target, version: "HTTP/3.0" };
     let logged = Logged { line, referer: text("referer"), user_agent: text("user-agent") };
