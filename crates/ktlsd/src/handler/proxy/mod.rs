@@ -656,12 +656,21 @@ impl Exchange<'_> {
     /// [`Exchange::read_body`] first), once the body is complete, for a TLS upstream
     /// and for a body framed otherwise.
     pub fn splice_source(&self) -> Option<(&tokio::net::TcpStream, u64, Duration)> {
-        if self.done || !self.buf.is_empty() || self.left == 0 || !matches!(self.framing, Framing::Length(_)) {
+        if !self.buf.is_empty() {
             return None;
         }
-        match self.conn.as_ref()? {
-            Conn::Plain(s) => Some((s, self.left, self.rule.timeouts.read)),
-            Conn::Tls(_) => None,
+        self.plain_body_socket().map(|s| (s, self.left, self.rule.timeouts.read))
+    }
+
+    /// Ends the exchange of a response without a body (a 304 that refreshed a stored
+    /// entry, say), so that the connection goes back to the pool; a response with a
+    /// body is left unread, and dropping the exchange then closes the connection.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Exchange::read_body`].
+    pub async fn release_if_bodiless(&mut self) {
+        if self.framing == Framing::None {
+            let _ = self.read_body(&mut Vec::new()).await;
         }
     }
 

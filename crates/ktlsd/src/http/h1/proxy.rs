@@ -93,10 +93,7 @@ impl<'a, T: Transport> Connection<'_, 'a, T> {
         };
         let (cache_status, mut store) = match pending.on_head(&head, &x.head.request).await {
             Next::Answer(response) => {
-                if head.framing == Framing::None {
-                    // A 304 has no body: the connection goes back to the pool.
-                    let _ = up.read_body(&mut Vec::new()).await;
-                }
+                up.release_if_bodiless().await;
                 drop(up);
                 return self.reply_as(x, handler::with_hsts(response, &site), true).await;
             }

@@ -38,6 +38,7 @@ mod serve;
 pub use conn::{BodySize, Connection, Event, Limits, StreamId, Write};
 #[cfg(test)]
 pub use conn::{RespondError, PREFACE};
+pub(crate) use proxy::forwarding;
 pub use request::{parse as parse_fields, RequestHead};
 pub use serve::{serve, to_request, Settings};
 

@@ -28,7 +28,7 @@
 //! Not here: the frames (the codec) and the exchange itself (`handler::proxy`).
 
 use std::cell::{Cell, RefCell};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -174,6 +174,42 @@ pub(super) enum Started<'a> {
     Task(Proxied<'a>),
 }
 
+/// What forwarding `head` (read as `req`) by a rule of `site` begins with, over
+/// HTTP/2 and HTTP/3 alike: the guarding phases (as files are guarded), then the
+/// request body's limit (`max_body`); either may answer, which ends the request
+/// (`Err`). Else the request as it goes upstream (`version` as `Via` names the
+/// client's protocol; `has_body`: a body follows, chunked when it has no
+/// content-length) and its fields.
+#[allow(clippy::result_large_err)] // one per request, moved once
+pub(crate) fn forwarding(
+    head: &RequestHead,
+    req: &Request,
+    site: &Site<'_>,
+    peer: IpAddr,
+    version: &'static str,
+    has_body: bool,
+    max_body: u64,
+) -> Result<(Forwarding, Vec<(String, String)>), Response> {
+    if let Some(response) = handler::guard(req, site) {
+        return Err(response);
+    }
+    if head.content_length.is_some_and(|n| n > max_body) {
+        let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, site, head.method == "HEAD");
+        r.refused = Some("request body exceeds max_body_bytes".into());
+        return Err(r);
+    }
+    let fields = head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
+    let fwd = Forwarding {
+        method: head.method.clone(),
+        target: head.path.clone().unwrap_or_else(|| "/".into()),
+        authority: head.authority.clone(),
+        peer,
+        version,
+        body: has_body.then_some(head.content_length),
+    };
+    Ok((fwd, fields))
+}
+
 /// Starts forwarding `head` (read as `req`) by `rule` once the guarding phases let
 /// it, on a task of the worker's `LocalSet` that raises `signal` when it has
 /// something for the loop. `end_stream`: the request has no body; else feed it to
@@ -190,25 +226,9 @@ pub(super) fn start<'a, S>(
     splice: bool,
     signal: &Rc<Signal>,
 ) -> Started<'a> {
-    // Guarded as files are.
-    if let Some(response) = handler::guard(&req, &site) {
-        return Started::Answer(response);
-    }
-    let target = head.path.clone().unwrap_or_else(|| "/".into());
-    if head.content_length.is_some_and(|n| n > max_body) {
-        let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, &site, head.method == "HEAD");
-        r.refused = Some("request body exceeds max_body_bytes".into());
-        return Started::Answer(r);
-    }
-    let fields = head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
-    let fwd = Forwarding {
-        method: head.method.clone(),
-        target,
-        authority: head.authority.clone(),
-        peer: ctx.peer.ip(),
-        version: "2",
-        // A body without content-length goes on chunked.
-        body: (!end_stream).then_some(head.content_length),
+    let (fwd, fields) = match forwarding(head, &req, &site, ctx.peer.ip(), "2", !end_stream, max_body) {
+        Ok(forwarded) => forwarded,
+        Err(response) => return Started::Answer(response),
     };
     let cache = cached::cache_of(&ctx.sites, rule, &req, &fwd);
     let (upload, body) = match end_stream {
@@ -409,10 +429,7 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
     };
     let (cache_status, mut store) = match pending.on_head(&head, &req).await {
         Next::Answer(response) => {
-            if head.framing == Framing::None {
-                // A 304 has no body: the connection goes back to the pool.
-                let _ = up.read_body(&mut Vec::new()).await;
-            }
+            up.release_if_bodiless().await;
             return feed.answer(Answer::Response(response, None));
         }
         Next::Pass(status, store) => (status, store),
@@ -451,9 +468,10 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
         .then(|| up.plain_body_socket())
         .flatten()
         .and_then(|from| from.as_fd().try_clone_to_owned().ok());
-    if let Some(fd) = source {
-        feed.out.borrow_mut().source = Some(Rc::new(fd));
-        feed.answer(Answer::Response(response, Some(Streamed { len })));
+    let spliced = source.is_some();
+    feed.out.borrow_mut().source = source.map(Rc::new);
+    feed.answer(Answer::Response(response, Some(Streamed { len })));
+    if spliced {
         return match splice_body(&mut up, &feed).await {
             Ok(()) => {
                 drop(up);
@@ -465,7 +483,6 @@ async fn run(job: Job, upload: Option<mpsc::Receiver<Vec<u8>>>, feed: Feed) {
             }
         };
     }
-    feed.answer(Answer::Response(response, Some(Streamed { len })));
     let mut received = 0u64;
     // Of a known length, the last piece is held back until the body is complete (and
     // stored): the stream's last frame leaves only then. Of an unknown length, each

@@ -201,11 +201,8 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     r.map(|_| ())
                 }
                 Write::SourceData { stream, head, len, end_stream } => {
-                    let Some(o) = open.get_mut(&stream) else {
-                        tracing::warn!("HTTP/2 DATA for stream {} without its source; closing", stream.0);
-                        return End::Done;
-                    };
-                    let Some(source) = o.source.clone() else {
+                    let found = open.get_mut(&stream).and_then(|o| Some((o.source.clone()?, o)));
+                    let Some((source, o)) = found else {
                         tracing::warn!("HTTP/2 DATA for stream {} without its source; closing", stream.0);
                         return End::Done;
                     };

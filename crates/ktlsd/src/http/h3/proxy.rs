@@ -21,9 +21,9 @@ use h3::server::RequestStream;
 
 use super::{within, Settings, Unsent};
 use crate::handler::proxy::cached::{self, Next, Pending, Plan};
-use crate::handler::proxy::{self, metrics, parse::Framing, Exchange, Failure, Forwarding, Rule, PIECE};
+use crate::handler::proxy::{self, metrics, Exchange, Failure, Rule, PIECE};
 use crate::handler::{self, Body, Header, Method, Request, Response, Site, Status};
-use crate::http::h2::RequestHead;
+use crate::http::h2::{self, RequestHead};
 use crate::http::Context;
 
 /// How [`forward`] answered.
@@ -51,30 +51,17 @@ pub(super) async fn forward<S: BidiStream<Bytes>>(
     rule: &Rule,
     ctx: &Context<'_, Settings>,
 ) -> Forwarded {
-    if let Some(response) = handler::guard(req, site) {
-        return Forwarded::Answer(response);
-    }
     let settings = ctx.settings;
-    if head.content_length.is_some_and(|n| n > settings.max_body_bytes) {
-        let mut r = handler::refusal(Status::PAYLOAD_TOO_LARGE, site, req.method == Method::Head);
-        r.refused = Some("request body exceeds max_body_bytes".into());
-        return Forwarded::Answer(r);
-    }
     // A stream's end says where its body ends, but not ahead of it: without a
     // content-length, the methods that carry none by custom send none.
     let has_body = match head.content_length {
         Some(n) => n > 0,
         None => !matches!(req.method, Method::Get | Method::Head | Method::Options | Method::Delete),
     };
-    let mut fields = head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
-    let fwd = Forwarding {
-        method: head.method.clone(),
-        target: head.path.clone().unwrap_or_else(|| "/".into()),
-        authority: head.authority.clone(),
-        peer: ctx.peer.ip(),
-        version: "3",
-        // A body without content-length goes on chunked.
-        body: has_body.then_some(head.content_length),
+    let (fwd, mut fields) = match h2::forwarding(head, req, site, ctx.peer.ip(), "3", has_body, settings.max_body_bytes)
+    {
+        Ok(forwarded) => forwarded,
+        Err(response) => return Forwarded::Answer(response),
     };
     let pending = match cached::plan(&ctx.sites, rule, req, has_body, &fwd, &mut fields).await {
         Plan::Answer(response) => return Forwarded::Answer(handler::with_hsts(response, site)),
@@ -96,10 +83,7 @@ pub(super) async fn forward<S: BidiStream<Bytes>>(
     };
     let (cache_status, mut store) = match pending.on_head(&upstream_head, req).await {
         Next::Answer(response) => {
-            if upstream_head.framing == Framing::None {
-                // A 304 has no body: the connection goes back to the pool.
-                let _ = up.read_body(&mut Vec::new()).await;
-            }
+            up.release_if_bodiless().await;
             return Forwarded::Answer(handler::with_hsts(response, site));
         }
         Next::Pass(status, store) => (status, store),
