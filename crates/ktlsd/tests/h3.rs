@@ -439,8 +439,8 @@ fn a_udp_socket_passed_by_socket_activation_carries_http3() {
 /// Cache-Status; a POST body reaches it whole; a cacheable answer is stored and the
 /// next request is a hit with the same bytes (counted as a hit's bytes by copy);
 /// an upstream that closes without answering gets a 502; one that closes mid-body
-/// gets the stream reset, never a short body passed off as whole; files beside the
-/// rule are still served.
+/// gets the stream reset, never a short body passed off as whole; a request body
+/// over `max_body_bytes` gets a 413; files beside the rule are still served.
 #[test]
 fn proxied_paths_over_http3() {
     let origin = origin::Origin::start("a");
@@ -452,7 +452,8 @@ fn proxied_paths_over_http3() {
     );
     let admin = tempfile::tempdir().unwrap();
     let sock = admin.path().join("admin.sock");
-    let srv = origin::ktlsd(BIN, &config, &["--http3", "--admin", sock.to_str().unwrap()]);
+    let args = ["--http3", "--admin", sock.to_str().unwrap(), "--max-body-bytes", "150000"];
+    let srv = origin::ktlsd(BIN, &config, &args);
     let body = "b".repeat(100_000);
     let big = "/api/big?n=300000&cc=1";
     let r = requests(
@@ -465,6 +466,11 @@ fn proxied_paths_over_http3() {
             {"path": "/api/close-early"},
             {"path": "/api/short"},
             {"path": "/index.txt"},
+            // Over --max-body-bytes: announced, refused before the upstream; not
+            // announced, cut off on the way up.
+            {"path": "/api/echo?announced", "method": "POST", "body_len": 200_000,
+             "headers": [["content-length", "200000"]]},
+            {"path": "/api/echo?unannounced", "method": "POST", "body_len": 200_000},
         ]),
     );
     let rs = &r["responses"];
@@ -483,6 +489,8 @@ fn proxied_paths_over_http3() {
     // H3_INTERNAL_ERROR, after the 10 bytes the upstream sent of the 100 it announced.
     assert_eq!(rs[4]["reset"].as_u64(), Some(0x102), "{r}");
     assert_eq!(rs[5]["text"], "static file", "{r}");
+    assert_eq!((rs[6]["status"].as_u64(), rs[7]["status"].as_u64()), (Some(413), Some(413)), "{r}");
+    assert_eq!(origin.count("/api/echo?announced"), 0, "a body announced too large reached the upstream");
 
     let again = requests(&srv, "localhost", &serde_json::json!([{"path": big}]));
     let hit = &again["responses"][0];

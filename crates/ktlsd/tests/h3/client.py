@@ -4,7 +4,8 @@
     client.py HOST PORT [--sni NAME] requests JSON
         JSON: a list of {"path": "/f", "method": "GET", "authority": "a.example",
         "headers": [["range", "bytes=0-9"]], "body": "text"}, all sent at once on
-        one connection ("body": sent in DATA frames after the HEADERS).
+        one connection ("body": sent in DATA frames after the HEADERS; "body_len": N
+        sends N bytes "b" instead).
         Prints {"cert": the server certificate's SHA-256 (colon-separated hex),
         "retried": whether the server sent a Retry, "responses": one object per
         request: status, headers, len, sha256 and the first 4096 bytes of the body
@@ -163,7 +164,8 @@ async def main():
         if a.mode == "requests":
             reqs = json.loads(a.arg)
             tasks = [c.request(r.get("method", "GET"), r["path"], r.get("authority", a.sni),
-                               r.get("headers", []), r.get("body")) for r in reqs]
+                               r.get("headers", []), r.get("body", "b" * r["body_len"] if "body_len" in r else None))
+                     for r in reqs]
             results = await asyncio.gather(*tasks)
             print(json.dumps({"cert": fingerprint(c), "retried": c._quic._retry_source_connection_id is not None,
                               "responses": [summary(r) for r in results]}))
