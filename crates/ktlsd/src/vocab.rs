@@ -1,6 +1,6 @@
 //! The words every layer shares: where a connection's records are protected
 //! ([`RecordLayer`]), which HTTP it speaks ([`HttpVersion`]), a request's
-//! [`Method`], how a response body left ([`BodyPath`]), what a name no site has gets ([`UnknownName`]), and the TLS
+//! [`Method`], how a response body left ([`BodyPath`]) and why a splice stopped ([`Spliced`]), what a name no site has gets ([`UnknownName`]), and the TLS
 //! protocol versions ([`TlsVersion`], kernel-tls's own, which already names
 //! them for the kernel and for rustls).
 //!
@@ -177,4 +177,20 @@ pub enum UnknownName {
     /// Refused: the handshake fails with `unrecognized_name`; a request (on a
     /// connection whose handshake named a known site) gets 421 Misdirected Request.
     Refuse,
+}
+
+/// Why [`Transport::splice`] stopped before its length: the source's fault (the
+/// response must be cut) or the peer's (the connection is gone).
+#[derive(Debug)]
+pub enum Spliced<E> {
+    /// This transport cannot splice (nothing was moved).
+    Unsupported,
+    /// The source closed after `moved` of the bytes asked for.
+    SourceClosed { moved: u64 },
+    /// The source sent nothing for the whole read timeout.
+    SourceTimedOut { moved: u64 },
+    /// Reading the source failed.
+    Source { moved: u64, error: std::io::Error },
+    /// The peer failed or timed out; the connection must not be reused.
+    Peer(E),
 }

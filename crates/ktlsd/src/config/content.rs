@@ -52,6 +52,7 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
     let compress = super::compress::compress(o, which)?;
     let auth = super::auth::auth(o.auth.as_deref().unwrap_or_default()).map_err(e)?;
     let proxy = super::proxy::proxy(o.proxy.as_deref().unwrap_or_default()).map_err(e)?;
+    let proxy = proxy.into_iter().map(std::sync::Arc::new).collect();
     Ok(crate::handler::Content {
         precompressed,
         error_pages,

@@ -36,7 +36,7 @@ pub struct Content {
     /// `[[auth]]` rules and their failure table; `None`: no basic auth.
     pub auth: Option<std::sync::Arc<super::auth::Auth>>,
     /// `[[proxy]]` rules, in order: the first whose glob matches the path forwards the request.
-    pub proxy: Vec<super::proxy::Rule>,
+    pub proxy: Vec<std::sync::Arc<super::proxy::Rule>>,
 }
 
 impl Content {

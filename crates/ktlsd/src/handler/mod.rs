@@ -3,16 +3,18 @@
 //! order, each in its own module, the first that answers ending the request:
 //! canonical host ([`canonical`]), redirects ([`redirect`]), IP rules
 //! ([`access`]), the per-client rate limit ([`limit`]), basic auth ([`auth`]) (together
-//! [`guard`], which the codecs run before a `[[proxy]]` rule forwards), then the
-//! static answer (with [`try_files`]). The static answer resolves the path beneath the site's root,
+//! [`guard`]), then the static answer (with [`try_files`]) or the reverse proxy
+//! ([`proxy`], with its [`cache`]). [`pipeline`] is the one way every codec takes
+//! through them: the site chosen once, the phases in order, a forward run over the
+//! codec's per-request handle. The static answer resolves the path beneath the site's root,
 //! lists or redirects directories, evaluates preconditions and byte ranges
 //! (one, or several as `multipart/byteranges`), answers HEAD without a body and OPTIONS (CORS preflights included) with
 //! 204, puts the site's header rules and CORS fields on its answers, and HSTS on
 //! every response. A file is sent as a precompressed variant or compressed on the
 //! fly ([`compress`]) when the client accepts it.
 //!
-//! It reads no socket and writes none: framing, limits, timeouts and the sending
-//! of bodies belong to the codec (`http::h1`, later HTTP/2).
+//! It frames nothing: framing, limits, timeouts and the sending of bodies belong to
+//! the codecs (`http::h1`, `h2`, `h3`); the proxy's own sockets are its only I/O.
 
 pub mod access;
 pub mod auth;
@@ -20,9 +22,12 @@ pub mod cache;
 pub mod canonical;
 pub mod compress;
 pub mod content;
+pub mod downstream;
+pub mod failure;
 pub mod htpasswd;
 pub mod limit;
 pub mod pattern;
+pub mod pipeline;
 pub mod preconditions;
 pub mod proxy;
 pub mod range;
@@ -59,18 +64,36 @@ pub struct Site<'a> {
 }
 
 /// Answers `req` from `site`: the first phase that answers, with the site's error
-/// page, CORS and HSTS fields.
+/// page, CORS and HSTS fields, or the static answer (what [`pipeline`] does for a
+/// path no `[[proxy]]` rule takes, for the in-process tests).
+#[cfg(test)]
 pub fn handle(req: &Request, site: &Site<'_>) -> Response {
     let response = guarded(req, site).unwrap_or_else(|| static_answer(req, site));
     finish(req, site, response)
 }
 
+/// The static answer to a request the guarding phases let through ([`guard`]),
+/// finished as [`handle`] finishes its answers.
+pub fn answer_unguarded(req: &Request, site: &Site<'_>) -> Response {
+    finish(req, site, static_answer(req, site))
+}
+
+/// `status`'s answer for a request the server could not complete (a failed
+/// upstream): the site's error page for it when configured, HSTS, no body for HEAD.
+pub fn error_answer(status: Status, site: &Site<'_>, head_request: bool) -> Response {
+    let response = with_hsts(with_error_page(Response::page(status), site), site);
+    if head_request {
+        response.without_body()
+    } else {
+        response
+    }
+}
+
 /// The phases before the answer itself (canonical host, redirects, IP rules, rate
 /// limit, basic auth), finished as [`handle`] finishes its answers: the answer that
-/// ends the request, or `None` when it may go on. A codec calls it before handing a
-/// request to the reverse proxy, so that proxied paths are guarded as files are; it
-/// must not call [`handle`] for the same request afterwards (the rate limit would
-/// count it twice).
+/// ends the request, or `None` when it may go on. The [`pipeline`] runs it once per
+/// request, before the static answer or the reverse proxy (the rate limit counts
+/// each call).
 pub fn guard(req: &Request, site: &Site<'_>) -> Option<Response> {
     guarded(req, site).map(|response| finish(req, site, response))
 }

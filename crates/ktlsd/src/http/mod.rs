@@ -13,5 +13,6 @@ pub mod parts;
 pub mod testing;
 pub mod transport;
 
+pub use crate::vocab::Spliced;
 pub use conn::{Context, End};
-pub use transport::{Spliced, Transport};
+pub use transport::Transport;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::files::FileRange;
-use crate::vocab::{BodyPath, RecordLayer};
+use crate::vocab::{BodyPath, RecordLayer, Spliced};
 
 /// A connection carrying HTTP.
 #[allow(async_fn_in_trait)] // used only by static dispatch inside this crate
@@ -134,20 +134,4 @@ pub trait Transport {
     fn server_name(&self) -> Option<&str> {
         None
     }
-}
-
-/// Why [`Transport::splice`] stopped before its length: the source's fault (the
-/// response must be cut) or the peer's (the connection is gone).
-#[derive(Debug)]
-pub enum Spliced<E> {
-    /// This transport cannot splice (nothing was moved).
-    Unsupported,
-    /// The source closed after `moved` of the bytes asked for.
-    SourceClosed { moved: u64 },
-    /// The source sent nothing for the whole read timeout.
-    SourceTimedOut { moved: u64 },
-    /// Reading the source failed.
-    Source { moved: u64, error: std::io::Error },
-    /// The peer failed or timed out; the connection must not be reused.
-    Peer(E),
 }

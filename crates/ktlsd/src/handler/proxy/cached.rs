@@ -1,5 +1,5 @@
 //! The response cache in front of a `[[proxy]]` rule with `cache = true`: the
-//! lookup before an exchange ([`plan`]), and what the upstream's answer does to
+//! lookup before an exchange ([`plan_with`]), and what the upstream's answer does to
 //! the stored entry ([`Pending::on_head`], [`Pending::on_failure`], [`Store`]).
 //!
 //! A fresh hit is answered from the entry file (a `Body::File` from the body's
@@ -64,32 +64,18 @@ pub fn key(sites: &Sites<'_>, authority: Option<&str>, target: &str) -> Key {
     Key::new(host.as_deref().unwrap_or(""), target)
 }
 
-/// Asks the cache about `req` (its `target` as sent, its `fields`, and whether a
-/// body follows); the revalidation fields are added to `fields` when a stale entry
-/// is to be validated. `fwd` and `rule` start a background refresh under
-/// `stale-while-revalidate`.
-///
-/// # Cancel safety
-/// Cancel-safe: a dropped lookup leaves nothing behind.
-pub async fn plan(
-    sites: &Sites<'_>,
-    rule: &Rule,
-    req: &Request,
-    has_body: bool,
-    fwd: &Forwarding,
-    fields: &mut Vec<(String, String)>,
-) -> Plan {
-    plan_with(cache_of(sites, rule, req, fwd), rule, req, has_body, fwd, fields).await
-}
-
-/// The cache that `rule` stores `req` (forwarded as `fwd`) in, with its key, when
-/// it caches: what [`plan_with`] needs of the sites, for a task that outlives them.
-pub fn cache_of(sites: &Sites<'_>, rule: &Rule, req: &Request, fwd: &Forwarding) -> Option<(Arc<Cache>, Key)> {
+/// The cache that `rule` stores a request for `target` (as forwarded) to `authority`
+/// in, with its key, when it caches: what [`plan_with`] needs of the sites, for a
+/// task that outlives them.
+pub fn cache_of(sites: &Sites<'_>, rule: &Rule, authority: Option<&str>, target: &str) -> Option<(Arc<Cache>, Key)> {
     let c = sites.cache.filter(|_| rule.cache)?;
-    Some((c.clone(), key(sites, req.authority.as_deref(), &fwd.target)))
+    Some((c.clone(), key(sites, authority, target)))
 }
 
-/// [`plan`] with the cache and key from [`cache_of`].
+/// Asks the cache about `req` (its `target` as sent, its `fields`, and whether a
+/// body follows), with the cache and key from [`cache_of`]; the revalidation fields
+/// are added to `fields` when a stale entry is to be validated. `fwd` and `rule`
+/// start a background refresh under `stale-while-revalidate`.
 ///
 /// # Cancel safety
 /// Cancel-safe: a dropped lookup leaves nothing behind.

@@ -24,6 +24,7 @@
 
 pub mod buffers;
 pub mod cached;
+mod forward;
 pub mod headers;
 pub mod metrics;
 pub mod parse;
@@ -33,8 +34,10 @@ pub mod upstream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use super::failure::{Failure, FailureKind};
 use super::rules::PathMatch;
-use super::{Header, Site, Status};
+use super::{Header, Status};
+pub use forward::Forward;
 pub use headers::Forwarding;
 use parse::{Chunked, Framing};
 use upstream::{Conn, IoFailure};
@@ -193,34 +196,10 @@ impl Upstream {
     }
 }
 
-/// The first of the site's `[[proxy]]` rules whose glob matches `path`, if any; files
-/// answer the rest.
-pub fn route<'a>(site: &Site<'a>, path: &str) -> Option<&'a Rule> {
-    site.content.proxy.iter().find(|r| r.path.matches(path))
-}
-
 /// Whether any of `sites` has `[[proxy]]` rules (the codecs then keep what a
 /// forwarded request needs: its fields, its body).
 pub fn any(sites: &super::Sites<'_>) -> bool {
     !sites.default.content.proxy.is_empty() || sites.named.iter().any(|s| !s.content.proxy.is_empty())
-}
-
-/// Why an exchange failed, for the client's status and the log line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    /// 502, or 504 when the upstream was too slow.
-    pub status: Status,
-    /// The metric's label: `connect`, `timeout`, `send`, `closed`, `invalid`, `body`.
-    pub kind: &'static str,
-    /// The upstream's URL.
-    pub upstream: String,
-    pub detail: String,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "upstream {}: {}", self.upstream, self.detail)
-    }
 }
 
 /// Methods RFC 9110 section 9.2.2 makes idempotent.
@@ -307,17 +286,19 @@ impl<'r> Exchange<'r> {
     }
 
     /// A 502 of `kind` naming this exchange's upstream.
-    pub fn failure_now(&self, kind: &'static str, detail: &str) -> Failure {
+    pub fn failure_now(&self, kind: FailureKind, detail: &str) -> Failure {
         self.failure(Status::BAD_GATEWAY, kind, detail.to_string())
     }
 
-    fn failure(&self, status: Status, kind: &'static str, detail: String) -> Failure {
+    fn failure(&self, status: Status, kind: FailureKind, detail: String) -> Failure {
         Failure { status, kind, upstream: self.upstream().url.clone(), detail }
     }
 
-    fn io_failure(&self, e: IoFailure, what: &str, kind: &'static str) -> Failure {
+    fn io_failure(&self, e: IoFailure, what: &str, kind: FailureKind) -> Failure {
         match e {
-            IoFailure::TimedOut => self.failure(Status::GATEWAY_TIMEOUT, "timeout", format!("{what}: timed out")),
+            IoFailure::TimedOut => {
+                self.failure(Status::GATEWAY_TIMEOUT, FailureKind::Timeout, format!("{what}: timed out"))
+            }
             IoFailure::Failed(e) => self.failure(Status::BAD_GATEWAY, kind, format!("{what}: {e}")),
         }
     }
@@ -335,9 +316,9 @@ impl<'r> Exchange<'r> {
         self.release();
         loop {
             let Some(i) = pool::pick(self.rule, &self.tried) else {
-                return Err(
-                    last.unwrap_or_else(|| self.failure(Status::BAD_GATEWAY, "connect", "no upstream left".into()))
-                );
+                return Err(last.unwrap_or_else(|| {
+                    self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into())
+                }));
             };
             self.index = i;
             let up = self.upstream();
@@ -347,7 +328,7 @@ impl<'r> Exchange<'r> {
                     Ok(c) => (c, false),
                     Err(e) => {
                         self.tried.push(i);
-                        let f = self.io_failure(e, "connect", "connect");
+                        let f = self.io_failure(e, "connect", FailureKind::Connect);
                         self.mark_failed(&f);
                         last = Some(f);
                         continue;
@@ -374,7 +355,7 @@ impl<'r> Exchange<'r> {
                     return Ok(());
                 }
                 Err(e) => {
-                    let f = self.io_failure(e, "sending the request head", "send");
+                    let f = self.io_failure(e, "sending the request head", FailureKind::Send);
                     self.release();
                     // A kept-alive connection the upstream had closed is not the upstream's failure.
                     if !reused {
@@ -390,7 +371,7 @@ impl<'r> Exchange<'r> {
     fn mark_failed(&self, f: &Failure) {
         tracing::warn!("{f}; the upstream is skipped for {:?}", self.rule.fail_timeout);
         pool::failed(&self.upstream().url, self.rule.fail_timeout);
-        metrics::failed(&self.upstream().url, f.kind, true);
+        metrics::failed(&self.upstream().url, f.kind.label(), true);
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<(), IoFailure> {
@@ -414,7 +395,7 @@ impl<'r> Exchange<'r> {
     /// it may have answered early, or the fault may be the body's).
     fn counted<R>(&self, r: Result<R, Failure>) -> Result<R, Failure> {
         if let Err(f) = &r {
-            metrics::error(f.kind);
+            metrics::error(f.kind.label());
         }
         r
     }
@@ -432,7 +413,7 @@ impl<'r> Exchange<'r> {
         } else {
             self.write(piece).await
         };
-        r.map_err(|e| self.io_failure(e, "sending the request body", "send"))
+        r.map_err(|e| self.io_failure(e, "sending the request body", FailureKind::Send))
     }
 
     /// Ends a request body of unknown length (its last chunk).
@@ -444,7 +425,7 @@ impl<'r> Exchange<'r> {
             return Ok(());
         }
         self.sent_body = true;
-        self.write(b"0\r\n\r\n").await.map_err(|e| self.io_failure(e, "sending the request body", "send"))
+        self.write(b"0\r\n\r\n").await.map_err(|e| self.io_failure(e, "sending the request body", FailureKind::Send))
     }
 
     /// Reads the upstream's response head (interim 1xx responses dropped). An
@@ -462,7 +443,7 @@ impl<'r> Exchange<'r> {
                     return Ok(head);
                 }
                 Err((f, nothing_received)) => {
-                    let stale = self.reused && nothing_received && f.kind == "closed";
+                    let stale = self.reused && nothing_received && f.kind == FailureKind::Closed;
                     if !stale {
                         self.tried.push(self.index);
                         self.mark_failed(&f);
@@ -502,26 +483,31 @@ impl<'r> Exchange<'r> {
                 Ok(None) => {}
                 Err(parse::Invalid(why)) => {
                     return Err((
-                        self.failure(Status::BAD_GATEWAY, "invalid", format!("invalid response: {why}")),
+                        self.failure(Status::BAD_GATEWAY, FailureKind::Invalid, format!("invalid response: {why}")),
                         false,
                     ))
                 }
             }
             let Some(conn) = self.conn.as_mut() else {
-                return Err((self.failure(Status::BAD_GATEWAY, "closed", "no connection".into()), !received));
+                return Err((
+                    self.failure(Status::BAD_GATEWAY, FailureKind::Closed, "no connection".into()),
+                    !received,
+                ));
             };
             let room = parse::MAX_HEAD + 1 - self.buf.len().min(parse::MAX_HEAD);
             match conn.read(&mut self.buf, room, read_timeout).await {
                 Ok(0) => {
                     let f = self.failure(
                         Status::BAD_GATEWAY,
-                        "closed",
+                        FailureKind::Closed,
                         "closed the connection before a complete response head".into(),
                     );
                     return Err((f, !received));
                 }
                 Ok(_) => received = true,
-                Err(e) => return Err((self.io_failure(e, "waiting for the response head", "closed"), !received)),
+                Err(e) => {
+                    return Err((self.io_failure(e, "waiting for the response head", FailureKind::Closed), !received))
+                }
             }
         }
     }
@@ -544,12 +530,12 @@ impl<'r> Exchange<'r> {
             }
             let read_timeout = self.rule.timeouts.read;
             let Some(conn) = self.conn.as_mut() else {
-                return Err(self.failure(Status::BAD_GATEWAY, "body", "no connection".into()));
+                return Err(self.failure(Status::BAD_GATEWAY, FailureKind::Body, "no connection".into()));
             };
             // A chunk-size line may span reads: what is kept stays bounded by the decoder's limits.
             let n = match conn.read(&mut self.buf, PIECE, read_timeout).await {
                 Ok(n) => n,
-                Err(e) => return Err(self.io_failure(e, "reading the response body", "body")),
+                Err(e) => return Err(self.io_failure(e, "reading the response body", FailureKind::Body)),
             };
             if n == 0 {
                 if self.framing == Framing::Close {
@@ -558,7 +544,7 @@ impl<'r> Exchange<'r> {
                 }
                 return Err(self.failure(
                     Status::BAD_GATEWAY,
-                    "body",
+                    FailureKind::Body,
                     "closed the connection before the end of the body".into(),
                 ));
             }
@@ -591,7 +577,7 @@ impl<'r> Exchange<'r> {
                 let take = (self.buf.len() as u64).min(self.left) as usize;
                 if take as u64 == self.left && beyond_length(&self.buf[take..]) {
                     let why = format!("sent more than its Content-Length of {} bytes", self.length());
-                    return Some(Err(self.failure(Status::BAD_GATEWAY, "body", why)));
+                    return Some(Err(self.failure(Status::BAD_GATEWAY, FailureKind::Body, why)));
                 }
                 if out.is_empty() && take == self.buf.len() {
                     // All of it: the buffers change places instead of copying.
@@ -610,7 +596,7 @@ impl<'r> Exchange<'r> {
                     Err(parse::Invalid(why)) => {
                         return Some(Err(self.failure(
                             Status::BAD_GATEWAY,
-                            "body",
+                            FailureKind::Body,
                             format!("invalid chunked body: {why}"),
                         )))
                     }
@@ -684,10 +670,20 @@ impl Exchange<'_> {
     /// The body could not be moved to its end (`cause`: the upstream closed early,
     /// was too slow, or failed): the failure, counted; the connection is not reused.
     pub fn splice_failed(&mut self, cause: IoFailure) -> Failure {
-        let f = self.io_failure(cause, "reading the response body", "body");
-        metrics::error(f.kind);
+        let f = self.io_failure(cause, "reading the response body", FailureKind::Body);
+        metrics::error(f.kind.label());
         self.release();
         f
+    }
+
+    /// Whether the body is complete without another read; a Content-Length body
+    /// read to its end is marked complete, so that its connection goes back to the pool.
+    pub fn body_complete(&mut self) -> bool {
+        if !self.done && matches!(self.framing, Framing::Length(_)) && self.left == 0 {
+            self.done = true;
+            self.reusable &= self.buf.is_empty();
+        }
+        self.done
     }
 
     /// The response's Content-Length (0 for a body of another framing).

@@ -7,8 +7,8 @@
 //! The loop is generic over [`Transport`]: it knows nothing of TLS, sockets or
 //! configuration; its settings and the sites come in its [`Context`].
 
+mod downstream;
 pub mod parse;
-mod proxy;
 pub mod write;
 
 use std::future::Future;
@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use super::conn::{Logged, Sent};
 use super::{Context, End, Transport};
-use crate::handler::{self, Body, Method, Pick, Response, Site, Status};
+use crate::handler::pipeline::{self, Answer, Decision, Handshake, Outcome, RequestBody, StreamEnd};
+use crate::handler::proxy::Forward;
+use crate::handler::{self, Body, Method, Response, Site, Status};
 use crate::log::RequestLine;
 use parse::{BadRequest, Head, Version};
 
@@ -36,14 +38,15 @@ pub struct Settings {
 
 /// Where a connection is between two requests, or within one. Each state but
 /// the last has one method of [`Connection`] that does its I/O and returns the next.
-pub enum State<'a, E> {
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+pub enum State<E> {
     /// Waiting for a request head ([`Connection::read_head`]).
     Head,
     /// A whole head has arrived: its site is chosen and its body, if any, read
     /// and dropped within limits ([`Connection::read_body`]).
     Body(Exchange),
-    /// All of the request is in: it is answered, sent and logged ([`Connection::answer`]).
-    Answer(Exchange, Site<'a>),
+    /// All of the request is in: its answer is sent and logged ([`Connection::answer`]).
+    Answer(Exchange, Response),
     /// The connection is over.
     Closed(End<E>),
 }
@@ -98,7 +101,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             // Boxed while they run: an idle connection's future holds only what
             // waiting for the next head needs, not room for a response under way.
             State::Body(x) => Box::pin(c.read_body(x)).await,
-            State::Answer(x, site) => Box::pin(c.answer(x, site)).await,
+            State::Answer(x, response) => Box::pin(c.answer(x, response)).await,
             State::Closed(end) => return end,
         };
     }
@@ -115,7 +118,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     /// connection with no request begun, at once once it has answered one, after
     /// [`FIRST_REQUEST_GRACE`] without a first byte when it is new. `stop` is
     /// polled only while the shutdown signal is false, so never after it completed.
-    pub async fn read_head<F: Future>(&mut self, mut stop: Pin<&mut F>) -> State<'a, T::Error> {
+    pub async fn read_head<F: Future>(&mut self, mut stop: Pin<&mut F>) -> State<T::Error> {
         let settings = self.ctx.settings;
         let mut started: Option<Instant> = if self.buf.is_empty() { None } else { Some(Instant::now()) };
         let parsed = loop {
@@ -175,84 +178,158 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         }
     }
 
-    /// [`State::Body`]: chooses the site by Host (one connection may carry
-    /// requests for several names its certificate covers), then reads and drops
-    /// the body. A client that waits for `100 Continue` gets the final answer at
-    /// once instead when the body would not be read: too large, or a method refused.
-    pub async fn read_body(&mut self, x: Exchange) -> State<'a, T::Error> {
-        let sites = self.ctx.sites;
-        let (req, is_head) = (&x.head.request, x.head.request.method == Method::Head);
-        let site = match sites.pick_for(req.authority.as_deref(), self.conn.server_name()) {
-            Pick::Site(s) => s,
-            Pick::Misdirected => {
-                let response = handler::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head);
-                return self
-                    .refuse_and_close(&x.head, response, "no site has the requested host", Instant::now())
-                    .await;
+    /// [`State::Body`]: the request goes through the pipeline (its site chosen by
+    /// Host, as one connection may carry requests for several names its certificate
+    /// covers; the guards; the body's limit; the route). A static answer's body is
+    /// read and dropped; a refusal ends the connection without reading it; a
+    /// forward runs over this connection ([`downstream::Client`]). A client that
+    /// waits for `100 Continue` gets the final answer at once instead when the body
+    /// would not be read: refused, or a method the static answer refuses.
+    pub async fn read_body(&mut self, x: Exchange) -> State<T::Error> {
+        let Exchange { mut head, started, keep_alive, raw } = x;
+        // The pipeline owns the request until the answer; the head keeps the rest.
+        let req = std::mem::replace(&mut head.request, handler::Request::new(Method::Get, ""));
+        let px = match pipeline::Exchange::begin(req, &self.ctx.sites, Handshake::Tcp(self.conn.server_name())) {
+            Ok(px) => px,
+            Err((req, response)) => {
+                head.request = req;
+                return self.refuse_and_close(&head, response, "no site has the requested host", Instant::now()).await;
             }
         };
-        let length = x.head.content_length;
-        if length > self.ctx.settings.max_body_bytes {
-            let response = handler::refusal(Status::PAYLOAD_TOO_LARGE, &site, is_head);
-            return self
-                .refuse_and_close(&x.head, response, "request body exceeds max_body_bytes", Instant::now())
-                .await;
-        }
-        if let Some(rule) = handler::proxy::route(&site, &req.path) {
-            // Guarded as files are; a body left unread ends the connection after the answer.
-            return match handler::guard(req, &site) {
-                Some(response) if length > 0 || x.head.chunked => {
-                    self.refuse_and_close(&x.head, response, "refused before forwarding (body not read)", x.started)
-                        .await
-                }
-                Some(response) => self.reply(x, response).await,
-                None => self.proxy(x, site, rule).await,
-            };
-        }
-        if x.head.chunked {
-            let response = handler::refusal(Status::LENGTH_REQUIRED, &site, is_head);
-            let why = "Transfer-Encoding request bodies are not accepted";
-            return self.refuse_and_close(&x.head, response, why, Instant::now()).await;
-        }
-        if length > 0 && x.head.expect_continue && !req.method.is_served() {
-            let response = handler::handle(req, &site);
-            return self.refuse_and_close(&x.head, response, "method not allowed (body not read)", x.started).await;
-        }
-        if length > 0 {
-            // The client may already have sent the body; RFC 9110 section 10.1.1 lets
-            // the server send 100 anyway, and nginx does.
-            if x.head.expect_continue {
-                if let Err(e) = self.conn.send(write::CONTINUE, None).await {
-                    return State::Closed(End::Error(e));
-                }
+        let body = match (head.chunked, head.content_length) {
+            (true, _) => RequestBody::Unknown,
+            (false, 0) => RequestBody::None,
+            (false, n) => RequestBody::Length(n),
+        };
+        let max_body = self.ctx.settings.max_body_bytes;
+        let upstreamed = || pipeline::Upstreamed {
+            method: px.req.method.as_str().to_string(),
+            fields: raw.as_deref().map(handler::proxy::headers::fields_of_head).unwrap_or_default(),
+            version: if head.version == Version::Http10 { "1.0" } else { "1.1" },
+            body,
+            max_body,
+        };
+        let decision = px.decide(body, max_body, upstreamed).await;
+        let pipeline::Exchange { req, site, .. } = px;
+        head.request = req;
+        let x = Exchange { head, started, keep_alive, raw: None };
+        let has_body = body != RequestBody::None;
+        match decision {
+            Decision::Respond(response) if has_body => {
+                let why = response.refused.clone().unwrap_or("refused (body not read)".into());
+                self.refuse_and_close(&x.head, response, &why, x.started).await
             }
-            match discard_body(self.conn, &mut self.buf, length, self.ctx.settings.header_timeout).await {
-                Ok(true) => {}
-                Ok(false) => return State::Closed(End::Truncated),
-                Err(e) => return State::Closed(End::Error(e)),
+            Decision::Respond(response) => self.reply(x, response).await,
+            Decision::Static(_) if x.head.chunked => {
+                let response = handler::refusal(Status::LENGTH_REQUIRED, &site, x.head.request.method == Method::Head);
+                let why = "Transfer-Encoding request bodies are not accepted";
+                self.refuse_and_close(&x.head, response, why, Instant::now()).await
             }
+            Decision::Static(response) if has_body && x.head.expect_continue && !x.head.request.method.is_served() => {
+                self.refuse_and_close(&x.head, response, "method not allowed (body not read)", x.started).await
+            }
+            Decision::Static(response) => {
+                if has_body {
+                    // The client may already have sent the body; RFC 9110 section 10.1.1
+                    // lets the server send 100 anyway, and nginx does.
+                    if x.head.expect_continue {
+                        if let Err(e) = self.conn.send(write::CONTINUE, None).await {
+                            return State::Closed(End::Error(e));
+                        }
+                    }
+                    let timeout = self.ctx.settings.header_timeout;
+                    match discard_body(self.conn, &mut self.buf, x.head.content_length, timeout).await {
+                        Ok(true) => {}
+                        Ok(false) => return State::Closed(End::Truncated),
+                        Err(e) => return State::Closed(End::Error(e)),
+                    }
+                }
+                State::Answer(x, response)
+            }
+            Decision::Forward(forward) => self.forward(x, site, forward.with_cache(&self.ctx.sites)).await,
         }
-        State::Answer(x, site)
     }
 
-    /// [`State::Answer`]: the handler's answer (method, file, preconditions,
-    /// range) is sent and logged; the connection then waits for the next head, or ends.
-    pub async fn answer(&mut self, x: Exchange, site: Site<'a>) -> State<'a, T::Error> {
-        // A body to compress is made off the loop first, so that this answer carries it.
-        handler::prepare(&x.head.request, &site).await;
-        let response = handler::handle(&x.head.request, &site);
+    /// Runs a forward over this connection, then sends its answer when it is not
+    /// streamed, and logs; the connection then waits for the next head, or ends.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as the loop's other states: a response may be cut.
+    async fn forward(&mut self, x: Exchange, site: Site<'a>, forward: Forward) -> State<T::Error> {
+        let body = match x.head.chunked {
+            true => downstream::RequestBody::Chunked(Default::default()),
+            false => downstream::RequestBody::Length(x.head.content_length),
+        };
+        let mut client = downstream::Client {
+            conn: &mut *self.conn,
+            buf: &mut self.buf,
+            version: x.head.version,
+            keep_alive: x.keep_alive,
+            expect_continue: x.head.expect_continue,
+            body,
+            header_timeout: self.ctx.settings.header_timeout,
+            chunked: false,
+            aborted: false,
+        };
+        let outcome = forward.run(&x.head.request, &mut client).await;
+        let (body_read, keep_alive) = (client.body_read(), client.keep_alive);
+        let s = match outcome {
+            Outcome::Answer { answer, from_cache } => {
+                let failed = matches!(answer, Answer::Failed(..));
+                let response = pipeline::finish(&site, x.head.request.method == Method::Head, answer);
+                if failed || !body_read {
+                    // A request body may be left unread: the connection ends after the answer.
+                    return self.answer_and_close(&x, response).await;
+                }
+                return self.reply_as(x, response, from_cache).await;
+            }
+            Outcome::ClientGone(end) => return State::Closed(end),
+            Outcome::Streamed(s) => s,
+        };
+        let sent = Sent {
+            status: s.status,
+            bytes: s.sent,
+            started: x.started,
+            ttfb: s.answered.duration_since(x.started),
+            body: Some(s.path),
+        };
+        self.ctx.log_host(self.conn, Some(logged(&x.head)), sent, x.head.request.authority.as_deref());
+        self.answered = true;
+        match s.end {
+            StreamEnd::Complete if keep_alive && body_read && !self.ctx.stopping() => State::Head,
+            StreamEnd::Complete => self.close(),
+            StreamEnd::Cut(_) => State::Closed(End::Aborted),
+            StreamEnd::Client(end) => State::Closed(end),
+        }
+    }
+
+    /// Sends and logs `response` with `Connection: close`; the connection then ends.
+    async fn answer_and_close(&mut self, x: &Exchange, response: Response) -> State<T::Error> {
+        let response = self.ctx.advertise(response);
+        let ttfb = x.started.elapsed();
+        self.conn.last_response();
+        let bytes = send(self.conn, &response, x.head.version, false).await.unwrap_or(0);
+        let body = crate::http::conn::body_path(self.conn, &response.body);
+        let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb, body };
+        self.ctx.log_host(self.conn, Some(logged(&x.head)), sent, x.head.request.authority.as_deref());
+        self.close()
+    }
+
+    /// [`State::Answer`]: the answer is sent and logged; the connection then waits
+    /// for the next head, or ends.
+    pub async fn answer(&mut self, x: Exchange, response: Response) -> State<T::Error> {
         self.reply(x, response).await
     }
 
     /// Sends and logs `response`, the answer to `x`; the connection then waits for
     /// the next head, or ends.
-    async fn reply(&mut self, x: Exchange, response: Response) -> State<'a, T::Error> {
+    async fn reply(&mut self, x: Exchange, response: Response) -> State<T::Error> {
         self.reply_as(x, response, false).await
     }
 
     /// [`Self::reply`]; with `from_cache`, a file body is a cache entry's and its
     /// bytes count as cache-hit bytes.
-    async fn reply_as(&mut self, x: Exchange, response: Response, from_cache: bool) -> State<'a, T::Error> {
+    async fn reply_as(&mut self, x: Exchange, response: Response, from_cache: bool) -> State<T::Error> {
         let response = self.ctx.advertise(response);
         if let Some(why) = &response.refused {
             self.refused(Some(&x.head), response.status, why);
@@ -284,7 +361,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     }
 
     /// The connection ends after its last answer, draining the client's input first.
-    fn close(&mut self) -> State<'a, T::Error> {
+    fn close(&mut self) -> State<T::Error> {
         self.conn.linger_on_close(self.ctx.shutdown.clone());
         State::Closed(End::Done)
     }
@@ -314,9 +391,9 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         &mut self,
         head: &Head,
         response: Response,
-        why: &'static str,
+        why: &str,
         started: Instant,
-    ) -> State<'a, T::Error> {
+    ) -> State<T::Error> {
         self.refuse(Some(head), response, why, started).await;
         self.close()
     }

@@ -675,9 +675,10 @@ async fn each_state_leads_to_the_next() {
     for (target, keep_alive) in [("/a.txt", true), ("/a.txt", false)] {
         let State::Body(x) = c.read_head(stop.as_mut()).await else { panic!("a whole head") };
         assert_eq!((x.head.target.as_str(), x.keep_alive), (target, keep_alive));
-        let State::Answer(x, _site) = c.read_body(x).await else { panic!("no body to read") };
-        let site = f.site();
-        match c.answer(x, site).await {
+        let lookups = crate::handler::pipeline::count::site_lookups();
+        let State::Answer(x, response) = c.read_body(x).await else { panic!("no body to read") };
+        assert_eq!(crate::handler::pipeline::count::site_lookups(), lookups + 1, "one site lookup per request");
+        match c.answer(x, response).await {
             State::Head => assert!(keep_alive),
             State::Closed(End::Done) => assert!(!keep_alive),
             _ => panic!("an answer sent leads to the next head or the end"),

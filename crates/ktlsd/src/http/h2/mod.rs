@@ -1,4 +1,4 @@
-//! HTTP/2 (RFC 9113) for the static-file server, as a sans-I/O codec: bytes and
+//! HTTP/2 (RFC 9113) as a sans-I/O codec: bytes and
 //! header lists go in, events and bytes to send come out. It reads no socket, opens
 //! no file and reads no clock (the caller passes `now`), so it is tested wholly
 //! in-process, and the connection loop over `http::Transport` drives it.
@@ -21,24 +21,24 @@
 //! urgency and the fair choice of the next stream), `conn` (the state machine).
 //!
 //! `serve` is the connection loop over `http::Transport` that drives the codec:
-//! requests to the handler, responses and file ranges to the transport, one DATA
-//! frame per TLS record.
+//! requests through the pipeline (`handler::pipeline`), responses and file ranges
+//! to the transport, one DATA frame per TLS record; `forwarded` is the per-stream
+//! handle a forward runs over, on a task of its own.
 //!
 //! Not in the codec: TLS, files, time-outs (the loop closes an idle connection; see
 //! [`Connection::active_streams`]), or what responses say.
 
 mod conn;
+mod forwarded;
 mod frame;
 mod hpack;
 mod priority;
-mod proxy;
 mod request;
 mod serve;
 
 pub use conn::{BodySize, Connection, Event, Limits, StreamId, Write};
 #[cfg(test)]
 pub use conn::{RespondError, PREFACE};
-pub(crate) use proxy::forwarding;
 pub use request::{parse as parse_fields, RequestHead};
 pub use serve::{serve, to_request, Settings};
 

@@ -16,11 +16,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::proxy::{Signal, Started, Step, Streamed};
+use super::forwarded::{Signal, Step, Streamed};
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
+use crate::handler::pipeline::{self, Decision, Handshake, RequestBody};
+use crate::handler::proxy::Forward;
 use crate::handler::request::{HeaderFields, Method, Request};
-use crate::handler::{self, Body, Pick, Status};
+use crate::handler::{self, Body, Response, Site, Status};
 use crate::http::conn::{http_date_now, with_http_date_now, Logged, Sent};
 use crate::http::{Context, End, Transport};
 use crate::log::RequestLine;
@@ -103,28 +105,28 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         while let Some(event) = h2.poll_event() {
             match event {
                 Event::Request { stream, head, end_stream } => {
-                    prepare(&head, &ctx).await;
-                    // A request the handler cannot read is not forwarded: `answer` refuses it. It is
-                    // built here only for a path a [[proxy]] rule matches (`answer` builds its own).
-                    let routed = super::proxy::route(&ctx, &head)
-                        .and_then(|rule| Some((rule, to_request(&head, peer.ip()).ok()?)));
-                    let answered = match routed {
-                        Some(((site, rule), req)) => {
-                            let max_body = settings.max_body_bytes;
-                            let splice = conn.can_splice();
-                            match super::proxy::start(
-                                &ctx, &head, req, end_stream, site, rule, max_body, splice, &signal,
-                            ) {
-                                Started::Answer(response) => Some((response, None)),
-                                Started::Task(task) => {
-                                    proxied.insert(stream, task);
-                                    continue;
-                                }
-                            }
+                    let started = Instant::now();
+                    let decided = match to_request(&head, peer.ip()) {
+                        Ok(req) => decide(req, &head, end_stream, &ctx, conn).await,
+                        Err(why) => {
+                            let mut r =
+                                handler::refusal(Status::BAD_REQUEST, &ctx.sites.default, head.method == "HEAD");
+                            r.refused = Some(why.into());
+                            Decided::Answer(r)
                         }
-                        None => None,
                     };
-                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, answered)
+                    let response = match decided {
+                        Decided::Answer(response) => response,
+                        Decided::Forward(forward, req, site) => {
+                            let splice = conn.can_splice();
+                            let task = super::forwarded::start(
+                                forward, req, &head, site, end_stream, splice, started, &signal,
+                            );
+                            proxied.insert(stream, task);
+                            continue;
+                        }
+                    };
+                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, response, None, false, started)
                 }
                 Event::Data { stream, data, end_stream } => {
                     if let Some(task) = proxied.get_mut(&stream) {
@@ -343,22 +345,52 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
     }
 }
 
-/// Makes the body the answer will compress, when not stored yet, off the loop
-/// ([`handler::prepare`]); the connection's other streams wait meanwhile (only
-/// the first request for a file and coding ever does).
-async fn prepare<S>(head: &RequestHead, ctx: &Context<'_, S>) {
-    // The same choice of site as `answer`'s, made first: most sites compress nothing.
-    let Pick::Site(site) = ctx.sites.pick(head.authority.as_deref().filter(|a| !a.is_empty())) else { return };
-    if site.content.compress.is_none() {
-        return;
-    }
-    if let Ok(req) = to_request(head, ctx.peer.ip()) {
-        handler::prepare(&req, &site).await;
+/// How a request goes on.
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+enum Decided<'a> {
+    Answer(Response),
+    /// A forward, for a task of its own, with its request and site.
+    Forward(Forward, Request, Site<'a>),
+}
+
+/// The pipeline for `req` (read from `head`): its site, the phases before the
+/// content, then the static answer or a forward. A body to compress for the static
+/// answer is made first, off the loop; the connection's other streams wait meanwhile
+/// (only the first request for a file and coding ever does).
+async fn decide<'a>(
+    req: Request,
+    head: &RequestHead,
+    end_stream: bool,
+    ctx: &Context<'a, Settings>,
+    conn: &impl Transport,
+) -> Decided<'a> {
+    let x = match pipeline::Exchange::begin(req, &ctx.sites, Handshake::Tcp(conn.server_name())) {
+        Ok(x) => x,
+        Err((_, response)) => return Decided::Answer(response),
+    };
+    let body = match (end_stream, head.content_length) {
+        (true, _) => RequestBody::None,
+        (false, Some(n)) => RequestBody::Length(n),
+        (false, None) => RequestBody::Unknown,
+    };
+    let max_body = ctx.settings.max_body_bytes;
+    let upstreamed = || pipeline::Upstreamed {
+        method: head.method.clone(),
+        fields: head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect(),
+        version: "2",
+        body,
+        max_body,
+    };
+    match x.decide(body, max_body, upstreamed).await {
+        Decision::Respond(response) | Decision::Static(response) => Decided::Answer(response),
+        Decision::Forward(forward) => Decided::Forward(forward.with_cache(&ctx.sites), x.req, x.site),
     }
 }
 
-/// Answers one request: the handler's response (or `proxied`, the upstream's) goes
-/// to the codec; a file body stays open in `open` until its last frame.
+/// Sends `response`, the answer to the request of `head` (`streamed`: its body
+/// follows from a forward's task; `from_cache`: a file body is a cache entry's): to
+/// the codec, a file body kept open in `open` until its last frame.
+#[allow(clippy::too_many_arguments)] // the parts of one answer, each used once
 fn answer<S>(
     h2: &mut Connection,
     open: &mut HashMap<StreamId, Open>,
@@ -366,37 +398,14 @@ fn answer<S>(
     head: &RequestHead,
     ctx: &Context<'_, S>,
     conn: &impl Transport,
-    proxied: Option<(handler::Response, Option<Streamed>)>,
+    response: Response,
+    streamed: Option<Streamed>,
+    from_cache: bool,
+    started: Instant,
 ) {
-    let (sites, peer) = (ctx.sites, ctx.peer);
-    let started = Instant::now();
-    let from_proxy = proxied.is_some();
-    let (proxied, streamed) = match proxied {
-        Some((response, streamed)) => (Some(response), streamed),
-        None => (None, None),
-    };
+    let peer = ctx.peer;
     let target = head.path.clone().unwrap_or_default();
-    let (request, response) = match to_request(head, peer.ip()) {
-        // The site is chosen by :authority for each stream, as HTTP/1.1 does by Host.
-        Ok(req) => match sites.pick_for(req.authority.as_deref(), conn.server_name()) {
-            Pick::Site(site) => {
-                let response = proxied.unwrap_or_else(|| handler::handle(&req, &site));
-                (Some(req), response)
-            }
-            Pick::Misdirected => {
-                let is_head = req.method == Method::Head;
-                let mut response = handler::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head);
-                response.refused = Some("no site has the requested host".into());
-                (Some(req), response)
-            }
-        },
-        Err(why) => {
-            let mut response = handler::refusal(Status::BAD_REQUEST, &sites.default, head.method == "HEAD");
-            response.refused = Some(why.into());
-            (None, response)
-        }
-    };
-    let method = request.map_or_else(|| Method::from_token(&head.method), |r| r.method);
+    let method = Method::from_token(&head.method);
     if let Some(why) = &response.refused {
         let status = response.status.0;
         crate::log::refusal(status, why, || {
@@ -429,7 +438,6 @@ fn answer<S>(
         Body::File { found, .. } | Body::Parts { found, .. } if found.content.is_some() => Some(BodyPath::Copy),
         body => crate::http::conn::body_path(conn, body),
     };
-    let from_cache = from_proxy && matches!(response.body, Body::File { .. });
     let (size, file, parts) = match response.body {
         _ if streamed.is_some() => (BodySize::Stream { len: streamed.and_then(|s| s.len) }, None, Vec::new()),
         Body::File { found, range } if !range.is_empty() => {
@@ -483,14 +491,14 @@ fn answer<S>(
 fn step_proxied<'a, S>(
     h2: &mut Connection,
     open: &mut HashMap<StreamId, Open>,
-    proxied: &mut HashMap<StreamId, super::proxy::Proxied<'a>>,
+    proxied: &mut HashMap<StreamId, super::forwarded::Proxied<'a>>,
     ctx: &Context<'_, S>,
     conn: &impl Transport,
 ) {
     let streams: Vec<StreamId> = proxied.keys().copied().collect();
     for stream in streams {
         while let Some(task) = proxied.get_mut(&stream) {
-            match task.step(h2.buffered(stream), ctx.peer) {
+            match task.step(h2.buffered(stream)) {
                 Step::Idle => break,
                 Step::Body(piece) => {
                     let _ = h2.push(stream, &piece);
@@ -498,25 +506,20 @@ fn step_proxied<'a, S>(
                 Step::AtSource(n) => {
                     let _ = h2.push_at_source(stream, n);
                 }
-                Step::Respond(response, streamed) => {
-                    let head = task.head.clone();
+                Step::Respond(response, streamed, from_cache) => {
+                    let (head, started) = (task.head.clone(), task.started);
                     let source = task.take_source();
                     if streamed.is_none() {
                         proxied.remove(&stream);
                     }
-                    answer(h2, open, stream, &head, ctx, conn, Some((response, streamed)));
+                    answer(h2, open, stream, &head, ctx, conn, response, streamed, from_cache, started);
                     if let Some(o) = open.get_mut(&stream) {
                         o.source = source;
                     }
                 }
-                Step::Reset(f) => {
+                Step::Reset => {
+                    // The forward logged why.
                     let o = open.remove(&stream);
-                    let sent = o.as_ref().map_or(0, |o| o.sent);
-                    let (method, target) = (&task.head.method, task.head.path.as_deref().unwrap_or("/"));
-                    tracing::warn!(
-                        "proxy {} \"{method} {target} HTTP/2.0\": {f}; stream reset after {sent} body bytes",
-                        ctx.peer
-                    );
                     proxied.remove(&stream);
                     h2.abort(stream, 0);
                     if let Some(o) = o {

@@ -1,6 +1,7 @@
 //! HTTP/3 (RFC 9114) over a QUIC connection: each request stream is answered by
 //! [`handler::handle`] with the same sites, host checks and responses as HTTP/1.1
-//! and HTTP/2, or forwarded by a `[[proxy]]` rule ([`proxy`]), and logged as
+//! and HTTP/2 (the pipeline, `handler::pipeline`), a forward running over the stream
+//! ([`downstream`]), and logged as
 //! `HTTP/3.0`.
 //!
 //! Why the framing and QPACK (RFC 9204) are the `h3` crate's rather than our own
@@ -31,15 +32,15 @@ use h3::server::RequestStream;
 
 use crate::files::residency::ColdReads;
 use crate::files::FileRange;
-use crate::handler::request::{Method, Request};
-use crate::handler::{self, Body, Pick, Response, Status};
+use crate::handler::pipeline::{self, Decision, Handshake, Outcome, RequestBody, StreamEnd};
+use crate::handler::request::Method;
+use crate::handler::{self, Body, Response, Status};
 use crate::http::conn::{http_date_now, Logged, Sent};
 use crate::http::{h2, Context, End};
 use crate::log::RequestLine;
 use crate::vocab::RecordLayer;
 
-mod proxy;
-use proxy::Forwarded;
+mod downstream;
 
 /// Limits of the HTTP/3 layer (the QUIC ones are `crate::quic`'s).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,54 +248,43 @@ where
     let target = request.uri().path_and_query().map_or_else(String::new, |p| p.as_str().to_string());
     let head = h2::parse_fields(fields(&request));
     let is_head = method_token == "HEAD";
-    let mut proxied = false;
     let (parsed, forwarded) = match head
         .as_ref()
         .map_err(|e| format!("{e:?}"))
         .and_then(|h| h2::to_request(h, ctx.peer.ip()).map(|req| (h, req)).map_err(str::to_string))
     {
-        Ok((head, req)) => {
-            let forwarded = match site_for(&req, ctx) {
-                Pick::Site(site) => match handler::proxy::route(&site, &req.path) {
-                    Some(rule) => {
-                        proxied = true;
-                        proxy::forward(&mut stream, head, &req, &site, rule, ctx).await
-                    }
-                    None => Forwarded::Answer(handler::handle(&req, &site)),
-                },
-                Pick::Misdirected => Forwarded::Answer(misdirected(&req, ctx)),
-            };
-            (Some(req), forwarded)
-        }
+        Ok((head, req)) => match pipeline::Exchange::begin(req, &ctx.sites, Handshake::Quic) {
+            Ok(x) => {
+                let forwarded = through(&x, head, &mut stream, ctx).await;
+                (Some(x.req), forwarded)
+            }
+            Err((req, response)) => (Some(req), Forwarded::Answer(response, false)),
+        },
         Err(why) => {
             let mut response = handler::refusal(Status::BAD_REQUEST, &ctx.sites.default, is_head);
             response.refused = Some(format!("malformed request: {why}").into());
-            (None, Forwarded::Answer(response))
+            (None, Forwarded::Answer(response, false))
         }
     };
     let host = parsed.as_ref().and_then(|r| r.authority.clone());
     let method = parsed.map_or_else(|| Method::from_token(&method_token), |r| r.method);
-    // A proxied path's answer from a file is a cache hit.
     let mut hit = false;
     let (status, ttfb, result) = match forwarded {
-        Forwarded::Answer(mut response) => {
+        Forwarded::Answer(mut response, from_cache) => {
             if let Some(why) = &response.refused {
                 tracing::info!("refused {} \"{method} {target} HTTP/3.0\": {} {why}", ctx.peer, response.status.0);
             }
             let ttfb = started.elapsed();
             let body = std::mem::replace(&mut response.body, Body::Empty);
-            hit = proxied && matches!(body, Body::File { .. });
+            hit = from_cache && matches!(body, Body::File { .. });
             (response.status.0, ttfb, send(&mut stream, &response, body, ctx.settings.send_timeout).await)
         }
         Forwarded::Streamed { status, answered, sent } => (status, answered.duration_since(started), sent),
     };
     let (sent, cancelled) = match result {
         Ok(n) => (n, false),
-        Err((n, Unsent::Upstream(f))) => {
-            tracing::warn!("proxy {} \"{method} {target} HTTP/3.0\": {f}; stream reset after {n} body bytes", ctx.peer);
-            stream.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
-            (n, false)
-        }
+        // The forward logged why, and reset the stream.
+        Err((n, Unsent::Upstream(_))) => (n, false),
         Err((n, e)) => {
             tracing::debug!("HTTP/3 response to {} \"{method} {target}\" cut short after {n} bytes: {e}", ctx.peer);
             if matches!(e, Unsent::Stalled) {
@@ -328,20 +318,64 @@ fn fields(request: &http::Request<()>) -> Vec<(Vec<u8>, Vec<u8>)> {
     fields
 }
 
-/// The site `:authority` names; misdirected when none does, or when that site asks
-/// for client certificates (QUIC handshakes ask for none).
-fn site_for<'a>(req: &Request, ctx: &Context<'a, Settings>) -> Pick<'a> {
-    match ctx.sites.asks_certificate(req.authority.as_deref()) {
-        true => Pick::Misdirected,
-        false => ctx.sites.pick(req.authority.as_deref()),
-    }
+/// How [`answer`]'s request was answered.
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+enum Forwarded {
+    /// A response for the caller to send as any other; `bool`: a file body is a
+    /// cache entry's.
+    Answer(Response, bool),
+    /// The upstream's response went out: its status, when its head was sent, and the
+    /// body bytes sent or why it was cut after how many.
+    Streamed { status: u16, answered: Instant, sent: Result<u64, (u64, Unsent)> },
 }
 
-/// 421 Misdirected Request.
-fn misdirected(req: &Request, ctx: &Context<'_, Settings>) -> Response {
-    let mut r = handler::refusal(Status::MISDIRECTED_REQUEST, &ctx.sites.default, req.method == Method::Head);
-    r.refused = Some("no site has the requested host".into());
-    r
+/// The pipeline's phases and route for `x` (read from `head`), a forward run over
+/// `stream`.
+///
+/// # Cancel safety
+/// Not cancel-safe: dropped mid-way (the connection gone), a forward is abandoned
+/// as `Forward::run` says.
+async fn through<S: BidiStream<Bytes>>(
+    x: &pipeline::Exchange<'_>,
+    head: &h2::RequestHead,
+    stream: &mut RequestStream<S, Bytes>,
+    ctx: &Context<'_, Settings>,
+) -> Forwarded {
+    // A stream's end says where its body ends, but not ahead of it: without a
+    // content-length, the methods that carry none by custom send none.
+    let body = match head.content_length {
+        Some(0) => RequestBody::None,
+        Some(n) => RequestBody::Length(n),
+        None if matches!(x.req.method, Method::Get | Method::Head | Method::Options | Method::Delete) => {
+            RequestBody::None
+        }
+        None => RequestBody::Unknown,
+    };
+    let max_body = ctx.settings.max_body_bytes;
+    let upstreamed = || pipeline::Upstreamed {
+        method: head.method.clone(),
+        fields: head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect(),
+        version: "3",
+        body,
+        max_body,
+    };
+    let forward = match x.decide(body, max_body, upstreamed).await {
+        Decision::Respond(response) | Decision::Static(response) => return Forwarded::Answer(response, false),
+        Decision::Forward(forward) => forward.with_cache(&ctx.sites),
+    };
+    let mut d = downstream::Stream { stream, settings: ctx.settings };
+    match forward.run(&x.req, &mut d).await {
+        Outcome::Answer { answer, from_cache } => Forwarded::Answer(x.finish(answer), from_cache),
+        Outcome::Streamed(s) => {
+            let sent = match s.end {
+                StreamEnd::Complete => Ok(s.sent),
+                StreamEnd::Cut(f) => Err((s.sent, Unsent::Upstream(f))),
+                StreamEnd::Client(e) => Err((s.sent, e)),
+            };
+            Forwarded::Streamed { status: s.status, answered: s.answered, sent }
+        }
+        Outcome::ClientGone(e) => Forwarded::Streamed { status: 400, answered: Instant::now(), sent: Err((0, e)) },
+    }
 }
 
 /// Sends the head, then the body, then ends the stream, each step within `limit`;

@@ -1,0 +1,121 @@
+//! What a codec offers the pipeline for one request, and what a forward run over it
+//! comes to: the per-request handle ([`Downstream`]) through which a request body
+//! arrives and a response leaves, and the [`Outcome`] the codec sends (a whole
+//! answer), logs and goes on from.
+//!
+//! Not here: the phases and the forward themselves (`handler::pipeline`,
+//! `handler::proxy`), or any framing (the codecs implement the handle).
+
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use super::failure::Failure;
+use super::{Response, Status};
+use crate::vocab::{BodyPath, Spliced};
+
+/// A forward's answer that the codec sends as any response (after [`Exchange::finish`]).
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+pub enum Answer {
+    Response(Response),
+    /// The exchange failed before a response head: the failure and the
+    /// `Cache-Status` it is answered with.
+    Failed(Failure, String),
+}
+
+/// How a forward ended.
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+pub enum Outcome<E> {
+    /// Not streamed: send [`Exchange::finish`]'s response. `from_cache`: a file
+    /// body is a cache entry's (its bytes count as cache-hit bytes).
+    Answer { answer: Answer, from_cache: bool },
+    /// The upstream's response went out through the [`Downstream`].
+    Streamed(Streamed<E>),
+    /// The client went away (or was too slow) while its request body was read.
+    ClientGone(E),
+}
+
+/// A response streamed from an upstream: for the access log and the codec's next step.
+pub struct Streamed<E> {
+    pub status: u16,
+    /// When its head was handed to the codec.
+    pub answered: Instant,
+    /// Body bytes sent.
+    pub sent: u64,
+    /// How they left (splice for any part spliced).
+    pub path: BodyPath,
+    pub end: StreamEnd<E>,
+}
+
+/// How a streamed body ended.
+pub enum StreamEnd<E> {
+    /// Whole.
+    Complete,
+    /// The upstream failed after the head: the codec was told to cut the response
+    /// ([`Downstream::abort`]).
+    Cut(Failure),
+    /// The client failed (or was too slow): the connection is gone.
+    Client(E),
+}
+
+/// Why a request body could not be read.
+pub enum BodyError<E> {
+    /// The client went away or was too slow.
+    Client(E),
+    /// The body itself is refused (malformed, or too large): its status and why.
+    Refused(Status, &'static str),
+}
+
+/// A codec's handle on one request for a forward: the request body comes in
+/// through it and the response goes out. Each method states whether it may be
+/// cancelled; [`Forward::run`] drives it to the end.
+#[allow(async_fn_in_trait)] // the workers' tasks are local: no Send bound is wanted
+pub trait Downstream {
+    /// The client's failure (the connection or stream is gone).
+    type Error;
+
+    /// Request body bytes already at hand, taken to go upstream with the request head.
+    fn body_at_hand(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    /// Appends the next piece of the request body to `into`; `Ok(false)`: the body
+    /// is complete (`into` may hold its last bytes).
+    async fn read_body(&mut self, into: &mut Vec<u8>) -> Result<bool, BodyError<Self::Error>>;
+
+    /// Whether a body may be spliced to this client from an upstream's socket.
+    fn can_splice(&self) -> bool {
+        false
+    }
+
+    /// Sends the response head, announcing a body of `len` bytes (`None`: known only
+    /// at its end), with `first`, its first bytes, and `end` when they are all of it.
+    /// `source`: the upstream socket the body's rest will be spliced from.
+    async fn send_head(
+        &mut self,
+        head: Response,
+        len: Option<u64>,
+        first: &[u8],
+        end: bool,
+        source: Option<BorrowedFd<'_>>,
+    ) -> Result<(), Self::Error>;
+
+    /// Sends the next body bytes; `end`: they are the last (possibly none).
+    async fn send_body(&mut self, piece: &[u8], end: bool) -> Result<(), Self::Error>;
+
+    /// Moves `len` body bytes from the upstream socket `from` to the client (given as
+    /// `source` to [`Downstream::send_head`]), each wait for the upstream bounded
+    /// by `read_timeout`.
+    async fn splice(
+        &mut self,
+        from: &tokio::net::TcpStream,
+        len: u64,
+        read_timeout: Duration,
+    ) -> Result<u64, Spliced<Self::Error>> {
+        let _ = (from, len, read_timeout);
+        Err(Spliced::Unsupported)
+    }
+
+    /// The body failed after the head: the response is to be cut (the connection
+    /// closed without its end, the stream reset), never ended as if whole.
+    fn abort(&mut self, failure: &Failure);
+}

@@ -1,0 +1,282 @@
+//! The request pipeline: one order of phases for every protocol. A codec reads a
+//! request into a typed [`Request`], and from there HTTP/1.1, HTTP/2 and HTTP/3 take
+//! the same way:
+//!
+//! 1. [`Exchange::begin`]: the site, chosen once (Host or `:authority` against the
+//!    handshake's server name: the only lookup);
+//! 2. [`Exchange::decide`]: the guarding phases (canonical host, redirects, IP rules,
+//!    rate limit, basic auth), then the request body's limit (413), then the route,
+//!    matched on the normalised path: the static answer (a body to compress made
+//!    first), or a [`Forward`] for a `[[proxy]]` rule;
+//! 3. for a forward, [`Forward::run`] over the codec's [`Downstream`], the
+//!    per-request handle through which the request body arrives and the response
+//!    leaves (bytes, the upstream's socket by `splice`, the end, or a cut): the cache
+//!    lookup, the exchange with the upstream, the body pump and the cache fill, in
+//!    one place for every codec;
+//! 4. the answer: a whole [`Response`] the codec sends as any other (finished with
+//!    [`Exchange::finish`]: error page, HSTS), or the upstream's, streamed; then one
+//!    access-log line, written by the codec with the site's host.
+//!
+//! Not here: framing, flow control and the sending of a [`Response`] (the codecs),
+//! the phases themselves (their modules), the exchange with an upstream
+//! (`handler::proxy`).
+
+pub use super::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd};
+use super::proxy::{self, Forward, Rule};
+use super::{pattern, Header, Method, Pick, Request, Response, Site, Sites, Status};
+
+/// How the connection a request came on was made, for the choice of site.
+#[derive(Debug, Clone, Copy)]
+pub enum Handshake<'n> {
+    /// TLS over TCP, with the server name the client gave (SNI): a site that asks
+    /// for client certificates answers only requests on its own handshakes.
+    Tcp(Option<&'n str>),
+    /// QUIC, whose handshakes ask for no certificate: a site that asks for them is
+    /// never answered over it.
+    Quic,
+}
+
+/// What a request announces of its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestBody {
+    None,
+    /// A Content-Length.
+    Length(u64),
+    /// A body whose end only its framing tells (chunked, or a stream's end).
+    Unknown,
+}
+
+impl RequestBody {
+    /// The body as the upstream request frames it (`Forwarding::body`).
+    fn forwarded(self) -> Option<Option<u64>> {
+        match self {
+            RequestBody::None | RequestBody::Length(0) => None,
+            RequestBody::Length(n) => Some(Some(n)),
+            RequestBody::Unknown => Some(None),
+        }
+    }
+}
+
+/// What the upstream gets of a request besides its typed form: the method as sent,
+/// the client's fields, the protocol `Via` names (`1.0`, `1.1`, `2`, `3`) and the body.
+pub struct Upstreamed {
+    pub method: String,
+    pub fields: Vec<(String, String)>,
+    pub version: &'static str,
+    pub body: RequestBody,
+    /// Largest request body forwarded (`max_body_bytes`).
+    pub max_body: u64,
+}
+
+/// One request, from its site's choice until its answer.
+pub struct Exchange<'a> {
+    pub req: Request,
+    pub site: Site<'a>,
+}
+
+/// The way a request goes on after the phases before the content.
+#[allow(clippy::large_enum_variant)] // one per request, moved once
+pub enum Decision {
+    /// A phase refused the request (guards, the body's limit): this response
+    /// (finished: error page, CORS, HSTS) ends it, its body unread.
+    Respond(Response),
+    /// The static answer (finished), once the request body is read and dropped.
+    Static(Response),
+    /// Forward by a `[[proxy]]` rule: run it over the codec's [`Downstream`].
+    Forward(Forward),
+}
+
+impl<'a> Exchange<'a> {
+    /// The site of `req`, chosen once: 421 (`Err`, with the default site's HSTS) when
+    /// no site has the requested host, or when the one it names asks for client
+    /// certificates on a handshake that was not its own.
+    #[allow(clippy::result_large_err)] // one per request, moved once
+    pub fn begin(
+        req: Request,
+        sites: &Sites<'a>,
+        handshake: Handshake<'_>,
+    ) -> Result<Exchange<'a>, (Request, Response)> {
+        #[cfg(test)]
+        count::site_lookup();
+        let pick = match handshake {
+            Handshake::Tcp(server_name) => sites.pick_for(req.authority.as_deref(), server_name),
+            Handshake::Quic if sites.asks_certificate(req.authority.as_deref()) => Pick::Misdirected,
+            Handshake::Quic => sites.pick(req.authority.as_deref()),
+        };
+        match pick {
+            Pick::Site(site) => Ok(Exchange { req, site }),
+            Pick::Misdirected => {
+                let mut response = super::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head(&req));
+                response.refused = Some("no site has the requested host".into());
+                Err((req, response))
+            }
+        }
+    }
+
+    /// The phases before the content, in their order, then the route: the guards,
+    /// the body's limit, then a `[[proxy]]` rule (matched on the normalised path;
+    /// what goes upstream is that path, never one that resolves outside the rule)
+    /// or the static answer. `upstreamed` is asked only for a forward.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a body being compressed for the static answer is finished off
+    /// the loop for the next request.
+    pub async fn decide(&self, body: RequestBody, max_body: u64, upstreamed: impl FnOnce() -> Upstreamed) -> Decision {
+        let (req, site) = (&self.req, &self.site);
+        if let Some(response) = super::guard(req, site) {
+            return Decision::Respond(response);
+        }
+        if matches!(body, RequestBody::Length(n) if n > max_body) {
+            let mut response = super::refusal(Status::PAYLOAD_TOO_LARGE, site, is_head(req));
+            response.refused = Some("request body exceeds max_body_bytes".into());
+            return Decision::Respond(response);
+        }
+        if let Some(rule) = self.rule() {
+            let Some(target) = upstream_target(&req.path, req.query.as_deref()) else {
+                let mut response = super::refusal(Status::BAD_REQUEST, site, is_head(req));
+                response.refused = Some("the path leaves the proxied location".into());
+                return Decision::Respond(response);
+            };
+            let u = upstreamed();
+            let fwd = proxy::Forwarding {
+                method: u.method,
+                target,
+                authority: req.authority.clone(),
+                peer: req.client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+                version: u.version,
+                body: u.body.forwarded(),
+            };
+            let hsts = site.hsts.map(str::to_string);
+            return Decision::Forward(Forward::new(rule.clone(), fwd, u.fields, u.max_body, hsts));
+        }
+        super::prepare(req, site).await;
+        Decision::Static(super::answer_unguarded(req, site))
+    }
+
+    /// The `[[proxy]]` rule whose path matches the request's normalised path.
+    fn rule(&self) -> Option<&'a std::sync::Arc<Rule>> {
+        let content = self.site.content;
+        if content.proxy.is_empty() {
+            return None;
+        }
+        let path = pattern::route_path(&self.req.path)?;
+        content.proxy.iter().find(|r| r.path.matches(&path))
+    }
+
+    /// [`finish`] for this request.
+    pub fn finish(&self, answer: Answer) -> Response {
+        finish(&self.site, is_head(&self.req), answer)
+    }
+}
+
+/// The response for a forward's answer that is not streamed: an answer from the
+/// cache or a bodiless upstream answer, with HSTS; a failure's 502 or 504 (or what a
+/// request body's failure calls for) with the site's error page, HSTS and the
+/// failure in `Cache-Status`. `head_request`: no body goes with it.
+pub fn finish(site: &Site<'_>, head_request: bool, answer: Answer) -> Response {
+    match answer {
+        Answer::Response(response) => super::with_hsts(response, site),
+        Answer::Failed(f, cache_status) => {
+            let detail = format!("{cache_status}; detail={}", f.kind.label());
+            super::error_answer(f.status, site, head_request).with(Header::Field("Cache-Status".into(), detail))
+        }
+    }
+}
+
+fn is_head(req: &Request) -> bool {
+    req.method == Method::Head
+}
+
+/// The target that goes upstream for `path` (as sent) and `query`: the path with
+/// its dot segments (`.`, `..`, and their percent-encoded forms) resolved, each
+/// other segment as sent, so that the upstream resolves it to the path the rule
+/// matched; `None` when it climbs above the root.
+pub fn upstream_target(path: &str, query: Option<&str>) -> Option<String> {
+    let is_dot = |seg: &str, dots: usize| {
+        let decoded = percent_encoding::percent_decode_str(seg).collect::<Vec<u8>>();
+        decoded.len() == dots && decoded.iter().all(|&b| b == b'.')
+    };
+    let mut out = String::with_capacity(path.len() + query.map_or(0, |q| q.len() + 1));
+    if path.split('/').any(|s| is_dot(s, 1) || is_dot(s, 2)) {
+        let mut segments: Vec<&str> = Vec::new();
+        let mut trailing = false;
+        for seg in path.split('/').skip(1) {
+            trailing = false;
+            if is_dot(seg, 1) {
+                trailing = true;
+            } else if is_dot(seg, 2) {
+                segments.pop()?;
+                trailing = true;
+            } else {
+                segments.push(seg);
+            }
+        }
+        for s in &segments {
+            out.push('/');
+            out.push_str(s);
+        }
+        if trailing || out.is_empty() {
+            out.push('/');
+        }
+    } else {
+        out.push_str(path);
+    }
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Some(out)
+}
+
+/// Counts of the pipeline's per-request work, for tests that hold it to one site
+/// lookup per request.
+#[cfg(test)]
+pub mod count {
+    use std::cell::Cell;
+
+    thread_local! {
+        static LOOKUPS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// One choice of site made.
+    pub fn site_lookup() {
+        LOOKUPS.with(|c| c.set(c.get() + 1));
+    }
+
+    /// Site choices made on this thread so far.
+    pub fn site_lookups() -> u64 {
+        LOOKUPS.with(Cell::get)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_targets_resolve_dot_segments_as_the_rule_matched() {
+        for (path, query, want) in [
+            ("/p/x", None, Some("/p/x")),
+            ("/p/x", Some("a=1"), Some("/p/x?a=1")),
+            ("/p/../internal/metrics", None, Some("/internal/metrics")),
+            ("/p/%2e%2e/internal", None, Some("/internal")),
+            ("/p/%2E%2e/internal", None, Some("/internal")),
+            ("/p/.%2e/internal", None, Some("/internal")),
+            ("/p/./x", None, Some("/p/x")),
+            ("/p/x/..", None, Some("/p/")),
+            ("/p/%2e", None, Some("/p/")),
+            ("/..", None, None),
+            ("/p/../../x", None, None),
+            ("/p/a%2Fb", None, Some("/p/a%2Fb")),
+            ("/p/...", None, Some("/p/...")),
+            ("/", None, Some("/")),
+        ] {
+            assert_eq!(upstream_target(path, query).as_deref(), want, "{path}");
+            // Whatever goes upstream resolves to the path the rules matched.
+            if let Some(t) = upstream_target(path, None) {
+                let resolved = |p: &str| pattern::route_path(p).map(|r| r.trim_end_matches('/').to_string());
+                assert_eq!(resolved(&t), resolved(path), "{path}");
+            }
+        }
+    }
+}

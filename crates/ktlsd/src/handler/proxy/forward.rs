@@ -1,0 +1,275 @@
+//! One forwarded request, the same for every codec: [`Forward::run`] asks the cache,
+//! opens the exchange with an upstream (the request body at hand goes with the
+//! head), uploads the rest of the body within `max_body_bytes`, reads the
+//! upstream's head, lets the cache decide what it does to the stored entry, then
+//! streams the body to the client through the codec's [`Downstream`]: bytes as they
+//! come (each piece at most [`PIECE`], so a response holds one piece in memory
+//! whatever its size), or, from a plain `http://` upstream to a client that can
+//! take it, the rest of a Content-Length body by `splice`. A body being stored is
+//! teed into the cache entry as it passes, and the entry is committed before the
+//! last bytes leave, so that `stored` is said only of what is stored; a body that
+//! fails after the head is cut ([`Downstream::abort`]) and never stored.
+//!
+//! Not here: how a codec frames what it is handed, and the upstream's wire format
+//! (`super::Exchange`).
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::cached::{self, Next, Pending, Plan};
+use super::parse::Framing;
+use super::upstream::{closed_early, IoFailure};
+use super::{buffers, client_fields, metrics, Exchange, Failure, FailureKind, Forwarding, Rule};
+use crate::handler::cache::{Cache, Key};
+use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
+use crate::handler::{Body, Header, Request, Response, Status};
+use crate::vocab::{BodyPath, Spliced};
+
+/// A request a `[[proxy]]` rule takes, owning all it needs (so that a codec may run
+/// it on a task of its own).
+pub struct Forward {
+    rule: Arc<Rule>,
+    fwd: Forwarding,
+    fields: Vec<(String, String)>,
+    max_body: u64,
+    /// The site's Strict-Transport-Security value, for a streamed head.
+    hsts: Option<String>,
+    cache: Option<(Arc<Cache>, Key)>,
+}
+
+impl Forward {
+    pub(crate) fn new(
+        rule: Arc<Rule>,
+        fwd: Forwarding,
+        fields: Vec<(String, String)>,
+        max_body: u64,
+        hsts: Option<String>,
+    ) -> Forward {
+        Forward { rule, fwd, fields, max_body, hsts, cache: None }
+    }
+
+    /// With the cache `rule` stores into, when it caches (the sites hold it).
+    pub fn with_cache(mut self, sites: &crate::handler::Sites<'_>) -> Forward {
+        self.cache = cached::cache_of(sites, &self.rule, self.fwd.authority.as_deref(), &self.fwd.target);
+        self
+    }
+
+    /// Runs the forward over `d` to its end.
+    ///
+    /// # Cancel safety
+    /// Dropped at any await (the client gone), it leaves nothing half-done behind:
+    /// the upstream connection is closed rather than pooled, a cache fill is
+    /// abandoned (its temporary file removed, lookups waiting for it woken), and a
+    /// commit already under way finishes on the blocking pool with a complete body.
+    pub async fn run<D: Downstream>(self, req: &Request, d: &mut D) -> Outcome<D::Error> {
+        let Forward { rule, fwd, mut fields, max_body, hsts, cache } = self;
+        let has_body = fwd.body.is_some();
+        let pending = match cached::plan_with(cache, &rule, req, has_body, &fwd, &mut fields).await {
+            Plan::Answer(response) => return answer(response, true),
+            Plan::Forward(pending) => pending,
+        };
+        let failed_status = pending.failed_status();
+        let first = if has_body { d.body_at_hand() } else { Vec::new() };
+        let mut up = match Exchange::begin_with_body(&rule, fwd, fields, &first).await {
+            Ok(up) => up,
+            Err(f) => return failed(pending, f, req, failed_status),
+        };
+        if has_body {
+            let allowed = max_body.saturating_sub(first.len() as u64);
+            match upload(d, &mut up, allowed).await {
+                Ok(()) => {}
+                Err(Upload::Client(e)) => return Outcome::ClientGone(e),
+                Err(Upload::Failed(f)) => return refused(f, req, failed_status),
+            }
+        }
+        let mut head = match up.response().await {
+            Ok(head) => head,
+            Err(f) => return failed(pending, f, req, failed_status),
+        };
+        let (cache_status, mut store) = match pending.on_head(&head, req).await {
+            Next::Answer(response) => {
+                up.release_if_bodiless().await;
+                return answer(response, true);
+            }
+            Next::Pass(status, store) => (status, store),
+        };
+        let status = head.status;
+        let mut fields = client_fields(&mut head, &cache_status);
+        let len = match head.framing {
+            Framing::None | Framing::Length(0) => {
+                // No body (HEAD, 204, 304, or an empty one): a whole answer, its entry stored first.
+                up.release_if_bodiless().await;
+                up.body_complete();
+                drop(up);
+                if let Some(store) = store {
+                    store.commit().await;
+                }
+                let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
+                return answer(response, false);
+            }
+            Framing::Length(n) => Some(n),
+            Framing::Chunked | Framing::Close => None,
+        };
+        if let Some(v) = hsts {
+            fields.push(Header::StrictTransportSecurity(v));
+        }
+        let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
+
+        // The body bytes that came with the upstream's head leave with the head.
+        let mut piece = buffers::take();
+        let mut end = match up.read_buffered(&mut piece) {
+            None => false,
+            Some(Ok(more)) => !more || up.body_complete(),
+            // Nothing is sent yet: a clean 502.
+            Some(Err(f)) => return refused(f, req, failed_status),
+        };
+        let mut sent = piece.len() as u64;
+        metrics::body_bytes(BodyPath::Copy.label(), sent);
+        if let Some(s) = store.as_mut() {
+            s.write(&piece);
+        }
+        if end {
+            commit(&mut store).await;
+        }
+        // The rest by splice when the client and the exchange allow it.
+        let mut splice = !end && store.is_none() && d.can_splice() && up.plain_body_socket().is_some();
+        let source = splice.then(|| up.plain_body_socket()).flatten().map(|s| s.as_fd());
+        let head_sent = d.send_head(response, len, &piece, end, source).await;
+        let answered = Instant::now();
+        let streamed = |sent, path, end| Outcome::Streamed(Streamed { status, answered, sent, path, end });
+        if let Err(e) = head_sent {
+            return streamed(0, BodyPath::Copy, StreamEnd::Client(e));
+        }
+        let mut path = BodyPath::Copy;
+        while !end {
+            if let Some((from, left, read_timeout)) = up.splice_source().filter(|_| splice) {
+                splice = false;
+                let (moved, cause) = match d.splice(from, left, read_timeout).await {
+                    Ok(n) => (n, None),
+                    Err(Spliced::Unsupported) => (0, None),
+                    Err(Spliced::Peer(e)) => return streamed(sent, path, StreamEnd::Client(e)),
+                    Err(Spliced::SourceClosed { moved }) => (moved, Some(IoFailure::Failed(closed_early()))),
+                    Err(Spliced::SourceTimedOut { moved }) => (moved, Some(IoFailure::TimedOut)),
+                    Err(Spliced::Source { moved, error }) => (moved, Some(IoFailure::Failed(error))),
+                };
+                sent += moved;
+                metrics::body_bytes(BodyPath::Splice.label(), moved);
+                if moved > 0 {
+                    path = BodyPath::Splice;
+                }
+                if let Some(cause) = cause {
+                    let f = up.splice_failed(cause);
+                    return cut(d, req, f, streamed(sent, path, StreamEnd::Complete));
+                }
+                up.spliced(moved);
+                if up.body_complete() {
+                    end = true;
+                    if let Err(e) = d.send_body(&[], true).await {
+                        return streamed(sent, path, StreamEnd::Client(e));
+                    }
+                }
+                continue;
+            }
+            piece.clear();
+            let more = match up.read_body(&mut piece).await {
+                Ok(more) => more,
+                Err(f) => return cut(d, req, f, streamed(sent, path, StreamEnd::Complete)),
+            };
+            end = !more || up.body_complete();
+            if let Some(s) = store.as_mut() {
+                s.write(&piece);
+            }
+            metrics::body_bytes(BodyPath::Copy.label(), piece.len() as u64);
+            if end {
+                commit(&mut store).await;
+            }
+            if piece.is_empty() && !end {
+                continue;
+            }
+            if let Err(e) = d.send_body(&piece, end).await {
+                return streamed(sent, path, StreamEnd::Client(e));
+            }
+            sent += piece.len() as u64;
+        }
+        buffers::give(piece);
+        drop(up);
+        tracing::debug!("proxied \"{} {}\": {status} with {sent} body bytes by {}", req.method, req.path, path.label());
+        streamed(sent, path, StreamEnd::Complete)
+    }
+}
+
+/// Commits the entry being stored, once its body is whole.
+async fn commit(store: &mut Option<cached::Store>) {
+    if let Some(s) = store.take() {
+        s.commit().await;
+    }
+}
+
+/// A whole answer for the codec to send.
+fn answer<E>(response: Response, from_cache: bool) -> Outcome<E> {
+    Outcome::Answer { answer: Answer::Response(response), from_cache }
+}
+
+/// The answer to an exchange that failed before a response head: the stale entry
+/// under `stale-if-error`, or the failure.
+fn failed<E>(pending: Pending, f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
+    match pending.on_failure(&f, req) {
+        Some(stale) => answer(stale, true),
+        None => refused(f, req, cache_status),
+    }
+}
+
+/// The failure's answer (502, 504, or what a request body's failure calls for), logged.
+fn refused<E>(f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
+    let peer = req.client.map_or_else(String::new, |c| c.to_string());
+    tracing::warn!("proxy {peer} \"{} {}\": {} {f}", req.method, req.path, f.status.0);
+    Outcome::Answer { answer: Answer::Failed(f, cache_status), from_cache: false }
+}
+
+/// Cuts a response whose upstream failed after the head: logged, the codec told.
+fn cut<D: Downstream>(d: &mut D, req: &Request, f: Failure, outcome: Outcome<D::Error>) -> Outcome<D::Error> {
+    let Outcome::Streamed(mut s) = outcome else { return outcome };
+    let peer = req.client.map_or_else(String::new, |c| c.to_string());
+    tracing::warn!("proxy {peer} \"{} {}\": {f}; response cut after {} body bytes", req.method, req.path, s.sent);
+    d.abort(&f);
+    s.end = StreamEnd::Cut(f);
+    Outcome::Streamed(s)
+}
+
+/// Why an upload stopped.
+enum Upload<E> {
+    Client(E),
+    Failed(Failure),
+}
+
+/// Sends the request body as it comes from `d`, within `allowed` bytes, then ends it.
+///
+/// # Cancel safety
+/// Not cancel-safe: part of a piece may have been sent.
+async fn upload<D: Downstream>(d: &mut D, up: &mut Exchange<'_>, mut allowed: u64) -> Result<(), Upload<D::Error>> {
+    let refused = |up: &Exchange<'_>, status, why: &str| {
+        Upload::Failed(Failure {
+            status,
+            kind: FailureKind::RequestBody,
+            ..up.failure_now(FailureKind::RequestBody, why)
+        })
+    };
+    let mut piece = Vec::new();
+    loop {
+        piece.clear();
+        let more = match d.read_body(&mut piece).await {
+            Ok(more) => more,
+            Err(BodyError::Client(e)) => return Err(Upload::Client(e)),
+            Err(BodyError::Refused(status, why)) => return Err(refused(up, status, why)),
+        };
+        if piece.len() as u64 > allowed {
+            return Err(refused(up, Status::PAYLOAD_TOO_LARGE, "request body exceeds max_body_bytes"));
+        }
+        allowed -= piece.len() as u64;
+        up.send_body(&piece).await.map_err(Upload::Failed)?;
+        if !more {
+            return up.end_body().await.map_err(Upload::Failed);
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! HTTP/3 framing of a forwarded request, as the pipeline's [`Downstream`]: the
+//! request body read from the stream as it arrives (each piece awaited for at most
+//! the header timeout), the response head, body pieces as DATA (each within the
+//! send timeout), and the stream's end (FIN) only once the body is complete. A cut
+//! response resets the stream with H3_INTERNAL_ERROR, so the client never takes part
+//! of a body for the whole. QUIC seals every packet in user space: bodies are
+//! copied, never spliced.
+//!
+//! Not here: what is forwarded and when (`handler::pipeline`, `handler::proxy`), QUIC.
+
+use std::os::fd::BorrowedFd;
+
+use bytes::{Buf, Bytes};
+use h3::quic::BidiStream;
+use h3::server::RequestStream;
+
+use super::{within, Settings, Unsent};
+use crate::handler::pipeline::{BodyError, Downstream};
+use crate::handler::proxy::Failure;
+use crate::handler::{Response, Status};
+
+/// One request stream during a forward.
+pub(super) struct Stream<'s, S: BidiStream<Bytes>> {
+    pub stream: &'s mut RequestStream<S, Bytes>,
+    pub settings: &'s Settings,
+}
+
+impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
+    type Error = Unsent;
+
+    async fn read_body(&mut self, into: &mut Vec<u8>) -> Result<bool, BodyError<Unsent>> {
+        match tokio::time::timeout(self.settings.header_timeout, self.stream.recv_data()).await {
+            Ok(Ok(Some(mut piece))) => {
+                while piece.has_remaining() {
+                    let chunk = piece.chunk();
+                    into.extend_from_slice(chunk);
+                    let n = chunk.len();
+                    piece.advance(n);
+                }
+                Ok(true)
+            }
+            Ok(Ok(None)) => Ok(false),
+            Ok(Err(_)) => Err(BodyError::Refused(Status::BAD_REQUEST, "the request body failed")),
+            Err(_) => {
+                Err(BodyError::Refused(Status::REQUEST_TIMEOUT, "the request body stalled past the header timeout"))
+            }
+        }
+    }
+
+    async fn send_head(
+        &mut self,
+        head: Response,
+        _len: Option<u64>,
+        first: &[u8],
+        end: bool,
+        _source: Option<BorrowedFd<'_>>,
+    ) -> Result<(), Unsent> {
+        within(self.settings.send_timeout, self.stream.send_response(super::head(&head))).await?;
+        self.send_body(first, end).await
+    }
+
+    async fn send_body(&mut self, piece: &[u8], end: bool) -> Result<(), Unsent> {
+        let limit = self.settings.send_timeout;
+        if !piece.is_empty() {
+            within(limit, self.stream.send_data(Bytes::copy_from_slice(piece))).await?;
+        }
+        if end {
+            within(limit, self.stream.finish()).await?;
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self, _failure: &Failure) {
+        self.stream.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+    }
+}
