@@ -59,7 +59,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// `ktlsd check`: everything `serve` validates before it serves (configuration,
-/// certificate and key, ROOT, kTLS mode, TCP options, access log, free ports),
+/// certificate and key, ROOT, kTLS mode, TCP options, access log, the cache
+/// directory, free ports),
 /// without serving.
 pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let config_file = args.config.clone();
@@ -69,6 +70,9 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let prepared = prepare(config, None, 0, None)?;
     let config = &prepared.shared.config;
     access_log::check_all(config)?;
+    if let Some(cache) = &config.cache {
+        privileges::check_cache_dir(&cache.dir, &plan)?;
+    }
     if let privileges::Plan::Drop(account) = &plan {
         // What a reload reads after the switch must be readable by that account.
         privileges::check_readable(config, config_file.as_deref(), account)?;
