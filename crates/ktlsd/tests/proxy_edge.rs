@@ -1,5 +1,5 @@
 //! The reverse proxy at its edges, end to end with the real binary in front of the
-//! Python origin (`tests/proxy/origin.py`, which logs every request it reads):
+//! Python origin (`crates/testkit/src/origin.py`, which logs every request it reads):
 //! HTTP/2 streams waiting for an upstream do not hold back the connection's other
 //! streams, and a reset frees them (a Python h2 client, `tests/proxy/h2_streams.py`);
 //! `[[access]]` refuses a proxied path before anything reaches the origin;
@@ -11,11 +11,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use testkit::*;
-
-#[path = "proxy/origin.rs"]
-#[allow(dead_code)] // shared with the other proxy tests
-mod origin;
-use origin::Origin;
 
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
