@@ -318,6 +318,7 @@ impl<'r> Exchange<'r> {
     fn io_failure(&self, e: IoFailure, what: &str, kind: &'static str) -> Failure {
         match e {
             IoFailure::TimedOut => self.failure(Status::GATEWAY_TIMEOUT, "timeout", format!("{what}: timed out")),
+            IoFailure::Local(e) => self.failure(Status::SERVICE_UNAVAILABLE, "local", format!("{what}: {e}")),
             IoFailure::Failed(e) => self.failure(Status::BAD_GATEWAY, kind, format!("{what}: {e}")),
         }
     }
@@ -347,8 +348,12 @@ impl<'r> Exchange<'r> {
                     Ok(c) => (c, false),
                     Err(e) => {
                         self.tried.push(i);
+                        // This host's own shortage says nothing of the upstream's health.
+                        let local = matches!(e, IoFailure::Local(_));
                         let f = self.io_failure(e, "connect", "connect");
-                        self.mark_failed(&f);
+                        if !local {
+                            self.mark_failed(&f);
+                        }
                         last = Some(f);
                         continue;
                     }
