@@ -46,6 +46,7 @@ pub mod proxy;
 mod reference;
 pub mod routing;
 pub mod sites;
+pub mod tables;
 pub mod timeouts;
 pub mod tls;
 
