@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-pub use crate::config::options::ServeArgs;
+pub use crate::config::ServeArgs;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -8,11 +8,6 @@ use std::collections::HashMap;
 
 use testkit::*;
 
-#[path = "proxy/origin.rs"]
-#[allow(dead_code)]
-mod origin;
-use origin::Origin;
-
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 fn sample(m: &HashMap<String, f64>, key: &str) -> f64 {

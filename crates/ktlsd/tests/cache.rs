@@ -4,7 +4,7 @@
 //! removed by `POST /cache/purge` on the admin listener (200, then 404; 400 and
 //! 405 for malformed purges), corrupt entries and left-over temporary files are
 //! deleted at start, a reload keeps the cache, and a bad `[cache]` stops start-up
-//! with one line.
+//! with one line (as `ktlsd check` does for a directory start-up could not open).
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -142,6 +142,51 @@ fn without_a_cache_purge_says_so() {
     assert!(!scrape(&sock).contains_key("ktlsd_cache_entries"));
 }
 
+/// `ktlsd check` with the builder's arguments and configuration.
+fn check(b: &ServerBuilder) -> Exited {
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg("check").args(&b.argv()[1..]).current_dir(b.dir()).env_remove("KTLSD_LOG");
+    Exited::from(run_with_timeout(&mut cmd, None, Duration::from_secs(30)))
+}
+
+/// `ktlsd check` fails with one line for a cache directory `serve` could not open:
+/// a file, a path through a file, a parent the serving user cannot write in; and
+/// passes (creating nothing) for one it can create.
+#[test]
+fn check_refuses_a_cache_directory_serve_could_not_open() {
+    let table = |dir: &str| format!("[cache]\ndir = {dir:?}\n");
+    for (dir, needles) in [
+        ("file", &["[cache] dir", "file is not a directory (name a directory)"][..]),
+        ("file/cache", &["[cache] dir", "file/cache cannot be created:", "file is not a directory"]),
+    ] {
+        let b = Server::builder(BIN).no_access_log();
+        std::fs::write(b.dir().join("file"), b"").unwrap();
+        let b = b.config(&table(dir));
+        check(&b).assert_startup_error(needles);
+        b.run_to_exit().assert_startup_error(&["cache"]);
+    }
+    let b = Server::builder(BIN).no_access_log().config(&table("var/cache"));
+    let ok = check(&b);
+    assert_eq!((ok.status.code(), ok.stdout.as_str()), (Some(0), "configuration OK\n"), "{}", ok.stderr);
+    assert!(!b.dir().join("var").exists(), "check created the directory");
+    if !running_as_root() {
+        eprintln!("skipped: the --user cases need root");
+        return;
+    }
+    // Served as nobody: a parent only root may write in, or a directory nobody cannot write.
+    for (dir, needle) in
+        [("cache", "cache cannot be created by user \"nobody\""), ("mine", "mine is not writable by user \"nobody\"")]
+    {
+        let b = Server::builder(BIN).no_access_log().args(["--user", "nobody"]);
+        std::fs::create_dir(b.dir().join("mine")).unwrap();
+        for d in [b.dir().to_path_buf(), b.dir().join("mine")] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let b = b.config(&table(dir));
+        check(&b).assert_startup_error(&["[cache] dir", needle, "mode 0755", "make it writable by the serving user"]);
+    }
+}
+
 #[test]
 fn a_bad_cache_section_stops_start_up() {
     for (toml, needles) in [
@@ -149,7 +194,11 @@ fn a_bad_cache_section_stops_start_up() {
         ("[cache]\ndir = \"c\"\nmax_size = \"lots\"\n", &["max_size \"lots\"", "512M"]),
         (
             "[cache]\ndir = \"c\"\nmax_size = \"10M\"\nmax_object_size = \"20M\"\n",
-            &["max_object_size", "at most max_size"],
+            &["max_object_size", "at most max_size / 8"],
+        ),
+        (
+            "[cache]\ndir = \"c\"\nmax_size = \"8M\"\nmax_object_size = \"2M\"\n",
+            &["max_object_size 2097152", "at most max_size / 8 (1048576)", "raise max_size"],
         ),
         ("[cache]\ndir = \"c\"\nsize = 1\n", &["unknown field", "size"]),
     ] {

@@ -39,10 +39,6 @@ fn header<'a>(r: &'a Value, name: &str) -> Option<&'a str> {
     r["headers"].as_array()?.iter().find(|h| h[0] == name).and_then(|h| h[1].as_str())
 }
 
-#[path = "proxy/origin.rs"]
-#[allow(dead_code)] // shared with the proxy tests
-mod origin;
-
 fn h3_server(b: ServerBuilder) -> Server {
     b.arg("--http3").start()
 }

@@ -17,10 +17,6 @@ use testkit::*;
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
-#[path = "proxy/origin.rs"]
-#[allow(dead_code)] // shared with the proxy tests
-mod origin;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Proto {
     H1,
@@ -120,7 +116,7 @@ fn ask(srv: &Server, proto: Proto, a: &Ask<'_>) -> Got {
 
 struct Setup {
     srv: Server,
-    origin: origin::Origin,
+    origin: Origin,
     /// open.test's own access log.
     open_log: std::path::PathBuf,
 }
@@ -129,7 +125,7 @@ struct Setup {
 /// log), both proxying `/api/**` to the origin, `/api/secret/**` behind basic auth,
 /// gzip on the fly; HTTP/3 on.
 fn setup() -> Setup {
-    let origin = origin::Origin::start("a");
+    let origin = Origin::start("a");
     let b = Server::builder(BIN).workers(Some(1)).args(["--http3", "--max-body-bytes", "1000"]);
     let dir = b.dir().to_path_buf();
     let root = dir.join("site");

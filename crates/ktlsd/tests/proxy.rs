@@ -1,5 +1,5 @@
 //! The reverse proxy end to end: the real binary in front of real upstreams that
-//! are not ktlsd (a small Python origin, `tests/proxy/origin.py`, whose answers and
+//! are not ktlsd (a small Python origin, `crates/testkit/src/origin.py`, whose answers and
 //! misbehaviour the path chooses; nginx serving files), with curl as the client over
 //! HTTP/1.1 and HTTP/2: methods and bodies both ways, large bodies streamed, header
 //! rules, two upstreams balanced and a dead one skipped, hostile upstreams answered
@@ -16,10 +16,7 @@ use testkit::*;
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
-#[path = "proxy/origin.rs"]
-#[allow(dead_code)] // shared with proxy_cache.rs, which uses more of it
-mod origin;
-use origin::{free_port, Origin};
+use testkit::origin::free_port;
 
 /// ktlsd (one worker) with a file `/index.txt` and one `[[proxy]]` for `/api/**`.
 fn proxy_server(upstreams: &[String], extra: &str) -> Server {

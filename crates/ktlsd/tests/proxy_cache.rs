@@ -1,5 +1,5 @@
 //! The reverse proxy's response cache end to end: the real binary in front of the
-//! Python origin (`tests/proxy/origin.py`), which counts the requests it reads and
+//! Python origin (`crates/testkit/src/origin.py`), which counts the requests it reads and
 //! sends the response fields each test asks for in the query, with curl as the
 //! client over HTTP/1.1 and HTTP/2. Each rule is shown by the origin's count and the
 //! `Cache-Status` field: a max-age hit, responses never stored (no-store, private,
@@ -13,10 +13,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use testkit::*;
-
-#[path = "proxy/origin.rs"]
-mod origin;
-use origin::Origin;
 
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");

@@ -1,21 +1,18 @@
 //! The reverse proxy at its edges, end to end with the real binary in front of the
-//! Python origin (`tests/proxy/origin.py`, which logs every request it reads):
+//! Python origin (`crates/testkit/src/origin.py`, which logs every request it reads):
 //! HTTP/2 streams waiting for an upstream do not hold back the connection's other
 //! streams, and a reset frees them (a Python h2 client, `tests/proxy/h2_streams.py`);
 //! `[[access]]` refuses a proxied path before anything reaches the origin;
 //! hostile upstreams with `cache = true` get a clean 502/504 or a cut response, a
-//! log line naming what went wrong, and nothing stored; and bodies of unknown
-//! length reach the client as they come.
+//! log line naming what went wrong, and nothing stored; bodies of unknown
+//! length reach the client as they come; and a connect that fails for want of
+//! descriptors here (under `prlimit --nofile`) is 503 and leaves the upstream's
+//! health alone.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use testkit::*;
-
-#[path = "proxy/origin.rs"]
-#[allow(dead_code)] // shared with the other proxy tests
-mod origin;
-use origin::Origin;
 
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
@@ -295,4 +292,52 @@ fn bodies_of_unknown_length_stream_as_they_come() {
     assert_eq!(second.header("cache-status"), Some("ktlsd; hit"));
     assert_body("the same body from the cache", &second.body, &want);
     assert_eq!(origin.count(&target), 1);
+}
+
+/// Descriptors under `limit` the process `pid` has open (one inherited above the
+/// limit takes no slot a new descriptor could have).
+fn open_fds(pid: i32, limit: usize) -> usize {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
+    fds.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<usize>().ok()).filter(|&fd| fd < limit).count()
+}
+
+/// A connect that fails with EMFILE is this host's shortage, not the upstream's:
+/// the request gets 503, the upstream is not marked down (no "skipped" line), and
+/// once descriptors are free again the same upstream answers.
+#[test]
+fn a_local_descriptor_shortage_does_not_mark_the_upstream_down() {
+    const LIMIT: usize = 100;
+    let origin = Origin::start("a");
+    let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n", origin.url());
+    let srv = Server::builder(BIN)
+        .workers(Some(1))
+        .no_access_log()
+        .config(&config)
+        .args(["--max-connections", "1000"])
+        .wrapper(["prlimit", &format!("--nofile={LIMIT}:{LIMIT}")])
+        .start();
+    // Idle keep-alive connections until the server has no descriptor left.
+    let mut clients = Vec::new();
+    while open_fds(srv.pid(), LIMIT) < LIMIT {
+        assert!(
+            clients.len() < LIMIT,
+            "{} connections and {} descriptors open",
+            clients.len(),
+            open_fds(srv.pid(), LIMIT)
+        );
+        clients.push(TlsClient::connect(srv.addr()));
+    }
+    let r = clients[0].get("/api/name");
+    assert_eq!(r.status, 503, "{}", srv.stderr());
+    assert_eq!(origin.count("/api/name"), 0);
+    clients.truncate(clients.len() - 10);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open_fds(srv.pid(), LIMIT) > LIMIT - 10 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = clients[1].get("/api/name");
+    assert_eq!((r.status, r.body_str().as_str()), (200, "a"), "{}", srv.stderr());
+    let stderr = srv.stderr();
+    assert!(stderr.contains("Too many open files"), "the shortage is not named: {stderr}");
+    assert!(!stderr.contains("skipped for"), "the upstream was marked down: {stderr}");
 }

@@ -1,6 +1,7 @@
 //! The test kit of the workspace: the real `ktlsd` binary on a real socket,
 //! driven by real clients (`curl`, `openssl s_client`, a pebble ACME CA) and by
-//! in-process rustls clients for byte-exact requests and forged records.
+//! in-process rustls clients for byte-exact requests and forged records, with a
+//! Python origin behind it for the proxy (`origin`).
 //!
 //! Every test starts its own server on an ephemeral port (`127.0.0.1:0`) with a
 //! temporary ROOT, so tests can run in parallel. The kit is for tests only: it
@@ -15,6 +16,7 @@ pub mod curl;
 pub mod data;
 pub mod forge;
 pub mod openssl;
+pub mod origin;
 pub mod pebble;
 pub mod process;
 pub mod reload;
@@ -28,6 +30,7 @@ pub use curl::*;
 pub use data::*;
 pub use forge::*;
 pub use openssl::*;
+pub use origin::Origin;
 pub use process::*;
 pub use reload::reload;
 pub use server::*;

@@ -31,9 +31,11 @@ pub enum Size {
 
 /// `max_size` when not given: 1 GiB, a cache that fits a small disk.
 pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
-/// `max_object_size` when not given: 64 MiB (but never more than `max_size` / 8, so
-/// that one object cannot evict most of the cache).
+/// `max_object_size` when not given: 64 MiB, or `max_size` / 8 when that is less.
 pub const DEFAULT_MAX_OBJECT_SIZE: u64 = 64 << 20;
+/// The largest `max_object_size` is `max_size` divided by this: one object never
+/// evicts more than an eighth of the cache.
+const OBJECTS_PER_CACHE: u64 = 8;
 /// The smallest `max_size`: 1 MiB.
 const MIN_MAX_SIZE: u64 = 1 << 20;
 
@@ -55,11 +57,13 @@ pub fn cache(file: Option<&FileCache>) -> Result<Option<Settings>, ConfigError> 
     }
     let max_object_size = match &c.max_object_size {
         Some(s) => size("max_object_size", s)?,
-        None => DEFAULT_MAX_OBJECT_SIZE.min(max_size / 8),
+        None => DEFAULT_MAX_OBJECT_SIZE.min(max_size / OBJECTS_PER_CACHE),
     };
-    if max_object_size == 0 || max_object_size > max_size {
+    let most = max_size / OBJECTS_PER_CACHE;
+    if max_object_size == 0 || max_object_size > most {
         return err(format!(
-            "[cache] max_object_size {max_object_size}: expected more than 0 and at most max_size ({max_size})"
+            "[cache] max_object_size {max_object_size}: expected more than 0 and at most max_size / 8 ({most}): \
+             lower it or raise max_size"
         ));
     }
     Ok(Some(Settings { dir, max_size, max_object_size }))
@@ -112,6 +116,13 @@ mod tests {
             (Some(table(Some("/c"), t("99999999999T"), None)), Err("max_size \"99999999999T\"")),
             (Some(table(Some("/c"), t("1K"), None)), Err("max_size 1024: expected at least 1M")),
             (Some(table(Some("/c"), t("1G"), t("2G"))), Err("max_object_size 2147483648: expected more than 0")),
+            // At most max_size / 8, as docs/cache.md says: 128M of 1G, not a byte more.
+            (Some(table(Some("/c"), t("1G"), t("128M"))), Ok(Some((1 << 30, 128 << 20)))),
+            (
+                Some(table(Some("/c"), t("1G"), Some(Size::Bytes((128 << 20) + 1)))),
+                Err("max_object_size 134217729: expected more than 0 and at most max_size / 8 (134217728)"),
+            ),
+            (Some(table(Some("/c"), t("1G"), t("1G"))), Err("lower it or raise max_size")),
             (Some(table(Some("/c"), None, Some(Size::Bytes(0)))), Err("max_object_size 0")),
             (Some(table(Some("/c"), None, t("-1"))), Err("max_object_size \"-1\"")),
         ] {

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::options::{Entry, FileHeaderRule, HeaderRule, SiteOptions};
+use super::options::{Entry, FileHeaderRule, SiteOptions};
 use super::ConfigError;
 
 /// Validates a site's content options; errors start with `which`.
@@ -43,7 +43,7 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
     }
     let mut headers = Vec::new();
     for (i, r) in o.headers.iter().flatten().enumerate() {
-        headers.push(header_rule(r).and_then(|r| rule(r, &format!("headers {}: ", i + 1))).map_err(e)?);
+        headers.push(r.as_file().and_then(|r| rule(r, &format!("headers {}: ", i + 1))).map_err(e)?);
     }
     let cors = match &o.cors {
         Some(c) => Some(crate::handler::rules::Cors::parse(&c.clone().into_list()).map_err(e)?),
@@ -81,22 +81,6 @@ fn table(entries: &Option<Vec<Entry>>, flag: &str, form: &str) -> Result<BTreeMa
         out.insert(k.to_string(), v.to_string());
     }
     Ok(out)
-}
-
-/// A `--header GLOB=NAME: VALUE` as the `[[headers]]` block it stands for.
-pub(super) fn header_rule(r: &HeaderRule) -> Result<FileHeaderRule, String> {
-    let item = match r {
-        HeaderRule::File(f) => return Ok(f.clone()),
-        HeaderRule::Flag(item) => item,
-    };
-    let parsed = item.split_once('=').and_then(|(glob, field)| Some((glob, field.split_once(':')?)));
-    let Some((glob, (name, value))) = parsed else {
-        return Err(format!(
-            "--header {item:?}: expected GLOB=NAME: VALUE, e.g. \"/assets/**=Cache-Control: max-age=31536000\""
-        ));
-    };
-    let set = BTreeMap::from([(name.trim().to_string(), value.trim().to_string())]);
-    Ok(FileHeaderRule { path: Some(glob.to_string()), set: Some(set), ..Default::default() })
 }
 
 /// One `[[headers]]` block; errors start with `which_rule`.
@@ -154,7 +138,7 @@ fn local_path(p: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::options::{List, Options};
+    use super::super::options::{HeaderRule, List, Options};
     use super::*;
 
     #[test]

@@ -46,6 +46,7 @@ pub mod proxy;
 mod reference;
 pub mod routing;
 pub mod sites;
+pub mod tables;
 pub mod timeouts;
 pub mod tls;
 
@@ -57,12 +58,13 @@ use std::path::{Path, PathBuf};
 
 pub use self::admin::AdminAddr;
 pub use self::effective::print_effective;
+pub use self::options::ServeArgs;
 pub use self::sites::{SiteAcme, SiteCert, SiteConfig};
 pub use self::timeouts::{Limits, Timeouts};
 pub use self::tls::TcpOptions;
 use crate::tls::sizing::RecordPolicy;
 use crate::vocab::{TlsVersion, UnknownName};
-use options::{Options, ServeArgs};
+use options::Options;
 
 /// Why the configuration was refused. Each message names the offending value.
 #[derive(Debug, thiserror::Error)]

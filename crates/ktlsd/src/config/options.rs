@@ -140,16 +140,16 @@ schema! {
         canonical: String,
         /// Redirects: [[redirect]] blocks with path (exact or a glob), to (a path or URL; {*} is what * matched) and status (301, 302, 307, 308); first match wins; file only
         #[arg(skip)]
-        redirect: Vec<super::routing::FileRedirect>,
+        redirect: Vec<super::tables::FileRedirect>,
         /// Candidates tried in order for GET and HEAD before the path itself, comma-separated; {path} is the request path, e.g. {path},{path}.html,{path}/index.html [default: none]
         #[arg(long, value_name = "LIST")]
         try_files: List,
         /// IP rules: [[access]] blocks with path (a glob) and allow / deny lists of addresses, CIDR ranges or all; the first matching rule wins, a deny answers 403; file only
         #[arg(skip)]
-        access: Vec<super::routing::FileAccess>,
+        access: Vec<super::tables::FileAccess>,
         /// Requests per client address: { requests = 20, per = "1s", burst = 40 }; beyond it 429 with Retry-After; file only
         #[arg(skip)]
-        rate_limit: super::routing::FileRateLimit,
+        rate_limit: super::tables::FileRateLimit,
         /// Compress text files on the fly (text/*, JavaScript, JSON, XML, SVG, wasm...) for clients that accept it, in order of preference: zstd, br, gzip, comma-separated, or none; bodies are kept in STATE_DIR/compressed and precompressed files win [default: none]
         #[arg(long, value_name = "LIST")]
         compress: List,
@@ -167,10 +167,10 @@ schema! {
         client_ca: PathBuf,
         /// Client certificates: require (the handshake fails without a certificate of client_ca), optional (one is asked for, and checked when sent) or none [default: require when client_ca is set]
         #[arg(long, value_name = "require|optional|none", hide_possible_values = true)]
-        client_auth: super::tls::ClientAuthMode,
+        client_auth: super::tables::ClientAuthMode,
         /// Reverse proxy: requests whose path matches a [[proxy]] block's glob go to its upstreams (first match wins; see docs/proxy.md); file only [default: none]
         #[arg(skip)]
-        proxy: Vec<super::proxy::FileProxy>,
+        proxy: Vec<super::tables::FileProxy>,
     }
     global {
         /// Directory to serve [default: the current directory]
@@ -393,7 +393,7 @@ choice! {
     UnknownName => "unknown_sni",
     LogFormat => "access_log_format",
     LogLevel => "log_level",
-    super::tls::ClientAuthMode => "client_auth",
+    super::tables::ClientAuthMode => "client_auth",
     Retry => "quic_retry",
 }
 
@@ -535,10 +535,29 @@ pub enum HeaderRule {
 
 impl Serialize for HeaderRule {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match super::content::header_rule(self) {
+        match self.as_file() {
             Ok(rule) => rule.serialize(s),
             Err(why) => Err(serde::ser::Error::custom(why)),
         }
+    }
+}
+
+impl HeaderRule {
+    /// The `[[headers]]` block this rule stands for: a `--header GLOB=NAME: VALUE`
+    /// parsed, a block as it is.
+    pub fn as_file(&self) -> Result<FileHeaderRule, String> {
+        let item = match self {
+            HeaderRule::File(f) => return Ok(f.clone()),
+            HeaderRule::Flag(item) => item,
+        };
+        let parsed = item.split_once('=').and_then(|(glob, field)| Some((glob, field.split_once(':')?)));
+        let Some((glob, (name, value))) = parsed else {
+            return Err(format!(
+                "--header {item:?}: expected GLOB=NAME: VALUE, e.g. \"/assets/**=Cache-Control: max-age=31536000\""
+            ));
+        };
+        let set = BTreeMap::from([(name.trim().to_string(), value.trim().to_string())]);
+        Ok(FileHeaderRule { path: Some(glob.to_string()), set: Some(set), ..Default::default() })
     }
 }
 

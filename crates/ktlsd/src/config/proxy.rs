@@ -5,31 +5,13 @@
 //!
 //! It only validates; the upstream connections are the handler's (`handler::proxy`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
-
+use super::tables::FileProxy;
 use crate::handler::proxy::{Balance, HostMode, Rule, Timeouts, TlsClient, Upstream};
 use crate::handler::rules::{Glob, PathMatch};
-
-/// A `[[proxy]]` block as written.
-#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileProxy {
-    pub path: Option<String>,
-    pub upstream: Option<Vec<String>>,
-    pub cache: Option<bool>,
-    pub host: Option<String>,
-    pub upstream_ca: Option<PathBuf>,
-    pub balance: Option<String>,
-    pub connect_timeout: Option<toml::Value>,
-    pub read_timeout: Option<toml::Value>,
-    pub send_timeout: Option<toml::Value>,
-    pub fail_timeout: Option<toml::Value>,
-    pub keepalive: Option<usize>,
-}
 
 /// Where the system's trusted roots are read from when a rule has no `upstream_ca`.
 pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";

@@ -11,9 +11,8 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
-
 use super::options::{Options, SiteOptions};
+use super::tables::{FileAccess, FileRateLimit, FileRedirect};
 use super::ConfigError;
 use crate::handler::access::{AccessRule, Addresses};
 use crate::handler::limit::{Limiter, SLOTS};
@@ -21,75 +20,6 @@ use crate::handler::pattern::{route_path, PathPattern, GLOB_CHARS};
 use crate::handler::redirect::Redirect;
 use crate::handler::routing::Routing;
 use crate::handler::Status;
-
-/// A `[[redirect]]` block as written.
-#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileRedirect {
-    pub path: String,
-    pub to: String,
-    pub status: Option<u16>,
-}
-
-/// An `[[access]]` block as written: its `path`, and its `allow` and `deny` lists in
-/// the order the file writes them, which is the order they are checked in (as the
-/// order of nginx's directives decides).
-#[derive(Debug, Default, Clone)]
-pub struct FileAccess {
-    pub path: Option<String>,
-    /// `(true, allow)` or `(false, deny)` lists, in the file's order.
-    pub lists: Vec<(bool, Vec<String>)>,
-}
-
-impl<'de> Deserialize<'de> for FileAccess {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FileAccess, D::Error> {
-        struct Block;
-        impl<'de> serde::de::Visitor<'de> for Block {
-            type Value = FileAccess;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a table with path, allow and deny")
-            }
-
-            // Keys arrive in the file's order (the TOML tables keep it).
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<FileAccess, A::Error> {
-                let mut block = FileAccess::default();
-                while let Some(key) = map.next_key::<String>()? {
-                    match key.as_str() {
-                        "path" => block.path = Some(map.next_value()?),
-                        "allow" | "deny" => block.lists.push((key == "allow", map.next_value()?)),
-                        other => return Err(serde::de::Error::unknown_field(other, &["path", "allow", "deny"])),
-                    }
-                }
-                Ok(block)
-            }
-        }
-        d.deserialize_map(Block)
-    }
-}
-
-impl serde::Serialize for FileAccess {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = s.serialize_map(None)?;
-        if let Some(path) = &self.path {
-            map.serialize_entry("path", path)?;
-        }
-        for (allow, list) in &self.lists {
-            map.serialize_entry(if *allow { "allow" } else { "deny" }, list)?;
-        }
-        map.end()
-    }
-}
-
-/// `rate_limit = { requests = 20, per = "1s", burst = 40 }` as written.
-#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileRateLimit {
-    pub requests: u32,
-    pub per: Option<String>,
-    pub burst: Option<u32>,
-}
 
 /// Validates one site's routing options; errors start with `which`. `canonical` is
 /// the site's own (it is not inherited from the top level: each site has its own

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use super::options::{Options, SiteOptions};
+use super::tables::ClientAuthMode;
 use super::{err, ConfigError};
 use crate::tls::sizing::RecordPolicy;
 use crate::vocab::TlsVersion;
@@ -75,17 +76,6 @@ pub fn tls(o: &Options) -> Result<Tls, ConfigError> {
         tcp,
         ticket_keys: o.ticket_keys.clone().unwrap_or_default(),
     })
-}
-
-/// Whether a site asks for client certificates (`client_auth`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
-pub enum ClientAuthMode {
-    /// A certificate of `client_ca` is required: the handshake fails without one.
-    Require,
-    /// A certificate is asked for; one that is sent must be of `client_ca`.
-    Optional,
-    /// No certificate is asked for (a site's way out of the top level's policy).
-    None,
 }
 
 /// A site's client-certificate policy, validated (the CA file is read by the `tls` layer).

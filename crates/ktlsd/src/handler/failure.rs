@@ -39,6 +39,9 @@ pub enum FailureKind {
     Body,
     /// The client's request body failed (malformed, too large, stalled).
     RequestBody,
+    /// This host ran short of a resource (descriptors, memory) opening a connection:
+    /// 503, and the upstream is not marked down.
+    Local,
 }
 
 impl FailureKind {
@@ -51,6 +54,7 @@ impl FailureKind {
             FailureKind::Invalid => "invalid",
             FailureKind::Body => "body",
             FailureKind::RequestBody => "request-body",
+            FailureKind::Local => "local",
         }
     }
 }

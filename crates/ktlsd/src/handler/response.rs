@@ -39,6 +39,7 @@ impl Status {
     pub const HEADERS_TOO_LARGE: Status = Status(431);
     pub const NOT_IMPLEMENTED: Status = Status(501);
     pub const BAD_GATEWAY: Status = Status(502);
+    pub const SERVICE_UNAVAILABLE: Status = Status(503);
     pub const GATEWAY_TIMEOUT: Status = Status(504);
     pub const VERSION_NOT_SUPPORTED: Status = Status(505);
 

@@ -14,7 +14,7 @@ use anyhow::{anyhow, Context};
 use super::acme::{self, AcmeSites};
 use super::{congestion, Http3, Shared};
 use crate::acme::{Challenge, Challenges};
-use crate::config::tls::ClientAuthMode;
+use crate::config::tables::ClientAuthMode;
 use crate::config::{Config, KtlsMode, SiteCert};
 use crate::files::{self, Root};
 use crate::handler::sites::NamedSite;

@@ -139,7 +139,50 @@ pub fn check_readable(config: &Config, config_file: Option<&Path>, a: &Account) 
 }
 
 const READ: u32 = 4;
+const WRITE: u32 = 2;
 const SEARCH: u32 = 1;
+
+/// `ktlsd check` with a `[cache]`: start-up opens the cache directory after the
+/// switch to the serving account and creates it when missing, so it must be a
+/// directory that account may read and write, or be creatable by it (its nearest
+/// existing ancestor a directory it may write in). Nothing is created here.
+pub fn check_cache_dir(dir: &Path, plan: &Plan) -> anyhow::Result<()> {
+    let here = Path::new(".");
+    let existing =
+        dir.ancestors().map(|p| if p.as_os_str().is_empty() { here } else { p }).find(|p| p.symlink_metadata().is_ok());
+    let existing = existing.unwrap_or(here);
+    let itself = existing == dir;
+    let is_dir = std::fs::metadata(existing).is_ok_and(|m| m.is_dir());
+    let what = match (itself, is_dir) {
+        (true, false) => return Err(anyhow!("[cache] dir {} is not a directory (name a directory)", dir.display())),
+        (false, false) => {
+            return Err(anyhow!(
+                "[cache] dir {} cannot be created: {} is not a directory (name another dir)",
+                dir.display(),
+                existing.display()
+            ))
+        }
+        (true, true) => "is not writable",
+        (false, true) => "cannot be created",
+    };
+    let path = CString::new(existing.as_os_str().as_encoded_bytes()).map_err(|_| anyhow!("[cache] dir has a NUL"))?;
+    // As this process (a read-only file system refuses even root), then as the account.
+    let refused = match (sys::can_write_dir(&path), plan) {
+        (Err(e), _) => Some((String::new(), format!("{}: {e}", existing.display()))),
+        (Ok(()), Plan::Drop(a)) => {
+            let bits = if itself { READ | WRITE | SEARCH } else { WRITE | SEARCH };
+            refusal(existing, bits, a).map(|why| (format!(" by user {:?} (--user)", a.user), why))
+        }
+        (Ok(()), Plan::Stay { .. }) => None,
+    };
+    match refused {
+        None => Ok(()),
+        Some((by, why)) => Err(anyhow!(
+            "[cache] dir {} {what}{by}: {why} (make it writable by the serving user, or name another dir)",
+            dir.display()
+        )),
+    }
+}
 
 /// Why `a` may not access `path` with `bits` (or a directory on the way to it
 /// with search), or `None` when it may.

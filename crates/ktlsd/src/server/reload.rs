@@ -12,8 +12,7 @@ use super::acme::AcmeSites;
 use super::live_listeners::ListenerSet;
 use super::prepare::{prepare, Prepared};
 use super::{access_log, listener, Current};
-use crate::cli::ServeArgs;
-use crate::config::{Config, SiteCert};
+use crate::config::{Config, ServeArgs, SiteCert};
 use crate::stats::sites::RELOADS;
 
 /// What start-up did that a reload cannot redo.

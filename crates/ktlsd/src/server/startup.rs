@@ -18,8 +18,7 @@ use super::prepare::{open_cache, prepare, Prepared};
 use super::reload::{reload, Started};
 use super::signals::{Event, Signals};
 use super::{access_log, admin, listener, plain, privileges, systemd, worker, Current, Shared};
-use crate::cli::ServeArgs;
-use crate::config::Config;
+use crate::config::{Config, ServeArgs};
 use crate::stats::sites::RELOADS;
 use crate::stats::{Metrics, Stats};
 use crate::vocab::RecordLayer;
@@ -59,7 +58,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// `ktlsd check`: everything `serve` validates before it serves (configuration,
-/// certificate and key, ROOT, kTLS mode, TCP options, access log, free ports),
+/// certificate and key, ROOT, kTLS mode, TCP options, access log, the cache
+/// directory, free ports),
 /// without serving.
 pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let config_file = args.config.clone();
@@ -69,6 +69,9 @@ pub fn check(args: ServeArgs) -> anyhow::Result<()> {
     let prepared = prepare(config, None, 0, None)?;
     let config = &prepared.shared.config;
     access_log::check_all(config)?;
+    if let Some(cache) = &config.cache {
+        privileges::check_cache_dir(&cache.dir, &plan)?;
+    }
     if let privileges::Plan::Drop(account) = &plan {
         // What a reload reads after the switch must be readable by that account.
         privileges::check_readable(config, config_file.as_deref(), account)?;

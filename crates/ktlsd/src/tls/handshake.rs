@@ -604,13 +604,20 @@ async fn send_pending_alert(
 
 /// The alert for a handshake error rustls queued none for.
 fn alert_for(error: &rustls::Error) -> AlertDescription {
-    use rustls::Error as E;
+    use rustls::{Error as E, PeerMisbehaved as P};
     match error {
         // A record header announcing more than the protocol allows (RFC 8446 §5.2).
         E::InvalidMessage(rustls::InvalidMessage::MessageTooLarge) => AlertDescription::RecordOverflow,
         E::InvalidMessage(_) => AlertDescription::DecodeError,
         E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => AlertDescription::UnexpectedMessage,
-        E::PeerMisbehaved(p) if format!("{p:?}").contains("Interleaved") => AlertDescription::UnexpectedMessage,
+        // RFC 8446 §5.4: a TLS 1.3 record whose inner plaintext has no content type
+        // (all zeros) is unexpected_message; so is a record that breaks into a
+        // handshake message (§5.1). rustls reports both as `PeerMisbehaved`.
+        E::PeerMisbehaved(
+            P::IllegalTlsInnerPlaintext
+            | P::MessageInterleavedWithHandshakeMessage
+            | P::RejectedEarlyDataInterleavedWithHandshakeMessage,
+        ) => AlertDescription::UnexpectedMessage,
         E::PeerMisbehaved(_) => AlertDescription::IllegalParameter,
         E::DecryptError => AlertDescription::BadRecordMac,
         // No certificate for the client's signature schemes, or no suite in common.

@@ -198,3 +198,80 @@ fn rejected_early_data_is_skipped() {
         assert!(ended.is_ok(), "{total} bytes of early data: {ended:?}");
     }
 }
+
+/// Keeps the client's handshake traffic secret (TLS 1.3) from the key log.
+#[derive(Debug, Default)]
+struct HandshakeSecret(std::sync::Mutex<Vec<u8>>);
+
+impl rustls::KeyLog for HandshakeSecret {
+    fn log(&self, label: &str, _: &[u8], secret: &[u8]) {
+        if label == "CLIENT_HANDSHAKE_TRAFFIC_SECRET" {
+            *self.0.lock().unwrap() = secret.to_vec();
+        }
+    }
+}
+
+/// HKDF-Expand-Label (RFC 8446 §7.1) over SHA-256 with an empty context.
+fn expand_label(secret: &[u8], label: &str, len: usize) -> Vec<u8> {
+    use aws_lc_rs::hkdf;
+    struct Len(usize);
+    impl hkdf::KeyType for Len {
+        fn len(&self) -> usize {
+            self.0
+        }
+    }
+    let full = format!("tls13 {label}");
+    let mut info = vec![(len >> 8) as u8, len as u8, full.len() as u8];
+    info.extend_from_slice(full.as_bytes());
+    info.push(0);
+    let mut out = vec![0; len];
+    let prk = hkdf::Prk::new_less_safe(hkdf::HKDF_SHA256, secret);
+    prk.expand(&[&info], Len(len)).unwrap().fill(&mut out).unwrap();
+    out
+}
+
+/// RFC 8446 §5.4: where the client's Finished should come, a record protected with
+/// its handshake key whose inner plaintext is all zeros (no content type):
+/// unexpected_message (tlsfuzzer's test-tls13-zero-content-type.py), for every
+/// length of zeros.
+#[test]
+fn handshake_record_without_a_content_type_is_unexpected() {
+    for zeros in [1, 3, 100] {
+        let (config, root) = test_server_config(vec![TlsVersion::Tls13]);
+        let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+        provider.cipher_suites = vec![rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256];
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(root).unwrap();
+        let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let secret = Arc::new(HandshakeSecret::default());
+        client.key_log = secret.clone();
+        let got = against_accept(config, move |mut sock| {
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut conn = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+            conn.write_tls(&mut sock).unwrap();
+            // The server's flight, up to its Finished; the client's answer is not sent.
+            while conn.is_handshaking() {
+                assert!(conn.read_tls(&mut sock).unwrap() > 0, "the server closed during its flight");
+                conn.process_new_packets().unwrap();
+            }
+            let secret = secret.0.lock().unwrap().clone();
+            let (key, iv) = (expand_label(&secret, "key", 16), expand_label(&secret, "iv", 12));
+            let key = aws_lc_rs::aead::UnboundKey::new(&aws_lc_rs::aead::AES_128_GCM, &key).unwrap();
+            let header = [0x17, 3, 3, 0, (zeros + 16) as u8];
+            let mut record = vec![0u8; zeros];
+            // The first record under this key: sequence number 0, so the nonce is the IV.
+            let nonce = aws_lc_rs::aead::Nonce::try_assume_unique_for_key(&iv).unwrap();
+            aws_lc_rs::aead::LessSafeKey::new(key)
+                .seal_in_place_append_tag(nonce, aws_lc_rs::aead::Aad::from(header), &mut record)
+                .unwrap();
+            sock.write_all(&[&header[..], &record].concat()).unwrap();
+            let mut got = Vec::new();
+            sock.read_to_end(&mut got).map(|_| got).map_err(|e| e.kind())
+        });
+        assert_alert_then_fin(&format!("{zeros} zero bytes"), got, AlertDescription::UnexpectedMessage);
+    }
+}

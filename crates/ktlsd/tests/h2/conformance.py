@@ -871,6 +871,19 @@ def _(c, a):
     malformed(c, a, h[:2] + h[3:])
 
 
+@case("8.3.1/5 :method not a token")
+def _(c, a):
+    # RFC 9110 section 9.1: method = token. "GET/p/x?" would make an invalid
+    # request line upstream, a method with spaces a second request target.
+    c.handshake()
+    for stream, method in ((1, "GET/p/x?"), (3, "GET /x HTTP/1.1"), (5, "")):
+        f = HeadersFrame(stream)
+        f.data = c.enc.encode([(":method", method)] + base(a, c.authority)[1:])
+        f.flags.add("END_HEADERS"); f.flags.add("END_STREAM")
+        c.send_frame(f)
+        expect_stream_error(c, stream, PROTOCOL_ERROR)
+
+
 @case("8.1/2 trailers with a pseudo-header")
 def _(c, a):
     c.handshake()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use testkit::{admin_get, assert_body, fetch};
 
 use crate::harness::*;
-use crate::origin::Origin;
+use testkit::Origin;
 
 /// The access log line: the request, status and body bytes first (as
 /// [`logged`] reads them), then how the body left and where it was encrypted.

@@ -62,10 +62,6 @@ macro_rules! every_cell {
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 mod harness;
-/// The Python origin of the proxy tests (`tests/proxy/origin.py`); part of it is used here.
-#[allow(dead_code)]
-#[path = "../proxy/origin.rs"]
-mod origin;
 mod suites;
 mod wire;
 

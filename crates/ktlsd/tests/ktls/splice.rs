@@ -13,7 +13,7 @@ use testkit::{assert_body, curl, fetch, run_with_timeout};
 
 use crate::cache::{sample, Proxy};
 use crate::harness::*;
-use crate::origin::Origin;
+use testkit::Origin;
 
 /// What the origin's `/api/big?n=N` sends: 64 KiB pieces of `i % 251`.
 fn big(n: usize) -> Vec<u8> {

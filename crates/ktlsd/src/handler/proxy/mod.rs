@@ -299,6 +299,9 @@ impl<'r> Exchange<'r> {
             IoFailure::TimedOut => {
                 self.failure(Status::GATEWAY_TIMEOUT, FailureKind::Timeout, format!("{what}: timed out"))
             }
+            IoFailure::Local(e) => {
+                self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Local, format!("{what}: {e}"))
+            }
             IoFailure::Failed(e) => self.failure(Status::BAD_GATEWAY, kind, format!("{what}: {e}")),
         }
     }
@@ -328,8 +331,12 @@ impl<'r> Exchange<'r> {
                     Ok(c) => (c, false),
                     Err(e) => {
                         self.tried.push(i);
+                        // This host's own shortage says nothing of the upstream's health.
+                        let local = matches!(e, IoFailure::Local(_));
                         let f = self.io_failure(e, "connect", FailureKind::Connect);
-                        self.mark_failed(&f);
+                        if !local {
+                            self.mark_failed(&f);
+                        }
                         last = Some(f);
                         continue;
                     }

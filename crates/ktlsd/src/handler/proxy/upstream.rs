@@ -19,8 +19,17 @@ use super::{TlsClient, Upstream};
 pub enum IoFailure {
     /// The time allowed ran out (the upstream is too slow: 504).
     TimedOut,
+    /// This host ran short of what a connection needs (see [`local_shortage`]): not
+    /// the upstream's failure, so its health is left alone (503).
+    Local(io::Error),
     /// Refused, reset, closed or a TLS failure (502).
     Failed(io::Error),
+}
+
+/// Whether `e` says this host, not the upstream, is short of something: descriptors
+/// (`EMFILE`, `ENFILE`), socket buffers (`ENOBUFS`) or memory (`ENOMEM`).
+pub fn local_shortage(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
 }
 
 /// The error of an upstream that closed before the end of its Content-Length body.
@@ -32,7 +41,7 @@ impl std::fmt::Display for IoFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             IoFailure::TimedOut => f.write_str("timed out"),
-            IoFailure::Failed(e) => write!(f, "{e}"),
+            IoFailure::Local(e) | IoFailure::Failed(e) => write!(f, "{e}"),
         }
     }
 }
@@ -44,7 +53,8 @@ pub enum Conn {
 }
 
 /// Connects to `upstream` (its name resolved each time, so a changed address is seen)
-/// within `timeout`, the TLS handshake included.
+/// within `timeout`, the TLS handshake included. A shortage of this host's own
+/// (descriptors, buffers, memory) is [`IoFailure::Local`].
 ///
 /// # Cancel safety
 /// Cancel-safe: dropping it drops the half-open connection.
@@ -64,6 +74,7 @@ pub async fn connect(upstream: &Upstream, tls: Option<&TlsClient>, timeout: Dura
     };
     match tokio::time::timeout(timeout, open).await {
         Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) if local_shortage(&e) => Err(IoFailure::Local(e)),
         Ok(Err(e)) => Err(IoFailure::Failed(e)),
         Err(_) => Err(IoFailure::TimedOut),
     }
@@ -150,5 +161,30 @@ impl Conn {
             // upstream's session ticket or close_notify counts as such bytes too.
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only this host's shortages are local; what the upstream or the network did is not.
+    #[test]
+    fn local_shortages() {
+        let cases = [
+            (libc::EMFILE, true),
+            (libc::ENFILE, true),
+            (libc::ENOBUFS, true),
+            (libc::ENOMEM, true),
+            (libc::ECONNREFUSED, false),
+            (libc::ECONNRESET, false),
+            (libc::EHOSTUNREACH, false),
+            (libc::ENETUNREACH, false),
+            (libc::ETIMEDOUT, false),
+        ];
+        for (errno, local) in cases {
+            assert_eq!(local_shortage(&io::Error::from_raw_os_error(errno)), local, "errno {errno}");
+        }
+        assert!(!local_shortage(&closed_early()));
     }
 }

@@ -1,5 +1,5 @@
 //! Turning a decoded HTTP/2 field list into a request head, with the message rules
-//! of RFC 9113 section 8 (pseudo-header fields, lowercase names, no
+//! of RFC 9113 section 8 (pseudo-header fields, `:method` a token, lowercase names, no
 //! connection-specific fields, `te: trailers` only, `:authority` and `host` checked
 //! as HTTP/1.1 checks `Host`) and the `priority` field of RFC 9218. A violation makes
 //! the request malformed: a PROTOCOL_ERROR stream error, as for every other rule of
@@ -42,6 +42,9 @@ pub enum Malformed {
     InvalidName,
     InvalidValue,
     UnknownPseudo,
+    /// A `:method` that is not a token (RFC 9110 section 9.1), such as `GET/p/x?`:
+    /// it would reach an upstream as an invalid request line.
+    InvalidMethod,
     PseudoAfterRegular,
     DuplicatePseudo,
     MissingPseudo,
@@ -84,13 +87,16 @@ fn check_name(name: &[u8]) -> Result<(), Malformed> {
         if b.is_ascii_uppercase() {
             return Err(Malformed::UppercaseName);
         }
-        // tchar (RFC 9110 section 5.6.2).
-        let tchar = b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-        if !tchar {
+        if !tchar(b) {
             return Err(Malformed::InvalidName);
         }
     }
     Ok(())
+}
+
+/// A token character (RFC 9110 section 5.6.2).
+fn tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// RFC 9113 section 8.2.1: no NUL, CR or LF, and no leading or trailing space or tab.
@@ -173,6 +179,9 @@ pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> 
         headers.push((name, value));
     }
     let method = method.ok_or(Malformed::MissingPseudo)?;
+    if method.is_empty() || !method.bytes().all(tchar) {
+        return Err(Malformed::InvalidMethod);
+    }
     if let Some(authority) = &authority {
         let differs = host.as_ref().is_some_and(|h| !host::same(h.as_bytes(), authority.as_bytes()));
         if !host::valid(authority.as_bytes()) || differs {

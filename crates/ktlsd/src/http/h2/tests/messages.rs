@@ -35,6 +35,10 @@ fn malformed_requests_are_stream_errors() {
         ("no scheme", &[(":method", "GET"), (":path", "/")]),
         ("no path", &[(":method", "GET"), (":scheme", "https")]),
         ("empty path", &[(":method", "GET"), (":scheme", "https"), (":path", "")]),
+        ("method not a token", &[(":method", "GET/p/x?"), (":scheme", "https"), (":path", "/")]),
+        ("method with a space", &[(":method", "GET /x"), (":scheme", "https"), (":path", "/")]),
+        ("method with a comma", &[(":method", "GET,POST"), (":scheme", "https"), (":path", "/")]),
+        ("empty method", &[(":method", ""), (":scheme", "https"), (":path", "/")]),
         ("CONNECT with path", &[(":method", "CONNECT"), (":authority", "a:443"), (":path", "/")]),
         ("authority ../..", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "../..")]),
         ("empty authority", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "")]),
@@ -46,6 +50,11 @@ fn malformed_requests_are_stream_errors() {
     ];
     for (what, fields) in missing {
         assert_eq!(stream_error(|c| c.headers(5, fields, true)), [(5, ProtocolError)], "{what}");
+    }
+    // Any token is a method (RFC 9110 section 9.1), known or not.
+    for method in ["PURGE", "M-SEARCH", "get", "X!#$%&'*+.^_`|~1"] {
+        let fields = [(":method", method), (":scheme", "https"), (":path", "/")];
+        assert_eq!(stream_error(|c| c.headers(5, &fields, true)), [], "{method}");
     }
     // A host that names :authority's host (case aside) is well formed.
     let same = [GET, &[("host", "EXAMPLE.test")]].concat();

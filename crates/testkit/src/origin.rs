@@ -1,4 +1,7 @@
-//! The Python origin of the proxy tests (`origin.py`), run as a child process.
+//! The HTTP/1.1 origin of the proxy tests: `origin.py` (its paths and misbehaviour
+//! are listed there), run by `/usr/bin/python3` as a child process that logs every
+//! request it reads. The script is built into this crate and written out at start,
+//! so a test finds it wherever it runs (the kTLS VMs included).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -6,9 +9,8 @@ use std::process::{Child, Command, Stdio};
 
 /// `bin` (one worker, debug log) with `config` and `args`, serving `index.txt`
 /// ("static file") besides what `config` proxies.
-#[allow(dead_code)] // proxy_cache.rs builds its own server
-pub fn ktlsd(bin: &str, config: &str, args: &[&str]) -> testkit::Server {
-    testkit::Server::builder(bin)
+pub fn ktlsd(bin: &str, config: &str, args: &[&str]) -> crate::Server {
+    crate::Server::builder(bin)
         .workers(Some(1))
         .file("index.txt", "static file")
         .config(config)
@@ -18,11 +20,12 @@ pub fn ktlsd(bin: &str, config: &str, args: &[&str]) -> testkit::Server {
         .start()
 }
 
+/// A TCP port free on 127.0.0.1 now.
 pub fn free_port() -> u16 {
-    testkit::pebble::free_port(false)
+    crate::pebble::free_port(false)
 }
 
-/// A running `origin.py`; killed when dropped.
+/// A running `origin.py`, named `name` (what `/api/name` answers); killed when dropped.
 pub struct Origin {
     pub port: u16,
     log: PathBuf,
@@ -35,11 +38,13 @@ impl Origin {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("requests.log");
         std::fs::write(&log, "").unwrap();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proxy/origin.py");
+        let script = dir.path().join("origin.py");
+        std::fs::write(&script, include_str!("origin.py")).unwrap();
         for _ in 0..5 {
             let port = free_port();
             let mut child = Command::new("/usr/bin/python3")
-                .args([script, &port.to_string(), name])
+                .arg(&script)
+                .args([&port.to_string(), name])
                 .arg(&log)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
