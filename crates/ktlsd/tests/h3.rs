@@ -216,6 +216,34 @@ fn shutdown_closes_open_connections_with_h3_no_error() {
     assert!(t0.elapsed() < Duration::from_secs(5), "closed after {:?}", t0.elapsed());
 }
 
+/// Stopping closes an HTTP/3 connection in RFC 9114 section 5.2's two steps: a first
+/// GOAWAY with the largest id (2^62-4); a request the client sends after it (one that
+/// crossed it) is still answered; the final GOAWAY names the request after the last
+/// one taken (stream 4 taken: 8); then the connection closes with H3_NO_ERROR.
+#[test]
+fn stop_sends_two_goaways_and_answers_a_request_crossing_the_first() {
+    use std::io::BufRead;
+    let srv = h3_server(Server::builder(BIN).bin_from_env().file("f.txt", "hello"));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/client.py");
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .arg(&script)
+        .args([&srv.addr().ip().to_string(), &srv.port().to_string(), "cross-goaway", "/f.txt"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("200"), "{first}");
+    srv.signal(libc::SIGTERM);
+    let last = lines.next().unwrap().unwrap();
+    let _ = child.wait();
+    let v: Value = serde_json::from_str(&last).unwrap();
+    assert_eq!(v["goaways"], serde_json::json!([(1u64 << 62) - 4, 8]), "{last}");
+    assert_eq!(v["second"]["status"], 200, "the request crossing the first GOAWAY is answered: {last}");
+    assert_eq!(v["second"]["text"], "hello", "{last}");
+    assert_eq!(v["closed"].as_u64(), Some(0x100), "{last}");
+}
+
 /// A browser: headless Chromium, told to use QUIC for the server's origin and to
 /// trust its certificate by public key, loads a page of 50 images, scripts and style
 /// sheets; the page writes into the DOM how many loaded and how many came over `h3`

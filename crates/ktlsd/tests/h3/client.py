@@ -13,6 +13,11 @@
     client.py HOST PORT [--sni NAME] wait-close SECONDS
         GET /, print {"status": ...}, then wait for the server to close the
         connection and print {"closed": error code or null, "reason": ...}.
+    client.py HOST PORT [--sni NAME] cross-goaway PATH
+        GET PATH and print {"status": ...}; then (the test stops the server) wait for
+        the server's first GOAWAY, GET PATH again at once (a request crossing it), and
+        print {"goaways": the ids of the GOAWAY frames on the server's control stream,
+        "second": that request's summary, "closed": error code or null}.
     client.py HOST PORT [--sni NAME] abuse KIND
         KIND: data-first (a DATA frame opens a request stream), qpack-garbage (a
         HEADERS frame QPACK cannot decode), huge-headers (a field section over the
@@ -35,7 +40,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.events import ConnectionTerminated, StreamReset
+from aioquic.quic.events import ConnectionTerminated, StreamDataReceived, StreamReset
 
 TIMEOUT = 60
 
@@ -60,6 +65,10 @@ class Client(QuicConnectionProtocol):
         self.h3 = H3(self._quic)
         self.waiters = {}
         self.terminated = asyncio.get_event_loop().create_future()
+        # Bytes of the server's unidirectional streams, for the GOAWAYs on its control
+        # stream (aioquic reads their frames but keeps no GOAWAY id).
+        self.uni = {}
+        self.goaway = asyncio.Event()
 
     def _finish(self, sid, **extra):
         fut, res = self.waiters.get(sid, (None, None))
@@ -76,6 +85,10 @@ class Client(QuicConnectionProtocol):
             return
         if isinstance(event, StreamReset):
             self._finish(event.stream_id, reset=event.error_code)
+        if isinstance(event, StreamDataReceived) and event.stream_id % 4 == 3:
+            self.uni[event.stream_id] = self.uni.get(event.stream_id, b"") + event.data
+            if self.goaways():
+                self.goaway.set()
         for e in self.h3.handle_event(event):
             if e.stream_id not in self.waiters:
                 continue
@@ -106,6 +119,23 @@ class Client(QuicConnectionProtocol):
         self.transmit()
         return await asyncio.wait_for(fut, TIMEOUT)
 
+    def goaways(self):
+        """The ids of the GOAWAY frames the server's control stream carried so far."""
+        for data in self.uni.values():
+            kind, i = read_varint(data, 0)
+            if kind != 0:  # not the control stream
+                continue
+            ids = []
+            while True:
+                ftype, j = read_varint(data, i)
+                length, k = read_varint(data, j) if ftype is not None else (None, j)
+                if length is None or k + length > len(data):
+                    return ids
+                if ftype == 0x7:
+                    ids.append(read_varint(data[k:k + length], 0)[0])
+                i = k + length
+        return []
+
     async def raw(self, data):
         sid, fut = self.open()
         self._quic.send_stream_data(sid, data, end_stream=True)
@@ -133,6 +163,19 @@ def fingerprint(client):
     return ":".join("%02X" % b for b in hashlib.sha256(der).digest())
 
 
+def read_varint(data, i):
+    """The QUIC variable-length integer at `i` and the offset after it, or (None, i)."""
+    if i >= len(data):
+        return None, i
+    size = 1 << (data[i] >> 6)
+    if i + size > len(data):
+        return None, i
+    v = data[i] & 0x3F
+    for b in data[i + 1:i + size]:
+        v = (v << 8) | b
+    return v, i + size
+
+
 def varint(n):
     if n < 64:
         return bytes([n])
@@ -155,7 +198,7 @@ async def main():
     ap.add_argument("host")
     ap.add_argument("port", type=int)
     ap.add_argument("--sni", default="localhost")
-    ap.add_argument("mode", choices=["requests", "abuse", "wait-close"])
+    ap.add_argument("mode", choices=["requests", "abuse", "wait-close", "cross-goaway"])
     ap.add_argument("arg")
     a = ap.parse_args()
     config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE,
@@ -179,6 +222,23 @@ async def main():
                 print(json.dumps({"closed": ev.error_code, "reason": ev.reason_phrase}))
             except asyncio.TimeoutError:
                 print(json.dumps({"closed": None}))
+            return
+        if a.mode == "cross-goaway":
+            res = summary(await c.request("GET", a.arg, a.sni, []))
+            print(json.dumps({"status": res["status"]}), flush=True)
+            out = {}
+            try:
+                await asyncio.wait_for(c.goaway.wait(), 10)
+                out["second"] = summary(await c.request("GET", a.arg, a.sni, []))
+            except asyncio.TimeoutError:
+                out["second"] = None
+            try:
+                ev = await asyncio.wait_for(asyncio.shield(c.terminated), 10)
+                out["closed"] = ev.error_code
+            except asyncio.TimeoutError:
+                out["closed"] = None
+            out["goaways"] = c.goaways()
+            print(json.dumps(out))
             return
         if a.arg.startswith("cancel-flood:"):
             # N requests for PATH, each cancelled (STOP_SENDING) as soon as it is sent.

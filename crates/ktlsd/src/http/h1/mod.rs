@@ -115,8 +115,10 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
 
     /// [`State::Head`]: reads until a whole head is in. The idle timeout applies
     /// until its first byte, the header timeout from then on; `stop` ends a
-    /// connection with no request begun, at once once it has answered one, after
-    /// [`FIRST_REQUEST_GRACE`] without a first byte when it is new. `stop` is
+    /// connection with no request begun: once it has answered one, as soon as a look
+    /// at the input finds no byte (a request that arrived with the signal is read and
+    /// answered, with `Connection: close`), after [`FIRST_REQUEST_GRACE`] without a
+    /// first byte when it is new. A request begun is always read whole. `stop` is
     /// polled only while the shutdown signal is false, so never after it completed.
     pub async fn read_head<F: Future>(&mut self, mut stop: Pin<&mut F>) -> State<T::Error> {
         let settings = self.ctx.settings;
@@ -131,19 +133,28 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
                 }
             }
             let stopping = self.ctx.stopping();
-            if stopping && self.buf.is_empty() && self.answered {
-                return State::Closed(End::Done);
-            }
-            let timeout = match started {
-                None if stopping => settings.idle_timeout.min(FIRST_REQUEST_GRACE),
-                None => settings.idle_timeout,
-                Some(t) => settings.header_timeout.saturating_sub(t.elapsed()),
-            };
             let before = self.buf.len();
-            // `read` is cancel-safe: a wait cut short by the signal loses nothing.
-            let read = tokio::select! {
-                r = self.conn.read(&mut self.buf, timeout) => r,
-                _ = stop.as_mut(), if self.buf.is_empty() && !stopping => continue,
+            let read = if stopping && self.buf.is_empty() && self.answered {
+                // Between requests: the connection ends, unless a request arrived as
+                // the signal came (it is answered, with `Connection: close`).
+                match self.look().await {
+                    Some(Ok(n)) if n > 0 => Ok(n),
+                    Some(Err(e)) if !T::timed_out(&e) => Err(e),
+                    _ => return State::Closed(End::Done),
+                }
+            } else {
+                let timeout = match started {
+                    None if stopping => settings.idle_timeout.min(FIRST_REQUEST_GRACE),
+                    None => settings.idle_timeout,
+                    Some(t) => settings.header_timeout.saturating_sub(t.elapsed()),
+                };
+                // `read` is cancel-safe: a wait cut short by the signal loses nothing. Input
+                // is looked at first, so bytes that came with the signal are never left unread.
+                tokio::select! {
+                    biased;
+                    r = self.conn.read(&mut self.buf, timeout) => r,
+                    _ = stop.as_mut(), if self.buf.is_empty() && !stopping => continue,
+                }
             };
             match read {
                 Ok(0) => return State::Closed(End::Done),
@@ -175,6 +186,18 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
                 self.refuse_unparsed(&bad).await;
                 self.close()
             }
+        }
+    }
+
+    /// Looks at the input once without waiting, after the event loop has taken in
+    /// what the socket received: `None` (or a timeout) when no bytes have come. A
+    /// request's bytes that had not all arrived as one TLS record stay unread.
+    async fn look(&mut self) -> Option<Result<usize, T::Error>> {
+        tokio::task::yield_now().await;
+        tokio::select! {
+            biased;
+            r = self.conn.read(&mut self.buf, Duration::ZERO) => Some(r),
+            () = std::future::ready(()) => None,
         }
     }
 

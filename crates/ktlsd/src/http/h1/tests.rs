@@ -416,6 +416,36 @@ async fn shutdown() {
     assert!(mem.lingered);
 }
 
+/// A keep-alive connection waiting between requests when it is retired: a request
+/// that arrives as the signal comes is answered, with `Connection: close`; with
+/// nothing received the connection ends.
+#[tokio::test]
+async fn shutdown_between_requests_answers_a_request_arriving_with_it() {
+    let f = fixture();
+    let get = b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (then, want) in [(Some(get), vec![200, 200]), (None, vec![200])] {
+        let (tx, rx) = watch::channel(false);
+        // The wait for the second request sees nothing; the look after the signal sees `then`.
+        let script = [Step::Data(get.to_vec()), Step::Silence].into_iter().chain(then.map(|b| Step::Data(b.to_vec())));
+        let mut mem = Memory::new(script.chain([Step::Silence]));
+        let serving = f.serve_until(&mut mem, rx);
+        let signal = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tx.send_replace(true);
+        };
+        let end = tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(serving, signal).0 })
+            .await
+            .expect("shutdown ends the connection");
+        assert!(matches!(end, End::Done), "{end:?}");
+        let r = replies(&mem.output, &[]);
+        assert_eq!(statuses(&r), want);
+        assert_eq!(r[0].header("Connection"), None, "the first answer keeps the connection");
+        if want.len() == 2 {
+            assert_eq!(r[1].header("Connection"), Some("close"));
+        }
+    }
+}
+
 #[tokio::test]
 async fn hsts_is_on_every_response() {
     let mut f = fixture();

@@ -219,6 +219,10 @@ mod flow;
 #[path = "conn_body.rs"]
 mod body;
 
+#[path = "conn_close.rs"]
+mod close;
+use close::Closing;
+
 /// How long a stream whose response is sent waits for the rest of its request
 /// before RST_STREAM NO_ERROR (RFC 9113 section 8.1 allows the reset at once). The
 /// wait makes the answer to a request the client is still sending deterministic: a
@@ -270,8 +274,8 @@ const SMALL_WINDOW_UPDATE: u32 = 1024;
 pub struct Connection {
     limits: Limits,
     phase: Phase,
-    /// Last stream id in the GOAWAY we sent on `shutdown`.
-    going_away: bool,
+    /// Where our side of a graceful close stands (`shutdown`).
+    closing: Closing,
     peer_going_away: bool,
     decoder: hpack::Decoder,
     encoder: hpack::Encoder,
@@ -317,7 +321,7 @@ impl Connection {
             block: Vec::new(),
             limits,
             phase: Phase::Preface,
-            going_away: false,
+            closing: Closing::Open,
             peer_going_away: false,
             streams: Vec::new(),
             ended: VecDeque::new(),
@@ -527,21 +531,6 @@ impl Connection {
     /// flow-control credit is still returned as they arrive: the caller bounds what it keeps.
     pub fn deliver_bodies(&mut self) {
         self.deliver = true;
-    }
-
-    /// Starts a graceful close: GOAWAY with the last stream we took; streams already
-    /// taken finish, new ones are ignored. `is_finished` turns true when all is sent.
-    pub fn shutdown(&mut self) {
-        if !self.going_away && self.phase != Phase::Failed {
-            self.going_away = true;
-            frame::put_goaway(&mut self.out, self.last_stream, ErrorCode::NoError);
-        }
-    }
-
-    /// Whether the connection is over and everything is written: close it now.
-    pub fn is_finished(&self) -> bool {
-        let drained = (self.going_away || self.peer_going_away) && self.streams.is_empty();
-        self.out.is_empty() && (self.phase == Phase::Failed || drained)
     }
 
     /// Streams that are open or still sending (for idle timeouts: none means idle).
@@ -754,7 +743,10 @@ impl Connection {
                 frame::put_settings_ack(&mut self.out);
                 Ok(())
             }
-            Frame::Ping { ack: true, .. } => Ok(()),
+            Frame::Ping { ack: true, data } => {
+                self.on_ping_ack(data);
+                Ok(())
+            }
             Frame::Ping { ack: false, data } => {
                 self.count_control()?;
                 frame::put_ping_ack(&mut self.out, data);
@@ -878,8 +870,8 @@ impl Connection {
             };
         }
         self.last_stream = id;
-        if self.going_away || self.peer_going_away {
-            // After GOAWAY new streams are ignored; the client retries elsewhere.
+        if self.closing == Closing::Final || self.peer_going_away {
+            // After the final GOAWAY new streams are ignored; the client retries elsewhere.
             self.remember(id, Ended::ResetByUs);
             return Ok(());
         }

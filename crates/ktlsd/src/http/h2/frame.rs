@@ -372,6 +372,10 @@ pub fn put_settings_ack(out: &mut Vec<u8>) {
     put(out, SETTINGS, FLAG_ACK, 0, &[]);
 }
 
+pub fn put_ping(out: &mut Vec<u8>, data: [u8; 8]) {
+    put(out, PING, 0, 0, &data);
+}
+
 pub fn put_ping_ack(out: &mut Vec<u8>, data: [u8; 8]) {
     put(out, PING, FLAG_ACK, 0, &data);
 }

@@ -49,6 +49,12 @@ pub struct Settings {
 /// system call per response under `h2load -m32`.
 const LOOK_EVERY: usize = 64 * 1024;
 
+/// How long a graceful close waits for the ACK of the PING sent with its first
+/// GOAWAY before it sends the final one: well above a round trip on any working
+/// path (the ACK usually comes within milliseconds), and short enough that a client
+/// that does not answer PINGs holds a retired connection at most this much longer.
+const SHUTDOWN_ACK_WAIT: Duration = Duration::from_secs(1);
+
 /// A response under way, kept until its last frame is sent (the file stays open).
 struct Open {
     /// The file and where the response's range starts in it.
@@ -75,7 +81,10 @@ struct Open {
 }
 
 /// Serves streams on `conn` until the connection ends; when the context's shutdown turns true
-/// GOAWAY is sent, streams already taken finish, and the connection closes.
+/// the connection closes gracefully in RFC 9113's two steps (see `Connection::shutdown`):
+/// GOAWAY with the largest stream id and a PING, then, at the PING's ACK or after
+/// [`SHUTDOWN_ACK_WAIT`], the final GOAWAY; streams opened until then are served, and the
+/// connection closes once they are done.
 ///
 /// # Cancel safety
 /// Not cancel-safe: a frame may be cut in the middle. The loop watches the
@@ -91,7 +100,8 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
         h2.deliver_bodies();
     }
     let mut buf: Vec<u8> = Vec::new();
-    let mut going_away = false;
+    // When the graceful close began (GOAWAY sent), if it did.
+    let mut going_away: Option<Instant> = None;
     // Bytes of frames handed to the transport since the input was last looked at.
     let mut since_look = 0usize;
     // One wait for shutdown for the connection's life (see h1's).
@@ -160,9 +170,9 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
 
         // A stream stalled on its own window is reset while the others go on.
         h2.reset_stalled(Instant::now(), settings.stall_timeout);
-        if !going_away && ctx.stopping() {
+        if going_away.is_none() && ctx.stopping() {
             h2.shutdown();
-            going_away = true;
+            going_away = Some(Instant::now());
         }
 
         let max_payload = conn.next_record().saturating_sub(super::frame::HEADER_LEN).max(1);
@@ -293,30 +303,35 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             (buf, open) = (Vec::new(), HashMap::new());
         }
         let timeout = if idle { settings.idle_timeout } else { settings.stall_timeout };
-        // A stream held for the rest of its request is reset when its time is up.
+        // A stream held for the rest of its request is reset when its time is up; a
+        // close waits for its PING's ACK until its own time is up.
         let held = h2.next_deadline();
-        let wait = held.map_or(timeout, |d| d.saturating_duration_since(Instant::now()).min(timeout));
+        let ack_due = going_away.filter(|_| h2.awaits_shutdown_ack()).map(|t| t + SHUTDOWN_ACK_WAIT);
+        let due = held.into_iter().chain(ack_due).min();
+        let wait = due.map_or(timeout, |d| d.saturating_duration_since(Instant::now()).min(timeout));
         let read = tokio::select! {
             r = conn.read(&mut buf, wait) => Some(r),
-            _ = &mut stop, if !going_away => None,
+            _ = &mut stop, if going_away.is_none() => None,
             () = signal.wait(), if !proxied.is_empty() => continue,
         };
         let Some(read) = read else {
             // Shutdown (or the server dropped its signal, which means the same).
             h2.shutdown();
-            going_away = true;
+            going_away = Some(Instant::now());
             continue;
         };
         match feed::<T>(&mut h2, &mut buf, read) {
             Input::More => {}
             Input::Closed => return End::Done,
             Input::TimedOut if held.is_some_and(|d| d <= Instant::now()) => h2.expire(Instant::now()),
+            // No ACK of the close's PING in time: the final GOAWAY names the last stream taken.
+            Input::TimedOut if h2.awaits_shutdown_ack() => h2.finish_shutdown(),
             // A stream awaiting its upstream is bounded by the upstream's own timeouts.
             Input::TimedOut if proxied.iter().any(|(id, p)| p.awaits_upstream(h2.buffered(*id))) => {}
             // An idle connection is closed politely: GOAWAY, then close_notify.
-            Input::TimedOut if idle && !going_away => {
+            Input::TimedOut if idle && going_away.is_none() => {
                 h2.shutdown();
-                going_away = true;
+                going_away = Some(Instant::now());
             }
             Input::TimedOut => return End::Timeout,
             Input::Failed(e) => return End::Error(e),

@@ -18,7 +18,9 @@ use crate::log::AccessLog;
 const FRAME_DATA: u8 = 0x0;
 const FRAME_HEADERS: u8 = 0x1;
 const FRAME_SETTINGS: u8 = 0x4;
+const FRAME_PING: u8 = 0x6;
 const FRAME_GOAWAY: u8 = 0x7;
+const ACK: u8 = 0x1;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
@@ -170,12 +172,14 @@ async fn idle_connection_gets_goaway() {
     let fx = fixture();
     // The few bytes of the SETTINGS exchange call for no look at the input between
     // frames; the wait that follows times out.
-    let mut mem = Memory::new([Step::Data(client(&[], &[])), Step::Timeout, Step::Silence]);
+    // The second timeout is the wait for the ACK of the close's PING.
+    let mut mem = Memory::new([Step::Data(client(&[], &[])), Step::Timeout, Step::Timeout, Step::Silence]);
     let (_tx, rx) = watch::channel(false);
     let end = fx.serve(&mut mem, rx).await;
     assert!(matches!(end, End::Done), "{end:?}");
     assert_eq!(mem.read_timeouts[1], fx.settings.idle_timeout);
-    assert!(frames(&mem.output).iter().any(|f| f.kind == FRAME_GOAWAY));
+    assert!(mem.read_timeouts[2] <= SHUTDOWN_ACK_WAIT, "{:?}", mem.read_timeouts);
+    assert_eq!(goaways(&frames(&mem.output)), [(1 << 31) - 1, 0]);
     assert!(mem.lingered, "the close after GOAWAY drains the client's input");
 }
 
@@ -198,13 +202,50 @@ async fn zero_window_stall_times_out() {
 async fn shutdown_finishes_streams_then_goaway() {
     let fx = fixture();
     let (tx, rx) = watch::channel(false);
-    let mut mem = then_silence(Step::DataThenShutdown(client(&[], &[("GET", "/f")])));
+    let mut mem = Memory::new([
+        Step::DataThenShutdown(client(&[], &[("GET", "/f")])),
+        Step::Data(frame(FRAME_PING, ACK, 0, b"ktlsd-gw")),
+        Step::Silence,
+    ]);
     mem.shutdown = Some(tx);
     let end = fx.serve(&mut mem, rx).await;
     assert!(matches!(end, End::Done), "{end:?}");
     let got = frames(&mem.output);
-    assert!(got.iter().any(|f| f.kind == FRAME_GOAWAY));
+    assert_eq!(goaways(&got), [(1 << 31) - 1, 1]);
     let r = responses(&got);
     assert_eq!((r[0].1, r[0].2.len()), (200, fx.body.len()));
+    assert!(mem.lingered);
+}
+
+/// The last-stream-id of each GOAWAY sent, in order.
+fn goaways(got: &[Got]) -> Vec<u32> {
+    got.iter()
+        .filter(|f| f.kind == FRAME_GOAWAY)
+        .map(|f| u32::from_be_bytes(f.payload[..4].try_into().unwrap()))
+        .collect()
+}
+
+/// Retired between its handshake and its first request: the request the client sent
+/// before it saw the first GOAWAY is served, the PING's ACK (its payload is the one
+/// the server sends) brings the final GOAWAY naming it, and the connection closes.
+#[tokio::test]
+async fn a_request_crossing_the_first_goaway_is_served() {
+    let fx = fixture();
+    let (tx, rx) = watch::channel(false);
+    tx.send_replace(true);
+    let mut input = client(&[], &[("GET", "/f")]);
+    input.extend(frame(FRAME_PING, ACK, 0, b"ktlsd-gw"));
+    let mut mem = Memory::new([Step::Data(input), Step::Silence]);
+    let end = fx.serve(&mut mem, rx).await;
+    assert!(matches!(end, End::Done), "{end:?}");
+    let got = frames(&mem.output);
+    assert_eq!(goaways(&got), [(1 << 31) - 1, 1]);
+    let ping = got.iter().find(|f| f.kind == FRAME_PING && f.flags & ACK == 0).expect("a PING with the GOAWAY");
+    assert_eq!(ping.payload, b"ktlsd-gw");
+    let first = got.iter().position(|f| f.kind == FRAME_GOAWAY).unwrap();
+    let head = got.iter().position(|f| f.kind == FRAME_HEADERS).unwrap();
+    assert!(first < head, "the first GOAWAY goes out before the request is read");
+    let r = responses(&got);
+    assert_eq!((r[0].0, r[0].1, &r[0].2), (1, 200, &fx.body));
     assert!(mem.lingered);
 }

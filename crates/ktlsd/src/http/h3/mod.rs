@@ -99,6 +99,19 @@ pub enum H3Error {
 /// that a window costs one `pread`, small enough that a stream holds little.
 pub const WINDOW: usize = 64 * 1024;
 
+/// How long a graceful close keeps taking requests after its first GOAWAY, before the
+/// final one: the requests a client opened before the first GOAWAY reached it arrive
+/// within a round trip, which on any working path is well under this. The h3 crate
+/// offers no PING to measure it, so the wait is fixed (HTTP/2's ends at the ACK).
+pub const GOAWAY_GRACE: Duration = Duration::from_secs(1);
+
+/// How long a connection done with its requests after GOAWAY stays open before the
+/// caller closes it: QUIC discards stream data not yet sent when the connection
+/// closes, and the final GOAWAY (or the end of the last response) is written but
+/// leaves only when the connection's driver next runs, which a few milliseconds
+/// allow on any worker that is not stalled.
+const CLOSE_FLUSH: Duration = Duration::from_millis(50);
+
 /// How an HTTP/3 connection ended, or why it failed.
 pub type H3End = End<H3Error>;
 
@@ -124,8 +137,13 @@ impl Resets {
 }
 
 /// Serves request streams on `conn` until the client closes it, it times out, or
-/// the server stops: then GOAWAY is sent, requests already taken finish, and the
-/// connection ends.
+/// the server stops: then the connection closes in RFC 9114 section 5.2's two steps.
+/// A first GOAWAY with the largest id (2^62-4) tells the client to open no more
+/// requests, those already on their way are still taken for [`GOAWAY_GRACE`], then
+/// the final GOAWAY names the first request not taken (the one after the last taken,
+/// or 0); the requests taken finish, and the connection ends. Before any request is
+/// taken the h3 crate can announce no id above 0, so the first GOAWAY is left out
+/// then, and requests are taken during the grace all the same.
 ///
 /// # Cancel safety
 /// Not cancel-safe: responses under way are cut off. The loop watches the shutdown
@@ -146,7 +164,11 @@ where
     let ctx = &ctx;
     let mut streams: Vec<StreamTask<'_>> = Vec::new();
     let mut stop = ctx.shutdown.clone();
+    // The final GOAWAY is sent: no request is taken any more.
     let mut going_away = false;
+    // Between the two GOAWAYs: until when requests are still taken.
+    let mut grace: Option<tokio::time::Instant> = None;
+    let mut taken_any = false;
     let mut resets = Resets { since: Instant::now(), count: 0 };
     let mut cancelled = 0;
     loop {
@@ -160,20 +182,28 @@ where
             return End::Error(H3Error::Flood(ctx.settings.max_resets));
         }
         if going_away && streams.is_empty() {
+            tokio::time::sleep(CLOSE_FLUSH).await;
             return End::Done;
         }
         let accepted = tokio::select! {
             r = h3.accept(), if !going_away => r,
             () = drive(&mut streams, &mut cancelled), if !streams.is_empty() => continue,
-            _ = stop.wait_for(|s| *s), if !going_away => {
-                going_away = true;
-                // GOAWAY: streams already opened are answered, no new ones are taken.
-                if let Err(e) = h3.shutdown(0).await {
-                    tracing::debug!("HTTP/3 GOAWAY to {} failed: {e}", ctx.peer);
+            _ = stop.wait_for(|s| *s), if !going_away && grace.is_none() => {
+                grace = Some(tokio::time::Instant::now() + GOAWAY_GRACE);
+                // The largest id: `shutdown` adds its count to the last request taken.
+                if taken_any {
+                    goaway(&mut h3, usize::MAX, ctx).await;
                 }
                 continue;
             }
+            () = tokio::time::sleep_until(grace.unwrap_or_else(tokio::time::Instant::now)), if grace.is_some() => {
+                (grace, going_away) = (None, true);
+                // The id after the last request taken (0 if none): requests from it on were not.
+                goaway(&mut h3, 1, ctx).await;
+                continue;
+            }
         };
+        taken_any |= matches!(accepted, Ok(Some(_)));
         match accepted {
             Ok(Some(resolver)) => streams.push(Box::pin(async move {
                 match tokio::time::timeout(ctx.settings.header_timeout, resolver.resolve_request()).await {
@@ -199,6 +229,17 @@ where
                 return ended(e);
             }
         }
+    }
+}
+
+/// Sends GOAWAY naming the request `after` requests past the last one taken (the
+/// h3 crate's count; 0 when none was taken), as [`serve`] closes.
+async fn goaway<C>(h3: &mut h3::server::Connection<C, Bytes>, after: usize, ctx: &Context<'_, Settings>)
+where
+    C: QuicConnection<Bytes>,
+{
+    if let Err(e) = h3.shutdown(after).await {
+        tracing::debug!("HTTP/3 GOAWAY to {} failed: {e}", ctx.peer);
     }
 }
 

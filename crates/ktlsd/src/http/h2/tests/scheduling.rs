@@ -73,27 +73,137 @@ fn priority_update_frame_reorders() {
 
 // ---- shutdown ----
 
+/// The last-stream-id and code of each GOAWAY, in order.
+fn goaways(frames: &[Got]) -> Vec<(u32, ErrorCode)> {
+    let last = |f: &Got| u32::from_be_bytes(f.payload[..4].try_into().unwrap());
+    frames.iter().filter(|f| f.head.kind == frame::GOAWAY).map(|f| (last(f), f.code())).collect()
+}
+
+/// The payload of the PING the server sent (not an ACK).
+fn ping_sent(frames: &[Got]) -> Option<Vec<u8>> {
+    frames.iter().find(|f| f.head.kind == frame::PING && !f.head.has(frame::FLAG_ACK)).map(|f| f.payload.clone())
+}
+
+fn ping_ack(data: &[u8]) -> Vec<u8> {
+    raw(frame::PING, frame::FLAG_ACK, 0, data)
+}
+
+/// The streams of the request events.
+fn requests(events: &[Event]) -> Vec<u32> {
+    events.iter().filter_map(|e| if let Event::Request { stream, .. } = e { Some(stream.0) } else { None }).collect()
+}
+
+/// RFC 9113 section 6.8: the first GOAWAY names the largest stream id, with NO_ERROR,
+/// and a PING goes with it; streams the client opens until the PING's ACK (or until
+/// the wait is given up) are taken, and the final GOAWAY names the last of them;
+/// streams after it are ignored.
 #[test]
-fn shutdown_finishes_streams_then_closes() {
-    let mut c = Client::new();
-    c.get(1);
-    c.get(3);
+fn shutdown_sends_two_goaways_and_serves_the_streams_in_between() {
+    type Act = fn(&mut Client, &[u8]);
+    // (what the client does after the first GOAWAY, the final GOAWAY's last stream
+    // if one was sent, the streams taken after stream 1)
+    let cases: &[(&str, Act, Option<u32>, &[u32])] = &[
+        ("nothing yet", |_, _| {}, None, &[]),
+        ("a stream crossing the GOAWAY", |c, _| c.get(3), None, &[3]),
+        ("our PING acknowledged", |c, ping| c.send(&ping_ack(ping)), Some(1), &[]),
+        ("another PING acknowledged", |c, _| c.send(&ping_ack(b"12345678")), None, &[]),
+        (
+            "a stream, then the ACK",
+            |c, ping| {
+                c.get(3);
+                c.send(&ping_ack(ping));
+            },
+            Some(3),
+            &[3],
+        ),
+        (
+            "the ACK, then a stream",
+            |c, ping| {
+                c.send(&ping_ack(ping));
+                c.get(3);
+            },
+            Some(1),
+            &[],
+        ),
+        (
+            "two streams, then the wait given up",
+            |c, _| {
+                c.get(3);
+                c.get(5);
+                c.conn.finish_shutdown();
+            },
+            Some(5),
+            &[3, 5],
+        ),
+    ];
+    for &(what, act, last, taken) in cases {
+        let mut c = Client::new();
+        c.get(1);
+        assert_eq!(requests(&c.events()), [1]);
+        c.conn.shutdown();
+        let got = c.frames();
+        assert_eq!(goaways(&got), [((1 << 31) - 1, NoError)], "{what}: the first GOAWAY");
+        let ping = ping_sent(&got).expect("a PING goes with the first GOAWAY");
+        c.conn.shutdown();
+        assert!(c.frames().is_empty(), "{what}: a second shutdown sends nothing");
+
+        act(&mut c, &ping);
+        let got = c.frames();
+        assert_eq!(goaways(&got), last.map(|l| (l, NoError)).into_iter().collect::<Vec<_>>(), "{what}");
+        assert_eq!(requests(&c.events()), taken, "{what}: streams taken");
+        assert_eq!(c.conn.awaits_shutdown_ack(), last.is_none(), "{what}");
+        // A new stream after the final GOAWAY is ignored.
+        c.conn.finish_shutdown();
+        let final_last = goaways(&c.frames()).first().map_or(last, |g| Some(g.0));
+        c.get(9);
+        assert_eq!(c.events(), [], "{what}: stream 9 after the final GOAWAY");
+        assert!(c.frames().iter().all(|f| f.head.stream != 9), "{what}: stream 9 gets nothing");
+        assert_eq!(final_last, Some(*taken.last().unwrap_or(&1)), "{what}: the final GOAWAY");
+
+        for id in std::iter::once(1).chain(taken.iter().copied()) {
+            assert!(!c.conn.is_finished(), "{what}: stream {id} unanswered");
+            c.conn.respond(StreamId(id), 200, [("a", "b")], BodySize::Bytes(b"ok".to_vec())).unwrap();
+        }
+        assert!(!c.conn.is_finished(), "{what}: responses still to be written");
+        assert_eq!(data_frames(&c.frames()).len(), 1 + taken.len(), "{what}");
+        assert!(c.conn.is_finished(), "{what}");
+    }
+}
+
+/// A connection retired after its handshake and before its first request (the
+/// client preface not yet read) still serves the request that was on its way.
+#[test]
+fn shutdown_before_the_client_preface_serves_its_first_request() {
+    let mut c = Client::raw(Limits::default());
     c.conn.shutdown();
     let got = c.frames();
-    assert_eq!(goaway(&got), Some(NoError));
-    let last =
-        u32::from_be_bytes(got.iter().find(|f| f.head.kind == frame::GOAWAY).unwrap().payload[..4].try_into().unwrap());
-    assert_eq!(last, 3);
-    c.events();
-    // A new stream after GOAWAY is ignored.
-    c.get(5);
-    assert_eq!(c.events(), []);
+    assert_eq!(got[0].head.kind, frame::SETTINGS, "the server preface comes first");
+    assert_eq!(goaways(&got), [((1 << 31) - 1, NoError)]);
+    let ping = ping_sent(&got).unwrap();
+    let mut hello = PREFACE.to_vec();
+    hello.extend(settings(&[]));
+    hello.extend(c.headers(1, GET, true));
+    hello.extend(ping_ack(&ping));
+    c.send(&hello);
+    assert_eq!(requests(&c.events()), [1]);
+    assert_eq!(goaways(&c.frames()), [(1, NoError)]);
     assert!(!c.conn.is_finished());
-    for id in [1, 3] {
-        c.conn.respond(StreamId(id), 200, [("a", "b")], BodySize::Bytes(b"ok".to_vec())).unwrap();
-    }
-    assert!(!c.conn.is_finished(), "responses still to be written");
-    assert_eq!(data_frames(&c.frames()).len(), 2);
+    c.conn.respond(StreamId(1), 204, [("a", "b")], BodySize::None).unwrap();
+    let got = c.frames();
+    assert!(got.iter().any(|f| f.head.kind == frame::HEADERS && f.head.stream == 1));
+    assert!(c.conn.is_finished());
+}
+
+/// A client that never answers the PING: the caller gives up, the final GOAWAY
+/// names no stream, and the connection is finished at once.
+#[test]
+fn shutdown_without_an_ack_ends_when_given_up() {
+    let mut c = Client::new();
+    c.conn.shutdown();
+    c.frames();
+    assert!(!c.conn.is_finished(), "waiting for the PING's ACK");
+    c.conn.finish_shutdown();
+    assert_eq!(goaways(&c.frames()), [(0, NoError)]);
     assert!(c.conn.is_finished());
 }
 
