@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::{File, Metadata};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -63,14 +63,42 @@ fn id(meta: &Arc<Meta>) -> usize {
     Arc::as_ptr(meta) as usize
 }
 
-/// The device and inode of `meta`'s file when this worker has it open (marked used).
-pub fn held(meta: &Arc<Meta>) -> Option<(u64, u64)> {
+/// `meta`'s file when this worker has it open (marked used).
+pub fn held(meta: &Arc<Meta>) -> Option<Rc<File>> {
     OPEN.with(|o| {
         let o = &mut *o.borrow_mut();
         o.clock += 1;
         let s = o.slots.get_mut(&id(meta))?;
         s.used = o.clock;
-        Some((s.opened.fstat.dev(), s.opened.fstat.ino()))
+        Some(s.opened.file.clone())
+    })
+}
+
+/// Closes `meta`'s file if this worker holds it (its file was found corrupt).
+pub fn forget(meta: &Arc<Meta>) {
+    OPEN.with(|o| {
+        let o = &mut *o.borrow_mut();
+        if let Some(s) = o.slots.remove(&id(meta)) {
+            o.content_bytes -= s.opened.content.map_or(0, |c| c.len());
+        }
+    })
+}
+
+/// A pseudo-random number (xorshift, seeded per worker from the standard
+/// library's random hash keys): for sampling, not for secrets.
+pub fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: std::cell::Cell<u64> =
+            std::cell::Cell::new(std::collections::hash_map::RandomState::new().build_hasher().finish() | 1);
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
     })
 }
 
@@ -155,7 +183,9 @@ mod tests {
             stored_ms: 0,
             response_ms: 0,
         };
-        Arc::new(Meta::new(Parsed { head, body_offset: 0, body_len: len }, len, path.to_path_buf()).unwrap())
+        Arc::new(
+            Meta::new(Parsed { head, body_offset: 0, body_len: len, body_sum: 0 }, len, path.to_path_buf()).unwrap(),
+        )
     }
 
     #[test]
@@ -164,10 +194,11 @@ mod tests {
         let small = dir.path().join("small");
         std::fs::write(&small, b"hello").unwrap();
         let m = meta(&small, 5);
-        assert_eq!(held(&m), None, "nothing is held before a first answer");
+        assert!(held(&m).is_none(), "nothing is held before a first answer");
         let first = opened(&m, None).expect("the file is opened");
         assert_eq!(first.content.as_deref(), Some(&b"hello"[..]));
         assert!(held(&m).is_some());
+        assert!(Rc::ptr_eq(&held(&m).unwrap(), &first.file));
         // Held: the same descriptor, even once the file is gone.
         std::fs::remove_file(&small).unwrap();
         let again = opened(&m, None).expect("held open");

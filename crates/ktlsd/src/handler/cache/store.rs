@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use super::entry::{self, hex, Bad};
 use super::policy::Meta;
+use crate::log::{more, Throttle};
 
 /// The SHA-256 of a primary key's text.
 pub type Primary = [u8; 32];
@@ -135,9 +136,13 @@ pub fn load(path: &Path) -> Option<Meta> {
     }
 }
 
-/// Deletes a corrupt entry file, saying so.
+/// Deletes a corrupt entry file, saying so (at most once a second: a file system
+/// that corrupts entries must not flood the log).
 pub fn discard(path: &Path, why: &str) {
-    tracing::warn!("cache entry {} is corrupt ({why}): deleted", path.display());
+    static CORRUPT: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    if let Some(n) = CORRUPT.check() {
+        tracing::warn!("cache entry {} is corrupt ({why}): deleted{}", path.display(), more(n));
+    }
     let _ = fs::remove_file(path);
 }
 
