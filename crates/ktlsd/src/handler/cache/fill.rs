@@ -150,13 +150,13 @@ impl EntryWriter {
     /// a full disk also wakes the eviction), so the caller need not log it again.
     /// Blocks on the disk (a write into the page cache).
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
-        let cache = &self.guard.cache;
-        let result = draft(&mut self.state, cache).and_then(|draft| {
-            let need = draft.written() + bytes.len() as u64;
-            if need > cache.config.max_object_size {
+        let (cache, length) = (&self.guard.cache, self.length.unwrap_or(0));
+        let result = draft(&mut self.state, cache, length).and_then(|draft| {
+            let size = draft.written() + bytes.len() as u64;
+            if size > cache.config.max_object_size {
                 return Err(WriteError::TooLarge);
             }
-            draft.write(bytes).map_err(|e| cache.write_failed(e, need))
+            draft.write(bytes).map_err(|e| cache.write_failed(e, size.max(length)))
         });
         if result.is_err() {
             self.state = State::Abandoned;
@@ -171,7 +171,7 @@ impl EntryWriter {
     /// `stored`; on `Err` nothing was stored and no temporary file is left.
     /// Blocks on the disk (`fdatasync`).
     pub fn commit(mut self) -> Result<(), WriteError> {
-        draft(&mut self.state, &self.guard.cache)?;
+        draft(&mut self.state, &self.guard.cache, 0)?;
         let State::Writing(mut draft) = std::mem::replace(&mut self.state, State::Abandoned) else {
             return Err(WriteError::Abandoned);
         };
@@ -221,14 +221,15 @@ impl EntryWriter {
 }
 
 /// The draft of `state`, created now when nothing was written yet; an error
-/// abandons the entry.
-fn draft<'a>(state: &'a mut State, cache: &Cache) -> Result<&'a mut Draft, WriteError> {
+/// abandons the entry. `length`: the body's expected size, for the eviction to
+/// make room for when the disk is full.
+fn draft<'a>(state: &'a mut State, cache: &Cache, length: u64) -> Result<&'a mut Draft, WriteError> {
     if let State::Head(head) = state {
         *state = match Draft::create(cache.layout.tmp(), head) {
             Ok(d) => State::Writing(d),
             Err(e) => {
                 *state = State::Abandoned;
-                return Err(cache.write_failed(e, 0));
+                return Err(cache.write_failed(e, length));
             }
         };
     }

@@ -332,6 +332,7 @@ impl Cache {
             false => std::borrow::Cow::Borrowed(req),
         };
         let req = req.as_ref();
+        open::release_dropped();
         let mut waited = false;
         loop {
             let now = SystemTime::now();
@@ -490,8 +491,9 @@ impl Cache {
     }
 
     /// Logs a failed write of a new entry (at most once a second for each kind)
-    /// and, when the disk is full, has the eviction free `need` bytes more than
-    /// `min_free`. The error, for the writer's caller.
+    /// and, when the disk is full, has the eviction free `need` bytes (the entry's
+    /// size, as far as it is known) more than `min_free`. The error, for the
+    /// writer's caller.
     fn write_failed(&self, e: std::io::Error, need: u64) -> fill::WriteError {
         self.disk_error("a response is not stored", &e, need);
         fill::WriteError::Io(e)

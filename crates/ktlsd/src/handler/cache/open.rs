@@ -8,7 +8,8 @@
 //! So the map is keyed by the [`Meta`] itself (the address of its `Arc`, which the
 //! map holds, so it cannot be reused), and what it holds stays valid for as long
 //! as that `Meta` is the one looked up; a replaced, purged or evicted entry is
-//! simply never asked for again, and its slot goes when the map needs room.
+//! never asked for again, and its slot goes at the worker's next lookup (so that
+//! its deleted file frees its disk space) or when the map needs room.
 //!
 //! Each worker has its own map (nothing shared between threads), of at most
 //! [`ENTRIES`] descriptors and [`CONTENT_BUDGET`] bytes. Not here: which entry
@@ -20,6 +21,7 @@ use std::fs::{File, Metadata};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::policy::Meta;
@@ -53,6 +55,32 @@ struct Open {
     slots: HashMap<usize, Slot>,
     content_bytes: usize,
     clock: u64,
+    /// [`DROPPED`] when this worker last closed the files of dropped entries.
+    seen: u64,
+}
+
+/// Counts the times entries left the index (evicted, purged, replaced, found
+/// corrupt), so that each worker closes the files of those it holds at its next
+/// lookup: a deleted entry frees its disk space only once no descriptor holds it,
+/// which a full disk waits for.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Notes that entries left the index.
+pub fn dropped() {
+    DROPPED.fetch_add(1, Relaxed);
+}
+
+/// Closes this worker's files of entries no longer indexed, when some left the
+/// index since it last looked: one atomic load otherwise.
+pub fn release_dropped() {
+    let now = DROPPED.load(Relaxed);
+    OPEN.with(|o| {
+        let o = &mut *o.borrow_mut();
+        if o.seen != now {
+            o.seen = now;
+            o.release_unindexed();
+        }
+    })
 }
 
 thread_local! {
@@ -149,6 +177,19 @@ impl Open {
     /// none was, the least recently used one.
     fn make_room(&mut self) {
         let before = self.slots.len();
+        self.release_unindexed();
+        if self.slots.len() < before {
+            return;
+        }
+        if let Some(k) = self.slots.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| *k) {
+            if let Some(s) = self.slots.remove(&k) {
+                self.content_bytes -= s.opened.content.map_or(0, |c| c.len());
+            }
+        }
+    }
+
+    /// Drops the slots of entries no longer indexed nor answered from.
+    fn release_unindexed(&mut self) {
         let mut freed = 0;
         self.slots.retain(|_, s| {
             let keep = Arc::strong_count(&s.meta) > 1;
@@ -158,14 +199,6 @@ impl Open {
             keep
         });
         self.content_bytes -= freed;
-        if self.slots.len() < before {
-            return;
-        }
-        if let Some(k) = self.slots.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| *k) {
-            if let Some(s) = self.slots.remove(&k) {
-                self.content_bytes -= s.opened.content.map_or(0, |c| c.len());
-            }
-        }
     }
 }
 

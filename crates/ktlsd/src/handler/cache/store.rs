@@ -199,6 +199,7 @@ impl Index {
         let Some(v) = self.map.get_mut(p) else { return false };
         let Some(i) = v.iter().position(|s| s.meta.path == path) else { return false };
         let s = v.swap_remove(i);
+        super::open::dropped();
         self.bytes = self.bytes.saturating_sub(s.meta.file_len);
         self.entries = self.entries.saturating_sub(1);
         if v.is_empty() {
@@ -210,6 +211,7 @@ impl Index {
     /// Forgets every variant of `p`; their files.
     pub fn remove_primary(&mut self, p: &Primary) -> Vec<PathBuf> {
         let slots = self.map.remove(p).unwrap_or_default();
+        super::open::dropped();
         for s in &slots {
             self.bytes = self.bytes.saturating_sub(s.meta.file_len);
             self.entries = self.entries.saturating_sub(1);
