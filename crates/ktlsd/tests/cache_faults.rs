@@ -185,12 +185,15 @@ impl Drop for Tmpfs {
     }
 }
 
+/// What [`fill_a_small_disk`] saw: what each miss got (size, Cache-Status, whole
+/// and right), the server stopped, the tmpfs (still mounted for the checks) and
+/// how long the misses took.
+type Filled = (Vec<(usize, String, bool)>, Stopped, Tmpfs, Duration);
+
 /// Through a server whose cache and access log are on a 2 MiB tmpfs: four
 /// entries of 300 KiB stored, the rest of the disk then filled by another file,
-/// then misses of `sizes` (one target each). What each miss got (size,
-/// Cache-Status, whole and right), the server stopped, the tmpfs (still mounted
-/// for the checks) and how long the misses took.
-fn fill_a_small_disk(sizes: &[usize]) -> Option<(Vec<(usize, String, bool)>, Stopped, Tmpfs, Duration)> {
+/// then misses of `sizes` (one target each).
+fn fill_a_small_disk(sizes: &[usize]) -> Option<Filled> {
     let fs = Tmpfs::mount("2m")?;
     let origin = Origin::start("a");
     let cache = fs.path().join("cache");

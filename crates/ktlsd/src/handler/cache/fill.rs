@@ -123,7 +123,8 @@ pub struct EntryWriter {
 enum State {
     /// Admitted; no file yet.
     Head(Box<Head>),
-    Writing(Draft),
+    /// Boxed: the hasher's state is most of a kilobyte.
+    Writing(Box<Draft>),
     /// Given up after an error (the temporary file removed).
     Abandoned,
 }
@@ -226,7 +227,7 @@ impl EntryWriter {
 fn draft<'a>(state: &'a mut State, cache: &Cache, length: u64) -> Result<&'a mut Draft, WriteError> {
     if let State::Head(head) = state {
         *state = match Draft::create(cache.layout.tmp(), head) {
-            Ok(d) => State::Writing(d),
+            Ok(d) => State::Writing(Box::new(d)),
             Err(e) => {
                 *state = State::Abandoned;
                 return Err(cache.write_failed(e, length));
