@@ -22,14 +22,17 @@
 //!     the stale hit may answer (`stale-if-error`);
 //!   - [`Lookup::Miss`]: go upstream; the [`FillGuard`] stores the answer:
 //!     [`FillGuard::admit`] (storable? small enough?) gives an [`EntryWriter`]:
-//!     `write` each body chunk, `commit` once the body is complete. Dropping a
-//!     guard or writer abandons the fill (the temporary file is removed).
+//!     `write` each body chunk, `commit` once the body is complete; `commit`
+//!     returning `Ok` is the only sign that the response was stored. Dropping a
+//!     guard or writer, or any failed write, abandons the fill (the temporary file
+//!     is removed); disk errors are logged here, at most once a second.
 //! - Concurrent lookups of one key while a fill runs wait for it (at most
 //!   [`COALESCE_WAIT`], then each goes upstream itself), then answer from the new
 //!   entry: one upstream request for many clients.
 //! - [`cache_status`] builds every RFC 9211 `Cache-Status` value; [`Hit::cache_status`],
 //!   [`FillGuard::cache_status`] and [`Stale::fwd`] say what each answer's is (`hit`,
-//!   `fwd=miss`/`vary-miss`/`stale`/`request`, `collapsed`, `stored`).
+//!   `fwd=miss`/`vary-miss`/`stale`/`request`, `collapsed`, and `stored` only for
+//!   a head sent after its entry's commit succeeded).
 //! - [`Cache::purge`] removes every variant of a key; [`Cache::figures`] gives the metrics.
 //!
 //! # On disk
@@ -41,11 +44,14 @@
 //! without Vary). A new entry is written to `tmp/`, its data flushed
 //! (`fdatasync`) and then renamed into place, so a crash leaves either no entry or
 //! a whole one; `tmp/` is emptied at start. Corrupt or truncated files are deleted
-//! when met, never served. The index (in memory: each entry's head, about one
+//! when met, never served: every hit checks the file's length on its open
+//! descriptor, and the body's checksum is checked on an entry's first hit after
+//! start and on a `verify_sample` share of the others. The index (in memory: each entry's head, about one
 //! kilobyte) is rebuilt at start on a thread of its own; until it has seen a key,
 //! a lookup reads that key's files straight from its directory. Eviction runs on
 //! another thread, least recently used first, once the files exceed `max_size`,
-//! down to 90% of it.
+//! down to 90% of it, and while the file system has less than `min_free` (or
+//! than a write that found it full needed) free.
 
 mod entry;
 mod fill;
