@@ -13,7 +13,8 @@ use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::stats::Metrics;
@@ -146,6 +147,44 @@ impl RateLimit {
         self.window.set(now);
         self.passed.set(0);
         self.suppressed.replace(0)
+    }
+}
+
+/// At most one line per period for one kind of diagnostic, shared by every
+/// thread: a fault that repeats (a full disk, a corrupt file met on every hit)
+/// must not flood the log. The events in between are counted, and the next line
+/// says how many there were.
+pub struct Throttle {
+    every_ms: u64,
+    /// When the next line may be written, in milliseconds since [`Throttle`]'s clock started.
+    next_ms: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl Throttle {
+    pub const fn new(every: Duration) -> Throttle {
+        Throttle { every_ms: every.as_millis() as u64, next_ms: AtomicU64::new(0), suppressed: AtomicU64::new(0) }
+    }
+
+    /// `Some(n)` when a line may be written now, `n` being how many events were
+    /// suppressed since the last one; `None` when this one is suppressed (and counted).
+    pub fn check(&self) -> Option<u64> {
+        static START: OnceLock<Instant> = OnceLock::new();
+        let now = START.get_or_init(Instant::now).elapsed().as_millis() as u64;
+        let next = self.next_ms.load(Relaxed);
+        if now >= next && self.next_ms.compare_exchange(next, now + self.every_ms, Relaxed, Relaxed).is_ok() {
+            return Some(self.suppressed.swap(0, Relaxed));
+        }
+        self.suppressed.fetch_add(1, Relaxed);
+        None
+    }
+}
+
+/// `" (and N more like it since the last)"` after a throttled line, or nothing.
+pub fn more(suppressed: u64) -> String {
+    match suppressed {
+        0 => String::new(),
+        n => format!(" ({n} more like it since the last such line)"),
     }
 }
 
@@ -384,16 +423,58 @@ impl AccessLog {
     }
 }
 
-/// Writes out a batch of whole lines and empties it. `&File` writes: one write
-/// per batch on an O_APPEND file keeps the workers' batches whole.
+/// Access log lines dropped whole because the destination refused them (a full
+/// disk, an I/O error), since start.
+static DROPPED_LINES: AtomicU64 = AtomicU64::new(0);
+
+/// Writes out a batch of whole lines and empties it. `&File` writes on an
+/// O_APPEND file; the workers' batches are serialised, so that a batch the file
+/// system takes only in part (a full disk) can be cut back to its last whole line:
+/// a line is written whole or dropped whole (and counted, the failure logged at
+/// most once a second), never left half-written to merge with the next one.
 fn write_batch(out: &File, buf: &mut Vec<u8>) {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    static FAILED: Throttle = Throttle::new(Duration::from_secs(1));
     if buf.is_empty() {
         return;
     }
-    if let Err(e) = (&*out).write_all(buf) {
-        tracing::warn!("access log write failed: {e}");
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Where this batch starts, when the destination is a regular file that can be cut back.
+    let start = out.metadata().ok().filter(|m| m.is_file()).map(|m| m.len());
+    let (written, failure) = write_whole(out, buf);
+    if let Some(e) = failure {
+        let whole = buf[..written].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if whole < written {
+            if let Some(start) = start {
+                let _ = out.set_len(start + whole as u64);
+            }
+        }
+        drop(serial);
+        let dropped = buf[whole..].iter().filter(|&&b| b == b'\n').count() as u64;
+        let total = DROPPED_LINES.fetch_add(dropped, Relaxed) + dropped;
+        if let Some(n) = FAILED.check() {
+            tracing::warn!(
+                "access log write failed: {e}; {dropped} line(s) dropped whole, {total} since start{}",
+                more(n)
+            );
+        }
     }
     buf.clear();
+}
+
+/// Writes `buf` to `out` with as many `write` calls as it takes: the bytes
+/// written, and the error that stopped it short.
+fn write_whole(mut out: &File, buf: &[u8]) -> (usize, Option<std::io::Error>) {
+    let mut done = 0;
+    while done < buf.len() {
+        match out.write(&buf[done..]) {
+            Ok(0) => return (done, Some(std::io::ErrorKind::WriteZero.into())),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
 }
 
 /// The common log format's fields, `peer - - [time] "request" status bytes`, the

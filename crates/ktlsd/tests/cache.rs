@@ -44,9 +44,10 @@ fn plant(dir: &Path, host: &str, target: &str, body: &[u8]) -> PathBuf {
     .to_string()
     .into_bytes();
     let mut lengths = (body.len() as u64).to_le_bytes().to_vec();
+    lengths.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(body).to_le_bytes());
     lengths.extend_from_slice(&(head.len() as u32).to_le_bytes());
     let sum = unhex(&sha256(&[lengths.as_slice(), head.as_slice()].concat()));
-    let file = [b"KTLSDC1\n".as_slice(), &lengths, &sum, &head, body].concat();
+    let file = [b"KTLSDC2\n".as_slice(), &lengths, &sum, &head, body].concat();
     let shard = dir.join(&name[..2]).join(&name[2..4]);
     std::fs::create_dir_all(&shard).unwrap();
     let path = shard.join(format!("{name}.0"));

@@ -1,8 +1,10 @@
-//! The `[cache]` section: where the response cache keeps its entries and how much
-//! it may keep (`dir`, `max_size`, `max_object_size`).
+//! The `[cache]` section: where the response cache keeps its entries, how much
+//! it may keep (`dir`, `max_size`, `max_object_size`), how much of its file
+//! system it leaves free (`min_free`) and how often a hit checks its body
+//! (`verify_sample`).
 //!
 //! Sizes are bytes, as an integer or as text with a binary suffix (`"512M"`,
-//! `"10G"`). This module checks the values; it creates no directory (start-up opens
+//! `"10G"`); `min_free` may also be a percentage of the file system (`"5%"`). This module checks the values; it creates no directory (start-up opens
 //! the cache, see `handler::cache`).
 
 use std::path::PathBuf;
@@ -10,15 +12,17 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::{err, ConfigError};
-use crate::handler::cache::Settings;
+use crate::handler::cache::{MinFree, Settings};
 
 /// The `[cache]` table as written.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileCache {
     pub dir: Option<PathBuf>,
     pub max_size: Option<Size>,
     pub max_object_size: Option<Size>,
+    pub min_free: Option<Size>,
+    pub verify_sample: Option<f64>,
 }
 
 /// A size as written: a number of bytes, or text such as `"512M"`.
@@ -36,6 +40,10 @@ pub const DEFAULT_MAX_OBJECT_SIZE: u64 = 64 << 20;
 /// The largest `max_object_size` is `max_size` divided by this: one object never
 /// evicts more than an eighth of the cache.
 const OBJECTS_PER_CACHE: u64 = 8;
+/// `verify_sample` when not given: one hit in a hundred reads its body back and
+/// checks it (for a 2 MiB body in the page cache, about half a millisecond each
+/// time, so a few microseconds a hit on average).
+pub const DEFAULT_VERIFY_SAMPLE: f64 = 0.01;
 /// The smallest `max_size`: 1 MiB.
 const MIN_MAX_SIZE: u64 = 1 << 20;
 
@@ -66,7 +74,29 @@ pub fn cache(file: Option<&FileCache>) -> Result<Option<Settings>, ConfigError> 
              lower it or raise max_size"
         ));
     }
-    Ok(Some(Settings { dir, max_size, max_object_size }))
+    let min_free = match &c.min_free {
+        Some(Size::Text(t)) if t.trim().ends_with('%') => {
+            let pct = t.trim().trim_end_matches('%').trim();
+            match pct.parse::<u8>() {
+                Ok(p) if p < 100 => MinFree::Percent(p),
+                _ => {
+                    return err(format!(
+                        "[cache] min_free {t:?}: expected a whole percentage below 100, such as \"5%\""
+                    ))
+                }
+            }
+        }
+        Some(s) => MinFree::Bytes(size("min_free", s)?),
+        None => MinFree::Bytes(0),
+    };
+    let sample = c.verify_sample.unwrap_or(DEFAULT_VERIFY_SAMPLE);
+    if !(0.0..=1.0).contains(&sample) {
+        return err(format!(
+            "[cache] verify_sample {sample}: expected a share of hits from 0 (only the first) to 1 (every hit)"
+        ));
+    }
+    let verify_sample = (sample * 1e6).round() as u32;
+    Ok(Some(Settings { dir, max_size, max_object_size, verify_sample, min_free }))
 }
 
 /// `s` in bytes: an integer, or digits with an optional K, M, G or T suffix (powers
@@ -96,7 +126,7 @@ mod tests {
     use super::*;
 
     fn table(dir: Option<&str>, max: Option<Size>, obj: Option<Size>) -> FileCache {
-        FileCache { dir: dir.map(PathBuf::from), max_size: max, max_object_size: obj }
+        FileCache { dir: dir.map(PathBuf::from), max_size: max, max_object_size: obj, ..FileCache::default() }
     }
 
     #[test]
@@ -139,9 +169,42 @@ mod tests {
     }
 
     #[test]
+    fn min_free_and_verify_sample() {
+        let t = |s: &str| Some(Size::Text(s.into()));
+        let with = |min_free: Option<Size>, verify_sample: Option<f64>| FileCache {
+            min_free,
+            verify_sample,
+            ..table(Some("/c"), None, None)
+        };
+        for (file, want) in [
+            (with(None, None), Ok((MinFree::Bytes(0), 10_000))),
+            (with(t("5%"), Some(1.0)), Ok((MinFree::Percent(5), 1_000_000))),
+            (with(t(" 0 % "), Some(0.0)), Ok((MinFree::Percent(0), 0))),
+            (with(t("100M"), Some(0.25)), Ok((MinFree::Bytes(100 << 20), 250_000))),
+            (with(Some(Size::Bytes(4096)), Some(0.000001)), Ok((MinFree::Bytes(4096), 1))),
+            (with(t("100%"), None), Err("min_free \"100%\": expected a whole percentage below 100")),
+            (with(t("1.5%"), None), Err("min_free \"1.5%\"")),
+            (with(t("lots"), None), Err("[cache] min_free \"lots\": expected bytes")),
+            (with(None, Some(1.5)), Err("verify_sample 1.5: expected a share of hits")),
+            (with(None, Some(-0.1)), Err("verify_sample -0.1")),
+            (with(None, Some(f64::NAN)), Err("verify_sample NaN")),
+        ] {
+            match (cache(Some(&file)), want) {
+                (Ok(Some(c)), Ok(w)) => assert_eq!((c.min_free, c.verify_sample), w, "{file:?}"),
+                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{e} should contain {w}"),
+                (got, want) => panic!("{file:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        assert_eq!(MinFree::Percent(10).of(1000), 100);
+        assert_eq!(MinFree::Bytes(7).of(1000), 7);
+    }
+
+    #[test]
     fn the_table_reads_from_toml() {
         let c: FileCache = toml::from_str("dir = \"x\"\nmax_size = \"10G\"\nmax_object_size = 1000").unwrap();
         assert_eq!(c, table(Some("x"), Some(Size::Text("10G".into())), Some(Size::Bytes(1000))));
+        let c: FileCache = toml::from_str("dir = \"x\"\nmin_free = \"5%\"\nverify_sample = 1").unwrap();
+        assert_eq!((c.min_free, c.verify_sample), (Some(Size::Text("5%".into())), Some(1.0)));
         assert!(toml::from_str::<FileCache>("dir = \"x\"\nsize = 1").is_err(), "unknown keys are refused");
     }
 }

@@ -300,7 +300,7 @@ schema! {
         /// Most bytes of bodies compressed on the fly kept in STATE_DIR/compressed; the least recently used go first [default: 268435456]
         #[arg(long, value_name = "BYTES")]
         compress_cache_size: u64,
-        /// The response cache of proxied responses (`[cache]`: dir, max_size, max_object_size); file only
+        /// The response cache of proxied responses (`[cache]`: dir, sizes, min_free, verify_sample); file only
         #[arg(skip)]
         cache: super::cache::FileCache,
         /// More configuration files read after this one, as paths or globs relative to this file (e.g. ["sites/*.toml"]): each may add [[site]] blocks and set keys no other file sets; a glob matching nothing is fine, a missing plain path is an error; file only [default: none]

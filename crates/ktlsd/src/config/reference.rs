@@ -127,7 +127,11 @@ pub fn generate() -> String {
          - `dir`: the directory of its entries (required; created owner-only at start when missing)\n\
          - `max_size`: bytes of entries above which the least recently used are evicted, as a number or \
          `\"10G\"`, `\"512M\"` (default `\"1G\"`)\n\
-         - `max_object_size`: the largest body stored (default `\"64M\"`, at most `max_size` / 8)\n",
+         - `max_object_size`: the largest body stored (default `\"64M\"`, at most `max_size` / 8)\n\
+         - `min_free`: free space kept on the cache's file system, evicting the least recently used entries, as \
+         bytes or a percentage of it, `\"5%\"` (default 0: evict only when a write finds the disk full)\n\
+         - `verify_sample`: the share of hits, 0 to 1, whose body is read back and checked against its checksum \
+         (default 0.01; the first hit of each entry after start is always checked)\n",
     );
     out.push_str(
         "\n### `include` and `${VAR}`\n\n\

@@ -409,7 +409,12 @@ mod tests {
     #[test]
     fn purge_removes_every_variant_of_a_key() {
         let dir = tempfile::tempdir().unwrap();
-        let config = cache::Settings { dir: dir.path().join("cache"), max_size: 64 << 20, max_object_size: 1 << 20 };
+        let config = cache::Settings {
+            dir: dir.path().join("cache"),
+            max_size: 64 << 20,
+            max_object_size: 1 << 20,
+            ..Default::default()
+        };
         let cache = Cache::open(&config).unwrap();
         let site = NamedSite {
             names: names::Names::parse(&["a.example".to_string()]).unwrap(),

@@ -6,13 +6,14 @@
 //! chunk to [`EntryWriter::write`].
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::HeaderMap;
 use tokio::sync::watch;
 
-use super::entry::{self, Draft};
+use super::entry::{self, Draft, Head};
 use super::policy::{self, Meta, NotStored};
 use super::{Cache, CacheStatus, Fwd, Key};
 
@@ -52,8 +53,11 @@ impl FillGuard {
     }
 
     /// The Cache-Status of the answer that goes upstream: `fwd=miss`, `vary-miss`,
-    /// `stale` or `request`, `collapsed` after a wait, and `stored` when `stored`
-    /// (the response was admitted).
+    /// `stale` or `request`, `collapsed` after a wait, and `stored` when `stored`.
+    /// Only what was stored may say so: pass `true` only when
+    /// [`EntryWriter::commit`] returned `Ok` before this status is sent. A head
+    /// that goes out while the body is still being stored must pass `false` (the
+    /// fill may yet be abandoned: disk full, a short body, a purge).
     pub fn cache_status(&self, stored: bool) -> CacheStatus {
         let u = self.upstream;
         CacheStatus { fwd: Some(u.fwd), stored, collapsed: u.collapsed, ..CacheStatus::default() }
@@ -79,19 +83,14 @@ impl FillGuard {
             return Err(NotStored::TooLarge);
         }
         let head = policy::admit(&self.key.text, &self.req, response.status, &response.headers, received)?;
-        let tmp = self.cache.layout.tmp();
-        let draft = match self.cache.layout.create(None).and_then(|()| Draft::create(&tmp, &head)) {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::warn!("cache {}: cannot write a new entry: {e}", self.cache.config.dir.display());
-                return Err(NotStored::Disk);
-            }
-        };
+        if let Err(e) = self.cache.layout.create(None) {
+            self.cache.disk_error("cannot create the directory of new entries", &e, 0);
+            return Err(NotStored::Disk);
+        }
         let path = self.cache.layout.entry(&self.key.primary, &policy::secondary(&head));
         Ok(EntryWriter {
             guard: self,
-            draft: Some(draft),
-            tmp,
+            state: State::Head(Box::new(head)),
             path,
             length,
             vary: policy::vary_names(&response.headers),
@@ -108,16 +107,26 @@ impl Drop for FillGuard {
 }
 
 /// An entry being written. [`EntryWriter::commit`] publishes it once the body is
-/// complete; dropping it first removes the temporary file.
+/// complete; dropping it first removes the temporary file. The temporary file is
+/// created by the first write (or by the commit of an empty body), so a response
+/// admitted but never written touches no disk.
 pub struct EntryWriter {
     guard: FillGuard,
-    draft: Option<Draft>,
-    tmp: PathBuf,
+    state: State,
     path: PathBuf,
     /// The response's Content-Length, which the body must match.
     length: Option<u64>,
     /// The Vary names of this response: other variants with other Vary names are dropped on commit.
     vary: Vec<String>,
+}
+
+enum State {
+    /// Admitted; no file yet.
+    Head(Box<Head>),
+    /// Boxed: the hasher's state is most of a kilobyte.
+    Writing(Box<Draft>),
+    /// Given up after an error (the temporary file removed).
+    Abandoned,
 }
 
 /// Why an entry was not stored after all.
@@ -137,17 +146,21 @@ pub enum WriteError {
 
 impl EntryWriter {
     /// Appends a chunk of the body. After an error the entry is abandoned (the
-    /// proxy goes on sending the response to its client): later calls fail too.
+    /// proxy goes on sending the response to its client): later calls fail too,
+    /// and the temporary file is gone. A disk error is logged here (rate-limited;
+    /// a full disk also wakes the eviction), so the caller need not log it again.
     /// Blocks on the disk (a write into the page cache).
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), WriteError> {
-        let Some(draft) = self.draft.as_mut() else { return Err(WriteError::Abandoned) };
-        let result = if draft.written() + bytes.len() as u64 > self.guard.cache.config.max_object_size {
-            Err(WriteError::TooLarge)
-        } else {
-            draft.write(bytes).map_err(WriteError::from)
-        };
+        let (cache, length) = (&self.guard.cache, self.length.unwrap_or(0));
+        let result = draft(&mut self.state, cache, length).and_then(|draft| {
+            let size = draft.written() + bytes.len() as u64;
+            if size > cache.config.max_object_size {
+                return Err(WriteError::TooLarge);
+            }
+            draft.write(bytes).map_err(|e| cache.write_failed(e, size.max(length)))
+        });
         if result.is_err() {
-            self.abandon();
+            self.state = State::Abandoned;
         }
         result
     }
@@ -155,31 +168,28 @@ impl EntryWriter {
     /// Publishes the entry: checks the body against the Content-Length, flushes the
     /// file's data, renames it into place and adds it to the index (dropping other
     /// variants of the key stored under another Vary). Waiting lookups then find it.
+    /// `Ok` means stored, and only then may the response's `Cache-Status` say
+    /// `stored`; on `Err` nothing was stored and no temporary file is left.
     /// Blocks on the disk (`fdatasync`).
     pub fn commit(mut self) -> Result<(), WriteError> {
-        let Some(draft) = self.draft.take() else { return Err(WriteError::Abandoned) };
+        draft(&mut self.state, &self.guard.cache, 0)?;
+        let State::Writing(mut draft) = std::mem::replace(&mut self.state, State::Abandoned) else {
+            return Err(WriteError::Abandoned);
+        };
         let got = draft.written();
         if let Some(want) = self.length.filter(|&want| want != got) {
-            let _ = std::fs::remove_file(&self.tmp);
             return Err(WriteError::Length { got, want });
         }
         let cache = &self.guard.cache;
         let p = self.guard.key.primary;
         if cache.purged_since(&self.guard.key, self.guard.generation) {
-            let _ = std::fs::remove_file(&self.tmp);
             return Err(WriteError::Purged);
         }
         let published = draft
-            .finish()
+            .seal()
             .and_then(|len| cache.layout.create(Some(&p)).map(|()| len))
-            .and_then(|len| std::fs::rename(&self.tmp, &self.path).map(|()| len));
-        let len = match published {
-            Ok(len) => len,
-            Err(e) => {
-                let _ = std::fs::remove_file(&self.tmp);
-                return Err(e.into());
-            }
-        };
+            .and_then(|len| draft.publish(&self.path).map(|()| len));
+        let len = published.map_err(|e| cache.write_failed(e, got))?;
         let meta = match entry::open(&self.path) {
             Ok((_, file_len, parsed)) if file_len == len => Meta::new(parsed, file_len, self.path.clone()),
             _ => None,
@@ -188,6 +198,8 @@ impl EntryWriter {
             let _ = std::fs::remove_file(&self.path);
             return Err(std::io::Error::other("the entry just written does not read back").into());
         };
+        // Hashed as it was written: the first hit need not read it again.
+        meta.verified.store(true, Relaxed);
         let stale: Vec<PathBuf> = {
             let mut index = cache.lock_index();
             let others = index.variants(&p).unwrap_or_default();
@@ -207,16 +219,23 @@ impl EntryWriter {
         cache.wake_evictor();
         Ok(())
     }
-
-    fn abandon(&mut self) {
-        if self.draft.take().is_some() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
 }
 
-impl Drop for EntryWriter {
-    fn drop(&mut self) {
-        self.abandon();
+/// The draft of `state`, created now when nothing was written yet; an error
+/// abandons the entry. `length`: the body's expected size, for the eviction to
+/// make room for when the disk is full.
+fn draft<'a>(state: &'a mut State, cache: &Cache, length: u64) -> Result<&'a mut Draft, WriteError> {
+    if let State::Head(head) = state {
+        *state = match Draft::create(cache.layout.tmp(), head) {
+            Ok(d) => State::Writing(Box::new(d)),
+            Err(e) => {
+                *state = State::Abandoned;
+                return Err(cache.write_failed(e, length));
+            }
+        };
+    }
+    match state {
+        State::Writing(d) => Ok(d),
+        _ => Err(WriteError::Abandoned),
     }
 }

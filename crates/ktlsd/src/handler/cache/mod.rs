@@ -22,14 +22,17 @@
 //!     the stale hit may answer (`stale-if-error`);
 //!   - [`Lookup::Miss`]: go upstream; the [`FillGuard`] stores the answer:
 //!     [`FillGuard::admit`] (storable? small enough?) gives an [`EntryWriter`]:
-//!     `write` each body chunk, `commit` once the body is complete. Dropping a
-//!     guard or writer abandons the fill (the temporary file is removed).
+//!     `write` each body chunk, `commit` once the body is complete; `commit`
+//!     returning `Ok` is the only sign that the response was stored. Dropping a
+//!     guard or writer, or any failed write, abandons the fill (the temporary file
+//!     is removed); disk errors are logged here, at most once a second.
 //! - Concurrent lookups of one key while a fill runs wait for it (at most
 //!   [`COALESCE_WAIT`], then each goes upstream itself), then answer from the new
 //!   entry: one upstream request for many clients.
 //! - [`cache_status`] builds every RFC 9211 `Cache-Status` value; [`Hit::cache_status`],
 //!   [`FillGuard::cache_status`] and [`Stale::fwd`] say what each answer's is (`hit`,
-//!   `fwd=miss`/`vary-miss`/`stale`/`request`, `collapsed`, `stored`).
+//!   `fwd=miss`/`vary-miss`/`stale`/`request`, `collapsed`, and `stored` only for
+//!   a head sent after its entry's commit succeeded).
 //! - [`Cache::purge`] removes every variant of a key; [`Cache::figures`] gives the metrics.
 //!
 //! # On disk
@@ -41,11 +44,14 @@
 //! without Vary). A new entry is written to `tmp/`, its data flushed
 //! (`fdatasync`) and then renamed into place, so a crash leaves either no entry or
 //! a whole one; `tmp/` is emptied at start. Corrupt or truncated files are deleted
-//! when met, never served. The index (in memory: each entry's head, about one
+//! when met, never served: every hit checks the file's length on its open
+//! descriptor, and the body's checksum is checked on an entry's first hit after
+//! start and on a `verify_sample` share of the others. The index (in memory: each entry's head, about one
 //! kilobyte) is rebuilt at start on a thread of its own; until it has seen a key,
 //! a lookup reads that key's files straight from its directory. Eviction runs on
 //! another thread, least recently used first, once the files exceed `max_size`,
-//! down to 90% of it.
+//! down to 90% of it, and while the file system has less than `min_free` (or
+//! than a write that found it full needed) free.
 
 mod entry;
 mod fill;
@@ -67,7 +73,9 @@ pub use fill::{EntryWriter, FillGuard, Upstream};
 pub use policy::NotStored;
 pub use serve::{cache_status, CacheStatus, Fwd};
 
+use crate::log::{more, Throttle};
 use crate::stats::prometheus::CacheFigures;
+use entry::Bad;
 use policy::{Freshness, Meta};
 use store::{Index, Layout, Primary};
 
@@ -85,6 +93,43 @@ pub struct Settings {
     pub max_size: u64,
     /// The largest body stored; a larger response is passed on without being stored.
     pub max_object_size: u64,
+    /// The share of hits whose body is read back and checked against its checksum,
+    /// in millionths (1,000,000: every hit). The first hit of an entry after start
+    /// is always checked.
+    pub verify_sample: u32,
+    /// The free space kept on the cache's file system: below it, the least
+    /// recently used entries are evicted.
+    pub min_free: MinFree,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            dir: PathBuf::new(),
+            max_size: 1 << 30,
+            max_object_size: 64 << 20,
+            verify_sample: 10_000,
+            min_free: MinFree::Bytes(0),
+        }
+    }
+}
+
+/// Free space to keep on the cache's file system (nginx's `min_free`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinFree {
+    Bytes(u64),
+    /// Percent of the file system's size.
+    Percent(u8),
+}
+
+impl MinFree {
+    /// The bytes to keep free on a file system of `total` bytes.
+    pub fn of(self, total: u64) -> u64 {
+        match self {
+            MinFree::Bytes(n) => n,
+            MinFree::Percent(p) => total / 100 * u64::from(p),
+        }
+    }
 }
 
 /// The primary cache key: the host the site answers as and the request target.
@@ -120,7 +165,15 @@ pub struct Cache {
     /// The latest purges (a generation number each, and the key), so that a fill
     /// that began before a purge of its key does not store the purged response.
     purges: Mutex<Purges>,
+    /// Bytes a fill could not write for want of space, for the eviction to free.
+    short_of: AtomicU64,
+    /// Rate limits of the warnings of a full disk and of other write failures.
+    disk_full: Throttle,
+    write_error: Throttle,
 }
+
+/// How often a repeated disk warning is logged: once a second at most.
+const WARN_EVERY: Duration = Duration::from_secs(1);
 
 /// The last [`Purges::KEPT`] purges, numbered.
 #[derive(Default)]
@@ -254,6 +307,9 @@ impl Cache {
             evict: (Mutex::new(false), Condvar::new()),
             counters: Counters::default(),
             purges: Mutex::new(Purges::default()),
+            short_of: AtomicU64::new(0),
+            disk_full: Throttle::new(WARN_EVERY),
+            write_error: Throttle::new(WARN_EVERY),
         });
         let rebuild = Arc::downgrade(&cache);
         std::thread::Builder::new()
@@ -282,6 +338,7 @@ impl Cache {
             false => std::borrow::Cow::Borrowed(req),
         };
         let req = req.as_ref();
+        open::release_dropped();
         let mut waited = false;
         loop {
             let now = SystemTime::now();
@@ -381,32 +438,83 @@ impl Cache {
     }
 
     /// The hit of the entry's file: held open by this worker already, or opened
-    /// now; a file that is gone or no longer as indexed is forgotten (and deleted
-    /// when its length is wrong).
+    /// now. Its length is checked against the open descriptor (`fstat`) on every
+    /// hit, and its body against its checksum on the entry's first hit since start
+    /// and on a sample of the others (`verify_sample`). A file that is gone is
+    /// forgotten; one that is truncated, resized or corrupt is deleted and
+    /// forgotten (logged at most once a second): `None`, and the caller goes upstream.
     fn open_hit(&self, p: &Primary, meta: Arc<Meta>, now: SystemTime) -> Option<Hit> {
         use std::os::unix::fs::MetadataExt;
-        let held = open::held(&meta).map(|id| Ok((None, id)));
-        let opened = held.unwrap_or_else(|| {
-            File::open(&meta.path)
-                .and_then(|f| f.metadata().map(|m| ((m.dev(), m.ino()), Some((f, m)))))
-                .map(|(id, f)| (f, id))
+        let held = open::held(&meta);
+        let opened = match &held {
+            Some(_) => None,
+            None => match File::open(&meta.path) {
+                Ok(f) => Some(f),
+                Err(_) => {
+                    self.lock_index().remove_path(p, &meta.path);
+                    return None;
+                }
+            },
+        };
+        let file = match (&held, &opened) {
+            (Some(f), _) => &**f,
+            (None, Some(f)) => f,
+            (None, None) => return None,
+        };
+        let checked = entry::check_len(file, meta.file_len).and_then(|fstat| {
+            if !meta.verified.load(Relaxed) || self.sampled() {
+                entry::verify_body(file, meta.body_offset, meta.body_len, meta.body_sum)?;
+                meta.verified.store(true, Relaxed);
+            }
+            Ok(fstat)
         });
-        match opened {
-            Ok((file, id)) if file.as_ref().is_none_or(|(_, m)| m.len() == meta.file_len) => {
-                self.lock_index().touch(p, &meta.path);
-                let age = meta.age(now).as_secs();
-                let generation = self.purge_generation();
-                Some(Hit { meta, file, id, age, collapsed: false, generation })
-            }
-            Ok(_) => {
-                store::discard(&meta.path, "its length changed");
+        let fstat = match checked {
+            Ok(fstat) => fstat,
+            Err(bad) => {
+                if held.is_some() {
+                    open::forget(&meta);
+                }
                 self.lock_index().remove_path(p, &meta.path);
-                None
+                match bad {
+                    Bad::Corrupt(why) => store::discard(&meta.path, why),
+                    Bad::Io(e) => tracing::debug!("cache entry {} not read: {e}", meta.path.display()),
+                }
+                return None;
             }
-            Err(_) => {
-                self.lock_index().remove_path(p, &meta.path);
-                None
+        };
+        self.lock_index().touch(p, &meta.path);
+        let age = meta.age(now).as_secs();
+        let generation = self.purge_generation();
+        let id = (fstat.dev(), fstat.ino());
+        let file = opened.map(|f| (f, fstat));
+        Some(Hit { meta, file, id, age, collapsed: false, generation })
+    }
+
+    /// Whether this hit is one of the `verify_sample` whose body is checked.
+    fn sampled(&self) -> bool {
+        let share = self.config.verify_sample;
+        share > 0 && (share >= 1_000_000 || open::random() % 1_000_000 < u64::from(share))
+    }
+
+    /// Logs a failed write of a new entry (at most once a second for each kind)
+    /// and, when the disk is full, has the eviction free `need` bytes (the entry's
+    /// size, as far as it is known) more than `min_free`. The error, for the
+    /// writer's caller.
+    fn write_failed(&self, e: std::io::Error, need: u64) -> fill::WriteError {
+        self.disk_error("a response is not stored", &e, need);
+        fill::WriteError::Io(e)
+    }
+
+    fn disk_error(&self, what: &str, e: &std::io::Error, need: u64) {
+        let dir = self.config.dir.display();
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            self.short_of.fetch_max(need.max(entry::PREFIX), Relaxed);
+            self.wake_evictor();
+            if let Some(n) = self.disk_full.check() {
+                tracing::warn!("cache {dir}: {what}: {e}; evicting the least recently used entries{}", more(n));
             }
+        } else if let Some(n) = self.write_error.check() {
+            tracing::warn!("cache {dir}: {what}: {e}{}", more(n));
         }
     }
 
@@ -453,23 +561,24 @@ impl Cache {
         if !same {
             return None;
         }
-        let tmp = self.layout.tmp();
-        let written = entry::rewrite(&tmp, &head, &file, old.body_offset, old.body_len).and_then(|len| {
-            match self.purged_since(&Key { text: head.key.clone(), primary: p }, entry.generation) {
-                true => Err(std::io::Error::other("the key was purged meanwhile")),
-                false => Ok(len),
-            }
-        });
-        let len = match written.and_then(|len| std::fs::rename(&tmp, &old.path).map(|()| len)) {
+        let written = entry::rewrite(self.layout.tmp(), &head, &file, old.body_offset, old.body_len, old.body_sum)
+            .and_then(|(draft, len)| {
+                match self.purged_since(&Key { text: head.key.clone(), primary: p }, entry.generation) {
+                    true => Err(std::io::Error::other("the key was purged meanwhile")),
+                    false => draft.publish(&old.path).map(|()| len),
+                }
+            });
+        let len = match written {
             Ok(len) => len,
             Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                tracing::warn!("cache entry {} could not be refreshed: {e}", old.path.display());
+                self.disk_error(&format!("entry {} not refreshed", old.path.display()), &e, 0);
                 return None;
             }
         };
-        let parsed = entry::Parsed { head, body_offset: len - old.body_len, body_len: old.body_len };
+        let parsed =
+            entry::Parsed { head, body_offset: len - old.body_len, body_len: old.body_len, body_sum: old.body_sum };
         let meta = Arc::new(Meta::new(parsed, len, old.path.clone())?);
+        meta.verified.store(old.verified.load(Relaxed), Relaxed);
         self.lock_index().insert(p, meta.clone());
         self.counters.revalidations.fetch_add(1, Relaxed);
         self.wake_evictor();
@@ -524,23 +633,51 @@ impl Cache {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Wakes the eviction thread when the entries exceed `max_size`.
+    /// Wakes the eviction thread when the entries exceed `max_size`, a write
+    /// found the disk full, or the file system has less than `min_free` free.
     fn wake_evictor(&self) {
-        if self.lock_index().bytes > self.config.max_size {
+        let over = self.lock_index().bytes > self.config.max_size;
+        if over || self.short_of.load(Relaxed) > 0 || self.free_deficit() > 0 {
             let (flag, cv) = &self.evict;
             *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
             cv.notify_one();
         }
     }
 
-    /// Evicts the least recently used entries down to 90% of `max_size`; how many.
+    /// The bytes missing on the cache's file system for `min_free` to be free, and
+    /// for what a write could not store for want of space.
+    fn free_deficit(&self) -> u64 {
+        let short_of = self.short_of.load(Relaxed);
+        if self.config.min_free == MinFree::Bytes(0) && short_of == 0 {
+            return 0;
+        }
+        let Ok(fs) = rustix::fs::statvfs(&self.config.dir) else { return 0 };
+        let (free, total) = (fs.f_bavail.saturating_mul(fs.f_frsize), fs.f_blocks.saturating_mul(fs.f_frsize));
+        (self.config.min_free.of(total) + short_of).saturating_sub(free)
+    }
+
+    /// Evicts the least recently used entries down to 90% of `max_size`, and
+    /// further while the file system lacks free space; how many.
     fn evict_now(&self) -> usize {
-        let target = self.config.max_size / 10 * 9;
+        let mut target = self.config.max_size / 10 * 9;
+        let deficit = self.free_deficit();
+        self.short_of.store(0, Relaxed);
+        if deficit > 0 {
+            let bytes = self.lock_index().bytes;
+            target = target.min(bytes.saturating_sub(deficit));
+        }
         let gone = self.lock_index().evict_to(target);
         for path in &gone {
             let _ = std::fs::remove_file(path);
         }
         self.counters.evictions.fetch_add(gone.len() as u64, Relaxed);
+        if deficit > 0 && !gone.is_empty() {
+            tracing::info!(
+                "cache {}: {} entries evicted to free {deficit} bytes (min_free, or a write that found the disk full)",
+                self.config.dir.display(),
+                gone.len()
+            );
+        }
         gone.len()
     }
 }
@@ -581,7 +718,7 @@ fn evict_loop(cache: Weak<Cache>) {
                 .unwrap_or_else(|e| e.into_inner());
             *guard = false;
         }
-        if c.lock_index().bytes > c.config.max_size {
+        if c.lock_index().bytes > c.config.max_size || c.short_of.load(Relaxed) > 0 || c.free_deficit() > 0 {
             let n = c.evict_now();
             tracing::debug!("cache {}: {n} entries evicted", c.config.dir.display());
         }

@@ -8,7 +8,8 @@
 //! So the map is keyed by the [`Meta`] itself (the address of its `Arc`, which the
 //! map holds, so it cannot be reused), and what it holds stays valid for as long
 //! as that `Meta` is the one looked up; a replaced, purged or evicted entry is
-//! simply never asked for again, and its slot goes when the map needs room.
+//! never asked for again, and its slot goes at the worker's next lookup (so that
+//! its deleted file frees its disk space) or when the map needs room.
 //!
 //! Each worker has its own map (nothing shared between threads), of at most
 //! [`ENTRIES`] descriptors and [`CONTENT_BUDGET`] bytes. Not here: which entry
@@ -17,9 +18,10 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::{File, Metadata};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::policy::Meta;
@@ -53,6 +55,32 @@ struct Open {
     slots: HashMap<usize, Slot>,
     content_bytes: usize,
     clock: u64,
+    /// [`DROPPED`] when this worker last closed the files of dropped entries.
+    seen: u64,
+}
+
+/// Counts the times entries left the index (evicted, purged, replaced, found
+/// corrupt), so that each worker closes the files of those it holds at its next
+/// lookup: a deleted entry frees its disk space only once no descriptor holds it,
+/// which a full disk waits for.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Notes that entries left the index.
+pub fn dropped() {
+    DROPPED.fetch_add(1, Relaxed);
+}
+
+/// Closes this worker's files of entries no longer indexed, when some left the
+/// index since it last looked: one atomic load otherwise.
+pub fn release_dropped() {
+    let now = DROPPED.load(Relaxed);
+    OPEN.with(|o| {
+        let o = &mut *o.borrow_mut();
+        if o.seen != now {
+            o.seen = now;
+            o.release_unindexed();
+        }
+    })
 }
 
 thread_local! {
@@ -63,14 +91,42 @@ fn id(meta: &Arc<Meta>) -> usize {
     Arc::as_ptr(meta) as usize
 }
 
-/// The device and inode of `meta`'s file when this worker has it open (marked used).
-pub fn held(meta: &Arc<Meta>) -> Option<(u64, u64)> {
+/// `meta`'s file when this worker has it open (marked used).
+pub fn held(meta: &Arc<Meta>) -> Option<Rc<File>> {
     OPEN.with(|o| {
         let o = &mut *o.borrow_mut();
         o.clock += 1;
         let s = o.slots.get_mut(&id(meta))?;
         s.used = o.clock;
-        Some((s.opened.fstat.dev(), s.opened.fstat.ino()))
+        Some(s.opened.file.clone())
+    })
+}
+
+/// Closes `meta`'s file if this worker holds it (its file was found corrupt).
+pub fn forget(meta: &Arc<Meta>) {
+    OPEN.with(|o| {
+        let o = &mut *o.borrow_mut();
+        if let Some(s) = o.slots.remove(&id(meta)) {
+            o.content_bytes -= s.opened.content.map_or(0, |c| c.len());
+        }
+    })
+}
+
+/// A pseudo-random number (xorshift, seeded per worker from the standard
+/// library's random hash keys): for sampling, not for secrets.
+pub fn random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: std::cell::Cell<u64> =
+            std::cell::Cell::new(std::collections::hash_map::RandomState::new().build_hasher().finish() | 1);
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
     })
 }
 
@@ -121,6 +177,19 @@ impl Open {
     /// none was, the least recently used one.
     fn make_room(&mut self) {
         let before = self.slots.len();
+        self.release_unindexed();
+        if self.slots.len() < before {
+            return;
+        }
+        if let Some(k) = self.slots.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| *k) {
+            if let Some(s) = self.slots.remove(&k) {
+                self.content_bytes -= s.opened.content.map_or(0, |c| c.len());
+            }
+        }
+    }
+
+    /// Drops the slots of entries no longer indexed nor answered from.
+    fn release_unindexed(&mut self) {
         let mut freed = 0;
         self.slots.retain(|_, s| {
             let keep = Arc::strong_count(&s.meta) > 1;
@@ -130,14 +199,6 @@ impl Open {
             keep
         });
         self.content_bytes -= freed;
-        if self.slots.len() < before {
-            return;
-        }
-        if let Some(k) = self.slots.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| *k) {
-            if let Some(s) = self.slots.remove(&k) {
-                self.content_bytes -= s.opened.content.map_or(0, |c| c.len());
-            }
-        }
     }
 }
 
@@ -155,7 +216,9 @@ mod tests {
             stored_ms: 0,
             response_ms: 0,
         };
-        Arc::new(Meta::new(Parsed { head, body_offset: 0, body_len: len }, len, path.to_path_buf()).unwrap())
+        Arc::new(
+            Meta::new(Parsed { head, body_offset: 0, body_len: len, body_sum: 0 }, len, path.to_path_buf()).unwrap(),
+        )
     }
 
     #[test]
@@ -164,10 +227,11 @@ mod tests {
         let small = dir.path().join("small");
         std::fs::write(&small, b"hello").unwrap();
         let m = meta(&small, 5);
-        assert_eq!(held(&m), None, "nothing is held before a first answer");
+        assert!(held(&m).is_none(), "nothing is held before a first answer");
         let first = opened(&m, None).expect("the file is opened");
         assert_eq!(first.content.as_deref(), Some(&b"hello"[..]));
         assert!(held(&m).is_some());
+        assert!(Rc::ptr_eq(&held(&m).unwrap(), &first.file));
         // Held: the same descriptor, even once the file is gone.
         std::fs::remove_file(&small).unwrap();
         let again = opened(&m, None).expect("held open");

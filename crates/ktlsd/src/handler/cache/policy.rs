@@ -73,6 +73,11 @@ pub struct Meta {
     pub body_offset: u64,
     pub body_len: u64,
     pub file_len: u64,
+    /// The XXH3-64 of the body, as recorded in the file.
+    pub body_sum: u64,
+    /// The body was checked against `body_sum` (or written by this process):
+    /// set by the first open after start that verifies it.
+    pub verified: std::sync::atomic::AtomicBool,
     /// Where the entry's file is.
     pub path: PathBuf,
     /// The policy's figures, constant for an entry, kept so that a hit need not
@@ -103,6 +108,8 @@ impl Meta {
             policy,
             body_offset: parsed.body_offset,
             body_len: parsed.body_len,
+            body_sum: parsed.body_sum,
+            verified: std::sync::atomic::AtomicBool::new(false),
             file_len,
             path,
         })
@@ -384,7 +391,7 @@ mod tests {
                 stored_ms: entry::millis(t0),
                 response_ms: entry::millis(t0),
             };
-            let meta = Meta::new(Parsed { head, body_offset: 0, body_len: 0 }, 0, PathBuf::new()).unwrap();
+            let meta = Meta::new(Parsed { head, body_offset: 0, body_len: 0, body_sum: 0 }, 0, PathBuf::new()).unwrap();
             for after in [0, 1, 4, 5, 6, 9, 10, 11, 59, 60, 61, 89, 90, 91, 100, 1000] {
                 for now in [t0 + Duration::from_secs(after), t0 + Duration::from_millis(after * 1000 + 500)] {
                     assert_eq!(meta.is_stale(now), meta.policy.is_stale(now), "{fields:?} +{after}s");

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use super::entry::{self, hex, Bad};
 use super::policy::Meta;
+use crate::log::{more, Throttle};
 
 /// The SHA-256 of a primary key's text.
 pub type Primary = [u8; 32];
@@ -135,9 +136,13 @@ pub fn load(path: &Path) -> Option<Meta> {
     }
 }
 
-/// Deletes a corrupt entry file, saying so.
+/// Deletes a corrupt entry file, saying so (at most once a second: a file system
+/// that corrupts entries must not flood the log).
 pub fn discard(path: &Path, why: &str) {
-    tracing::warn!("cache entry {} is corrupt ({why}): deleted", path.display());
+    static CORRUPT: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    if let Some(n) = CORRUPT.check() {
+        tracing::warn!("cache entry {} is corrupt ({why}): deleted{}", path.display(), more(n));
+    }
     let _ = fs::remove_file(path);
 }
 
@@ -194,6 +199,7 @@ impl Index {
         let Some(v) = self.map.get_mut(p) else { return false };
         let Some(i) = v.iter().position(|s| s.meta.path == path) else { return false };
         let s = v.swap_remove(i);
+        super::open::dropped();
         self.bytes = self.bytes.saturating_sub(s.meta.file_len);
         self.entries = self.entries.saturating_sub(1);
         if v.is_empty() {
@@ -205,6 +211,7 @@ impl Index {
     /// Forgets every variant of `p`; their files.
     pub fn remove_primary(&mut self, p: &Primary) -> Vec<PathBuf> {
         let slots = self.map.remove(p).unwrap_or_default();
+        super::open::dropped();
         for s in &slots {
             self.bytes = self.bytes.saturating_sub(s.meta.file_len);
             self.entries = self.entries.saturating_sub(1);

@@ -12,7 +12,7 @@ use crate::handler::request::HeaderFields;
 use crate::handler::{Body, Request, Response};
 
 fn config(dir: &std::path::Path) -> Settings {
-    Settings { dir: dir.to_path_buf(), max_size: 64 << 20, max_object_size: 1 << 20 }
+    Settings { dir: dir.to_path_buf(), max_size: 64 << 20, max_object_size: 1 << 20, ..Settings::default() }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -573,4 +573,103 @@ fn a_304_does_not_refresh_an_entry_replaced_or_purged_since_the_lookup() {
     assert_eq!(cache.purge(&key), 1);
     assert!(cache.refresh(&entry, &fields(&[("etag", "\"a\"")])).is_none(), "purged since the lookup");
     assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Miss(_)));
+}
+
+/// The file of `key`'s entry (no Vary) and where its body starts.
+fn body_at(cache: &Cache, key: &Key) -> (std::path::PathBuf, u64) {
+    let path = cache.layout.entry(&key.primary, "0");
+    let (_, _, parsed) = entry::open(&path).unwrap();
+    (path, parsed.body_offset)
+}
+
+fn flip(path: &std::path::Path, at: u64) {
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8];
+    f.read_exact_at(&mut b, at).unwrap();
+    f.write_all_at(&[b[0] ^ 0x20], at).unwrap();
+}
+
+#[test]
+fn a_truncated_entry_held_open_is_dropped_on_its_next_hit() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&config(dir.path())).unwrap();
+    let key = Key::new("", "/t");
+    let body = vec![b'a'; 200_000];
+    store(
+        &cache,
+        &key,
+        &HeaderMap::new(),
+        &response(200, &[("cache-control", "max-age=600")]),
+        &body,
+        SystemTime::now(),
+    )
+    .unwrap();
+    let Lookup::Hit(hit) = lookup(&cache, &key, &HeaderMap::new()) else { panic!("stored") };
+    assert_eq!(body_of(&hit.into_response(&get("/t", &[]), &CacheStatus::hit())), body, "held open now");
+    let (path, offset) = body_at(&cache, &key);
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(offset + 1000).unwrap();
+    assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Miss(_)), "a truncated entry is a miss");
+    assert!(!path.exists(), "and is deleted");
+    assert_eq!(cache.figures().entries, 0);
+}
+
+#[test]
+fn a_changed_body_is_found_on_the_first_hit_after_start_and_on_sampled_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = Key::new("", "/f");
+    let fresh = response(200, &[("cache-control", "max-age=600")]);
+    let (path, offset) = {
+        let cache = Cache::open(&Settings { verify_sample: 0, ..config(dir.path()) }).unwrap();
+        store(&cache, &key, &HeaderMap::new(), &fresh, b"hello, world", SystemTime::now()).unwrap();
+        let at = body_at(&cache, &key);
+        flip(&at.0, at.1 + 4);
+        // Written by this process and not sampled: served as it is.
+        assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Hit(_)));
+        at
+    };
+    // After a restart the first hit reads the body back: the flipped byte is found.
+    let cache = Cache::open(&Settings { verify_sample: 0, ..config(dir.path()) }).unwrap();
+    assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Miss(_)));
+    assert!(!path.exists(), "the changed entry is deleted");
+    // With every hit sampled, a change after the first hit is found without a restart.
+    let cache = Cache::open(&Settings { verify_sample: 1_000_000, ..config(dir.path()) }).unwrap();
+    let key = Key::new("", "/g");
+    store(&cache, &key, &HeaderMap::new(), &fresh, b"hello, world", SystemTime::now()).unwrap();
+    for _ in 0..3 {
+        let Lookup::Hit(hit) = lookup(&cache, &key, &HeaderMap::new()) else { panic!("whole entries are hits") };
+        assert_eq!(body_of(&hit.into_response(&get("/g", &[]), &CacheStatus::hit())), b"hello, world");
+    }
+    let (path, offset2) = body_at(&cache, &key);
+    assert_eq!(offset, offset2);
+    flip(&path, offset + 11);
+    assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Miss(_)));
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_fill_that_fails_leaves_no_temporary_file_and_is_not_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&Settings { max_object_size: 100, ..config(dir.path()) }).unwrap();
+    let tmp_files = || std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
+    let resp = response(200, &[("cache-control", "max-age=600"), ("content-length", "10")]);
+    // Too large, too short for its Content-Length, purged, dropped midway.
+    let outcomes: Vec<Box<dyn Fn(EntryWriter) -> bool>> = vec![
+        Box::new(|mut w| w.write(&[0u8; 101]).is_err() && w.commit().is_err()),
+        Box::new(|mut w| w.write(b"short").is_ok() && w.commit().is_err()),
+        Box::new(|mut w| {
+            w.write(b"0123456789").unwrap();
+            cache.purge(&Key::new("", "/p"));
+            w.commit().is_err()
+        }),
+        Box::new(|mut w| w.write(b"01234").is_ok()),
+    ];
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let key = Key::new("", "/p");
+        let Lookup::Miss(fill) = lookup(&cache, &key, &HeaderMap::new()) else { panic!("nothing is stored") };
+        let w = fill.admit(&resp, SystemTime::now()).unwrap();
+        assert_eq!(tmp_files(), 0, "admitting writes nothing yet");
+        assert!(outcome(w), "case {i}");
+        assert_eq!(tmp_files(), 0, "case {i} leaves no temporary file");
+    }
+    assert_eq!(cache.figures().entries, 0);
 }

@@ -52,7 +52,8 @@ pub enum Next {
     /// Answer from the (refreshed, or stale) entry; the exchange is dropped.
     Answer(Response),
     /// Pass the upstream's answer on with this Cache-Status, teeing its body into
-    /// the `Store` when there is one.
+    /// the `Store` when there is one (whose own Cache-Status, `stored`, may be said
+    /// only of a body committed before the head is sent).
     Pass(String, Option<Store>),
 }
 
@@ -168,7 +169,10 @@ impl Pending {
         let stored = fill.cache_status(true);
         let not_stored = fill.cache_status(false);
         match fill.admit(&response, SystemTime::now()) {
-            Ok(writer) => Next::Pass(cache::cache_status(&stored), Some(Store { writer: Some(writer) })),
+            Ok(writer) => {
+                let store = Store { writer: Some(writer), stored: cache::cache_status(&stored) };
+                Next::Pass(cache::cache_status(&not_stored), Some(store))
+            }
             Err(why @ NotStored::Disk) => {
                 tracing::warn!("proxied \"{}\" not stored: {why:?}", req.path);
                 Next::Pass(cache::cache_status(&not_stored), None)
@@ -205,6 +209,8 @@ impl Pending {
 /// A response body being stored as it streams to the client.
 pub struct Store {
     writer: Option<EntryWriter>,
+    /// The Cache-Status of an answer whose entry was committed before its head.
+    stored: String,
 }
 
 impl Store {
@@ -212,7 +218,7 @@ impl Store {
     pub fn write(&mut self, piece: &[u8]) {
         if let Some(w) = self.writer.as_mut() {
             if let Err(e) = w.write(piece) {
-                tracing::info!("a proxied response is not stored: {e}");
+                tracing::debug!("a proxied response is not stored: {e}");
                 self.writer = None;
             }
         }
@@ -223,13 +229,25 @@ impl Store {
     ///
     /// # Cancel safety
     /// Cancel-safe: the commit finishes on the blocking pool.
-    pub async fn commit(self) {
-        let Some(w) = self.writer else { return };
+    pub async fn commit(self) -> bool {
+        let Some(w) = self.writer else { return false };
         match tokio::task::spawn_blocking(move || w.commit()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::info!("a proxied response is not stored: {e}"),
-            Err(e) => tracing::warn!("storing a proxied response failed: {e}"),
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                tracing::debug!("a proxied response is not stored: {e}");
+                false
+            }
+            Err(e) => {
+                tracing::warn!("storing a proxied response failed: {e}");
+                false
+            }
         }
+    }
+
+    /// The Cache-Status of an answer whose entry [`Store::commit`] published before
+    /// the answer's head was sent.
+    pub fn stored_status(&self) -> &str {
+        &self.stored
     }
 }
 
@@ -287,7 +305,7 @@ fn refresh_in_background(
                 return Ok(refreshed.unwrap_or(false));
             }
             let Ok(writer) = fill.admit(&parts_of(&head), SystemTime::now()) else { return Ok(false) };
-            let mut store = Store { writer: Some(writer) };
+            let mut store = Store { writer: Some(writer), stored: String::new() };
             let mut piece = Vec::with_capacity(super::PIECE);
             while {
                 piece.clear();
@@ -296,8 +314,7 @@ fn refresh_in_background(
                 store.write(&piece);
             }
             store.write(&piece);
-            store.commit().await;
-            Ok::<bool, Failure>(true)
+            Ok::<bool, Failure>(store.commit().await)
         };
         match outcome.await {
             Ok(done) => tracing::debug!("background revalidation of {target}: refreshed={done}"),

@@ -6,9 +6,11 @@
 //! come (each piece at most [`PIECE`], so a response holds one piece in memory
 //! whatever its size), or, from a plain `http://` upstream to a client that can
 //! take it, the rest of a Content-Length body by `splice`. A body being stored is
-//! teed into the cache entry as it passes, and the entry is committed before the
-//! last bytes leave, so that `stored` is said only of what is stored; a body that
-//! fails after the head is cut ([`Downstream::abort`]) and never stored.
+//! teed into the cache entry as it passes and committed before the last bytes
+//! leave; one that fits a piece is read and stored before its head leaves, which
+//! then says `stored` (a larger one's head cannot know: its `Cache-Status` says
+//! only `fwd=miss`). A body that fails after the head is cut
+//! ([`Downstream::abort`]) and never stored.
 //!
 //! Not here: how a codec frames what it is handed, and the upstream's wire format
 //! (`super::Exchange`).
@@ -20,7 +22,7 @@ use std::time::Instant;
 use super::cached::{self, Next, Pending, Plan};
 use super::parse::Framing;
 use super::upstream::{closed_early, IoFailure};
-use super::{buffers, client_fields, metrics, Exchange, Failure, FailureKind, Forwarding, Rule};
+use super::{buffers, client_fields, metrics, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
 use crate::handler::cache::{Cache, Key};
 use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
 use crate::handler::{Body, Header, Request, Response, Status};
@@ -87,7 +89,7 @@ impl Forward {
             Ok(head) => head,
             Err(f) => return failed(pending, f, req, failed_status),
         };
-        let (cache_status, mut store) = match pending.on_head(&head, req).await {
+        let (mut cache_status, mut store) = match pending.on_head(&head, req).await {
             Next::Answer(response) => {
                 up.release_if_bodiless().await;
                 return answer(response, true);
@@ -95,43 +97,72 @@ impl Forward {
             Next::Pass(status, store) => (status, store),
         };
         let status = head.status;
-        let mut fields = client_fields(&mut head, &cache_status);
         let len = match head.framing {
             Framing::None | Framing::Length(0) => {
                 // No body (HEAD, 204, 304, or an empty one): a whole answer, its entry stored first.
                 up.release_if_bodiless().await;
                 up.body_complete();
                 drop(up);
-                if let Some(store) = store {
-                    store.commit().await;
+                if let Some(s) = store.take() {
+                    let stored_status = s.stored_status().to_string();
+                    if s.commit().await {
+                        cache_status = stored_status;
+                    }
                 }
+                let fields = client_fields(&mut head, &cache_status);
                 let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
                 return answer(response, false);
             }
             Framing::Length(n) => Some(n),
             Framing::Chunked | Framing::Close => None,
         };
+
+        // A body being stored that fits one piece is read whole first: it is stored
+        // before its head leaves, which then says so (and a fault in it is a clean 502).
+        let mut piece = buffers::take();
+        let mut end = false;
+        if let (Some(n), Some(s)) = (len, store.as_ref()) {
+            if n <= PIECE as u64 {
+                let stored_status = s.stored_status().to_string();
+                loop {
+                    match up.read_body(&mut piece).await {
+                        Ok(more) if more && !up.body_complete() => {}
+                        Ok(_) => break,
+                        Err(f) => return refused(f, req, failed_status),
+                    }
+                }
+                end = true;
+                if let Some(mut s) = store.take() {
+                    s.write(&piece);
+                    if s.commit().await {
+                        cache_status = stored_status;
+                    }
+                }
+            }
+        }
+        let mut fields = client_fields(&mut head, &cache_status);
         if let Some(v) = hsts {
             fields.push(Header::StrictTransportSecurity(v));
         }
         let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
 
         // The body bytes that came with the upstream's head leave with the head.
-        let mut piece = buffers::take();
-        let mut end = match up.read_buffered(&mut piece) {
-            None => false,
-            Some(Ok(more)) => !more || up.body_complete(),
-            // Nothing is sent yet: a clean 502.
-            Some(Err(f)) => return refused(f, req, failed_status),
-        };
+        if !end {
+            end = match up.read_buffered(&mut piece) {
+                None => false,
+                Some(Ok(more)) => !more || up.body_complete(),
+                // Nothing is sent yet: a clean 502.
+                Some(Err(f)) => return refused(f, req, failed_status),
+            };
+            if let Some(s) = store.as_mut() {
+                s.write(&piece);
+            }
+            if end {
+                commit(&mut store).await;
+            }
+        }
         let mut sent = piece.len() as u64;
         metrics::body_bytes(BodyPath::Copy.label(), sent);
-        if let Some(s) = store.as_mut() {
-            s.write(&piece);
-        }
-        if end {
-            commit(&mut store).await;
-        }
         // The rest by splice when the client and the exchange allow it.
         let mut splice = !end && store.is_none() && d.can_splice() && up.plain_body_socket().is_some();
         let source = splice.then(|| up.plain_body_socket()).flatten().map(|s| s.as_fd());
@@ -199,7 +230,8 @@ impl Forward {
     }
 }
 
-/// Commits the entry being stored, once its body is whole.
+/// Commits the entry being stored, once its body is whole (its head is out: the
+/// answer could not say `stored`).
 async fn commit(store: &mut Option<cached::Store>) {
     if let Some(s) = store.take() {
         s.commit().await;
