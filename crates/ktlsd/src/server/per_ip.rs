@@ -1,7 +1,8 @@
 //! `max_connections_per_ip`: how many connections each client address holds, over
 //! all workers, so that one more than the limit is refused at accept (as nginx's
 //! `limit_conn`). The count is kept for the life of the process, across reloads,
-//! since connections outlive the configuration they started with.
+//! since connections outlive the configuration they started with. Without the
+//! setting the limit is [`default_limit`]: a quarter of the server's connections.
 //!
 //! Its memory is bounded by the connections open: an address is in the table only
 //! while it holds one (its [`Slot`] guard gives it back on drop, a panic included).
@@ -12,6 +13,16 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
+
+/// The limit when `max_connections_per_ip` is not set: a quarter of the
+/// connections the server holds (`workers` times each worker's cap), at least 1.
+/// One address then cannot take the server's connections and the descriptors
+/// behind them, nor can three; yet many clients behind one address (a NAT, a
+/// company's proxy) still get a large share, which a small fixed number would deny.
+pub fn default_limit(workers: usize, cap_per_worker: usize) -> u32 {
+    let total = workers.max(1).saturating_mul(cap_per_worker);
+    u32::try_from(total / 4).unwrap_or(u32::MAX).max(1)
+}
 
 /// Connections open per client address, shared by the workers.
 #[derive(Debug, Default)]
@@ -64,6 +75,14 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_limit_is_a_quarter_of_the_connections() {
+        for (workers, cap, want) in [(1, 96, 24), (2, 4984, 2492), (0, 96, 24), (4, 1, 1), (1, 3, 1), (1, 0, 1)] {
+            assert_eq!(default_limit(workers, cap), want, "{workers} workers of {cap}");
+        }
+        assert_eq!(default_limit(usize::MAX, usize::MAX), u32::MAX);
+    }
 
     #[test]
     fn limit_per_address_and_release() {

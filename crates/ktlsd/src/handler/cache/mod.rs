@@ -71,6 +71,13 @@ use crate::stats::prometheus::CacheFigures;
 use policy::{Freshness, Meta};
 use store::{Index, Layout, Primary};
 
+/// Closes up to `n` of the entry files this worker holds open (all for
+/// `usize::MAX`), least recently used first, and says how many: the descriptor
+/// ledger's release of entry files ([`crate::fds`]).
+pub fn release_entry_files(n: usize) -> usize {
+    open::release(n)
+}
+
 /// How long a lookup waits for another request's fill of the same key before it
 /// goes upstream itself: long enough for a typical upstream answer, short enough
 /// that a stuck upstream costs each waiter little more than its own request would.
@@ -382,12 +389,13 @@ impl Cache {
 
     /// The hit of the entry's file: held open by this worker already, or opened
     /// now; a file that is gone or no longer as indexed is forgotten (and deleted
-    /// when its length is wrong).
+    /// when its length is wrong). A file that cannot be opened for want of
+    /// descriptors stays indexed: the request is a miss, the entry is not.
     fn open_hit(&self, p: &Primary, meta: Arc<Meta>, now: SystemTime) -> Option<Hit> {
         use std::os::unix::fs::MetadataExt;
         let held = open::held(&meta).map(|id| Ok((None, id)));
         let opened = held.unwrap_or_else(|| {
-            File::open(&meta.path)
+            open::open(&meta.path)
                 .and_then(|f| f.metadata().map(|m| ((m.dev(), m.ino()), Some((f, m)))))
                 .map(|(id, f)| (f, id))
         });
@@ -401,6 +409,14 @@ impl Cache {
             Ok(_) => {
                 store::discard(&meta.path, "its length changed");
                 self.lock_index().remove_path(p, &meta.path);
+                None
+            }
+            Err(e) if crate::fds::is_exhaustion(&e) => {
+                // One line a second per worker at most: a shortage comes with many requests.
+                thread_local!(static SHORT: crate::log::RateLimit = crate::log::RateLimit::new(1));
+                if SHORT.with(|l| l.check(std::time::Instant::now()).0) {
+                    tracing::warn!("cache entry {} not opened: {e}; answered as a miss", meta.path.display());
+                }
                 None
             }
             Err(_) => {
