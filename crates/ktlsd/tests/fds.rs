@@ -353,3 +353,92 @@ fn connections_beyond_the_descriptor_budget_are_refused_at_once() {
     }
     assert!(failures.is_empty(), "{failures:#?}\nserver log (tail):\n{}", tail(&log, 30));
 }
+
+/// Lowers (or restores) the soft descriptor limit of the running server: lowered to
+/// the lowest descriptor number it has free, so that it can open none.
+fn set_soft_limit(pid: u32, soft: Option<u32>) {
+    let soft = soft.unwrap_or_else(|| {
+        let mut open: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        open.sort_unstable();
+        open.iter().enumerate().find(|&(i, &fd)| i as u32 != fd).map_or(open.len() as u32, |(i, _)| i as u32)
+    });
+    let out = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:{LIMIT}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "prlimit: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// When `accept` itself fails for want of descriptors (the limit lowered under the
+/// running server, so that its budget no longer fits), connections are still
+/// refused at once rather than left in the backlog, a static file asked for on a
+/// connection already open gets 503 (not 500), the failure is logged at most once
+/// a second, and once descriptors are back the server serves within a second.
+#[test]
+fn out_of_descriptors_accept_refuses_and_recovers() {
+    let origin = Origin::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server(&origin, dir.path(), &[]);
+    let addr = srv.addr();
+    let cfg = config();
+    let mut failures = Vec::new();
+    let mut open = handshake(addr, &cfg).unwrap_or_else(|o| panic!("{o:?}"));
+    open.sock.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+
+    set_soft_limit(srv.ready_pid(), None);
+    let short = Instant::now();
+    let attempts: Vec<_> = (0..20)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(50));
+            let cfg = cfg.clone();
+            std::thread::spawn(move || {
+                let started = Instant::now();
+                let got = match handshake(addr, &cfg) {
+                    Ok(_) => "handshaken".to_string(),
+                    Err(o) => format!("{o:?}"),
+                };
+                (i, got, started.elapsed())
+            })
+        })
+        .collect();
+    let attempts: Vec<_> = attempts.into_iter().map(|t| t.join().unwrap()).collect();
+    let refused = attempts.iter().filter(|(_, got, took)| got == "Refused" && *took < Duration::from_secs(1)).count();
+    eprintln!("out of descriptors: {refused} of 20 refused within 1 s; {attempts:?}");
+    if refused != 20 {
+        failures.push(format!("out of descriptors: {refused} of 20 refused within 1 s: {attempts:?}"));
+    }
+    // A static file on the connection already open: it cannot be opened (the limit
+    // lowered again, should the server have closed a descriptor meanwhile).
+    set_soft_limit(srv.ready_pid(), None);
+    open.write_all(get_request("/s3.txt").as_bytes()).and_then(|()| open.flush()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let status = loop {
+        if let Some((r, _)) = parse_response(&got, false) {
+            break Some(r.status);
+        }
+        match open.read(&mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => break None,
+        }
+    };
+    eprintln!("a static file out of descriptors: {status:?}");
+    if status != Some(503) {
+        failures.push(format!("a static file out of descriptors got {status:?}, not 503"));
+    }
+    let lasted = short.elapsed();
+
+    set_soft_limit(srv.ready_pid(), Some(LIMIT));
+    recovery(addr, &cfg, &mut failures);
+    let log = srv.stderr();
+    let lines = log.lines().filter(|l| l.contains("accept failed")).count();
+    let most = lasted.as_secs() as usize + 2;
+    eprintln!("'accept failed' lines: {lines} in {lasted:?} (at most {most})");
+    if lines == 0 || lines > most {
+        failures.push(format!("{lines} 'accept failed' lines in {lasted:?}: one a second at most, and one at least"));
+    }
+    assert!(failures.is_empty(), "{failures:#?}\nserver log (tail):\n{}", tail(&log, 30));
+}
