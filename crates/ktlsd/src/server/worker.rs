@@ -355,7 +355,7 @@ fn run(
 /// none it could give back (nginx pauses its accept for the same time): long enough
 /// that a wedged worker costs no CPU, short enough that it resumes as soon as
 /// connections end.
-const ACCEPT_PAUSE: Duration = Duration::from_millis(500);
+pub(super) const ACCEPT_PAUSE: Duration = Duration::from_millis(500);
 
 /// Most connections waiting in the backlog refused at once per pause with the spare
 /// descriptor; the rest wait for the next turn.
