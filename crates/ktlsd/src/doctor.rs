@@ -305,7 +305,7 @@ impl Report {
         row(out, "congestion control", &cc)?;
         let b = crate::server::FdBudget::read();
         let fds = format!(
-            "soft {}, hard {}: ktlsd serves with {} (its open-file cache takes at most a quarter, connections the rest unless --max-connections is lower)",
+            "soft {}, hard {}: ktlsd serves with {} (less 64, shared among the workers: each worker's budget for connections, upstream connections and held files; connections take at most half unless --max-connections says otherwise)",
             b.before,
             b.hard,
             b.target()

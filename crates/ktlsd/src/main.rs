@@ -13,6 +13,7 @@ mod acme;
 mod cli;
 mod config;
 mod doctor;
+mod fds;
 mod files;
 mod handler;
 mod http;

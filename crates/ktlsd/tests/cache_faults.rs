@@ -15,11 +15,6 @@ use std::time::{Duration, Instant};
 
 use testkit::*;
 
-#[allow(dead_code)] // Origin::stop
-#[path = "proxy/origin.rs"]
-mod origin;
-use origin::Origin;
-
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 

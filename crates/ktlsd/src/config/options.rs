@@ -270,7 +270,7 @@ schema! {
         /// Access log line format: ktlsd (common log format plus rt= and tls=), combined (nginx's, with Referer and User-Agent), json (one object per line, with host and site) or custom (the access_log_custom template) [default: ktlsd]
         #[arg(long, value_name = "FORMAT", hide_possible_values = true)]
         access_log_format: LogFormat,
-        /// Most connections each worker holds at once; more are accepted and closed at once (counted as connections_refused) [default: the file descriptor budget shared among the workers]
+        /// Most connections each worker holds at once; more are accepted and closed at once (counted as connections_refused), as are connections for which the worker's descriptor budget has no room once held files are closed [default: half the worker's share of the file descriptor budget]
         #[arg(long, value_name = "N")]
         max_connections: usize,
         /// HTTP/2: streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM [default: 128]
@@ -294,7 +294,7 @@ schema! {
         /// Named sites, each with its own names, root and certificate; file only
         #[arg(skip)]
         site: Vec<FileSite>,
-        /// Most connections one client address holds at once, over all workers; more are accepted and closed at once (counted as connections_refused_per_ip) [default: no limit]
+        /// Most connections one client address holds at once, over all workers; more are accepted and closed at once (counted as connections_refused_per_ip) [default: a quarter of the server's connections (workers times max_connections), at least 16 or all of them when fewer]
         #[arg(long, value_name = "N")]
         max_connections_per_ip: u32,
         /// Most bytes of bodies compressed on the fly kept in STATE_DIR/compressed; the least recently used go first [default: 268435456]

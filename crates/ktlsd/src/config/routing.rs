@@ -55,7 +55,7 @@ pub fn max_connections_per_ip(o: &Options) -> Result<Option<std::num::NonZeroU32
         None => Ok(None),
         Some(n) => std::num::NonZeroU32::new(n)
             .map(Some)
-            .ok_or_else(|| ConfigError::new("max_connections_per_ip 0: give at least 1, or leave it out for no limit")),
+            .ok_or_else(|| ConfigError::new("max_connections_per_ip 0: give at least 1, or leave it out for the default (a quarter of the server's connections)")),
     }
 }
 

@@ -18,7 +18,10 @@
 //! process of them: it is keyed by the normalised path (`/x`, `/./x` and `/%78`
 //! are one entry), holds at most the worker's share of the fd budget (see
 //! [`crate::files::Options::cache_entries`]), drops expired entries as time goes
-//! by, and when full evicts the oldest entry rather than refuse anything.
+//! by, and when full evicts the oldest entry rather than refuse anything. Each
+//! entry is counted in the worker's descriptor ledger ([`crate::fds`]) as held: a
+//! new entry is kept only when the ledger has room, and the oldest entries are
+//! given back ([`release`]) when the worker needs their descriptors.
 //!
 //! Beside its descriptor an entry may keep the bytes of a small regular file (at
 //! most [`SMALL_FILE`]), so that the userspace record layer encrypts them from
@@ -42,6 +45,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::residency::{read_nowait, Nowait};
 use super::Found;
+use crate::fds;
 
 /// How long a name stays bound to an open file.
 pub const VALID: Duration = Duration::from_secs(1);
@@ -100,6 +104,8 @@ impl Stamp {
 
 struct Entry {
     file: Rc<File>,
+    /// Its place in the worker's descriptor ledger.
+    _fd: fds::Counted,
     rel: Rc<Path>,
     mime: &'static str,
     opened: Instant,
@@ -263,7 +269,8 @@ pub fn counts() -> Counts {
 /// keeping at most `capacity` entries: expired ones go first, then the oldest. A
 /// capacity of 0 caches nothing. Returns the file's bytes when they are kept.
 pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<Rc<[u8]>> {
-    if capacity == 0 {
+    // Held only when the worker's descriptor budget has room (others held are given back first).
+    if capacity == 0 || !fds::make_room(1) {
         return None;
     }
     CACHE.with(|c| {
@@ -282,7 +289,8 @@ pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<R
         let content = keepable(&found.file, &found.meta, c.content_bytes);
         let bytes = content.as_ref().map(|(_, b)| b.clone());
         let (file, rel, mime) = (found.file.clone(), found.rel.clone(), found.mime);
-        let entry = Entry { file, rel, mime, opened: now, meta: found.meta.clone(), checked: now, content };
+        let _fd = fds::count(fds::Kind::OpenFile);
+        let entry = Entry { file, _fd, rel, mime, opened: now, meta: found.meta.clone(), checked: now, content };
         c.content_bytes += entry.content_len();
         c.entries.insert(key.to_vec(), entry);
         bytes
@@ -291,11 +299,28 @@ pub fn put(key: &[u8], found: &Found, now: Instant, capacity: usize) -> Option<R
 
 /// Closes every cached descriptor (when the process has run out of them).
 pub fn clear() {
+    release(usize::MAX);
+}
+
+/// Closes the `n` oldest cached descriptors (all of them for `usize::MAX`) and
+/// says how many: the descriptor ledger's release of open files. None while the
+/// cache is in use on this thread.
+pub fn release(n: usize) -> usize {
     CACHE.with(|c| {
-        let mut c = c.borrow_mut();
-        c.entries.clear();
-        c.content_bytes = 0;
-    });
+        let Ok(mut c) = c.try_borrow_mut() else { return 0 };
+        if n >= c.entries.len() {
+            let all = c.entries.len();
+            c.entries.clear();
+            c.content_bytes = 0;
+            return all;
+        }
+        let mut by_age: Vec<(Instant, Vec<u8>)> = c.entries.iter().map(|(k, e)| (e.opened, k.clone())).collect();
+        by_age.sort_unstable_by_key(|(opened, _)| *opened);
+        for (_, k) in by_age.iter().take(n) {
+            c.remove(k);
+        }
+        n
+    })
 }
 
 /// Entries held now.
@@ -346,6 +371,36 @@ mod tests {
         assert_eq!(len(), 0);
         // Two lookups above found their entry, three did not.
         assert_eq!(counts(), Counts { hits: 2, misses: 3, entries: 0, content_hits: 0, content_bytes: 0 });
+    }
+
+    /// Entries are held in the worker's descriptor ledger: the oldest are given
+    /// back when the budget runs short, and none is kept when nothing can be.
+    #[test]
+    fn entries_are_given_back_under_descriptor_pressure() {
+        use crate::fds::{self, Kind};
+        fds::set_budget(8);
+        fds::set_release(Kind::OpenFile, release);
+        let t0 = Instant::now();
+        let at = |i: u8| t0 + Duration::from_millis(i.into());
+        for i in 0..6u8 {
+            put(&[i], &open(Path::new("/dev/null")), at(i), 100);
+        }
+        assert_eq!((len(), fds::counted(Kind::OpenFile)), (6, 6));
+        let mut clients: Vec<fds::Counted> = (0..2).map(|_| fds::admit(Kind::Client).unwrap()).collect();
+        // The budget is full: a new connection has the oldest entry given back.
+        clients.push(fds::admit(Kind::Client).expect("an entry given back"));
+        assert_eq!((len(), fds::counted(Kind::OpenFile)), (5, 5));
+        assert!(get(&[0], at(10)).is_none() && get(&[1], at(10)).is_some());
+        // Connections take the rest; then a new file is served uncached.
+        while let Some(c) = fds::admit(Kind::Client) {
+            clients.push(c);
+        }
+        assert_eq!((len(), clients.len()), (0, 8));
+        put(&[9], &open(Path::new("/dev/null")), at(11), 100);
+        assert_eq!((len(), fds::total()), (0, 8));
+        drop(clients);
+        put(&[9], &open(Path::new("/dev/null")), at(12), 100);
+        assert_eq!((len(), fds::total()), (1, 1));
     }
 
     /// With an interval, a file changed in place keeps its old metadata until the

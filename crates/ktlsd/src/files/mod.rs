@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 pub use cache::counts as cache_counts;
+pub use cache::release as release_cached;
 pub use cache::set_metadata_valid as set_cache_valid;
 pub use open::Root;
 
@@ -65,8 +66,8 @@ pub enum Refusal {
     Forbidden(&'static str),
     /// A directory asked for without its trailing slash (301 to `location`).
     AddSlash(String),
-    /// The process is out of file descriptors even after closing every cached one
-    /// (500, as nginx answers).
+    /// The process is out of file descriptors even after closing every held one
+    /// (503: a shortage that passes, not a fault of the server's files).
     NoDescriptors,
 }
 
@@ -77,7 +78,7 @@ impl Refusal {
             Refusal::Hidden | Refusal::NotFound => 404,
             Refusal::OutsideRoot | Refusal::Forbidden(_) => 403,
             Refusal::AddSlash(_) => 301,
-            Refusal::NoDescriptors => 500,
+            Refusal::NoDescriptors => 503,
         }
     }
 
@@ -261,9 +262,10 @@ pub fn resolve(root: &Root, path: &str, opts: Options) -> Result<Resolved, Refus
         return Ok(Resolved::File(found));
     }
     let mut resolved = match resolve_uncached(root, path, &normal, opts) {
-        // Out of descriptors: give back the cached ones and try once more.
+        // Out of descriptors: give back every held one and try once more.
         Err(Refusal::NoDescriptors) => {
             cache::clear();
+            crate::fds::release_all();
             resolve_uncached(root, path, &normal, opts)?
         }
         other => other?,

@@ -1,7 +1,8 @@
 //! The process's file-descriptor budget (`RLIMIT_NOFILE`): raised once at
-//! start-up, then shared out between each worker's open-file cache and its
-//! connections. Not the cache or the connection cap themselves (see `files` and
-//! `worker`): only the arithmetic that sizes them.
+//! start-up, then shared out among the workers, each of which counts what it holds
+//! against its share ([`crate::fds`]), and sized into each worker's open-file cache
+//! and its default connection cap. Not the ledger, the cache or the connection cap
+//! themselves (see `fds`, `files` and `worker`): only the arithmetic that sizes them.
 
 use crate::sys;
 
@@ -63,13 +64,22 @@ impl FdBudget {
         share.min(MAX_CACHE_ENTRIES) as usize
     }
 
-    /// The default connection cap per worker: the budget less each worker's
-    /// open-file cache and a few for listeners, logs and files being opened,
-    /// shared among the workers (a connection takes one descriptor).
-    pub fn connections_per_worker(&self, workers: usize, cache_entries_per_worker: usize) -> usize {
-        let workers = workers.max(1) as u64;
-        let reserved = workers * cache_entries_per_worker as u64 + FD_RESERVE;
-        (self.limit.saturating_sub(reserved) / workers).max(1) as usize
+    /// Each worker's descriptor budget ([`crate::fds`]): the limit less a few for
+    /// listeners, logs and files being sent, shared among the workers. Client
+    /// connections, upstream connections, held cache entry files and open-file cache
+    /// entries all count in it.
+    pub fn per_worker(&self, workers: usize) -> usize {
+        (self.limit.saturating_sub(FD_RESERVE) / workers.max(1) as u64).max(1) as usize
+    }
+
+    /// The default connection cap per worker: half its descriptor budget, so that
+    /// each client connection can have one more descriptor at once, an upstream
+    /// connection or a file being sent (nginx's `worker_connections` counts
+    /// upstream connections the same way, and its guidance is a descriptor limit of
+    /// twice that). What the connections leave, the worker's caches hold, and give
+    /// back when the connections need it.
+    pub fn connections_per_worker(&self, workers: usize) -> usize {
+        (self.per_worker(workers) / 2).max(1)
     }
 
     /// One line for the start-up log.
@@ -98,22 +108,21 @@ mod tests {
     }
 
     #[test]
-    fn connection_share_of_the_fd_budget() {
+    fn worker_and_connection_shares_of_the_fd_budget() {
         let b = |limit| FdBudget { before: limit, hard: limit, limit };
-        // (limit, workers, cache per worker, connections per worker)
+        // (limit, workers, budget per worker, connections per worker)
         let cases = [
-            (20_000, 2, 1024, 8944),
-            (1024, 1, 256, 704),
-            (1024, 0, 256, 704),
-            (100, 2, 64, 1),
-            (1 << 20, 4, 1024, 261_104),
+            (20_000, 2, 9968, 4984),
+            (1024, 1, 960, 480),
+            (1024, 0, 960, 480),
+            (256, 1, 192, 96),
+            (100, 2, 18, 9),
+            (60, 2, 1, 1),
+            (1 << 20, 4, 262_128, 131_064),
         ];
-        for (limit, workers, cache, want) in cases {
-            assert_eq!(
-                b(limit).connections_per_worker(workers, cache),
-                want,
-                "{limit} fds, {workers} workers, {cache} cached"
-            );
+        for (limit, workers, budget, connections) in cases {
+            let got = (b(limit).per_worker(workers), b(limit).connections_per_worker(workers));
+            assert_eq!(got, (budget, connections), "{limit} fds, {workers} workers");
         }
     }
 }

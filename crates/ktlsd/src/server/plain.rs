@@ -112,6 +112,7 @@ async fn accept_loop(
     current: watch::Receiver<Current>,
     log: std::rc::Rc<AccessLog>,
 ) {
+    let pauses = crate::log::RateLimit::new(1);
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -124,9 +125,15 @@ async fn accept_loop(
                 tokio::task::spawn_local(async move { connection(stream, peer, &shared, &target, &log).await });
             }
             Err(e) => {
-                // EMFILE/ENFILE and friends: back off instead of spinning.
-                tracing::warn!("plain-HTTP accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // EMFILE/ENFILE and friends: back off as the workers do, logged once a second at most.
+                let pause = match crate::fds::is_exhaustion(&e) {
+                    true => super::worker::ACCEPT_PAUSE,
+                    false => Duration::from_millis(100),
+                };
+                if pauses.check(Instant::now()).0 {
+                    tracing::warn!("plain-HTTP accept failed: {e}; accepting again in {} ms", pause.as_millis());
+                }
+                tokio::time::sleep(pause).await;
             }
         }
     }

@@ -98,11 +98,12 @@ fn raise_fd_budget(config: &Config) -> usize {
     let cache_entries = fds.cache_entries_per_worker(config.workers);
     let connections = match config.max_connections {
         Some(n) => format!("{n} per worker (--max-connections)"),
-        None => format!("{} per worker", fds.connections_per_worker(config.workers, cache_entries)),
+        None => format!("{} per worker", fds.connections_per_worker(config.workers)),
     };
     tracing::info!(
-        "{}; open-file cache up to {cache_entries} per worker; connections up to {connections}",
-        fds.describe()
+        "{}; {} per worker for connections, upstream connections and held files; open-file cache up to {cache_entries} per worker; connections up to {connections}",
+        fds.describe(),
+        fds.per_worker(config.workers)
     );
     cache_entries
 }

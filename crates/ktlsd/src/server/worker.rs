@@ -12,14 +12,20 @@
 //! the server stops), and ends after its current response. The worker also
 //! follows the HTTPS listeners a reload opens and closes.
 //!
-//! A worker holds at most `max_connections` connections (by default its share
-//! of the file descriptor budget): one more is accepted and closed at once,
+//! A worker holds at most `max_connections` connections (by default half its
+//! share of the file descriptor budget): one more is accepted and closed at once,
 //! counted as refused and logged at most once per second, so the listen backlog
-//! does not fill with connections that would wait for a slot. With
-//! `max_connections_per_ip`, a client address holding that many connections over
-//! all workers (`per_ip`) has one more refused the same way, counted apart. When `accept`
-//! itself fails (out of descriptors), the loop sleeps before trying again
-//! rather than spin on the pending connection.
+//! does not fill with connections that would wait for a slot. So is one for which
+//! the worker's descriptor ledger ([`crate::fds`]) has no room, once the held
+//! descriptors (open-file cache, cache entry files, idle upstream connections) are
+//! given back: client connections, upstream connections and held files share the
+//! worker's budget. A client address holding `max_connections_per_ip` connections
+//! over all workers (`per_ip`; by default a quarter of the server's connections)
+//! has one more refused the same way, counted apart. When `accept` itself fails
+//! for want of descriptors, the held ones are given back and it is tried again;
+//! if that gives back none, the connections waiting are accepted and closed at
+//! once with a spare descriptor kept for that, and accepting pauses for
+//! [`ACCEPT_PAUSE`] (logged once a second at most) rather than spin.
 //!
 //! With HTTP/3 on, the worker also runs a QUIC endpoint on each of its UDP
 //! sockets (`quic` below), whose connections count against the same cap.
@@ -43,6 +49,7 @@ use tokio::task::LocalSet;
 use super::live_listeners::ListenerSet;
 use super::per_ip::PerIp;
 use super::{Current, Shared};
+use crate::fds;
 use crate::http::{self, h1, h2, End};
 use crate::log::{AccessLog, RateLimit};
 use crate::stats::{Metrics, Stats, Traffic};
@@ -77,6 +84,8 @@ struct Worker {
     /// Connections this worker holds at most when `max_connections` is not set.
     default_cap: usize,
     refusal_log: RateLimit,
+    /// Pauses of accept for want of descriptors.
+    accept_log: RateLimit,
     /// Connections per client address, over all workers and reloads.
     per_ip: Arc<PerIp>,
 }
@@ -239,8 +248,12 @@ fn run(
     };
     let Current { shared, log, site_logs, .. } = current.borrow_and_update().clone();
     let format = shared.config.access_log_format;
-    let default_cap =
-        super::FdBudget::read().connections_per_worker(shared.config.workers, shared.file_options.cache_entries);
+    let budget = super::FdBudget::read();
+    let default_cap = budget.connections_per_worker(shared.config.workers);
+    fds::set_budget(budget.per_worker(shared.config.workers));
+    fds::set_release(fds::Kind::OpenFile, crate::files::release_cached);
+    fds::set_release(fds::Kind::EntryFile, crate::handler::cache::release_entry_files);
+    fds::set_release(fds::Kind::IdleUpstream, crate::handler::proxy::pool::release_idle);
     let worker = Rc::new(Worker {
         shared: RefCell::new(shared),
         current: RefCell::new(current.clone()),
@@ -254,6 +267,7 @@ fn run(
         handshake_log: RateLimit::new(HANDSHAKE_LOG_LINES),
         default_cap,
         refusal_log: RateLimit::new(1),
+        accept_log: RateLimit::new(1),
         per_ip,
     });
     worker.log.set_format(format);
@@ -337,7 +351,19 @@ fn run(
     total
 }
 
+/// How long accepting pauses when the process is out of descriptors and holds
+/// none it could give back (nginx pauses its accept for the same time): long enough
+/// that a wedged worker costs no CPU, short enough that it resumes as soon as
+/// connections end.
+pub(super) const ACCEPT_PAUSE: Duration = Duration::from_millis(500);
+
+/// Most connections waiting in the backlog refused at once per pause with the spare
+/// descriptor; the rest wait for the next turn.
+const REFUSE_PER_PAUSE: usize = 256;
+
 async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Receiver<bool>) {
+    // Kept for refusing connections when the process has no descriptor left for them.
+    let mut spare = listener.as_fd().try_clone_to_owned().ok();
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -345,41 +371,100 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                 // A connection accepted after a reload was sent gets it, even if
                 // the update task has not run yet.
                 worker.refresh();
-                let cap = worker.shared.borrow().config.max_connections.map_or(worker.default_cap, |n| n.get());
+                let shared = worker.shared.borrow().clone();
+                let cfg = &shared.config;
+                let cap = cfg.max_connections.map_or(worker.default_cap, |n| n.get());
                 if worker.tasks.active.get() >= cap {
                     Stats::bump(&worker.metrics.stats.connections_refused);
                     let why = format!("this worker holds max_connections {cap} (raise --max-connections or the file descriptor limit, or add workers)");
                     refuse(stream, peer, &worker, &why);
                     continue;
                 }
-                let per_ip = worker.shared.borrow().config.max_connections_per_ip;
-                let counted = match per_ip.map(|n| PerIp::enter(&worker.per_ip, peer.ip(), n.get())) {
-                    Some(None) => {
-                        Stats::bump(&worker.metrics.stats.connections_refused_per_ip);
-                        let why = format!("its address holds max_connections_per_ip {}", per_ip.map_or(0, |n| n.get()));
-                        refuse(stream, peer, &worker, &why);
-                        continue;
-                    }
-                    Some(slot) => slot,
-                    None => None,
+                let Some(fd) = fds::admit(fds::Kind::Client) else {
+                    Stats::bump(&worker.metrics.stats.connections_refused);
+                    let why = format!(
+                        "this worker's {} descriptors are in use by connections and upstream connections (raise the file descriptor limit, or add workers)",
+                        fds::budget()
+                    );
+                    refuse(stream, peer, &worker, &why);
+                    continue;
+                };
+                let per_ip = match cfg.max_connections_per_ip {
+                    Some(n) => n.get(),
+                    None => super::per_ip::default_limit(cfg.workers, cap),
+                };
+                let Some(counted) = PerIp::enter(&worker.per_ip, peer.ip(), per_ip) else {
+                    Stats::bump(&worker.metrics.stats.connections_refused_per_ip);
+                    let default = if cfg.max_connections_per_ip.is_none() {
+                        " (the default: a quarter of the server's connections)"
+                    } else {
+                        ""
+                    };
+                    let why = format!("its address holds max_connections_per_ip {per_ip}{default}");
+                    refuse(stream, peer, &worker, &why);
+                    continue;
                 };
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
                 let signals = Signals { retire: worker.retire.borrow().subscribe(), stop: stop.clone() };
-                let shared = worker.shared.borrow().clone();
                 tokio::task::spawn_local(async move {
                     let _active = active;
-                    let _counted = counted;
+                    let _counted = (counted, fd);
                     connection(stream, peer, &w, &shared, signals).await;
                 });
             }
+            Err(e) if fds::is_exhaustion(&e) => {
+                // Held descriptors first: with them given back, accept again at once.
+                if fds::release_all() > 0 {
+                    continue;
+                }
+                let refused = refuse_waiting(&listener, &mut spare, &worker).await;
+                let (log, suppressed) = worker.accept_log.check(Instant::now());
+                if log {
+                    let more = if suppressed > 0 {
+                        format!(" ({suppressed} more pause(s) not logged)")
+                    } else {
+                        String::new()
+                    };
+                    tracing::warn!("accept failed: {e}; refused {refused} waiting connection(s), accepting again in {} ms{more} (raise the file descriptor limit; see `ktlsd doctor`)", ACCEPT_PAUSE.as_millis());
+                }
+                tokio::time::sleep(ACCEPT_PAUSE).await;
+            }
             Err(e) => {
-                // EMFILE/ENFILE and friends: back off instead of spinning.
-                tracing::warn!("accept failed: {e}; trying again in 100 ms (out of file descriptors? see `ktlsd doctor` and --max-connections)");
+                // A connection reset while it waited (ECONNABORTED), or the system short of memory.
+                let (log, _) = worker.accept_log.check(Instant::now());
+                if log {
+                    tracing::warn!("accept failed: {e}; trying again in 100 ms");
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
+}
+
+/// Accepts and closes at once the connections waiting in `listener`'s backlog,
+/// with the descriptor `spare` gives up for each (taken again afterwards), so that
+/// a worker out of descriptors refuses them rather than leaves them hanging.
+/// Returns how many it refused.
+async fn refuse_waiting(listener: &TcpListener, spare: &mut Option<std::os::fd::OwnedFd>, worker: &Worker) -> usize {
+    let mut refused = 0;
+    if spare.take().is_some() {
+        while refused < REFUSE_PER_PAUSE {
+            // Only what waits now: a zero timeout polls the accept once.
+            match tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+                Ok(Ok((stream, _))) => {
+                    Stats::bump(&worker.metrics.stats.connections);
+                    Stats::bump(&worker.metrics.stats.connections_refused);
+                    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                    drop(stream);
+                    refused += 1;
+                }
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+    }
+    *spare = listener.as_fd().try_clone_to_owned().ok();
+    refused
 }
 
 /// Closes a connection over a cap at once (`why` says which): the client sees its

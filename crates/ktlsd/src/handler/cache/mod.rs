@@ -79,6 +79,13 @@ use entry::Bad;
 use policy::{Freshness, Meta};
 use store::{Index, Layout, Primary};
 
+/// Closes up to `n` of the entry files this worker holds open (all for
+/// `usize::MAX`), least recently used first, and says how many: the descriptor
+/// ledger's release of entry files ([`crate::fds`]).
+pub fn release_entry_files(n: usize) -> usize {
+    open::release(n)
+}
+
 /// How long a lookup waits for another request's fill of the same key before it
 /// goes upstream itself: long enough for a typical upstream answer, short enough
 /// that a stuck upstream costs each waiter little more than its own request would.
@@ -448,8 +455,17 @@ impl Cache {
         let held = open::held(&meta);
         let opened = match &held {
             Some(_) => None,
-            None => match File::open(&meta.path) {
+            None => match open::open(&meta.path) {
                 Ok(f) => Some(f),
+                Err(e) if crate::fds::is_exhaustion(&e) => {
+                    // Out of descriptors: a miss, the entry kept. One line a second
+                    // per worker at most: a shortage comes with many requests.
+                    thread_local!(static SHORT: crate::log::RateLimit = crate::log::RateLimit::new(1));
+                    if SHORT.with(|l| l.check(std::time::Instant::now()).0) {
+                        tracing::warn!("cache entry {} not opened: {e}; answered as a miss", meta.path.display());
+                    }
+                    return None;
+                }
                 Err(_) => {
                     self.lock_index().remove_path(p, &meta.path);
                     return None;

@@ -12,8 +12,13 @@
 //! its deleted file frees its disk space) or when the map needs room.
 //!
 //! Each worker has its own map (nothing shared between threads), of at most
-//! [`ENTRIES`] descriptors and [`CONTENT_BUDGET`] bytes. Not here: which entry
-//! answers a request (the module above) or how its answer is built (`serve`).
+//! [`ENTRIES`] descriptors and [`CONTENT_BUDGET`] bytes. Each descriptor held is
+//! counted in the worker's descriptor ledger ([`crate::fds`]): a file is held only
+//! when the ledger has room, and the least recently used are given back
+//! ([`release`]) when the worker needs their descriptors. A file that cannot be
+//! opened for want of descriptors is opened again once every held one is given
+//! back. Not here: which entry answers a request (the module above) or how its
+//! answer is built (`serve`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -25,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use super::policy::Meta;
+use crate::fds;
 
 /// Descriptors one worker keeps open at most.
 pub const ENTRIES: usize = 256;
@@ -48,6 +54,8 @@ struct Slot {
     meta: Arc<Meta>,
     opened: Opened,
     used: u64,
+    /// Its place in the worker's descriptor ledger.
+    _fd: fds::Counted,
 }
 
 #[derive(Default)]
@@ -132,7 +140,8 @@ pub fn random() -> u64 {
 
 /// `meta`'s file as the codec sends it: `file` (just opened and checked by the
 /// caller) kept for the next hits, else the one this worker holds, else opened
-/// now (its length checked against the index). `None`: the file is gone.
+/// now (its length checked against the index). `None`: the file is gone, or the
+/// process is out of descriptors even with every held one given back.
 pub fn opened(meta: &Arc<Meta>, file: Option<(File, Metadata)>) -> Option<Opened> {
     if file.is_none() {
         if let Some(o) = OPEN.with(|o| o.borrow().slots.get(&id(meta)).map(|s| s.opened.clone())) {
@@ -142,31 +151,73 @@ pub fn opened(meta: &Arc<Meta>, file: Option<(File, Metadata)>) -> Option<Opened
     let (file, fstat) = match file {
         Some(f) => f,
         None => {
-            let f = File::open(&meta.path).ok()?;
+            let f = open(&meta.path).ok()?;
             let m = f.metadata().ok().filter(|m| m.len() == meta.file_len)?;
             (f, m)
         }
     };
-    Some(OPEN.with(|o| o.borrow_mut().put(meta.clone(), file, fstat)))
+    // Held for the next hits only when the worker's descriptor budget has room.
+    let hold = fds::make_room(1);
+    Some(OPEN.with(|o| o.borrow_mut().put(meta.clone(), file, fstat, hold)))
+}
+
+/// Opens an entry file; out of descriptors, gives back every held one and tries once more.
+pub fn open(path: &Path) -> std::io::Result<File> {
+    match File::open(path) {
+        Err(e) if fds::is_exhaustion(&e) => {
+            fds::release_all();
+            File::open(path)
+        }
+        r => r,
+    }
+}
+
+/// Closes the `n` least recently used held files (all for `usize::MAX`) and says
+/// how many: the descriptor ledger's release of entry files. None while the map is
+/// in use on this thread.
+pub fn release(n: usize) -> usize {
+    OPEN.with(|o| {
+        let Ok(mut o) = o.try_borrow_mut() else { return 0 };
+        if n >= o.slots.len() {
+            let all = o.slots.len();
+            o.slots.clear();
+            o.content_bytes = 0;
+            return all;
+        }
+        let mut by_use: Vec<(u64, usize)> = o.slots.iter().map(|(k, s)| (s.used, *k)).collect();
+        by_use.sort_unstable();
+        for (_, k) in by_use.into_iter().take(n) {
+            if let Some(s) = o.slots.remove(&k) {
+                o.content_bytes -= s.opened.content.map_or(0, |c| c.len());
+            }
+        }
+        n
+    })
 }
 
 impl Open {
-    fn put(&mut self, meta: Arc<Meta>, file: File, fstat: Metadata) -> Opened {
-        if self.slots.len() >= ENTRIES {
+    /// Builds the answer from `file`, and keeps it for the next hits when `hold`.
+    fn put(&mut self, meta: Arc<Meta>, file: File, fstat: Metadata, hold: bool) -> Opened {
+        if hold && self.slots.len() >= ENTRIES {
             self.make_room();
         }
         let len = fstat.len();
-        let content = (len <= SMALL_ENTRY && self.content_bytes + len as usize <= CONTENT_BUDGET)
+        // Bytes are kept only with a held file: one not held is sent from the file.
+        let content = (hold && len <= SMALL_ENTRY && self.content_bytes + len as usize <= CONTENT_BUDGET)
             .then(|| {
                 let mut bytes = vec![0u8; len as usize];
                 file.read_exact_at(&mut bytes, 0).ok().map(|()| Rc::<[u8]>::from(bytes))
             })
             .flatten();
-        self.content_bytes += content.as_ref().map_or(0, |c| c.len());
         let rel: Rc<Path> = Rc::from(meta.path.file_name().map_or(Path::new("entry"), Path::new));
         let opened = Opened { file: Rc::new(file), fstat, rel, content };
+        if !hold {
+            return opened;
+        }
+        self.content_bytes += opened.content.as_ref().map_or(0, |c| c.len());
         self.clock += 1;
-        let slot = Slot { meta: meta.clone(), opened: opened.clone(), used: self.clock };
+        let _fd = fds::count(fds::Kind::EntryFile);
+        let slot = Slot { meta: meta.clone(), opened: opened.clone(), used: self.clock, _fd };
         if let Some(old) = self.slots.insert(id(&meta), slot) {
             self.content_bytes -= old.opened.content.map_or(0, |c| c.len());
         }
@@ -253,5 +304,33 @@ mod tests {
         }
         OPEN.with(|o| assert!(o.borrow().slots.len() <= ENTRIES));
         assert!(held(&kept[ENTRIES + 9]).is_some() && held(&kept[0]).is_none());
+    }
+
+    /// Held files are counted in the worker's descriptor ledger, the least recently
+    /// used given back under pressure, and none held when the budget is spent (the
+    /// hit is still answered, from a file opened for it).
+    #[test]
+    fn held_files_follow_the_descriptor_budget() {
+        use crate::fds::{self, Kind};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e");
+        std::fs::write(&path, b"entry").unwrap();
+        fds::set_budget(4);
+        fds::set_release(Kind::EntryFile, release);
+        let metas: Vec<Arc<Meta>> = (0..4).map(|_| meta(&path, 5)).collect();
+        for m in &metas {
+            assert!(opened(m, None).is_some());
+        }
+        assert_eq!(fds::counted(Kind::EntryFile), 4);
+        assert!(held(&metas[0]).is_some(), "the first is now the most recently used");
+        let client = fds::admit(Kind::Client).expect("a held file given back");
+        assert_eq!(fds::counted(Kind::EntryFile), 3);
+        assert!(held(&metas[1]).is_none() && held(&metas[0]).is_some());
+        let rest: Vec<fds::Counted> = std::iter::from_fn(|| fds::admit(Kind::Client)).collect();
+        assert_eq!((rest.len(), fds::counted(Kind::EntryFile)), (3, 0));
+        let o = opened(&metas[2], None).expect("answered though not held");
+        assert_eq!(o.content, None, "no bytes kept for a file not held");
+        assert_eq!((held(&metas[2]).is_none(), fds::total()), (true, 4));
+        drop((client, rest));
     }
 }

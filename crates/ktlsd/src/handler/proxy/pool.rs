@@ -4,7 +4,11 @@
 //! its own, as nginx's workers do without a shared zone: no lock on the request path.
 //!
 //! The choice itself ([`choose`]) is a pure function; the thread-local state lives
-//! here. Not here: connecting or speaking HTTP.
+//! here. Connections in use and idle ones are counted in the worker's descriptor
+//! ledger ([`crate::fds`]): an idle one is kept only when it has room, the oldest
+//! are given back under pressure ([`release_idle`]), and held descriptors are given
+//! back before a new connection is opened at a full budget. Not here: connecting
+//! or speaking HTTP.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -12,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::upstream::Conn;
 use super::{Balance, Rule};
+use crate::fds;
 
 /// How long an idle upstream connection is kept (nginx's `keepalive_timeout` default).
 const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -19,8 +24,10 @@ const IDLE_FOR: Duration = Duration::from_secs(60);
 /// One upstream's state in this worker.
 #[derive(Default)]
 struct State {
-    idle: Vec<(Conn, Instant)>,
+    idle: Vec<(Conn, Instant, fds::Counted)>,
     active: usize,
+    /// The descriptor ledger's count of the connections in use (one per `active`).
+    in_use: Vec<fds::Counted>,
     failed_until: Option<Instant>,
 }
 
@@ -89,29 +96,53 @@ pub fn pick(rule: &Rule, tried: &[usize]) -> Option<usize> {
 }
 
 /// An idle connection to `upstream` (by its key) that still looks usable, if any.
+/// When there is none (a new one is to be opened), held descriptors are given back
+/// first if the worker's budget is full.
 pub fn take_idle(key: &str) -> Option<Conn> {
-    POOLS.with(|p| {
+    let found = POOLS.with(|p| {
         let mut p = p.borrow_mut();
         let s = p.upstreams.get_mut(key)?;
         let now = Instant::now();
-        while let Some((conn, since)) = s.idle.pop() {
+        while let Some((conn, since, _)) = s.idle.pop() {
             if now.duration_since(since) < IDLE_FOR && conn.looks_alive() {
                 return Some(conn);
             }
         }
         None
+    });
+    if found.is_none() {
+        fds::make_room(1);
+    }
+    found
+}
+
+/// Closes up to `n` idle connections (all for `usize::MAX`), the oldest of each
+/// upstream first, and says how many: the descriptor ledger's release of idle
+/// upstream connections. None while the pools are in use on this thread.
+pub fn release_idle(n: usize) -> usize {
+    POOLS.with(|p| {
+        let Ok(mut p) = p.try_borrow_mut() else { return 0 };
+        let mut closed = 0;
+        for s in p.upstreams.values_mut() {
+            let k = s.idle.len().min(n - closed);
+            s.idle.drain(..k);
+            closed += k;
+        }
+        closed
     })
 }
 
-/// Returns a connection whose exchange completed, keeping at most `keep` idle.
+/// Returns a connection whose exchange completed, keeping at most `keep` idle
+/// (none when the worker's descriptor budget has no room for it).
 pub fn put_idle(key: &str, conn: Conn, keep: usize) {
+    let room = fds::make_room(1);
     with_state(key, |s| {
         // Oldest first (connections are taken from the end): the expired ones lead.
         let now = Instant::now();
-        let expired = s.idle.iter().take_while(|(_, since)| now.duration_since(*since) >= IDLE_FOR).count();
+        let expired = s.idle.iter().take_while(|(_, since, _)| now.duration_since(*since) >= IDLE_FOR).count();
         s.idle.drain(..expired);
-        if s.idle.len() < keep {
-            s.idle.push((conn, now));
+        if room && s.idle.len() < keep {
+            s.idle.push((conn, now, fds::count(fds::Kind::IdleUpstream)));
         }
     });
 }
@@ -129,13 +160,17 @@ fn with_state<R>(key: &str, f: impl FnOnce(&mut State) -> R) -> R {
 
 /// Counts a request in flight to `key` (until [`finished`]).
 pub fn started(key: &str) {
-    with_state(key, |s| s.active += 1);
+    with_state(key, |s| {
+        s.active += 1;
+        s.in_use.push(fds::count(fds::Kind::Upstream));
+    });
 }
 
 pub fn finished(key: &str) {
     POOLS.with(|p| {
         if let Some(s) = p.borrow_mut().upstreams.get_mut(key) {
             s.active = s.active.saturating_sub(1);
+            s.in_use.pop();
         }
     });
 }
