@@ -342,3 +342,54 @@ fn a_local_descriptor_shortage_does_not_mark_the_upstream_down() {
     assert!(stderr.contains("Too many open files"), "the shortage is not named: {stderr}");
     assert!(!stderr.contains("skipped for"), "the upstream was marked down: {stderr}");
 }
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS in kB")
+}
+
+/// Growth of resident memory allowed while one HTTP/2 connection holds 128 proxied
+/// 8 MiB bodies being stored: a stream keeps at most about two 64 KiB pieces, so
+/// 128 of them about 16 MiB; a body held whole would be 1 GiB.
+const HELD_STREAMS_RSS_BOUND_KIB: u64 = 96 * 1024;
+
+/// Over HTTP/2, a proxied body being stored is streamed like any other: the heads of
+/// 128 streams for distinct cacheable 8 MiB objects arrive though the client reads no
+/// body, the server's memory stays bounded, and the head of a body whose upstream
+/// stalls after its first bytes arrives at once (time to first byte is the upstream's,
+/// not the whole body's).
+#[test]
+fn http2_streams_of_stored_bodies_hold_bounded_memory_and_answer_at_once() {
+    let origin = Origin::start("a");
+    let cache = tempfile::tempdir().unwrap();
+    let tables = cache_table(cache.path(), "4G");
+    let srv = server(&origin, "cache = true\nread_timeout = \"10s\"", &tables);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proxy/h2_hold.py");
+    let mut paths: Vec<String> = (0..128).map(|i| format!("/api/big?n={}&cc=1&i={i}", 8 << 20)).collect();
+    paths.push("/api/slow-body?cc=1".into());
+    let before = rss_kib(srv.pid());
+    let child = std::process::Command::new("/usr/bin/python3")
+        .arg(script)
+        .args([srv.addr().ip().to_string(), srv.port().to_string(), "6".into()])
+        .args(&paths)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3 runs h2_hold.py (python3-h2)");
+    std::thread::sleep(Duration::from_secs(4));
+    let during = rss_kib(srv.pid());
+    let out = child.wait_with_output().expect("h2_hold.py ends");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "h2_hold.py failed: {text}\n{}", srv.stderr());
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let heads = v["heads"].as_array().expect("heads");
+    let ok = heads.iter().filter(|h| h[1] == 200 && h[0].as_str().is_some_and(|p| p.starts_with("/api/big"))).count();
+    assert_eq!(ok, 128, "every stream's head arrived without its body being read: {v}");
+    let slow = heads.iter().find(|h| h[0] == "/api/slow-body?cc=1").unwrap_or_else(|| panic!("no slow head: {v}"));
+    assert_eq!(slow[1], 200, "{v}");
+    assert!(slow[2].as_f64().is_some_and(|s| s < 2.0), "the slow body's head waited for its body: {v}");
+    let grown = during.saturating_sub(before);
+    assert!(grown < HELD_STREAMS_RSS_BOUND_KIB, "RSS grew by {grown} KiB (from {before} KiB)");
+}
+

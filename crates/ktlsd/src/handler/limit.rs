@@ -1,7 +1,7 @@
 //! The rate-limit phase: requests per client address, `requests` per `per` with
 //! room for `burst` at once, answered `429 Too Many Requests` with `Retry-After`
-//! beyond that, as nginx's `limit_req` (HTTP/1.1 requests and HTTP/2 streams alike,
-//! since both codecs answer through [`super::handle`]).
+//! beyond that, as nginx's `limit_req` (HTTP/1.1 requests, HTTP/2 and HTTP/3 streams
+//! alike, since every codec enters [`super::pipeline`], which asks it once a request).
 //!
 //! The state is a [`Limiter`]: a fixed-size table, allocated once when the
 //! configuration is loaded and shared by all workers (connections from one client

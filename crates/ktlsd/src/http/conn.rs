@@ -1,4 +1,4 @@
-//! What both codecs share around one connection: the [`Context`] a connection
+//! What the codecs share around one connection: the [`Context`] a connection
 //! loop is given (peer, settings, sites, access log, shutdown signal), how the
 //! loop [`End`]s, the access-log entry of one answered request ([`Context::log`]),
 //! and the Date field value.

@@ -1,4 +1,4 @@
-//! The one check of a request's host, used by both codecs: HTTP/1.1's `Host` and the
+//! The one check of a request's host, used by every codec: HTTP/1.1's `Host` and the
 //! authority of an absolute-form target, HTTP/2's `:authority` and `host`
 //! (RFC 9110 sections 4.2.2 and 7.2, RFC 9113 section 8.3.1). The site is chosen
 //! from the value this accepts, so both protocols choose from the same checked text.

@@ -7,9 +7,9 @@
 //! whatever its size), or, from a plain `http://` upstream to a client that can
 //! take it, the rest of a Content-Length body by `splice`. A body being stored is
 //! teed into the cache entry as it passes and committed before the last bytes
-//! leave; one that fits a piece is read and stored before its head leaves, which
-//! then says `stored` (a larger one's head cannot know: its `Cache-Status` says
-//! only `fwd=miss`). A body that fails after the head is cut
+//! leave; one that fits a piece and follows its head at once is read and stored
+//! before its head leaves, which then says `stored` (a larger or slower one's head
+//! cannot know: its `Cache-Status` says only `fwd=miss`). A body that fails after the head is cut
 //! ([`Downstream::abort`]) and never stored.
 //!
 //! Not here: how a codec frames what it is handed, and the upstream's wire format
@@ -17,7 +17,7 @@
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::cached::{self, Next, Pending, Plan};
 use super::parse::Framing;
@@ -27,6 +27,11 @@ use crate::handler::cache::{Cache, Key};
 use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
 use crate::handler::{Body, Header, Request, Response, Status};
 use crate::vocab::{BodyPath, Spliced};
+
+/// How long a body being stored of at most one piece is awaited before its head
+/// leaves, so that the head may say `stored`: an upstream that sends its body with
+/// its head is well within it, and a slow one delays the head by no more.
+const STORE_FIRST_WAIT: Duration = Duration::from_millis(200);
 
 /// A request a `[[proxy]]` rule takes, owning all it needs (so that a codec may run
 /// it on a task of its own).
@@ -117,25 +122,36 @@ impl Forward {
             Framing::Chunked | Framing::Close => None,
         };
 
-        // A body being stored that fits one piece is read whole first: it is stored
-        // before its head leaves, which then says so (and a fault in it is a clean 502).
+        // A body being stored that fits one piece and follows its head at once is
+        // read whole first: it is stored before its head leaves, which then says so
+        // (and a fault in it is a clean 502). One slower than STORE_FIRST_WAIT
+        // streams as any other, so a slow upstream delays the head by that at most.
         let mut piece = buffers::take();
         let mut end = false;
         if let (Some(n), Some(s)) = (len, store.as_ref()) {
             if n <= PIECE as u64 {
                 let stored_status = s.stored_status().to_string();
-                loop {
-                    match up.read_body(&mut piece).await {
-                        Ok(more) if more && !up.body_complete() => {}
-                        Ok(_) => break,
-                        Err(f) => return refused(f, req, failed_status),
+                let whole = async {
+                    loop {
+                        match up.read_body(&mut piece).await {
+                            Ok(more) if more && !up.body_complete() => {}
+                            Ok(_) => return Ok(()),
+                            Err(f) => return Err(f),
+                        }
                     }
+                };
+                // Cancel-safe: bytes read are kept in the exchange or in `piece`.
+                match tokio::time::timeout(STORE_FIRST_WAIT, whole).await {
+                    Ok(Ok(())) => end = true,
+                    Ok(Err(f)) => return refused(f, req, failed_status),
+                    Err(_) => {}
                 }
-                end = true;
-                if let Some(mut s) = store.take() {
-                    s.write(&piece);
-                    if s.commit().await {
-                        cache_status = stored_status;
+                if end {
+                    if let Some(mut s) = store.take() {
+                        s.write(&piece);
+                        if s.commit().await {
+                            cache_status = stored_status;
+                        }
                     }
                 }
             }
@@ -146,7 +162,8 @@ impl Forward {
         }
         let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
 
-        // The body bytes that came with the upstream's head leave with the head.
+        // The body bytes that came with the upstream's head (or in the wait above)
+        // leave with the head.
         if !end {
             end = match up.read_buffered(&mut piece) {
                 None => false,
