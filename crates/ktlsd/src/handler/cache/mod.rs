@@ -47,10 +47,10 @@
 //! another thread, least recently used first, once the files exceed `max_size`,
 //! down to 90% of it.
 
-mod entry;
+pub(crate) mod entry;
 mod fill;
 mod open;
-mod policy;
+pub(crate) mod policy;
 mod serve;
 mod store;
 
