@@ -1,7 +1,7 @@
 //! The cache's entry reader (`handler/cache/entry.rs`, then the entry's RFC 9111 rules
 //! in `policy.rs`) on entry files: seeds are real entries, which the fuzzer mutates.
-//! The input is a mode byte, 8 bytes of "now" (milliseconds since the epoch), then the
-//! file. Mode bit 0 rewrites the head checksum after mutation, so that mutated heads
+//! The input is a mode byte, 8 bytes of "now" (milliseconds within the years 2000 to
+//! 2100: the clock, not the file, gives it), then the file. Mode bit 0 rewrites the head checksum after mutation, so that mutated heads
 //! reach the JSON and the freshness rules instead of stopping at the checksum; bits 1-3
 //! pick the request's fields and bits 4-6 the fields of a 304 that refreshes the entry.
 //! Besides never panicking, an entry read back has its body within the file, to the end.
@@ -44,7 +44,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let request = pairs(REQUESTS[usize::from(mode >> 1 & 7)]);
     let refresh = pairs(REFRESHES[usize::from(mode >> 4 & 7)]);
-    if let Ok(entry) = cache_entry(&file, u64::from_le_bytes(*now), &request, &refresh) {
+    let now = 946_684_800_000 + u64::from_le_bytes(*now) % (100 * 365 * 86_400_000);
+    if let Ok(entry) = cache_entry(&file, now, &request, &refresh) {
         assert!(entry.body.start >= 52 && entry.body.end == file.len() as u64, "{entry:?}");
     }
 });

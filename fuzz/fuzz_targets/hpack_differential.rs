@@ -4,7 +4,10 @@
 //! other (then the table is lost and the connection ends: the comparison stops).
 //!
 //! Known differences, by design, are not counted: ktlsd refuses integers past 2^28
-//! (no field or table needs them) where loona-hpack takes up to 2^64.
+//! (no field or table needs them) where loona-hpack takes up to 2^64, and takes a block
+//! of table size updates alone (RFC 7541 section 4.2 does not forbid it), which
+//! loona-hpack refuses, and refuses a size update after a field (section 4.2 puts it
+//! at the beginning of the block), which loona-hpack takes.
 #![no_main]
 
 use ktlsd::fuzzing::HpackDecoder;
@@ -30,7 +33,8 @@ fuzz_target!(|data: &[u8]| {
                 let _ = e;
                 return;
             }
-            (Err(e), Ok(_)) if e == "IntegerOverflow" => return,
+            (Err(e), Ok(_)) if e == "IntegerOverflow" || e == "LateTableSizeUpdate" => return,
+            (Ok(Some(x)), Err(loona_hpack::decoder::DecoderError::SizeUpdateAtEnd)) if x.is_empty() => return,
             _ => panic!("ktlsd: {a:?}, loona-hpack: {b:?}, block {block:02x?}"),
         }
     }
