@@ -13,17 +13,22 @@ use libfuzzer_sys::fuzz_target;
 
 const MAX_HEAD: usize = 16 * 1024;
 
-/// Whether the request line is complete and ends in another token than HTTP/1.0 or
-/// HTTP/1.1 (ktlsd reads those itself before httparse).
+/// Whether the request line's version token is another than HTTP/1.0 or HTTP/1.1 (or,
+/// while the line is incomplete, the start of another): ktlsd reads those itself
+/// before httparse.
 fn rewritten(buf: &[u8]) -> bool {
     let start = buf.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(buf.len());
-    let Some(nl) = buf[start..].iter().position(|&b| b == b'\n') else { return false };
-    let line = buf[start..start + nl].strip_suffix(b"\r").unwrap_or(&buf[start..start + nl]);
+    let (line, complete) = match buf[start..].iter().position(|&b| b == b'\n') {
+        Some(nl) => (&buf[start..start + nl], true),
+        None => (&buf[start..], false),
+    };
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.iter().filter(|&&b| b == b' ').count() < 2 {
         return false;
     }
     let token = line.rsplit(|&b| b == b' ').next().unwrap_or_default();
-    token != b"HTTP/1.1" && token != b"HTTP/1.0"
+    let plain = |v: &[u8]| if complete { token == v } else { v.starts_with(token) };
+    !plain(b"HTTP/1.1") && !plain(b"HTTP/1.0")
 }
 
 fuzz_target!(|data: &[u8]| {
