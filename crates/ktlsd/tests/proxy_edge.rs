@@ -392,4 +392,3 @@ fn http2_streams_of_stored_bodies_hold_bounded_memory_and_answer_at_once() {
     let grown = during.saturating_sub(before);
     assert!(grown < HELD_STREAMS_RSS_BOUND_KIB, "RSS grew by {grown} KiB (from {before} KiB)");
 }
-

@@ -46,9 +46,7 @@ impl Reading<'_> {
                 chain.join(" includes ")
             ));
         }
-        let mut table: toml::Table = toml::from_str(&text).map_err(|e| syntax_error(path, &text, &e))?;
-        super::env::substitute_table(&mut table, self.lookup)
-            .map_err(|why| ConfigError::new(format!("config file {}: {why}", path.display())))?;
+        let table = table(path, &text, self.lookup)?;
         // Each file has its own includes; sites add up.
         for key in table.keys().filter(|k| *k != "site" && *k != "include") {
             if let Some(first) = self.owner.insert(key.clone(), path.to_path_buf()) {
@@ -59,14 +57,7 @@ impl Reading<'_> {
                 ));
             }
         }
-        let mut file = match Options::deserialize(toml::Value::Table(table)) {
-            Ok(file) => file,
-            // The raw text again, for the error's line and column when it has them.
-            Err(e) => match toml::from_str::<Options>(&text) {
-                Err(with_span) if with_span.span().is_some() => return Err(syntax_error(path, &text, &with_span)),
-                _ => return err(format!("config file {}: {}", path.display(), e.message().trim().replace('\n', " "))),
-            },
-        };
+        let mut file = options(path, &text, table)?;
         let base = path.parent().unwrap_or(Path::new("."));
         super::resolve_paths(&mut file, base);
         let includes = file.include.take().unwrap_or_default();
@@ -85,6 +76,31 @@ impl Reading<'_> {
         }
         self.chain.pop();
         Ok(())
+    }
+}
+
+/// The TOML text of the file at `path`, parsed, its `${VAR}`s replaced through `lookup`.
+pub(crate) fn table(
+    path: &Path,
+    text: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<toml::Table, ConfigError> {
+    let mut table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(path, text, &e))?;
+    super::env::substitute_table(&mut table, lookup)
+        .map_err(|why| ConfigError::new(format!("config file {}: {why}", path.display())))?;
+    Ok(table)
+}
+
+/// The options `table` (from [`table`] over `text`, the file at `path`) sets; paths and
+/// includes as written.
+pub(crate) fn options(path: &Path, text: &str, table: toml::Table) -> Result<Options, ConfigError> {
+    match Options::deserialize(toml::Value::Table(table)) {
+        Ok(file) => Ok(file),
+        // The raw text again, for the error's line and column when it has them.
+        Err(e) => match toml::from_str::<Options>(text) {
+            Err(with_span) if with_span.span().is_some() => Err(syntax_error(path, text, &with_span)),
+            _ => err(format!("config file {}: {}", path.display(), e.message().trim().replace('\n', " "))),
+        },
     }
 }
 

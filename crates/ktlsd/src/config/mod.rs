@@ -24,7 +24,7 @@
 //! 2. Validate it in its section module (or a new one), from the merged `Options` into
 //!    a field of [`Config`] (or [`SiteConfig`] for a per-site option), with a table
 //!    test there.
-//! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference`.
+//! 3. Regenerate the reference: `KTLSD_BLESS=1 cargo test -p ktlsd --lib config_reference`.
 
 pub mod access_log;
 pub mod admin;
@@ -36,7 +36,7 @@ mod effective;
 pub mod env;
 pub mod h2;
 pub mod h3;
-mod include;
+pub(crate) mod include;
 pub mod listen;
 pub mod open_files;
 pub mod options;
@@ -176,55 +176,44 @@ fn load(path: &Path) -> Result<Options, ConfigError> {
 /// Every path in the file is relative to the file's directory `base`, as in nginx;
 /// `-` and `off` for the access log are not paths.
 pub(crate) fn resolve_paths(file: &mut Options, base: &Path) {
-    let rel = |p: &mut PathBuf| {
+    for p in file_paths(file) {
         if p.is_relative() {
             *p = base.join(&*p);
         }
-    };
-    for p in [&mut file.root, &mut file.cert, &mut file.key, &mut file.state_dir].into_iter().flatten() {
-        rel(p);
     }
-    for p in file.ticket_keys.iter_mut().flatten() {
-        rel(p);
-    }
-    for a in file.auth.iter_mut().flatten() {
-        rel(&mut a.users);
-    }
-    if let Some(p) = &mut file.client_ca {
-        rel(p);
-    }
-    for site in file.site.iter_mut().flatten() {
-        for p in [&mut site.cert, &mut site.key, &mut site.access_log].into_iter().flatten() {
-            rel(p);
-        }
-        rel(&mut site.root);
-        for a in site.auth.iter_mut().flatten() {
-            rel(&mut a.users);
-        }
-        if let Some(p) = &mut site.client_ca {
-            rel(p);
-        }
-        if let Some(acme) = site.acme.as_mut() {
-            for p in [&mut acme.directory_ca, &mut acme.dns_hook].into_iter().flatten() {
-                rel(p);
-            }
-        }
-        proxy::resolve_paths(site.proxy.iter_mut().flatten(), base);
-    }
-    proxy::resolve_paths(file.proxy.iter_mut().flatten(), base);
     if let Some(log) = &mut file.access_log {
         if log != "-" && log != "off" && Path::new(log.as_str()).is_relative() {
             *log = base.join(log.as_str()).to_string_lossy().into_owned();
         }
-    }
-    if let Some(dir) = file.cache.as_mut().and_then(|c| c.dir.as_mut()) {
-        rel(dir);
     }
     if let Some(admin) = &mut file.admin {
         if admin.contains('/') && Path::new(admin.as_str()).is_relative() {
             *admin = base.join(admin.as_str()).to_string_lossy().into_owned();
         }
     }
+}
+
+/// Every file or directory path a configuration file gives (the access log and the admin
+/// socket, which may be words, aside).
+pub(crate) fn file_paths(file: &mut Options) -> Vec<&mut PathBuf> {
+    let mut paths: Vec<&mut PathBuf> = Vec::new();
+    paths.extend([&mut file.root, &mut file.cert, &mut file.key, &mut file.state_dir].into_iter().flatten());
+    paths.extend(file.ticket_keys.iter_mut().flatten());
+    paths.extend(file.auth.iter_mut().flatten().map(|a| &mut a.users));
+    paths.extend(file.client_ca.as_mut());
+    for site in file.site.iter_mut().flatten() {
+        paths.extend([&mut site.cert, &mut site.key, &mut site.access_log].into_iter().flatten());
+        paths.push(&mut site.root);
+        paths.extend(site.auth.iter_mut().flatten().map(|a| &mut a.users));
+        paths.extend(site.client_ca.as_mut());
+        if let Some(acme) = site.acme.as_mut() {
+            paths.extend([&mut acme.directory_ca, &mut acme.dns_hook].into_iter().flatten());
+        }
+        paths.extend(site.proxy.iter_mut().flatten().filter_map(|b| b.upstream_ca.as_mut()));
+    }
+    paths.extend(file.proxy.iter_mut().flatten().filter_map(|b| b.upstream_ca.as_mut()));
+    paths.extend(file.cache.as_mut().and_then(|c| c.dir.as_mut()));
+    paths
 }
 
 /// The log level, known before the rest is validated (logging starts first): the command
@@ -241,9 +230,11 @@ impl Config {
             Some(path) => load(path)?,
             None => Options::default(),
         };
-        let o = args.options.fold_switches().or(file);
-        let file_path = args.config.as_deref();
+        Config::from_options(args.options.fold_switches().or(file), args.config.as_deref())
+    }
 
+    /// Validates merged options; `file_path` is the configuration file's, for messages.
+    pub(crate) fn from_options(o: Options, file_path: Option<&Path>) -> Result<Self, ConfigError> {
         let root = o.root.clone().unwrap_or_else(|| PathBuf::from("."));
         let root = match root.canonicalize() {
             Ok(r) if r.is_dir() => r,

@@ -19,15 +19,6 @@ pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Most idle connections kept per upstream and worker, as nginx's `keepalive` takes.
 const MAX_KEEPALIVE: usize = 1024;
 
-/// Makes `upstream_ca` paths relative to the configuration file's directory `base`.
-pub fn resolve_paths<'a>(blocks: impl Iterator<Item = &'a mut FileProxy>, base: &Path) {
-    for b in blocks {
-        if let Some(p) = b.upstream_ca.as_mut().filter(|p| p.is_relative()) {
-            *p = base.join(&*p);
-        }
-    }
-}
-
 /// Validates a site's `[[proxy]]` blocks, in order.
 pub fn proxy(blocks: &[FileProxy]) -> Result<Vec<Rule>, String> {
     blocks.iter().enumerate().map(|(i, b)| rule(b, SYSTEM_ROOTS).map_err(|e| format!("proxy {}: {e}", i + 1))).collect()

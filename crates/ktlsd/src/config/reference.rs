@@ -49,7 +49,7 @@ pub fn generate() -> String {
     let mut out = String::from(
         "# ktlsd configuration reference\n\n\
          <!-- Generated from the options schema (crates/ktlsd/src/config/options.rs); do not edit. \
-         Regenerate: KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference -->\n\n\
+         Regenerate: KTLSD_BLESS=1 cargo test -p ktlsd --lib config_reference -->\n\n\
          Every option of `ktlsd serve` (and `ktlsd check`) is a command-line flag and a key of the TOML \
          file given with `--config`. The command line wins over the file, the file over the default. \
          Relative paths in the file are relative to the file's directory. A switch's `--no-` form is \
@@ -167,7 +167,7 @@ mod tests {
         assert!(
             got == want,
             "{} is out of date with the options schema; regenerate it with\n  \
-             KTLSD_BLESS=1 cargo test -p ktlsd --bin ktlsd config_reference",
+             KTLSD_BLESS=1 cargo test -p ktlsd --lib config_reference",
             path.display()
         );
     }

@@ -208,7 +208,7 @@ impl Failures {
 
 /// The user and password of an `Authorization: Basic` value; `None` when it is
 /// another scheme or malformed (bad base64, no colon, not UTF-8 in the user).
-fn credentials(value: &str) -> Option<(String, Vec<u8>)> {
+pub(crate) fn credentials(value: &str) -> Option<(String, Vec<u8>)> {
     let (scheme, token) = value.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;

@@ -21,6 +21,8 @@ use argon2::PasswordVerifier;
 const MAX_BCRYPT_COST: u32 = 14;
 /// Most argon2 memory accepted, in KiB (each verification allocates it).
 const MAX_ARGON2_KIB: u32 = 256 * 1024;
+/// Most argon2 lanes accepted (the parallelism `p`; `htpasswd` tools write 1 to 4).
+const MAX_ARGON2_LANES: u32 = 255;
 /// Most argon2 passes accepted.
 const MAX_ARGON2_PASSES: u32 = 16;
 /// Credentials remembered as verified; the set starts afresh when full.
@@ -156,14 +158,15 @@ fn parse_hash(hash: &str) -> Result<Hash, String> {
     }
     if hash.starts_with("$argon2id$") || hash.starts_with("$argon2i$") {
         let parsed = argon2::PasswordHash::new(hash).map_err(|e| format!("malformed argon2 hash: {e}"))?;
-        let params = argon2::Params::try_from(&parsed).map_err(|e| format!("argon2 parameters: {e}"))?;
-        if params.m_cost() > MAX_ARGON2_KIB || params.t_cost() > MAX_ARGON2_PASSES {
+        // Bounded before the argon2 crate reads them: its own check multiplies p by 8
+        // unchecked, which overflows for a p past 2^29.
+        let [m, t, p] = ["m", "t", "p"].map(|name| parsed.params.get_decimal(name).unwrap_or(0));
+        if m > MAX_ARGON2_KIB || t > MAX_ARGON2_PASSES || p > MAX_ARGON2_LANES {
             return Err(format!(
-                "argon2 parameters m={} t={} are over m={MAX_ARGON2_KIB} t={MAX_ARGON2_PASSES}",
-                params.m_cost(),
-                params.t_cost()
+                "argon2 parameters m={m} t={t} p={p} are over m={MAX_ARGON2_KIB} t={MAX_ARGON2_PASSES} p={MAX_ARGON2_LANES}"
             ));
         }
+        argon2::Params::try_from(&parsed).map_err(|e| format!("argon2 parameters: {e}"))?;
         return Ok(Hash::Argon2(hash.to_string()));
     }
     let kind = if hash.starts_with("$apr1$") || hash.starts_with("$1$") {
@@ -209,6 +212,12 @@ mod tests {
             ("bob:$2y$04$short", "malformed bcrypt hash"),
             ("bob:$2y$31$xv3tiIRfQ2/K60COWsW03eSiLkHaf8h7g8msiH5r7gkzEJBAdn73e", "bcrypt cost 31 is over 14"),
             ("bob:$argon2id$v=19$m=8,t=1,p=1$!!$!!", "malformed argon2 hash"),
+            // A p past 2^29 overflowed the argon2 crate's own check (found by the htpasswd fuzz target).
+            (
+                "bob:$argon2id$v=19$m=8,t=1,p=1888888888$MDEyMzQ1Njc4OWFiY2RlZg$Cw5m1cTq7O6nYJxL0FBJbg",
+                "p=1888888888 are over",
+            ),
+            ("bob:$argon2id$v=19$m=8,t=17,p=1$MDEyMzQ1Njc4OWFiY2RlZg$Cw5m1cTq7O6nYJxL0FBJbg", "t=17 p=1 are over"),
             ("nocolon", "line 1: expected user:hash"),
             (":$2y$04$x", "line 1: the user name is empty"),
             ("", "no users"),

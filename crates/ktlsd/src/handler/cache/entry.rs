@@ -108,8 +108,14 @@ pub struct Parsed {
 
 /// Reads and checks the head of the entry `file` (of `file_len` bytes).
 pub fn read_head(file: &File, file_len: u64) -> Result<Parsed, Bad> {
+    read_head_with(|buf, at| file.read_exact_at(buf, at), file_len)
+}
+
+/// Reads and checks the head of an entry of `file_len` bytes through `read_exact_at`
+/// (fill the buffer from the offset, or fail: `UnexpectedEof` past the end).
+pub fn read_head_with(read_exact_at: impl Fn(&mut [u8], u64) -> io::Result<()>, file_len: u64) -> Result<Parsed, Bad> {
     let mut prefix = [0u8; PREFIX as usize];
-    file.read_exact_at(&mut prefix, 0)?;
+    read_exact_at(&mut prefix, 0)?;
     if &prefix[..8] != MAGIC {
         return Err(Bad::Corrupt("not a ktlsd cache entry of this version"));
     }
@@ -124,7 +130,7 @@ pub fn read_head(file: &File, file_len: u64) -> Result<Parsed, Bad> {
         return Err(Bad::Corrupt("length differs from the head's"));
     }
     let mut head = vec![0u8; head_len as usize];
-    file.read_exact_at(&mut head, PREFIX)?;
+    read_exact_at(&mut head, PREFIX)?;
     if checksum(&prefix[8..28], &head) != prefix[28..60] {
         return Err(Bad::Corrupt("head checksum"));
     }
@@ -175,7 +181,8 @@ pub fn open(path: &Path) -> Result<(File, u64, Parsed), Bad> {
     Ok((file, len, read))
 }
 
-fn checksum(lengths: &[u8], head: &[u8]) -> [u8; 32] {
+/// SHA-256 of the two length fields (`lengths`, bytes 8..20) followed by the head.
+pub fn checksum(lengths: &[u8], head: &[u8]) -> [u8; 32] {
     let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
     ctx.update(lengths);
     ctx.update(head);

@@ -53,10 +53,10 @@
 //! down to 90% of it, and while the file system has less than `min_free` (or
 //! than a write that found it full needed) free.
 
-mod entry;
+pub(crate) mod entry;
 mod fill;
 mod open;
-mod policy;
+pub(crate) mod policy;
 mod serve;
 mod store;
 

@@ -159,6 +159,10 @@ impl Chunked {
                         }
                         return Ok(at);
                     };
+                    // The same verdict whether the line came in one read or in pieces.
+                    if nl > MAX_CHUNK_LINE {
+                        return Err(Invalid("chunk-size line too long"));
+                    }
                     let line = rest[..nl].strip_suffix(b"\r").ok_or(Invalid("chunk-size line without CRLF"))?;
                     let size = line.split(|&b| b == b';').next().unwrap_or_default();
                     let size = std::str::from_utf8(size).map_err(|_| Invalid("invalid chunk size"))?.trim_end();
@@ -307,6 +311,13 @@ mod tests {
         }
         let endless = vec![b'1'; MAX_CHUNK_LINE + 10];
         assert_eq!(decode_in_steps(&endless, 1000), Err(Invalid("chunk-size line too long")));
+        // A long extension is refused whether it comes whole or in pieces.
+        let mut long = b"1;".to_vec();
+        long.extend(std::iter::repeat_n(b'e', 5000));
+        long.extend_from_slice(b"\r\nx\r\n0\r\n\r\n");
+        for step in [1, 100, long.len()] {
+            assert_eq!(decode_in_steps(&long, step), Err(Invalid("chunk-size line too long")), "{step}");
+        }
         let mut trailers = b"0\r\n".to_vec();
         trailers.extend(std::iter::repeat_n(b"X: yyyyyyyyyyyyyyyyyy\r\n".to_vec(), 2000).flatten());
         assert_eq!(decode_in_steps(&trailers, 512), Err(Invalid("trailers too long")));

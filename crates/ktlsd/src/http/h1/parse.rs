@@ -67,6 +67,10 @@ pub fn is_head(buf: &[u8]) -> bool {
 enum LineVersion {
     /// `HTTP/1.0`, `HTTP/1.1`, or no complete line yet: httparse reads it as it is.
     AsIs,
+    /// No complete line yet, and its version token so far could still become one read
+    /// as HTTP/1.x (`HTTP/0`, `HTTP/1.2`): httparse, which knows only `HTTP/1.0` and
+    /// `HTTP/1.1`, would refuse it before the rest of the line arrives.
+    Incomplete,
     /// Another spelling of HTTP/1.x (`HTTP/1.2`, `HTTP/1.10`, `HTTP/01.1`): read as
     /// `version`, 1.1 for every minor version above 0, as nginx does. The token spans
     /// `start..end` of the buffer.
@@ -78,7 +82,7 @@ enum LineVersion {
 /// that form is 400.
 fn line_version(window: &[u8]) -> Result<LineVersion, BadRequest> {
     let start = window.iter().position(|&b| b != b'\r' && b != b'\n').unwrap_or(window.len());
-    let Some(nl) = window[start..].iter().position(|&b| b == b'\n') else { return Ok(LineVersion::AsIs) };
+    let Some(nl) = window[start..].iter().position(|&b| b == b'\n') else { return Ok(partial_line(&window[start..])) };
     let mut line = &window[start..start + nl];
     if let [rest @ .., b'\r'] = line {
         line = rest;
@@ -113,6 +117,29 @@ fn line_version(window: &[u8]) -> Result<LineVersion, BadRequest> {
     Ok(LineVersion::Rewrite { start: at, end: at + token.len(), version })
 }
 
+/// What [`line_version`] makes of a request line whose end has not arrived: wait for it
+/// when the version token so far is the start of one it would accept.
+fn partial_line(line: &[u8]) -> LineVersion {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().filter(|&&b| b == b' ').count() < 2 {
+        return LineVersion::AsIs;
+    }
+    let token = line.rsplit(|&b| b == b' ').next().unwrap_or_default();
+    let Some(rest) = token.strip_prefix(b"HTTP/") else { return LineVersion::AsIs };
+    // `0*1` then `.` and digits: the forms read as HTTP/1.x.
+    let rest = &rest[rest.iter().take_while(|&&b| b == b'0').count()..];
+    let accepted = match rest {
+        [] | [b'1'] => true,
+        [b'1', b'.', minor @ ..] => minor.iter().all(u8::is_ascii_digit),
+        _ => false,
+    };
+    if accepted && !b"HTTP/1.1".starts_with(token) && !b"HTTP/1.0".starts_with(token) {
+        LineVersion::Incomplete
+    } else {
+        LineVersion::AsIs
+    }
+}
+
 /// Parses one request head from the front of `buf`.
 ///
 /// `Ok(None)`: incomplete, read more (unless `buf` already holds `max_head` bytes, which is
@@ -121,6 +148,8 @@ pub fn parse(buf: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, BadRe
     let window = &buf[..buf.len().min(max_head)];
     match line_version(window)? {
         LineVersion::AsIs => parse_head(window, max_head),
+        LineVersion::Incomplete if window.len() < max_head => Ok(None),
+        LineVersion::Incomplete => Err(bad(Status::URI_TOO_LONG, "request line exceeds the limit")),
         LineVersion::Rewrite { start, end, version } => {
             // The same head with the version token in its plain spelling.
             let plain = version.as_str().as_bytes();
@@ -376,6 +405,29 @@ mod tests {
         assert_eq!((used, r.keep_alive), (head.len() - 3, true));
         assert_eq!((r.target.as_str(), r.version), ("/a", Version::Http11));
         assert!(parse(b"GET / HTTP/1.2\r\nHost: x\r\n", 16384).unwrap().is_none());
+    }
+
+    /// A head that is accepted whole is incomplete, never refused, at every shorter
+    /// prefix: a client's request line split across reads (`HTTP/0` then `1.1`) gets
+    /// the answer it gets in one piece (found by the `h1_request` fuzz target).
+    #[test]
+    fn every_prefix_of_an_accepted_head_is_incomplete() {
+        for head in [
+            "GET / HTTP/01.1\r\nHost: x\r\n\r\n",
+            "GET / HTTP/1.2\r\nHost: x\r\n\r\n",
+            "GET / HTTP/001.10\r\nHost: x\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            "\r\nGET /x HTTP/1.0\n\n",
+        ] {
+            assert!(parse(head.as_bytes(), 16384).unwrap().is_some(), "{head:?}");
+            for n in 0..head.len() {
+                assert!(matches!(parse(&head.as_bytes()[..n], 16384), Ok(None)), "{:?}", &head[..n]);
+            }
+        }
+        // What cannot become a version read as HTTP/1.x is still answered at once.
+        assert_eq!(parse(b"GET / HTTP/2", 16384).unwrap_err().status, Status::VERSION_NOT_SUPPORTED);
+        assert!(parse(b"GET / HTTP/1.x", 16384).is_err());
+        assert_eq!(parse(b"GET / HTTP/1.2", 14).unwrap_err().status, Status::URI_TOO_LONG);
     }
 
     #[test]

@@ -39,6 +39,8 @@ mod serve;
 pub use conn::{BodySize, Connection, Event, Limits, StreamId, Write};
 #[cfg(test)]
 pub use conn::{RespondError, PREFACE};
+/// The HPACK coders alone, for the fuzz targets (`crate::fuzzing`).
+pub(crate) use hpack::{Decoded as HpackDecoded, Decoder as HpackDecoder, Encoder as HpackEncoder};
 pub use request::{parse as parse_fields, RequestHead};
 pub use serve::{serve, to_request, Settings};
 
