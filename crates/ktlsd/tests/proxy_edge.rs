@@ -186,14 +186,16 @@ fn hostile_upstreams_with_the_cache_on_store_nothing() {
     let tables = cache_table(cache.path(), "64M");
     let srv = server(&origin, "cache = true\nread_timeout = \"1s\"\nfail_timeout = \"1ms\"", &tables);
     // (path, what the log says, HTTP/1.1, HTTP/2): every body streams, stored or
-    // not, so a fault after the head cuts the response on both protocols.
+    // not, so a fault after the head cuts the response on both protocols; a small
+    // body being stored is awaited whole (within 200 ms) before its head, so a fault
+    // in it is a clean 502.
     let cases = [
         ("/api/garbage", "invalid response", Status(502), Status(502)),
         ("/api/endless", "invalid response", Status(502), Status(502)),
         ("/api/huge-head", "invalid response", Status(502), Status(502)),
         ("/api/slow-head", "waiting for the response head: timed out", Status(504), Status(504)),
         // Content-Length longer than the body, then the upstream closes: early close mid-body.
-        ("/api/short", "closed the connection before the end of the body", Cut, Cut),
+        ("/api/short", "closed the connection before the end of the body", StatusOrCut(502), StatusOrCut(502)),
         // Content-Length longer than the body, and the upstream stalls past read_timeout.
         ("/api/slow-body", "reading the response body: timed out", Cut, Cut),
         // Content-Length shorter than the body.
@@ -295,54 +297,6 @@ fn bodies_of_unknown_length_stream_as_they_come() {
     assert_eq!(origin.count(&target), 1);
 }
 
-/// Descriptors under `limit` the process `pid` has open (one inherited above the
-/// limit takes no slot a new descriptor could have).
-fn open_fds(pid: i32, limit: usize) -> usize {
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap();
-    fds.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<usize>().ok()).filter(|&fd| fd < limit).count()
-}
-
-/// A connect that fails with EMFILE is this host's shortage, not the upstream's:
-/// the request gets 503, the upstream is not marked down (no "skipped" line), and
-/// once descriptors are free again the same upstream answers.
-#[test]
-fn a_local_descriptor_shortage_does_not_mark_the_upstream_down() {
-    const LIMIT: usize = 100;
-    let origin = Origin::start("a");
-    let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n", origin.url());
-    let srv = Server::builder(BIN)
-        .workers(Some(1))
-        .no_access_log()
-        .config(&config)
-        .args(["--max-connections", "1000"])
-        .wrapper(["prlimit", &format!("--nofile={LIMIT}:{LIMIT}")])
-        .start();
-    // Idle keep-alive connections until the server has no descriptor left.
-    let mut clients = Vec::new();
-    while open_fds(srv.pid(), LIMIT) < LIMIT {
-        assert!(
-            clients.len() < LIMIT,
-            "{} connections and {} descriptors open",
-            clients.len(),
-            open_fds(srv.pid(), LIMIT)
-        );
-        clients.push(TlsClient::connect(srv.addr()));
-    }
-    let r = clients[0].get("/api/name");
-    assert_eq!(r.status, 503, "{}", srv.stderr());
-    assert_eq!(origin.count("/api/name"), 0);
-    clients.truncate(clients.len() - 10);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while open_fds(srv.pid(), LIMIT) > LIMIT - 10 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let r = clients[1].get("/api/name");
-    assert_eq!((r.status, r.body_str().as_str()), (200, "a"), "{}", srv.stderr());
-    let stderr = srv.stderr();
-    assert!(stderr.contains("Too many open files"), "the shortage is not named: {stderr}");
-    assert!(!stderr.contains("skipped for"), "the upstream was marked down: {stderr}");
-}
-
 /// Resident memory of process `pid`, in KiB.
 fn rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
@@ -356,7 +310,7 @@ fn rss_kib(pid: i32) -> u64 {
 const HELD_STREAMS_RSS_BOUND_KIB: u64 = 96 * 1024;
 
 /// Over HTTP/2, a proxied body being stored is streamed like any other: the heads of
-/// 128 streams for distinct cacheable 8 MiB objects arrive though the client reads no
+/// 127 streams for distinct cacheable 8 MiB objects arrive though the client reads no
 /// body, the server's memory stays bounded, and the head of a body whose upstream
 /// stalls after its first bytes arrives at once (time to first byte is the upstream's,
 /// not the whole body's).
@@ -367,7 +321,8 @@ fn http2_streams_of_stored_bodies_hold_bounded_memory_and_answer_at_once() {
     let tables = cache_table(cache.path(), "4G");
     let srv = server(&origin, "cache = true\nread_timeout = \"10s\"", &tables);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/proxy/h2_hold.py");
-    let mut paths: Vec<String> = (0..128).map(|i| format!("/api/big?n={}&cc=1&i={i}", 8 << 20)).collect();
+    // 127 and the slow one: the 128 streams a connection may have open at once.
+    let mut paths: Vec<String> = (0..127).map(|i| format!("/api/big?n={}&cc=1&i={i}", 8 << 20)).collect();
     paths.push("/api/slow-body?cc=1".into());
     let before = rss_kib(srv.pid());
     let child = std::process::Command::new("/usr/bin/python3")
@@ -385,7 +340,7 @@ fn http2_streams_of_stored_bodies_hold_bounded_memory_and_answer_at_once() {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     let heads = v["heads"].as_array().expect("heads");
     let ok = heads.iter().filter(|h| h[1] == 200 && h[0].as_str().is_some_and(|p| p.starts_with("/api/big"))).count();
-    assert_eq!(ok, 128, "every stream's head arrived without its body being read: {v}");
+    assert_eq!(ok, 127, "every stream's head arrived without its body being read: {v}");
     let slow = heads.iter().find(|h| h[0] == "/api/slow-body?cc=1").unwrap_or_else(|| panic!("no slow head: {v}"));
     assert_eq!(slow[1], 200, "{v}");
     assert!(slow[2].as_f64().is_some_and(|s| s < 2.0), "the slow body's head waited for its body: {v}");

@@ -90,7 +90,7 @@ fn upstream_closing_mid_splice_cuts_the_response() {
 #[test]
 #[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
 fn upstream_closing_mid_splice_resets_the_http2_stream() {
-    cut_mid_splice("upstream_closing_mid_splice_resets_the_http2_stream", "--http2", "stream reset after");
+    cut_mid_splice("upstream_closing_mid_splice_resets_the_http2_stream", "--http2", "response cut after");
 }
 
 fn cut_mid_splice(name: &str, protocol: &str, logged_as: &str) {
