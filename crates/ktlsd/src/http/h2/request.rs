@@ -29,6 +29,18 @@ pub struct RequestHead {
 }
 
 impl RequestHead {
+    /// What the upstream gets of this request besides its typed form, received over
+    /// `version` (as `Via` names it: `2`, `3`).
+    pub fn upstreamed(
+        &self,
+        version: &'static str,
+        body: crate::handler::pipeline::RequestBody,
+        max_body: u64,
+    ) -> crate::handler::pipeline::Upstreamed {
+        let fields = self.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
+        crate::handler::pipeline::Upstreamed { method: self.method.clone(), fields, version, body, max_body }
+    }
+
     /// The first value of field `name` (lowercase).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())

@@ -389,14 +389,7 @@ async fn decide<'a>(
         (false, None) => RequestBody::Unknown,
     };
     let max_body = ctx.settings.max_body_bytes;
-    let upstreamed = || pipeline::Upstreamed {
-        method: head.method.clone(),
-        fields: head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect(),
-        version: "2",
-        body,
-        max_body,
-    };
-    match x.decide(body, max_body, upstreamed).await {
+    match x.decide(body, max_body, || head.upstreamed("2", body, max_body)).await {
         Decision::Respond(response) | Decision::Static(response) => Decided::Answer(response),
         Decision::Forward(forward) => Decided::Forward(forward.with_cache(&ctx.sites), x.req, x.site),
     }

@@ -393,14 +393,7 @@ async fn through<S: BidiStream<Bytes>>(
         None => RequestBody::Unknown,
     };
     let max_body = ctx.settings.max_body_bytes;
-    let upstreamed = || pipeline::Upstreamed {
-        method: head.method.clone(),
-        fields: head.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect(),
-        version: "3",
-        body,
-        max_body,
-    };
-    let forward = match x.decide(body, max_body, upstreamed).await {
+    let forward = match x.decide(body, max_body, || head.upstreamed("3", body, max_body)).await {
         Decision::Respond(response) | Decision::Static(response) => return Forwarded::Answer(response, false),
         Decision::Forward(forward) => forward.with_cache(&ctx.sites),
     };
