@@ -221,6 +221,7 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
 
     let mut hosts = 0;
     let mut content_length: Option<u64> = None;
+    let mut content_length_text: Option<String> = None;
     let mut transfer_codings: Option<String> = None;
     for h in req.headers.iter() {
         let name = h.name;
@@ -258,9 +259,12 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
                 return Err(bad(Status::BAD_REQUEST, "invalid Content-Length"));
             }
             let n: u64 = v.parse().map_err(|_| bad(Status::BAD_REQUEST, "invalid Content-Length"))?;
-            if content_length.is_some_and(|c| c != n) {
+            // Repeated, it must be the same text: `1` and `01` may be one number here
+            // and two to a proxy in front that compares them as written.
+            if content_length_text.as_deref().is_some_and(|t| t != v) {
                 return Err(bad(Status::BAD_REQUEST, "conflicting Content-Length headers"));
             }
+            content_length_text = Some(v.to_string());
             content_length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             join(&mut transfer_codings, &value());
@@ -559,6 +563,7 @@ mod tests {
             ("Content-Length: 0\r\n", Ok(0)),
             ("Content-Length: 42\r\n", Ok(42)),
             ("Content-Length: 7\r\nContent-Length: 7\r\n", Ok(7)),
+            ("Content-Length: 1\r\nContent-Length: 01\r\n", Err(400)),
             ("Content-Length: 18446744073709551615\r\n", Ok(u64::MAX)),
             ("Content-Length: 18446744073709551616\r\n", Err(400)),
             ("Content-Length: \r\n", Err(400)),
