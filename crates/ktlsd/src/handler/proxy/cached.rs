@@ -1,5 +1,5 @@
 //! The response cache in front of a `[[proxy]]` rule with `cache = true`: the
-//! lookup before an exchange ([`plan_with`]), and what the upstream's answer does to
+//! lookup before an exchange ([`plan`]), and what the upstream's answer does to
 //! the stored entry ([`Pending::on_head`], [`Pending::on_failure`], [`Store`]).
 //!
 //! A fresh hit is answered from the entry file (a `Body::File` from the body's
@@ -66,7 +66,7 @@ pub fn key(sites: &Sites<'_>, authority: Option<&str>, target: &str) -> Key {
 }
 
 /// The cache that `rule` stores a request for `target` (as forwarded) to `authority`
-/// in, with its key, when it caches: what [`plan_with`] needs of the sites, for a
+/// in, with its key, when it caches: what [`plan`] needs of the sites, for a
 /// task that outlives them.
 pub fn cache_of(sites: &Sites<'_>, rule: &Rule, authority: Option<&str>, target: &str) -> Option<(Arc<Cache>, Key)> {
     let c = sites.cache.filter(|_| rule.cache)?;
@@ -80,7 +80,7 @@ pub fn cache_of(sites: &Sites<'_>, rule: &Rule, authority: Option<&str>, target:
 ///
 /// # Cancel safety
 /// Cancel-safe: a dropped lookup leaves nothing behind.
-pub async fn plan_with(
+pub async fn plan(
     cache: Option<(Arc<Cache>, Key)>,
     rule: &Rule,
     req: &Request,

@@ -72,7 +72,7 @@ impl Forward {
     pub async fn run<D: Downstream>(self, req: &Request, d: &mut D) -> Outcome<D::Error> {
         let Forward { rule, fwd, mut fields, max_body, hsts, cache } = self;
         let has_body = fwd.body.is_some();
-        let pending = match cached::plan_with(cache, &rule, req, has_body, &fwd, &mut fields).await {
+        let pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
             Plan::Answer(response) => return answer(response, true),
             Plan::Forward(pending) => pending,
         };
@@ -108,12 +108,7 @@ impl Forward {
                 up.release_if_bodiless().await;
                 up.body_complete();
                 drop(up);
-                if let Some(s) = store.take() {
-                    let stored_status = s.stored_status().to_string();
-                    if s.commit().await {
-                        cache_status = stored_status;
-                    }
-                }
+                commit_before_head(&mut store, &mut cache_status).await;
                 let fields = client_fields(&mut head, &cache_status);
                 let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
                 return answer(response, false);
@@ -128,9 +123,8 @@ impl Forward {
         // streams as any other, so a slow upstream delays the head by that at most.
         let mut piece = buffers::take();
         let mut end = false;
-        if let (Some(n), Some(s)) = (len, store.as_ref()) {
+        if let (Some(n), Some(_)) = (len, store.as_ref()) {
             if n <= PIECE as u64 {
-                let stored_status = s.stored_status().to_string();
                 let whole = async {
                     loop {
                         match up.read_body(&mut piece).await {
@@ -147,12 +141,10 @@ impl Forward {
                     Err(_) => {}
                 }
                 if end {
-                    if let Some(mut s) = store.take() {
+                    if let Some(s) = store.as_mut() {
                         s.write(&piece);
-                        if s.commit().await {
-                            cache_status = stored_status;
-                        }
                     }
+                    commit_before_head(&mut store, &mut cache_status).await;
                 }
             }
         }
@@ -208,7 +200,7 @@ impl Forward {
                 }
                 if let Some(cause) = cause {
                     let f = up.splice_failed(cause);
-                    return cut(d, req, f, streamed(sent, path, StreamEnd::Complete));
+                    return streamed(sent, path, cut(d, req, f, sent));
                 }
                 up.spliced(moved);
                 if up.body_complete() {
@@ -222,7 +214,7 @@ impl Forward {
             piece.clear();
             let more = match up.read_body(&mut piece).await {
                 Ok(more) => more,
-                Err(f) => return cut(d, req, f, streamed(sent, path, StreamEnd::Complete)),
+                Err(f) => return streamed(sent, path, cut(d, req, f, sent)),
             };
             end = !more || up.body_complete();
             if let Some(s) = store.as_mut() {
@@ -244,6 +236,17 @@ impl Forward {
         drop(up);
         tracing::debug!("proxied \"{} {}\": {status} with {sent} body bytes by {}", req.method, req.path, path.label());
         streamed(sent, path, StreamEnd::Complete)
+    }
+}
+
+/// Commits the entry being stored, once its body is whole and before its head
+/// leaves: `cache_status` becomes the store's own (`stored`) when the commit took.
+async fn commit_before_head(store: &mut Option<cached::Store>, cache_status: &mut String) {
+    if let Some(s) = store.take() {
+        let stored = s.stored_status().to_string();
+        if s.commit().await {
+            *cache_status = stored;
+        }
     }
 }
 
@@ -276,14 +279,13 @@ fn refused<E>(f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
     Outcome::Answer { answer: Answer::Failed(f, cache_status), from_cache: false }
 }
 
-/// Cuts a response whose upstream failed after the head: logged, the codec told.
-fn cut<D: Downstream>(d: &mut D, req: &Request, f: Failure, outcome: Outcome<D::Error>) -> Outcome<D::Error> {
-    let Outcome::Streamed(mut s) = outcome else { return outcome };
+/// Cuts a response whose upstream failed after the head and `sent` body bytes:
+/// logged, the codec told.
+fn cut<D: Downstream>(d: &mut D, req: &Request, f: Failure, sent: u64) -> StreamEnd<D::Error> {
     let peer = req.client.map_or_else(String::new, |c| c.to_string());
-    tracing::warn!("proxy {peer} \"{} {}\": {f}; response cut after {} body bytes", req.method, req.path, s.sent);
+    tracing::warn!("proxy {peer} \"{} {}\": {f}; response cut after {sent} body bytes", req.method, req.path);
     d.abort(&f);
-    s.end = StreamEnd::Cut(f);
-    Outcome::Streamed(s)
+    StreamEnd::Cut(f)
 }
 
 /// Why an upload stopped.
