@@ -3,7 +3,7 @@
 //! raw ones) interleaved with what the server loop does: responding with each kind of
 //! body, pushing, finishing and aborting stream bodies, writing with varying record
 //! sizes, time passing, graceful shutdown. Besides never panicking:
-//! - everything the connection writes parses as HTTP/2 frames of at most 16 KiB, the
+//! - everything the connection writes parses as HTTP/2 frames no larger than the client allowed (16 KiB unless its SETTINGS said more), the
 //!   first of them SETTINGS;
 //! - a write carrying DATA is at most `max_payload` + 9 bytes (one TLS record);
 //! - the DATA it sends never exceeds the connection window the client opened;
@@ -283,24 +283,39 @@ fn encode(spec: &FrameSpec, hpack: &mut loona_hpack::Encoder<'static>, out: &mut
     }
 }
 
-/// The WINDOW_UPDATE increments for the connection among whole frames `bytes`.
-fn connection_increments(bytes: &[u8]) -> u64 {
-    let (mut at, mut sum) = (0, 0);
+/// What the client grants among whole frames `bytes`: the sum of the connection's
+/// WINDOW_UPDATE increments, and the largest SETTINGS_MAX_FRAME_SIZE it announces (the
+/// server may send frames that large, RFC 9113 section 4.2).
+fn grants(bytes: &[u8]) -> (u64, u32) {
+    let (mut at, mut sum, mut max_frame) = (0, 0, 0);
     while let Some(head) = bytes.get(at..at + 9) {
         let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
         let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-        if let (0x8, 0, Some(p)) = (head[3], stream, bytes.get(at + 9..at + 13)) {
-            sum += u64::from(u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff);
+        let payload = bytes.get(at + 9..at + 9 + len).unwrap_or_default();
+        match (head[3], stream) {
+            (0x8, 0) if payload.len() >= 4 => {
+                sum += u64::from(u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]) & 0x7fff_ffff);
+            }
+            (0x4, 0) if head[4] & 0x1 == 0 => {
+                for p in payload.chunks_exact(6) {
+                    if p[..2] == [0, 5] {
+                        max_frame = max_frame.max(u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+                    }
+                }
+            }
+            _ => {}
         }
         at += 9 + len;
     }
-    sum
+    (sum, max_frame)
 }
 
 /// The server's output, parsed frame by frame as a client would.
 #[derive(Default)]
 struct Output {
     bytes: Vec<u8>,
+    /// The largest frame the client has allowed (16 KiB until it says more).
+    max_frame: usize,
     frames: usize,
     data_sent: u64,
     goaway: bool,
@@ -314,7 +329,7 @@ impl Output {
         let mut at = 0;
         while let Some(head) = self.bytes.get(at..at + 9) {
             let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-            assert!(len <= 16_384, "a frame of {len} bytes");
+            assert!(len <= self.max_frame.max(16_384), "a frame of {len} bytes");
             if self.frames == 0 {
                 assert_eq!(head[3], 0x4, "the first frame is not SETTINGS");
             }
@@ -364,7 +379,9 @@ fuzz_target!(|input: Input| {
                 for spec in frames.iter().take(64) {
                     encode(spec, &mut hpack, &mut sent);
                 }
-                window_given += connection_increments(&sent);
+                let (increments, max_frame) = grants(&sent);
+                window_given += increments;
+                out.max_frame = out.max_frame.max(max_frame.min(0xff_ffff) as usize);
                 inbuf.extend_from_slice(&sent);
                 let first = usize::from(*cut).min(inbuf.len());
                 let used = conn.recv(&inbuf[..first], now);
