@@ -5,7 +5,11 @@
 //! forwarded is the normalised path), guards answer before the body's limit, a
 //! request for a site that asks for client certificates on a handshake made for
 //! another is misdirected (421) and never forwarded, proxied answers go to the
-//! site's own access log, and a compressible file is compressed on its first answer.
+//! site's own access log, and a compressible file is compressed on its first answer;
+//! the location tree holds for every protocol too: a `[[headers]]` rule puts its
+//! fields on proxied answers, `[[location]]` blocks give a path its own rate limit
+//! (static files beside it never limited) and its own body limit, and `/api/*`
+//! takes any depth. `ktlsd check` names the pattern whose meaning changed.
 
 use std::path::Path;
 use std::process::Command;
@@ -122,8 +126,10 @@ struct Setup {
 }
 
 /// Sites secure.test (client certificates required) and open.test (its own access
-/// log), both proxying `/api/**` to the origin, `/api/secret/**` behind basic auth,
-/// gzip on the fly; HTTP/3 on.
+/// log), both proxying `/api/*` to the origin with `X-Frame-Options: DENY` on its
+/// answers, `/api/secret/*` behind basic auth, `/api/limited/H1/*` (H2, H3) at one
+/// request a minute each, `/api/upload/*` taking bodies of 5000 bytes (the server: 1000), gzip on
+/// the fly; HTTP/3 on.
 fn setup() -> Setup {
     let origin = Origin::start("a");
     let b = Server::builder(BIN).workers(Some(1)).args(["--http3", "--max-body-bytes", "1000"]);
@@ -146,8 +152,13 @@ fn setup() -> Setup {
     let site = |names: &str, extra: &str| {
         format!(
             "[[site]]\nnames = [{names:?}]\nroot = {root:?}\ncompress = [\"gzip\"]\n{extra}\n\
-             [[site.proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n\
-             [[site.auth]]\npath = \"/api/secret/*\"\nusers = {users:?}\n",
+             [[site.proxy]]\npath = \"/api/*\"\nupstream = [{:?}]\n\
+             [[site.auth]]\npath = \"/api/secret/*\"\nusers = {users:?}\n\
+             [[site.headers]]\npath = \"/api/*\"\nset = {{ X-Frame-Options = \"DENY\" }}\n\
+             [[site.location]]\npath = \"/api/limited/H1/*\"\nrate_limit = {{ requests = 1, per = \"1m\", burst = 1 }}\n\
+             [[site.location]]\npath = \"/api/limited/H2/*\"\nrate_limit = {{ requests = 1, per = \"1m\", burst = 1 }}\n\
+             [[site.location]]\npath = \"/api/limited/H3/*\"\nrate_limit = {{ requests = 1, per = \"1m\", burst = 1 }}\n\
+             [[site.location]]\npath = \"/api/upload/*\"\nmax_body_bytes = 5000\n",
             origin.url()
         )
     };
@@ -203,12 +214,37 @@ fn the_same_cases_get_the_same_answers_over_http1_http2_and_http3() {
         };
         let got = ask(&s.srv, proto, &Ask { path, fields: &[("Accept-Encoding", "gzip")], ..Ask::default() });
         assert_eq!((got.status, got.field("content-encoding")), (200, Some("gzip")), "{proto:?}: {got:?}");
+
+        // The site's header rule on a proxied answer (the origin's 404 for a path it
+        // does not know), any depth under `/api/*`.
+        let before = s.origin.count("/api/deep/er/name");
+        let got = ask(&s.srv, proto, &Ask { path: "/api/deep/er/name", ..Ask::default() });
+        assert_eq!((got.status, got.field("x-frame-options")), (404, Some("DENY")), "{proto:?}: {got:?}");
+        assert_eq!(s.origin.count("/api/deep/er/name"), before + 1, "{proto:?}: not forwarded");
+        // A location's body limit: 2000 bytes go up there, not elsewhere (413 above).
+        let before = s.origin.count("/api/upload/echo");
+        let a = Ask { method: "POST", path: "/api/upload/echo", fields: &fields, body: Some(&big), ..Ask::default() };
+        assert_eq!(ask(&s.srv, proto, &a).status, 404, "{proto:?}: the origin's answer");
+        assert_eq!(s.origin.count("/api/upload/echo"), before + 1, "{proto:?}: not forwarded");
+        // A location's rate limit (its own table: a block per protocol, one client):
+        // the second request is refused, the static files beside it never are.
+        let limited = format!("/api/limited/{proto:?}/x");
+        let statuses: Vec<u16> =
+            (0..2).map(|_| ask(&s.srv, proto, &Ask { path: &limited, ..Ask::default() }).status).collect();
+        assert_eq!(statuses, [404, 429], "{proto:?}: the origin's answer, then the limit");
+        for _ in 0..3 {
+            assert_eq!(
+                ask(&s.srv, proto, &Ask { path, ..Ask::default() }).status,
+                200,
+                "{proto:?}: a static file limited"
+            );
+        }
     }
     // Every answer of open.test, proxied ones included, is in its own log, with
     // the protocol it came over; none in the main one.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let read = || std::fs::read_to_string(&s.open_log).unwrap_or_default();
-    while read().lines().count() < 3 * 8 && std::time::Instant::now() < deadline {
+    while read().lines().count() < 3 * 16 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     let log = read();
@@ -218,4 +254,28 @@ fn the_same_cases_get_the_same_answers_over_http1_http2_and_http3() {
     }
     let main = s.srv.access_log();
     assert!(main.iter().all(|l| !l.contains("/api/x/%2e%2e/name")), "a proxied answer in the main log: {main:?}");
+}
+
+/// `ktlsd check` names each `[[proxy]]` or `[[headers]]` path whose meaning the one
+/// pattern dialect changed, and still accepts the file.
+#[test]
+fn check_names_the_patterns_whose_meaning_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("ktlsd.toml");
+    std::fs::write(
+        &cfg,
+        "[[proxy]]\npath = \"/api/*\"\nupstream = [\"http://127.0.0.1:9\"]\n\
+         [[proxy]]\npath = \"/v2/**\"\nupstream = [\"http://127.0.0.1:9\"]\n\
+         [[headers]]\npath = \"*.css\"\nset = { X-A = \"1\" }\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["check", "--ephemeral-cert", "--listen", "127.0.0.1:0", "--config"]).arg(&cfg);
+    cmd.args(allow_root_args()).arg(dir.path()).env_remove("KTLSD_LOG");
+    let out = run_with_timeout(&mut cmd, None, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let notes: Vec<&str> = err.lines().filter(|l| l.contains("now matches")).collect();
+    assert_eq!(notes.len(), 1, "{err}");
+    assert!(notes[0].contains("proxy 1: path \"/api/*\" now matches across `/`"), "{err}");
 }

@@ -1,5 +1,5 @@
 //! The basic-auth section: `[[auth]]` blocks (top level and per `[[site]]`) into
-//! the handler's [`crate::handler::auth::Auth`], each htpasswd file read and
+//! the handler's [`crate::handler::auth::Rule`]s, each htpasswd file read and
 //! checked here, so that a refused hash stops start-up naming its line.
 //!
 //! How requests are checked is [`crate::handler::auth`]'s; this module only validates.
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::handler::auth::{Auth, PathPattern, Rule};
+use crate::handler::auth::Rule;
 use crate::handler::htpasswd::Users;
 
 /// The realm when a block names none.
@@ -27,17 +27,14 @@ pub struct FileAuth {
     pub realm: Option<String>,
 }
 
-/// Validates a site's `[[auth]]` blocks; `None` when there are none. A file named
-/// by several blocks is read once.
-pub fn auth(blocks: &[FileAuth]) -> Result<Option<Arc<Auth>>, String> {
-    if blocks.is_empty() {
-        return Ok(None);
-    }
+/// Validates a site's `[[auth]]` blocks, in order. A file named by several blocks is
+/// read once.
+pub fn auth(blocks: &[FileAuth]) -> Result<Vec<Rule>, String> {
     let mut read: Vec<(PathBuf, Arc<Users>)> = Vec::new();
     let mut rules = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
         let which = format!("auth {}: ", i + 1);
-        let path = PathPattern::parse(&b.path).map_err(|m| format!("{which}{m}"))?;
+        let path = crate::handler::pattern::PathPattern::new(&b.path).map_err(|m| format!("{which}{m}"))?;
         let realm = b.realm.clone().unwrap_or_else(|| DEFAULT_REALM.to_string());
         // Sent in a quoted-string: visible ASCII and spaces, no quote or backslash.
         if realm.is_empty() || !realm.chars().all(|c| (c == ' ' || c.is_ascii_graphic()) && c != '"' && c != '\\') {
@@ -53,7 +50,7 @@ pub fn auth(blocks: &[FileAuth]) -> Result<Option<Arc<Auth>>, String> {
         };
         rules.push(Rule { path, realm, users });
     }
-    Ok(Some(Arc::new(Auth::new(rules))))
+    Ok(rules)
 }
 
 #[cfg(test)]
@@ -79,7 +76,7 @@ mod tests {
             (vec![block("/a/*", &good, Some("Staff")), block("/b", &good, None)], Ok(())),
             (vec![block("/private/*", &md5, None)], Err("auth 1: htpasswd file ")),
             (vec![block("/a/*", &good, None), block("/b/*", &md5, None)], Err("line 2 (user bob): an MD5-crypt")),
-            (vec![block("private", &good, None)], Err("auth 1: path \"private\": expected an absolute path")),
+            (vec![block("/a b", &good, None)], Err("auth 1: path \"/a b\": expected a path or glob")),
             (vec![block("/a/*", &good, Some("say \"hi\""))], Err("auth 1: realm")),
             (vec![block("/a/*", &good, Some(""))], Err("auth 1: realm")),
             (vec![block("/a/*", &good, Some("café"))], Err("expected ASCII text")),
@@ -87,14 +84,14 @@ mod tests {
             (vec![block("/a/*", &missing, None)], Err("cannot read the htpasswd file")),
         ] {
             match (auth(&blocks), want) {
-                (Ok(Some(a)), Ok(())) => assert_eq!(a.rules.len(), blocks.len()),
+                (Ok(a), Ok(())) => assert_eq!(a.len(), blocks.len()),
                 (Err(e), Err(w)) => assert!(e.contains(w), "{e} lacks {w}"),
                 (got, want) => panic!("{blocks:?}: got {got:?}, want {want:?}"),
             }
         }
-        assert!(matches!(auth(&[]), Ok(None)));
-        let a = auth(&[block("/a/*", &good, None), block("/b/*", &good, None)]).expect("ok").expect("some");
-        assert!(Arc::ptr_eq(&a.rules[0].users, &a.rules[1].users), "a file is read once");
+        assert!(matches!(auth(&[]), Ok(v) if v.is_empty()));
+        let a = auth(&[block("/a/*", &good, None), block("/b/*", &good, None)]).expect("ok");
+        assert!(Arc::ptr_eq(&a[0].users, &a[1].users), "a file is read once");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

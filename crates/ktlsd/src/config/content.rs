@@ -1,7 +1,6 @@
 //! The content section: per-site content-delivery options (`precompressed`,
-//! `error_page`, `fallback`, `mime_types`, `headers`, `cors`; `compress` through
-//! [`super::compress`]) into a
-//! [`crate::handler::Content`].
+//! `error_page`, `fallback`, `mime_types`, `headers`, `cors`) into a
+//! [`crate::handler::Content`], with the site's location tree.
 //!
 //! The same function validates the top level (the default site) and each `[[site]]`;
 //! which site's options these are is [`super::options::FileSite::site_options`]'s to say.
@@ -10,19 +9,19 @@ use std::collections::BTreeMap;
 
 use super::options::{Entry, FileHeaderRule, SiteOptions};
 use super::ConfigError;
+use crate::handler::location::Locations;
 
-/// Validates a site's content options; errors start with `which`.
-pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, ConfigError> {
+/// Validates a site's content options; errors start with `which`. The site's
+/// canonical host (`super::routing::canonical`) and location tree
+/// (`super::location::locations`) are validated by their sections.
+pub fn content(
+    o: &SiteOptions,
+    which: &str,
+    canonical: Option<String>,
+    locations: Locations,
+) -> Result<crate::handler::Content, ConfigError> {
     let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
     let precompressed = super::compress::codings(o.precompressed.as_ref(), "precompressed").map_err(e)?;
-    let mut error_pages = Vec::new();
-    for (code, path) in table(&o.error_page, "--error-page", "CODE=PATH, e.g. 404=/404.html")? {
-        let status = match code.trim().parse::<u16>() {
-            Ok(s) if (400..600).contains(&s) => s,
-            _ => return Err(e(format!("error_page {code:?}: expected a status code from 400 to 599"))),
-        };
-        error_pages.push((status, local_path(&path).map_err(|m| e(format!("error_page {code}: {m}")))?));
-    }
     let fallback = match &o.fallback {
         Some(p) => Some(local_path(p).map_err(|m| e(format!("fallback: {m}")))?),
         None => None,
@@ -49,22 +48,22 @@ pub fn content(o: &SiteOptions, which: &str) -> Result<crate::handler::Content, 
         Some(c) => Some(crate::handler::rules::Cors::parse(&c.clone().into_list()).map_err(e)?),
         None => None,
     };
-    let compress = super::compress::compress(o, which)?;
-    let auth = super::auth::auth(o.auth.as_deref().unwrap_or_default()).map_err(e)?;
-    let proxy = super::proxy::proxy(o.proxy.as_deref().unwrap_or_default()).map_err(e)?;
-    let proxy = proxy.into_iter().map(std::sync::Arc::new).collect();
-    Ok(crate::handler::Content {
-        precompressed,
-        error_pages,
-        fallback,
-        mime_types,
-        headers,
-        cors,
-        routing: crate::handler::routing::Routing::NONE,
-        compress,
-        auth,
-        proxy,
-    })
+    let auth = (!locations.rules().auth.is_empty()).then(Default::default);
+    Ok(crate::handler::Content { precompressed, fallback, mime_types, headers, cors, canonical, auth, locations })
+}
+
+/// The `error_page` entries: (status, path beneath ROOT); errors start with `which`.
+pub fn error_pages(o: &SiteOptions, which: &str) -> Result<Vec<(u16, String)>, ConfigError> {
+    let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
+    let mut error_pages = Vec::new();
+    for (code, path) in table(&o.error_page, "--error-page", "CODE=PATH, e.g. 404=/404.html")? {
+        let status = match code.trim().parse::<u16>() {
+            Ok(s) if (400..600).contains(&s) => s,
+            _ => return Err(e(format!("error_page {code:?}: expected a status code from 400 to 599"))),
+        };
+        error_pages.push((status, local_path(&path).map_err(|m| e(format!("error_page {code}: {m}")))?));
+    }
+    Ok(error_pages)
 }
 
 /// A table option's entries by key (a later command-line entry replaces an earlier one);
@@ -85,11 +84,9 @@ fn table(entries: &Option<Vec<Entry>>, flag: &str, form: &str) -> Result<BTreeMa
 
 /// One `[[headers]]` block; errors start with `which_rule`.
 fn rule(r: FileHeaderRule, which_rule: &str) -> Result<crate::handler::rules::HeaderRule, String> {
-    use crate::handler::rules::{parse_duration, Glob, HeaderRule, PathMatch};
+    use crate::handler::rules::{parse_duration, HeaderRule, PathMatch};
     let paths = match (r.path, r.extensions) {
-        (Some(p), None) if !p.is_empty() && !p.contains('\0') => {
-            PathMatch::Glob(Glob::new(&p).map_err(|why| format!("{which_rule}{why}"))?)
-        }
+        (Some(p), None) => PathMatch::Pattern(crate::handler::pattern::PathPattern::new(&p).map_err(|why| format!("{which_rule}{why}"))?),
         (None, Some(exts)) if !exts.is_empty() => {
             if let Some(bad) = exts.iter().find(|x| !is_extension(x)) {
                 return Err(format!("{which_rule}extension {bad:?}: expected one without the dot, e.g. css"));
@@ -163,7 +160,8 @@ mod tests {
             ),
         ];
         for (o, want) in table {
-            match (content(&o, "site 1: "), want) {
+            let checked = error_pages(&o, "site 1: ").and_then(|_| content(&o, "site 1: ", None, Locations::default()));
+            match (checked, want) {
                 (Ok(_), Ok(())) => {}
                 (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{o:?}: {e}"),
                 (Ok(_), Err(w)) => panic!("{o:?}: accepted, want {w:?}"),
@@ -172,6 +170,7 @@ mod tests {
         }
         // The top level's options are the default site's.
         let o = Options { fallback: Some("/index.html".into()), ..Default::default() };
-        assert_eq!(content(&o.site_options(), "").map(|c| c.fallback).ok(), Some(Some("/index.html".into())));
+        let c = content(&o.site_options(), "", None, Locations::default());
+        assert_eq!(c.map(|c| c.fallback).ok(), Some(Some("/index.html".into())));
     }
 }

@@ -38,6 +38,7 @@ pub mod h2;
 pub mod h3;
 pub(crate) mod include;
 pub mod listen;
+pub mod location;
 pub mod open_files;
 pub mod options;
 pub mod privileges;
@@ -64,7 +65,7 @@ pub use self::timeouts::{Limits, Timeouts};
 pub use self::tls::TcpOptions;
 use crate::tls::sizing::RecordPolicy;
 use crate::vocab::{TlsVersion, UnknownName};
-use options::Options;
+use options::{Options, SiteOptions};
 
 /// Why the configuration was refused. Each message names the offending value.
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +165,9 @@ pub struct Config {
     pub open_file_cache_valid: std::time::Duration,
     /// HTTP/3 over QUIC and its limits; `None`: off.
     pub http3: Option<h3::Http3>,
+    /// What the configuration means that its author may not expect (a pattern whose
+    /// meaning changed), for `ktlsd check` and the start-up log; never a refusal.
+    pub warnings: Vec<String>,
 }
 
 /// Reads the configuration file and the files it includes ([`include`]), `${VAR}`s replaced
@@ -249,8 +253,14 @@ impl Config {
         let privileges = privileges::privileges(&o)?;
         let hsts = o.hsts.as_deref().map(sites::validate_hsts).transpose()?;
         let top = o.site_options();
-        let mut content = content::content(&top, "")?;
-        content.routing = routing::routing(&top, top.canonical.as_deref(), None, "")?;
+        let canonical = routing::canonical(top.canonical.as_deref(), None, "")?;
+        let content = content::content(&top, "", canonical, location::locations(&top, "")?)?;
+        let mut warnings = location::dialect_notes(&top, "");
+        for (i, s) in o.site.iter().flatten().enumerate() {
+            // A site's own keys: what it inherits is noted once, at the top level.
+            let which = format!("site {} ({}): ", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
+            warnings.extend(location::dialect_notes(&s.site_options(&SiteOptions::default()), &which));
+        }
         let sites = sites::sites(o.site.clone().unwrap_or_default(), &top)?;
         sites::check_acme(&sites, &http_listen, privileges.state_dir.as_deref())?;
         let admin = admin::admin(&o, &listen, &http_listen)?;
@@ -300,6 +310,7 @@ impl Config {
             client_auth: tls::client_auth(&top, "")?,
             http3: h3::http3(&o)?,
             open_file_cache_valid: open_files::cache_valid(&o)?,
+            warnings,
         })
     }
 }

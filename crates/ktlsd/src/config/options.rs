@@ -51,6 +51,29 @@ macro_rules! schema {
             $( pub $sf: Option<$st>, )*
         }
 
+        /// A `[[location]]` block as written: `path`, and per-site options under their
+        /// per-site names for the paths it matches (which of them apply per path is
+        /// `super::location`'s to check), and `max_body_bytes`.
+        #[derive(Debug, Default, Clone, clap::Args, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct FileLocation {
+            /// The paths the block applies to: a path or glob.
+            #[arg(skip)]
+            pub path: String,
+            /// Largest request body here, in bytes.
+            #[arg(skip)]
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pub max_body_bytes: Option<u64>,
+            $( $(#[$sm])* #[serde(skip_serializing_if = "Option::is_none")] pub $sf: Option<$st>, )*
+        }
+
+        impl FileLocation {
+            /// The per-site options the block sets.
+            pub fn site_options(&self) -> SiteOptions {
+                SiteOptions { $( $sf: self.$sf.clone(), )* }
+            }
+        }
+
         /// The keys only a `[[site]]` block has (the rest of [`FileSite`]'s are per-site options).
         #[cfg(test)]
         pub const SITE_BLOCK_KEYS: &[&str] = &[$( stringify!($bf), )*];
@@ -171,6 +194,9 @@ schema! {
         /// Reverse proxy: requests whose path matches a [[proxy]] block's glob go to its upstreams (first match wins; see docs/proxy.md); file only [default: none]
         #[arg(skip)]
         proxy: Vec<super::tables::FileProxy>,
+        /// Per-path values: [[location]] blocks, each a path (a path or glob) and any of rate_limit, max_body_bytes, compress, compress_min_size, compress_max_size, error_page and try_files for the paths it matches; the most specific matching block sets each value (see docs/routing.md); file only [default: none]
+        #[arg(skip)]
+        location: Vec<FileLocation>,
     }
     global {
         /// Directory to serve [default: the current directory]

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use super::tables::FileProxy;
 use crate::handler::proxy::{Balance, HostMode, Rule, Timeouts, TlsClient, Upstream};
-use crate::handler::rules::{Glob, PathMatch};
 
 /// Where the system's trusted roots are read from when a rule has no `upstream_ca`.
 pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -27,9 +26,8 @@ pub fn proxy(blocks: &[FileProxy]) -> Result<Vec<Rule>, String> {
 /// One block; `system_roots` is the PEM bundle used without `upstream_ca`.
 fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
     let path = match b.path.as_deref() {
-        Some(p) if p.starts_with('/') && !p.contains('\0') => PathMatch::Glob(Glob::new(p)?),
-        Some(p) => return Err(format!("path {p:?}: expected a glob starting with /, e.g. \"/api/**\"")),
-        None => return Err("path is missing: give a glob such as \"/api/**\"".into()),
+        Some(p) => crate::handler::pattern::PathPattern::new(p)?,
+        None => return Err("path is missing: give a pattern such as \"/api/*\"".into()),
     };
     let urls = b.upstream.as_deref().unwrap_or_default();
     if urls.is_empty() {
@@ -161,7 +159,7 @@ keepalive = 0"#)
 
         for (text, error) in [
             ("upstream = [\"http://a\"]", "path is missing"),
-            ("path = \"api\"\nupstream = [\"http://a\"]", "expected a glob starting with /"),
+            ("path = \"/a b\"\nupstream = [\"http://a\"]", "expected a path or glob"),
             ("path = \"/a\"", "upstream is missing"),
             ("path = \"/a\"\nupstream = []", "upstream is missing"),
             ("path = \"/a\"\nupstream = [\"ftp://a\"]", "expected http://HOST[:PORT] or https://"),

@@ -1,7 +1,8 @@
 //! The routing section: `canonical`, `[[redirect]]`, `try_files`, `[[access]]`,
 //! `rate_limit` (per site) and `max_connections_per_ip` (global), as written
-//! ([`FileRedirect`], [`FileAccess`], [`FileRateLimit`]) and validated into a
-//! [`Routing`] with its patterns compiled and its rate-limit table allocated.
+//! ([`FileRedirect`], [`FileAccess`], [`FileRateLimit`]) and validated for the
+//! site's location tree (through [`super::location`]) with its patterns compiled
+//! and its rate-limit table allocated.
 //!
 //! Every refusal says what to write instead: a status other than 301, 302, 307 or
 //! 308; a `to` that is neither a path nor an http(s) URL, climbs with `..`, or uses
@@ -18,20 +19,26 @@ use crate::handler::access::{AccessRule, Addresses};
 use crate::handler::limit::{Limiter, SLOTS};
 use crate::handler::pattern::{route_path, PathPattern, GLOB_CHARS};
 use crate::handler::redirect::Redirect;
-use crate::handler::routing::Routing;
 use crate::handler::Status;
 
-/// Validates one site's routing options; errors start with `which`. `canonical` is
-/// the site's own (it is not inherited from the top level: each site has its own
-/// names), and `names` the site's exact names (`None` for the default site).
-pub fn routing(
-    o: &SiteOptions,
+/// A site's canonical host: its own (it is not inherited from the top level: each
+/// site has its own names), one of `names`, the site's exact names (`None` for the
+/// default site); errors start with `which`.
+pub fn canonical(
     canonical: Option<&str>,
     names: Option<&[String]>,
     which: &str,
-) -> Result<Routing, ConfigError> {
+) -> Result<Option<String>, ConfigError> {
+    canonical.map(|c| check_canonical(c, names)).transpose().map_err(|m| ConfigError::new(format!("{which}{m}")))
+}
+
+/// What a site's routing gives its location tree: `[[redirect]]` and `[[access]]`
+/// rules in order, the site's rate limit and its `try_files` candidates.
+pub type PathRules = (Vec<Redirect>, Vec<AccessRule>, Option<Arc<Limiter>>, Vec<String>);
+
+/// Validates one site's routing options that apply by path; errors start with `which`.
+pub fn path_rules(o: &SiteOptions, which: &str) -> Result<PathRules, ConfigError> {
     let e = |msg: String| ConfigError::new(format!("{which}{msg}"));
-    let canonical = canonical.map(|c| check_canonical(c, names)).transpose().map_err(e)?;
     let mut redirects = Vec::new();
     for (i, r) in o.redirect.iter().flatten().enumerate() {
         redirects.push(redirect(r).map_err(|m| e(format!("redirect {}: {m}", i + 1)))?);
@@ -46,7 +53,7 @@ pub fn routing(
         Some(list) => list.0.iter().map(|c| try_file(c)).collect::<Result<_, _>>().map_err(e)?,
         None => Vec::new(),
     };
-    Ok(Routing { canonical, redirects, access, limiter, try_files })
+    Ok((redirects, access, limiter, try_files))
 }
 
 /// `max_connections_per_ip`: at least 1 when given.
@@ -72,19 +79,8 @@ fn check_canonical(c: &str, names: Option<&[String]>) -> Result<String, String> 
     }
 }
 
-/// A rule's `path`: an absolute path or glob of printable characters.
-fn pattern(p: &str) -> Result<PathPattern, String> {
-    if !p.starts_with('/') || !p.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("path {p:?}: expected an absolute path or glob such as /old/* (no spaces)"));
-    }
-    if p.split('/').any(|s| s == ".." || s == ".") {
-        return Err(format!("path {p:?}: write it without . or .. segments (requests are matched normalised)"));
-    }
-    PathPattern::new(p)
-}
-
 fn redirect(r: &FileRedirect) -> Result<Redirect, String> {
-    let path = pattern(&r.path)?;
+    let path = PathPattern::new(&r.path)?;
     let status = match r.status.unwrap_or(301) {
         s @ (301 | 302 | 307 | 308) => Status(s),
         s => return Err(format!("status {s}: expected 301, 302, 307 or 308")),
@@ -142,7 +138,7 @@ fn check_loops(rules: &[Redirect]) -> Result<(), String> {
 }
 
 fn access_rule(a: &FileAccess) -> Result<AccessRule, String> {
-    let path = a.path.as_deref().map(pattern).transpose()?;
+    let path = a.path.as_deref().map(PathPattern::new).transpose()?;
     let mut rules = Vec::new();
     for (allow, list) in &a.lists {
         let allow = *allow;
@@ -158,7 +154,7 @@ fn access_rule(a: &FileAccess) -> Result<AccessRule, String> {
     Ok(AccessRule { path, rules })
 }
 
-fn rate_limit(r: &FileRateLimit) -> Result<Arc<Limiter>, String> {
+pub(super) fn rate_limit(r: &FileRateLimit) -> Result<Arc<Limiter>, String> {
     if r.requests == 0 {
         return Err(
             "requests = 0: give at least 1 (to refuse every request, use an [[access]] block with deny = [\"all\"])"
@@ -178,7 +174,7 @@ fn rate_limit(r: &FileRateLimit) -> Result<Arc<Limiter>, String> {
 }
 
 /// A `try_files` candidate: `{path}` and a literal absolute path around it.
-fn try_file(c: &str) -> Result<String, String> {
+pub(super) fn try_file(c: &str) -> Result<String, String> {
     let literal = c.replace("{path}", "/x");
     let ok = (c.starts_with('/') || c.starts_with("{path}"))
         && !literal.contains(['{', '}', '?', '#', '%', '\\'])
@@ -238,7 +234,8 @@ mod tests {
             (redirects(&[("/x/*", "/y/{path}", None)]), Err("{*} is the only placeholder")),
             (redirects(&[("/x/*", "/y/../../{*}", None)]), Err("climbs with ..")),
             (redirects(&[("/x/*", "/y/%2e%2e/{*}", None)]), Err("climbs with ..")),
-            (redirects(&[("x", "/y", None)]), Err("redirect 1: path \"x\"")),
+            (redirects(&[("x", "/y", None)]), Ok(())),
+            (redirects(&[("/x y", "/y", None)]), Err("redirect 1: path \"/x y\"")),
             (redirects(&[("/a/../b", "/y", None)]), Err("without . or .. segments")),
             (redirects(&[("/a[", "/y", None)]), Err("is not a glob")),
             // Loops: a target that a rule would redirect again.
@@ -255,7 +252,8 @@ mod tests {
             (access(Some("/admin/*"), None, None), Err("access 1: give allow or deny")),
             (access(Some("/admin/*"), Some(&["10.0.0.0/33"]), None), Err("access 1: allow: \"10.0.0.0/33\" is not")),
             (access(Some("/admin/*"), None, Some(&["everyone"])), Err("access 1: deny: \"everyone\"")),
-            (access(Some("admin"), Some(&["all"]), None), Err("access 1: path \"admin\"")),
+            (access(Some("admin"), Some(&["all"]), None), Ok(())),
+            (access(Some(""), Some(&["all"]), None), Err("access 1: path \"\"")),
             (limit(20, Some("1s"), Some(40)), Ok(())),
             (limit(20, None, None), Ok(())),
             (limit(0, None, None), Err("rate_limit: requests = 0: give at least 1")),
@@ -271,7 +269,7 @@ mod tests {
         ];
         for (o, want) in table {
             let shown = format!("{:?} {:?} {:?} {:?}", o.redirect, o.access, o.rate_limit, o.try_files);
-            match (routing(&o, None, None, "site 1: "), want) {
+            match (path_rules(&o, "site 1: "), want) {
                 (Ok(_), Ok(())) => {}
                 (Err(e), Err(w)) => {
                     assert!(e.to_string().contains(w), "{shown}: {e}");
@@ -316,8 +314,8 @@ mod tests {
             ("[[access]]\npath = \"/a/*\"\ndeny = [\"10.0.0.1\"]\nallow = [\"all\"]\n", false),
         ] {
             let o: Options = toml::from_str(text).unwrap();
-            let r = routing(&o.site_options(), None, None, "").unwrap();
-            assert_eq!(r.access[0].rules[0].0, first_allows, "{text}");
+            let (_, access, _, _) = path_rules(&o.site_options(), "").unwrap();
+            assert_eq!(access[0].rules[0].0, first_allows, "{text}");
         }
     }
 }

@@ -87,9 +87,9 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
             Some(v) => Some(validate_hsts(v).map_err(|e| ConfigError::new(format!("{which}: {e}")))?),
             None => None,
         };
-        let mut content = super::content::content(&options, &format!("{which}: "))?;
-        content.routing =
-            super::routing::routing(&options, s.canonical.as_deref(), Some(names.exact()), &format!("{which}: "))?;
+        let canonical = super::routing::canonical(s.canonical.as_deref(), Some(names.exact()), &format!("{which}: "))?;
+        let locations = super::location::locations(&options, &format!("{which}: "))?;
+        let content = super::content::content(&options, &format!("{which}: "), canonical, locations)?;
         out.push(SiteConfig {
             content,
             client_auth: super::tls::client_auth(&options, &format!("{which}: "))?,

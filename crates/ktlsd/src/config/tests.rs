@@ -185,7 +185,7 @@ fn content_options_are_per_site_over_the_top_level() {
     let (a, b) = (&c.sites[0].content, &c.sites[1].content);
     assert_eq!(a, &c.content, "a site without the keys takes the top level's");
     assert_eq!(b.precompressed, [Coding::Br], "its own list, `none` skipped, once each");
-    assert_eq!(b.error_pages, [(404, "/e.html".to_string())]);
+    assert_eq!(b.locations.site().error_pages, [(404, "/e.html".to_string())]);
     assert_eq!((b.fallback.as_deref(), b.mime_types.len()), (Some("/index.html"), 1));
     // The command line sets the top level.
     let c = Config::from_args(serve_args(&["--config", cfg.to_str().unwrap(), "--precompressed", "zstd,br"])).unwrap();
@@ -218,7 +218,7 @@ fn header_rules_and_cors_are_per_site() {
     assert_eq!(
         (&b.headers[0].paths, &b.headers[0].set[..]),
         (
-            &PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap()),
+            &PathMatch::Pattern(crate::handler::pattern::PathPattern::new("/x/**").unwrap()),
             &[("X-A".to_string(), "1".to_string())][..]
         )
     );
@@ -236,7 +236,7 @@ fn header_rules_and_cors_are_per_site() {
     assert_eq!(c.sites[0].content.cors, Some(Cors::Origins(vec!["https://c.example".into()])));
     assert_eq!(
         c.sites[1].content.headers[0].paths,
-        PathMatch::Glob(crate::handler::rules::Glob::new("/x/**").unwrap())
+        PathMatch::Pattern(crate::handler::pattern::PathPattern::new("/x/**").unwrap())
     );
 }
 

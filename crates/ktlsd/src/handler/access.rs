@@ -57,15 +57,11 @@ pub struct AccessRule {
     pub rules: Vec<(bool, Addresses)>,
 }
 
-/// 403 when the first block matching `path` denies the client; `None` to go on.
-/// A path that cannot be normalised matches no block: the static answer refuses it.
-pub fn phase(req: &Request, path: Option<&str>, blocks: &[AccessRule]) -> Option<Response> {
-    if blocks.is_empty() {
-        return None;
-    }
-    let path = path?;
-    let block = blocks.iter().find(|b| b.path.as_ref().is_none_or(|p| p.matches(path)))?;
-    match block.rules.iter().find(|(_, a)| a.covers(req.client)) {
+/// 403 when `block`, the first matching the request's path (the location tree's
+/// choice), denies the client; `None` to go on. A path that cannot be normalised
+/// matches no block: the static answer refuses it.
+pub fn phase(req: &Request, block: Option<&AccessRule>) -> Option<Response> {
+    match block?.rules.iter().find(|(_, a)| a.covers(req.client)) {
         Some((false, _)) => Some(Response::refusal(Status::FORBIDDEN, "denied by an [[access]] rule")),
         _ => None,
     }
@@ -74,6 +70,7 @@ pub fn phase(req: &Request, path: Option<&str>, blocks: &[AccessRule]) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::location::{Locations, Rules, SiteWide};
     use crate::handler::pattern::route_path;
 
     fn block(path: Option<&str>, rules: &[(bool, &str)]) -> AccessRule {
@@ -90,6 +87,7 @@ mod tests {
             block(Some("/private/*"), &[(false, "192.0.2.7"), (true, "192.0.2.0/24"), (false, "all")]),
             block(None, &[(false, "203.0.113.0/24")]),
         ];
+        let tree = Locations::new(Rules { access: blocks.to_vec(), ..Rules::default() }, SiteWide::default());
         for (client, path, denied) in [
             ("10.1.2.3", "/admin/x", false),
             ("::1", "/admin/x", false),
@@ -98,7 +96,8 @@ mod tests {
             ("127.0.0.1", "/%61dmin/x", true),
             ("127.0.0.1", "/public/../admin/x", true),
             ("127.0.0.1", "//admin//x", true),
-            ("127.0.0.1", "/admin", false),
+            ("127.0.0.1", "/admin", true),
+            ("127.0.0.1", "/administrator", false),
             ("192.0.2.7", "/private/a", true),
             ("192.0.2.8", "/private/a", false),
             ("198.51.100.1", "/private/a", true),
@@ -108,12 +107,12 @@ mod tests {
         ] {
             let req =
                 Request { client: Some(client.parse().unwrap()), ..Request::new(crate::vocab::Method::Get, path) };
-            let got = phase(&req, route_path(path).as_deref(), &blocks).map(|r| r.status.0);
+            let got = phase(&req, tree.find(route_path(path).as_deref()).access).map(|r| r.status.0);
             assert_eq!(got, denied.then_some(403), "{client} {path}");
         }
         // No address known (no peer): only `all` covers it.
         let req = Request::new(crate::vocab::Method::Get, "/admin/x");
-        assert_eq!(phase(&req, Some("/admin/x"), &blocks).map(|r| r.status.0), Some(403));
+        assert_eq!(phase(&req, tree.find(Some("/admin/x")).access).map(|r| r.status.0), Some(403));
     }
 
     #[test]

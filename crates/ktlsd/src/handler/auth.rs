@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::htpasswd::Users;
+use super::pattern::PathPattern;
 use super::request::Request;
 use super::response::{Header, Response, Status};
 
@@ -30,39 +31,6 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// Most addresses the failure table holds.
 pub const TABLE_CAPACITY: usize = 4096;
 
-/// Which request paths a rule covers: `/private/*` covers `/private/` and
-/// everything beneath it (a trailing `*` matches any rest, slashes included), and
-/// `/private` itself, so that no later rewrite of that path (an index, a clean
-/// URL) reaches the directory's files unasked; a pattern without `*` covers that
-/// path only.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PathPattern {
-    Prefix(String),
-    Exact(String),
-}
-
-impl PathPattern {
-    /// Parses a rule's `path`: absolute, with at most one `*`, at its end.
-    pub fn parse(pattern: &str) -> Result<PathPattern, String> {
-        if !pattern.starts_with('/') && pattern != "*" {
-            return Err(format!("path {pattern:?}: expected an absolute path such as \"/private/*\""));
-        }
-        match pattern.find('*') {
-            None => Ok(PathPattern::Exact(pattern.to_string())),
-            Some(at) if at == pattern.len() - 1 => Ok(PathPattern::Prefix(pattern[..at].to_string())),
-            Some(_) => Err(format!("path {pattern:?}: a `*` may only end the pattern, as in \"/private/*\"")),
-        }
-    }
-
-    /// Whether the decoded, normalised `path` is covered.
-    pub fn matches(&self, path: &str) -> bool {
-        match self {
-            PathPattern::Prefix(p) => path.starts_with(p.as_str()) || p.strip_suffix('/') == Some(path),
-            PathPattern::Exact(p) => path == p,
-        }
-    }
-}
-
 /// One `[[auth]]` rule, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
@@ -72,29 +40,26 @@ pub struct Rule {
     pub users: Arc<Users>,
 }
 
-/// A site's basic-auth rules and the failure table they share.
+/// The failure table a site's `[[auth]]` rules share (the rules themselves are in the
+/// site's location tree, `super::location`, which picks the one for a request).
 #[derive(Debug, Default)]
 pub struct Auth {
-    pub rules: Vec<Rule>,
     failures: Mutex<Failures>,
 }
 
+/// State, not configuration: any two tables are the same configuration.
 impl PartialEq for Auth {
-    fn eq(&self, other: &Auth) -> bool {
-        self.rules == other.rules
+    fn eq(&self, _: &Auth) -> bool {
+        true
     }
 }
 
 impl Eq for Auth {}
 
 impl Auth {
-    pub fn new(rules: Vec<Rule>) -> Auth {
-        Auth { rules, failures: Mutex::new(Failures::default()) }
-    }
-
-    /// The phase: `None` when the request may go on, else the 401 or 429 answer.
-    pub fn check(&self, req: &Request, now: Instant) -> Option<Response> {
-        let rule = self.rule_for(&req.path)?;
+    /// The phase, for the request `rule` covers: `None` when the request may go on,
+    /// else the 401 or 429 answer.
+    pub fn check(&self, rule: &Rule, req: &Request, now: Instant) -> Option<Response> {
         let client = req.client.map(client_key);
         if let Some(wait) = client.and_then(|c| self.blocked(c, now)) {
             crate::stats::AUTH_RATE_LIMITED.fetch_add(1, Relaxed);
@@ -117,23 +82,6 @@ impl Auth {
         };
         let challenge = format!("Basic realm=\"{}\", charset=\"UTF-8\"", rule.realm);
         Some(Response::refusal(Status::UNAUTHORIZED, why).with(Header::Field("WWW-Authenticate".into(), challenge)))
-    }
-
-    /// The first rule covering the request path. A path that cannot be decoded
-    /// and normalised falls under the first rule: no spelling walks around one.
-    fn rule_for(&self, raw: &str) -> Option<&Rule> {
-        let first = self.rules.first()?;
-        let opts = crate::files::Options { dotfiles: true, autoindex: false, cache_entries: 0 };
-        let Ok(n) = crate::files::normalize(raw, 0, opts) else { return Some(first) };
-        let mut path = String::with_capacity(raw.len());
-        for seg in n.segments() {
-            path.push('/');
-            path.push_str(&String::from_utf8_lossy(seg));
-        }
-        if n.trailing_slash {
-            path.push('/');
-        }
-        self.rules.iter().find(|r| r.path.matches(&path))
     }
 
     /// How long `client` must still wait, when it is over the limit.
@@ -255,18 +203,25 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::location::{Locations, Rules, SiteWide};
     use super::*;
 
     /// `htpasswd -nbB -C 4 alice secret`.
     const ALICE: &str = "alice:$2y$04$xv3tiIRfQ2/K60COWsW03eSiLkHaf8h7g8msiH5r7gkzEJBAdn73e";
 
-    fn auth(paths: &[&str]) -> Auth {
+    /// The rules for `paths`, in the tree that picks one per request, and their table.
+    fn auth(paths: &[&str]) -> (Auth, Locations) {
         let users = Arc::new(Users::parse(ALICE).expect("parses"));
-        let rules = paths
+        let auth = paths
             .iter()
-            .map(|p| Rule { path: PathPattern::parse(p).expect(p), realm: "Staff".into(), users: users.clone() })
+            .map(|p| Rule { path: PathPattern::new(p).expect(p), realm: "Staff".into(), users: users.clone() })
             .collect();
-        Auth::new(rules)
+        (Auth::default(), Locations::new(Rules { auth, ..Rules::default() }, SiteWide::default()))
+    }
+
+    fn check(a: &(Auth, Locations), r: &Request, now: Instant) -> Option<Response> {
+        let path = super::super::pattern::route_path(&r.path);
+        a.0.check(a.1.find(path.as_deref()).auth?, r, now)
     }
 
     fn req(path: &str, authorization: Option<&str>, client: &str) -> Request {
@@ -276,8 +231,8 @@ mod tests {
         r
     }
 
-    fn status(a: &Auth, r: &Request) -> u16 {
-        a.check(r, Instant::now()).map_or(200, |r| r.status.0)
+    fn status(a: &(Auth, Locations), r: &Request) -> u16 {
+        check(a, r, Instant::now()).map_or(200, |r| r.status.0)
     }
 
     const GOOD: &str = "Basic YWxpY2U6c2VjcmV0"; // alice:secret
@@ -312,7 +267,7 @@ mod tests {
         ] {
             assert_eq!(status(&a, &req(path, authorization, "192.0.2.1")), want, "{path} {authorization:?}");
         }
-        let r = a.check(&req("/private/", None, "192.0.2.1"), Instant::now()).expect("401");
+        let r = check(&a, &req("/private/", None, "192.0.2.1"), Instant::now()).expect("401");
         assert_eq!(
             r.header("www-authenticate").map(|h| h.to_string()).as_deref(),
             Some("Basic realm=\"Staff\", charset=\"UTF-8\"")
@@ -320,28 +275,21 @@ mod tests {
     }
 
     #[test]
-    fn patterns() {
-        for (p, ok) in [("/a/*", true), ("*", true), ("/a", true), ("a/*", false), ("/a*/b", false), ("/*/*", false)] {
-            assert_eq!(PathPattern::parse(p).is_ok(), ok, "{p}");
-        }
-    }
-
-    #[test]
     fn failures_are_limited_per_client() {
         let a = auth(&["/*"]);
         let now = Instant::now();
         for _ in 0..MAX_FAILURES {
-            assert_eq!(a.check(&req("/x", Some(BAD), "192.0.2.7"), now).map(|r| r.status.0), Some(401));
+            assert_eq!(check(&a, &req("/x", Some(BAD), "192.0.2.7"), now).map(|r| r.status.0), Some(401));
         }
-        let limited = a.check(&req("/x", Some(GOOD), "192.0.2.7"), now).expect("429");
+        let limited = check(&a, &req("/x", Some(GOOD), "192.0.2.7"), now).expect("429");
         assert_eq!(limited.status.0, 429);
         assert_eq!(limited.header("retry-after").map(|h| h.to_string()).as_deref(), Some("60"));
         // Another address, and the same one once the window has passed, are answered.
-        assert!(a.check(&req("/x", Some(GOOD), "192.0.2.8"), now).is_none());
-        assert!(a.check(&req("/x", Some(GOOD), "192.0.2.7"), now + WINDOW).is_none());
+        assert!(check(&a, &req("/x", Some(GOOD), "192.0.2.8"), now).is_none());
+        assert!(check(&a, &req("/x", Some(GOOD), "192.0.2.7"), now + WINDOW).is_none());
         // An IPv6 client is one /64.
         for i in 0..MAX_FAILURES {
-            let _ = a.check(&req("/x", Some(BAD), &format!("2001:db8::{i:x}")), now);
+            let _ = check(&a, &req("/x", Some(BAD), &format!("2001:db8::{i:x}")), now);
         }
         assert_eq!(status(&a, &req("/x", Some(GOOD), "2001:db8::ffff")), 429);
         assert_eq!(status(&a, &req("/x", Some(GOOD), "2001:db8:0:1::1")), 200);
@@ -353,12 +301,12 @@ mod tests {
         let now = Instant::now();
         for i in 0..10_000u32 {
             let ip = std::net::Ipv4Addr::from(0x0a00_0000 + i);
-            a.failed(IpAddr::V4(ip), now + Duration::from_millis(u64::from(i)));
+            a.0.failed(IpAddr::V4(ip), now + Duration::from_millis(u64::from(i)));
         }
-        assert_eq!(a.tracked(), TABLE_CAPACITY);
+        assert_eq!(a.0.tracked(), TABLE_CAPACITY);
         // The newest are kept.
-        a.failed("10.0.39.15".parse().expect("ip"), now);
-        assert!(a.failures.lock().expect("lock").entries.contains_key(&"10.0.39.15".parse::<IpAddr>().expect("ip")));
+        a.0.failed("10.0.39.15".parse().expect("ip"), now);
+        assert!(a.0.failures.lock().expect("lock").entries.contains_key(&"10.0.39.15".parse::<IpAddr>().expect("ip")));
     }
 
     #[test]

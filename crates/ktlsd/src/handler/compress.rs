@@ -16,9 +16,7 @@
 
 use std::time::SystemTime;
 
-use super::content::candidates;
-pub use super::content::Policy;
-use super::request::{Coding, EntityTag, Request};
+use super::request::{AcceptEncoding, Coding, EntityTag, Request};
 use super::Site;
 use crate::files::compress::{self as store, Stored};
 use crate::files::{self, Found, Resolved};
@@ -99,7 +97,7 @@ pub struct Chosen {
 /// stored compressed body in the coding the client accepts best, or the file as
 /// it is. A body not yet stored is started, for later requests, when it can be.
 pub fn choose(req: &Request, site: &Site<'_>, content_type: &str, found: Found) -> Chosen {
-    let policy = site.content.compress.as_ref();
+    let policy = site.at.compress;
     let etag = EntityTag::strong(files::etag(&found.meta));
     let modified = files::modified(&found.meta);
     let Some(policy) = policy.filter(|p| p.applies(content_type, found.meta.len())) else {
@@ -134,7 +132,7 @@ pub fn choose(req: &Request, site: &Site<'_>, content_type: &str, found: Found) 
 /// # Cancel safety
 /// Cancel-safe: a compression started goes on and is stored for the next request.
 pub async fn prepare(req: &Request, site: &Site<'_>) {
-    let Some(policy) = &site.content.compress else { return };
+    let Some(policy) = site.at.compress else { return };
     let Some(store) = store::store() else { return };
     if !req.method.is_served() {
         return;
@@ -153,10 +151,40 @@ pub async fn prepare(req: &Request, site: &Site<'_>) {
     }
 }
 
+/// A site's on-the-fly compression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The codings offered, in the server's order of preference (it breaks ties
+    /// between equal client qualities); never empty.
+    pub codings: Vec<Coding>,
+    /// Smaller files go out as they are: the coding's own framing and the
+    /// Content-Encoding field would eat what little is saved.
+    pub min_size: u64,
+    /// Larger files go out as they are, so that one request cannot hold a
+    /// compressor for long.
+    pub max_size: u64,
+}
+
+/// The codings to try, best first: those the client accepts (quality above 0),
+/// by its quality, then by the server's order. When the client names identity, a
+/// coding it ranks lower is not sent; without Accept-Encoding no coding is sent
+/// (a client that says nothing may not decode).
+pub fn candidates(configured: &[Coding], accept: Option<&AcceptEncoding>) -> Vec<Coding> {
+    let Some(accept) = accept else { return Vec::new() };
+    let identity = accept.listed("identity").unwrap_or(0);
+    let mut ranked: Vec<(u16, usize, Coding)> = configured
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (accept.quality(c.token()), i, *c))
+        .filter(|(q, _, _)| *q > 0 && *q >= identity)
+        .collect();
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    ranked.into_iter().map(|(_, _, c)| c).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handler::request::AcceptEncoding;
     use Coding::*;
 
     #[test]
@@ -233,6 +261,30 @@ mod tests {
         ] {
             let accept = accept.map(AcceptEncoding::parse);
             assert_eq!(candidates(&ours, accept.as_ref()).first().copied(), want, "{accept:?}");
+        }
+    }
+
+    #[test]
+    fn candidates_follow_qualities_then_server_order() {
+        let all = [Br, Zstd, Gzip];
+        for (configured, accept, want) in [
+            (&all[..], Some("gzip, deflate, br, zstd"), vec![Br, Zstd, Gzip]),
+            (&all[..], Some("gzip, deflate"), vec![Gzip]),
+            (&all[..], Some("gzip;q=1, br;q=0.5"), vec![Gzip, Br]),
+            (&all[..], Some("br;q=0, *"), vec![Zstd, Gzip]),
+            (&all[..], Some("*;q=0.2"), vec![Br, Zstd, Gzip]),
+            (&all[..], Some("identity"), vec![]),
+            (&all[..], Some(""), vec![]),
+            (&all[..], None, vec![]),
+            // Identity preferred over every coding: send the file as it is.
+            (&all[..], Some("identity;q=1, gzip;q=0.5"), vec![]),
+            (&all[..], Some("identity;q=0.5, gzip;q=0.5"), vec![Gzip]),
+            (&all[..], Some("gzip;q=0.5"), vec![Gzip]),
+            (&[Gzip, Br][..], Some("br, gzip"), vec![Gzip, Br]),
+            (&[][..], Some("br, gzip"), vec![]),
+        ] {
+            let accept = accept.map(AcceptEncoding::parse);
+            assert_eq!(candidates(configured, accept.as_ref()), want, "{configured:?} {accept:?}");
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use super::request::{AcceptEncoding, Coding};
+use super::request::Coding;
 use super::rules::{Cors, HeaderRule};
 
 /// Per-site delivery options; [`Content::NONE`] is the behaviour without any.
@@ -18,25 +18,24 @@ pub struct Content {
     /// Precompressed codings looked for beside a file, in the server's order of
     /// preference (it breaks ties between equal client qualities). Empty: none.
     pub precompressed: Vec<Coding>,
-    /// Pages served for error statuses, with that status: (status, path beneath ROOT).
-    pub error_pages: Vec<(u16, String)>,
     /// The path served for a request whose path names nothing (a single-page app's
     /// `/index.html`); never for a path that exists but is refused.
     pub fallback: Option<String>,
     /// Content-Type overrides by file extension (lower-case, without the dot), validated.
     pub mime_types: Vec<(String, String)>,
-    /// `[[headers]]` rules, in order, for file and listing answers.
+    /// `[[headers]]` rules, in order, for file and listing answers (matched on the
+    /// file's path) and proxied answers (on the request's).
     pub headers: Vec<HeaderRule>,
     /// Which origins may read answers from scripts; `None`: no CORS fields.
     pub cors: Option<Cors>,
-    /// Canonical host, redirects, IP rules, rate limit and `try_files`.
-    pub routing: super::routing::Routing,
-    /// On-the-fly compression; `None`: off.
-    pub compress: Option<Policy>,
-    /// `[[auth]]` rules and their failure table; `None`: no basic auth.
+    /// The host every other name of the site is redirected to (301), lower-case.
+    pub canonical: Option<String>,
+    /// The failure table of the site's `[[auth]]` rules; `None`: no basic auth.
     pub auth: Option<std::sync::Arc<super::auth::Auth>>,
-    /// `[[proxy]]` rules, in order: the first whose glob matches the path forwards the request.
-    pub proxy: Vec<std::sync::Arc<super::proxy::Rule>>,
+    /// Every rule and value that applies by path (redirects, IP rules, basic auth,
+    /// `[[proxy]]`, `[[location]]` blocks, and the site's own rate limit,
+    /// compression, error pages and `try_files`), matched once per request.
+    pub locations: super::location::Locations,
 }
 
 impl Content {
@@ -44,15 +43,13 @@ impl Content {
     #[cfg(test)]
     pub const NONE: Content = Content {
         precompressed: Vec::new(),
-        error_pages: Vec::new(),
         fallback: None,
         mime_types: Vec::new(),
         headers: Vec::new(),
         cors: None,
-        routing: super::routing::Routing::NONE,
-        compress: None,
+        canonical: None,
         auth: None,
-        proxy: Vec::new(),
+        locations: super::location::Locations::EMPTY,
     };
 
     /// [`Content::NONE`] for as long as needed.
@@ -82,41 +79,9 @@ impl Content {
     }
 }
 
-/// A site's on-the-fly compression.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Policy {
-    /// The codings offered, in the server's order of preference (it breaks ties
-    /// between equal client qualities); never empty.
-    pub codings: Vec<Coding>,
-    /// Smaller files go out as they are: the coding's own framing and the
-    /// Content-Encoding field would eat what little is saved.
-    pub min_size: u64,
-    /// Larger files go out as they are, so that one request cannot hold a
-    /// compressor for long.
-    pub max_size: u64,
-}
-
-/// The codings to try, best first: those the client accepts (quality above 0),
-/// by its quality, then by the server's order. When the client names identity, a
-/// coding it ranks lower is not sent; without Accept-Encoding no coding is sent
-/// (a client that says nothing may not decode).
-pub fn candidates(configured: &[Coding], accept: Option<&AcceptEncoding>) -> Vec<Coding> {
-    let Some(accept) = accept else { return Vec::new() };
-    let identity = accept.listed("identity").unwrap_or(0);
-    let mut ranked: Vec<(u16, usize, Coding)> = configured
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (accept.quality(c.token()), i, *c))
-        .filter(|(q, _, _)| *q > 0 && *q >= identity)
-        .collect();
-    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    ranked.into_iter().map(|(_, _, c)| c).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use Coding::*;
 
     #[test]
     fn mime_overrides_by_extension() {
@@ -130,30 +95,6 @@ mod tests {
         ] {
             let rel = Path::new(name);
             assert_eq!(c.content_type(rel, crate::files::content_type(rel)), want, "{name}");
-        }
-    }
-
-    #[test]
-    fn candidates_follow_qualities_then_server_order() {
-        let all = [Br, Zstd, Gzip];
-        for (configured, accept, want) in [
-            (&all[..], Some("gzip, deflate, br, zstd"), vec![Br, Zstd, Gzip]),
-            (&all[..], Some("gzip, deflate"), vec![Gzip]),
-            (&all[..], Some("gzip;q=1, br;q=0.5"), vec![Gzip, Br]),
-            (&all[..], Some("br;q=0, *"), vec![Zstd, Gzip]),
-            (&all[..], Some("*;q=0.2"), vec![Br, Zstd, Gzip]),
-            (&all[..], Some("identity"), vec![]),
-            (&all[..], Some(""), vec![]),
-            (&all[..], None, vec![]),
-            // Identity preferred over every coding: send the file as it is.
-            (&all[..], Some("identity;q=1, gzip;q=0.5"), vec![]),
-            (&all[..], Some("identity;q=0.5, gzip;q=0.5"), vec![Gzip]),
-            (&all[..], Some("gzip;q=0.5"), vec![Gzip]),
-            (&[Gzip, Br][..], Some("br, gzip"), vec![Gzip, Br]),
-            (&[][..], Some("br, gzip"), vec![]),
-        ] {
-            let accept = accept.map(AcceptEncoding::parse);
-            assert_eq!(candidates(configured, accept.as_ref()), want, "{configured:?} {accept:?}");
         }
     }
 }

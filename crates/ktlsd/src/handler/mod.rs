@@ -4,7 +4,8 @@
 //! canonical host ([`canonical`]), redirects ([`redirect`]), IP rules
 //! ([`access`]), the per-client rate limit ([`limit`]), basic auth ([`auth`]) (together
 //! [`guard`]), then the static answer (with [`try_files`]) or the reverse proxy
-//! ([`proxy`], with its [`cache`]). [`pipeline`] is the one way every codec takes
+//! ([`proxy`], with its [`cache`]). Which rules and per-path values apply to a
+//! request is its site's location tree's to say ([`location`]), once per request. [`pipeline`] is the one way every codec takes
 //! through them: the site chosen once, the phases in order, a forward run over the
 //! codec's per-request handle. The static answer resolves the path beneath the site's root,
 //! lists or redirects directories, evaluates preconditions and byte ranges
@@ -26,6 +27,7 @@ pub mod downstream;
 pub mod failure;
 pub mod htpasswd;
 pub mod limit;
+pub mod location;
 pub mod pattern;
 pub mod pipeline;
 pub mod preconditions;
@@ -34,7 +36,6 @@ pub mod range;
 pub mod redirect;
 pub mod request;
 pub mod response;
-pub mod routing;
 pub mod rules;
 pub mod sites;
 pub mod try_files;
@@ -61,6 +62,28 @@ pub struct Site<'a> {
     pub hsts: Option<&'a str>,
     /// Precompressed variants, error pages and the like.
     pub content: &'a Content,
+    /// The values that may differ by path (rate limit, compression, error pages,
+    /// `try_files`, body limit): the site's own, until the pipeline has matched the
+    /// request's path ([`Site::at`]).
+    pub at: location::PerPath<'a>,
+}
+
+impl<'a> Site<'a> {
+    /// The site, with its own values for every path.
+    pub fn new(root: &'a Root, files: files::Options, hsts: Option<&'a str>, content: &'a Content) -> Site<'a> {
+        Site { root, files, hsts, content, at: content.locations.site_wide() }
+    }
+
+    /// The same site serving `content` (its own values for every path).
+    #[cfg(test)]
+    pub fn with_content(self, content: &'a Content) -> Site<'a> {
+        Site::new(self.root, self.files, self.hsts, content)
+    }
+
+    /// The site with `route`'s values for the path it was matched on.
+    pub fn at(self, route: &location::Route<'a>) -> Site<'a> {
+        Site { at: route.at, ..self }
+    }
 }
 
 /// Answers `req` from `site`: the first phase that answers, with the site's error
@@ -68,7 +91,10 @@ pub struct Site<'a> {
 /// path no `[[proxy]]` rule takes, for the in-process tests).
 #[cfg(test)]
 pub fn handle(req: &Request, site: &Site<'_>) -> Response {
-    let response = guarded(req, site).unwrap_or_else(|| static_answer(req, site));
+    let path = pattern::route_path(&req.path);
+    let route = site.content.locations.find(path.as_deref());
+    let site = &site.at(&route);
+    let response = guarded(req, site, &route, path.as_deref()).unwrap_or_else(|| static_answer(req, site));
     finish(req, site, response)
 }
 
@@ -93,9 +119,9 @@ pub fn error_answer(status: Status, site: &Site<'_>, head_request: bool) -> Resp
 /// limit, basic auth), finished as [`handle`] finishes its answers: the answer that
 /// ends the request, or `None` when it may go on. The [`pipeline`] runs it once per
 /// request, before the static answer or the reverse proxy (the rate limit counts
-/// each call).
-pub fn guard(req: &Request, site: &Site<'_>) -> Option<Response> {
-    guarded(req, site).map(|response| finish(req, site, response))
+/// each call), with the `route` its normalised `path` matched.
+pub fn guard(req: &Request, site: &Site<'_>, route: &location::Route<'_>, path: Option<&str>) -> Option<Response> {
+    guarded(req, site, route, path).map(|response| finish(req, site, response))
 }
 
 /// `response` with the site's error page, CORS and HSTS fields, and no body for HEAD.
@@ -116,20 +142,16 @@ fn finish(req: &Request, site: &Site<'_>, response: Response) -> Response {
     }
 }
 
-/// The guarding phases, in order; each returns an answer to end the request with,
-/// or `None` to hand it to the next.
-fn guarded(req: &Request, site: &Site<'_>) -> Option<Response> {
-    let routing = &site.content.routing;
-    // Decoded and normalised once, and only for a site with rules that match paths.
-    let path = match routing.redirects.is_empty() && routing.access.is_empty() {
-        true => None,
-        false => pattern::route_path(&req.path),
-    };
-    canonical::phase(req, routing.canonical.as_deref())
-        .or_else(|| redirect::phase(req, path.as_deref(), &routing.redirects))
-        .or_else(|| access::phase(req, path.as_deref(), &routing.access))
-        .or_else(|| limit::phase(req.client, routing.limiter.as_deref()))
-        .or_else(|| site.content.auth.as_ref().and_then(|a| a.check(req, std::time::Instant::now())))
+/// The guarding phases, in order, with the rules `route` holds for the normalised
+/// `path`; each returns an answer to end the request with, or `None` to hand it to
+/// the next.
+fn guarded(req: &Request, site: &Site<'_>, route: &location::Route<'_>, path: Option<&str>) -> Option<Response> {
+    let auth = || Some((site.content.auth.as_deref()?, route.auth?));
+    canonical::phase(req, site.content.canonical.as_deref())
+        .or_else(|| redirect::phase(req, path, route.redirect))
+        .or_else(|| access::phase(req, route.access))
+        .or_else(|| limit::phase(req.client, site.at.limiter))
+        .or_else(|| auth().and_then(|(table, rule)| table.check(rule, req, std::time::Instant::now())))
 }
 
 /// The static answer: a file (after `try_files`), a listing, OPTIONS, or 405.
@@ -211,16 +233,8 @@ fn is_token_list(v: &str) -> bool {
 
 /// Applies the site's header rules for the file (or listing) at `path` beneath ROOT.
 fn with_rules(headers: &mut Vec<Header>, site: &Site<'_>, path: &str) {
-    if site.content.headers.is_empty() {
-        return;
-    }
-    let fields = rules::fields_for(&site.content.headers, path, std::time::SystemTime::now());
-    for (name, value) in fields.set {
-        headers.retain(|h| !h.name().eq_ignore_ascii_case(&name));
-        headers.push(Header::Field(name.into(), value));
-    }
-    for (name, value) in fields.add {
-        headers.push(Header::Field(name.into(), value));
+    if !site.content.headers.is_empty() {
+        rules::fields_for(&site.content.headers, path, std::time::SystemTime::now()).apply(headers);
     }
 }
 
@@ -243,7 +257,7 @@ enum Fallback {
 /// `response`, when its status has a configured error page that exists, with that
 /// page as its body (status, reason and other fields kept); else as it is.
 fn with_error_page(mut response: Response, site: &Site<'_>) -> Response {
-    let Some((_, path)) = site.content.error_pages.iter().find(|(s, _)| *s == response.status.0) else {
+    let Some((_, path)) = site.at.error_pages.iter().find(|(s, _)| *s == response.status.0) else {
         return response;
     };
     let Ok(Resolved::File(page)) = files::resolve(site.root, path, site.files) else {
@@ -383,7 +397,7 @@ fn answer(req: &Request, site: &Site<'_>, path: &str, fallback: Fallback) -> Res
 /// The precompressed variant of the file at `rel` the client accepts best, with
 /// its coding; `None` when there is none.
 fn precompressed(req: &Request, site: &Site<'_>, rel: &std::path::Path) -> Option<(files::Found, Coding)> {
-    content::candidates(&site.content.precompressed, req.headers.accept_encoding.as_ref())
+    compress::candidates(&site.content.precompressed, req.headers.accept_encoding.as_ref())
         .into_iter()
         .find_map(|coding| Some((files::variant(site.root, rel, coding.suffix(), site.files)?, coding)))
 }
@@ -400,3 +414,6 @@ mod tests;
 
 #[cfg(test)]
 mod route_tests;
+
+#[cfg(test)]
+mod pipeline_tests;

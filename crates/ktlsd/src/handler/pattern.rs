@@ -1,17 +1,29 @@
-//! Path patterns of `[[redirect]]` and `[[access]]` rules ([`PathPattern`], compiled
-//! once at configuration load), and what the request phases match them against: the
-//! request path percent-decoded and normalised exactly as `files` reads it
-//! ([`route_path`]), so that `/%61dmin/` or `/x/../admin/` cannot step around an
-//! `/admin/*` rule. It holds no state and does no I/O; the rules themselves are in
-//! [`super::routing`].
+//! The one path-pattern dialect of every rule that applies by path (`[[proxy]]`,
+//! `[[redirect]]`, `[[access]]`, `[[auth]]`, `[[headers]]`, `[[location]]`):
+//! [`PathPattern`], compiled once at configuration load; and what they are matched
+//! against: the request path percent-decoded and normalised exactly as `files` reads
+//! it ([`route_path`]), so that `/%61dmin/` or `/x/../admin/` cannot step around an
+//! `/admin/*` rule. It holds no state and does no I/O; the rules are compiled into
+//! each site's tree in [`super::location`].
 
-/// A path pattern of a `[[redirect]]` or `[[access]]` rule: an exact path, or a
-/// glob in which `*` matches any run of characters, `/` included (`/old/*` covers
-/// `/old/a/b.html`), as Caddy's path matcher does. Compiled once.
+/// A path pattern. The dialect, the same for every rule:
+/// - without a glob character, an exact path: `/about` matches `/about` only;
+/// - `*` matches any run of characters, `/` included (`/old/*` covers
+///   `/old/a/b.html`), as Caddy's path matcher; `**` is the same as `*`; `?` is any
+///   one character, `[abc]` one of a class, `{a,b}` either;
+/// - a pattern ending in `/*` (or `/**`) also matches its directory without the
+///   slash: `/private/*` covers `/private`, so that no rewrite of that path (an index,
+///   a clean URL) reaches the directory unguarded;
+/// - a pattern that does not start with `/` matches at any depth: `*.css` is
+///   `*/*.css`, `app.?s` matches `/x/app.js`.
+///
+/// Matching is linear in the path's length whatever the pattern (`globset`).
 #[derive(Debug, Clone)]
 pub struct PathPattern {
     pattern: String,
     matcher: Option<globset::GlobMatcher>,
+    /// The directory a `/dir/*` pattern also covers (`/dir`), when it is literal.
+    dir: Option<String>,
 }
 
 impl PartialEq for PathPattern {
@@ -26,17 +38,34 @@ impl Eq for PathPattern {}
 pub const GLOB_CHARS: &[char] = &['*', '?', '[', ']', '{', '}'];
 
 impl PathPattern {
-    /// Compiles `pattern`, which must be an absolute path (checked by the caller).
+    /// Compiles `pattern`, a rule's `path`: printable characters without spaces, no
+    /// `.` or `..` segment (requests are matched normalised); an absolute path or glob,
+    /// or a glob matched at any depth. The error says what to write.
     pub fn new(pattern: &str) -> Result<PathPattern, String> {
-        if !pattern.contains(GLOB_CHARS) {
-            return Ok(PathPattern { pattern: pattern.to_string(), matcher: None });
+        if pattern.is_empty() || !pattern.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!("path {pattern:?}: expected a path or glob such as /old/* (no spaces)"));
         }
-        let glob = globset::GlobBuilder::new(pattern)
+        if pattern.split('/').any(|s| s == ".." || s == ".") {
+            return Err(format!(
+                "path {pattern:?}: write it without . or .. segments (requests are matched normalised)"
+            ));
+        }
+        let dir = (pattern.strip_suffix("/**").or_else(|| pattern.strip_suffix("/*")))
+            .filter(|d| d.starts_with('/') && !d.is_empty() && !d.contains(GLOB_CHARS))
+            .map(str::to_string);
+        let anchored = match pattern.starts_with('/') {
+            true => pattern.to_string(),
+            false => format!("*/{pattern}"),
+        };
+        if !anchored.contains(GLOB_CHARS) {
+            return Ok(PathPattern { pattern: pattern.to_string(), matcher: None, dir });
+        }
+        let glob = globset::GlobBuilder::new(&anchored)
             .literal_separator(false)
             .backslash_escape(false)
             .build()
             .map_err(|e| format!("path {pattern:?} is not a glob: {e}"))?;
-        Ok(PathPattern { pattern: pattern.to_string(), matcher: Some(glob.compile_matcher()) })
+        Ok(PathPattern { pattern: pattern.to_string(), matcher: Some(glob.compile_matcher()), dir })
     }
 
     /// The pattern as written.
@@ -48,18 +77,51 @@ impl PathPattern {
     pub fn matches(&self, path: &str) -> bool {
         match &self.matcher {
             None => self.pattern == path,
-            Some(m) => m.is_match(path),
+            Some(m) => m.is_match(path) || self.dir.as_deref() == Some(path),
         }
     }
 
     /// What the one `*` of the pattern matched in `path`, when the pattern is
-    /// `prefix*suffix` with no other glob character and `path` is matched.
+    /// `prefix*suffix` with no other glob character and `path` is matched (empty for
+    /// the directory a `/dir/*` pattern also covers).
     pub fn capture<'p>(&self, path: &'p str) -> Option<&'p str> {
         let (prefix, suffix) = self.pattern.split_once('*')?;
-        if !self.matches(path) || path.len() < prefix.len() + suffix.len() {
+        if !self.matches(path) {
+            return None;
+        }
+        if self.dir.as_deref() == Some(path) {
+            return Some("");
+        }
+        if path.len() < prefix.len() + suffix.len() {
             return None;
         }
         path.get(prefix.len()..path.len() - suffix.len())
+    }
+
+    /// The segments every path this pattern matches begins with: the whole path of an
+    /// exact pattern, the directories before the first glob character of a glob
+    /// (none for one matched at any depth). The location tree files the pattern there.
+    pub fn literal_segments(&self) -> impl Iterator<Item = &str> {
+        let literal = match (&self.matcher, self.pattern.starts_with('/')) {
+            (None, _) => self.pattern.as_str(),
+            (Some(_), false) => "",
+            (Some(_), true) => {
+                let before = &self.pattern[..self.pattern.find(GLOB_CHARS).unwrap_or(self.pattern.len())];
+                &before[..before.rfind('/').unwrap_or(0)]
+            }
+        };
+        literal.split('/').filter(|s| !s.is_empty())
+    }
+
+    /// How specific the pattern is, for the choice between `[[location]]` blocks: an
+    /// exact path most, then the longer literal beginning (`/api/v2/*` over `/api/*`
+    /// over `*.json`).
+    pub fn specificity(&self) -> usize {
+        match (&self.matcher, self.pattern.starts_with('/')) {
+            (None, _) => usize::MAX,
+            (Some(_), false) => 0,
+            (Some(_), true) => self.pattern.find(GLOB_CHARS).unwrap_or(self.pattern.len()),
+        }
     }
 }
 
@@ -141,11 +203,22 @@ mod tests {
             ("/old", "/old/", false, None),
             ("/old/*", "/old/a/b.html", true, Some("a/b.html")),
             ("/old/*", "/old/", true, Some("")),
-            ("/old/*", "/old", false, None),
+            ("/old/*", "/old", true, Some("")),
+            ("/old/*", "/older", false, None),
+            ("/old/**", "/old/a/b", true, None),
+            ("/old/**", "/old", true, None),
             ("/old/*.html", "/old/a/b.html", true, Some("a/b")),
             ("/old/*.html", "/old/a/b.htm", false, None),
+            ("/old/*.html", "/old", false, None),
+            ("/api/*", "/api/x/y", true, Some("x/y")),
             ("*.php", "/x/y.php", true, None),
+            ("*.php", "/y.php", true, None),
+            ("*.php", "/y.php/x", false, None),
+            ("app.?s", "/x/app.js", true, None),
+            ("app.?s", "/x/app.s", false, None),
+            ("assets/*.css", "/x/assets/a.css", true, None),
             ("/a?c", "/abc", true, None),
+            ("/{a,b}/x", "/b/x", true, None),
             ("/a[", "/a[", false, None),
         ] {
             let Ok(p) = PathPattern::new(pattern) else {
@@ -156,6 +229,32 @@ mod tests {
             if capture.is_some() {
                 assert_eq!(p.capture(path), capture, "{pattern} {path}");
             }
+        }
+        assert!(PathPattern::new("").is_err());
+        // Matching stays linear: a pattern of many stars against a long path from a
+        // client answers at once (backtracking would take exponential time).
+        let stars = PathPattern::new("/*a*a*a*a*a*a*a*a*a*a*b").unwrap();
+        let long = format!("/{}", "a".repeat(4000));
+        let t = std::time::Instant::now();
+        assert!(!stars.matches(&long));
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn literal_segments_and_specificity() {
+        for (pattern, segments, specificity) in [
+            ("/a/b", &["a", "b"][..], usize::MAX),
+            ("/a/b/", &["a", "b"][..], usize::MAX),
+            ("/a/*", &["a"][..], 3),
+            ("/a/b*", &["a"][..], 4),
+            ("/a*", &[][..], 2),
+            ("/{a,b}/x", &[][..], 1),
+            ("*.css", &[][..], 0),
+            ("assets/*", &[][..], 0),
+        ] {
+            let p = PathPattern::new(pattern).unwrap();
+            assert_eq!(p.literal_segments().collect::<Vec<_>>(), segments, "{pattern}");
+            assert_eq!(p.specificity(), specificity, "{pattern}");
         }
     }
 }

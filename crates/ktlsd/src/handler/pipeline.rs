@@ -3,7 +3,8 @@
 //! the same way:
 //!
 //! 1. [`Exchange::begin`]: the site, chosen once (Host or `:authority` against the
-//!    handshake's server name: the only lookup);
+//!    handshake's server name: the only lookup), and what its location tree holds
+//!    for the normalised path, matched once (`handler::location`);
 //! 2. [`Exchange::decide`]: the guarding phases (canonical host, redirects, IP rules,
 //!    rate limit, basic auth), then the request body's limit (413), then the route,
 //!    matched on the normalised path: the static answer (a body to compress made
@@ -22,8 +23,10 @@
 //! (`handler::proxy`).
 
 pub use super::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd};
-use super::proxy::{self, Forward, Rule};
-use super::{pattern, Header, Method, Pick, Request, Response, Site, Sites, Status};
+use super::location::Route;
+pub use super::proxy::forward::Added;
+use super::proxy::{self, Forward};
+use super::{pattern, rules, Header, Method, Pick, Request, Response, Site, Sites, Status};
 
 /// How the connection a request came on was made, for the choice of site.
 #[derive(Debug, Clone, Copy)]
@@ -64,14 +67,18 @@ pub struct Upstreamed {
     pub fields: Vec<(String, String)>,
     pub version: &'static str,
     pub body: RequestBody,
-    /// Largest request body forwarded (`max_body_bytes`).
-    pub max_body: u64,
 }
 
 /// One request, from its site's choice until its answer.
 pub struct Exchange<'a> {
     pub req: Request,
+    /// The site, with the values of the request's path.
     pub site: Site<'a>,
+    /// The request path, percent-decoded and normalised (`None`: it cannot be, and
+    /// the static answer refuses it): what every rule matched.
+    path: Option<String>,
+    /// What the site's location tree holds for that path, matched once.
+    route: Route<'a>,
 }
 
 /// The way a request goes on after the phases before the content.
@@ -104,7 +111,11 @@ impl<'a> Exchange<'a> {
             Handshake::Quic => sites.pick(req.authority.as_deref()),
         };
         match pick {
-            Pick::Site(site) => Ok(Exchange { req, site }),
+            Pick::Site(site) => {
+                let path = pattern::route_path(&req.path);
+                let route = site.content.locations.find(path.as_deref());
+                Ok(Exchange { site: site.at(&route), req, path, route })
+            }
             Pick::Misdirected => {
                 let mut response = super::refusal(Status::MISDIRECTED_REQUEST, &sites.default, is_head(&req));
                 response.refused = Some("no site has the requested host".into());
@@ -114,24 +125,26 @@ impl<'a> Exchange<'a> {
     }
 
     /// The phases before the content, in their order, then the route: the guards,
-    /// the body's limit, then a `[[proxy]]` rule (matched on the normalised path;
-    /// what goes upstream is that path, never one that resolves outside the rule)
-    /// or the static answer. `upstreamed` is asked only for a forward.
+    /// the body's limit (the path's `max_body_bytes`, else the server's `max_body`),
+    /// then a `[[proxy]]` rule (matched on the normalised path; what goes upstream is
+    /// that path, never one that resolves outside the rule) or the static answer.
+    /// `upstreamed` is asked only for a forward.
     ///
     /// # Cancel safety
     /// Cancel-safe: a body being compressed for the static answer is finished off
     /// the loop for the next request.
     pub async fn decide(&self, body: RequestBody, max_body: u64, upstreamed: impl FnOnce() -> Upstreamed) -> Decision {
         let (req, site) = (&self.req, &self.site);
-        if let Some(response) = super::guard(req, site) {
+        if let Some(response) = super::guard(req, site, &self.route, self.path.as_deref()) {
             return Decision::Respond(response);
         }
+        let max_body = site.at.max_body_bytes.unwrap_or(max_body);
         if matches!(body, RequestBody::Length(n) if n > max_body) {
             let mut response = super::refusal(Status::PAYLOAD_TOO_LARGE, site, is_head(req));
             response.refused = Some("request body exceeds max_body_bytes".into());
             return Decision::Respond(response);
         }
-        if let Some(rule) = self.rule() {
+        if let (Some(rule), Some(path)) = (self.route.proxy, self.path.as_deref()) {
             let Some(target) = upstream_target(&req.path, req.query.as_deref()) else {
                 let mut response = super::refusal(Status::BAD_REQUEST, site, is_head(req));
                 response.refused = Some("the path leaves the proxied location".into());
@@ -146,21 +159,14 @@ impl<'a> Exchange<'a> {
                 version: u.version,
                 body: u.body.forwarded(),
             };
-            let hsts = site.hsts.map(str::to_string);
-            return Decision::Forward(Forward::new(rule.clone(), fwd, u.fields, u.max_body, hsts));
+            let added = Added {
+                rules: rules::fields_for(&site.content.headers, path, std::time::SystemTime::now()),
+                hsts: site.hsts.map(str::to_string),
+            };
+            return Decision::Forward(Forward::new(rule.clone(), fwd, u.fields, max_body, added));
         }
         super::prepare(req, site).await;
         Decision::Static(super::answer_unguarded(req, site))
-    }
-
-    /// The `[[proxy]]` rule whose path matches the request's normalised path.
-    fn rule(&self) -> Option<&'a std::sync::Arc<Rule>> {
-        let content = self.site.content;
-        if content.proxy.is_empty() {
-            return None;
-        }
-        let path = pattern::route_path(&self.req.path)?;
-        content.proxy.iter().find(|r| r.path.matches(&path))
     }
 
     /// [`finish`] for this request.
@@ -170,12 +176,13 @@ impl<'a> Exchange<'a> {
 }
 
 /// The response for a forward's answer that is not streamed: an answer from the
-/// cache or a bodiless upstream answer, with HSTS; a failure's 502 or 504 (or what a
-/// request body's failure calls for) with the site's error page, HSTS and the
-/// failure in `Cache-Status`. `head_request`: no body goes with it.
+/// cache or a bodiless upstream answer, as the forward made it (with the site's
+/// fields, [`Added`]); a failure's 502 or 504 (or what a request body's failure calls
+/// for) with the path's error page, HSTS and the failure in `Cache-Status`.
+/// `head_request`: no body goes with it.
 pub fn finish(site: &Site<'_>, head_request: bool, answer: Answer) -> Response {
     match answer {
-        Answer::Response(response) => super::with_hsts(response, site),
+        Answer::Response(response) => response,
         Answer::Failed(f, cache_status) => {
             let detail = format!("{cache_status}; detail={}", f.kind.label());
             super::error_answer(f.status, site, head_request).with(Header::Field("Cache-Status".into(), detail))

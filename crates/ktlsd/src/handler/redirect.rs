@@ -1,5 +1,5 @@
 //! The redirect phase: `[[redirect]]` rules, tried in order against the normalised
-//! request path; the first that matches answers with its status and a Location
+//! request path (by the site's location tree); the first that matches answers with its status and a Location
 //! built from its `to` (`{*}` replaced by what the path's `*` matched, re-encoded;
 //! the request's query kept unless `to` has one). Before the static answer, as
 //! nginx's `return 301` and Caddy's `redir`.
@@ -39,10 +39,10 @@ const CAPTURE: &AsciiSet = &CONTROLS
     .add(b'|')
     .add(b'}');
 
-/// The redirect for `req` (whose normalised path is `path`), if a rule matches.
-pub fn phase(req: &Request, path: Option<&str>, rules: &[Redirect]) -> Option<Response> {
-    let path = path?;
-    let rule = rules.iter().find(|r| r.path.matches(path))?;
+/// The redirect for `req` (whose normalised path is `path`) by `rule`, the first that
+/// matches it (the location tree's choice).
+pub fn phase(req: &Request, path: Option<&str>, rule: Option<&Redirect>) -> Option<Response> {
+    let (path, rule) = (path?, rule?);
     let location = location(rule, path, req.query.as_deref())?;
     Some(Response::page(rule.status).with(Header::Location(location)))
 }
@@ -70,6 +70,7 @@ pub fn location(rule: &Redirect, path: &str, query: Option<&str>) -> Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::location::{Locations, Rules, SiteWide};
     use crate::handler::pattern::route_path;
 
     fn rule(path: &str, to: &str, status: u16) -> Redirect {
@@ -87,10 +88,13 @@ mod tests {
             rule("/go/*", "/{*}", 301),
             rule("/blog/*", "/never", 301),
         ];
+        let redirects = rules.to_vec();
+        let tree = Locations::new(Rules { redirects, ..Rules::default() }, SiteWide::default());
         for (target, want) in [
             ("/old", Some((301, "/new"))),
             ("/old?a=1", Some((301, "/new?a=1"))),
             ("/old/", None),
+            ("/blog", Some((308, "/posts/"))),
             ("/blog/2024/a.html?x", Some((308, "/posts/2024/a.html?x"))),
             ("/%62log/a", Some((308, "/posts/a"))),
             ("/x/../blog/a", Some((308, "/posts/a"))),
@@ -113,7 +117,8 @@ mod tests {
                 None => (target, None),
             };
             let req = Request { query: q, ..Request::new(crate::vocab::Method::Get, p) };
-            let got = phase(&req, route_path(p).as_deref(), &rules);
+            let path = route_path(p);
+            let got = phase(&req, path.as_deref(), tree.find(path.as_deref()).redirect);
             let got =
                 got.as_ref().map(|r| (r.status.0, r.header("Location").map(|h| h.to_string()).unwrap_or_default()));
             assert_eq!(got, want.map(|(s, l)| (s, l.to_string())), "{target}");

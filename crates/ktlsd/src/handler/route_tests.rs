@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use super::access::{AccessRule, Addresses};
 use super::limit::Limiter;
+use super::location::{Locations, Rules, SiteWide};
 use super::pattern::PathPattern;
 use super::redirect::Redirect;
-use super::routing::Routing;
 use super::*;
 use crate::files::Options;
 
@@ -74,11 +74,9 @@ fn request(method: Method, target: &str, host: Option<&str>, client: &str) -> Re
 fn try_files_serves_clean_urls_and_nothing_else() {
     let (_dir, root) = tree();
     let candidates = ["{path}", "{path}.html", "{path}/index.html"];
-    let content = Content {
-        routing: Routing { try_files: candidates.iter().map(|s| s.to_string()).collect(), ..Routing::NONE },
-        ..Content::NONE
-    };
-    let site = Site { root: &root, files: PLAIN, hsts: None, content: &content };
+    let site_wide = SiteWide { try_files: candidates.iter().map(|s| s.to_string()).collect(), ..SiteWide::default() };
+    let content = Content { locations: Locations::new(Rules::default(), site_wide), ..Content::NONE };
+    let site = Site::new(&root, PLAIN, None, &content);
     for (target, status, want) in [
         ("/about", 200, Some(&b"about"[..])),
         ("/about.html", 200, Some(b"about")),
@@ -111,7 +109,7 @@ fn try_files_serves_clean_urls_and_nothing_else() {
     assert_eq!((r.status.0, body(&r).len()), (200, 0));
     // After the candidates, the site's fallback still answers.
     let spa = Content { fallback: Some("/index.html".into()), ..content.clone() };
-    let site = Site { content: &spa, ..site };
+    let site = site.with_content(&spa);
     let r = handle(&request(Method::Get, "/app/route", None, "192.0.2.1"), &site);
     assert_eq!((r.status.0, body(&r)), (200, b"home".to_vec()));
 }
@@ -124,21 +122,23 @@ fn phases_run_in_order() {
         to: to.into(),
         status: Status::MOVED_PERMANENTLY,
     };
-    let content = Content {
-        routing: Routing {
-            canonical: Some("example.com".into()),
-            redirects: vec![redirect("/admin/old", "/new")],
-            access: vec![AccessRule {
-                path: Some(PathPattern::new("/admin/*").unwrap()),
-                rules: vec![(true, Addresses::parse("10.0.0.0/8").unwrap()), (false, Addresses::All)],
-            }],
-            limiter: Some(Arc::new(Limiter::new(1, Duration::from_secs(60), 1, 64))),
-            try_files: vec!["{path}.html".into()],
-        },
-        error_pages: vec![(429, "/f.txt".into())],
-        ..Content::NONE
+    let rules = Rules {
+        redirects: vec![redirect("/admin/old", "/new")],
+        access: vec![AccessRule {
+            path: Some(PathPattern::new("/admin/*").unwrap()),
+            rules: vec![(true, Addresses::parse("10.0.0.0/8").unwrap()), (false, Addresses::All)],
+        }],
+        ..Rules::default()
     };
-    let site = Site { root: &root, files: PLAIN, hsts: Some("max-age=1"), content: &content };
+    let site_wide = SiteWide {
+        rate_limit: Some(Arc::new(Limiter::new(1, Duration::from_secs(60), 1, 64))),
+        try_files: vec!["{path}.html".into()],
+        error_pages: vec![(429, "/f.txt".into())],
+        ..SiteWide::default()
+    };
+    let content =
+        Content { canonical: Some("example.com".into()), locations: Locations::new(rules, site_wide), ..Content::NONE };
+    let site = Site::new(&root, PLAIN, Some("max-age=1"), &content);
     let host = Some("example.com");
     let location = |r: &Response| r.header("Location").map(|h| h.to_string());
     let steps: Vec<(Request, u16, Option<&str>)> = vec![
@@ -184,18 +184,17 @@ fn phases_run_in_order() {
 #[test]
 fn guard_answers_as_handle_does_and_lets_the_rest_through() {
     let (_dir, root) = tree();
-    let content = Content {
-        routing: Routing {
-            access: vec![AccessRule {
-                path: Some(PathPattern::new("/api/*").unwrap()),
-                rules: vec![(false, Addresses::parse("192.0.2.0/24").unwrap())],
-            }],
-            limiter: Some(Arc::new(Limiter::new(1, Duration::from_secs(60), 1, 64))),
-            ..Routing::default()
-        },
-        ..Content::NONE
+    let rules = Rules {
+        access: vec![AccessRule {
+            path: Some(PathPattern::new("/api/*").unwrap()),
+            rules: vec![(false, Addresses::parse("192.0.2.0/24").unwrap())],
+        }],
+        ..Rules::default()
     };
-    let site = Site { root: &root, files: PLAIN, hsts: Some("max-age=1"), content: &content };
+    let site_wide =
+        SiteWide { rate_limit: Some(Arc::new(Limiter::new(1, Duration::from_secs(60), 1, 64))), ..SiteWide::default() };
+    let content = Content { locations: Locations::new(rules, site_wide), ..Content::NONE };
+    let site = Site::new(&root, PLAIN, Some("max-age=1"), &content);
     for (target, client, want) in [
         ("/api/x", "192.0.2.1", Some(403)),
         ("/api/x", "10.0.0.1", None),
@@ -203,7 +202,10 @@ fn guard_answers_as_handle_does_and_lets_the_rest_through() {
         ("/api/x", "10.0.0.1", Some(429)),
         ("/api/x", "192.0.2.1", Some(403)),
     ] {
-        let r = super::guard(&request(Method::Get, target, None, client), &site);
+        let req = request(Method::Get, target, None, client);
+        let path = super::pattern::route_path(&req.path);
+        let route = site.content.locations.find(path.as_deref());
+        let r = super::guard(&req, &site.at(&route), &route, path.as_deref());
         assert_eq!(r.as_ref().map(|r| r.status.0), want, "{target} from {client}");
         if let Some(r) = r {
             assert!(r.header("Strict-Transport-Security").is_some(), "{target}: finished as handle finishes");

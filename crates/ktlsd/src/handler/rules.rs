@@ -8,56 +8,23 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::pattern::PathPattern;
+use super::response::Header;
+
 /// Which paths a rule applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathMatch {
-    /// A glob over the path beneath ROOT (`/assets/**`, `*.js`); see [`Glob`].
-    Glob(Glob),
+    /// A path pattern of the one dialect ([`PathPattern`]: `/assets/*`, `*.js`).
+    Pattern(PathPattern),
     /// Lower-case file extensions without the dot.
     Extensions(Vec<String>),
 }
 
-/// A compiled glob (the `globset` crate, matching in linear time whatever the
-/// pattern): `*` and `?` stop at `/`, `**` crosses directories (`**/` also
-/// matches none), `[...]` is a class. A pattern without `/` names a file in any
-/// directory, as in .gitignore; one with `/` is matched against the whole path.
-#[derive(Debug, Clone)]
-pub struct Glob {
-    pattern: String,
-    matcher: globset::GlobMatcher,
-}
-
-impl PartialEq for Glob {
-    fn eq(&self, other: &Glob) -> bool {
-        self.pattern == other.pattern
-    }
-}
-
-impl Eq for Glob {}
-
-impl Glob {
-    pub fn new(pattern: &str) -> Result<Glob, String> {
-        let compiled = globset::GlobBuilder::new(pattern.trim_start_matches('/'))
-            .literal_separator(true)
-            .build()
-            .map_err(|e| format!("path {pattern:?} is not a glob: {e}"))?;
-        Ok(Glob { pattern: pattern.to_string(), matcher: compiled.compile_matcher() })
-    }
-
-    fn matches(&self, path: &str) -> bool {
-        let path = path.trim_start_matches('/');
-        match self.pattern.contains('/') {
-            true => self.matcher.is_match(path),
-            false => self.matcher.is_match(path.rsplit('/').next().unwrap_or(path)),
-        }
-    }
-}
-
 impl PathMatch {
-    /// Whether the file at `path` (beneath ROOT, starting with `/`) is matched.
+    /// Whether the path `path` (beneath ROOT, starting with `/`) is matched.
     pub fn matches(&self, path: &str) -> bool {
         match self {
-            PathMatch::Glob(g) => g.matches(path),
+            PathMatch::Pattern(p) => p.matches(path),
             PathMatch::Extensions(exts) => {
                 let name = path.rsplit('/').next().unwrap_or(path);
                 match name.rsplit_once('.') {
@@ -177,13 +144,24 @@ pub fn fields_for(rules: &[HeaderRule], path: &str, now: SystemTime) -> Fields {
 }
 
 /// The result of [`fields_for`]: fields replacing the answer's own, then fields added.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fields {
     pub set: Vec<(String, String)>,
     pub add: Vec<(String, String)>,
 }
 
 impl Fields {
+    /// Puts the fields on `headers`: `set` replacing those of the same name, `add` beside them.
+    pub fn apply(self, headers: &mut Vec<Header>) {
+        for (name, value) in self.set {
+            headers.retain(|h| !h.name().eq_ignore_ascii_case(&name));
+            headers.push(Header::Field(name.into(), value));
+        }
+        for (name, value) in self.add {
+            headers.push(Header::Field(name.into(), value));
+        }
+    }
+
     fn set(&mut self, name: &str, value: String) {
         self.set.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
         self.add.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
@@ -250,13 +228,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn globs() {
+    fn path_matches() {
+        let p = |pat: &str| PathMatch::Pattern(PathPattern::new(pat).unwrap());
         for (pat, path, want) in [
             ("*.js", "/app.js", true),
             ("*.js", "/assets/deep/app.js", true),
             ("*.js", "/app.json", false),
             ("/assets/*", "/assets/a.css", true),
-            ("/assets/*", "/assets/x/a.css", false),
+            ("/assets/*", "/assets/x/a.css", true),
             ("/assets/**", "/assets/x/a.css", true),
             ("assets/**/*.css", "/assets/a.css", true),
             ("assets/**/*.css", "/assets/x/y/a.css", true),
@@ -265,19 +244,9 @@ mod tests {
             ("/index.html", "/x/index.html", false),
             ("app.?s", "/app.js", true),
             ("app.?s", "/app.s", false),
-            ("/*", "/a/b", false),
-            ("**", "/a/b", true),
         ] {
-            assert_eq!(PathMatch::Glob(Glob::new(pat).unwrap()).matches(path), want, "{pat} {path}");
+            assert_eq!(p(pat).matches(path), want, "{pat} {path}");
         }
-        assert!(Glob::new("/assets/[").is_err(), "an unclosed class is refused at start-up");
-        // Matching stays linear: a pattern of many stars against a long path from a
-        // client answers at once (backtracking would take exponential time).
-        let stars = Glob::new("/**a**a**a**a**a**a**a**a**a**a**b").unwrap();
-        let long = format!("/{}", "a".repeat(4000));
-        let t = std::time::Instant::now();
-        assert!(!PathMatch::Glob(stars).matches(&long));
-        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
         let e = PathMatch::Extensions(vec!["css".into(), "js".into()]);
         for (path, want) in
             [("/a.css", true), ("/a.CSS", true), ("/x/a.js", true), ("/.js", false), ("/js", false), ("/a.json", false)]
@@ -303,7 +272,7 @@ mod tests {
         ] {
             assert_eq!(check_field(name, value).is_ok(), ok, "{name}: {value:?}");
         }
-        let none = HeaderRule::new(PathMatch::Glob(Glob::new("*").unwrap()), vec![], vec![], None);
+        let none = HeaderRule::new(PathMatch::Pattern(PathPattern::new("*").unwrap()), vec![], vec![], None);
         assert!(none.is_err());
     }
 
@@ -327,7 +296,7 @@ mod tests {
     fn rules_apply_in_order() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let hashed = HeaderRule::new(
-            PathMatch::Glob(Glob::new("/assets/**").unwrap()),
+            PathMatch::Pattern(PathPattern::new("/assets/**").unwrap()),
             vec![("Cache-Control".into(), "public, max-age=31536000, immutable".into())],
             vec![],
             None,

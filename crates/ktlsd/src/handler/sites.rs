@@ -23,7 +23,7 @@ pub struct NamedSite {
 
 impl NamedSite {
     pub fn site(&self) -> Site<'_> {
-        Site { root: &self.root, files: self.files, hsts: self.hsts.as_deref(), content: &self.content }
+        Site::new(&self.root, self.files, self.hsts.as_deref(), &self.content)
     }
 }
 

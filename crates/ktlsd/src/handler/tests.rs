@@ -82,7 +82,7 @@ const PLAIN: Options = Options { dotfiles: false, autoindex: false, cache_entrie
 
 impl Tree {
     fn site(&self, files: Options) -> Site<'_> {
-        Site { root: &self.root, files, hsts: None, content: Content::none() }
+        Site::new(&self.root, files, None, Content::none())
     }
 }
 
@@ -541,7 +541,7 @@ fn precompressed() -> Content {
 fn precompressed_variants_follow_accept_encoding() {
     let t = precompressed_tree();
     let content = precompressed();
-    let site = Site { content: &content, ..t.site(PLAIN) };
+    let site = t.site(PLAIN).with_content(&content);
     let identity = &b"console.log('identity')"[..];
     for (path, accept, coding, want) in [
         ("/app.js", Some("gzip, deflate, br, zstd"), Some("br"), &b"BR-BYTES"[..]),
@@ -598,7 +598,7 @@ fn precompressed_variants_follow_accept_encoding() {
 fn precompressed_variants_have_their_own_validators_and_ranges() {
     let t = precompressed_tree();
     let content = precompressed();
-    let site = Site { content: &content, ..t.site(PLAIN) };
+    let site = t.site(PLAIN).with_content(&content);
     let gz = |fields: &[(&str, &str)]| {
         let mut all = vec![("Accept-Encoding", "gzip")];
         all.extend_from_slice(fields);
@@ -643,15 +643,12 @@ fn error_pages_keep_their_status() {
     let t = tree();
     write(&t.dir.path().join("root/errors/404.html"), b"<h1>custom 404</h1>");
     write(&t.dir.path().join("root/errors/403.html"), b"<h1>custom 403</h1>");
-    let content = Content {
-        error_pages: vec![
-            (404, "/errors/404.html".into()),
-            (403, "/errors/403.html".into()),
-            (405, "/missing.html".into()),
-        ],
-        ..Content::NONE
-    };
-    let site = Site { content: &content, ..t.site(PLAIN) };
+    let error_pages =
+        vec![(404, "/errors/404.html".into()), (403, "/errors/403.html".into()), (405, "/missing.html".into())];
+    let locations =
+        location::Locations::new(Default::default(), location::SiteWide { error_pages, ..Default::default() });
+    let content = Content { locations, ..Content::NONE };
+    let site = t.site(PLAIN).with_content(&content);
     for (req, status, want) in [
         (get("/nope"), 404, Some(&b"<h1>custom 404</h1>"[..])),
         (get("/.hidden"), 404, Some(b"<h1>custom 404</h1>")),
@@ -686,7 +683,7 @@ fn fallback_only_for_paths_that_name_nothing() {
     let t = tree();
     write(&t.dir.path().join("root/app/index.html"), b"<p>app</p>");
     let content = Content { fallback: Some("/app/index.html".into()), ..Content::NONE };
-    let site = Site { content: &content, ..t.site(PLAIN) };
+    let site = t.site(PLAIN).with_content(&content);
     check(
         &site,
         &[
@@ -706,7 +703,7 @@ fn fallback_only_for_paths_that_name_nothing() {
     );
     // A fallback that is missing itself is a plain 404, not a loop.
     let content = Content { fallback: Some("/missing.html".into()), ..Content::NONE };
-    let site = Site { content: &content, ..t.site(PLAIN) };
+    let site = t.site(PLAIN).with_content(&content);
     check(&site, &[("/nope", 404, None)]);
 }
 
@@ -741,7 +738,7 @@ fn options_and_cors_preflights() {
     }
     let list = Content { cors: Some(Cors::Origins(vec!["https://a.example".into()])), ..Content::NONE };
     let any = Content { cors: Some(Cors::Any), ..Content::NONE };
-    let (list_site, any_site) = (Site { content: &list, ..plain }, Site { content: &any, ..plain });
+    let (list_site, any_site) = (plain.with_content(&list), plain.with_content(&any));
     let pre = |origin: &str, method: &str, hdrs: Option<&str>| {
         let mut f = vec![("Origin", origin), ("Access-Control-Request-Method", method)];
         if let Some(h) = hdrs {
@@ -815,19 +812,19 @@ fn header_rules_on_files_304s_and_listings() {
                 None,
             ),
             rule(
-                PathMatch::Glob(crate::handler::rules::Glob::new("/sub/**").unwrap()),
+                PathMatch::Pattern(crate::handler::pattern::PathPattern::new("/sub/**").unwrap()),
                 &[],
                 &[("X-Sub", "1"), ("X-Sub", "2")],
                 Some(Duration::from_secs(60)),
             ),
             rule(
-                PathMatch::Glob(crate::handler::rules::Glob::new("/list/").unwrap()),
+                PathMatch::Pattern(crate::handler::pattern::PathPattern::new("/list/").unwrap()),
                 &[("X-Listing", "yes")],
                 &[],
                 None,
             ),
             rule(
-                PathMatch::Glob(crate::handler::rules::Glob::new("*.txt").unwrap()),
+                PathMatch::Pattern(crate::handler::pattern::PathPattern::new("*.txt").unwrap()),
                 &[("Content-Type", "text/x-test")],
                 &[],
                 None,
@@ -835,7 +832,7 @@ fn header_rules_on_files_304s_and_listings() {
         ],
         ..Content::NONE
     };
-    let site = Site { content: &content, ..t.site(Options { autoindex: true, ..PLAIN }) };
+    let site = t.site(Options { autoindex: true, ..PLAIN }).with_content(&content);
     let r = handle(&get("/style.css"), &site);
     assert_eq!(field(&r, "Cache-Control"), ["public, max-age=31536000, immutable"]);
     let tag = header(&r, "ETag").unwrap();

@@ -16,7 +16,7 @@ use crate::files::{self, Resolved};
 
 /// The candidate path to answer `path` with, if one names something servable.
 pub fn pick(path: &str, site: &Site<'_>) -> Option<String> {
-    let candidates = &site.content.routing.try_files;
+    let candidates = site.at.try_files;
     if candidates.is_empty() || route_path(path).is_none() {
         return None;
     }

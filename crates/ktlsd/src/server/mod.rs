@@ -106,12 +106,7 @@ pub struct Http3 {
 impl Shared {
     /// The sites a connection chooses from, by Host, for each request.
     pub fn sites(&self) -> Sites<'_> {
-        let default = Site {
-            root: &self.root,
-            files: self.file_options,
-            hsts: self.config.hsts.as_deref(),
-            content: &self.config.content,
-        };
+        let default = Site::new(&self.root, self.file_options, self.config.hsts.as_deref(), &self.config.content);
         let default_client_auth = self.config.client_auth.is_some();
         Sites {
             named: &self.sites,

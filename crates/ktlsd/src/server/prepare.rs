@@ -46,6 +46,9 @@ pub fn prepare(
     acme: Option<&AcmeSites>,
 ) -> anyhow::Result<Prepared> {
     let persist = acme.is_some();
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
     let settings = tls_settings(&config);
     let identity = Identity::load(&settings, persist)?;
     let fingerprint = identity.fingerprint();
@@ -330,7 +333,8 @@ fn expiry_warning(name: &str, leaf: &[u8], now: SystemTime) -> Option<String> {
 /// Opens the store of bodies compressed on the fly, as the serving user, when a
 /// site compresses; without one every answer goes out as it is (logged).
 pub fn open_compressed_store(config: &Config) {
-    let compresses = config.content.compress.is_some() || config.sites.iter().any(|s| s.content.compress.is_some());
+    let compresses =
+        config.content.locations.compresses() || config.sites.iter().any(|s| s.content.locations.compresses());
     if !compresses {
         return;
     }

@@ -25,6 +25,7 @@ use super::upstream::{closed_early, IoFailure};
 use super::{buffers, client_fields, metrics, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
 use crate::handler::cache::{Cache, Key};
 use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
+use crate::handler::rules::Fields;
 use crate::handler::{Body, Header, Request, Response, Status};
 use crate::vocab::{BodyPath, Spliced};
 
@@ -40,9 +41,26 @@ pub struct Forward {
     fwd: Forwarding,
     fields: Vec<(String, String)>,
     max_body: u64,
-    /// The site's Strict-Transport-Security value, for a streamed head.
-    hsts: Option<String>,
+    added: Added,
     cache: Option<(Arc<Cache>, Key)>,
+}
+
+/// What the site puts on every answer it forwards from the upstream or the cache
+/// (not on the proxy's own 502 or 504, which are the site's error pages): the
+/// `[[headers]]` fields for the request's path, then Strict-Transport-Security.
+#[derive(Debug, Default)]
+pub struct Added {
+    pub rules: Fields,
+    pub hsts: Option<String>,
+}
+
+impl Added {
+    fn apply(&self, headers: &mut Vec<Header>) {
+        self.rules.clone().apply(headers);
+        if let Some(v) = &self.hsts {
+            headers.push(Header::StrictTransportSecurity(v.clone()));
+        }
+    }
 }
 
 impl Forward {
@@ -51,9 +69,9 @@ impl Forward {
         fwd: Forwarding,
         fields: Vec<(String, String)>,
         max_body: u64,
-        hsts: Option<String>,
+        added: Added,
     ) -> Forward {
-        Forward { rule, fwd, fields, max_body, hsts, cache: None }
+        Forward { rule, fwd, fields, max_body, added, cache: None }
     }
 
     /// With the cache `rule` stores into, when it caches (the sites hold it).
@@ -69,8 +87,21 @@ impl Forward {
     /// the upstream connection is closed rather than pooled, a cache fill is
     /// abandoned (its temporary file removed, lookups waiting for it woken), and a
     /// commit already under way finishes on the blocking pool with a complete body.
-    pub async fn run<D: Downstream>(self, req: &Request, d: &mut D) -> Outcome<D::Error> {
-        let Forward { rule, fwd, mut fields, max_body, hsts, cache } = self;
+    pub async fn run<D: Downstream>(mut self, req: &Request, d: &mut D) -> Outcome<D::Error> {
+        let added = std::mem::take(&mut self.added);
+        match self.exchange(req, d, &added).await {
+            Outcome::Answer { answer: Answer::Response(mut response), from_cache } => {
+                added.apply(&mut response.headers);
+                Outcome::Answer { answer: Answer::Response(response), from_cache }
+            }
+            other => other,
+        }
+    }
+
+    /// [`Forward::run`] but for the site's fields on a whole answer; a streamed head
+    /// gets them here (`added`).
+    async fn exchange<D: Downstream>(self, req: &Request, d: &mut D, added: &Added) -> Outcome<D::Error> {
+        let Forward { rule, fwd, mut fields, max_body, cache, .. } = self;
         let has_body = fwd.body.is_some();
         let pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
             Plan::Answer(response) => return answer(response, true),
@@ -149,9 +180,7 @@ impl Forward {
             }
         }
         let mut fields = client_fields(&mut head, &cache_status);
-        if let Some(v) = hsts {
-            fields.push(Header::StrictTransportSecurity(v));
-        }
+        added.apply(&mut fields);
         let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
 
         // The body bytes that came with the upstream's head (or in the wait above)

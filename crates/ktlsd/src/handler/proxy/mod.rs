@@ -24,7 +24,7 @@
 
 pub mod buffers;
 pub mod cached;
-mod forward;
+pub mod forward;
 pub mod headers;
 pub mod metrics;
 pub mod parse;
@@ -35,7 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use super::failure::{Failure, FailureKind};
-use super::rules::PathMatch;
+use super::pattern::PathPattern;
 use super::{Header, Status};
 pub use forward::Forward;
 pub use headers::Forwarding;
@@ -78,7 +78,7 @@ pub fn client_fields(head: &mut parse::Head, cache_status: &str) -> Vec<Header> 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     /// The request paths it takes.
-    pub path: PathMatch,
+    pub path: PathPattern,
     pub upstreams: Vec<Upstream>,
     /// Whether cacheable responses are stored (used by the response cache).
     pub cache: bool,
@@ -199,7 +199,7 @@ impl Upstream {
 /// Whether any of `sites` has `[[proxy]]` rules (the codecs then keep what a
 /// forwarded request needs: its fields, its body).
 pub fn any(sites: &super::Sites<'_>) -> bool {
-    !sites.default.content.proxy.is_empty() || sites.named.iter().any(|s| !s.content.proxy.is_empty())
+    sites.default.content.locations.forwards() || sites.named.iter().any(|s| s.content.locations.forwards())
 }
 
 /// Methods RFC 9110 section 9.2.2 makes idempotent.

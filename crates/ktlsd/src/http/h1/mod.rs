@@ -230,7 +230,6 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
             fields: raw.as_deref().map(handler::proxy::headers::fields_of_head).unwrap_or_default(),
             version: if head.version == Version::Http10 { "1.0" } else { "1.1" },
             body,
-            max_body,
         };
         let decision = px.decide(body, max_body, upstreamed).await;
         let pipeline::Exchange { req, site, .. } = px;

@@ -42,12 +42,8 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     fn site(&self) -> Site<'_> {
-        Site {
-            root: &self.root,
-            files: Options { dotfiles: false, autoindex: false, cache_entries: 0 },
-            hsts: self.hsts.as_deref(),
-            content: crate::handler::Content::none(),
-        }
+        let files = Options { dotfiles: false, autoindex: false, cache_entries: 0 };
+        Site::new(&self.root, files, self.hsts.as_deref(), crate::handler::Content::none())
     }
 
     async fn serve(&self, mem: &mut Memory) -> End<MemError> {

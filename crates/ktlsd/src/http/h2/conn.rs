@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::frame::{self, setting, ErrorCode, Frame, FrameError, Head};
 use super::hpack::{self, Decoded};
 use super::priority::{self, Priority};
-use super::request::{self, RequestHead};
+use crate::http::fields::{self as request, RequestHead};
 
 /// The client connection preface (RFC 9113 section 3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

@@ -33,16 +33,15 @@ mod forwarded;
 mod frame;
 mod hpack;
 mod priority;
-mod request;
 mod serve;
 
+pub use crate::http::fields::RequestHead;
 pub use conn::{BodySize, Connection, Event, Limits, StreamId, Write};
 #[cfg(test)]
 pub use conn::{RespondError, PREFACE};
 /// The HPACK coders alone, for the fuzz targets (`crate::fuzzing`).
 pub(crate) use hpack::{Decoded as HpackDecoded, Decoder as HpackDecoder, Encoder as HpackEncoder};
-pub use request::{parse as parse_fields, RequestHead};
-pub use serve::{serve, to_request, Settings};
+pub use serve::{serve, Settings};
 
 #[cfg(test)]
 mod tests;

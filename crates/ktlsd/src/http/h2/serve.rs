@@ -21,7 +21,7 @@ use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
 use crate::handler::pipeline::{self, Decision, Handshake, RequestBody};
 use crate::handler::proxy::Forward;
-use crate::handler::request::{HeaderFields, Method, Request};
+use crate::handler::request::{Method, Request};
 use crate::handler::{self, Body, Response, Site, Status};
 use crate::http::conn::{http_date_now, with_http_date_now, Logged, Sent};
 use crate::http::{Context, End, Transport};
@@ -116,7 +116,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
             match event {
                 Event::Request { stream, head, end_stream } => {
                     let started = Instant::now();
-                    let decided = match to_request(&head, peer.ip()) {
+                    let decided = match crate::http::fields::to_request(&head, peer.ip()) {
                         Ok(req) => decide(req, &head, end_stream, &ctx, conn).await,
                         Err(why) => {
                             let mut r =
@@ -222,7 +222,6 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     if let Ok(true) = r {
                         o.sent += u64::from(len);
                         o.body = Some(BodyPath::Splice);
-                        handler::proxy::metrics::body_bytes(BodyPath::Splice.label(), u64::from(len));
                         if let Some(task) = proxied.get(&stream) {
                             task.sent_from_source(u64::from(len));
                         }
@@ -389,7 +388,7 @@ async fn decide<'a>(
         (false, None) => RequestBody::Unknown,
     };
     let max_body = ctx.settings.max_body_bytes;
-    match x.decide(body, max_body, || head.upstreamed("2", body, max_body)).await {
+    match x.decide(body, max_body, || head.upstreamed("2", body)).await {
         Decision::Respond(response) | Decision::Static(response) => Decided::Answer(response),
         Decision::Forward(forward) => Decided::Forward(forward.with_cache(&ctx.sites), x.req, x.site),
     }
@@ -542,38 +541,6 @@ fn step_proxied<'a, S>(
             }
         }
     }
-}
-
-/// The handler's view of a request head: method, path and query split from
-/// `:path`, `:authority`, the conditional and range fields (HTTP/3's too), and the
-/// connection's peer address as the client's.
-pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
-    let method = Method::from_token(&head.method);
-    let target = head.path.as_deref().unwrap_or("");
-    let without_fragment = target.split('#').next().unwrap_or("");
-    let (path, query) = match without_fragment.split_once('?') {
-        Some((p, q)) => (p, Some(q.to_string())),
-        None => (without_fragment, None),
-    };
-    // `*` (OPTIONS) and CONNECT's missing path reach the handler, which refuses the method.
-    if method.is_served() && !path.starts_with('/') {
-        return Err(":path is not an absolute path");
-    }
-    let mut fields = HeaderFields::default();
-    for (name, value) in &head.headers {
-        // Conditional and range fields are ASCII; others are not looked at.
-        if let Ok(v) = std::str::from_utf8(value) {
-            fields.add(name, v);
-        }
-    }
-    Ok(Request {
-        method,
-        path: path.to_string(),
-        query,
-        authority: head.authority.clone().filter(|a| !a.is_empty()),
-        headers: fields.parse(),
-        client: Some(client.to_canonical()),
-    })
 }
 
 impl Open {

@@ -120,12 +120,8 @@ fn fixture() -> Fixture {
 
 impl Fixture {
     async fn serve(&self, mem: &mut Memory, shutdown: watch::Receiver<bool>) -> End<MemError> {
-        let site = Site {
-            root: &self.root,
-            files: Options { dotfiles: false, autoindex: false, cache_entries: 0 },
-            hsts: None,
-            content: crate::handler::Content::none(),
-        };
+        let files = Options { dotfiles: false, autoindex: false, cache_entries: 0 };
+        let site = Site::new(&self.root, files, None, crate::handler::Content::none());
         let log = AccessLog::new(None);
         let peer: SocketAddr = "192.0.2.7:4000".parse().unwrap();
         serve(

@@ -36,7 +36,7 @@ use crate::handler::pipeline::{self, Decision, Handshake, Outcome, RequestBody, 
 use crate::handler::request::Method;
 use crate::handler::{self, Body, Response, Status};
 use crate::http::conn::{http_date_now, Logged, Sent};
-use crate::http::{h2, Context, End};
+use crate::http::{fields, Context, End};
 use crate::log::RequestLine;
 use crate::vocab::RecordLayer;
 
@@ -287,12 +287,12 @@ where
     let started = Instant::now();
     let method_token = request.method().as_str().to_string();
     let target = request.uri().path_and_query().map_or_else(String::new, |p| p.as_str().to_string());
-    let head = h2::parse_fields(fields(&request));
+    let head = fields::parse(fields(&request));
     let is_head = method_token == "HEAD";
     let (parsed, forwarded) = match head
         .as_ref()
         .map_err(|e| format!("{e:?}"))
-        .and_then(|h| h2::to_request(h, ctx.peer.ip()).map(|req| (h, req)).map_err(str::to_string))
+        .and_then(|h| fields::to_request(h, ctx.peer.ip()).map(|req| (h, req)).map_err(str::to_string))
     {
         Ok((head, req)) => match pipeline::Exchange::begin(req, &ctx.sites, Handshake::Quic) {
             Ok(x) => {
@@ -378,7 +378,7 @@ enum Forwarded {
 /// as `Forward::run` says.
 async fn through<S: BidiStream<Bytes>>(
     x: &pipeline::Exchange<'_>,
-    head: &h2::RequestHead,
+    head: &fields::RequestHead,
     stream: &mut RequestStream<S, Bytes>,
     ctx: &Context<'_, Settings>,
 ) -> Forwarded {
@@ -393,7 +393,7 @@ async fn through<S: BidiStream<Bytes>>(
         None => RequestBody::Unknown,
     };
     let max_body = ctx.settings.max_body_bytes;
-    let forward = match x.decide(body, max_body, || head.upstreamed("3", body, max_body)).await {
+    let forward = match x.decide(body, max_body, || head.upstreamed("3", body)).await {
         Decision::Respond(response) | Decision::Static(response) => return Forwarded::Answer(response, false),
         Decision::Forward(forward) => forward.with_cache(&ctx.sites),
     };
@@ -545,7 +545,7 @@ mod tests {
             if let Some(h) = host {
                 b = b.header("host", h);
             }
-            h2::parse_fields(fields(&b.body(()).unwrap()))
+            fields::parse(fields(&b.body(()).unwrap()))
         };
         let ok = req("https://a.example/f?x=1", None).unwrap();
         assert_eq!((ok.authority.as_deref(), ok.path.as_deref()), (Some("a.example"), Some("/f?x=1")));

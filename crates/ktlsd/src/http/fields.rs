@@ -1,14 +1,62 @@
-//! Turning a decoded HTTP/2 field list into a request head, with the message rules
-//! of RFC 9113 section 8 (pseudo-header fields, `:method` a token, lowercase names, no
+//! Turning a decoded HTTP/2 or HTTP/3 field list into a request head, with the
+//! message rules of RFC 9113 section 8 (which RFC 9114 section 4 repeats for HTTP/3) (pseudo-header fields, `:method` a token, lowercase names, no
 //! connection-specific fields, `te: trailers` only, `:authority` and `host` checked
 //! as HTTP/1.1 checks `Host`) and the `priority` field of RFC 9218. A violation makes
 //! the request malformed: a PROTOCOL_ERROR stream error, as for every other rule of
 //! section 8.1.1, so a malformed request never reaches the handler or picks a site.
 //!
-//! Not here: what the request asks for (the handler decides), or HPACK.
+//! and into the handler's typed [`Request`] ([`to_request`]).
+//!
+//! Not here: what the request asks for (the handler decides), HPACK or QPACK.
 
-use super::priority::Priority;
+use crate::handler::request::HeaderFields;
+use crate::handler::{Method, Request};
 use crate::http::host;
+
+/// A stream's RFC 9218 priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Priority {
+    /// 0 (most urgent) to 7.
+    pub urgency: u8,
+    pub incremental: bool,
+}
+
+impl Default for Priority {
+    /// RFC 9218 section 4: urgency 3, not incremental.
+    fn default() -> Priority {
+        Priority { urgency: 3, incremental: false }
+    }
+}
+
+impl Priority {
+    /// Parses a `priority` field value (a Structured Fields dictionary, RFC 8941).
+    /// Unknown keys, parameters and out-of-range values are ignored, as RFC 9218
+    /// section 4 requires; so is anything unparsable. Absent members take their
+    /// defaults (a PRIORITY_UPDATE restates the whole field).
+    pub fn parse(value: &[u8]) -> Priority {
+        let mut p = Priority::default();
+        let Ok(text) = std::str::from_utf8(value) else { return p };
+        for member in text.split(',') {
+            // Parameters after ';' do not change the member's value.
+            let member = member.split(';').next().unwrap_or("").trim();
+            let (key, val) = match member.split_once('=') {
+                Some((k, v)) => (k.trim(), Some(v.trim())),
+                None => (member, None),
+            };
+            match (key, val) {
+                ("u", Some(v)) => {
+                    if let Ok(u @ 0..=7) = v.parse::<u8>() {
+                        p.urgency = u;
+                    }
+                }
+                ("i", None | Some("?1")) => p.incremental = true,
+                ("i", Some("?0")) => p.incremental = false,
+                _ => {}
+            }
+        }
+        p
+    }
+}
 
 /// A request's head as the HTTP layer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,10 +83,9 @@ impl RequestHead {
         &self,
         version: &'static str,
         body: crate::handler::pipeline::RequestBody,
-        max_body: u64,
     ) -> crate::handler::pipeline::Upstreamed {
         let fields = self.headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect();
-        crate::handler::pipeline::Upstreamed { method: self.method.clone(), fields, version, body, max_body }
+        crate::handler::pipeline::Upstreamed { method: self.method.clone(), fields, version, body }
     }
 
     /// The first value of field `name` (lowercase).
@@ -239,4 +286,35 @@ pub fn check_trailers(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<(), Malformed> {
         }
     }
     Ok(())
+}
+/// The handler's view of a request head: method, path and query split from
+/// `:path`, `:authority`, the conditional and range fields (HTTP/3's too), and the
+/// connection's peer address as the client's.
+pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Request, &'static str> {
+    let method = Method::from_token(&head.method);
+    let target = head.path.as_deref().unwrap_or("");
+    let without_fragment = target.split('#').next().unwrap_or("");
+    let (path, query) = match without_fragment.split_once('?') {
+        Some((p, q)) => (p, Some(q.to_string())),
+        None => (without_fragment, None),
+    };
+    // `*` (OPTIONS) and CONNECT's missing path reach the handler, which refuses the method.
+    if method.is_served() && !path.starts_with('/') {
+        return Err(":path is not an absolute path");
+    }
+    let mut fields = HeaderFields::default();
+    for (name, value) in &head.headers {
+        // Conditional and range fields are ASCII; others are not looked at.
+        if let Ok(v) = std::str::from_utf8(value) {
+            fields.add(name, v);
+        }
+    }
+    Ok(Request {
+        method,
+        path: path.to_string(),
+        query,
+        authority: head.authority.clone().filter(|a| !a.is_empty()),
+        headers: fields.parse(),
+        client: Some(client.to_canonical()),
+    })
 }
