@@ -57,13 +57,7 @@ impl Proxy {
     /// `/metrics` as `name{labels}` to value, read as written (the emulated CPU of
     /// the VMs makes starting Python's parser for each scrape too slow).
     pub fn metrics(&self) -> HashMap<String, f64> {
-        let (status, text) = admin_get(&self.sock, "/metrics");
-        assert_eq!(status, 200, "{text}");
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| l.rsplit_once(' '))
-            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
-            .collect()
+        metrics_at(&self.sock)
     }
 
     /// `/metrics` once `key` has grown from `before` by at least `want` (a worker
@@ -78,6 +72,17 @@ impl Proxy {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// `/metrics` of the admin socket `sock` as `name{labels}` to value, read as written.
+pub fn metrics_at(sock: &std::path::Path) -> HashMap<String, f64> {
+    let (status, text) = admin_get(sock, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
 }
 
 /// A metric's value, 0 when absent.

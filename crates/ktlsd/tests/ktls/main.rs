@@ -66,6 +66,7 @@ mod suites;
 mod wire;
 
 mod admin;
+mod backpressure;
 mod bad_records;
 mod cache;
 mod conformance;
