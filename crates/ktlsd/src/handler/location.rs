@@ -175,6 +175,12 @@ impl Locations {
         }
     }
 
+    /// Whether any rule or block matches by path: without one, every path gets the
+    /// site's values and the request path need not be normalised for matching.
+    pub fn matches_paths(&self) -> bool {
+        !self.entries.is_empty()
+    }
+
     /// Whether any rule forwards (for the proxy's start-up).
     pub fn forwards(&self) -> bool {
         !self.rules.proxy.is_empty()

@@ -23,9 +23,20 @@
 //! (`handler::proxy`).
 
 pub use super::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd};
+// What a codec needs of the proxy besides a `Decision`, named here so that `http/`
+// never reaches into `handler::proxy`: the forward and its failure, whether any site
+// forwards (a codec sets up for it), HTTP/1.1's fields as they go upstream and its
+// chunked decoder (request bodies), the pooled body pieces, and the count of cache-hit
+// bytes a codec sent.
+pub use super::failure::Failure;
 use super::location::Route;
+use super::proxy;
+pub use super::proxy::buffers;
 pub use super::proxy::forward::Added;
-use super::proxy::{self, Forward};
+pub use super::proxy::headers::fields_of_head;
+pub use super::proxy::metrics::hit_bytes;
+pub use super::proxy::parse::Chunked;
+pub use super::proxy::{any as forwards, Forward};
 use super::{pattern, rules, Header, Method, Pick, Request, Response, Site, Sites, Status};
 
 /// How the connection a request came on was made, for the choice of site.
@@ -74,8 +85,9 @@ pub struct Exchange<'a> {
     pub req: Request,
     /// The site, with the values of the request's path.
     pub site: Site<'a>,
-    /// The request path, percent-decoded and normalised (`None`: it cannot be, and
-    /// the static answer refuses it): what every rule matched.
+    /// The request path, percent-decoded and normalised: what every rule matched.
+    /// `None`: it cannot be (the static answer refuses it), or the site has no rule
+    /// that matches by path (none was needed).
     path: Option<String>,
     /// What the site's location tree holds for that path, matched once.
     route: Route<'a>,
@@ -112,7 +124,8 @@ impl<'a> Exchange<'a> {
         };
         match pick {
             Pick::Site(site) => {
-                let path = pattern::route_path(&req.path);
+                // Normalised only for a site with rules to match it against.
+                let path = site.content.locations.matches_paths().then(|| pattern::route_path(&req.path)).flatten();
                 let route = site.content.locations.find(path.as_deref());
                 Ok(Exchange { site: site.at(&route), req, path, route })
             }

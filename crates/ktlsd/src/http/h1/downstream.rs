@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use super::parse::Version;
 use super::write;
+use crate::handler::pipeline::{buffers, Chunked, Failure};
 use crate::handler::pipeline::{BodyError, Downstream};
-use crate::handler::proxy::parse::Chunked;
-use crate::handler::proxy::{buffers, Failure};
 use crate::handler::{Header, Response, Status};
 use crate::http::{End, Spliced, Transport};
 

@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::conn::{Logged, Sent};
 use super::{Context, End, Transport};
-use crate::handler::pipeline::{self, Answer, Decision, Handshake, Outcome, RequestBody, StreamEnd};
-use crate::handler::proxy::Forward;
+use crate::handler::pipeline::{self, Answer, Decision, Forward, Handshake, Outcome, RequestBody, StreamEnd};
 use crate::handler::{self, Body, Method, Response, Site, Status};
 use crate::log::RequestLine;
 use parse::{BadRequest, Head, Version};
@@ -109,7 +108,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
 
 impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub fn new(conn: &'c mut T, ctx: Context<'a, Settings>) -> Connection<'c, 'a, T> {
-        let proxies = handler::proxy::any(&ctx.sites);
+        let proxies = pipeline::forwards(&ctx.sites);
         Connection { conn, ctx, buf: Vec::with_capacity(2048), proxies, answered: false }
     }
 
@@ -227,7 +226,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         let max_body = self.ctx.settings.max_body_bytes;
         let upstreamed = || pipeline::Upstreamed {
             method: px.req.method.as_str().to_string(),
-            fields: raw.as_deref().map(handler::proxy::headers::fields_of_head).unwrap_or_default(),
+            fields: raw.as_deref().map(pipeline::fields_of_head).unwrap_or_default(),
             version: if head.version == Version::Http10 { "1.0" } else { "1.1" },
             body,
         };
@@ -370,7 +369,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
         };
         let body = crate::http::conn::body_path(self.conn, &response.body);
         if let (true, Some(path), Body::File { .. }) = (from_cache, body, &response.body) {
-            crate::handler::proxy::metrics::hit_bytes(path, bytes);
+            pipeline::hit_bytes(path, bytes);
         }
         let sent = Sent { status: response.status.0, bytes, started: x.started, ttfb, body };
         self.ctx.log_host(self.conn, Some(logged(&x.head)), sent, x.head.request.authority.as_deref());

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, Notify};
 
 use super::RequestHead;
 use crate::handler::pipeline::{self, Answer, BodyError, Downstream, Outcome};
-use crate::handler::proxy::{Failure, Forward};
+use crate::handler::pipeline::{Failure, Forward};
 use crate::handler::{Request, Response, Site};
 use crate::vocab::Spliced;
 

@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 use super::forwarded::{Signal, Step, Streamed};
 use super::{BodySize, Connection, Event, Limits, RequestHead, StreamId, Write};
 use crate::files::Found;
-use crate::handler::pipeline::{self, Decision, Handshake, RequestBody};
-use crate::handler::proxy::Forward;
+use crate::handler::pipeline::{self, Decision, Forward, Handshake, RequestBody};
 use crate::handler::request::{Method, Request};
 use crate::handler::{self, Body, Response, Site, Status};
 use crate::http::conn::{http_date_now, with_http_date_now, Logged, Sent};
@@ -96,7 +95,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
     // Proxied streams whose tasks are not done, and what wakes the loop for them.
     let mut proxied = HashMap::new();
     let signal = std::rc::Rc::new(Signal::default());
-    if handler::proxy::any(&ctx.sites) {
+    if pipeline::forwards(&ctx.sites) {
         h2.deliver_bodies();
     }
     let mut buf: Vec<u8> = Vec::new();
@@ -549,7 +548,7 @@ impl Open {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };
         let logged = Logged { line, referer: self.referer.as_deref(), user_agent: self.user_agent.as_deref() };
         if let (true, Some(path)) = (self.from_cache, self.body) {
-            crate::handler::proxy::metrics::hit_bytes(path, self.sent);
+            pipeline::hit_bytes(path, self.sent);
         }
         let sent =
             Sent { status: self.status, bytes: self.sent, started: self.started, ttfb: self.ttfb, body: self.body };

@@ -15,8 +15,8 @@ use h3::quic::BidiStream;
 use h3::server::RequestStream;
 
 use super::{within, Settings, Unsent};
+use crate::handler::pipeline::Failure;
 use crate::handler::pipeline::{BodyError, Downstream};
-use crate::handler::proxy::Failure;
 use crate::handler::{Response, Status};
 
 /// One request stream during a forward.

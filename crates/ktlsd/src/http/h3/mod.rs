@@ -70,7 +70,7 @@ enum Unsent {
     Stalled,
     /// A proxied body's upstream failed after the head.
     #[error("{0}")]
-    Upstream(crate::handler::proxy::Failure),
+    Upstream(pipeline::Failure),
 }
 
 /// `op` within `limit`.
@@ -335,7 +335,7 @@ where
         }
     };
     if hit {
-        handler::proxy::metrics::hit_bytes(crate::vocab::BodyPath::Copy, sent);
+        pipeline::hit_bytes(crate::vocab::BodyPath::Copy, sent);
     }
     let text = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
     let line = RequestLine { method: &method, target: &target, version: "HTTP/3.0" };
