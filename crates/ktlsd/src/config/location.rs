@@ -87,7 +87,7 @@ fn block(b: &FileLocation, site: &SiteOptions, which: &str) -> Result<Block, Con
         None => None,
     };
     let try_files = match &o.try_files {
-        Some(list) => Some(list.0.iter().map(|c| super::routing::try_file(c)).collect::<Result<_, _>>().map_err(e)?),
+        Some(list) => Some(super::routing::try_files(list).map_err(e)?),
         None => None,
     };
     let max_body_bytes = b.max_body_bytes;

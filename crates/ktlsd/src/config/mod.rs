@@ -258,7 +258,7 @@ impl Config {
         let mut warnings = location::dialect_notes(&top, "");
         for (i, s) in o.site.iter().flatten().enumerate() {
             // A site's own keys: what it inherits is noted once, at the top level.
-            let which = format!("site {} ({}): ", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
+            let which = format!("{}: ", sites::label(i, s));
             warnings.extend(location::dialect_notes(&s.site_options(&SiteOptions::default()), &which));
         }
         let sites = sites::sites(o.site.clone().unwrap_or_default(), &top)?;

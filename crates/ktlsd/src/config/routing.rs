@@ -50,7 +50,7 @@ pub fn path_rules(o: &SiteOptions, which: &str) -> Result<PathRules, ConfigError
     }
     let limiter = o.rate_limit.as_ref().map(rate_limit).transpose().map_err(|m| e(format!("rate_limit: {m}")))?;
     let try_files = match &o.try_files {
-        Some(list) => list.0.iter().map(|c| try_file(c)).collect::<Result<_, _>>().map_err(e)?,
+        Some(list) => try_files(list).map_err(e)?,
         None => Vec::new(),
     };
     Ok((redirects, access, limiter, try_files))
@@ -173,8 +173,13 @@ pub(super) fn rate_limit(r: &FileRateLimit) -> Result<Arc<Limiter>, String> {
     Ok(Arc::new(Limiter::new(r.requests, per, burst, SLOTS)))
 }
 
+/// A `try_files` list, each candidate checked ([`try_file`]).
+pub(super) fn try_files(list: &super::options::List) -> Result<Vec<String>, String> {
+    list.0.iter().map(|c| try_file(c)).collect()
+}
+
 /// A `try_files` candidate: `{path}` and a literal absolute path around it.
-pub(super) fn try_file(c: &str) -> Result<String, String> {
+fn try_file(c: &str) -> Result<String, String> {
     let literal = c.replace("{path}", "/x");
     let ok = (c.starts_with('/') || c.starts_with("{path}"))
         && !literal.contains(['{', '}', '?', '#', '%', '\\'])

@@ -53,6 +53,11 @@ pub struct SiteConfig {
     pub access_log: Option<PathBuf>,
 }
 
+/// How messages name the `i`th `[[site]]` block (from 0): `site 2 (b.example)`.
+pub fn label(i: usize, s: &FileSite) -> String {
+    format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"))
+}
+
 /// Validates the `[[site]]` blocks: names well formed and each in one site only,
 /// roots directories, `cert` and `key` together. Options a site leaves out are
 /// the top level's (`top`).
@@ -60,7 +65,7 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
     let mut out: Vec<SiteConfig> = Vec::new();
     let mut seen = std::collections::HashMap::new();
     for (i, s) in file.into_iter().enumerate() {
-        let which = format!("site {} ({})", i + 1, s.names.first().map(String::as_str).unwrap_or("no names"));
+        let which = label(i, &s);
         let names = crate::names::Names::parse(&s.names).map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
         for n in names.dns_names() {
             if let Some(other) = seen.insert(n.clone(), which.clone()) {

@@ -231,11 +231,18 @@ fn is_token_list(v: &str) -> bool {
     !v.trim().is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~, ".contains(&b))
 }
 
+/// The fields the site's header rules give `path` (the clock is read only for a
+/// site with rules).
+pub fn rule_fields(site: &Site<'_>, path: &str) -> rules::Fields {
+    match site.content.headers.is_empty() {
+        true => rules::Fields::default(),
+        false => rules::fields_for(&site.content.headers, path, std::time::SystemTime::now()),
+    }
+}
+
 /// Applies the site's header rules for the file (or listing) at `path` beneath ROOT.
 fn with_rules(headers: &mut Vec<Header>, site: &Site<'_>, path: &str) {
-    if !site.content.headers.is_empty() {
-        rules::fields_for(&site.content.headers, path, std::time::SystemTime::now()).apply(headers);
-    }
+    rule_fields(site, path).apply(headers);
 }
 
 /// [`with_rules`] for the file at `rel` beneath ROOT; its rule path (`/rel`) is

@@ -37,7 +37,7 @@ pub use super::proxy::headers::fields_of_head;
 pub use super::proxy::metrics::hit_bytes;
 pub use super::proxy::parse::Chunked;
 pub use super::proxy::{any as forwards, Forward};
-use super::{pattern, rules, Header, Method, Pick, Request, Response, Site, Sites, Status};
+use super::{pattern, Header, Method, Pick, Request, Response, Site, Sites, Status};
 
 /// How the connection a request came on was made, for the choice of site.
 #[derive(Debug, Clone, Copy)]
@@ -172,10 +172,7 @@ impl<'a> Exchange<'a> {
                 version: u.version,
                 body: u.body.forwarded(),
             };
-            let added = Added {
-                rules: rules::fields_for(&site.content.headers, path, std::time::SystemTime::now()),
-                hsts: site.hsts.map(str::to_string),
-            };
+            let added = Added { rules: super::rule_fields(site, path), hsts: site.hsts.map(str::to_string) };
             return Decision::Forward(Forward::new(rule.clone(), fwd, u.fields, max_body, added));
         }
         super::prepare(req, site).await;

@@ -152,13 +152,13 @@ pub struct Fields {
 
 impl Fields {
     /// Puts the fields on `headers`: `set` replacing those of the same name, `add` beside them.
-    pub fn apply(self, headers: &mut Vec<Header>) {
-        for (name, value) in self.set {
-            headers.retain(|h| !h.name().eq_ignore_ascii_case(&name));
-            headers.push(Header::Field(name.into(), value));
+    pub fn apply(&self, headers: &mut Vec<Header>) {
+        for (name, value) in &self.set {
+            headers.retain(|h| !h.name().eq_ignore_ascii_case(name));
+            headers.push(Header::Field(name.clone().into(), value.clone()));
         }
-        for (name, value) in self.add {
-            headers.push(Header::Field(name.into(), value));
+        for (name, value) in &self.add {
+            headers.push(Header::Field(name.clone().into(), value.clone()));
         }
     }
 

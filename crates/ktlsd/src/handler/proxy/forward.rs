@@ -56,7 +56,7 @@ pub struct Added {
 
 impl Added {
     fn apply(&self, headers: &mut Vec<Header>) {
-        self.rules.clone().apply(headers);
+        self.rules.apply(headers);
         if let Some(v) = &self.hsts {
             headers.push(Header::StrictTransportSecurity(v.clone()));
         }
