@@ -201,13 +201,14 @@ impl Locations {
             route.auth = self.rules.auth.first();
             return route;
         };
-        let mut candidates: Vec<u32> = Vec::new();
+        // The rules filed along the path: a handful, kept off the heap.
+        let mut candidates: smallvec::SmallVec<[u32; 16]> = smallvec::SmallVec::new();
         let mut node = &self.tree;
-        candidates.extend(&node.here);
+        candidates.extend_from_slice(&node.here);
         for seg in path.split('/').filter(|s| !s.is_empty()) {
             let Some(next) = node.next.get(seg) else { break };
             node = next;
-            candidates.extend(&node.here);
+            candidates.extend_from_slice(&node.here);
         }
         candidates.sort_unstable();
         // The most specific block seen so far for each value: (specificity, block).

@@ -24,6 +24,10 @@ pub struct PathPattern {
     matcher: Option<globset::GlobMatcher>,
     /// The directory a `/dir/*` pattern also covers (`/dir`), when it is literal.
     dir: Option<String>,
+    /// `/dir/` of a pattern that is only `/dir/*` or `/dir/**` with `dir` literal: the
+    /// common proxied or guarded tree, matched by its prefix instead of the glob
+    /// (the same answer; a test holds them equal).
+    prefix: Option<String>,
 }
 
 impl PartialEq for PathPattern {
@@ -58,14 +62,15 @@ impl PathPattern {
             false => format!("*/{pattern}"),
         };
         if !anchored.contains(GLOB_CHARS) {
-            return Ok(PathPattern { pattern: pattern.to_string(), matcher: None, dir });
+            return Ok(PathPattern { pattern: pattern.to_string(), matcher: None, dir, prefix: None });
         }
+        let prefix = dir.as_ref().map(|d| format!("{d}/"));
         let glob = globset::GlobBuilder::new(&anchored)
             .literal_separator(false)
             .backslash_escape(false)
             .build()
             .map_err(|e| format!("path {pattern:?} is not a glob: {e}"))?;
-        Ok(PathPattern { pattern: pattern.to_string(), matcher: Some(glob.compile_matcher()), dir })
+        Ok(PathPattern { pattern: pattern.to_string(), matcher: Some(glob.compile_matcher()), dir, prefix })
     }
 
     /// The pattern as written.
@@ -75,9 +80,10 @@ impl PathPattern {
 
     /// Whether the normalised request path `path` is matched.
     pub fn matches(&self, path: &str) -> bool {
-        match &self.matcher {
-            None => self.pattern == path,
-            Some(m) => m.is_match(path) || self.dir.as_deref() == Some(path),
+        match (&self.matcher, &self.prefix) {
+            (None, _) => self.pattern == path,
+            (Some(_), Some(prefix)) => path.starts_with(prefix.as_str()) || self.dir.as_deref() == Some(path),
+            (Some(m), None) => m.is_match(path) || self.dir.as_deref() == Some(path),
         }
     }
 
@@ -132,6 +138,12 @@ impl PathPattern {
 pub fn route_path(raw: &str) -> Option<String> {
     if !raw.starts_with('/') {
         return None;
+    }
+    // Most paths have nothing to decode or resolve: they are their own normal form.
+    let plain =
+        !raw.contains(['%', '\0']) && !raw.contains("//") && raw.split('/').all(|seg| seg != "." && seg != "..");
+    if plain {
+        return Some(raw.to_string());
     }
     let decoded = percent_encoding::percent_decode_str(raw).collect::<Vec<u8>>();
     if decoded.contains(&0) || has_bad_escape(raw) {
@@ -191,6 +203,10 @@ mod tests {
             ("/a%2", None),
             ("a", None),
             ("/%ff", Some("/\u{fffd}")),
+            ("/a/.", Some("/a")),
+            ("/a/..", Some("/")),
+            ("/.a/..b", Some("/.a/..b")),
+            ("/a/b/c.html", Some("/a/b/c.html")),
         ] {
             assert_eq!(route_path(raw).as_deref(), want, "{raw}");
         }
@@ -238,6 +254,21 @@ mod tests {
         let t = std::time::Instant::now();
         assert!(!stars.matches(&long));
         assert!(t.elapsed() < std::time::Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn prefix_patterns_match_as_their_glob_does() {
+        let paths = ["/", "/a", "/a/", "/a/b", "/a/b/", "/ab", "/ab/c", "/a/b/c.html", "/b/a/", "/a//", "/a/.x"];
+        for pattern in ["/a/*", "/a/**", "/a/b/*", "/a/b/**"] {
+            let fast = PathPattern::new(pattern).unwrap();
+            assert!(fast.prefix.is_some(), "{pattern}");
+            let glob = PathPattern { prefix: None, ..fast.clone() };
+            for path in paths {
+                assert_eq!(fast.matches(path), glob.matches(path), "{pattern} {path}");
+            }
+        }
+        assert!(PathPattern::new("/a/*.css").unwrap().prefix.is_none());
+        assert!(PathPattern::new("/a*/*").unwrap().prefix.is_none());
     }
 
     #[test]

@@ -209,9 +209,18 @@ fn is_head(req: &Request) -> bool {
 /// other segment as sent, so that the upstream resolves it to the path the rule
 /// matched; `None` when it climbs above the root.
 pub fn upstream_target(path: &str, query: Option<&str>) -> Option<String> {
+    // Whether `seg` is `dots` dots once decoded (`.` or `%2e` each), without decoding it.
     let is_dot = |seg: &str, dots: usize| {
-        let decoded = percent_encoding::percent_decode_str(seg).collect::<Vec<u8>>();
-        decoded.len() == dots && decoded.iter().all(|&b| b == b'.')
+        let (mut b, mut n) = (seg.as_bytes(), 0);
+        while let Some((&c, rest)) = b.split_first() {
+            match (c, rest) {
+                (b'.', _) => b = rest,
+                (b'%', [b'2', e, tail @ ..]) if e.eq_ignore_ascii_case(&b'e') => b = tail,
+                _ => return false,
+            }
+            n += 1;
+        }
+        n == dots
     };
     let mut out = String::with_capacity(path.len() + query.map_or(0, |q| q.len() + 1));
     if path.split('/').any(|s| is_dot(s, 1) || is_dot(s, 2)) {
