@@ -414,3 +414,17 @@ pub fn config_text(dir: &Path, text: &str, vars: &dyn Fn(&str) -> Option<String>
     }
     Config::from_options(options, Some(&path)).map(drop).map_err(|e| e.to_string())
 }
+
+// ---- PROXY protocol headers ----
+
+/// `server::proxy_protocol::parse`: `Some((length, client address))` for a whole
+/// header at the start of `bytes`, `None` for the beginning of one, `Err` for a refusal.
+#[allow(clippy::type_complexity)]
+pub fn proxy_header(bytes: &[u8]) -> Result<Option<(usize, Option<std::net::SocketAddr>)>, String> {
+    use crate::server::proxy_protocol::{parse, Parsed};
+    match parse(bytes) {
+        Parsed::Header { len, source } => Ok(Some((len, source))),
+        Parsed::Partial => Ok(None),
+        Parsed::Bad(why) => Err(why),
+    }
+}

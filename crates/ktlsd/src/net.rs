@@ -192,3 +192,26 @@ pub async fn ready(stream: &TcpStream, interest: Interest, timeout: Duration) ->
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "peer made no progress within the timeout")),
     }
 }
+
+/// Whether `bytes`, the first of a connection, begin a PROXY protocol header (of
+/// either version), so that one from a source not in `proxy_protocol_from` is
+/// told apart from a mistaken client.
+pub fn begins_with_proxy_header(bytes: &[u8]) -> bool {
+    const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
+    bytes.starts_with(b"PROXY ") || (bytes.len() >= 5 && V2_SIGNATURE.starts_with(&bytes[..bytes.len().min(12)]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_beginnings() {
+        assert!(begins_with_proxy_header(b"PROXY TCP4 "));
+        assert!(begins_with_proxy_header(b"\r\n\r\n\0\r\nQUIT\n\x21"));
+        assert!(begins_with_proxy_header(b"\r\n\r\n\0"));
+        assert!(!begins_with_proxy_header(b"\r\n"));
+        assert!(!begins_with_proxy_header(b"GET / HTTP/1.1\r\n"));
+        assert!(!begins_with_proxy_header(b"\x16\x03\x01"));
+    }
+}

@@ -1,5 +1,6 @@
-//! The listen section: the HTTPS addresses (`listen`), the plain-HTTP ones (`http_listen`)
-//! and the worker threads accepting on them (`workers`).
+//! The listen section: the HTTPS addresses (`listen`), the plain-HTTP ones (`http_listen`),
+//! the load balancers whose connections begin with a PROXY protocol header
+//! (`proxy_protocol_from`) and the worker threads accepting on them (`workers`).
 //!
 //! Only parsed and checked against each other here; binding is the server's.
 
@@ -41,6 +42,20 @@ pub fn http_listen(o: &Options, listen: &[SocketAddr]) -> Result<Vec<SocketAddr>
     Ok(http_listen)
 }
 
+/// `proxy_protocol_from`: addresses or CIDR ranges.
+pub fn proxy_protocol_from(o: &Options) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    let mut nets = Vec::new();
+    for s in o.proxy_protocol_from.iter().flatten() {
+        let net = match (s.parse::<ipnet::IpNet>(), s.parse::<std::net::IpAddr>()) {
+            (Ok(net), _) => net.trunc(),
+            (_, Ok(ip)) => ipnet::IpNet::from(ip),
+            _ => return err(format!("proxy_protocol_from {s:?} is not an address or a CIDR range (e.g. 10.0.0.0/8)")),
+        };
+        nets.push(net);
+    }
+    Ok(nets)
+}
+
 /// Worker threads: 1 to 1024, one per CPU by default.
 pub fn workers(o: &Options) -> Result<usize, ConfigError> {
     match o.workers {
@@ -54,6 +69,21 @@ pub fn workers(o: &Options) -> Result<usize, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_protocol_ranges() {
+        let o = |s: &[&str]| Options {
+            proxy_protocol_from: Some(s.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        };
+        let nets = proxy_protocol_from(&o(&["10.0.0.0/8", "192.0.2.1", "2001:db8::/32", "10.1.2.3/8"])).unwrap();
+        let want: Vec<ipnet::IpNet> =
+            ["10.0.0.0/8", "192.0.2.1/32", "2001:db8::/32", "10.0.0.0/8"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(nets, want);
+        assert!(proxy_protocol_from(&o(&["10.0.0.0/33"])).is_err());
+        assert!(proxy_protocol_from(&o(&["lb.example"])).is_err());
+        assert!(proxy_protocol_from(&Options::default()).unwrap().is_empty());
+    }
 
     #[test]
     fn listen_and_http_listen() {

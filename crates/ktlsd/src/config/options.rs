@@ -272,6 +272,9 @@ schema! {
         /// Plain-HTTP address answering with a redirect to HTTPS and ACME HTTP-01 challenges from ROOT/.well-known/acme-challenge/ (repeatable; e.g. 0.0.0.0:80, [::]:80) [default: none]
         #[arg(long, value_name = "ADDR")]
         http_listen: Vec<String>,
+        /// Source addresses or CIDR ranges of load balancers whose connections begin with a PROXY protocol header (version 1 or 2; HAProxy's send-proxy, send-proxy-v2), on the HTTPS and plain-HTTP ports: its source address is then the client's everywhere (access log, [[access]], limits, X-Forwarded-For); a connection from these ranges without a header, or from elsewhere with one, is closed (repeatable) [default: none]
+        #[arg(long, value_name = "CIDR")]
+        proxy_protocol_from: Vec<String>,
         /// User to serve as once the listeners are bound and the keys read (needed when started as root) [default: none]
         #[arg(long, value_name = "NAME", help_heading = PRIVILEGES)]
         user: String,

@@ -40,6 +40,7 @@ mod per_ip;
 mod plain;
 mod prepare;
 mod privileges;
+pub(crate) mod proxy_protocol;
 mod reload;
 mod signals;
 mod startup;

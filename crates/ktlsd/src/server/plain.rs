@@ -141,11 +141,30 @@ async fn accept_loop(
 
 async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target: &Target, log: &AccessLog) {
     let cfg = &shared.config;
+    let balancer = peer;
+    let peer = match super::proxy_protocol::covers(&cfg.proxy_protocol_from, peer.ip()) {
+        false => peer,
+        true => match super::proxy_protocol::read_header(&stream, peer, cfg.timeouts.header).await {
+            Ok(client) => client,
+            Err(e) => {
+                crate::log::refusal(400, "PROXY protocol", || {
+                    format!("plain-HTTP connection from the load balancer {balancer} closed: {e}")
+                });
+                return;
+            }
+        },
+    };
     let started = Instant::now();
     let deadline = started + cfg.timeouts.header;
     let mut buf = vec![0u8; MAX_HEAD];
     let mut len = 0;
     let parsed = loop {
+        if balancer == peer && crate::net::begins_with_proxy_header(&buf[..len]) {
+            crate::log::refusal(400, "PROXY protocol", || {
+                format!("plain-HTTP connection from {peer} closed: a PROXY protocol header, and its address is not in proxy_protocol_from")
+            });
+            return;
+        }
         match parse::parse(&buf[..len], MAX_HEAD) {
             Ok(Some((req, _))) => break Ok(req),
             Ok(None) => {}

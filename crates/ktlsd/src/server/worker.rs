@@ -33,7 +33,7 @@
 mod quic;
 
 use std::cell::{Cell, RefCell};
-use std::net::{SocketAddr, TcpListener as StdListener, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener as StdListener, UdpSocket};
 use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -47,7 +47,8 @@ use tokio::sync::{watch, Notify};
 use tokio::task::LocalSet;
 
 use super::live_listeners::ListenerSet;
-use super::per_ip::PerIp;
+use super::per_ip::{self, PerIp};
+use super::proxy_protocol;
 use super::{Current, Shared};
 use crate::fds;
 use crate::http::{self, h1, h2, End};
@@ -389,20 +390,18 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                     refuse(stream, peer, &worker, &why);
                     continue;
                 };
-                let per_ip = match cfg.max_connections_per_ip {
-                    Some(n) => n.get(),
-                    None => super::per_ip::default_limit(cfg.workers, cap),
-                };
-                let Some(counted) = PerIp::enter(&worker.per_ip, peer.ip(), per_ip) else {
-                    Stats::bump(&worker.metrics.stats.connections_refused_per_ip);
-                    let default = if cfg.max_connections_per_ip.is_none() {
-                        " (the default: a quarter of the server's connections)"
-                    } else {
-                        ""
-                    };
-                    let why = format!("its address holds max_connections_per_ip {per_ip}{default}");
-                    refuse(stream, peer, &worker, &why);
-                    continue;
+                // A load balancer's connection is counted by the client's address its
+                // PROXY protocol header names, once read.
+                let balanced = proxy_protocol::covers(&cfg.proxy_protocol_from, peer.ip());
+                let counted = match balanced {
+                    true => None,
+                    false => match enter_per_ip(&worker, cfg, cap, peer.ip()) {
+                        Ok(counted) => Some(counted),
+                        Err(why) => {
+                            refuse(stream, peer, &worker, &why);
+                            continue;
+                        }
+                    },
                 };
                 let active = Active::new(worker.tasks.clone(), peer);
                 let w = worker.clone();
@@ -410,6 +409,13 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                 tokio::task::spawn_local(async move {
                     let _active = active;
                     let _counted = (counted, fd);
+                    let (peer, _counted_client) = match balanced {
+                        false => (peer, None),
+                        true => match from_balancer(&stream, peer, &w, &shared, cap).await {
+                            Some((client, counted)) => (client, Some(counted)),
+                            None => return,
+                        },
+                    };
                     connection(stream, peer, &w, &shared, signals).await;
                 });
             }
@@ -438,6 +444,63 @@ async fn accept_loop(listener: TcpListener, worker: Rc<Worker>, stop: watch::Rec
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+        }
+    }
+}
+
+/// Counts a connection from `ip` against `max_connections_per_ip`; `Err` says why
+/// it is refused (counted here, closed by the caller).
+fn enter_per_ip(worker: &Worker, cfg: &crate::config::Config, cap: usize, ip: IpAddr) -> Result<per_ip::Slot, String> {
+    let per_ip = match cfg.max_connections_per_ip {
+        Some(n) => n.get(),
+        None => super::per_ip::default_limit(cfg.workers, cap),
+    };
+    PerIp::enter(&worker.per_ip, ip, per_ip).ok_or_else(|| {
+        Stats::bump(&worker.metrics.stats.connections_refused_per_ip);
+        let default = match cfg.max_connections_per_ip {
+            None => " (the default: a quarter of the server's connections)",
+            Some(_) => "",
+        };
+        format!("its address holds max_connections_per_ip {per_ip}{default}")
+    })
+}
+
+/// Reads the PROXY protocol header a load balancer's connection begins with, within
+/// the handshake timeout, and counts the client it names against
+/// `max_connections_per_ip`: the client's address and its count, or `None` when
+/// the connection was closed (a missing, malformed or late header is logged as
+/// a failed handshake is, and counted as one).
+async fn from_balancer(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    worker: &Worker,
+    shared: &Shared,
+    cap: usize,
+) -> Option<(SocketAddr, per_ip::Slot)> {
+    let cfg = &shared.config;
+    let client = match proxy_protocol::read_header(stream, peer, cfg.timeouts.handshake).await {
+        Ok(client) => client,
+        Err(e) => {
+            let stats = &worker.metrics.stats;
+            Stats::bump(&stats.handshake_failures);
+            Stats::bump(&stats.handshake_protocol_errors);
+            let (log, suppressed) = worker.handshake_log.check(Instant::now());
+            log_suppressed_handshakes(suppressed);
+            if log {
+                tracing::info!("connection from the load balancer {peer} closed: {e}");
+            }
+            return None;
+        }
+    };
+    match enter_per_ip(worker, cfg, cap, client.ip()) {
+        Ok(counted) => Some((client, counted)),
+        Err(why) => {
+            let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
+            let (log, _) = worker.refusal_log.check(Instant::now());
+            if log {
+                tracing::warn!("refused the connection from {client} (through {peer}): {why}");
+            }
+            None
         }
     }
 }

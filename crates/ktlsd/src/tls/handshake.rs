@@ -80,6 +80,8 @@ pub enum HandshakeError {
     TooLarge(usize),
     #[error("plain HTTP request on the TLS port (answered 400)")]
     PlainHttp,
+    #[error("a PROXY protocol header, and the client's address is not in proxy_protocol_from")]
+    ProxyHeader,
 }
 
 /// The reason a handshake failed, as counted and logged.
@@ -119,6 +121,7 @@ impl HandshakeError {
             }
             HandshakeError::ClientAlert(_) => FailureKind::ClientAlert,
             HandshakeError::PlainHttp => FailureKind::PlainHttp,
+            HandshakeError::ProxyHeader => FailureKind::Protocol,
         }
     }
 }
@@ -471,12 +474,20 @@ async fn sniff_plain_http(
     while incoming.filled < HEADER_LEN {
         read_before(stream, incoming, incoming.filled..HEADER_LEN, deadline).await?;
     }
+    // A load balancer's header where it was not expected: told apart from a
+    // mistaken client, and closed without an answer.
+    if crate::net::begins_with_proxy_header(&incoming.buf[..incoming.filled]) {
+        return Err(HandshakeError::ProxyHeader);
+    }
     // TLS content types are 20..=24; an uppercase letter is never one.
     if !incoming.buf[0].is_ascii_uppercase() {
         return Ok(false);
     }
     loop {
         match looks_like_http(&incoming.buf[..incoming.filled]) {
+            Some(true) if crate::net::begins_with_proxy_header(&incoming.buf[..incoming.filled]) => {
+                return Err(HandshakeError::ProxyHeader)
+            }
             Some(verdict) => return Ok(verdict),
             None if incoming.filled >= SNIFF_LEN => return Ok(false),
             None => read_before(stream, incoming, incoming.filled..SNIFF_LEN, deadline).await?,
