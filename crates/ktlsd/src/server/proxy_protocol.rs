@@ -102,8 +102,34 @@ pub enum Parsed {
     Bad(String),
 }
 
-/// Parses the header at the start of `bytes`.
+/// The longest version 1 header, its CRLF included.
+const V1_MAX: usize = 107;
+
+/// Parses the header at the start of `bytes`. A version 1 header is framed here
+/// (one line, at most 107 bytes, ended by CRLF) and only that line is given to the
+/// parser, so that what follows it never changes the verdict.
 pub fn parse(bytes: &[u8]) -> Parsed {
+    if bytes.starts_with(b"PROXY ") {
+        let window = &bytes[..bytes.len().min(V1_MAX)];
+        return match window.iter().position(|&b| b == b'\n') {
+            None if bytes.len() >= V1_MAX => Parsed::Bad(format!("version 1: no CRLF within {V1_MAX} bytes")),
+            None => Parsed::Partial,
+            Some(nl) if window[nl - 1] != b'\r' => Parsed::Bad("version 1: a line feed without a carriage return".into()),
+            Some(nl) => match parse_parts(&bytes[..=nl]) {
+                Parsed::Header { len, source } if len == nl + 1 => Parsed::Header { len, source },
+                Parsed::Bad(why) => Parsed::Bad(why),
+                _ => Parsed::Bad("version 1: not a whole header line".into()),
+            },
+        };
+    }
+    if b"PROXY ".starts_with(bytes) {
+        return Parsed::Partial;
+    }
+    parse_parts(bytes)
+}
+
+/// [`parse`] by the `ppp` crate alone.
+fn parse_parts(bytes: &[u8]) -> Parsed {
     let result = HeaderResult::parse(bytes);
     if result.is_incomplete() {
         return Parsed::Partial;
@@ -177,6 +203,8 @@ mod tests {
             (&v2_local, Parsed::Header { len: 16, source: None }),
             (&v2_tcp6, Parsed::Header { len: 52, source: ok("2001:db8::7", 443) }),
             (&v1[..20], Parsed::Partial),
+            (b"PRO", Parsed::Partial),
+            (b"", Parsed::Partial),
             (&v2_tcp4[..14], Parsed::Partial),
             (&v2_tcp4[..20], Parsed::Partial),
         ] {
@@ -188,6 +216,9 @@ mod tests {
             b"PROXY TCP4 203.0.113.300 10.0.0.1 1 2\r\n",
             b"PROXY TCP4 203.0.113.7 10.0.0.1 1\r\n",
             b"PROXY TCP9 1.2.3.4 1.2.3.4 1 2\r\n",
+            // Found by fuzzing: a bare line feed, which the parser took for an UNKNOWN header's end.
+            b"PROXY UNKNOWN TC 4  13KN/////////// \n)\0\r\n",
+            b"PROXY UNKNOWN x\n",
         ] {
             assert!(matches!(parse(bad), Parsed::Bad(_)), "{bad:?}");
         }
