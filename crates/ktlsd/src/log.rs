@@ -318,6 +318,11 @@ impl AccessLog {
         *self.custom.borrow_mut() = template;
     }
 
+    /// The worker's metrics the entries are counted in, if any.
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_deref()
+    }
+
     /// Counts every entry in `metrics` too (the worker's own).
     pub fn counting(mut self, metrics: Arc<Metrics>) -> AccessLog {
         self.metrics = Some(metrics);

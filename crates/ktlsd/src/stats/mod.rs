@@ -114,6 +114,27 @@ impl Stats {
     }
 }
 
+/// Counts a connection in a gauge (`traffic.idle`) while it lives: its worker's own,
+/// so created and dropped on that worker's thread only.
+pub struct Gauged<'a>(Option<&'a Counter>);
+
+impl<'a> Gauged<'a> {
+    pub fn new(c: Option<&'a Counter>) -> Gauged<'a> {
+        if let Some(c) = c {
+            Stats::bump(c);
+        }
+        Gauged(c)
+    }
+}
+
+impl Drop for Gauged<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            Stats::drop_one(c);
+        }
+    }
+}
+
 /// One worker's figures: its counters and its traffic metrics, shared with the
 /// admin listener (which only reads them).
 #[derive(Debug, Default)]

@@ -166,6 +166,8 @@ pub struct Traffic {
     pub requests: [[Counter; 3]; 5],
     /// Body bytes sent, by [`RecordLayer`].
     pub body_bytes: [Counter; 3],
+    /// HTTP/1.1 connections waiting for their next request now (a gauge).
+    pub idle: Counter,
     /// Requests answered, by [`HttpVersion`].
     pub requests_by_protocol: [Counter; 3],
     /// Body bytes sent, by how they left: [`BodyPath`] (sendfile, copy, splice).
@@ -196,6 +198,7 @@ impl Default for Traffic {
             handshakes_resumed: Counter::new(0),
             requests: Default::default(),
             body_bytes: Default::default(),
+            idle: Counter::new(0),
             requests_by_protocol: Default::default(),
             body_by_path: Default::default(),
             plain_requests: Default::default(),
@@ -304,6 +307,7 @@ impl Traffic {
             (&self.over_initial_window, &other.over_initial_window),
             (&self.tcp_samples, &other.tcp_samples),
             (&self.lossy, &other.lossy),
+            (&self.idle, &other.idle),
         ] {
             Stats::add_to(x, y.load(Relaxed));
         }

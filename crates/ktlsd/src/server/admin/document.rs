@@ -85,6 +85,9 @@ pub struct Connections {
     pub open: u64,
     /// Accepted TCP connections whose handshake has not ended yet.
     pub handshaking: u64,
+    /// HTTP/1.1 connections waiting for their next request (HTTP/2 and HTTP/3
+    /// connections are not counted: their idleness is not tracked).
+    pub idle_h1: u64,
     /// Open connections by record layer: `ktls`, `userspace`, `quic`.
     pub by_record_layer: BTreeMap<&'static str, u64>,
     /// Open connections by protocol: `h1`, `h2`, `h3`.
@@ -454,6 +457,7 @@ pub fn document(state: &State, current: &Current, history: &mut History, since: 
         connections: Connections {
             open: RecordLayer::ALL.into_iter().map(open_by).sum(),
             handshaking,
+            idle_h1: Stats::get(&t.idle),
             by_record_layer: RecordLayer::ALL.into_iter().map(|l| (l.label(), open_by(l))).collect(),
             by_protocol: [("h1", HttpVersion::Http1), ("h2", HttpVersion::Http2), ("h3", HttpVersion::Http3)]
                 .into_iter()

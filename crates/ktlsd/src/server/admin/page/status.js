@@ -73,6 +73,7 @@
       card('rps-h3', 'HTTP/3 req/s', rate(r.h3), r.h3),
       card('requests-total', 'requests since start', num(n.requests_total.total), n.requests_total.total),
       card('connections-open', 'connections open', num(c.open), c.open),
+      card('connections-idle', 'idle (HTTP/1.1)', num(c.idle_h1), c.idle_h1),
       card('connections-handshaking', 'handshaking', num(c.handshaking), c.handshaking),
       card('ktls-share', 'kTLS share (TCP connections)', pct(n.tls.ktls_share), n.tls.ktls_share),
       card('sendfile-share', 'body bytes by sendfile', pct(n.body_bytes.sendfile_share), n.body_bytes.sendfile_share),
