@@ -15,6 +15,13 @@ use crate::handler::proxy::Upstream;
 /// The realm of the admin's Basic authentication.
 const REALM: &str = "ktlsd admin";
 
+/// Most credential checks under way at once (each a bcrypt or argon2 hash on the
+/// blocking pool); more get 503 rather than a thread each.
+const MAX_CHECKS: usize = 4;
+
+/// Credential checks under way.
+static CHECKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Longest `upstream=` value taken.
 const MAX_UPSTREAM: usize = 300;
 
@@ -118,10 +125,17 @@ pub async fn act(req: &Request<'_>, state: &State, action: Action) -> Reply {
     let Some((user, password)) = req.header("authorization").and_then(crate::handler::auth::credentials) else {
         return challenge();
     };
-    // bcrypt and argon2 take milliseconds: off the admin's event loop.
+    // bcrypt and argon2 take milliseconds: off the admin's event loop, a few at a time.
+    use std::sync::atomic::Ordering::Relaxed;
+    if CHECKS.fetch_add(1, Relaxed) >= MAX_CHECKS {
+        CHECKS.fetch_sub(1, Relaxed);
+        return Reply::text("503 Service Unavailable", "too many admin credential checks at once; try again\n")
+            .header("Retry-After", "1".into());
+    }
     let users = auth.users.clone();
     let checked_user = user.clone();
     let ok = tokio::task::spawn_blocking(move || users.check(&checked_user, &password)).await.unwrap_or(false);
+    CHECKS.fetch_sub(1, Relaxed);
     if !ok {
         crate::stats::AUTH_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::warn!("admin: refused {} for user {user:?}: wrong credentials", req.path());
