@@ -53,6 +53,9 @@ pub enum Command {
         /// The server's admin address: IP:PORT or a Unix socket path.
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9443")]
         admin: String,
+        /// Print the status page's document (/status.json, documented in docs/operations.md) as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Write the man pages or a shell completion script (for packagers).
     #[command(hide = true)]

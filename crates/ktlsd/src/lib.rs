@@ -54,7 +54,7 @@ pub fn main() -> ExitCode {
         cli::Command::Config(args) => config::print_effective(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Generate { what } => cli::generate(what).map(|()| ExitCode::SUCCESS),
         cli::Command::Doctor { json } => doctor::run(json),
-        cli::Command::Status { admin } => server::admin::print_status(&admin).map(|()| ExitCode::SUCCESS),
+        cli::Command::Status { admin, json } => server::admin::print_status(&admin, json).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -71,6 +71,18 @@ pub struct AccessEntry<'a> {
     pub site: &'a str,
 }
 
+/// The HTTP version an entry's request came over: QUIC carries HTTP/3 only; the
+/// request line says HTTP/2 (`HTTP/2.0`); anything else is HTTP/1.x.
+fn protocol_of(e: &AccessEntry<'_>) -> crate::vocab::HttpVersion {
+    use crate::vocab::HttpVersion;
+    match (e.layer, e.request.map(|r| r.version)) {
+        (RecordLayer::Quic, _) => HttpVersion::Http3,
+        (_, Some(v)) if v.starts_with("HTTP/2") => HttpVersion::Http2,
+        (_, Some(v)) if v.starts_with("HTTP/3") => HttpVersion::Http3,
+        _ => HttpVersion::Http1,
+    }
+}
+
 /// What a request asked, as received.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestLine<'a> {
@@ -306,6 +318,11 @@ impl AccessLog {
         *self.custom.borrow_mut() = template;
     }
 
+    /// The worker's metrics the entries are counted in, if any.
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_deref()
+    }
+
     /// Counts every entry in `metrics` too (the worker's own).
     pub fn counting(mut self, metrics: Arc<Metrics>) -> AccessLog {
         self.metrics = Some(metrics);
@@ -372,6 +389,7 @@ impl AccessLog {
             Some(m) if self.plain => m.traffic.plain_request(e.status),
             Some(m) => {
                 m.traffic.request(e.request.map(|r| r.method), e.status, e.layer, e.bytes, elapsed, e.ttfb);
+                m.traffic.carried(protocol_of(e), e.body, e.bytes);
                 m.sites.count(e.site, e.status, e.bytes);
             }
             None => {}

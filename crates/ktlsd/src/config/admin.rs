@@ -1,10 +1,14 @@
 //! The admin section: where the admin listener (metrics, status, advisor) listens,
-//! and whether it may be public (`admin`, `admin_public`).
+//! whether it may be public (`admin`, `admin_public`), and who may act through it
+//! (`admin_auth`: an htpasswd file, read and checked here).
 //!
 //! The listener itself is `server::admin`'s.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::handler::htpasswd::Users;
 
 use super::options::Options;
 use super::{err, ConfigError};
@@ -37,6 +41,35 @@ impl AdminAddr {
             ))
         })
     }
+}
+
+/// The users of `admin_auth`, read when the configuration is.
+#[derive(Clone)]
+pub struct AdminAuth {
+    /// The htpasswd file they came from.
+    pub file: PathBuf,
+    pub users: Arc<Users>,
+}
+
+impl std::fmt::Debug for AdminAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AdminAuth({})", self.file.display())
+    }
+}
+
+impl PartialEq for AdminAuth {
+    fn eq(&self, other: &AdminAuth) -> bool {
+        self.file == other.file && self.users == other.users
+    }
+}
+
+impl Eq for AdminAuth {}
+
+/// `admin_auth`: the htpasswd file read and its hashes checked (bcrypt or argon2 only).
+pub fn admin_auth(o: &Options) -> Result<Option<AdminAuth>, ConfigError> {
+    let Some(file) = &o.admin_auth else { return Ok(None) };
+    let users = Users::load(file).map_err(|m| ConfigError::new(format!("admin_auth: {m}")))?;
+    Ok(Some(AdminAuth { file: file.clone(), users: Arc::new(users) }))
 }
 
 /// The admin listener: off, a loopback address (any with `admin_public`) that no other

@@ -16,6 +16,14 @@ pub fn print_effective(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A short digest of the effective configuration (16 hex digits of its XXH3-64):
+/// the same configuration gives the same digest, in any process. `None` when it
+/// cannot be printed.
+pub fn digest(args: &ServeArgs, root: &std::path::Path) -> Option<String> {
+    let text = effective(args, root).ok()?;
+    Some(format!("{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes())))
+}
+
 fn effective(args: &ServeArgs, root: &std::path::Path) -> Result<String, ConfigError> {
     let file = match &args.config {
         Some(path) => load(path)?,

@@ -58,6 +58,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub use self::admin::AdminAddr;
+pub use self::effective::digest;
 pub use self::effective::print_effective;
 pub use self::options::ServeArgs;
 pub use self::sites::{SiteAcme, SiteCert, SiteConfig};
@@ -142,6 +143,8 @@ pub struct Config {
     pub unknown_sni: UnknownName,
     /// The admin listener; `None`: off.
     pub admin: Option<AdminAddr>,
+    /// Who may act through the admin listener (`admin_auth`); `None`: nobody.
+    pub admin_auth: Option<admin::AdminAuth>,
     /// Whether ALPN offers HTTP/2.
     pub http2: bool,
     pub access_log_format: crate::log::LogFormat,
@@ -207,6 +210,7 @@ pub(crate) fn file_paths(file: &mut Options) -> Vec<&mut PathBuf> {
     paths.extend(file.ticket_keys.iter_mut().flatten());
     paths.extend(file.auth.iter_mut().flatten().map(|a| &mut a.users));
     paths.extend(file.client_ca.as_mut());
+    paths.extend(file.admin_auth.as_mut());
     for site in file.site.iter_mut().flatten() {
         paths.extend([&mut site.cert, &mut site.key, &mut site.access_log].into_iter().flatten());
         paths.push(&mut site.root);
@@ -299,6 +303,7 @@ impl Config {
             allow_root: privileges.allow_root,
             sites,
             unknown_sni: o.unknown_sni.unwrap_or_default(),
+            admin_auth: admin::admin_auth(&o)?,
             admin,
             http2: o.http2.unwrap_or(true),
             access_log_format,

@@ -293,6 +293,9 @@ schema! {
         /// Let --admin listen on a non-loopback address (its endpoints have no authentication) [default: off]
         #[arg(long, num_args = 0, default_missing_value = "true")]
         admin_public: bool,
+        /// An htpasswd file (bcrypt or argon2 hashes, as [[auth]]) whose users may act through the admin listener: POST /upstreams/drain and /upstreams/enable, the status page's buttons. Without it those actions are refused (403) and the status page is read-only [default: none]
+        #[arg(long, value_name = "FILE")]
+        admin_auth: PathBuf,
         /// Offer HTTP/2 in ALPN (preferred over HTTP/1.1 when the client offers both) [default: on]
         #[arg(long, value_name = "on|off", value_parser = on_off())]
         http2: bool,

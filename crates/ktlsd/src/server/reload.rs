@@ -50,11 +50,14 @@ pub fn reload(
     match result {
         Ok(r) => {
             RELOADS.loaded(true);
+            let digest = crate::config::digest(args, &r.next.shared.config.root);
+            crate::stats::sites::reload_event("reload", true, digest, None);
             hand_over(current, r, args);
             Ok(())
         }
         Err(e) => {
             RELOADS.failed();
+            crate::stats::sites::reload_event("reload", false, None, Some(format!("{e:#}")));
             Err(report_failure(&e, started))
         }
     }

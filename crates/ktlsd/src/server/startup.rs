@@ -50,6 +50,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let running = spawn(sockets, Current { shared, log, listeners, site_logs }, started_at)?;
     systemd::notify("READY=1");
     RELOADS.loaded(false);
+    let digest = crate::config::digest(&args, &running.current.borrow().shared.config.root);
+    crate::stats::sites::reload_event("start", true, digest, None);
     // Listeners are up and privileges dropped: ACME may now order and be validated.
     acme.go();
     wait(&mut signals, &args, &running.current, &started, &acme);
@@ -294,7 +296,7 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
     let admin = match sockets.admin {
         Some(b) => {
             if let Some(a) = &current_rx.borrow().shared.config.admin {
-                tracing::info!("admin listener on {a} (/metrics, /status, /advisor)");
+                tracing::info!("admin listener on {a} (/ the status page, /status.json, /metrics, /status, /advisor)");
             }
             let state = admin::State {
                 workers: metrics,
@@ -302,6 +304,7 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
                 current: current_rx.clone(),
                 https: sockets.https_bound.clone(),
                 http: sockets.http_bound.clone(),
+                history: Default::default(),
             };
             Some(admin::spawn(b, state, stop_rx.clone())?)
         }

@@ -608,6 +608,10 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
     }
 
     let protocol = established.protocol();
+    let negotiated = (
+        established.conn.protocol_version().and_then(|v| v.as_str()),
+        established.conn.negotiated_cipher_suite().and_then(|s| s.suite().as_str()),
+    );
     let mut session = match tls::establish(stream, established, shared.ktls.as_deref(), &shared.session) {
         Ok(s) => s,
         Err(e) => {
@@ -622,6 +626,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, worker: &Worker, shared
         RecordLayer::Userspace | RecordLayer::Quic => &stats.userspace,
     });
     let _open = Open::new(traffic, session.mode(), protocol);
+    worker.metrics.negotiated.count(negotiated.0.unwrap_or("unknown"), negotiated.1.unwrap_or("unknown"));
 
     let site_table = shared.sites();
     // The one place the HTTP version is chosen: by what ALPN agreed.

@@ -14,7 +14,7 @@ mod traffic;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-pub use traffic::{Histogram, TcpEnd, Traffic, INITIAL_WINDOW_BYTES};
+pub use traffic::{Histogram, TcpEnd, Traffic, INITIAL_WINDOW_BYTES, TIME_BOUNDS_US};
 
 /// A counter with one writer (its worker) and any number of readers.
 pub type Counter = AtomicU64;
@@ -114,6 +114,27 @@ impl Stats {
     }
 }
 
+/// Counts a connection in a gauge (`traffic.idle`) while it lives: its worker's own,
+/// so created and dropped on that worker's thread only.
+pub struct Gauged<'a>(Option<&'a Counter>);
+
+impl<'a> Gauged<'a> {
+    pub fn new(c: Option<&'a Counter>) -> Gauged<'a> {
+        if let Some(c) = c {
+            Stats::bump(c);
+        }
+        Gauged(c)
+    }
+}
+
+impl Drop for Gauged<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            Stats::drop_one(c);
+        }
+    }
+}
+
 /// One worker's figures: its counters and its traffic metrics, shared with the
 /// admin listener (which only reads them).
 #[derive(Debug, Default)]
@@ -122,6 +143,36 @@ pub struct Metrics {
     pub traffic: Traffic,
     /// Requests and bytes by site.
     pub sites: sites::SiteCounters,
+    /// Connections by negotiated TLS version and cipher suite.
+    pub negotiated: Negotiated,
+}
+
+/// Connections by negotiated TLS version and by cipher suite (rustls' names, which
+/// are fixed words: the label sets are bounded by what rustls offers). A small map
+/// behind a mutex only its worker locks, once per handshake, except for a scrape.
+#[derive(Debug, Default)]
+pub struct Negotiated {
+    by: std::sync::Mutex<std::collections::BTreeMap<(&'static str, &'static str), u64>>,
+}
+
+impl Negotiated {
+    /// One connection that negotiated `version` and `suite`.
+    pub fn count(&self, version: &'static str, suite: &'static str) {
+        *self.by.lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry((version, suite)).or_default() += 1;
+    }
+
+    /// Each (version, suite) pair's connections.
+    pub fn snapshot(&self) -> std::collections::BTreeMap<(&'static str, &'static str), u64> {
+        self.by.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn add(&self, other: &Negotiated) {
+        let theirs = other.snapshot();
+        let mut mine = self.by.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (k, n) in theirs {
+            *mine.entry(k).or_default() += n;
+        }
+    }
 }
 
 impl Metrics {
@@ -131,6 +182,7 @@ impl Metrics {
         self.stats.add(&other.stats);
         self.traffic.add(&other.traffic);
         self.sites.add(&other.sites);
+        self.negotiated.add(&other.negotiated);
     }
 
     /// The sum over `workers`.

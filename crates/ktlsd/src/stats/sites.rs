@@ -97,6 +97,41 @@ impl Reloads {
     }
 }
 
+/// One load of the configuration: start-up's or a reload's.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ReloadEvent {
+    /// When (Unix seconds).
+    pub at: u64,
+    /// `start` or `reload`.
+    pub kind: &'static str,
+    /// Whether the configuration was loaded (a failed reload keeps the one before).
+    pub ok: bool,
+    /// The digest of the effective configuration loaded (`ktlsd config`'s text).
+    pub config_hash: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// Most loads [`RELOAD_LOG`] keeps (the newest).
+pub const RELOAD_LOG_LEN: usize = 16;
+
+/// The latest loads of the configuration, oldest first.
+pub static RELOAD_LOG: Mutex<std::collections::VecDeque<ReloadEvent>> = Mutex::new(std::collections::VecDeque::new());
+
+/// Records a load of the configuration in [`RELOAD_LOG`].
+pub fn reload_event(kind: &'static str, ok: bool, config_hash: Option<String>, error: Option<String>) {
+    let mut log = RELOAD_LOG.lock().unwrap_or_else(PoisonError::into_inner);
+    if log.len() == RELOAD_LOG_LEN {
+        log.pop_front();
+    }
+    log.push_back(ReloadEvent { at: unix_now(), kind, ok, config_hash, error });
+}
+
+/// A copy of [`RELOAD_LOG`].
+pub fn reload_log() -> Vec<ReloadEvent> {
+    RELOAD_LOG.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+}
+
 /// One ACME site's progress, as its task reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct AcmeStatus {

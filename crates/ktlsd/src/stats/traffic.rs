@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use super::{Counter, Stats};
-use crate::vocab::{HttpVersion, Method, RecordLayer};
+use crate::vocab::{BodyPath, HttpVersion, Method, RecordLayer};
 
 /// The initial congestion window of Linux (10 segments of 1460 bytes): a
 /// response body over it needs at least one more round trip.
@@ -23,6 +23,15 @@ fn method_index(method: Option<&Method>) -> usize {
         Some(Method::Get) => 0,
         Some(Method::Head) => 1,
         _ => 2,
+    }
+}
+
+/// A body path's index in [`Traffic::body_by_path`]: sendfile, copy, splice.
+fn path_index(p: BodyPath) -> usize {
+    match p {
+        BodyPath::Sendfile => 0,
+        BodyPath::Copy => 1,
+        BodyPath::Splice => 2,
     }
 }
 
@@ -157,6 +166,12 @@ pub struct Traffic {
     pub requests: [[Counter; 3]; 5],
     /// Body bytes sent, by [`RecordLayer`].
     pub body_bytes: [Counter; 3],
+    /// HTTP/1.1 connections waiting for their next request now (a gauge).
+    pub idle: Counter,
+    /// Requests answered, by [`HttpVersion`].
+    pub requests_by_protocol: [Counter; 3],
+    /// Body bytes sent, by how they left: [`BodyPath`] (sendfile, copy, splice).
+    pub body_by_path: [Counter; 3],
     /// Plain-HTTP (port 80) answers: redirects, ACME HTTP-01, refusals; by status class.
     pub plain_requests: [Counter; 5],
     pub response_time: Histogram,
@@ -183,6 +198,9 @@ impl Default for Traffic {
             handshakes_resumed: Counter::new(0),
             requests: Default::default(),
             body_bytes: Default::default(),
+            idle: Counter::new(0),
+            requests_by_protocol: Default::default(),
+            body_by_path: Default::default(),
             plain_requests: Default::default(),
             response_time: Histogram::new(TIME_BOUNDS_US),
             ttfb: Histogram::new(TIME_BOUNDS_US),
@@ -236,6 +254,14 @@ impl Traffic {
         }
     }
 
+    /// The protocol and body path of one answered request (beside [`Traffic::request`]).
+    pub fn carried(&self, protocol: HttpVersion, body: Option<BodyPath>, bytes: u64) {
+        Stats::bump(&self.requests_by_protocol[protocol as usize]);
+        if let Some(path) = body {
+            Stats::add_to(&self.body_by_path[path_index(path)], bytes);
+        }
+    }
+
     /// One plain-HTTP answer with `status`.
     pub fn plain_request(&self, status: u16) {
         Stats::bump(&self.plain_requests[class_index(status)]);
@@ -266,6 +292,12 @@ impl Traffic {
         for (x, y) in self.body_bytes.iter().zip(&other.body_bytes) {
             Stats::add_to(x, y.load(Relaxed));
         }
+        for (x, y) in self.requests_by_protocol.iter().zip(&other.requests_by_protocol) {
+            Stats::add_to(x, y.load(Relaxed));
+        }
+        for (x, y) in self.body_by_path.iter().zip(&other.body_by_path) {
+            Stats::add_to(x, y.load(Relaxed));
+        }
         for (x, y) in self.plain_requests.iter().zip(&other.plain_requests) {
             Stats::add_to(x, y.load(Relaxed));
         }
@@ -275,6 +307,7 @@ impl Traffic {
             (&self.over_initial_window, &other.over_initial_window),
             (&self.tcp_samples, &other.tcp_samples),
             (&self.lossy, &other.lossy),
+            (&self.idle, &other.idle),
         ] {
             Stats::add_to(x, y.load(Relaxed));
         }

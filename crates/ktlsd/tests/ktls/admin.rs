@@ -150,3 +150,54 @@ fn advisor_recommends_from_three_traffic_mixes() {
     assert_eq!(rec, "adaptive", "large over a lossy link: {why}");
     assert!(why.contains("exceed the initial window"), "{why}");
 }
+
+/// The status page's document over kTLS: after downloads on fresh connections,
+/// `/status.json` counts as many kTLS connections as the kernel's `TlsTxSw` rose
+/// (and as `TlsRxSw`), its kTLS share is 1 (no user-space connection), and its
+/// sendfile body bytes rose by the files' bytes, which left by sendfile.
+#[test]
+#[ignore = "needs a kernel with kTLS: run by tests/ktls-vm"]
+fn status_json_ktls_share_and_sendfile_bytes_match_tls_stat() {
+    let test = "status_json_ktls_share_and_sendfile_bytes_match_tls_stat";
+    let files = standard_files();
+    let (server, _dir, sock) = ktls_with_admin(&files, &[]);
+    let doc = || -> serde_json::Value {
+        let (status, body) = admin_get(&sock, "/status.json");
+        assert_eq!(status, 200, "{test}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{test}: /status.json is not JSON ({e}): {body}"))
+    };
+    let num = |v: &serde_json::Value, path: &[&str]| -> f64 {
+        path.iter().fold(v, |v, k| &v[k]).as_f64().unwrap_or_else(|| panic!("{test}: no number at {path:?} in {v}"))
+    };
+    let (before, stat_before) = (doc(), read_tls_stat());
+    let names = ["big", "odd"];
+    for name in names {
+        let r = fetch(&server.url(&format!("/{name}")), &["--http1.1"]);
+        assert_eq!(r.status, 200, "{test}: /{name}");
+    }
+    let want_bytes: usize = names.iter().map(|n| file(&files, n).len()).sum();
+    let connections = ["now", "tls", "connections", "ktls"];
+    let sendfile = ["now", "body_bytes", "sendfile"];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let d = doc();
+        let done = num(&d, &sendfile) - num(&before, &sendfile) >= want_bytes as f64;
+        if done || Instant::now() > deadline {
+            break d;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    let stat_after = read_tls_stat();
+    let stat = |c: &str| stat_after.get(c).unwrap_or(0) as f64 - stat_before.get(c).unwrap_or(0) as f64;
+    let ktls = num(&after, &connections) - num(&before, &connections);
+    assert_eq!(ktls, names.len() as f64, "{test}: kTLS connections in /status.json");
+    assert_eq!(ktls, stat("TlsTxSw"), "{test}: /status.json's kTLS connections against tls_stat's TlsTxSw");
+    assert_eq!(ktls, stat("TlsRxSw"), "{test}: against TlsRxSw");
+    assert_eq!(num(&after, &["now", "tls", "connections", "userspace"]), 0.0, "{test}");
+    assert_eq!(num(&after, &["now", "tls", "ktls_share"]), 1.0, "{test}: the kTLS share");
+    assert_eq!(after["now"]["tls"]["ktls_enabled"], true, "{test}");
+    assert_eq!(num(&after, &sendfile) - num(&before, &sendfile), want_bytes as f64, "{test}: sendfile bytes");
+    assert_eq!(num(&after, &["now", "body_bytes", "copy"]), 0.0, "{test}: nothing copied");
+    let stopped = server.stop();
+    assert_ktls(test, &stopped, &Expect::conns(2, 2));
+}

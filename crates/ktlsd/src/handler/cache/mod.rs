@@ -352,6 +352,7 @@ impl Cache {
             let wait = match self.find(key, req, now) {
                 Some((mut hit, Freshness::Fresh)) => {
                     self.counters.hits.fetch_add(1, Relaxed);
+                    hit.meta.hits.fetch_add(1, Relaxed);
                     hit.collapsed = waited;
                     return Lookup::Hit(hit);
                 }
@@ -632,6 +633,18 @@ impl Cache {
             bytes,
             entries,
         }
+    }
+
+    /// The stored size limit (`max_size`), bytes.
+    pub fn max_size(&self) -> u64 {
+        self.config.max_size
+    }
+
+    /// The `n` entries with the most fresh hits (their key text, `GET host target`,
+    /// and hits), most first. Walks the index under its lock: for the admin listener,
+    /// which asks at most every few seconds.
+    pub fn hottest(&self, n: usize) -> Vec<(String, u64)> {
+        self.lock_index().hottest(n)
     }
 
     /// The purge generation now, for a fill starting.

@@ -78,6 +78,8 @@ pub struct Meta {
     /// The body was checked against `body_sum` (or written by this process):
     /// set by the first open after start that verifies it.
     pub verified: std::sync::atomic::AtomicBool,
+    /// Fresh hits it answered since it was read or stored (the status page's hottest keys).
+    pub hits: std::sync::atomic::AtomicU64,
     /// Where the entry's file is.
     pub path: PathBuf,
     /// The policy's figures, constant for an entry, kept so that a hit need not
@@ -110,6 +112,7 @@ impl Meta {
             body_len: parsed.body_len,
             body_sum: parsed.body_sum,
             verified: std::sync::atomic::AtomicBool::new(false),
+            hits: std::sync::atomic::AtomicU64::new(0),
             file_len,
             path,
         })

@@ -171,6 +171,19 @@ impl Index {
         Some(v)
     }
 
+    /// The `n` keys with the most hits (the variants of a key added up), most first
+    /// (ties by key); keys never hit are left out.
+    pub fn hottest(&self, n: usize) -> Vec<(String, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut by_key: HashMap<&str, u64> = HashMap::new();
+        for s in self.map.values().flatten() {
+            *by_key.entry(s.meta.head.key.as_str()).or_default() += s.meta.hits.load(Relaxed);
+        }
+        let mut all: Vec<(u64, &str)> = by_key.into_iter().map(|(k, h)| (h, k)).filter(|(h, _)| *h > 0).collect();
+        all.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        all.into_iter().take(n).map(|(h, k)| (k.to_string(), h)).collect()
+    }
+
     /// Marks the entry at `path` used now.
     pub fn touch(&mut self, p: &Primary, path: &Path) {
         self.clock += 1;

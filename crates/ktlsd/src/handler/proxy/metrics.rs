@@ -23,6 +23,10 @@ struct Upstream {
     up: bool,
     latency: [u64; BOUNDS_MS.len() + 1],
     latency_sum_us: u64,
+    /// Failed exchanges by kind.
+    errors: BTreeMap<&'static str, u64>,
+    /// Whether an exchange has been tried with it at all.
+    seen: bool,
 }
 
 #[derive(Default)]
@@ -52,6 +56,7 @@ pub fn answered(upstream: &str, latency: Duration) {
         let u = f.upstreams.entry(upstream.to_string()).or_default();
         u.requests += 1;
         u.up = true;
+        u.seen = true;
         let ms = latency.as_millis() as u64;
         let bucket = BOUNDS_MS.iter().position(|&b| ms < b).unwrap_or(BOUNDS_MS.len());
         u.latency[bucket] += 1;
@@ -65,6 +70,8 @@ pub fn failed(upstream: &str, kind: &'static str, down: bool) {
         *f.errors.entry(kind).or_default() += 1;
         let u = f.upstreams.entry(upstream.to_string()).or_default();
         u.requests += 1;
+        u.seen = true;
+        *u.errors.entry(kind).or_default() += 1;
         if down {
             u.up = false;
         }
@@ -88,6 +95,73 @@ pub fn hit_bytes(how: BodyPath, n: u64) {
     if n > 0 {
         with(|f| *f.hit_bytes.entry(how.label()).or_default() += n);
     }
+}
+
+/// What the status page shows of one upstream.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct UpstreamFigures {
+    pub requests: u64,
+    /// `false` while it is skipped after a failure (passive health).
+    pub up: bool,
+    /// Whether any exchange was tried with it since start-up.
+    pub seen: bool,
+    /// Failed exchanges by kind.
+    pub errors: BTreeMap<&'static str, u64>,
+    /// Latency to the response head at the 50th, 90th and 99th percentiles, in
+    /// milliseconds: the histogram bound at or under which that share falls
+    /// (`None`: no answer yet, or past the last bound).
+    pub latency_ms: BTreeMap<&'static str, Option<u64>>,
+}
+
+/// Each upstream's figures, by its URL.
+pub fn upstreams() -> BTreeMap<String, UpstreamFigures> {
+    with(|f| {
+        f.upstreams
+            .iter()
+            .map(|(name, u)| {
+                let latency_ms = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99)]
+                    .into_iter()
+                    .map(|(label, q)| (label, quantile(&u.latency, q)))
+                    .collect();
+                let figures = UpstreamFigures {
+                    requests: u.requests,
+                    up: u.up || !u.seen,
+                    seen: u.seen,
+                    errors: u.errors.clone(),
+                    latency_ms,
+                };
+                (name.clone(), figures)
+            })
+            .collect()
+    })
+}
+
+/// Failed exchanges by kind, over every upstream.
+pub fn errors() -> BTreeMap<&'static str, u64> {
+    with(|f| f.errors.clone())
+}
+
+/// Body bytes of cache hits by how they left, and relayed upstream bytes by how they moved.
+pub fn body_paths() -> (BTreeMap<&'static str, u64>, BTreeMap<&'static str, u64>) {
+    with(|f| (f.hit_bytes.clone(), f.body_bytes.clone()))
+}
+
+/// The bound (ms) of `counts` (per slot of [`BOUNDS_MS`], the last over it) at or
+/// under which a share `q` falls.
+fn quantile(counts: &[u64], q: f64) -> Option<u64> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let want = ((q * total as f64).ceil() as u64).max(1);
+    let mut seen = 0;
+    for (i, c) in counts.iter().enumerate() {
+        seen += c;
+        if seen >= want {
+            return BOUNDS_MS.get(i).copied();
+        }
+    }
+    None
 }
 
 /// Writes one counter family by `by`, each of `always` shown (0 until counted).

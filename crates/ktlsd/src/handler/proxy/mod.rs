@@ -29,6 +29,7 @@ pub mod headers;
 pub mod metrics;
 pub mod parse;
 pub mod pool;
+pub mod shared;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -161,9 +162,20 @@ pub struct Upstream {
     pub port: u16,
     /// `host[:port]` as the URL gives them, for `host = "upstream"`.
     pub authority: String,
+    /// What every worker shares of it: the drain flag, the pooled connections.
+    pub shared: shared::Handle,
 }
 
 impl Upstream {
+    /// `HOST:PORT` (an IPv6 address in brackets), the address the admin's drain and
+    /// enable name it by.
+    pub fn address(&self) -> String {
+        match self.host.contains(':') {
+            true => format!("[{}]:{}", self.host, self.port),
+            false => format!("{}:{}", self.host, self.port),
+        }
+    }
+
     /// `http://HOST[:PORT]` or `https://HOST[:PORT]` (an optional trailing `/`).
     pub fn parse(url: &str) -> Result<Upstream, String> {
         let form = || format!("upstream {url:?}: expected http://HOST[:PORT] or https://HOST[:PORT]");
@@ -192,7 +204,8 @@ impl Upstream {
             return Err(form());
         }
         let url = url.trim_end_matches('/').to_string();
-        Ok(Upstream { url, tls, host: host.to_ascii_lowercase(), port, authority: authority.to_string() })
+        let shared = shared::Handle(shared::of(&url));
+        Ok(Upstream { url, tls, host: host.to_ascii_lowercase(), port, authority: authority.to_string(), shared })
     }
 }
 
@@ -319,8 +332,13 @@ impl<'r> Exchange<'r> {
         self.release();
         loop {
             let Some(i) = pool::pick(self.rule, &self.tried) else {
-                return Err(last.unwrap_or_else(|| {
-                    self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into())
+                return Err(last.unwrap_or_else(|| match self.rule.upstreams.iter().all(|u| u.shared.drained()) {
+                    true => self.failure(
+                        Status::SERVICE_UNAVAILABLE,
+                        FailureKind::Connect,
+                        "every upstream is drained".into(),
+                    ),
+                    false => self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into()),
                 }));
             };
             self.index = i;

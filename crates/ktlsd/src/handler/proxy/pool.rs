@@ -7,13 +7,15 @@
 //! here. Connections in use and idle ones are counted in the worker's descriptor
 //! ledger ([`crate::fds`]): an idle one is kept only when it has room, the oldest
 //! are given back under pressure ([`release_idle`]), and held descriptors are given
-//! back before a new connection is opened at a full budget. Not here: connecting
-//! or speaking HTTP.
+//! back before a new connection is opened at a full budget. A drained upstream
+//! ([`super::shared`]) is never picked. Not here: connecting or speaking HTTP.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::shared::Shared;
 use super::upstream::Conn;
 use super::{Balance, Rule};
 use crate::fds;
@@ -29,6 +31,8 @@ struct State {
     /// The descriptor ledger's count of the connections in use (one per `active`).
     in_use: Vec<fds::Counted>,
     failed_until: Option<Instant>,
+    /// What every worker shares of this upstream (its counts of pooled connections).
+    shared: Arc<Shared>,
 }
 
 #[derive(Default)]
@@ -83,7 +87,8 @@ pub fn pick(rule: &Rule, tried: &[usize]) -> Option<usize> {
                 Candidate {
                     healthy: s.and_then(|s| s.failed_until).is_none_or(|t| t <= now),
                     active: s.map_or(0, |s| s.active),
-                    tried: tried.contains(&i),
+                    // A drained upstream gets no new request: as if already tried.
+                    tried: tried.contains(&i) || u.shared.drained(),
                 }
             })
             .collect();
@@ -104,6 +109,7 @@ pub fn take_idle(key: &str) -> Option<Conn> {
         let s = p.upstreams.get_mut(key)?;
         let now = Instant::now();
         while let Some((conn, since, _)) = s.idle.pop() {
+            s.shared.idle_add(-1);
             if now.duration_since(since) < IDLE_FOR && conn.looks_alive() {
                 return Some(conn);
             }
@@ -126,6 +132,7 @@ pub fn release_idle(n: usize) -> usize {
         for s in p.upstreams.values_mut() {
             let k = s.idle.len().min(n - closed);
             s.idle.drain(..k);
+            s.shared.idle_add(-(k as i64));
             closed += k;
         }
         closed
@@ -141,8 +148,10 @@ pub fn put_idle(key: &str, conn: Conn, keep: usize) {
         let now = Instant::now();
         let expired = s.idle.iter().take_while(|(_, since, _)| now.duration_since(*since) >= IDLE_FOR).count();
         s.idle.drain(..expired);
+        s.shared.idle_add(-(expired as i64));
         if room && s.idle.len() < keep {
             s.idle.push((conn, now, fds::count(fds::Kind::IdleUpstream)));
+            s.shared.idle_add(1);
         }
     });
 }
@@ -154,7 +163,8 @@ fn with_state<R>(key: &str, f: impl FnOnce(&mut State) -> R) -> R {
         if let Some(s) = p.upstreams.get_mut(key) {
             return f(s);
         }
-        f(p.upstreams.entry(key.to_string()).or_default())
+        let state = State { shared: super::shared::of(key), ..State::default() };
+        f(p.upstreams.entry(key.to_string()).or_insert(state))
     })
 }
 
@@ -163,6 +173,7 @@ pub fn started(key: &str) {
     with_state(key, |s| {
         s.active += 1;
         s.in_use.push(fds::count(fds::Kind::Upstream));
+        s.shared.in_use_add(1);
     });
 }
 
@@ -170,7 +181,9 @@ pub fn finished(key: &str) {
     POOLS.with(|p| {
         if let Some(s) = p.borrow_mut().upstreams.get_mut(key) {
             s.active = s.active.saturating_sub(1);
-            s.in_use.pop();
+            if s.in_use.pop().is_some() {
+                s.shared.in_use_add(-1);
+            }
         }
     });
 }
@@ -179,6 +192,7 @@ pub fn finished(key: &str) {
 pub fn failed(key: &str, fail_timeout: Duration) {
     with_state(key, |s| {
         s.failed_until = Some(Instant::now() + fail_timeout);
+        s.shared.idle_add(-(s.idle.len() as i64));
         s.idle.clear();
     });
 }

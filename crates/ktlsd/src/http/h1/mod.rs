@@ -122,6 +122,11 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
     pub async fn read_head<F: Future>(&mut self, mut stop: Pin<&mut F>) -> State<T::Error> {
         let settings = self.ctx.settings;
         let mut started: Option<Instant> = if self.buf.is_empty() { None } else { Some(Instant::now()) };
+        // A kept-alive connection waiting for its next request is idle (the status page's count).
+        let log = self.ctx.log;
+        let _idle = crate::stats::Gauged::new(
+            (started.is_none() && self.answered).then(|| log.metrics().map(|m| &m.traffic.idle)).flatten(),
+        );
         let parsed = loop {
             // An empty buffer (the usual case after an answer) holds no head to parse.
             if !self.buf.is_empty() {

@@ -160,6 +160,8 @@ async fn connection(
     Stats::bump(&traffic.handshakes_ok);
     let handle = conn.clone();
     let _open = Open::new(traffic, RecordLayer::Quic, HttpVersion::Http3);
+    // QUIC is TLS 1.3 only; quinn does not name the suite it agreed.
+    worker.metrics.negotiated.count("TLSv1_3", "QUIC");
     let ctx = http::Context {
         peer,
         settings: &h3.h3,

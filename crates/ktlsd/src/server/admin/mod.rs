@@ -1,14 +1,22 @@
 //! The admin listener: plain HTTP/1.1 on a loopback address or a Unix socket,
-//! serving `/metrics` (Prometheus text), `/status` and `/advisor` (JSON), and
-//! `POST /cache/purge` (the response cache), one request per connection. It runs on a thread of its own and only reads the
-//! workers' counters (summed per request), so it never touches the data path.
-//! Also the client side of `ktlsd status`. Not a general HTTP server: no
-//! keep-alive, no TLS, no request body.
+//! serving the status page (`/`, [`page`]) and its document (`/status.json`,
+//! [`document`]), `/metrics` (Prometheus text), `/status` and `/advisor` (JSON),
+//! `POST /cache/purge` (the response cache) and the admin actions
+//! (`POST /upstreams/drain`, `/upstreams/enable`: [`actions`]), one request per
+//! connection. It runs on a thread of its own, samples the status page's history
+//! there once a second, and only reads the workers' counters (summed per request
+//! and per sample), so it never touches the data path. Also the client side of
+//! `ktlsd status`. Not a general HTTP server: no keep-alive, no TLS, no request
+//! body; a request head over 8 KiB is refused (414 or 431).
+
+mod actions;
+mod document;
+mod page;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -83,6 +91,8 @@ pub struct State {
     /// The HTTPS and plain-HTTP addresses as bound (port 0 resolved).
     pub https: Vec<std::net::SocketAddr>,
     pub http: Vec<std::net::SocketAddr>,
+    /// The status page's history, sampled once a second by the admin thread.
+    pub history: Mutex<document::History>,
 }
 
 /// Serves `bound` on a thread of its own until `stop` turns true.
@@ -100,6 +110,7 @@ pub fn spawn(bound: Bound, state: State, stop: watch::Receiver<bool>) -> anyhow:
 }
 
 async fn run(bound: Bound, state: Arc<State>, stop: watch::Receiver<bool>) {
+    tokio::spawn(sample(state.clone()));
     match bound {
         Bound::Tcp(l) => match tokio::net::TcpListener::from_std(l) {
             Ok(l) => serve(|| async { l.accept().await.map(|(s, _)| s) }, state, stop).await,
@@ -112,6 +123,21 @@ async fn run(bound: Bound, state: Arc<State>, stop: watch::Receiver<bool>) {
             }
             let _ = std::fs::remove_file(&path);
         }
+    }
+}
+
+/// Samples the history once a second, for as long as the admin thread runs.
+async fn sample(state: Arc<State>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last = Instant::now();
+    loop {
+        tick.tick().await;
+        let total = Metrics::sum(state.workers.iter().map(|m| &**m));
+        let current = state.current.borrow().clone();
+        let now = Instant::now();
+        state.history.lock().unwrap_or_else(PoisonError::into_inner).sample(&total, &current, now - last);
+        last = now;
     }
 }
 
@@ -150,31 +176,180 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, state: Arc<State>) 
     if read != Ok(true) {
         return;
     }
-    let line = head.split(|&b| b == b'\r' || b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-    let (status, ctype, body) = respond(method, target, &state);
-    let body = if method == "HEAD" { String::new() } else { body };
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n{body}",
-        if method == "HEAD" { 0 } else { body.len() }
+    let (reply, head_only) = match Request::parse(&head) {
+        Ok(req) => (route(&req, &state).await, req.method == "HEAD"),
+        Err(reply) => (reply, false),
+    };
+    let mut out = format!(
+        "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n",
+        reply.status,
+        reply.ctype,
+        if head_only { 0 } else { reply.body.len() }
     );
-    let _ = tokio::time::timeout(REQUEST_TIMEOUT, s.write_all(reply.as_bytes())).await;
+    for (name, value) in &reply.headers {
+        out.push_str(&format!("{name}: {value}\r\n"));
+    }
+    out.push_str("\r\n");
+    let mut bytes = out.into_bytes();
+    if !head_only {
+        bytes.extend_from_slice(reply.body.as_bytes());
+    }
+    let _ = tokio::time::timeout(REQUEST_TIMEOUT, s.write_all(&bytes)).await;
     let _ = s.shutdown().await;
+    // A lingering close: what the client still sends (the rest of a head too large
+    // to read) is read and dropped for a moment, so that closing with it unread does
+    // not reset the connection before the client has read the answer.
+    let _ = tokio::time::timeout(LINGER, async {
+        let (mut chunk, mut left) = ([0u8; 4096], LINGER_BYTES);
+        while left > 0 {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
-/// Status line, content type and body for one admin request.
-fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static str, String) {
-    const JSON: &str = "application/json";
-    if target.split('?').next() == Some("/cache/purge") {
+/// Longest a closing admin connection is read from, and how much of it.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 256 * 1024;
+
+/// One admin request's head, parsed.
+pub struct Request<'a> {
+    pub method: &'a str,
+    /// The request target: an absolute path and an optional query.
+    pub target: &'a str,
+    /// Header fields, names in lower case.
+    fields: Vec<(String, &'a str)>,
+}
+
+impl<'a> Request<'a> {
+    /// Parses a head read by [`answer`] (complete, or cut at [`MAX_HEAD`]); a head
+    /// that is not a plain HTTP/1.x request gets its refusal.
+    fn parse(head: &'a [u8]) -> Result<Request<'a>, Reply> {
+        let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return Err(match head.contains(&b'\n') {
+                false => Reply::text("414 URI Too Long", format!("the request line is over {MAX_HEAD} bytes\n")),
+                true => Reply::text(
+                    "431 Request Header Fields Too Large",
+                    format!("the request head is over {MAX_HEAD} bytes\n"),
+                ),
+            });
+        };
+        let bad = |why: &str| Reply::text("400 Bad Request", format!("{why}\n"));
+        let text = std::str::from_utf8(&head[..end]).map_err(|_| bad("the request head is not UTF-8"))?;
+        let mut lines = text.split("\r\n");
+        let line = lines.next().unwrap_or_default();
+        let mut parts = line.split(' ');
+        let (Some(method), Some(target), Some(version), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad("expected METHOD TARGET HTTP/1.1"));
+        };
+        if !version.starts_with("HTTP/1.") || method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(bad("expected METHOD TARGET HTTP/1.1"));
+        }
+        if !target.starts_with('/') || !target.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad("the target must be an absolute path of visible ASCII characters"));
+        }
+        let mut fields = Vec::new();
+        for l in lines {
+            let Some((name, value)) = l.split_once(':') else { return Err(bad("a header line without a colon")) };
+            fields.push((name.trim().to_ascii_lowercase(), value.trim()));
+        }
+        Ok(Request { method, target, fields })
+    }
+
+    /// The path of the target.
+    pub fn path(&self) -> &'a str {
+        self.target.split('?').next().unwrap_or_default()
+    }
+
+    /// The query of the target, if any.
+    pub fn query(&self) -> Option<&'a str> {
+        self.target.split_once('?').map(|(_, q)| q)
+    }
+
+    /// The first field named `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&'a str> {
+        self.fields.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+}
+
+/// An admin answer: status line, content type, body and any more fields.
+pub struct Reply {
+    status: &'static str,
+    ctype: &'static str,
+    body: std::borrow::Cow<'static, str>,
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    fn new(status: &'static str, ctype: &'static str, body: impl Into<std::borrow::Cow<'static, str>>) -> Reply {
+        Reply { status, ctype, body: body.into(), headers: Vec::new() }
+    }
+
+    /// A plain-text answer.
+    fn text(status: &'static str, body: impl Into<std::borrow::Cow<'static, str>>) -> Reply {
+        Reply::new(status, TEXT, body)
+    }
+
+    fn header(mut self, name: &'static str, value: String) -> Reply {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+/// The answer to one admin request.
+async fn route(req: &Request<'_>, state: &State) -> Reply {
+    let path = req.path();
+    if let Some(action) = actions::Action::of(path) {
+        return actions::act(req, state, action).await;
+    }
+    if path == "/cache/purge" {
         let current = state.current.borrow().clone();
-        return purge(method, target, current.shared.cache.as_deref(), &current.shared.sites);
+        let (status, ctype, body) =
+            purge(req.method, req.target, current.shared.cache.as_deref(), &current.shared.sites);
+        return Reply::new(status, ctype, body);
     }
-    if method != "GET" && method != "HEAD" {
-        return ("405 Method Not Allowed", TEXT, "only GET and HEAD\n".into());
+    if req.method != "GET" && req.method != "HEAD" {
+        return Reply::text("405 Method Not Allowed", "only GET and HEAD\n").header("Allow", "GET, HEAD".into());
     }
-    let path = target.split('?').next().unwrap_or_default();
+    if let Some(asset) = page::asset(path) {
+        return page::reply(asset);
+    }
+    if path == "/status.json" {
+        let since = match since(req.query()) {
+            Ok(s) => s,
+            Err(why) => return Reply::text("400 Bad Request", why),
+        };
+        let current = state.current.borrow().clone();
+        let mut history = state.history.lock().unwrap_or_else(PoisonError::into_inner);
+        let doc = document::document(state, &current, &mut history, since);
+        drop(history);
+        return Reply::new("200 OK", JSON, serde_json::to_string(&doc).unwrap_or_default());
+    }
+    let (status, ctype, body) = respond(path, state);
+    Reply::new(status, ctype, body)
+}
+
+/// `/status.json`'s query: nothing, or `since=UNIX_SECONDS` (history samples after it).
+fn since(query: Option<&str>) -> Result<u64, &'static str> {
+    match query.filter(|q| !q.is_empty()) {
+        None => Ok(0),
+        Some(q) => q
+            .strip_prefix("since=")
+            .filter(|v| v.len() <= 20)
+            .and_then(|v| v.parse().ok())
+            .ok_or("/status.json takes no query but since=UNIX_SECONDS\n"),
+    }
+}
+
+const JSON: &str = "application/json";
+
+/// Status line, content type and body of the read-only endpoints.
+fn respond(path: &str, state: &State) -> (&'static str, &'static str, String) {
     let total = Metrics::sum(state.workers.iter().map(|m| &**m));
     let current = state.current.borrow().clone();
     match path {
@@ -196,7 +371,7 @@ fn respond(method: &str, target: &str, state: &State) -> (&'static str, &'static
             let policy = current.shared.config.record_policy.to_string();
             ("200 OK", JSON, json(&advisor::advise(&total.traffic, &policy, current.shared.http3.is_some())))
         }
-        _ => ("404 Not Found", TEXT, "not found: try /metrics, /status or /advisor\n".into()),
+        _ => ("404 Not Found", TEXT, "not found: try /, /status.json, /metrics, /status or /advisor\n".into()),
     }
 }
 
@@ -327,10 +502,13 @@ fn status(total: &Metrics, state: &State, current: &Current) -> Status {
     }
 }
 
-/// `ktlsd status`: fetches `/status` from the admin address `addr` and prints it readably.
-pub fn print_status(addr: &str) -> anyhow::Result<()> {
+/// `ktlsd status`: fetches `/status` from the admin address `addr` and prints it
+/// readably; with `json`, fetches `/status.json` and prints it as indented JSON.
+pub fn print_status(addr: &str, json: bool) -> anyhow::Result<()> {
     let addr = AdminAddr::parse(addr)?;
-    let request = b"GET /status HTTP/1.1\r\nHost: ktlsd\r\nConnection: close\r\n\r\n";
+    let path = if json { "/status.json" } else { "/status" };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: ktlsd\r\nConnection: close\r\n\r\n");
+    let request = request.as_bytes();
     let mut reply = Vec::new();
     let hint = "is ktlsd running with --admin at that address?";
     match &addr {
@@ -355,8 +533,11 @@ pub fn print_status(addr: &str) -> anyhow::Result<()> {
         return Err(anyhow!("{addr} answered {}", head.lines().next().unwrap_or_default()));
     }
     let v: serde_json::Value =
-        serde_json::from_str(body).with_context(|| format!("{addr} sent a /status that is not JSON"))?;
-    print!("{}", readable(&v));
+        serde_json::from_str(body).with_context(|| format!("{addr} sent a {path} that is not JSON"))?;
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(&v)?),
+        false => print!("{}", readable(&v)),
+    }
     Ok(())
 }
 
