@@ -44,12 +44,22 @@ pub fn http_listen(o: &Options, listen: &[SocketAddr]) -> Result<Vec<SocketAddr>
 
 /// `proxy_protocol_from`: addresses or CIDR ranges.
 pub fn proxy_protocol_from(o: &Options) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    cidrs("proxy_protocol_from", o.proxy_protocol_from.as_deref())
+}
+
+/// `trusted_proxies`: addresses or CIDR ranges.
+pub fn trusted_proxies(o: &Options) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    cidrs("trusted_proxies", o.trusted_proxies.as_deref())
+}
+
+/// The option `name`'s addresses or CIDR ranges.
+fn cidrs(name: &str, list: Option<&[String]>) -> Result<Vec<ipnet::IpNet>, ConfigError> {
     let mut nets = Vec::new();
-    for s in o.proxy_protocol_from.iter().flatten() {
+    for s in list.unwrap_or_default() {
         let net = match (s.parse::<ipnet::IpNet>(), s.parse::<std::net::IpAddr>()) {
             (Ok(net), _) => net.trunc(),
             (_, Ok(ip)) => ipnet::IpNet::from(ip),
-            _ => return err(format!("proxy_protocol_from {s:?} is not an address or a CIDR range (e.g. 10.0.0.0/8)")),
+            _ => return err(format!("{name} {s:?} is not an address or a CIDR range (e.g. 10.0.0.0/8)")),
         };
         nets.push(net);
     }
@@ -83,6 +93,8 @@ mod tests {
         assert!(proxy_protocol_from(&o(&["10.0.0.0/33"])).is_err());
         assert!(proxy_protocol_from(&o(&["lb.example"])).is_err());
         assert!(proxy_protocol_from(&Options::default()).unwrap().is_empty());
+        let o = Options { trusted_proxies: Some(vec!["10.0.0.0/8".into(), "x".into()]), ..Default::default() };
+        assert!(trusted_proxies(&o).unwrap_err().to_string().contains("trusted_proxies \"x\""));
     }
 
     #[test]

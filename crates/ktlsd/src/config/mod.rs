@@ -158,6 +158,8 @@ pub struct Config {
     pub content: crate::handler::Content,
     /// Load balancers whose connections begin with a PROXY protocol header.
     pub proxy_protocol_from: Vec<ipnet::IpNet>,
+    /// HTTP proxies whose forwarding fields name the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Most connections one client address holds at once over all workers; `None`: no limit.
     pub max_connections_per_ip: Option<std::num::NonZeroU32>,
     /// Most bytes the store of bodies compressed on the fly keeps.
@@ -312,6 +314,7 @@ impl Config {
             h2_limits: h2::h2_limits(&o)?,
             content,
             proxy_protocol_from: listen::proxy_protocol_from(&o)?,
+            trusted_proxies: listen::trusted_proxies(&o)?,
             max_connections_per_ip: routing::max_connections_per_ip(&o)?,
             compress_cache_size: compress::cache_size(&o)?,
             cache: cache::cache(o.cache.as_ref())?,

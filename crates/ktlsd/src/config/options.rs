@@ -275,6 +275,9 @@ schema! {
         /// Source addresses or CIDR ranges of load balancers whose connections begin with a PROXY protocol header (version 1 or 2; HAProxy's send-proxy, send-proxy-v2), on the HTTPS and plain-HTTP ports: its source address is then the client's everywhere (access log, [[access]], limits, X-Forwarded-For); a connection from these ranges without a header, or from elsewhere with one, is closed (repeatable) [default: none]
         #[arg(long, value_name = "CIDR")]
         proxy_protocol_from: Vec<String>,
+        /// Source addresses or CIDR ranges of HTTP proxies (load balancers, CDNs) whose X-Forwarded-For (or, without it, Forwarded) names the client: the client's address is then the right-most address of that list which is not itself trusted, for the access log, [[access]], limits and the upstream's X-Forwarded-For; never read from any other peer (repeatable) [default: none]
+        #[arg(long, value_name = "CIDR")]
+        trusted_proxies: Vec<String>,
         /// User to serve as once the listeners are bound and the keys read (needed when started as root) [default: none]
         #[arg(long, value_name = "NAME", help_heading = PRIVILEGES)]
         user: String,

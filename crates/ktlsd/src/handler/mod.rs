@@ -21,6 +21,7 @@ pub mod access;
 pub mod auth;
 pub mod cache;
 pub mod canonical;
+pub mod client;
 pub mod compress;
 pub mod content;
 pub mod downstream;

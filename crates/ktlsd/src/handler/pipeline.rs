@@ -111,12 +111,24 @@ impl<'a> Exchange<'a> {
     /// certificates on a handshake that was not its own.
     #[allow(clippy::result_large_err)] // one per request, moved once
     pub fn begin(
-        req: Request,
+        mut req: Request,
         sites: &Sites<'a>,
         handshake: Handshake<'_>,
     ) -> Result<Exchange<'a>, (Request, Response)> {
         #[cfg(test)]
         count::site_lookup();
+        if let (false, Some(peer)) = (sites.trusted_proxies.is_empty(), req.client) {
+            let h = &req.headers;
+            let client = super::client::real_client(
+                peer,
+                h.forwarded_for.as_deref(),
+                h.forwarded.as_deref(),
+                sites.trusted_proxies,
+            );
+            if client != peer {
+                (req.client, req.via) = (Some(client), Some(peer));
+            }
+        }
         let pick = match handshake {
             Handshake::Tcp(server_name) => sites.pick_for(req.authority.as_deref(), server_name),
             Handshake::Quic if sites.asks_certificate(req.authority.as_deref()) => Pick::Misdirected,
@@ -168,7 +180,8 @@ impl<'a> Exchange<'a> {
                 method: u.method,
                 target,
                 authority: req.authority.clone(),
-                peer: req.client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
+                // The address X-Forwarded-For gets: the hop the request came from.
+                peer: req.via.or(req.client).unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
                 version: u.version,
                 body: u.body.forwarded(),
             };

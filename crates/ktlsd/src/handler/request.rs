@@ -22,9 +22,14 @@ pub struct Request {
     /// The host (and port) the request names, checked by the codec; `None` when absent.
     pub authority: Option<String>,
     pub headers: Headers,
-    /// The client's address: the connection's TCP peer, set by the codec (never
-    /// taken from a header such as X-Forwarded-For); `None` when there is none.
+    /// The client's address: the connection's peer (its TCP address, or the one a
+    /// load balancer's PROXY protocol header named), set by the codec; behind a
+    /// trusted proxy (`trusted_proxies`), the address its forwarding fields name, set
+    /// by the pipeline ([`super::client`]). `None` when there is none.
     pub client: Option<std::net::IpAddr>,
+    /// The trusted proxy the request came through, when `client` was taken from its
+    /// forwarding fields: the address an upstream's `X-Forwarded-For` gets appended.
+    pub via: Option<std::net::IpAddr>,
 }
 
 impl Request {
@@ -37,6 +42,7 @@ impl Request {
             authority: None,
             headers: Headers::default(),
             client: None,
+            via: None,
         }
     }
 }
@@ -161,6 +167,10 @@ pub struct Headers {
     pub listing: ListingFormat,
     /// Authorization, as sent (the last line when repeated).
     pub authorization: Option<String>,
+    /// X-Forwarded-For, as sent (lines joined): read only from a trusted proxy.
+    pub forwarded_for: Option<String>,
+    /// Forwarded (RFC 7239), as sent (lines joined): read only from a trusted proxy.
+    pub forwarded: Option<String>,
 }
 
 /// Which form of a directory listing the client wants.
@@ -323,6 +333,8 @@ pub struct HeaderFields {
     cors_headers: Option<String>,
     accept: Option<String>,
     authorization: Option<String>,
+    forwarded_for: Option<String>,
+    forwarded: Option<String>,
 }
 
 impl HeaderFields {
@@ -355,6 +367,10 @@ impl HeaderFields {
             join(&mut self.accept, value);
         } else if is("authorization") {
             self.authorization = Some(value.to_string());
+        } else if is("x-forwarded-for") {
+            join(&mut self.forwarded_for, value);
+        } else if is("forwarded") {
+            join(&mut self.forwarded, value);
         }
     }
 
@@ -372,6 +388,8 @@ impl HeaderFields {
             cors_headers: self.cors_headers,
             listing: self.accept.as_deref().map_or(ListingFormat::Html, ListingFormat::from_accept),
             authorization: self.authorization,
+            forwarded_for: self.forwarded_for,
+            forwarded: self.forwarded,
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct Sites<'a> {
     pub default_client_auth: bool,
     /// The response cache of `[[proxy]]` rules with `cache = true` (from `[cache]`).
     pub cache: Option<&'a std::sync::Arc<super::cache::Cache>>,
+    /// The proxies whose forwarding fields name the client (`trusted_proxies`).
+    pub trusted_proxies: &'a [ipnet::IpNet],
 }
 
 /// The site a request is for.
@@ -51,7 +53,14 @@ impl<'a> Sites<'a> {
     /// One site answering every name.
     #[cfg(test)]
     pub fn single(site: Site<'a>) -> Sites<'a> {
-        Sites { named: &[], default: site, unknown: UnknownName::Default, default_client_auth: false, cache: None }
+        Sites {
+            named: &[],
+            default: site,
+            unknown: UnknownName::Default,
+            default_client_auth: false,
+            cache: None,
+            trusted_proxies: &[],
+        }
     }
 
     /// The site for a request's Host/:authority. A request without one (HTTP/1.0)
@@ -161,8 +170,14 @@ mod tests {
             (true, None, None, false),
             (true, Some("other.test"), Some("another.test"), false),
         ] {
-            let sites =
-                Sites { named: &named, default, unknown: UnknownName::Default, default_client_auth, cache: None };
+            let sites = Sites {
+                named: &named,
+                default,
+                unknown: UnknownName::Default,
+                default_client_auth,
+                cache: None,
+                trusted_proxies: &[],
+            };
             let got = matches!(sites.pick_for(host, sni), Pick::Misdirected);
             assert_eq!(got, misdirected, "{default_client_auth} Host {host:?} SNI {sni:?}");
         }

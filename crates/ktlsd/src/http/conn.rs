@@ -57,6 +57,9 @@ pub struct Logged<'a> {
     pub line: RequestLine<'a>,
     pub referer: Option<&'a str>,
     pub user_agent: Option<&'a str>,
+    /// The client's address as the pipeline found it (behind a trusted proxy, the one
+    /// its forwarding fields name); `None`: the connection's peer.
+    pub client: Option<std::net::IpAddr>,
 }
 
 /// What one answer sent, and when.
@@ -97,8 +100,12 @@ impl<S> Context<'_, S> {
         host: Option<&str>,
     ) {
         let site = self.sites.label(host);
+        let peer = match request.and_then(|r| r.client) {
+            Some(ip) => SocketAddr::new(ip, self.peer.port()),
+            None => self.peer,
+        };
         self.log.write(&AccessEntry {
-            peer: self.peer,
+            peer,
             request: request.map(|r| r.line),
             status: sent.status,
             bytes: sent.bytes,

@@ -316,5 +316,6 @@ pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Reques
         authority: head.authority.clone().filter(|a| !a.is_empty()),
         headers: fields.parse(),
         client: Some(client.to_canonical()),
+        via: None,
     })
 }

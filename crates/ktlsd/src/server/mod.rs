@@ -115,6 +115,7 @@ impl Shared {
             unknown: self.config.unknown_sni,
             default_client_auth,
             cache: self.cache.as_ref(),
+            trusted_proxies: &self.config.trusted_proxies,
         }
     }
 }

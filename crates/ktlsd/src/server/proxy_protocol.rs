@@ -114,7 +114,9 @@ pub fn parse(bytes: &[u8]) -> Parsed {
         return match window.iter().position(|&b| b == b'\n') {
             None if bytes.len() >= V1_MAX => Parsed::Bad(format!("version 1: no CRLF within {V1_MAX} bytes")),
             None => Parsed::Partial,
-            Some(nl) if window[nl - 1] != b'\r' => Parsed::Bad("version 1: a line feed without a carriage return".into()),
+            Some(nl) if window[nl - 1] != b'\r' => {
+                Parsed::Bad("version 1: a line feed without a carriage return".into())
+            }
             Some(nl) => match parse_parts(&bytes[..=nl]) {
                 Parsed::Header { len, source } if len == nl + 1 => Parsed::Header { len, source },
                 Parsed::Bad(why) => Parsed::Bad(why),

@@ -469,7 +469,7 @@ fn enter_per_ip(worker: &Worker, cfg: &crate::config::Config, cap: usize, ip: Ip
 /// the handshake timeout, and counts the client it names against
 /// `max_connections_per_ip`: the client's address and its count, or `None` when
 /// the connection was closed (a missing, malformed or late header is logged as
-/// a failed handshake is, and counted as one).
+/// a failed handshake is, and counted as one: a protocol error, a timeout or a reset).
 async fn from_balancer(
     stream: &TcpStream,
     peer: SocketAddr,
@@ -483,7 +483,13 @@ async fn from_balancer(
         Err(e) => {
             let stats = &worker.metrics.stats;
             Stats::bump(&stats.handshake_failures);
-            Stats::bump(&stats.handshake_protocol_errors);
+            Stats::bump(match e {
+                proxy_protocol::Refused::Timeout => &stats.handshake_timeouts,
+                proxy_protocol::Refused::Closed | proxy_protocol::Refused::Io(_) => &stats.handshake_resets,
+                proxy_protocol::Refused::Malformed(_) | proxy_protocol::Refused::TooLong => {
+                    &stats.handshake_protocol_errors
+                }
+            });
             let (log, suppressed) = worker.handshake_log.check(Instant::now());
             log_suppressed_handshakes(suppressed);
             if log {

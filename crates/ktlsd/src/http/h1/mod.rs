@@ -475,6 +475,7 @@ fn logged(head: &Head) -> Logged<'_> {
         line: RequestLine { method: &head.request.method, target: &head.target, version: head.version.as_str() },
         referer: head.referer.as_deref(),
         user_agent: head.user_agent.as_deref(),
+        client: head.request.client,
     }
 }
 

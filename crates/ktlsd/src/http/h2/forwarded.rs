@@ -139,6 +139,8 @@ pub(super) struct Proxied<'a> {
     pub head: RequestHead,
     /// When the request arrived.
     pub started: Instant,
+    /// The client's address as the pipeline found it, for the access log.
+    pub client: Option<std::net::IpAddr>,
     answered: bool,
 }
 
@@ -172,6 +174,7 @@ pub(super) fn start<'a>(
     };
     let out = Rc::new(RefCell::new(Out::default()));
     let room = Rc::new(Notify::new());
+    let client = req.client;
     let mut feed = Feed { out: out.clone(), room: room.clone(), signal: signal.clone(), upload: body, splice };
     let task = tokio::task::spawn_local(async move {
         match forward.run(&req, &mut feed).await {
@@ -181,7 +184,7 @@ pub(super) fn start<'a>(
         }
     })
     .abort_handle();
-    Proxied { out, room, upload, task, site, head: head.clone(), started, answered: false }
+    Proxied { out, room, upload, task, site, head: head.clone(), started, client, answered: false }
 }
 
 impl Proxied<'_> {

@@ -56,6 +56,8 @@ const SHUTDOWN_ACK_WAIT: Duration = Duration::from_secs(1);
 
 /// A response under way, kept until its last frame is sent (the file stays open).
 struct Open {
+    /// The client's address as the pipeline found it, for the access log.
+    client: Option<std::net::IpAddr>,
     /// The file and where the response's range starts in it.
     file: Option<(Found, u64)>,
     /// A body made of parts (of `file`, whose start is then 0); empty otherwise.
@@ -121,11 +123,11 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                             let mut r =
                                 handler::refusal(Status::BAD_REQUEST, &ctx.sites.default, head.method == "HEAD");
                             r.refused = Some(why.into());
-                            Decided::Answer(r)
+                            Decided::Answer(r, Some(peer.ip()))
                         }
                     };
-                    let response = match decided {
-                        Decided::Answer(response) => response,
+                    let (response, client) = match decided {
+                        Decided::Answer(response, client) => (response, client),
                         Decided::Forward(forward, req, site) => {
                             let splice = conn.can_splice();
                             let task = super::forwarded::start(
@@ -135,7 +137,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                             continue;
                         }
                     };
-                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, response, None, false, started)
+                    answer(&mut h2, &mut open, stream, &head, &ctx, conn, response, None, false, started, client)
                 }
                 Event::Data { stream, data, end_stream } => {
                     if let Some(task) = proxied.get_mut(&stream) {
@@ -361,7 +363,8 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
 /// How a request goes on.
 #[allow(clippy::large_enum_variant)] // one per request, moved once
 enum Decided<'a> {
-    Answer(Response),
+    /// An answer, and the client's address as the pipeline found it.
+    Answer(Response, Option<std::net::IpAddr>),
     /// A forward, for a task of its own, with its request and site.
     Forward(Forward, Request, Site<'a>),
 }
@@ -379,7 +382,7 @@ async fn decide<'a>(
 ) -> Decided<'a> {
     let x = match pipeline::Exchange::begin(req, &ctx.sites, Handshake::Tcp(conn.server_name())) {
         Ok(x) => x,
-        Err((_, response)) => return Decided::Answer(response),
+        Err((req, response)) => return Decided::Answer(response, req.client),
     };
     let body = match (end_stream, head.content_length) {
         (true, _) => RequestBody::None,
@@ -388,7 +391,7 @@ async fn decide<'a>(
     };
     let max_body = ctx.settings.max_body_bytes;
     match x.decide(body, max_body, || head.upstreamed("2", body)).await {
-        Decision::Respond(response) | Decision::Static(response) => Decided::Answer(response),
+        Decision::Respond(response) | Decision::Static(response) => Decided::Answer(response, x.req.client),
         Decision::Forward(forward) => Decided::Forward(forward.with_cache(&ctx.sites), x.req, x.site),
     }
 }
@@ -408,6 +411,7 @@ fn answer<S>(
     streamed: Option<Streamed>,
     from_cache: bool,
     started: Instant,
+    client: Option<std::net::IpAddr>,
 ) {
     let peer = ctx.peer;
     let target = head.path.clone().unwrap_or_default();
@@ -467,6 +471,7 @@ fn answer<S>(
     let host = head.authority.clone().filter(|a| !a.is_empty());
     let ttfb = started.elapsed();
     let o = Open {
+        client,
         file,
         parts,
         method,
@@ -513,12 +518,12 @@ fn step_proxied<'a, S>(
                     let _ = h2.push_at_source(stream, n);
                 }
                 Step::Respond(response, streamed, from_cache) => {
-                    let (head, started) = (task.head.clone(), task.started);
+                    let (head, started, client) = (task.head.clone(), task.started, task.client);
                     let source = task.take_source();
                     if streamed.is_none() {
                         proxied.remove(&stream);
                     }
-                    answer(h2, open, stream, &head, ctx, conn, response, streamed, from_cache, started);
+                    answer(h2, open, stream, &head, ctx, conn, response, streamed, from_cache, started, client);
                     if let Some(o) = open.get_mut(&stream) {
                         o.source = source;
                     }
@@ -546,7 +551,12 @@ impl Open {
     /// Writes the stream's access-log entry.
     fn log<S>(&self, ctx: &Context<'_, S>, conn: &impl Transport) {
         let line = RequestLine { method: &self.method, target: &self.target, version: "HTTP/2.0" };
-        let logged = Logged { line, referer: self.referer.as_deref(), user_agent: self.user_agent.as_deref() };
+        let logged = Logged {
+            line,
+            referer: self.referer.as_deref(),
+            user_agent: self.user_agent.as_deref(),
+            client: self.client,
+        };
         if let (true, Some(path)) = (self.from_cache, self.body) {
             pipeline::hit_bytes(path, self.sent);
         }

@@ -1,5 +1,11 @@
-//! The PROXY protocol behind a real HAProxy in TCP mode (`send-proxy-v2` and
-//! `send-proxy`): the client's address from the header in the access log, in
+//! The client's address behind a load balancer, with a real HAProxy in front.
+//!
+//! `trusted_proxies`, HAProxy in HTTP mode (`option forwardfor`) over TLS to ktlsd,
+//! HTTP/1.1 and HTTP/2: the right-most untrusted address of X-Forwarded-For in the
+//! log and in `[[access]]`, a spoofed entry at the left ignored, the same field from an
+//! untrusted peer never read; the upstream's X-Forwarded-For ends with the proxy.
+//!
+//! The PROXY protocol, HAProxy in TCP mode (`send-proxy-v2` and `send-proxy`): the client's address from the header in the access log, in
 //! `[[access]]` decisions and in the `X-Forwarded-For` an upstream receives, over
 //! HTTP/1.1, HTTP/2 and the plain-HTTP port; and what is refused, each closing
 //! the connection before any TLS byte: no header from a balancer, a header from
@@ -20,7 +26,7 @@ use testkit::*;
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
-/// HAProxy in TCP mode, one frontend per `(version, backend)` given; killed when dropped.
+/// HAProxy, one frontend per route given; killed when dropped.
 struct Haproxy {
     child: Child,
     ports: Vec<u16>,
@@ -28,11 +34,20 @@ struct Haproxy {
 }
 
 impl Haproxy {
-    /// One frontend per `(send-proxy option, backend address)`; each listens on its own port.
+    /// In TCP mode, one frontend per `(server options, backend address)`; each listens on its own port.
     fn start(routes: &[(&str, SocketAddr)]) -> Haproxy {
+        Haproxy::start_in("tcp", routes)
+    }
+
+    /// In `mode` (tcp, or http with `option forwardfor`), one frontend per
+    /// `(server options, backend address)`; each listens on its own port.
+    fn start_in(mode: &str, routes: &[(&str, SocketAddr)]) -> Haproxy {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg =
-            String::from("defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n");
+            format!("defaults\n  mode {mode}\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n");
+        if mode == "http" {
+            cfg += "  option forwardfor\n";
+        }
         let mut ports = Vec::new();
         for (i, (send, backend)) in routes.iter().enumerate() {
             let port = free_port();
@@ -93,12 +108,16 @@ fn log_lines(srv: &Server, n: usize) -> Vec<String> {
 }
 
 fn server(origin: &Origin) -> Server {
+    server_with(origin, r#"proxy_protocol_from = ["127.0.0.1"]"#)
+}
+
+fn server_with(origin: &Origin, trust: &str) -> Server {
     Server::builder(BIN)
         .file("index.txt", "static file")
         .file("private/x.txt", "private")
         .config(&format!(
             r#"
-proxy_protocol_from = ["127.0.0.1"]
+{trust}
 handshake_timeout = "2s"
 http_listen = ["127.0.0.1:0"]
 
@@ -113,6 +132,42 @@ upstream = ["{}"]
             origin.url()
         ))
         .start()
+}
+
+#[test]
+fn behind_an_http_proxy_the_client_is_the_right_most_untrusted_address() {
+    let origin = Origin::start("o");
+    let srv = server_with(&origin, r#"trusted_proxies = ["127.0.0.1"]"#);
+    let lb = Haproxy::start_in(
+        "http",
+        &[("ssl verify none alpn http/1.1", srv.addr()), ("ssl verify none alpn h2", srv.addr())],
+    );
+    let mut requests = 0;
+    for port in &lb.ports {
+        let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+        assert_eq!(get("127.0.0.5", &url("/index.txt"), &[]), (200, "static file".into()), "{port}");
+        assert_eq!(get("127.0.0.5", &url("/private/x.txt"), &[]).0, 403, "{port}");
+        // A client naming another address at the left of the list is not believed.
+        assert_eq!(get("127.0.0.5", &url("/private/x.txt"), &["-H", "X-Forwarded-For: 127.0.0.6"]).0, 403, "{port}");
+        assert_eq!(get("127.0.0.6", &url("/private/x.txt"), &[]).0, 200, "{port}");
+        // The upstream gets the list as received, then the proxy the request came from.
+        let (status, echo) = get("127.0.0.7", &url("/api/echo"), &[]);
+        assert_eq!(status, 200, "{port}");
+        assert!(echo.contains("127.0.0.7, 127.0.0.1"), "{echo}");
+        requests += 5;
+        let lines = log_lines(&srv, requests);
+        let last: Vec<&str> = lines[lines.len() - 5..].iter().map(|l| l.split(' ').next().unwrap_or("")).collect();
+        assert_eq!(last, ["127.0.0.5", "127.0.0.5", "127.0.0.5", "127.0.0.6", "127.0.0.7"], "{port}: {lines:?}");
+    }
+    // From a peer that is not trusted the field is never read, over either protocol.
+    for proto in ["--http1.1", "--http2"] {
+        let spoof = ["-H", "X-Forwarded-For: 127.0.0.9", proto];
+        assert_eq!(get("127.0.0.5", &srv.url("/private/x.txt"), &spoof).0, 403, "{proto}");
+        assert_eq!(get("127.0.0.2", &srv.url("/index.txt"), &spoof).0, 200, "{proto}");
+    }
+    let lines = log_lines(&srv, requests + 4);
+    assert!(lines.iter().all(|l| !l.starts_with("127.0.0.9 ")), "{lines:?}");
+    assert!(lines.last().is_some_and(|l| l.starts_with("127.0.0.2 ")), "{lines:?}");
 }
 
 #[test]
