@@ -15,7 +15,7 @@
 //! Clients come from other loopback addresses (`curl --interface 127.0.0.N`), so
 //! the address a header names differs from the balancer's, 127.0.0.1.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -218,17 +218,7 @@ fn exchange(from: &str, addr: SocketAddr, pieces: &[&[u8]], pause: Duration) -> 
         }
         let _ = s.write_all(p);
     }
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return (got, true),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (got, true),
-            Err(_) => return (got, false),
-        }
-    }
+    read_raw_until_closed(&mut s, Duration::from_secs(5))
 }
 
 /// A TLS 1.3 ClientHello's first record, enough for the server to answer with its own.

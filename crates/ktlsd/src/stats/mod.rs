@@ -114,6 +114,22 @@ impl Stats {
     }
 }
 
+/// The slot of `counts` (a histogram's counts per bucket) in which a share `q` of
+/// them falls: the first whose running sum reaches `q` of the total. `None` when
+/// the histogram is empty.
+pub fn bucket_quantile(counts: &[u64], q: f64) -> Option<usize> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let want = ((q * total as f64).ceil() as u64).max(1);
+    let mut seen = 0;
+    counts.iter().position(|c| {
+        seen += c;
+        seen >= want
+    })
+}
+
 /// Counts a connection in a gauge (`traffic.idle`) while it lives: its worker's own,
 /// so created and dropped on that worker's thread only.
 pub struct Gauged<'a>(Option<&'a Counter>);

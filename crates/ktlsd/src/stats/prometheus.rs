@@ -213,7 +213,7 @@ pub fn fd_budget(out: &mut String, open: Option<u64>, limit: Option<u64>) {
 
 /// The response cache's figures, read when scraped (the cache is shared by the
 /// workers, so these are its own totals, not per-worker sums).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct CacheFigures {
     pub hits: u64,
     pub misses: u64,

@@ -149,19 +149,7 @@ pub fn body_paths() -> (BTreeMap<&'static str, u64>, BTreeMap<&'static str, u64>
 /// The bound (ms) of `counts` (per slot of [`BOUNDS_MS`], the last over it) at or
 /// under which a share `q` falls.
 fn quantile(counts: &[u64], q: f64) -> Option<u64> {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let want = ((q * total as f64).ceil() as u64).max(1);
-    let mut seen = 0;
-    for (i, c) in counts.iter().enumerate() {
-        seen += c;
-        if seen >= want {
-            return BOUNDS_MS.get(i).copied();
-        }
-    }
-    None
+    crate::stats::bucket_quantile(counts, q).and_then(|i| BOUNDS_MS.get(i).copied())
 }
 
 /// Writes one counter family by `by`, each of `always` shown (0 until counted).

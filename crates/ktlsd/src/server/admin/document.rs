@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::{Current, State};
 use crate::config::KtlsMode;
 use crate::handler::proxy::{self, Upstream};
+use crate::stats::prometheus::CacheFigures;
 use crate::stats::{sites, Metrics, Stats, TIME_BOUNDS_US};
 use crate::vocab::{HttpVersion, RecordLayer};
 
@@ -149,16 +150,12 @@ pub struct UpstreamRow {
 pub struct CacheView {
     /// Hits over hits and misses since start-up; `None` before any lookup.
     pub hit_ratio: Option<f64>,
-    pub hits: u64,
-    pub misses: u64,
-    pub stale: u64,
-    pub revalidations: u64,
-    pub coalesced: u64,
-    pub evictions: u64,
-    /// Bytes stored now, and the limit.
-    pub bytes: u64,
+    /// Hits, misses, stale, revalidations, coalesced waits, evictions, bytes stored
+    /// now and entries: `/metrics`'s figures, under the same names.
+    #[serde(flatten)]
+    pub figures: CacheFigures,
+    /// The limit of the bytes stored.
     pub max_size: u64,
-    pub entries: u64,
     /// Body bytes of hits sent by sendfile from the entry (kTLS), and copied.
     pub sendfile_bytes: u64,
     pub copy_bytes: u64,
@@ -314,19 +311,8 @@ fn ratio(part: u64, whole: u64) -> Option<f64> {
 /// The response-time bound (µs) at or under which a share `q` of `counts` falls
 /// (`counts` per slot of [`TIME_BOUNDS_US`], the last over it: then the last bound).
 fn quantile_us(counts: &[u64], q: f64) -> Option<u64> {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
-        return None;
-    }
-    let want = ((q * total as f64).ceil() as u64).max(1);
-    let mut seen = 0;
-    for (i, c) in counts.iter().enumerate() {
-        seen += c;
-        if seen >= want {
-            return TIME_BOUNDS_US.get(i).or(TIME_BOUNDS_US.last()).copied();
-        }
-    }
-    TIME_BOUNDS_US.last().copied()
+    let i = crate::stats::bucket_quantile(counts, q)?;
+    TIME_BOUNDS_US.get(i).or(TIME_BOUNDS_US.last()).copied()
 }
 
 fn unix_now() -> u64 {
@@ -532,15 +518,8 @@ pub fn document(state: &State, current: &Current, history: &mut History, since: 
         let (hit_bytes, _) = proxy::metrics::body_paths();
         CacheView {
             hit_ratio: ratio(f.hits, f.hits + f.misses),
-            hits: f.hits,
-            misses: f.misses,
-            stale: f.stale,
-            revalidations: f.revalidations,
-            coalesced: f.coalesced,
-            evictions: f.evictions,
-            bytes: f.bytes,
+            figures: f,
             max_size: cache.max_size(),
-            entries: f.entries,
             sendfile_bytes: hit_bytes.get("sendfile").copied().unwrap_or(0),
             copy_bytes: hit_bytes.get("copy").copied().unwrap_or(0),
             hottest,
