@@ -57,6 +57,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Take this member out of its load balancer's rotation: the admin listener's /healthz
+    /// answers 503 from now on, while every connection and request is still served.
+    ///
+    /// A balancer that checks /healthz (HAProxy `option httpchk GET /healthz`) stops
+    /// sending new connections; stop or upgrade the member once they have ended.
+    /// `--undo`, or a restart, puts it back.
+    Drain {
+        /// The server's admin address: IP:PORT or a Unix socket path.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9443")]
+        admin: String,
+        /// Put the member back: /healthz answers 200 again.
+        #[arg(long)]
+        undo: bool,
+    },
     /// Write the man pages or a shell completion script (for packagers).
     #[command(hide = true)]
     Generate {

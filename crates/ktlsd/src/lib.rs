@@ -55,6 +55,7 @@ pub fn main() -> ExitCode {
         cli::Command::Generate { what } => cli::generate(what).map(|()| ExitCode::SUCCESS),
         cli::Command::Doctor { json } => doctor::run(json),
         cli::Command::Status { admin, json } => server::admin::print_status(&admin, json).map(|()| ExitCode::SUCCESS),
+        cli::Command::Drain { admin, undo } => server::admin::drain(&admin, undo).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

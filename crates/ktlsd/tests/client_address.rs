@@ -17,71 +17,15 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use testkit::origin::{free_port, Origin};
+use testkit::haproxy::Haproxy;
+use testkit::origin::Origin;
 use testkit::*;
 
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
-
-/// HAProxy, one frontend per route given; killed when dropped.
-struct Haproxy {
-    child: Child,
-    ports: Vec<u16>,
-    _dir: tempfile::TempDir,
-}
-
-impl Haproxy {
-    /// In TCP mode, one frontend per `(server options, backend address)`; each listens on its own port.
-    fn start(routes: &[(&str, SocketAddr)]) -> Haproxy {
-        Haproxy::start_in("tcp", routes)
-    }
-
-    /// In `mode` (tcp, or http with `option forwardfor`), one frontend per
-    /// `(server options, backend address)`; each listens on its own port.
-    fn start_in(mode: &str, routes: &[(&str, SocketAddr)]) -> Haproxy {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg =
-            format!("defaults\n  mode {mode}\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n");
-        if mode == "http" {
-            cfg += "  option forwardfor\n";
-        }
-        let mut ports = Vec::new();
-        for (i, (send, backend)) in routes.iter().enumerate() {
-            let port = free_port();
-            cfg += &format!(
-                "frontend f{i}\n  bind 127.0.0.1:{port}\n  default_backend b{i}\nbackend b{i}\n  server s {backend} {send}\n"
-            );
-            ports.push(port);
-        }
-        let path = dir.path().join("haproxy.cfg");
-        std::fs::write(&path, cfg).unwrap();
-        let child = Command::new("haproxy")
-            .args(["-db", "-f"])
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("haproxy is installed (scripts/test installs Debian's haproxy)");
-        let t = Instant::now();
-        for port in &ports {
-            while TcpStream::connect(("127.0.0.1", *port)).is_err() {
-                assert!(t.elapsed() < Duration::from_secs(10), "haproxy did not listen on {port}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        Haproxy { child, ports, _dir: dir }
-    }
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// curl from `from` (a loopback address) for `url`: (status, body); status 0 when it failed.
 fn get(from: &str, url: &str, extra: &[&str]) -> (u16, String) {
@@ -174,11 +118,10 @@ fn behind_an_http_proxy_the_client_is_the_right_most_untrusted_address() {
 fn the_client_address_comes_from_haproxys_header() {
     let origin = Origin::start("o");
     let srv = server(&origin);
-    let lb = Haproxy::start(&[
-        ("send-proxy-v2", srv.addr()),
-        ("send-proxy", srv.addr()),
-        ("send-proxy-v2", srv.http_addrs()[0]),
-    ]);
+    let lb = Haproxy::start_in(
+        "tcp",
+        &[("send-proxy-v2", srv.addr()), ("send-proxy", srv.addr()), ("send-proxy-v2", srv.http_addrs()[0])],
+    );
     let mut requests = 0;
     for port in &lb.ports[..2] {
         for proto in ["--http1.1", "--http2"] {

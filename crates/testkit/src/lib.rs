@@ -15,6 +15,7 @@ pub mod certs;
 pub mod curl;
 pub mod data;
 pub mod forge;
+pub mod haproxy;
 pub mod openssl;
 pub mod origin;
 pub mod pebble;

@@ -296,7 +296,9 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
     let admin = match sockets.admin {
         Some(b) => {
             if let Some(a) = &current_rx.borrow().shared.config.admin {
-                tracing::info!("admin listener on {a} (/ the status page, /status.json, /metrics, /status, /advisor)");
+                tracing::info!(
+                    "admin listener on {a} (/ the status page, /status.json, /metrics, /status, /advisor, /healthz)"
+                );
             }
             let state = admin::State {
                 workers: metrics,
@@ -305,6 +307,7 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
                 https: sockets.https_bound.clone(),
                 http: sockets.http_bound.clone(),
                 history: Default::default(),
+                drain: Default::default(),
             };
             Some(admin::spawn(b, state, stop_rx.clone())?)
         }

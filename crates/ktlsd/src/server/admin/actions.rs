@@ -96,7 +96,7 @@ fn names(u: &Upstream, name: &str) -> bool {
 
 /// Whether a browser's `Origin` is the admin listener's own (`Host`): a page of
 /// another origin must not act with credentials the browser remembers.
-fn same_origin(origin: &str, host: Option<&str>) -> bool {
+pub(super) fn same_origin(origin: &str, host: Option<&str>) -> bool {
     let Some(host) = host else { return false };
     origin.strip_prefix("http://").is_some_and(|o| o.eq_ignore_ascii_case(host))
 }

@@ -47,6 +47,8 @@ pub struct Document {
     pub uptime_seconds: f64,
     /// Whether admin actions (drain, enable) are possible: `admin_auth` is configured.
     pub admin_actions: bool,
+    /// Whether the member is drained (`ktlsd drain`): `/healthz` answers 503.
+    pub draining: bool,
     pub now: Now,
     pub upstreams: Vec<UpstreamRow>,
     /// `None` without a `[cache]`.
@@ -550,6 +552,7 @@ pub fn document(state: &State, current: &Current, history: &mut History, since: 
         time: now_s,
         uptime_seconds: state.started.elapsed().as_secs_f64(),
         admin_actions: c.admin_auth.is_some(),
+        draining: state.drain.drained(),
         now,
         upstreams,
         cache,

@@ -1,7 +1,8 @@
 //! The admin listener: plain HTTP/1.1 on a loopback address or a Unix socket,
 //! serving the status page (`/`, [`page`]) and its document (`/status.json`,
 //! [`document`]), `/metrics` (Prometheus text), `/status` and `/advisor` (JSON),
-//! `POST /cache/purge` (the response cache) and the admin actions
+//! `POST /cache/purge` (the response cache), the load balancer's `/healthz` with
+//! `POST /drain` and `/undrain` ([`drain`]) and the admin actions
 //! (`POST /upstreams/drain`, `/upstreams/enable`: [`actions`]), one request per
 //! connection. It runs on a thread of its own, samples the status page's history
 //! there once a second, and only reads the workers' counters (summed per request
@@ -11,6 +12,7 @@
 
 mod actions;
 mod document;
+pub mod drain;
 mod page;
 
 use std::io::{Read, Write};
@@ -93,6 +95,8 @@ pub struct State {
     pub http: Vec<std::net::SocketAddr>,
     /// The status page's history, sampled once a second by the admin thread.
     pub history: Mutex<document::History>,
+    /// Whether `/healthz` tells the load balancer to take this member out.
+    pub drain: drain::Drain,
 }
 
 /// Serves `bound` on a thread of its own until `stop` turns true.
@@ -307,6 +311,9 @@ async fn route(req: &Request<'_>, state: &State) -> Reply {
     if let Some(action) = actions::Action::of(path) {
         return actions::act(req, state, action).await;
     }
+    if let Some(endpoint) = drain::Endpoint::of(path) {
+        return drain::answer(req, &state.drain, endpoint);
+    }
     if path == "/cache/purge" {
         let current = state.current.borrow().clone();
         let (status, ctype, body) =
@@ -505,9 +512,31 @@ fn status(total: &Metrics, state: &State, current: &Current) -> Status {
 /// `ktlsd status`: fetches `/status` from the admin address `addr` and prints it
 /// readably; with `json`, fetches `/status.json` and prints it as indented JSON.
 pub fn print_status(addr: &str, json: bool) -> anyhow::Result<()> {
-    let addr = AdminAddr::parse(addr)?;
     let path = if json { "/status.json" } else { "/status" };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: ktlsd\r\nConnection: close\r\n\r\n");
+    let (addr, body) = request(addr, "GET", path)?;
+    let v: serde_json::Value =
+        serde_json::from_str(&body).with_context(|| format!("{addr} sent a {path} that is not JSON"))?;
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(&v)?),
+        false => print!("{}", readable(&v)),
+    }
+    Ok(())
+}
+
+/// `ktlsd drain`: `POST /drain` (or `/undrain` with `undo`) to the admin address
+/// `addr`, and prints what the member is now doing.
+pub fn drain(addr: &str, undo: bool) -> anyhow::Result<()> {
+    let path = if undo { "/undrain" } else { "/drain" };
+    let (_, body) = request(addr, "POST", path)?;
+    print!("{body}");
+    Ok(())
+}
+
+/// Sends one bodiless request to the admin address `addr` and gives back the
+/// address parsed and the body of its 200 answer; any other answer is an error.
+fn request(addr: &str, method: &str, path: &str) -> anyhow::Result<(AdminAddr, String)> {
+    let addr = AdminAddr::parse(addr)?;
+    let request = format!("{method} {path} HTTP/1.1\r\nHost: ktlsd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     let request = request.as_bytes();
     let mut reply = Vec::new();
     let hint = "is ktlsd running with --admin at that address?";
@@ -530,15 +559,10 @@ pub fn print_status(addr: &str, json: bool) -> anyhow::Result<()> {
     let text = String::from_utf8_lossy(&reply);
     let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow!("{addr} sent no complete HTTP response"))?;
     if !head.starts_with("HTTP/1.1 200") {
-        return Err(anyhow!("{addr} answered {}", head.lines().next().unwrap_or_default()));
+        return Err(anyhow!("{addr} answered {}: {}", head.lines().next().unwrap_or_default(), body.trim_end()));
     }
-    let v: serde_json::Value =
-        serde_json::from_str(body).with_context(|| format!("{addr} sent a {path} that is not JSON"))?;
-    match json {
-        true => println!("{}", serde_json::to_string_pretty(&v)?),
-        false => print!("{}", readable(&v)),
-    }
-    Ok(())
+    let body = body.to_string();
+    Ok((addr, body))
 }
 
 /// `/status` as indented `key: value` lines.
