@@ -32,6 +32,10 @@ Scenarios:
               (VM)    --vm: a 128 MiB hit over kTLS from both (nginx with OpenSSL's KTLS option):
                       MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it.
 
+  fleet       (host)  three ktlsd members behind HAProxy (round robin): TLS 1.3 connections resumed,
+                      new connections per second and the members' CPU per connection, with
+                      per-process ticket keys against keys shared through etcd ([cluster]).
+
 Run through bench/run, which installs what is needed and boots a VM for the VM scenarios. Each scenario
 is a module of the ktlsbench package beside this file, with the helpers they share.
 """
@@ -42,7 +46,7 @@ import os
 import shutil
 import tempfile
 
-from ktlsbench import cold, h3, ktls, peers, proxy, scale, scale_ktls, servers, tail, tail_h3, throughput, throughput_h2
+from ktlsbench import cold, fleet, h3, ktls, peers, proxy, scale, scale_ktls, servers, tail, tail_h3, throughput, throughput_h2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -51,7 +55,7 @@ REPO = os.path.dirname(HERE)
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "h3", "cold",
-                                               "proxy"])
+                                               "proxy", "fleet"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -103,6 +107,8 @@ def main():
         args.out = os.path.join(args.out, "h2")
     servers.WORKERS = args.workers
     peers.PEERS = [n for n in args.peers.split(",") if n] if not args.http3 else []  # --http3: ktlsd alone
+    if args.scenario == "fleet":
+        peers.PEERS = []  # ktlsd against itself: per-process keys and [cluster]
     unknown = set(peers.PEERS) - set(peers.KINDS)
     if unknown:
         p.error(f"--peers: unknown {', '.join(sorted(unknown))}; choose from {', '.join(peers.KINDS)}")
@@ -130,7 +136,7 @@ def main():
                       "ktls": ktls.scenario_ktls_h2 if args.http2 else ktls.scenario_ktls,
                       "tail": tail.scenario_tail, "scale": scale.scenario_scale, "h2": throughput_h2.scenario_h2,
                       "h3": h3.scenario_h3, "proxy": proxy.scenario_proxy,
-                      "cold": cold.scenario_cold, "scale-ktls": scale_ktls.scenario_scale_ktls}[args.scenario](args, work)
+                      "fleet": fleet.scenario_fleet, "cold": cold.scenario_cold, "scale-ktls": scale_ktls.scenario_scale_ktls}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = os.uname().release

@@ -1,4 +1,17 @@
-//! ktlsd as members of a fleet behind a real HAProxy.
+//! ktlsd as members of a fleet: state shared through a real 3-member etcd cluster,
+//! and a real HAProxy in front.
+//!
+//! Session tickets: three members with one `[cluster]` (the same `secret_file`); a
+//! TLS 1.3 ticket from one (openssl `-sess_out`) resumes on the others (`-sess_in`),
+//! and still does across rotations (`ticket_rotation` shortened), with the etcd
+//! leader killed, and with all of etcd stopped: members serve on, a member restarted
+//! while etcd is down resumes with its local copy of the keys, and on etcd's return
+//! they converge. Garbage at the keys' record is logged and replaced; a member with
+//! another secret logs the record as unusable and neither uses nor overwrites it.
+//!
+//! QUIC: with Retry for every client, a relay hands an aioquic client's packets to
+//! one member until that member's Retry, then to another: the token validates there,
+//! and the handshake completes on the second member.
 //!
 //! Draining for the balancer: two members behind HAProxy in TCP mode, which checks
 //! each member's `/healthz` on its admin listener. `ktlsd drain` takes a member out
@@ -11,6 +24,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use testkit::etcd::Etcd;
 use testkit::haproxy::Haproxy;
 use testkit::origin::free_port;
 use testkit::*;
@@ -123,4 +137,268 @@ fn a_drained_member_leaves_the_balancer_and_still_serves() {
 fn drain_without_a_server_says_why() {
     let (ok, _) = drain(format!("127.0.0.1:{}", free_port()).parse().unwrap(), false);
     assert!(!ok);
+}
+
+const REQUEST: &str = "GET /who.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+
+/// A fleet member: `[cluster]` on `etcd` under `prefix`, with `secret`, and an admin listener.
+fn fleet_member(
+    name: &str,
+    etcd: &Etcd,
+    prefix: &str,
+    secret: &std::path::Path,
+    state: Option<&std::path::Path>,
+) -> (Server, SocketAddr) {
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut b = Server::builder(BIN).file("who.txt", name);
+    if let Some(dir) = state {
+        b = b.no_state_dir().arg("--state-dir").arg(dir);
+    }
+    let srv = b
+        .config(&format!(
+            "admin = \"{admin}\"\n[cluster]\netcd = {}\nname = \"{name}\"\nsecret_file = \"{}\"\nprefix = \"{prefix}\"\nticket_rotation = \"3s\"\n",
+            etcd.toml_endpoints(),
+            secret.display()
+        ))
+        .start();
+    (srv, admin)
+}
+
+/// A metric's value from the admin listener's /metrics.
+fn metric(admin: SocketAddr, name: &str) -> Option<f64> {
+    let (_, text) = get(&format!("http://{admin}/metrics"));
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Waits until `admin`'s metric `name` satisfies `ok`.
+fn wait_metric(admin: SocketAddr, name: &str, ok: impl Fn(f64) -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        if metric(admin, name).is_some_and(&ok) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// A new TLS 1.3 session with `srv`, saved in `file`.
+fn new_session(srv: &Server, file: &std::path::Path) {
+    let f = file.to_string_lossy();
+    let (ok, out, err) = s_client(srv.addr(), &["-tls1_3", "-sess_out", &f], REQUEST);
+    assert!(ok && out.contains("New, TLSv1.3"), "{out}\n{err}");
+    assert!(std::fs::metadata(file).map(|m| m.len() > 0).unwrap_or(false), "no ticket saved:\n{out}");
+}
+
+/// Whether the session in `file` resumes on `srv` (a few tries: keys travel by watch).
+fn resumes(srv: &Server, file: &std::path::Path) -> bool {
+    let f = file.to_string_lossy();
+    for _ in 0..20 {
+        let (ok, out, _) = s_client(srv.addr(), &["-tls1_3", "-sess_in", &f], REQUEST);
+        if ok && out.contains("Reused, TLSv1.3") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+fn secret_file(dir: &std::path::Path, name: &str, byte: u8) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, [byte; 32]).unwrap();
+    path
+}
+
+#[test]
+fn a_ticket_from_one_member_resumes_on_every_other_through_rotations_and_etcd_failures() {
+    let mut etcd = Etcd::start(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = secret_file(tmp.path(), "cluster.key", 7);
+    let state_a = tmp.path().join("state-a");
+    let (a, a_admin) = fleet_member("a", &etcd, "/t1", &secret, Some(&state_a));
+    let (b, b_admin) = fleet_member("b", &etcd, "/t1", &secret, None);
+    let (c, c_admin) = fleet_member("c", &etcd, "/t1", &secret, None);
+    for admin in [a_admin, b_admin, c_admin] {
+        assert!(wait_metric(admin, "ktlsd_cluster_store_up", |v| v == 1.0), "store up on {admin}");
+        assert!(wait_metric(admin, "ktlsd_cluster_ticket_keys", |v| v >= 1.0), "keys on {admin}");
+    }
+    let ticket = tmp.path().join("a.pem");
+    new_session(&a, &ticket);
+    assert!(resumes(&b, &ticket), "a ticket from a resumes on b");
+    assert!(resumes(&c, &ticket), "a ticket from a resumes on c");
+
+    // Rotations (every 3 s): a ticket from before still opens, one from after does too.
+    let rotations = |admins: &[SocketAddr]| -> f64 {
+        admins.iter().filter_map(|&a| metric(a, "ktlsd_cluster_ticket_rotations_total")).sum()
+    };
+    let before = rotations(&[a_admin, b_admin, c_admin]);
+    let t = Instant::now();
+    while rotations(&[a_admin, b_admin, c_admin]) < before + 2.0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "no rotation");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(resumes(&c, &ticket), "a ticket from before two rotations still resumes");
+    let fresh = tmp.path().join("b.pem");
+    new_session(&b, &fresh);
+    assert!(resumes(&a, &fresh) && resumes(&c, &fresh), "a ticket from after the rotations resumes everywhere");
+    let record = etcd.get("/t1/tickets").expect("the keys' record");
+    assert!(record.starts_with(b"ktlsd-sealed-1\n"), "sealed in etcd");
+
+    // The leader killed: two of three carry on, and so does the fleet.
+    let leader = etcd.leader();
+    etcd.kill(leader);
+    let after_leader = tmp.path().join("c.pem");
+    new_session(&c, &after_leader);
+    assert!(resumes(&a, &after_leader), "resumption with the etcd leader killed");
+
+    // All of etcd stopped: members serve on and say the store is down.
+    etcd.kill_all();
+    for admin in [a_admin, b_admin, c_admin] {
+        assert!(wait_metric(admin, "ktlsd_cluster_store_up", |v| v == 0.0), "store down seen on {admin}");
+    }
+    assert!(b.stderr().contains("cluster: the store is down"), "{}", b.stderr());
+    assert_eq!(get(&b.url("/who.txt")), (200, "b".to_string()));
+    let during = tmp.path().join("during.pem");
+    new_session(&b, &during);
+    assert!(resumes(&c, &during), "the keys in use stay in use without etcd");
+    // A member restarted while etcd is down starts from its local copy.
+    drop(a);
+    let (a, a_admin) = fleet_member("a", &etcd, "/t1", &secret, Some(&state_a));
+    assert!(
+        a.stderr().contains("starting with the")
+            || a.wait_stderr("starting with the", Duration::from_secs(5)).is_some()
+    );
+    assert!(resumes(&a, &during), "a restarted member resumes the fleet's tickets from its local copy");
+
+    // etcd back: every member follows it again, and rotations reach everyone.
+    etcd.restart_all();
+    for admin in [a_admin, b_admin, c_admin] {
+        assert!(wait_metric(admin, "ktlsd_cluster_store_up", |v| v == 1.0), "store back on {admin}");
+    }
+    let before = rotations(&[a_admin, b_admin, c_admin]);
+    let t = Instant::now();
+    while rotations(&[a_admin, b_admin, c_admin]) < before + 1.0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "no rotation after etcd's return");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let converged = tmp.path().join("converged.pem");
+    new_session(&c, &converged);
+    assert!(resumes(&a, &converged) && resumes(&b, &converged), "converged after etcd's return");
+    drop((b, c));
+}
+
+#[test]
+fn garbage_and_foreign_records_in_etcd_are_never_used() {
+    let etcd = Etcd::start(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = secret_file(tmp.path(), "cluster.key", 9);
+    etcd.put("/t2/tickets", b"garbage");
+    let (a, a_admin) = fleet_member("a", &etcd, "/t2", &secret, None);
+    let (b, _) = fleet_member("b", &etcd, "/t2", &secret, None);
+    assert!(wait_metric(a_admin, "ktlsd_cluster_ticket_keys", |v| v >= 1.0), "keys replace the garbage");
+    let record = etcd.get("/t2/tickets").unwrap();
+    assert!(record.starts_with(b"ktlsd-sealed-1\n"), "the garbage was replaced");
+    let logs = format!("{}{}", a.stderr(), b.stderr());
+    assert!(logs.contains("are unusable (not a sealed record); they are replaced"), "{logs}");
+    let ticket = tmp.path().join("a.pem");
+    new_session(&a, &ticket);
+    assert!(resumes(&b, &ticket));
+
+    // A member with another secret: the record does not open, is logged, and stays.
+    let other = secret_file(tmp.path(), "other.key", 10);
+    let (stranger, _) = fleet_member("stranger", &etcd, "/t2", &other, None);
+    let said = stranger.wait_stderr("are unusable", Duration::from_secs(20)).unwrap_or_default();
+    assert!(said.contains("does not open with this member's secret_file"), "{said}");
+    assert!(!resumes(&stranger, &ticket), "the stranger cannot open the fleet's tickets");
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        !stranger.stderr().contains("rotated the session-ticket key"),
+        "the stranger never rotates the fleet's keys"
+    );
+    let later = tmp.path().join("b.pem");
+    new_session(&b, &later);
+    assert!(resumes(&a, &later), "the fleet is unaffected");
+}
+
+/// A UDP relay for one client: its packets go to `first` until `first` sends a
+/// QUIC Retry, then to `second`; the answers come back from the relay's port.
+fn retry_relay(first: SocketAddr, second: SocketAddr) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::net::UdpSocket;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let front = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let back = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = front.local_addr().unwrap().port();
+    let retried = Arc::new(AtomicBool::new(false));
+    let client: Arc<Mutex<Option<SocketAddr>>> = Arc::default();
+    {
+        let (front, back, retried, client) =
+            (front.try_clone().unwrap(), back.try_clone().unwrap(), retried.clone(), client.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok((n, from)) = front.recv_from(&mut buf) {
+                *client.lock().unwrap() = Some(from);
+                let to = if retried.load(Ordering::SeqCst) { second } else { first };
+                let _ = back.send_to(&buf[..n], to);
+            }
+        });
+    }
+    {
+        let retried = retried.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while let Ok((n, from)) = back.recv_from(&mut buf) {
+                // A long header (0x80) of type Retry (0x30), QUIC version 1.
+                if from == first && n > 5 && buf[0] & 0xb0 == 0xb0 && buf[1..5] == [0, 0, 0, 1] {
+                    retried.store(true, Ordering::SeqCst);
+                }
+                let to = *client.lock().unwrap();
+                if let Some(to) = to {
+                    let _ = front.send_to(&buf[..n], to);
+                }
+            }
+        });
+    }
+    (port, retried)
+}
+
+#[test]
+fn a_quic_retry_token_from_one_member_validates_on_another() {
+    let etcd = Etcd::start(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = secret_file(tmp.path(), "cluster.key", 11);
+    let h3_member = |name: &str| {
+        Server::builder(BIN)
+            .file("who.txt", name)
+            .args(["--http3", "--quic-retry", "always"])
+            .config(&format!(
+                "[cluster]\netcd = {}\nname = \"{name}\"\nsecret_file = \"{}\"\nprefix = \"/t3\"\n",
+                etcd.toml_endpoints(),
+                secret.display()
+            ))
+            .start()
+    };
+    let (a, b) = (h3_member("a"), h3_member("b"));
+    let (port, retried) = retry_relay(a.addr(), b.addr());
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/h3/client.py");
+    let out = run_with_timeout(
+        Command::new("/usr/bin/python3").arg(&script).args([
+            "127.0.0.1",
+            &port.to_string(),
+            "requests",
+            r#"[{"path": "/who.txt"}]"#,
+        ]),
+        None,
+        Duration::from_secs(60),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(retried.load(std::sync::atomic::Ordering::SeqCst), "member a sent a Retry");
+    assert_eq!(v["retried"], true);
+    assert_eq!(v["responses"][0]["status"], 200);
+    assert_eq!(v["responses"][0]["len"], 1);
+    let log = b.wait_access_log(1, Duration::from_secs(5));
+    assert!(log.iter().any(|l| l.contains("/who.txt")), "member b served the request: {log:?}");
+    assert!(a.access_log().is_empty(), "member a only sent the Retry");
 }

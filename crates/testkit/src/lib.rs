@@ -14,6 +14,7 @@ pub mod browser;
 pub mod certs;
 pub mod curl;
 pub mod data;
+pub mod etcd;
 pub mod forge;
 pub mod haproxy;
 pub mod openssl;

@@ -30,6 +30,7 @@ pub mod access_log;
 pub mod admin;
 pub mod auth;
 pub mod cache;
+pub mod cluster;
 pub mod compress;
 pub mod content;
 mod effective;
@@ -166,6 +167,8 @@ pub struct Config {
     pub compress_cache_size: u64,
     /// The response cache (`[cache]`); `None`: no cache.
     pub cache: Option<crate::handler::cache::Settings>,
+    /// The fleet this member belongs to (`[cluster]`); `None`: on its own.
+    pub cluster: Option<cluster::Cluster>,
     /// The default site's client-certificate policy; `None`: none asked for.
     pub client_auth: Option<tls::ClientAuth>,
     /// How long a cached open file's metadata is trusted (0: read for every request).
@@ -225,6 +228,7 @@ pub(crate) fn file_paths(file: &mut Options) -> Vec<&mut PathBuf> {
     }
     paths.extend(file.proxy.iter_mut().flatten().filter_map(|b| b.upstream_ca.as_mut()));
     paths.extend(file.cache.as_mut().and_then(|c| c.dir.as_mut()));
+    paths.extend(file.cluster.as_mut().and_then(|c| c.secret_file.as_mut()));
     paths
 }
 
@@ -256,6 +260,7 @@ impl Config {
         let listen = listen::listen(&o)?;
         let http_listen = listen::http_listen(&o, &listen)?;
         let tls = tls::tls(&o)?;
+        let cluster = cluster::cluster(o.cluster.as_ref(), !tls.ticket_keys.is_empty())?;
         let timeouts = timeouts::timeouts(&o, file_path)?;
         let limits = timeouts::limits(&o)?;
         let privileges = privileges::privileges(&o)?;
@@ -318,6 +323,7 @@ impl Config {
             max_connections_per_ip: routing::max_connections_per_ip(&o)?,
             compress_cache_size: compress::cache_size(&o)?,
             cache: cache::cache(o.cache.as_ref())?,
+            cluster,
             client_auth: tls::client_auth(&top, "")?,
             http3: h3::http3(&o)?,
             open_file_cache_valid: open_files::cache_valid(&o)?,

@@ -134,6 +134,16 @@ pub fn generate() -> String {
          (default 0.01; the first hit of each entry after start is always checked)\n",
     );
     out.push_str(
+        "\n### `[cluster]`\n\nThe fleet this member belongs to ([fleet.md](fleet.md)). Keys:\n\n\
+         - `etcd`: the endpoints of the fleet's etcd, `http://HOST:PORT` (required)\n\
+         - `name`: this member's name (default: the host name)\n\
+         - `secret_file`: the same 32 or more random bytes on every member (required); records in etcd are sealed \
+         with a key derived from it, and so are QUIC's stateless-reset and Retry token keys\n\
+         - `prefix`: the prefix of every key the fleet keeps in etcd (default `\"/ktlsd\"`)\n\
+         - `ticket_rotation`: how often one member replaces the shared session-ticket key; the last 4 keys open \
+         tickets (default `\"12h\"`, at least `\"1s\"`)\n",
+    );
+    out.push_str(
         "\n### `include` and `${VAR}`\n\n\
          `include = [\"sites/*.toml\"]`: more files, read after this one, as paths or globs relative to it (their \
          own paths relative to themselves; a glob's matches in name order, dot-files left out). A glob that \

@@ -96,7 +96,8 @@ impl Keys {
         Ok(Keys::from_secret(&secret))
     }
 
-    fn from_secret(secret: &[u8]) -> Keys {
+    /// Keys derived (HKDF-SHA256) from `secret`: the same on every server given it.
+    pub fn from_secret(secret: &[u8]) -> Keys {
         let prk = |label: &[u8]| hkdf::Salt::new(hkdf::HKDF_SHA256, label).extract(secret);
         let mut reset = [0u8; 32];
         // 32 bytes is HKDF-SHA256's own output length: expanding cannot fail.

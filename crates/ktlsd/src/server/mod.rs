@@ -32,6 +32,7 @@
 mod access_log;
 mod acme;
 pub(crate) mod admin;
+pub(crate) mod cluster;
 pub(crate) mod congestion;
 mod fd_budget;
 mod listener;
@@ -92,6 +93,8 @@ pub struct Shared {
     pub certificates: prepare::Certificates,
     /// HTTP/3 over QUIC, when `config` turns it on.
     pub http3: Option<Http3>,
+    /// This member of a fleet (`[cluster]`), the same across reloads.
+    pub cluster: Option<Arc<cluster::Member>>,
 }
 
 /// What HTTP/3 connections are served with, from `config`.

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, Context};
 
 use super::acme::{self, AcmeSites};
+use super::cluster::Member;
 use super::{congestion, Http3, Shared};
 use crate::acme::{Challenge, Challenges};
 use crate::config::tables::ClientAuthMode;
@@ -49,7 +50,8 @@ pub fn prepare(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let settings = tls_settings(&config);
+    let cluster = member(&config, previous)?;
+    let settings = tls_settings(&config, cluster.as_deref());
     let identity = Identity::load(&settings, persist)?;
     let fingerprint = identity.fingerprint();
     let origin = identity.origin.clone();
@@ -79,7 +81,7 @@ pub fn prepare(
         Some(p) => open_cache(&config, Some(p))?,
         None => None,
     };
-    let http3 = http3(&config, &tls)?;
+    let http3 = http3(&config, &tls, cluster.as_deref())?;
     files::set_cache_valid(config.open_file_cache_valid);
     let shared = Shared {
         client_auth,
@@ -96,8 +98,22 @@ pub fn prepare(
         cache,
         certificates,
         http3,
+        cluster,
     };
     Ok(Prepared { shared, fingerprint, origin })
+}
+
+/// This member of the fleet: the running one on reload (a restart applies a changed
+/// `[cluster]`), else a new one (its thread is started once the server runs).
+fn member(config: &Config, previous: Option<&Shared>) -> anyhow::Result<Option<Arc<Member>>> {
+    let Some(previous) = previous else {
+        return config.cluster.as_ref().map(|c| Member::new(c, config.state_dir.clone()).map(Arc::new)).transpose();
+    };
+    let running = previous.cluster.clone();
+    if running.as_ref().map(|m| &m.settings) != config.cluster.as_ref() {
+        tracing::warn!("reload: [cluster] changed; this takes effect only after a restart");
+    }
+    Ok(running)
 }
 
 /// The response cache of `config`: `previous`'s when its `[cache]` is the same,
@@ -215,7 +231,7 @@ fn h2_settings(config: &Config) -> h2::Settings {
 
 /// What HTTP/3 connections are served with, when `http3` is on: the QUIC side of
 /// `tls`, the endpoint keys and the limits.
-fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<Http3>> {
+fn http3(config: &Config, tls: &rustls::ServerConfig, cluster: Option<&Member>) -> anyhow::Result<Option<Http3>> {
     let Some(h3) = &config.http3 else { return Ok(None) };
     if !config.tls_versions.contains(&crate::vocab::TlsVersion::Tls13) {
         return Err(anyhow!("http3: QUIC needs TLS 1.3: add 1.3 to tls_versions, or leave http3 off"));
@@ -226,7 +242,10 @@ fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<H
         handshake_timeout: config.timeouts.handshake,
         retry: h3.retry,
     };
-    let keys = crate::quic::Keys::new(&config.ticket_keys).map_err(|e| anyhow!(e))?;
+    let keys = match cluster {
+        Some(member) => crate::quic::Keys::from_secret(member.secret.quic()),
+        None => crate::quic::Keys::new(&config.ticket_keys).map_err(|e| anyhow!(e))?,
+    };
     let quic = crate::quic::server_config(tls, &settings, &keys).map_err(|e| anyhow!(e))?;
     let h3 = crate::http::h3::Settings {
         max_field_section: config.limits.max_header_bytes as u64,
@@ -239,7 +258,7 @@ fn http3(config: &Config, tls: &rustls::ServerConfig) -> anyhow::Result<Option<H
 }
 
 /// The TLS layer's share of the configuration.
-fn tls_settings(config: &Config) -> TlsSettings {
+fn tls_settings(config: &Config, cluster: Option<&Member>) -> TlsSettings {
     TlsSettings {
         cert: config.cert.clone(),
         key: config.key.clone(),
@@ -248,6 +267,7 @@ fn tls_settings(config: &Config) -> TlsSettings {
         state_dir: config.state_dir.clone(),
         ephemeral_cert: config.ephemeral_cert,
         ticket_keys: config.ticket_keys.clone(),
+        shared_tickets: cluster.map(|m| m.tickets.clone()),
         http2: config.http2,
     }
 }

@@ -273,6 +273,8 @@ struct Running {
     workers: Vec<JoinHandle<Stats>>,
     admin: Option<JoinHandle<()>>,
     plain: Option<JoinHandle<()>>,
+    /// The thread that follows the fleet's store (`[cluster]`).
+    cluster: Option<JoinHandle<()>>,
 }
 
 /// Starts the workers on their listeners, then the admin and plain-HTTP listeners.
@@ -319,7 +321,11 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
         Some(ls) => Some(plain::spawn(ls, target, current_rx.clone(), stop_rx.clone(), plain_metrics)?),
         None => None,
     };
-    Ok(Running { stop: stop_tx, current: current_tx, workers, admin, plain })
+    let cluster = match current_rx.borrow().shared.cluster.clone() {
+        Some(member) => Some(member.start(stop_rx.clone())?),
+        None => None,
+    };
+    Ok(Running { stop: stop_tx, current: current_tx, workers, admin, plain, cluster })
 }
 
 /// Acts on signals until one says stop: SIGHUP reloads, SIGUSR1 reopens the access log.
@@ -358,6 +364,9 @@ fn stop(running: Running) {
     }
     if running.plain.is_some_and(|p| p.join().is_err()) {
         tracing::error!("the plain-HTTP listener panicked");
+    }
+    if running.cluster.is_some_and(|c| c.join().is_err()) {
+        tracing::error!("the cluster thread panicked");
     }
     let total = Stats::default();
     for h in running.workers {

@@ -24,6 +24,24 @@ pub static AUTH_FAILURES: AtomicU64 = AtomicU64::new(0);
 /// Requests refused with 429 for too many failed basic-auth attempts (all workers add to it).
 pub static AUTH_RATE_LIMITED: AtomicU64 = AtomicU64::new(0);
 
+/// The fleet's store, as the cluster thread finds it (`[cluster]`).
+pub struct ClusterGauges {
+    /// Whether the member belongs to a fleet; the others mean nothing otherwise.
+    pub enabled: std::sync::atomic::AtomicBool,
+    pub store_up: std::sync::atomic::AtomicBool,
+    /// Session-ticket keys in use from the store.
+    pub ticket_keys: AtomicU64,
+    /// Rotations of the shared session-ticket key this member made.
+    pub ticket_rotations: AtomicU64,
+}
+
+pub static CLUSTER: ClusterGauges = ClusterGauges {
+    enabled: std::sync::atomic::AtomicBool::new(false),
+    store_up: std::sync::atomic::AtomicBool::new(false),
+    ticket_keys: AtomicU64::new(0),
+    ticket_rotations: AtomicU64::new(0),
+};
+
 macro_rules! counters {
     ($($name:ident: $doc:literal),* $(,)?) => {
         /// Counters of one worker (or, summed, of the server).

@@ -186,6 +186,20 @@ pub fn render(out: &mut String, m: &Metrics, uptime: Duration, tls_stat: Option<
         family(out, name, "counter", help);
         let _ = writeln!(out, "{name} {}", v(c));
     }
+    if super::CLUSTER.enabled.load(Relaxed) {
+        let c = &super::CLUSTER;
+        family(out, "ktlsd_cluster_store_up", "gauge", "1 while the fleet's store ([cluster] etcd) is reachable.");
+        let _ = writeln!(out, "ktlsd_cluster_store_up {}", u8::from(c.store_up.load(Relaxed)));
+        family(out, "ktlsd_cluster_ticket_keys", "gauge", "Session-ticket keys from the fleet's store in use.");
+        let _ = writeln!(out, "ktlsd_cluster_ticket_keys {}", c.ticket_keys.load(Relaxed));
+        family(
+            out,
+            "ktlsd_cluster_ticket_rotations_total",
+            "counter",
+            "Rotations of the shared session-ticket key this member made.",
+        );
+        let _ = writeln!(out, "ktlsd_cluster_ticket_rotations_total {}", c.ticket_rotations.load(Relaxed));
+    }
     family(out, "ktlsd_open_file_cache_entries", "gauge", "Descriptors held by the open-file caches now.");
     let _ = writeln!(out, "ktlsd_open_file_cache_entries {}", v(&s.open_file_cache_entries));
 

@@ -25,7 +25,7 @@ use crate::vocab::{TlsVersion, UnknownName};
 
 /// What this layer needs from the configuration; the server builds it from its
 /// validated configuration (this module never reads the configuration itself).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct TlsSettings {
     /// Certificate chain and private key files; both or neither.
     pub cert: Option<PathBuf>,
@@ -39,6 +39,8 @@ pub struct TlsSettings {
     pub ephemeral_cert: bool,
     /// Session-ticket key files; the first encrypts. Empty: a random key per process.
     pub ticket_keys: Vec<PathBuf>,
+    /// The keys a fleet shares (`[cluster]`), which win over `ticket_keys`.
+    pub shared_tickets: Option<Arc<Ticketer>>,
     /// Whether ALPN offers HTTP/2.
     pub http2: bool,
 }
@@ -326,14 +328,15 @@ fn check_creatable(dir: &Path) -> Result<(), String> {
 }
 
 /// Session tickets sealed with keys from `--ticket-keys` files (nginx's
-/// `ssl_session_ticket_key` format), for TLS 1.2 and 1.3 alike.
+/// `ssl_session_ticket_key` format) or with the keys a fleet shares (`[cluster]`,
+/// which replaces them as they rotate), for TLS 1.2 and 1.3 alike.
 ///
 /// A ticket is `name (16) || nonce (12) || AES-256-GCM(state) || tag (16)`, the name
 /// authenticated as associated data. The AES key is derived with HKDF-SHA256 from the
-/// file's secret bytes (all bytes after the name), so 80- and 48-byte files both give
+/// key's secret bytes (all bytes after the name), so 80- and 48-byte keys both give
 /// AES-256. The first key seals; a ticket is opened with the key its name selects.
-pub struct FileTicketer {
-    keys: Vec<TicketKey>,
+pub struct Ticketer {
+    keys: std::sync::RwLock<Arc<[TicketKey]>>,
 }
 
 struct TicketKey {
@@ -346,16 +349,16 @@ const TICKET_NONCE_LEN: usize = 12;
 /// How long a client may keep a ticket: rustls's own ticketer's lifetime.
 const TICKET_LIFETIME_SECS: u32 = 6 * 60 * 60;
 
-impl std::fmt::Debug for FileTicketer {
+impl std::fmt::Debug for Ticketer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Names only: the keys are secret.
         let names: Vec<String> =
-            self.keys.iter().map(|k| k.name.iter().map(|b| format!("{b:02x}")).collect()).collect();
-        f.debug_struct("FileTicketer").field("names", &names).finish()
+            self.current().iter().map(|k| k.name.iter().map(|b| format!("{b:02x}")).collect()).collect();
+        f.debug_struct("Ticketer").field("names", &names).finish()
     }
 }
 
-impl FileTicketer {
+impl Ticketer {
     /// Reads the key files; an error names the file and what is wrong with it.
     pub fn from_files(paths: &[PathBuf]) -> Result<Self, SetupError> {
         let mut keys = Vec::new();
@@ -371,7 +374,23 @@ impl FileTicketer {
             })?;
             keys.push(key);
         }
-        Ok(FileTicketer { keys })
+        Ok(Ticketer { keys: std::sync::RwLock::new(keys.into()) })
+    }
+
+    /// Keys given as bytes (each as a key file holds them), the first sealing.
+    pub fn from_keys<'a>(keys: impl IntoIterator<Item = &'a [u8]>) -> Result<Self, String> {
+        let keys: Vec<TicketKey> = keys.into_iter().map(Self::key_from_bytes).collect::<Result<_, _>>()?;
+        Ok(Ticketer { keys: std::sync::RwLock::new(keys.into()) })
+    }
+
+    /// Replaces the keys; connections see the new ones from their next ticket on.
+    pub fn replace(&self, other: Ticketer) {
+        let keys = other.current();
+        *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = keys;
+    }
+
+    fn current(&self) -> Arc<[TicketKey]> {
+        self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     fn key_from_bytes(bytes: &[u8]) -> Result<TicketKey, String> {
@@ -391,9 +410,9 @@ impl FileTicketer {
     }
 }
 
-impl rustls::server::ProducesTickets for FileTicketer {
+impl rustls::server::ProducesTickets for Ticketer {
     fn enabled(&self) -> bool {
-        !self.keys.is_empty()
+        !self.current().is_empty()
     }
 
     fn lifetime(&self) -> u32 {
@@ -403,7 +422,8 @@ impl rustls::server::ProducesTickets for FileTicketer {
     fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
         use aws_lc::aead::{Aad, Nonce};
         use aws_lc::rand::SecureRandom;
-        let key = self.keys.first()?;
+        let keys = self.current();
+        let key = keys.first()?;
         let mut nonce = [0u8; TICKET_NONCE_LEN];
         aws_lc::rand::SystemRandom::new().fill(&mut nonce).ok()?;
         let mut sealed = plain.to_vec();
@@ -424,7 +444,8 @@ impl rustls::server::ProducesTickets for FileTicketer {
         }
         let (name, rest) = ticket.split_at(TICKET_NAME_LEN);
         let (nonce, sealed) = rest.split_at(TICKET_NONCE_LEN);
-        let key = self.keys.iter().find(|k| k.name == name)?;
+        let keys = self.current();
+        let key = keys.iter().find(|k| k.name == name)?;
         let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
         let mut buf = sealed.to_vec();
         let plain_len = key.aead.open_in_place(nonce, Aad::from(&key.name), &mut buf).ok()?.len();
@@ -517,10 +538,12 @@ pub fn server_config(
     if config.http2 {
         tls.alpn_protocols.insert(0, b"h2".to_vec());
     }
-    tls.ticketer = if config.ticket_keys.is_empty() {
-        aws_lc_rs::Ticketer::new().map_err(|e| SetupError::new(format!("session tickets: {e}")))?
-    } else {
-        Arc::new(FileTicketer::from_files(&config.ticket_keys)?)
+    tls.ticketer = match &config.shared_tickets {
+        Some(shared) => shared.clone(),
+        None if config.ticket_keys.is_empty() => {
+            aws_lc_rs::Ticketer::new().map_err(|e| SetupError::new(format!("session tickets: {e}")))?
+        }
+        None => Arc::new(Ticketer::from_files(&config.ticket_keys)?),
     };
     // Our order decides, as nginx's `ssl_prefer_server_ciphers on` and Go's crypto/tls do:
     // AES-128-GCM first (known_suites, or the operator's --cipher-suites order). Clients
@@ -594,9 +617,8 @@ mod tests {
     fn tickets_open_only_unaltered_under_a_known_name() {
         let k1: Vec<u8> = (0..80u8).collect();
         let k2: Vec<u8> = (100..180u8).collect();
-        let key = |b: &[u8]| FileTicketer::key_from_bytes(b).unwrap();
-        let both = FileTicketer { keys: vec![key(&k2), key(&k1)] };
-        let only1 = FileTicketer { keys: vec![key(&k1)] };
+        let both = Ticketer::from_keys([&k2[..], &k1[..]]).unwrap();
+        let only1 = Ticketer::from_keys([&k1[..]]).unwrap();
         let t1 = only1.encrypt(b"session state").unwrap();
         assert_eq!(&t1[..16], &k1[..16], "the ticket starts with the key's name");
         assert_eq!(both.decrypt(&t1).as_deref(), Some(&b"session state"[..]));
@@ -613,8 +635,12 @@ mod tests {
             assert_eq!(both.decrypt(&t1[..len.min(t1.len())]), None, "cut to {len}");
         }
         for len in [0, 47, 49, 79, 81] {
-            assert!(FileTicketer::key_from_bytes(&vec![7; len]).is_err(), "{len} bytes");
+            assert!(Ticketer::key_from_bytes(&vec![7; len]).is_err(), "{len} bytes");
         }
-        assert!(FileTicketer::key_from_bytes(&[7; 48]).is_ok());
+        assert!(Ticketer::key_from_bytes(&[7; 48]).is_ok());
+        // Replaced keys: tickets of the old first key no longer open unless it stays.
+        only1.replace(Ticketer::from_keys([&k2[..]]).unwrap());
+        assert_eq!(only1.decrypt(&t1), None);
+        assert_eq!(only1.decrypt(&t2).as_deref(), Some(&b"session state"[..]));
     }
 }

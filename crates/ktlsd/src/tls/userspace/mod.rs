@@ -570,6 +570,7 @@ pub(crate) mod tests {
             state_dir: None,
             ephemeral_cert: true,
             ticket_keys: Vec::new(),
+            shared_tickets: None,
             http2: Default::default(),
         };
         let identity = Identity::load(&settings, false).unwrap();
