@@ -25,7 +25,7 @@ from .system import cpu_seconds, log, make_file, wait_port
 
 MEMBERS = 3
 WARM = 30
-COUNT = 300
+COUNT = 1000
 
 
 def free_port():
@@ -69,12 +69,16 @@ class Haproxy:
         self.proc.wait(timeout=30)
 
 
-def connections(port, n, session):
-    """n TLS 1.3 connections to port, each offering the newest ticket; (resumed, seconds, session)."""
+def client_context():
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return ctx
+
+
+def connections(ctx, port, n, session):
+    """n TLS 1.3 connections to port, each offering the newest ticket; (resumed, seconds, session)."""
     request = b"GET /10k HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     resumed, start = 0, time.perf_counter()
     for _ in range(n):
@@ -90,6 +94,7 @@ def connections(port, n, session):
 
 def one_round(args, work, root, mode, etcd, secret):
     members = []
+    prefix = f"/bench-{time.monotonic_ns()}"  # one fleet per round, starting without keys
     for i in range(MEMBERS):
         port = free_port()
         extra = ["--state-dir", os.path.join(work, f"state-{mode}-{i}")]
@@ -97,16 +102,17 @@ def one_round(args, work, root, mode, etcd, secret):
             cfg = os.path.join(work, f"m{i}.toml")
             with open(cfg, "w") as f:
                 f.write(f'[cluster]\netcd = ["{etcd.url}"]\nname = "m{i}"\nsecret_file = "{secret}"\n'
-                        f'prefix = "/bench-{time.monotonic_ns()}"\n')
+                        f'prefix = "{prefix}"\n')
             extra += ["--config", cfg]
         members.append(servers.Ktlsd(f"{mode}-{i}", args.ktlsd, root, port, work, extra))
     lb = Haproxy(work, [m.port for m in members])
     try:
         time.sleep(2 if mode == "cluster" else 0.2)  # the shared keys reach every member by watch
-        _, _, session = connections(lb.port, WARM, None)
+        ctx = client_context()  # a session resumes only through the context that made it
+        _, _, session = connections(ctx, lb.port, WARM, None)
         pids = [p for m in members for p in m.pids()]
         cpu0 = cpu_seconds(pids)
-        resumed, secs, _ = connections(lb.port, COUNT, session)
+        resumed, secs, _ = connections(ctx, lb.port, COUNT, session)
         cpu = cpu_seconds(pids) - cpu0
     finally:
         lb.stop()
