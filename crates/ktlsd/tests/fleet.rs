@@ -222,6 +222,10 @@ fn a_ticket_from_one_member_resumes_on_every_other_through_rotations_and_etcd_fa
         assert!(wait_metric(admin, "ktlsd_cluster_store_up", |v| v == 1.0), "store up on {admin}");
         assert!(wait_metric(admin, "ktlsd_cluster_ticket_keys", |v| v >= 1.0), "keys on {admin}");
     }
+    let (_, doc) = get(&format!("http://{b_admin}/status.json"));
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(doc["cluster"]["member"], "b");
+    assert_eq!(doc["cluster"]["store_up"], true);
     let ticket = tmp.path().join("a.pem");
     new_session(&a, &ticket);
     assert!(resumes(&b, &ticket), "a ticket from a resumes on b");
@@ -257,6 +261,8 @@ fn a_ticket_from_one_member_resumes_on_every_other_through_rotations_and_etcd_fa
         assert!(wait_metric(admin, "ktlsd_cluster_store_up", |v| v == 0.0), "store down seen on {admin}");
     }
     assert!(b.stderr().contains("cluster: the store is down"), "{}", b.stderr());
+    let (_, doc) = get(&format!("http://{b_admin}/status.json"));
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&doc).unwrap()["cluster"]["store_up"], false);
     assert_eq!(get(&b.url("/who.txt")), (200, "b".to_string()));
     let during = tmp.path().join("during.pem");
     new_session(&b, &during);

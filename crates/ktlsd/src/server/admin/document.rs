@@ -49,6 +49,8 @@ pub struct Document {
     pub admin_actions: bool,
     /// Whether the member is drained (`ktlsd drain`): `/healthz` answers 503.
     pub draining: bool,
+    /// The fleet's store; `None` without a `[cluster]`.
+    pub cluster: Option<ClusterView>,
     pub now: Now,
     pub upstreams: Vec<UpstreamRow>,
     /// `None` without a `[cache]`.
@@ -56,6 +58,17 @@ pub struct Document {
     pub sites: Vec<SiteRow>,
     pub reloads: Reloads,
     pub history: HistoryView,
+}
+
+/// This member of a fleet and its store.
+#[derive(Debug, Serialize)]
+pub struct ClusterView {
+    pub member: String,
+    pub store_up: bool,
+    /// Session-ticket keys from the store in use.
+    pub ticket_keys: u64,
+    /// Rotations of the shared ticket key this member made.
+    pub ticket_rotations: u64,
 }
 
 /// The server now: rates over the last three seconds sampled, counts since start-up.
@@ -553,6 +566,15 @@ pub fn document(state: &State, current: &Current, history: &mut History, since: 
         uptime_seconds: state.started.elapsed().as_secs_f64(),
         admin_actions: c.admin_auth.is_some(),
         draining: state.drain.drained(),
+        cluster: current.shared.cluster.as_ref().map(|m| {
+            let g = &crate::stats::CLUSTER;
+            ClusterView {
+                member: m.settings.name.clone(),
+                store_up: g.store_up.load(relaxed),
+                ticket_keys: g.ticket_keys.load(relaxed),
+                ticket_rotations: g.ticket_rotations.load(relaxed),
+            }
+        }),
         now,
         upstreams,
         cache,
