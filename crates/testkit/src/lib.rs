@@ -1,7 +1,8 @@
 //! The test kit of the workspace: the real `ktlsd` binary on a real socket,
 //! driven by real clients (`curl`, `openssl s_client`, a pebble ACME CA) and by
 //! in-process rustls clients for byte-exact requests and forged records, with a
-//! Python origin behind it for the proxy (`origin`).
+//! Python origin behind it for the proxy (`origin`) and Python upstreams of a test's
+//! own (`script`).
 //!
 //! Every test starts its own server on an ephemeral port (`127.0.0.1:0`) with a
 //! temporary ROOT, so tests can run in parallel. The kit is for tests only: it
@@ -22,6 +23,7 @@ pub mod origin;
 pub mod pebble;
 pub mod process;
 pub mod reload;
+pub mod script;
 pub mod server;
 pub mod tls;
 pub mod verify;
@@ -35,6 +37,7 @@ pub use openssl::*;
 pub use origin::Origin;
 pub use process::*;
 pub use reload::reload;
+pub use script::ScriptUpstream;
 pub use server::*;
 pub use tls::*;
 pub use verify::AcceptAnyCert;

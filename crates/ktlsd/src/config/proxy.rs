@@ -15,6 +15,12 @@ use crate::handler::proxy::{Balance, HostMode, Rule, Timeouts, TlsClient, Upstre
 /// Where the system's trusted roots are read from when a rule has no `upstream_ca`.
 pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 
+/// How long a tunnel may move no byte before it is closed, by default: longer than
+/// the pings WebSocket libraries send to keep a quiet connection open (every 20 s
+/// for Python's `websockets`, 25 s for Socket.IO), so that only a tunnel whose
+/// both ends have gone quiet is closed.
+const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Most idle connections kept per upstream and worker, as nginx's `keepalive` takes.
 const MAX_KEEPALIVE: usize = 1024;
 
@@ -53,6 +59,7 @@ fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
         connect: duration("connect_timeout", &b.connect_timeout, Duration::from_secs(5))?,
         read: duration("read_timeout", &b.read_timeout, Duration::from_secs(60))?,
         send: duration("send_timeout", &b.send_timeout, Duration::from_secs(60))?,
+        tunnel_idle: duration("tunnel_idle_timeout", &b.tunnel_idle_timeout, TUNNEL_IDLE_TIMEOUT)?,
     };
     let fail_timeout = duration("fail_timeout", &b.fail_timeout, Duration::from_secs(10))?;
     let keepalive = b.keepalive.unwrap_or(32);
@@ -135,6 +142,7 @@ upstream = ["http://127.0.0.1:9000", "https://up.test"]"#)
             (HostMode::Preserve, Balance::RoundRobin, false, 32)
         );
         assert_eq!(r.timeouts.connect, Duration::from_secs(5));
+        assert_eq!(r.timeouts.tunnel_idle, Duration::from_secs(300));
         assert!(r.tls.is_some() && r.path.matches("/api/v1/x") && !r.path.matches("/static/x"));
         let r = ok(r#"path = "/a/*"
 upstream = ["http://[::1]:81"]
@@ -144,6 +152,7 @@ balance = "least-connections"
 connect_timeout = "250ms"
 read_timeout = 2
 send_timeout = 1.5
+tunnel_idle_timeout = "30s"
 fail_timeout = "1m"
 keepalive = 0"#)
         .unwrap();
@@ -152,6 +161,7 @@ keepalive = 0"#)
         assert_eq!(r.timeouts.connect, Duration::from_millis(250));
         assert_eq!((r.timeouts.read, r.timeouts.send), (Duration::from_secs(2), Duration::from_millis(1500)));
         assert_eq!(r.fail_timeout, Duration::from_secs(60));
+        assert_eq!(r.timeouts.tunnel_idle, Duration::from_secs(30));
         assert!(r.tls.is_none());
         let r = ok("path = \"/x\"\nupstream = [\"http://a.internal\"]\nhost = \"api.example\"").unwrap();
         assert_eq!(r.host, HostMode::Fixed("api.example".into()));
@@ -171,6 +181,7 @@ keepalive = 0"#)
             ("path = \"/a\"\nupstream = [\"http://a\"]\nbalance = \"random\"", "balance \"random\""),
             ("path = \"/a\"\nupstream = [\"http://a\"]\nread_timeout = \"soon\"", "read_timeout"),
             ("path = \"/a\"\nupstream = [\"http://a\"]\nconnect_timeout = 0", "connect_timeout"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\ntunnel_idle_timeout = \"never\"", "tunnel_idle_timeout"),
             ("path = \"/a\"\nupstream = [\"http://a\"]\nkeepalive = 5000", "keepalive 5000"),
             ("path = \"/a\"\nupstream = [\"http://a\"]\nupstream_ca = \"/x.pem\"", "no upstream is https://"),
             (

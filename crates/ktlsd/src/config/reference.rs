@@ -157,7 +157,8 @@ pub fn generate() -> String {
          `path` matches forwards the request ([docs/proxy.md](proxy.md)). Keys: `path` (a glob, required), \
          `upstream` (`http://` or `https://` URLs, required), `cache` (false), `host` (`\"preserve\"`, \
          `\"upstream\"` or a host), `balance` (`\"round-robin\"` or `\"least-connections\"`), \
-         `connect_timeout` (5s), `read_timeout` (60s), `send_timeout` (60s), `fail_timeout` (10s), \
+         `connect_timeout` (5s), `read_timeout` (60s), `send_timeout` (60s), `tunnel_idle_timeout` (5m: a \
+         WebSocket that moves no byte either way for that long is closed), `fail_timeout` (10s), \
          `keepalive` (32), `upstream_ca` (a PEM file; default: the system roots).\n",
     );
     out

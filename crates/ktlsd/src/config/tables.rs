@@ -102,6 +102,7 @@ pub struct FileProxy {
     pub connect_timeout: Option<toml::Value>,
     pub read_timeout: Option<toml::Value>,
     pub send_timeout: Option<toml::Value>,
+    pub tunnel_idle_timeout: Option<toml::Value>,
     pub fail_timeout: Option<toml::Value>,
     pub keepalive: Option<usize>,
 }

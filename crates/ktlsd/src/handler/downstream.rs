@@ -118,4 +118,37 @@ pub trait Downstream {
     /// The body failed after the head: the response is to be cut (the connection
     /// closed without its end, the stream reset), never ended as if whole.
     fn abort(&mut self, failure: &Failure);
+
+    /// Sends the head of a tunnel's answer, with `first`, the upstream's first tunnel
+    /// bytes; the tunnel's bytes follow by [`Downstream::send_body`] (and
+    /// [`Downstream::splice`]) and end with an empty last piece. HTTP/1.1 writes the
+    /// 101 as it is, its connection carried by the tunnel from then on; by default the
+    /// head goes as a response whose body's length is unknown (HTTP/2's 200 and DATA).
+    async fn send_switch(&mut self, head: Response, first: &[u8]) -> Result<(), Self::Error> {
+        self.send_head(head, None, first, false, None).await
+    }
+
+    /// Appends the client's next tunnel bytes to `into`, waiting at most `idle`;
+    /// `Ok(false)`: the client ended its side. A handle that carries no tunnel has
+    /// nothing to read.
+    ///
+    /// # Cancel safety
+    /// Must be cancel-safe: the tunnel waits for both sides at once, and bytes
+    /// received are never lost.
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>, idle: Duration) -> Result<bool, Self::Error> {
+        let _ = (into, idle);
+        Ok(false)
+    }
+
+    /// Whether a tunnel's bytes from a plain upstream socket may be spliced to this
+    /// client ([`Downstream::splice`], the bytes queued in the socket at a time).
+    fn splices_tunnel(&self) -> bool {
+        false
+    }
+
+    /// The signal that turns true when the connection is retired (a reload, a
+    /// stop): a tunnel then ends after a grace period.
+    fn retired(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        None
+    }
 }

@@ -176,14 +176,23 @@ impl<'a> Exchange<'a> {
                 return Decision::Respond(response);
             };
             let u = upstreamed();
+            // A tunnel goes upstream as an HTTP/1.1 upgrade (RFC 6455's GET): an
+            // extended CONNECT is translated, with a key of this hop's (RFC 8441
+            // section 5); its DATA are the tunnel's bytes, not a request body.
+            let upgrade = req.upgrade.as_ref().map(|protocol| proxy::tunnel_upgrade(protocol, &req.method));
+            let (method, body) = match &upgrade {
+                Some(_) if req.method == Method::Connect => ("GET".to_string(), None),
+                _ => (u.method, u.body.forwarded()),
+            };
             let fwd = proxy::Forwarding {
-                method: u.method,
+                method,
                 target,
                 authority: req.authority.clone(),
                 // The address X-Forwarded-For gets: the hop the request came from.
                 peer: req.via.or(req.client).unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()),
                 version: u.version,
-                body: u.body.forwarded(),
+                body,
+                upgrade,
             };
             let added = Added { rules: super::rule_fields(site, path), hsts: site.hsts.map(str::to_string) };
             return Decision::Forward(Forward::new(rule.clone(), fwd, u.fields, max_body, added));

@@ -100,6 +100,7 @@ fn proxy_rule(path: &str, url: &str) -> Arc<Rule> {
             connect: Duration::from_secs(5),
             read: Duration::from_secs(5),
             send: Duration::from_secs(5),
+            tunnel_idle: Duration::from_secs(5),
         },
         fail_timeout: Duration::from_secs(1),
         keepalive: 0,

@@ -30,6 +30,11 @@ pub struct Request {
     /// The trusted proxy the request came through, when `client` was taken from its
     /// forwarding fields: the address an upstream's `X-Forwarded-For` gets appended.
     pub via: Option<std::net::IpAddr>,
+    /// The protocol the client asks to switch to, for a tunnel through a `[[proxy]]`
+    /// rule: HTTP/1.1's `Upgrade: websocket` (with `Connection: upgrade`, on a GET
+    /// without a body), or HTTP/2's extended CONNECT `:protocol` (RFC 8441), in
+    /// lowercase. `None` for every other request.
+    pub upgrade: Option<String>,
 }
 
 impl Request {
@@ -43,6 +48,7 @@ impl Request {
             headers: Headers::default(),
             client: None,
             via: None,
+            upgrade: None,
         }
     }
 }

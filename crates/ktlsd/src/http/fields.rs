@@ -74,6 +74,8 @@ pub struct RequestHead {
     pub content_length: Option<u64>,
     /// RFC 9218 priority from the `priority` field (defaults when absent).
     pub priority: Priority,
+    /// An extended CONNECT's `:protocol` (RFC 8441 section 4), in lowercase.
+    pub protocol: Option<String>,
 }
 
 impl RequestHead {
@@ -187,6 +189,7 @@ fn set_once(slot: &mut Option<String>, value: Vec<u8>) -> Result<(), Malformed> 
 /// Checks a request's fields and builds its head.
 pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> {
     let (mut method, mut scheme, mut authority, mut path) = (None, None, None, None);
+    let mut protocol = None;
     let mut headers = Vec::with_capacity(fields.len());
     let mut content_length: Option<u64> = None;
     let mut priority = None;
@@ -201,6 +204,7 @@ pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> 
                 b"scheme" => &mut scheme,
                 b"authority" => &mut authority,
                 b"path" => &mut path,
+                b"protocol" => &mut protocol,
                 _ => return Err(Malformed::UnknownPseudo),
             };
             set_once(slot, value)?;
@@ -247,7 +251,18 @@ pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> 
             return Err(Malformed::InvalidHost);
         }
     }
-    if method == "CONNECT" {
+    if protocol.is_some() {
+        // RFC 8441 section 4: an extended CONNECT has :scheme, :path and :authority;
+        // :protocol on any other method is malformed.
+        if method != "CONNECT" || scheme.is_none() || authority.is_none() {
+            return Err(Malformed::MissingPseudo);
+        }
+        match path.as_deref() {
+            None => return Err(Malformed::MissingPseudo),
+            Some("") => return Err(Malformed::EmptyPath),
+            Some(_) => {}
+        }
+    } else if method == "CONNECT" {
         // RFC 9113 section 8.5: only :method and :authority.
         if scheme.is_some() || path.is_some() || authority.is_none() {
             return Err(Malformed::MissingPseudo);
@@ -270,6 +285,7 @@ pub fn parse(fields: Vec<(Vec<u8>, Vec<u8>)>) -> Result<RequestHead, Malformed> 
         headers,
         content_length,
         priority: priority.unwrap_or_default(),
+        protocol: protocol.map(|p| p.to_ascii_lowercase()),
     })
 }
 
@@ -299,8 +315,12 @@ pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Reques
         None => (without_fragment, None),
     };
     // `*` (OPTIONS) and CONNECT's missing path reach the handler, which refuses the method.
-    if method.is_served() && !path.starts_with('/') {
+    if (method.is_served() || head.protocol.is_some()) && !path.starts_with('/') {
         return Err(":path is not an absolute path");
+    }
+    // The one protocol an extended CONNECT is tunnelled for (RFC 8441's own).
+    if head.protocol.as_deref().is_some_and(|p| p != "websocket") {
+        return Err(":protocol other than websocket");
     }
     let mut fields = HeaderFields::default();
     for (name, value) in &head.headers {
@@ -317,5 +337,6 @@ pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Reques
         headers: fields.parse(),
         client: Some(client.to_canonical()),
         via: None,
+        upgrade: head.protocol.clone(),
     })
 }

@@ -29,10 +29,15 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn start(origin: &Origin, cache: bool) -> Proxy {
+        Proxy::start_for(&origin.url(), cache)
+    }
+
+    /// [`Proxy::start`] in front of the upstream at `url`.
+    pub fn start_for(url: &str, cache: bool) -> Proxy {
         let dir = tempfile::tempdir().expect("temp dir");
         let sock = dir.path().join("admin.sock");
         let cache_dir = dir.path().join("cache");
-        let mut config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\ncache = {cache}\n", origin.url());
+        let mut config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{url:?}]\ncache = {cache}\n");
         if cache {
             config += &format!("\n[cache]\ndir = {:?}\nmax_size = \"256M\"\n", cache_dir.display().to_string());
         }

@@ -79,3 +79,4 @@ mod key_update;
 mod matrix;
 mod records;
 mod splice;
+mod tunnel;

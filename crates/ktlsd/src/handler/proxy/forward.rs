@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use super::cached::{self, Next, Pending, Plan};
 use super::parse::Framing;
 use super::upstream::{closed_early, IoFailure};
-use super::{buffers, client_fields, metrics, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
+use super::{buffers, client_fields, metrics, tunnel, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
 use crate::handler::cache::{Cache, Key};
 use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
 use crate::handler::rules::Fields;
@@ -76,6 +76,10 @@ impl Forward {
 
     /// With the cache `rule` stores into, when it caches (the sites hold it).
     pub fn with_cache(mut self, sites: &crate::handler::Sites<'_>) -> Forward {
+        if self.fwd.upgrade.is_some() {
+            // A tunnel is never stored, nor answered from the cache.
+            return self;
+        }
         self.cache = cached::cache_of(sites, &self.rule, self.fwd.authority.as_deref(), &self.fwd.target);
         self
     }
@@ -125,6 +129,11 @@ impl Forward {
             Ok(head) => head,
             Err(f) => return failed(pending, f, req, failed_status),
         };
+        if head.status == 101 {
+            // Only a request that asked for it gets here with a 101 (parse refuses others).
+            let limits = tunnel::Limits { idle: rule.timeouts.tunnel_idle, read: rule.timeouts.read };
+            return switch(up, head, req, d, added, failed_status, limits).await;
+        }
         let (mut cache_status, mut store) = match pending.on_head(&head, req).await {
             Next::Answer(response) => {
                 up.release_if_bodiless().await;
@@ -266,6 +275,59 @@ impl Forward {
         tracing::debug!("proxied \"{} {}\": {status} with {sent} body bytes by {}", req.method, req.path, path.label());
         streamed(sent, path, StreamEnd::Complete)
     }
+}
+
+/// The tunnel an upstream's 101 opens: the 101 checked (a 502 when it switches to
+/// something else than was asked), the client's head sent with the bytes that came
+/// with the 101, then the tunnel's bytes both ways until it ends ([`tunnel::relay`]).
+///
+/// # Cancel safety
+/// Dropped at any await, it closes the upstream connection.
+async fn switch<D: Downstream>(
+    up: Exchange<'_>,
+    mut head: super::parse::Head,
+    req: &Request,
+    d: &mut D,
+    added: &Added,
+    cache_status: String,
+    limits: tunnel::Limits,
+) -> Outcome<D::Error> {
+    let Some(asked) = up.upgrade().cloned() else {
+        let f = up.failure_now(FailureKind::Invalid, "invalid response: protocol upgrade (101) is not forwarded");
+        return refused(f, req, cache_status);
+    };
+    if let Err(why) = tunnel::check_switch(&head, &asked) {
+        metrics::error(FailureKind::Invalid.label());
+        let f = up.failure_now(FailureKind::Invalid, &format!("invalid response: {why}"));
+        return refused(f, req, cache_status);
+    }
+    let connect = req.method == crate::handler::Method::Connect;
+    let mut response = tunnel::switched_head(&mut head, &asked, connect, &cache_status);
+    added.apply(&mut response.headers);
+    let status = response.status.0;
+    let lost = up.failure_now(FailureKind::Closed, "no connection");
+    let Some(mut wire) = up.into_tunnel() else {
+        return refused(lost, req, cache_status);
+    };
+    let early = wire.take_early();
+    let sent = d.send_switch(response, &early).await;
+    let answered = Instant::now();
+    let streamed = |sent, path, end| Outcome::Streamed(Streamed { status, answered, sent, path, end });
+    if let Err(e) = sent {
+        return streamed(0, BodyPath::Copy, StreamEnd::Client(e));
+    }
+    metrics::body_bytes(BodyPath::Copy.label(), early.len() as u64);
+    let r = tunnel::relay(d, &mut wire, limits).await;
+    let peer = req.client.map_or_else(String::new, |c| c.to_string());
+    tracing::debug!(
+        "tunnel {peer} \"{} {}\": {} bytes to the client by {}, {} to the upstream",
+        req.method,
+        req.path,
+        early.len() as u64 + r.to_client,
+        r.path.label(),
+        r.to_upstream
+    );
+    streamed(early.len() as u64 + r.to_client, r.path, r.end)
 }
 
 /// Commits the entry being stored, once its body is whole and before its head

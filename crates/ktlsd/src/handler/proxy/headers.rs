@@ -56,6 +56,18 @@ pub struct Forwarding {
     /// The request body's length; `None`: none at all; `Some(None)`: of unknown length
     /// (sent chunked).
     pub body: Option<Option<u64>>,
+    /// A tunnel's request: the protocol the upstream is asked to switch to.
+    pub upgrade: Option<Upgrade>,
+}
+
+/// What an upstream request asks to switch to (RFC 9110 section 7.8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upgrade {
+    /// The `Upgrade` value: `websocket`.
+    pub protocol: String,
+    /// The `Sec-WebSocket-Key` this hop made, when it translates an HTTP/2 extended
+    /// CONNECT (RFC 8441) into an HTTP/1.1 upgrade; `None` when the client's own goes.
+    pub key: Option<String>,
 }
 
 /// The upstream request head: request line, Host (`host` is its value), the client's
@@ -121,6 +133,16 @@ pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -
         out.push(' ');
         out.push_str(PSEUDONYM);
     });
+    if let Some(u) = &fwd.upgrade {
+        line(&mut out, "Connection", "upgrade");
+        line(&mut out, "Upgrade", &u.protocol);
+        if let Some(key) = &u.key {
+            line(&mut out, "Sec-WebSocket-Key", key);
+            if !fields.iter().any(|(n, _)| n.eq_ignore_ascii_case("sec-websocket-version")) {
+                line(&mut out, "Sec-WebSocket-Version", "13");
+            }
+        }
+    }
     match fwd.body {
         Some(Some(n)) => line(&mut out, "Content-Length", itoa::Buffer::new().format(n)),
         Some(None) => line(&mut out, "Transfer-Encoding", "chunked"),
@@ -228,6 +250,7 @@ mod tests {
             peer: "192.0.2.7".parse().unwrap(),
             version: "1.1",
             body,
+            upgrade: None,
         }
     }
 
@@ -263,6 +286,22 @@ mod tests {
             Forwarded: for=198.51.100.1, for=192.0.2.7;host=\"www.example:8443\";proto=https\r\n\
             Via: 1.1 edge, 1.1 ktlsd\r\n\r\n";
         assert_eq!(head, want);
+
+        // A tunnel's handshake: this hop's Connection and Upgrade (the client's are
+        // hop-by-hop), its key and version when it translates an extended CONNECT.
+        let ws = pairs(&[("Connection", "Upgrade"), ("Upgrade", "websocket"), ("Sec-WebSocket-Key", "a2V5")]);
+        let asked = Upgrade { protocol: "websocket".into(), key: None };
+        let h1 = Forwarding { upgrade: Some(asked), ..fwd("GET", None) };
+        let head = String::from_utf8(request_head(&h1, &ws, "up")).unwrap();
+        assert!(head.contains("\r\nSec-WebSocket-Key: a2V5\r\n"), "{head}");
+        assert!(head.ends_with("ktlsd\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"), "{head}");
+        assert_eq!((head.matches("\r\nUpgrade:").count(), head.matches("\r\nConnection:").count()), (1, 1), "{head}");
+        let translated = Upgrade { protocol: "websocket".into(), key: Some("bXkga2V5".into()) };
+        let h2 = Forwarding { upgrade: Some(translated), version: "2", ..fwd("GET", None) };
+        let head = String::from_utf8(request_head(&h2, &pairs(&[("sec-websocket-protocol", "chat")]), "up")).unwrap();
+        let tail = "Connection: upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: bXkga2V5\r\nSec-WebSocket-Version: 13\r\n\r\n";
+        assert!(head.starts_with("GET /api/x?q=1 HTTP/1.1\r\n") && head.ends_with(tail), "{head}");
+        assert!(head.contains("\r\nsec-websocket-protocol: chat\r\n"), "{head}");
 
         for (method, body, framing) in [
             ("POST", Some(Some(5)), Some("Content-Length: 5")),

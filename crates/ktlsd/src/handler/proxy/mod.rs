@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod parse;
 pub mod pool;
 pub mod shared;
+pub mod tunnel;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -127,6 +128,8 @@ pub struct Timeouts {
     pub read: Duration,
     /// For each write of the request, as nginx's `proxy_send_timeout`.
     pub send: Duration,
+    /// How long a tunnel (a WebSocket) may move no byte either way before it is closed.
+    pub tunnel_idle: Duration,
 }
 
 /// The TLS client configuration of a rule's `https://` upstreams.
@@ -213,6 +216,14 @@ impl Upstream {
 /// forwarded request needs: its fields, its body).
 pub fn any(sites: &super::Sites<'_>) -> bool {
     sites.default.content.locations.forwards() || sites.named.iter().any(|s| s.content.locations.forwards())
+}
+
+/// What the upstream request of a tunnel asks for: `protocol`, with a key of this
+/// hop's when the client's request was an extended CONNECT (`method`), whose
+/// HTTP/2 form has none.
+pub fn tunnel_upgrade(protocol: &str, method: &super::Method) -> headers::Upgrade {
+    let key = (*method == super::Method::Connect).then(tunnel::new_key);
+    headers::Upgrade { protocol: protocol.to_string(), key }
 }
 
 /// Methods RFC 9110 section 9.2.2 makes idempotent.
@@ -491,10 +502,11 @@ impl<'r> Exchange<'r> {
         let read_timeout = self.rule.timeouts.read;
         let mut received = false;
         loop {
-            match parse::head(&self.buf, &self.fwd.method) {
+            match parse::head_for(&self.buf, &self.fwd.method, self.fwd.upgrade.is_some()) {
                 Ok(Some((head, used))) => {
                     self.buf.drain(..used);
-                    if (100..200).contains(&head.status) {
+                    // Interim answers are dropped; a 101 (asked for) is the final one.
+                    if (100..200).contains(&head.status) && head.status != 101 {
                         continue;
                     }
                     self.framing = head.framing;
@@ -647,6 +659,21 @@ impl<'r> Exchange<'r> {
 }
 
 impl Exchange<'_> {
+    /// What the request asked the upstream to switch to, if anything.
+    pub fn upgrade(&self) -> Option<&headers::Upgrade> {
+        self.fwd.upgrade.as_ref()
+    }
+
+    /// The connection of an exchange whose upstream switched protocols (101), for a
+    /// tunnel: the connection (counted in flight until the tunnel is dropped) and
+    /// the bytes that came after the 101's head, which are the tunnel's first.
+    pub fn into_tunnel(mut self) -> Option<tunnel::Wire> {
+        let conn = self.conn.take()?;
+        let url = self.upstream().url.clone();
+        let early = std::mem::take(&mut self.buf);
+        Some(tunnel::Wire::new(conn, url, early))
+    }
+
     /// The plain TCP socket a Content-Length body with bytes still to come arrives
     /// on, even while some already read are held: whether [`Exchange::splice_source`]
     /// will have it once those are taken.

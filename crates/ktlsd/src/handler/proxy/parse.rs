@@ -51,8 +51,15 @@ pub struct Invalid(pub &'static str);
 /// Parses the response head at the front of `buf` for a request of `method`.
 /// `Ok(None)`: incomplete (an error once `buf` holds [`MAX_HEAD`] bytes); an interim
 /// 1xx response is returned as it is, its `framing` [`Framing::None`], for the caller
-/// to drop and read on.
+/// to drop and read on. A 101 is refused: nothing asked for it.
 pub fn head(buf: &[u8], method: &str) -> Result<Option<(Head, usize)>, Invalid> {
+    head_for(buf, method, false)
+}
+
+/// [`head`] for a request that may have asked for an upgrade (`upgrading`): then a
+/// 101 is returned as it is (no body, the connection not reusable), for the
+/// tunnel to check ([`super::tunnel::check_switch`]).
+pub fn head_for(buf: &[u8], method: &str, upgrading: bool) -> Result<Option<(Head, usize)>, Invalid> {
     let window = &buf[..buf.len().min(MAX_HEAD)];
     let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
     let mut r = httparse::Response::new(&mut fields);
@@ -67,7 +74,7 @@ pub fn head(buf: &[u8], method: &str) -> Result<Option<(Head, usize)>, Invalid> 
     if !(100..=599).contains(&status) {
         return Err(Invalid("response status out of range"));
     }
-    if status == 101 {
+    if status == 101 && !upgrading {
         return Err(Invalid("protocol upgrade (101) is not forwarded"));
     }
     let version = if r.version == Some(0) { "1.0" } else { "1.1" };
@@ -116,7 +123,7 @@ pub fn head(buf: &[u8], method: &str) -> Result<Option<(Head, usize)>, Invalid> 
         (false, None, Some(n)) => Framing::Length(n),
         (false, None, None) => Framing::Close,
     };
-    if framing == Framing::Close {
+    if framing == Framing::Close || status == 101 {
         reusable = false;
     }
     Ok(Some((Head { status, version, fields: out, framing, reusable }, used)))

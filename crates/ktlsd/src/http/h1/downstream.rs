@@ -43,6 +43,8 @@ pub(super) struct Client<'c, T> {
     pub chunked: bool,
     /// The response was cut: the connection must end without closing politely.
     pub aborted: bool,
+    /// For a request that asks for a tunnel: the connection's retirement signal.
+    pub retired: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl<T: Transport> Client<'_, T> {
@@ -185,6 +187,41 @@ impl<T: Transport> Downstream for Client<'_, T> {
 
     fn abort(&mut self, _failure: &Failure) {
         self.aborted = true;
+    }
+
+    /// The 101 as it is (no framing, no `Connection: close`): the connection is the
+    /// tunnel's from here, and ends with it.
+    async fn send_switch(&mut self, head: Response, first: &[u8]) -> Result<(), Self::Error> {
+        self.keep_alive = false;
+        let mut out = write::head_into(buffers::take(), &head, Version::Http11, true);
+        out.extend_from_slice(first);
+        let r = self.send(&out).await;
+        buffers::give(out);
+        r
+    }
+
+    /// Bytes that came after the request head first, then each read.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: `Transport::read` is.
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>, idle: Duration) -> Result<bool, Self::Error> {
+        if !self.buf.is_empty() {
+            into.append(self.buf);
+            return Ok(true);
+        }
+        match self.conn.read(into, idle).await {
+            Ok(0) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(e) => Err(ended::<T>(e)),
+        }
+    }
+
+    fn splices_tunnel(&self) -> bool {
+        self.conn.can_splice()
+    }
+
+    fn retired(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.retired.clone()
     }
 }
 

@@ -296,6 +296,7 @@ impl<'c, 'a, T: Transport> Connection<'c, 'a, T> {
             header_timeout: self.ctx.settings.header_timeout,
             chunked: false,
             aborted: false,
+            retired: x.head.request.upgrade.is_some().then(|| self.ctx.shutdown.clone()),
         };
         let outcome = forward.run(&x.head.request, &mut client).await;
         let (body_read, keep_alive) = (client.body_read(), client.keep_alive);

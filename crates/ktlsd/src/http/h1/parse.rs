@@ -223,6 +223,8 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
     let mut content_length: Option<u64> = None;
     let mut content_length_text: Option<String> = None;
     let mut transfer_codings: Option<String> = None;
+    // `Connection: upgrade` and `Upgrade: websocket`: together, a tunnel's request.
+    let (mut connection_upgrade, mut websocket) = (false, false);
     for h in req.headers.iter() {
         let name = h.name;
         // Borrowed from the buffer unless it has bytes that are not UTF-8.
@@ -250,6 +252,8 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
                     r.keep_alive = false;
                 } else if t.eq_ignore_ascii_case("keep-alive") && version == Version::Http10 {
                     r.keep_alive = true;
+                } else if t.eq_ignore_ascii_case("upgrade") {
+                    connection_upgrade = true;
                 }
             }
         } else if name.eq_ignore_ascii_case("content-length") {
@@ -279,6 +283,12 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
                 }
             }
         } else {
+            if name.eq_ignore_ascii_case("upgrade") {
+                // A list of protocols, each perhaps with a version (`websocket/13`).
+                websocket |= value()
+                    .split(',')
+                    .any(|p| p.split('/').next().is_some_and(|name| name.trim().eq_ignore_ascii_case("websocket")));
+            }
             if name.eq_ignore_ascii_case("referer") {
                 r.referer = Some(value().into_owned());
             } else if name.eq_ignore_ascii_case("user-agent") {
@@ -317,6 +327,11 @@ fn parse_head(window: &[u8], max_head: usize) -> Result<Option<(Head, usize)>, B
         return Err(bad(Status::BAD_REQUEST, "request target is not a path"));
     }
     r.content_length = content_length.unwrap_or(0);
+    // RFC 6455 section 4.1: a GET of HTTP/1.1; one with a body is taken as no upgrade.
+    let bodiless = r.content_length == 0 && !r.chunked;
+    if connection_upgrade && websocket && bodiless && version == Version::Http11 && r.request.method == Method::Get {
+        r.request.upgrade = Some("websocket".to_string());
+    }
     Ok(Some((r, used)))
 }
 
@@ -553,6 +568,27 @@ mod tests {
             let field = connection.map(|c| format!("Connection: {c}\r\n")).unwrap_or_default();
             let head = format!("GET / HTTP/{version}\r\nHost: h\r\n{field}\r\n");
             assert_eq!(status(&head).map(|r| r.keep_alive), Ok(want), "{head:?}");
+        }
+    }
+
+    #[test]
+    fn websocket_upgrades() {
+        // (request line, fields): whether it asks for a WebSocket tunnel.
+        for (line, fields, want) in [
+            ("GET /ws HTTP/1.1", "Connection: Upgrade\r\nUpgrade: websocket\r\n", true),
+            ("GET /ws HTTP/1.1", "Connection: keep-alive, upgrade\r\nUpgrade: WebSocket/13\r\n", true),
+            ("GET /ws HTTP/1.1", "Upgrade: h2c, websocket\r\nConnection: Upgrade\r\n", true),
+            ("GET /ws HTTP/1.1", "Upgrade: websocket\r\n", false),
+            ("GET /ws HTTP/1.1", "Connection: Upgrade\r\n", false),
+            ("GET /ws HTTP/1.1", "Connection: Upgrade\r\nUpgrade: h2c\r\n", false),
+            ("GET /ws HTTP/1.1", "Connection: Upgrade\r\nUpgrade: websocketx\r\n", false),
+            ("POST /ws HTTP/1.1", "Connection: Upgrade\r\nUpgrade: websocket\r\n", false),
+            ("GET /ws HTTP/1.0", "Connection: Upgrade\r\nUpgrade: websocket\r\n", false),
+            ("GET /ws HTTP/1.1", "Connection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 3\r\n", false),
+        ] {
+            let head = format!("{line}\r\nHost: h\r\n{fields}\r\n");
+            let got = status(&head).map(|r| r.request.upgrade);
+            assert_eq!(got, Ok(want.then(|| "websocket".to_string())), "{head:?}");
         }
     }
 

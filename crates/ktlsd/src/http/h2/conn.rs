@@ -311,6 +311,8 @@ impl Connection {
                 (setting::HEADER_TABLE_SIZE, limits.header_table_size),
                 (setting::MAX_HEADER_LIST_SIZE, limits.max_header_list_size),
                 (setting::ENABLE_PUSH, 0),
+                // WebSockets over HTTP/2 (RFC 8441), tunnelled by `[[proxy]]` rules.
+                (setting::ENABLE_CONNECT_PROTOCOL, 1),
                 // Priorities come from the `priority` field (RFC 9218 section 2.1).
                 (setting::NO_RFC7540_PRIORITIES, 1),
             ],

@@ -154,6 +154,8 @@ impl Drop for Proxied<'_> {
 /// of the worker's `LocalSet` that raises `signal` when it has something for the
 /// loop. `end_stream`: the request has no body; else feed it to [`Proxied::data`].
 /// `splice`: the connection can take a body spliced from a plain upstream socket.
+/// `retired`: the connection's retirement signal, which ends a tunnel (an extended
+/// CONNECT) after a grace period.
 #[allow(clippy::too_many_arguments)] // the parts of one request, each used once
 pub(super) fn start<'a>(
     forward: Forward,
@@ -164,6 +166,7 @@ pub(super) fn start<'a>(
     splice: bool,
     started: Instant,
     signal: &Rc<Signal>,
+    retired: &tokio::sync::watch::Receiver<bool>,
 ) -> Proxied<'a> {
     let (upload, body) = match end_stream {
         true => (None, None),
@@ -175,7 +178,8 @@ pub(super) fn start<'a>(
     let out = Rc::new(RefCell::new(Out::default()));
     let room = Rc::new(Notify::new());
     let client = req.client;
-    let mut feed = Feed { out: out.clone(), room: room.clone(), signal: signal.clone(), upload: body, splice };
+    let retired = req.upgrade.is_some().then(|| retired.clone());
+    let mut feed = Feed { out: out.clone(), room: room.clone(), signal: signal.clone(), upload: body, splice, retired };
     let task = tokio::task::spawn_local(async move {
         match forward.run(&req, &mut feed).await {
             Outcome::Answer { answer, from_cache } => feed.reply(Reply::Whole(answer, from_cache)),
@@ -278,6 +282,8 @@ struct Feed {
     signal: Rc<Signal>,
     upload: Option<mpsc::Receiver<Vec<u8>>>,
     splice: bool,
+    /// For an extended CONNECT: the connection's retirement signal.
+    retired: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Feed {
@@ -400,5 +406,20 @@ impl Downstream for Feed {
     fn abort(&mut self, failure: &Failure) {
         self.out.borrow_mut().failed = Some(failure.clone());
         self.signal.raise();
+    }
+
+    /// The stream's DATA, as the loop queued them; END_STREAM ends the client's side.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`Feed::read_body`].
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>, _idle: Duration) -> Result<bool, ()> {
+        match self.read_body(into).await {
+            Ok(more) => Ok(more || !into.is_empty()),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn retired(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.retired.clone()
     }
 }

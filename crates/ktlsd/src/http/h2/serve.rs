@@ -131,7 +131,15 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                         Decided::Forward(forward, req, site) => {
                             let splice = conn.can_splice();
                             let task = super::forwarded::start(
-                                forward, req, &head, site, end_stream, splice, started, &signal,
+                                forward,
+                                req,
+                                &head,
+                                site,
+                                end_stream,
+                                splice,
+                                started,
+                                &signal,
+                                &ctx.shutdown,
                             );
                             proxied.insert(stream, task);
                             continue;

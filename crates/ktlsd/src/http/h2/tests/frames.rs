@@ -32,6 +32,7 @@ fn server_preface_advertises_limits() {
     let params: Vec<_> = frame::settings_params(&got[0].payload).collect();
     assert!(params.contains(&(setting::MAX_CONCURRENT_STREAMS, 7)));
     assert!(params.contains(&(setting::NO_RFC7540_PRIORITIES, 1)));
+    assert!(params.contains(&(setting::ENABLE_CONNECT_PROTOCOL, 1)), "RFC 8441");
 }
 
 #[test]

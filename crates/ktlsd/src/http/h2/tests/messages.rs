@@ -40,6 +40,31 @@ fn malformed_requests_are_stream_errors() {
         ("method with a comma", &[(":method", "GET,POST"), (":scheme", "https"), (":path", "/")]),
         ("empty method", &[(":method", ""), (":scheme", "https"), (":path", "/")]),
         ("CONNECT with path", &[(":method", "CONNECT"), (":authority", "a:443"), (":path", "/")]),
+        // RFC 8441 section 4: :protocol only on CONNECT, which then has all four others.
+        ("protocol on GET", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":protocol", "websocket")]),
+        (
+            "extended CONNECT without path",
+            &[(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":authority", "a")],
+        ),
+        (
+            "extended CONNECT without scheme",
+            &[(":method", "CONNECT"), (":protocol", "websocket"), (":path", "/"), (":authority", "a")],
+        ),
+        (
+            "extended CONNECT without authority",
+            &[(":method", "CONNECT"), (":protocol", "websocket"), (":scheme", "https"), (":path", "/")],
+        ),
+        (
+            "two protocols",
+            &[
+                (":method", "CONNECT"),
+                (":protocol", "websocket"),
+                (":protocol", "websocket"),
+                (":scheme", "https"),
+                (":path", "/"),
+                (":authority", "a"),
+            ],
+        ),
         ("authority ../..", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "../..")]),
         ("empty authority", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "")]),
         ("empty host", &[(":method", "GET"), (":scheme", "https"), (":path", "/"), ("host", "")]),
@@ -59,6 +84,34 @@ fn malformed_requests_are_stream_errors() {
     // A host that names :authority's host (case aside) is well formed.
     let same = [GET, &[("host", "EXAMPLE.test")]].concat();
     assert_eq!(stream_error(|c| c.headers(5, &same, true)), []);
+}
+
+#[test]
+fn extended_connect_carries_its_protocol() {
+    let mut c = Client::new();
+    let fields = [
+        (":method", "CONNECT"),
+        (":protocol", "WebSocket"),
+        (":scheme", "https"),
+        (":path", "/chat?room=1"),
+        (":authority", "h.test"),
+        ("sec-websocket-version", "13"),
+    ];
+    let bytes = c.headers(1, &fields, false);
+    c.send(&bytes);
+    let events = c.events();
+    let [Event::Request { head, end_stream: false, .. }] = &events[..] else { panic!("{events:?}") };
+    assert_eq!((head.method.as_str(), head.protocol.as_deref()), ("CONNECT", Some("websocket")));
+    let req = crate::http::fields::to_request(head, "192.0.2.1".parse().unwrap()).unwrap();
+    assert_eq!((req.path.as_str(), req.query.as_deref()), ("/chat", Some("room=1")));
+    assert_eq!(req.upgrade.as_deref(), Some("websocket"));
+    // A plain CONNECT asks for no tunnel through a `[[proxy]]` rule.
+    let mut c = Client::new();
+    let bytes = c.headers(1, &[(":method", "CONNECT"), (":authority", "h.test:443")], false);
+    c.send(&bytes);
+    let events = c.events();
+    let [Event::Request { head, .. }] = &events[..] else { panic!("{events:?}") };
+    assert_eq!(head.protocol, None);
 }
 
 #[test]
