@@ -148,7 +148,11 @@ pub fn generate() -> String {
          `upstream` (`http://` or `https://` URLs, required), `cache` (false), `host` (`\"preserve\"`, \
          `\"upstream\"` or a host), `balance` (`\"round-robin\"` or `\"least-connections\"`), \
          `connect_timeout` (5s), `read_timeout` (60s), `send_timeout` (60s), `fail_timeout` (10s), \
-         `keepalive` (32), `upstream_ca` (a PEM file; default: the system roots).\n",
+         `keepalive` (32), `upstream_ca` (a PEM file; default: the system roots), `strip_prefix` (a path \
+         such as `\"/api\"`, taken off before the request goes upstream), `request_headers` and \
+         `response_headers` (`{ set = { NAME = \"VALUE\" }, add = { ... }, remove = [\"NAME\"] }`, values \
+         with the access log's `$variables`), `accel_root` (the directory `X-Accel-Redirect` files are served \
+         from, outside the root).\n",
     );
     out
 }

@@ -104,4 +104,8 @@ pub struct FileProxy {
     pub send_timeout: Option<toml::Value>,
     pub fail_timeout: Option<toml::Value>,
     pub keepalive: Option<usize>,
+    pub strip_prefix: Option<String>,
+    pub request_headers: Option<toml::Table>,
+    pub response_headers: Option<toml::Table>,
+    pub accel_root: Option<PathBuf>,
 }

@@ -30,6 +30,9 @@ pub struct Request {
     /// The trusted proxy the request came through, when `client` was taken from its
     /// forwarding fields: the address an upstream's `X-Forwarded-For` gets appended.
     pub via: Option<std::net::IpAddr>,
+    /// What the handler notes of the request for its log line (request id, user,
+    /// upstreams), shared by the request's clones.
+    pub notes: crate::log::Notes,
 }
 
 impl Request {
@@ -43,6 +46,7 @@ impl Request {
             headers: Headers::default(),
             client: None,
             via: None,
+            notes: crate::log::Notes::default(),
         }
     }
 }
@@ -171,6 +175,8 @@ pub struct Headers {
     pub forwarded_for: Option<String>,
     /// Forwarded (RFC 7239), as sent (lines joined): read only from a trusted proxy.
     pub forwarded: Option<String>,
+    /// X-Request-Id, as sent (the last line): kept only from a trusted proxy.
+    pub request_id: Option<String>,
 }
 
 /// Which form of a directory listing the client wants.
@@ -335,6 +341,7 @@ pub struct HeaderFields {
     authorization: Option<String>,
     forwarded_for: Option<String>,
     forwarded: Option<String>,
+    request_id: Option<String>,
 }
 
 impl HeaderFields {
@@ -371,6 +378,8 @@ impl HeaderFields {
             join(&mut self.forwarded_for, value);
         } else if is("forwarded") {
             join(&mut self.forwarded, value);
+        } else if is("x-request-id") {
+            self.request_id = Some(value.to_string());
         }
     }
 
@@ -390,6 +399,7 @@ impl HeaderFields {
             authorization: self.authorization,
             forwarded_for: self.forwarded_for,
             forwarded: self.forwarded,
+            request_id: self.request_id,
         }
     }
 }

@@ -317,5 +317,6 @@ pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Reques
         headers: fields.parse(),
         client: Some(client.to_canonical()),
         via: None,
+        notes: Default::default(),
     })
 }

@@ -57,6 +57,22 @@ pub enum Next {
     Pass(String, Option<Store>),
 }
 
+/// Notes the cache's verdict on `req` for the access log (`$upstream_cache_status`,
+/// in nginx's words), for a rule that caches: `cache_status` is the RFC 9211 value.
+pub fn note(rule: &Rule, req: &Request, cache_status: &str) {
+    if rule.cache {
+        let nginx = crate::log::vars::nginx_cache_status(cache_status);
+        req.notes.with(|n| n.cache_status = Some(nginx));
+    }
+}
+
+/// [`note`] for an answer the cache gave itself (a hit, a stale entry).
+pub fn note_answer(rule: &Rule, req: &Request, response: &Response) {
+    if let Some(h) = response.headers.iter().find(|h| h.name().eq_ignore_ascii_case("cache-status")) {
+        note(rule, req, &h.to_string());
+    }
+}
+
 /// The key of `target` (path and query, as sent) for a request to `authority`:
 /// a `[[site]]`'s host, or empty for the default site (as the admin purge keys it).
 pub fn key(sites: &Sites<'_>, authority: Option<&str>, target: &str) -> Key {
@@ -294,6 +310,8 @@ fn refresh_in_background(
     fill: FillGuard,
 ) {
     with_validators(&mut fields, &validators);
+    // Its upstream is not the logged request's.
+    let fwd = Forwarding { notes: Default::default(), ..fwd };
     tokio::task::spawn_local(async move {
         let target = fwd.target.clone();
         let outcome = async {
