@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::tables::FileProxy;
 use crate::handler::proxy::control::{self, Control, FieldRules};
 use crate::handler::proxy::{Balance, HostMode, Rule, Timeouts, TlsClient, Upstream};
+use crate::log::vars::{Template, When};
 
 /// Where the system's trusted roots are read from when a rule has no `upstream_ca`.
 pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -125,11 +126,37 @@ fn control(b: &FileProxy) -> Result<Control, String> {
             Some(Arc::new(control::AccelRoot(root)))
         }
     };
+    let cache_key = match &b.cache_key {
+        Some(text) if text.trim().is_empty() => {
+            return Err("cache_key: give a template such as \"$host$request_uri\"".into())
+        }
+        Some(text) => Some(Template::parse_for("cache_key", text, When::Request)?),
+        None => None,
+    };
+    let cache_bypass = b.cache_bypass.as_ref().map(control::Bypass::parse).transpose()?.unwrap_or_default();
+    let mut cache_valid = Vec::new();
+    for (status, value) in b.cache_valid.iter().flatten() {
+        let code = match status.as_str() {
+            "any" => None,
+            s => match s.parse::<u16>() {
+                Ok(n) if (100..600).contains(&n) => Some(n),
+                _ => return Err(format!("cache_valid: {s:?} is not a status (200, 404...) or \"any\"")),
+            },
+        };
+        let lifetime = duration(&format!("cache_valid.{status}"), &Some(value.clone()), Duration::ZERO)?;
+        cache_valid.push((code, lifetime));
+    }
+    if !b.cache.unwrap_or(false) && (cache_key.is_some() || !cache_bypass.is_empty() || !cache_valid.is_empty()) {
+        return Err("cache_key, cache_bypass and cache_valid need cache = true".into());
+    }
     Ok(Control {
         strip_prefix,
         request: rules("request_headers", &b.request_headers)?,
         response: rules("response_headers", &b.response_headers)?,
         accel_root,
+        cache_key,
+        cache_bypass,
+        cache_valid,
     })
 }
 
@@ -289,9 +316,33 @@ accel_root = {:?}"#,
             let e = ok(&text).err().unwrap_or_else(|| panic!("{text:?} was accepted"));
             assert!(e.contains(error), "{text:?}: {e}");
         }
+        let r = ok("path = \"/a\"\nupstream = [\"http://a\"]\ncache = true\ncache_key = \"$host$request_uri\"\n\
+                    cache_bypass = { cookie = [\"s\"] }\ncache_valid = { \"200\" = \"10m\", \"404\" = 60, any = \"1s\" }")
+        .unwrap();
+        assert!(r.control.cache_key.is_some() && r.control.cache_bypass.cookies == ["s"]);
+        assert_eq!(
+            r.control.cache_valid,
+            [
+                (Some(200), Duration::from_secs(600)),
+                (Some(404), Duration::from_secs(60)),
+                (None, Duration::from_secs(1))
+            ]
+        );
+        for (text, error) in [
+            ("cache_key = \"$host\"", "need cache = true"),
+            ("cache = true\ncache_key = \"$status\"", "cache_key: $status has no value here"),
+            ("cache = true\ncache_key = \" \"", "cache_key: give a template"),
+            ("cache = true\ncache_valid = { \"2xx\" = \"1m\" }", "\"2xx\" is not a status"),
+            ("cache = true\ncache_valid = { \"200\" = \"soon\" }", "cache_valid.200"),
+            ("cache = true\ncache_bypass = { param = [\"a\"] }", "cache_bypass: unknown key"),
+        ] {
+            let text = format!("path = \"/a\"\nupstream = [\"http://a\"]\n{text}");
+            let e = ok(&text).err().unwrap_or_else(|| panic!("{text:?} was accepted"));
+            assert!(e.contains(error), "{text:?}: {e}");
+        }
         let site_root = dir.path().canonicalize().unwrap();
         let inside = FileProxy { accel_root: Some(accel.clone()), ..block("path = \"/a\"") };
-        let e = accel_outside(&[inside.clone()], &site_root).unwrap_err();
+        let e = accel_outside(std::slice::from_ref(&inside), &site_root).unwrap_err();
         assert!(e.contains("beneath the root") && e.starts_with("proxy 1: "), "{e}");
         assert!(accel_outside(&[inside], &site_root.join("elsewhere")).is_ok());
         assert!(proxy(&[block("path = \"/a\"")]).unwrap_err().starts_with("proxy 1: "));

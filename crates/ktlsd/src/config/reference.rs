@@ -152,7 +152,9 @@ pub fn generate() -> String {
          such as `\"/api\"`, taken off before the request goes upstream), `request_headers` and \
          `response_headers` (`{ set = { NAME = \"VALUE\" }, add = { ... }, remove = [\"NAME\"] }`, values \
          with the access log's `$variables`), `accel_root` (the directory `X-Accel-Redirect` files are served \
-         from, outside the root).\n",
+         from, outside the root); with `cache = true`, `cache_key` (a template of `$variables`), \
+         `cache_bypass` (`{ cookie = [...], header = [...], query = [...] }`) and `cache_valid` \
+         (`{ \"200\" = \"10m\", any = \"1m\" }`) ([docs/cache.md](cache.md)).\n",
     );
     out
 }

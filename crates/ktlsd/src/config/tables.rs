@@ -108,4 +108,7 @@ pub struct FileProxy {
     pub request_headers: Option<toml::Table>,
     pub response_headers: Option<toml::Table>,
     pub accel_root: Option<PathBuf>,
+    pub cache_key: Option<String>,
+    pub cache_bypass: Option<toml::Table>,
+    pub cache_valid: Option<toml::Table>,
 }

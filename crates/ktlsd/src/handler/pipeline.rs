@@ -179,7 +179,9 @@ impl<'a> Exchange<'a> {
             let u = upstreamed();
             let request_id = req.notes.request_id();
             let control = &rule.control;
-            let scope = (!control.request.is_empty() || !control.response.is_empty()).then(|| scope(req, &u));
+            let needs_scope =
+                !control.request.is_empty() || !control.response.is_empty() || control.cache_key.is_some();
+            let scope = needs_scope.then(|| scope(req, &u));
             let fwd = proxy::Forwarding {
                 method: u.method,
                 target,
@@ -192,6 +194,7 @@ impl<'a> Exchange<'a> {
                 strip: control.strip_prefix.clone(),
                 control: scope.as_ref().map(|s| control.request.expand(&s.entry())).unwrap_or_default(),
                 notes: req.notes.clone(),
+                cache_key: control.cache_key.as_ref().zip(scope.as_ref()).map(|(k, s)| k.value(&s.entry())),
             };
             let mut rules = super::rule_fields(site, path);
             rules.set.push(("X-Request-Id".into(), request_id));

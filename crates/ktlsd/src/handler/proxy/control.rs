@@ -242,6 +242,76 @@ pub fn protocol_of(via: &str) -> &'static str {
     }
 }
 
+/// When a request skips the cache's lookup (`cache_bypass`): one of these cookies,
+/// fields or query parameters is present with a value other than empty or `0` (as
+/// nginx's `proxy_cache_bypass $cookie_x $http_y $arg_z`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bypass {
+    pub cookies: Vec<String>,
+    pub headers: Vec<String>,
+    pub query: Vec<String>,
+}
+
+impl Bypass {
+    /// The `cache_bypass` table: `cookie`, `header` and `query`, each a list of names.
+    pub fn parse(table: &toml::Table) -> Result<Bypass, String> {
+        let mut b = Bypass::default();
+        for (key, value) in table {
+            let list = match key.as_str() {
+                "cookie" => &mut b.cookies,
+                "header" => &mut b.headers,
+                "query" => &mut b.query,
+                other => return Err(format!("cache_bypass: unknown key {other:?}; expected cookie, header or query")),
+            };
+            let names = value.as_array().filter(|a| a.iter().all(|v| v.as_str().is_some_and(|s| !s.is_empty())));
+            let Some(names) = names else {
+                return Err(format!("cache_bypass.{key}: expected a list of names such as [\"session\"]"));
+            };
+            list.extend(names.iter().filter_map(|v| v.as_str()).map(str::to_string));
+        }
+        Ok(b)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cookies.is_empty() && self.headers.is_empty() && self.query.is_empty()
+    }
+
+    /// Whether a request with these `fields` and `query` (as sent) bypasses the lookup.
+    pub fn applies(&self, fields: &[(String, String)], query: Option<&str>) -> bool {
+        let set = |v: &str| !v.is_empty() && v != "0";
+        let header = |name: &str| fields.iter().any(|(n, v)| n.eq_ignore_ascii_case(name) && set(v.trim()));
+        if self.headers.iter().any(|h| header(h)) {
+            return true;
+        }
+        let cookie = |name: &str| {
+            let values =
+                fields.iter().filter(|(n, _)| n.eq_ignore_ascii_case("cookie")).flat_map(|(_, v)| v.split(';'));
+            values.filter_map(|pair| pair.split_once('=')).any(|(n, v)| n.trim() == name && set(v.trim()))
+        };
+        if self.cookies.iter().any(|c| cookie(c)) {
+            return true;
+        }
+        let arg = |name: &str| {
+            let mut pairs = query.unwrap_or_default().split('&');
+            pairs.any(|pair| match pair.split_once('=') {
+                Some((n, v)) => n == name && set(v),
+                None => false,
+            })
+        };
+        self.query.iter().any(|q| arg(q))
+    }
+}
+
+/// How long a response whose origin states no freshness stays fresh, by status
+/// (`cache_valid`: nginx's `proxy_cache_valid`); `None` for `any`.
+pub type Valid = Vec<(Option<u16>, std::time::Duration)>;
+
+/// The lifetime `valid` gives `status`: its own, else `any`'s.
+pub fn valid_for(valid: &Valid, status: u16) -> Option<std::time::Duration> {
+    let exact = valid.iter().find(|(s, _)| *s == Some(status));
+    exact.or_else(|| valid.iter().find(|(s, _)| s.is_none())).map(|(_, d)| *d)
+}
+
 /// A rule's control of its exchanges, as validated.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Control {
@@ -252,6 +322,12 @@ pub struct Control {
     /// Where `X-Accel-Redirect` files are served from; `None`: the field is dropped
     /// and the upstream's answer passes.
     pub accel_root: Option<Arc<AccelRoot>>,
+    /// The cache key (`cache_key`); `None`: the default (site and target).
+    pub cache_key: Option<Template>,
+    /// When a request skips the lookup (`cache_bypass`).
+    pub cache_bypass: Bypass,
+    /// Lifetimes for responses without explicit freshness (`cache_valid`).
+    pub cache_valid: Valid,
 }
 
 #[cfg(test)]

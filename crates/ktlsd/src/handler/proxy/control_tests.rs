@@ -97,3 +97,45 @@ remove = ["Cookie", "x-debug"]"#,
         assert!(e.contains(error) && e.starts_with(key), "{text}: {e}");
     }
 }
+
+#[test]
+fn cache_bypass_conditions() {
+    let table: toml::Table =
+        toml::from_str("cookie = [\"session\"]\nheader = [\"X-Debug\", \"Authorization\"]\nquery = [\"nocache\"]")
+            .unwrap();
+    let b = Bypass::parse(&table).unwrap();
+    let f = |list: &[(&str, &str)]| list.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect::<Vec<_>>();
+    // (fields, query, bypassed)
+    for (fields, query, want) in [
+        (f(&[]), None, false),
+        (f(&[("Cookie", "a=1; session=abc")]), None, true),
+        (f(&[("cookie", "session=")]), None, false),
+        (f(&[("Cookie", "session=0")]), None, false),
+        (f(&[("Cookie", "xsession=1; other=session")]), None, false),
+        (f(&[("x-debug", "1")]), None, true),
+        (f(&[("X-Debug", "0")]), None, false),
+        (f(&[("X-Debug", "")]), None, false),
+        (f(&[("Authorization", "Basic eDp5")]), None, true),
+        (f(&[]), Some("a=1&nocache=1"), true),
+        (f(&[]), Some("nocache=0"), false),
+        (f(&[]), Some("nocache"), false),
+        (f(&[]), Some("xnocache=1"), false),
+    ] {
+        assert_eq!(b.applies(&fields, query), want, "{fields:?} {query:?}");
+    }
+    for (text, error) in [
+        ("cookies = [\"a\"]", "unknown key \"cookies\""),
+        ("cookie = \"a\"", "expected a list"),
+        ("header = [\"\"]", "expected a list"),
+    ] {
+        let table: toml::Table = toml::from_str(text).unwrap();
+        let e = Bypass::parse(&table).unwrap_err();
+        assert!(e.contains(error), "{text}: {e}");
+    }
+    let secs = std::time::Duration::from_secs;
+    let valid: Valid = vec![(Some(200), secs(600)), (Some(404), secs(60)), (None, secs(5))];
+    for (status, want) in [(200, Some(600)), (404, Some(60)), (302, Some(5))] {
+        assert_eq!(valid_for(&valid, status), want.map(secs), "{status}");
+    }
+    assert_eq!(valid_for(&vec![(Some(200), secs(1))], 404), None);
+}

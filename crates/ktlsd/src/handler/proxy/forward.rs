@@ -81,7 +81,8 @@ impl Forward {
 
     /// With the cache `rule` stores into, when it caches (the sites hold it).
     pub fn with_cache(mut self, sites: &crate::handler::Sites<'_>) -> Forward {
-        self.cache = cached::cache_of(sites, &self.rule, self.fwd.authority.as_deref(), &self.fwd.target);
+        let target = self.fwd.cache_key.as_deref().unwrap_or(&self.fwd.target);
+        self.cache = cached::cache_of(sites, &self.rule, self.fwd.authority.as_deref(), target);
         self
     }
 

@@ -65,6 +65,8 @@ pub struct Forwarding {
     pub control: Expanded,
     /// Where the exchange notes its upstreams for the access log.
     pub notes: crate::log::Notes,
+    /// The rule's `cache_key`, filled in; `None`: the target keys the entry.
+    pub cache_key: Option<String>,
 }
 
 /// The upstream request head: request line (the rule's prefix taken off), Host (`host`
@@ -277,6 +279,7 @@ mod tests {
             strip: None,
             control: Expanded::default(),
             notes: Default::default(),
+            cache_key: None,
         }
     }
 
