@@ -20,9 +20,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::stats::Metrics;
 use crate::vocab::{BodyPath, Method, RecordLayer};
 
-pub mod custom;
+pub mod vars;
 
-pub use custom::Template;
+pub use vars::{Notes, Template};
 
 /// The access log's line format (`access_log_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -69,6 +69,9 @@ pub struct AccessEntry<'a> {
     pub host: Option<&'a str>,
     /// The site that answered: its first configured name, `default` or `unknown`.
     pub site: &'a str,
+    /// What the handler noted of the request (request id, user, upstreams); `None`
+    /// when no request was read.
+    pub notes: Option<&'a Notes>,
 }
 
 /// The HTTP version an entry's request came over: QUIC carries HTTP/3 only; the
@@ -530,6 +533,30 @@ fn json_line(e: &AccessEntry<'_>, rt: f64, layer: &str) -> String {
         "host": e.host,
         "site": e.site,
     });
+    let mut v = v;
+    if let (Some(notes), Some(map)) = (e.notes, v.as_object_mut()) {
+        // The fields of nginx's upstream and request variables, by the same names.
+        let n = notes.0.borrow();
+        let list = |f: &dyn Fn(&vars::Attempt) -> serde_json::Value| match n.upstream.is_empty() {
+            true => serde_json::Value::Null,
+            false => n.upstream.iter().map(f).collect(),
+        };
+        let secs = |d: Option<Duration>| d.map(|d| (d.as_secs_f64() * 1e6).round() / 1e6);
+        let upstream = [
+            ("upstream_addr", list(&|a| a.addr.clone().into())),
+            ("upstream_status", list(&|a| a.status.into())),
+            ("upstream_connect_time", list(&|a| secs(a.connect).into())),
+            ("upstream_header_time", list(&|a| secs(a.header).into())),
+            ("upstream_response_time", list(&|a| secs(a.response).into())),
+            ("upstream_cache_status", n.cache_status.into()),
+            ("remote_user", n.remote_user.clone().into()),
+        ];
+        drop(n);
+        map.insert("request_id".into(), notes.request_id().into());
+        for (k, value) in upstream {
+            map.insert(k.into(), value);
+        }
+    }
     v.to_string()
 }
 
@@ -606,6 +633,7 @@ mod tests {
             client_subject: None,
             host: None,
             site: "default",
+            notes: None,
         });
         log.write(&AccessEntry {
             peer,
@@ -622,6 +650,7 @@ mod tests {
             client_subject: None,
             host: None,
             site: "default",
+            notes: None,
         });
         log.flush();
         let text = std::fs::read_to_string(&path).unwrap();
@@ -642,6 +671,18 @@ mod tests {
         let peer: SocketAddr = "192.0.2.1:1234".parse().unwrap();
         let line = RequestLine { method: &Method::Get, target: "/a", version: "HTTP/1.1" };
         let tls = Some(TlsInfo { version: "TLSv1_3", cipher: "TLS13_AES_128_GCM_SHA256" });
+        let notes = Notes::default();
+        notes.with(|n| {
+            n.request_id = Some("req-7".into());
+            n.cache_status = Some("HIT");
+            n.upstream = vec![vars::Attempt {
+                addr: "127.0.0.1:9000".into(),
+                status: Some(200),
+                connect: Some(Duration::from_micros(1500)),
+                header: Some(Duration::from_millis(3)),
+                response: None,
+            }];
+        });
         let entry = |referer, user_agent| AccessEntry {
             peer,
             request: Some(line),
@@ -657,6 +698,7 @@ mod tests {
             client_subject: Some("CN=alice,O=Example"),
             host: Some("a.test"),
             site: "a.test",
+            notes: Some(&notes),
         };
         log.set_format(LogFormat::Combined);
         log.write(&entry(Some("https://e.test/\"x"), Some("curl/8.0")));
@@ -697,6 +739,20 @@ mod tests {
             (Some(200), Some(7), Some(0.00025))
         );
         assert!(v["rt"].is_f64() && v["time"].is_string() && v["referer"].is_null(), "{v}");
+        assert_eq!(
+            (&v["request_id"], &v["upstream_addr"][0], &v["upstream_status"][0], &v["upstream_cache_status"]),
+            (
+                &serde_json::json!("req-7"),
+                &serde_json::json!("127.0.0.1:9000"),
+                &serde_json::json!(200),
+                &serde_json::json!("HIT")
+            )
+        );
+        assert_eq!(
+            (v["upstream_connect_time"][0].as_f64(), v["upstream_header_time"][0].as_f64()),
+            (Some(0.0015), Some(0.003))
+        );
+        assert!(v["upstream_response_time"][0].is_null() && v["remote_user"].is_null(), "{v}");
     }
 
     #[test]

@@ -269,3 +269,59 @@ fn admin_post(sock: &Path, target: &str) -> (u16, String) {
     let (head, body) = reply.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no response head in {reply:?}"));
     (parse_head(head).1, body.to_string())
 }
+
+#[test]
+fn cache_key_bypass_and_valid_steer_the_cache() {
+    let origin = Origin::start("o");
+    let cache = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\ncache = true\ncache_key = \"$http_user_agent $request_uri\"\n\
+         cache_bypass = {{ header = [\"X-Fresh\"], cookie = [\"nocache\"], query = [\"refresh\"] }}\n\
+         cache_valid = {{ \"200\" = \"10m\", \"404\" = \"1m\" }}\n\n[cache]\ndir = {:?}\n",
+        origin.url(),
+        cache.path().display().to_string()
+    );
+    let srv = origin::ktlsd(BIN, &config, &[]);
+    let body = |r: &Response| r.body_str();
+    for proto in PROTOCOLS {
+        let t = |name: &str| format!("/api/set/{name}{}", proto.trim_start_matches("--"));
+        // No Cache-Control, no validator: cache_valid makes it fresh for ten minutes.
+        let first = get(&srv, &t("valid"), proto, &[]);
+        assert_eq!((first.status, body(&first).as_str()), (200, "o 1 -"), "{proto}");
+        let again = get(&srv, &t("valid"), proto, &[]);
+        assert_eq!(body(&again), "o 1 -", "a hit ({proto}): {}", status(&again));
+        assert_eq!(status(&again), "ktlsd; hit", "{proto}");
+        assert_eq!(again.header("ktlsd-cache-valid"), None, "{proto}");
+        // A 404 for a minute.
+        let path = format!("{}?status=404", t("missing"));
+        assert_eq!(get(&srv, &path, proto, &[]).status, 404, "{proto}");
+        let again = get(&srv, &path, proto, &[]);
+        assert_eq!((again.status, status(&again)), (404, "ktlsd; hit"), "{proto}");
+        // The origin's own freshness wins.
+        let path = target(&format!("zero{proto}"), &["Cache-Control:max-age=0"]);
+        get(&srv, &path, proto, &[]);
+        let again = get(&srv, &path, proto, &[]);
+        assert!(body(&again).starts_with("o 2 "), "max-age=0 is stale at once ({proto}): {}", status(&again));
+
+        // The key: another User-Agent is another entry.
+        let other = get(&srv, &t("valid"), proto, &["-A", "other-agent"]);
+        assert_eq!((body(&other).as_str(), status(&other)), ("o 2 -", "ktlsd; fwd=miss; stored"), "{proto}");
+        assert_eq!(body(&get(&srv, &t("valid"), proto, &["-A", "other-agent"])), "o 2 -", "{proto}");
+
+        // Bypass: to the origin whatever is stored, the answer stored for the next.
+        for (i, how) in [&["-H", "X-Fresh: 1"][..], &["-b", "a=1; nocache=yes"], &[]].into_iter().enumerate() {
+            let path = if how.is_empty() { format!("{}?refresh=1", t("valid")) } else { t("valid") };
+            let r = get(&srv, &path, proto, how);
+            assert_eq!(body(&r), format!("o {} -", if how.is_empty() { 1 } else { 3 + i }), "{proto} {how:?}");
+            assert!(status(&r).starts_with("ktlsd; fwd=bypass"), "{proto} {how:?}: {}", status(&r));
+        }
+        let after = get(&srv, &t("valid"), proto, &[]);
+        assert_eq!(
+            (body(&after).as_str(), status(&after)),
+            ("o 4 -", "ktlsd; hit"),
+            "the bypass's answer was stored ({proto})"
+        );
+        let zeroed = get(&srv, &t("valid"), proto, &["-H", "X-Fresh: 0"]);
+        assert_eq!(status(&zeroed), "ktlsd; hit", "0 bypasses nothing ({proto})");
+    }
+}

@@ -224,9 +224,13 @@ pub(crate) fn file_paths(file: &mut Options) -> Vec<&mut PathBuf> {
         if let Some(acme) = site.acme.as_mut() {
             paths.extend([&mut acme.directory_ca, &mut acme.dns_hook].into_iter().flatten());
         }
-        paths.extend(site.proxy.iter_mut().flatten().filter_map(|b| b.upstream_ca.as_mut()));
+        for b in site.proxy.iter_mut().flatten() {
+            paths.extend([&mut b.upstream_ca, &mut b.accel_root].into_iter().flatten());
+        }
     }
-    paths.extend(file.proxy.iter_mut().flatten().filter_map(|b| b.upstream_ca.as_mut()));
+    for b in file.proxy.iter_mut().flatten() {
+        paths.extend([&mut b.upstream_ca, &mut b.accel_root].into_iter().flatten());
+    }
     paths.extend(file.cache.as_mut().and_then(|c| c.dir.as_mut()));
     paths.extend(file.cluster.as_mut().and_then(|c| c.secret_file.as_mut()));
     paths
@@ -268,6 +272,7 @@ impl Config {
         let top = o.site_options();
         let canonical = routing::canonical(top.canonical.as_deref(), None, "")?;
         let content = content::content(&top, "", canonical, location::locations(&top, "")?)?;
+        proxy::accel_outside(top.proxy.as_deref().unwrap_or_default(), &root).map_err(ConfigError::new)?;
         let mut warnings = location::dialect_notes(&top, "");
         for (i, s) in o.site.iter().flatten().enumerate() {
             // A site's own keys: what it inherits is noted once, at the top level.

@@ -344,7 +344,7 @@ schema! {
         /// More configuration files read after this one, as paths or globs relative to this file (e.g. ["sites/*.toml"]): each may add [[site]] blocks and set keys no other file sets; a glob matching nothing is fine, a missing plain path is an error; file only [default: none]
         #[arg(skip)]
         include: Vec<String>,
-        /// Access log line template for access_log_format = custom, with nginx-style variables: $remote_addr $time_local $time_iso8601 $request $request_method $request_uri $server_protocol $status $body_bytes_sent $request_time $ttfb $http_referer $http_user_agent $host $site $ssl_protocol $ssl_cipher $record_layer $body_path ($$ for a literal $) [default: none]
+        /// Access log line template for access_log_format = custom, with nginx-style variables: $remote_addr $time_local $time_iso8601 $request $request_method $request_uri $server_protocol $status $body_bytes_sent $request_time $ttfb $http_referer $http_user_agent $host $site $ssl_protocol $ssl_cipher $record_layer $body_path $scheme $request_id $remote_user $upstream_addr $upstream_status $upstream_connect_time $upstream_header_time $upstream_response_time $upstream_cache_status ($$ for a literal $) [default: none]
         #[arg(long, value_name = "TEMPLATE")]
         access_log_custom: String,
         /// Serve HTTP/3 over QUIC on the UDP port of each listen address, and advertise it with Alt-Svc on HTTP/1.1 and HTTP/2 responses [default: off]

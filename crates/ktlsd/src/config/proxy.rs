@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::tables::FileProxy;
+use crate::handler::proxy::control::{self, Control, FieldRules};
 use crate::handler::proxy::{Balance, HostMode, Rule, Timeouts, TlsClient, Upstream};
+use crate::log::vars::{Template, When};
 
 /// Where the system's trusted roots are read from when a rule has no `upstream_ca`.
 pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -27,6 +29,26 @@ const MAX_KEEPALIVE: usize = 1024;
 /// Validates a site's `[[proxy]]` blocks, in order.
 pub fn proxy(blocks: &[FileProxy]) -> Result<Vec<Rule>, String> {
     blocks.iter().enumerate().map(|(i, b)| rule(b, SYSTEM_ROOTS).map_err(|e| format!("proxy {}: {e}", i + 1))).collect()
+}
+
+/// Checks that no `accel_root` of `blocks` lies beneath the site's `root` (already
+/// canonical): its files are for `X-Accel-Redirect` answers only, never a client's
+/// direct request (nginx's `internal` location).
+pub fn accel_outside(blocks: &[FileProxy], root: &Path) -> Result<(), String> {
+    for (i, b) in blocks.iter().enumerate() {
+        let Some(dir) = &b.accel_root else { continue };
+        let Ok(canonical) = dir.canonicalize() else { continue };
+        if canonical.starts_with(root) {
+            return Err(format!(
+                "proxy {}: accel_root {} is beneath the root {}: clients could fetch its files directly; \
+                 move it out of the root",
+                i + 1,
+                dir.display(),
+                root.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// One block; `system_roots` is the PEM bundle used without `upstream_ca`.
@@ -71,7 +93,78 @@ fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
         (false, None) => None,
         (true, ca) => Some(tls_client(ca.as_deref().unwrap_or(Path::new(system_roots)))?),
     };
-    Ok(Rule { path, upstreams, cache: b.cache.unwrap_or(false), host, balance, timeouts, fail_timeout, keepalive, tls })
+    let control = control(b)?;
+    Ok(Rule {
+        path,
+        upstreams,
+        cache: b.cache.unwrap_or(false),
+        host,
+        balance,
+        timeouts,
+        fail_timeout,
+        keepalive,
+        tls,
+        control,
+    })
+}
+
+/// The keys that change what goes upstream and what comes back: `strip_prefix`,
+/// `request_headers`, `response_headers`, `accel_root`.
+fn control(b: &FileProxy) -> Result<Control, String> {
+    let strip_prefix = b.strip_prefix.as_deref().map(control::check_prefix).transpose()?;
+    let rules = |key: &str, t: &Option<toml::Table>| match t {
+        Some(t) => FieldRules::parse(key, t),
+        None => Ok(FieldRules::default()),
+    };
+    let accel_root = match &b.accel_root {
+        None => None,
+        Some(dir) => {
+            let shown = dir.display();
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(format!("accel_root {shown} is not a directory")),
+                Err(e) => {
+                    return Err(format!(
+                        "accel_root {shown}: {e}; give the directory X-Accel-Redirect files are served from"
+                    ))
+                }
+            }
+            let root = crate::files::Root::new(dir).map_err(|e| format!("accel_root {shown}: {e}"))?;
+            Some(Arc::new(control::AccelRoot(root)))
+        }
+    };
+    let cache_key = match &b.cache_key {
+        Some(text) if text.trim().is_empty() => {
+            return Err("cache_key: give a template such as \"$host$request_uri\"".into())
+        }
+        Some(text) => Some(Template::parse_for("cache_key", text, When::Request)?),
+        None => None,
+    };
+    let cache_bypass = b.cache_bypass.as_ref().map(control::Bypass::parse).transpose()?.unwrap_or_default();
+    let mut cache_valid = Vec::new();
+    for (status, value) in b.cache_valid.iter().flatten() {
+        let code = match status.as_str() {
+            "any" => None,
+            s => match s.parse::<u16>() {
+                Ok(n) if (100..600).contains(&n) => Some(n),
+                _ => return Err(format!("cache_valid: {s:?} is not a status (200, 404...) or \"any\"")),
+            },
+        };
+        let lifetime = duration(&format!("cache_valid.{status}"), &Some(value.clone()), Duration::ZERO)?;
+        cache_valid.push((code, lifetime));
+    }
+    if !b.cache.unwrap_or(false) && (cache_key.is_some() || !cache_bypass.is_empty() || !cache_valid.is_empty()) {
+        return Err("cache_key, cache_bypass and cache_valid need cache = true".into());
+    }
+    Ok(Control {
+        strip_prefix,
+        request: rules("request_headers", &b.request_headers)?,
+        response: rules("response_headers", &b.response_headers)?,
+        accel_root,
+        cache_key,
+        cache_bypass,
+        cache_valid,
+    })
 }
 
 /// A duration key: seconds (integer or decimal) or text with a unit (`500ms`, `5s`, `2m`).
@@ -198,6 +291,71 @@ keepalive = 0"#)
             assert!(e.contains(error), "{text:?}: {e}");
         }
         assert!(toml::from_str::<FileProxy>("path = \"/a\"\nupstreams = []").is_err(), "unknown keys are refused");
+
+        // The control keys.
+        let accel = dir.path().join("protected");
+        std::fs::create_dir(&accel).unwrap();
+        let r = ok(&format!(
+            r#"path = "/api/*"
+upstream = ["http://a"]
+strip_prefix = "/api/"
+request_headers = {{ set = {{ X-Real-IP = "$remote_addr" }}, remove = ["Cookie"] }}
+response_headers = {{ add = {{ X-Up = "$upstream_addr" }}, remove = ["X-Powered-By"] }}
+accel_root = {:?}"#,
+            accel.to_str().unwrap()
+        ))
+        .unwrap();
+        assert_eq!(r.control.strip_prefix.as_deref(), Some("/api"));
+        assert_eq!(
+            (r.control.request.set.len(), r.control.request.remove.as_slice()),
+            (1, &["Cookie".to_string()][..])
+        );
+        assert_eq!((r.control.response.add.len(), r.control.response.remove.len()), (1, 1));
+        assert_eq!(r.control.accel_root.as_ref().map(|a| a.0.path().to_path_buf()), Some(accel.clone()));
+        let plain = ok("path = \"/x\"\nupstream = [\"http://a\"]").unwrap();
+        assert_eq!(plain.control, Control::default());
+        for (text, error) in [
+            ("strip_prefix = \"api\"", "strip_prefix \"api\""),
+            ("strip_prefix = \"/a/*\"", "strip_prefix"),
+            ("request_headers = { set = { X-A = \"$status\" } }", "request_headers.set.X-A: $status has no value here"),
+            ("response_headers = { remove = [\"Content-Length\"] }", "the connection's own"),
+            ("request_headers = { keep = [] }", "unknown key \"keep\""),
+            ("accel_root = \"/nonexistent-accel\"", "accel_root /nonexistent-accel"),
+            ("accel_root = \"/etc/passwd\"", "is not a directory"),
+        ] {
+            let text = format!("path = \"/a\"\nupstream = [\"http://a\"]\n{text}");
+            let e = ok(&text).err().unwrap_or_else(|| panic!("{text:?} was accepted"));
+            assert!(e.contains(error), "{text:?}: {e}");
+        }
+        let r = ok("path = \"/a\"\nupstream = [\"http://a\"]\ncache = true\ncache_key = \"$host$request_uri\"\n\
+                    cache_bypass = { cookie = [\"s\"] }\ncache_valid = { \"200\" = \"10m\", \"404\" = 60, any = \"1s\" }")
+        .unwrap();
+        assert!(r.control.cache_key.is_some() && r.control.cache_bypass.cookies == ["s"]);
+        assert_eq!(
+            r.control.cache_valid,
+            [
+                (Some(200), Duration::from_secs(600)),
+                (Some(404), Duration::from_secs(60)),
+                (None, Duration::from_secs(1))
+            ]
+        );
+        for (text, error) in [
+            ("cache_key = \"$host\"", "need cache = true"),
+            ("cache = true\ncache_key = \"$status\"", "cache_key: $status has no value here"),
+            ("cache = true\ncache_key = \" \"", "cache_key: give a template"),
+            ("cache = true\ncache_valid = { \"2xx\" = \"1m\" }", "\"2xx\" is not a status"),
+            ("cache = true\ncache_valid = { \"200\" = \"soon\" }", "cache_valid.200"),
+            ("cache = true\ncache_bypass = { param = [\"a\"] }", "cache_bypass: unknown key"),
+        ] {
+            let text = format!("path = \"/a\"\nupstream = [\"http://a\"]\n{text}");
+            let e = ok(&text).err().unwrap_or_else(|| panic!("{text:?} was accepted"));
+            assert!(e.contains(error), "{text:?}: {e}");
+        }
+        let site_root = dir.path().canonicalize().unwrap();
+        let inside = FileProxy { accel_root: Some(accel.clone()), ..block("path = \"/a\"") };
+        let e = accel_outside(std::slice::from_ref(&inside), &site_root).unwrap_err();
+        assert!(e.contains("beneath the root") && e.starts_with("proxy 1: "), "{e}");
+        assert!(accel_outside(&[inside], &site_root.join("elsewhere")).is_ok());
         assert!(proxy(&[block("path = \"/a\"")]).unwrap_err().starts_with("proxy 1: "));
     }
 }

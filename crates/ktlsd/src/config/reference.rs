@@ -159,7 +159,13 @@ pub fn generate() -> String {
          `\"upstream\"` or a host), `balance` (`\"round-robin\"` or `\"least-connections\"`), \
          `connect_timeout` (5s), `read_timeout` (60s), `send_timeout` (60s), `tunnel_idle_timeout` (5m: a \
          WebSocket that moves no byte either way for that long is closed), `fail_timeout` (10s), \
-         `keepalive` (32), `upstream_ca` (a PEM file; default: the system roots).\n",
+         `keepalive` (32), `upstream_ca` (a PEM file; default: the system roots), `strip_prefix` (a path \
+         such as `\"/api\"`, taken off before the request goes upstream), `request_headers` and \
+         `response_headers` (`{ set = { NAME = \"VALUE\" }, add = { ... }, remove = [\"NAME\"] }`, values \
+         with the access log's `$variables`), `accel_root` (the directory `X-Accel-Redirect` files are served \
+         from, outside the root); with `cache = true`, `cache_key` (a template of `$variables`), \
+         `cache_bypass` (`{ cookie = [...], header = [...], query = [...] }`) and `cache_valid` \
+         (`{ \"200\" = \"10m\", any = \"1m\" }`) ([docs/cache.md](cache.md)).\n",
     );
     out
 }

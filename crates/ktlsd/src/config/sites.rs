@@ -94,6 +94,8 @@ pub fn sites(file: Vec<FileSite>, top: &SiteOptions) -> Result<Vec<SiteConfig>, 
         };
         let canonical = super::routing::canonical(s.canonical.as_deref(), Some(names.exact()), &format!("{which}: "))?;
         let locations = super::location::locations(&options, &format!("{which}: "))?;
+        super::proxy::accel_outside(options.proxy.as_deref().unwrap_or_default(), &root)
+            .map_err(|e| ConfigError::new(format!("{which}: {e}")))?;
         let content = super::content::content(&options, &format!("{which}: "), canonical, locations)?;
         out.push(SiteConfig {
             content,

@@ -105,4 +105,11 @@ pub struct FileProxy {
     pub tunnel_idle_timeout: Option<toml::Value>,
     pub fail_timeout: Option<toml::Value>,
     pub keepalive: Option<usize>,
+    pub strip_prefix: Option<String>,
+    pub request_headers: Option<toml::Table>,
+    pub response_headers: Option<toml::Table>,
+    pub accel_root: Option<PathBuf>,
+    pub cache_key: Option<String>,
+    pub cache_bypass: Option<toml::Table>,
+    pub cache_valid: Option<toml::Table>,
 }

@@ -36,6 +36,11 @@ impl Root {
         self.id
     }
 
+    /// The directory, as it was given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Opens `rel` (relative, already normalised) read-only and returns it with its metadata.
     pub fn open(&self, rel: &Path) -> Result<(File, Metadata), Refusal> {
         let target = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };

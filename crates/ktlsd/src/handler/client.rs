@@ -13,10 +13,16 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
+/// Whether `peer` is one of the `trusted` proxies (whose forwarding fields and
+/// `X-Request-Id` are believed).
+pub fn trusts(peer: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|n| n.contains(&peer.to_canonical()))
+}
+
 /// The client of a request from `peer` with these `X-Forwarded-For` and `Forwarded`
 /// values (each the field's lines joined), given the `trusted` proxies.
 pub fn real_client(peer: IpAddr, forwarded_for: Option<&str>, forwarded: Option<&str>, trusted: &[IpNet]) -> IpAddr {
-    let trusts = |ip: &IpAddr| trusted.iter().any(|n| n.contains(&ip.to_canonical()));
+    let trusts = |ip: &IpAddr| trusts(*ip, trusted);
     if !trusts(&peer) {
         return peer;
     }

@@ -20,6 +20,9 @@ pub enum Answer {
     /// The exchange failed before a response head: the failure and the
     /// `Cache-Status` it is answered with.
     Failed(Failure, String),
+    /// The upstream's `X-Accel-Redirect`: the file it names, answered as a static
+    /// file of the site.
+    Accel(Box<super::accel::Accel>),
 }
 
 /// How a forward ended.

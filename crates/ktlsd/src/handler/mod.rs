@@ -17,6 +17,7 @@
 //! It frames nothing: framing, limits, timeouts and the sending of bodies belong to
 //! the codecs (`http::h1`, `h2`, `h3`); the proxy's own sockets are its only I/O.
 
+pub mod accel;
 pub mod access;
 pub mod auth;
 pub mod cache;

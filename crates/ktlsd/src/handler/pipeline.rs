@@ -117,6 +117,7 @@ impl<'a> Exchange<'a> {
     ) -> Result<Exchange<'a>, (Request, Response)> {
         #[cfg(test)]
         count::site_lookup();
+        note(&req, sites.trusted_proxies);
         if let (false, Some(peer)) = (sites.trusted_proxies.is_empty(), req.client) {
             let h = &req.headers;
             let client = super::client::real_client(
@@ -176,6 +177,11 @@ impl<'a> Exchange<'a> {
                 return Decision::Respond(response);
             };
             let u = upstreamed();
+            let request_id = req.notes.request_id();
+            let control = &rule.control;
+            let needs_scope =
+                !control.request.is_empty() || !control.response.is_empty() || control.cache_key.is_some();
+            let scope = needs_scope.then(|| scope(req, &u));
             // A tunnel goes upstream as an HTTP/1.1 upgrade (RFC 6455's GET): an
             // extended CONNECT is translated, with a key of this hop's (RFC 8441
             // section 5); its DATA are the tunnel's bytes, not a request body.
@@ -193,8 +199,17 @@ impl<'a> Exchange<'a> {
                 version: u.version,
                 body,
                 upgrade,
+                request_id: request_id.clone(),
+                strip: control.strip_prefix.clone(),
+                control: scope.as_ref().map(|s| control.request.expand(&s.entry())).unwrap_or_default(),
+                notes: req.notes.clone(),
+                cache_key: control.cache_key.as_ref().zip(scope.as_ref()).map(|(k, s)| k.value(&s.entry())),
             };
-            let added = Added { rules: super::rule_fields(site, path), hsts: site.hsts.map(str::to_string) };
+            let mut rules = super::rule_fields(site, path);
+            rules.set.push(("X-Request-Id".into(), request_id));
+            let reply = scope.filter(|_| !control.response.is_empty());
+            let reply = reply.map(|scope| proxy::control::Reply { rule: rule.clone(), scope });
+            let added = Added { rules, hsts: site.hsts.map(str::to_string), reply };
             return Decision::Forward(Forward::new(rule.clone(), fwd, u.fields, max_body, added));
         }
         super::prepare(req, site).await;
@@ -209,16 +224,50 @@ impl<'a> Exchange<'a> {
 
 /// The response for a forward's answer that is not streamed: an answer from the
 /// cache or a bodiless upstream answer, as the forward made it (with the site's
-/// fields, [`Added`]); a failure's 502 or 504 (or what a request body's failure calls
+/// fields, [`Added`]); the file of an `X-Accel-Redirect` as the static answer
+/// gives it (`handler::accel`); a failure's 502 or 504 (or what a request body's failure calls
 /// for) with the path's error page, HSTS and the failure in `Cache-Status`.
 /// `head_request`: no body goes with it.
 pub fn finish(site: &Site<'_>, head_request: bool, answer: Answer) -> Response {
     match answer {
         Answer::Response(response) => response,
+        Answer::Accel(a) => super::accel::answer(*a, site),
         Answer::Failed(f, cache_status) => {
             let detail = format!("{cache_status}; detail={}", f.kind.label());
             super::error_answer(f.status, site, head_request).with(Header::Field("Cache-Status".into(), detail))
         }
+    }
+}
+
+/// Notes what the log says of `req` from its fields: the request id a trusted proxy
+/// sent (`trusted`: `trusted_proxies`; any other is replaced by one of this server's
+/// when one is needed), the Basic user name.
+fn note(req: &Request, trusted: &[ipnet::IpNet]) {
+    let h = &req.headers;
+    let id = h.request_id.as_deref().filter(|id| crate::log::vars::valid_request_id(id));
+    let id = id.filter(|_| req.client.is_some_and(|peer| super::client::trusts(peer, trusted)));
+    let user = h.authorization.as_deref().and_then(crate::log::vars::basic_user);
+    if id.is_some() || user.is_some() {
+        req.notes.with(|n| (n.request_id, n.remote_user) = (id.map(str::to_string), user));
+    }
+}
+
+/// What the variables of a forwarded request's fields are filled in from.
+fn scope(req: &Request, u: &Upstreamed) -> proxy::control::Scope {
+    let field = |name: &str| u.fields.iter().rev().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
+    let target = match &req.query {
+        Some(q) => format!("{}?{q}", req.path),
+        None => req.path.clone(),
+    };
+    proxy::control::Scope {
+        peer: std::net::SocketAddr::new(req.client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into()), 0),
+        method: req.method.clone(),
+        target,
+        version: proxy::control::protocol_of(u.version),
+        host: req.authority.clone(),
+        referer: field("referer"),
+        user_agent: field("user-agent"),
+        notes: req.notes.clone(),
     }
 }
 

@@ -105,6 +105,7 @@ fn proxy_rule(path: &str, url: &str) -> Arc<Rule> {
         fail_timeout: Duration::from_secs(1),
         keepalive: 0,
         tls: None,
+        control: Default::default(),
     })
 }
 
@@ -225,6 +226,7 @@ async fn each_phase_answers_in_its_order_for_the_path_it_matched() {
                     }
                     Outcome::Answer { answer: Answer::Response(r), .. } => Ends::Forwarded(r.status.0, false),
                     Outcome::Answer { answer: Answer::Failed(f, _), .. } => panic!("{path}: {f}"),
+                    Outcome::Answer { answer: Answer::Accel(a), .. } => panic!("{path}: accel {}", a.value),
                     Outcome::ClientGone(()) => panic!("{path}: client gone"),
                 }
             }

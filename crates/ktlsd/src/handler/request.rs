@@ -35,6 +35,9 @@ pub struct Request {
     /// without a body), or HTTP/2's extended CONNECT `:protocol` (RFC 8441), in
     /// lowercase. `None` for every other request.
     pub upgrade: Option<String>,
+    /// What the handler notes of the request for its log line (request id, user,
+    /// upstreams), shared by the request's clones.
+    pub notes: crate::log::Notes,
 }
 
 impl Request {
@@ -49,6 +52,7 @@ impl Request {
             client: None,
             via: None,
             upgrade: None,
+            notes: crate::log::Notes::default(),
         }
     }
 }
@@ -177,6 +181,8 @@ pub struct Headers {
     pub forwarded_for: Option<String>,
     /// Forwarded (RFC 7239), as sent (lines joined): read only from a trusted proxy.
     pub forwarded: Option<String>,
+    /// X-Request-Id, as sent (the last line): kept only from a trusted proxy.
+    pub request_id: Option<String>,
 }
 
 /// Which form of a directory listing the client wants.
@@ -341,6 +347,7 @@ pub struct HeaderFields {
     authorization: Option<String>,
     forwarded_for: Option<String>,
     forwarded: Option<String>,
+    request_id: Option<String>,
 }
 
 impl HeaderFields {
@@ -377,6 +384,8 @@ impl HeaderFields {
             join(&mut self.forwarded_for, value);
         } else if is("forwarded") {
             join(&mut self.forwarded, value);
+        } else if is("x-request-id") {
+            self.request_id = Some(value.to_string());
         }
     }
 
@@ -396,6 +405,7 @@ impl HeaderFields {
             authorization: self.authorization,
             forwarded_for: self.forwarded_for,
             forwarded: self.forwarded,
+            request_id: self.request_id,
         }
     }
 }

@@ -60,6 +60,27 @@ pub struct Logged<'a> {
     /// The client's address as the pipeline found it (behind a trusted proxy, the one
     /// its forwarding fields name); `None`: the connection's peer.
     pub client: Option<std::net::IpAddr>,
+    /// What the handler noted of the request (request id, user, upstreams).
+    pub notes: Option<&'a crate::log::Notes>,
+}
+
+/// The client of a request as the pipeline found it, and what the handler noted of
+/// the request: what a codec keeps of it for the log line.
+#[derive(Debug, Clone, Default)]
+pub struct Who {
+    pub ip: Option<std::net::IpAddr>,
+    pub notes: crate::log::Notes,
+}
+
+impl Who {
+    pub fn of(req: &crate::handler::Request) -> Who {
+        Who { ip: req.client, notes: req.notes.clone() }
+    }
+
+    /// The connection's peer, for a request that could not be read.
+    pub fn peer(ip: std::net::IpAddr) -> Who {
+        Who { ip: Some(ip), notes: Default::default() }
+    }
 }
 
 /// What one answer sent, and when.
@@ -119,6 +140,7 @@ impl<S> Context<'_, S> {
             client_subject,
             host,
             site: &site,
+            notes: request.and_then(|r| r.notes),
         });
     }
 

@@ -338,5 +338,6 @@ pub fn to_request(head: &RequestHead, client: std::net::IpAddr) -> Result<Reques
         client: Some(client.to_canonical()),
         via: None,
         upgrade: head.protocol.clone(),
+        notes: Default::default(),
     })
 }

@@ -224,6 +224,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, target
         host,
         site: &shared.sites().label(host),
         client_subject: None,
+        notes: head.map(|h| &h.request.notes),
     });
     // Port-80 traffic is a trickle: each line is written at once.
     log.flush();

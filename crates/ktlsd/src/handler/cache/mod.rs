@@ -396,6 +396,13 @@ impl Cache {
         }
     }
 
+    /// A fill for a request that `cache_bypass` sends to the upstream without a
+    /// lookup: its answer may still be stored (nginx's `proxy_cache_bypass`).
+    pub fn bypass(self: &Arc<Self>, key: &Key, req: &HeaderMap) -> FillGuard {
+        self.counters.misses.fetch_add(1, Relaxed);
+        FillGuard::new(self.clone(), key.clone(), req.clone(), None, Upstream { fwd: Fwd::Bypass, collapsed: false })
+    }
+
     /// A fill that does not lead (another request leads one, or led one and failed).
     fn follow(self: &Arc<Self>, key: &Key, req: &HeaderMap, fwd: Fwd) -> FillGuard {
         FillGuard::new(self.clone(), key.clone(), req.clone(), None, Upstream { fwd, collapsed: true })

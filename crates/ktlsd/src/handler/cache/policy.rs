@@ -23,6 +23,36 @@ pub fn options() -> CacheOptions {
     CacheOptions { shared: true, ..CacheOptions::default() }
 }
 
+/// The stored field that carries a rule's `cache_valid` lifetime (seconds) for a
+/// response whose origin gave no explicit freshness; never sent to a client.
+pub const VALID_FIELD: &str = "ktlsd-cache-valid";
+
+/// Whether `response` states its freshness itself (`max-age`, `s-maxage`, `Expires`).
+pub fn explicit_freshness(response: &HeaderMap) -> bool {
+    response.contains_key(http::header::EXPIRES)
+        || response.get_all(http::header::CACHE_CONTROL).iter().filter_map(|v| v.to_str().ok()).any(|v| {
+            v.split(',')
+                .map(|d| d.trim().to_ascii_lowercase())
+                .any(|d| d.starts_with("max-age") || d.starts_with("s-maxage"))
+        })
+}
+
+/// The response's fields as the freshness rules read them: with [`VALID_FIELD`]'s
+/// lifetime as `s-maxage` while the origin states none (`cache_valid`), else as they are.
+pub fn with_valid(response: &HeaderMap) -> std::borrow::Cow<'_, HeaderMap> {
+    let valid = response.get(VALID_FIELD).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    match valid {
+        Some(secs) if !explicit_freshness(response) => {
+            let mut view = response.clone();
+            if let Ok(v) = HeaderValue::from_str(&format!("s-maxage={secs}")) {
+                view.append(http::header::CACHE_CONTROL, v);
+            }
+            std::borrow::Cow::Owned(view)
+        }
+        _ => std::borrow::Cow::Borrowed(response),
+    }
+}
+
 /// Fields that describe one connection, never stored (RFC 9110 section 7.6.1),
 /// and those the codec writes itself for each answer.
 const NOT_STORED: &[&str] =
@@ -97,6 +127,7 @@ impl Meta {
     pub fn new(parsed: Parsed, file_len: u64, path: PathBuf) -> Option<Meta> {
         let request = to_map(&parsed.head.request)?;
         let response = to_map(&parsed.head.fields)?;
+        let response = with_valid(&response);
         let status = StatusCode::from_u16(parsed.head.status).ok()?;
         let response_time = entry::time(parsed.head.response_ms);
         let policy =
@@ -257,7 +288,8 @@ pub fn admit(
     response: &HeaderMap,
     now: SystemTime,
 ) -> Result<Head, NotStored> {
-    let policy = CachePolicy::new_options(&View(req), &Res { status, headers: response }, now, options());
+    let view = with_valid(response);
+    let policy = CachePolicy::new_options(&View(req), &Res { status, headers: &view }, now, options());
     if !policy.is_storable() {
         return Err(NotStored::NotStorable);
     }

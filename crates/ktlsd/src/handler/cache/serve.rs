@@ -103,7 +103,8 @@ pub fn cache_status(s: &CacheStatus) -> String {
 
 /// Stored fields not sent with a hit: the codec writes its own Date and Server,
 /// Content-Length and Accept-Ranges follow the range sent, Age is computed.
-const REPLACED: &[&str] = &["date", "server", "content-length", "accept-ranges", "age", "cache-status"];
+const REPLACED: &[&str] =
+    &["date", "server", "content-length", "accept-ranges", "age", "cache-status", super::policy::VALID_FIELD];
 /// The stored fields a 304 carries (RFC 9110 section 15.4.5).
 const ON_304: &[&str] = &["cache-control", "content-location", "etag", "expires", "vary", "last-modified"];
 

@@ -673,3 +673,50 @@ fn a_fill_that_fails_leaves_no_temporary_file_and_is_not_stored() {
     }
     assert_eq!(cache.figures().entries, 0);
 }
+
+#[test]
+fn cache_valid_gives_a_lifetime_only_where_the_origin_states_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&config(dir.path())).unwrap();
+    let now = SystemTime::now();
+    let valid = (policy::VALID_FIELD, "600");
+    // (target, status, fields, fresh right after storing, fresh after 700 s)
+    type ValidCase<'a> = (&'a str, u16, Vec<(&'a str, &'a str)>, bool, bool);
+    let cases: &[ValidCase<'_>] = &[
+        ("/none", 200, vec![valid], true, false),
+        ("/none-404", 404, vec![valid], true, false),
+        // A 302 is not heuristically cacheable: the lifetime makes it storable.
+        ("/redirect", 302, vec![valid, ("location", "/x")], true, false),
+        // Explicit freshness wins, both ways.
+        ("/explicit-short", 200, vec![valid, ("cache-control", "max-age=0")], false, false),
+        ("/explicit-long", 200, vec![valid, ("cache-control", "max-age=3600")], true, true),
+        ("/expires", 200, vec![valid, ("expires", "Thu, 01 Jan 1970 00:00:00 GMT")], false, false),
+        // No lifetime, no validator: RFC 9111 gives it none, as before.
+        ("/plain", 200, vec![], false, false),
+    ];
+    for (target, status, list, fresh_now, fresh_later) in cases {
+        let key = Key::new("", target);
+        let stored =
+            store(&cache, &key, &HeaderMap::new(), &response(*status, list), b"x", now - Duration::from_secs(1));
+        if stored.is_err() {
+            assert!(!fresh_now, "{target}: {stored:?}");
+            continue;
+        }
+        let hit = matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Hit(_));
+        assert_eq!(hit, *fresh_now, "{target} at once");
+        let index = cache.lock_index().variants(&key.primary).unwrap_or_default();
+        let meta = index.first().unwrap_or_else(|| panic!("{target} is stored"));
+        assert_eq!(!meta.is_stale(now + Duration::from_secs(700)), *fresh_later, "{target} after 700 s");
+        if let Lookup::Hit(hit) = lookup(&cache, &key, &HeaderMap::new()) {
+            let r = hit.into_response(&get(target, &[]), &CacheStatus::hit());
+            assert_eq!(field(&r, policy::VALID_FIELD), None, "{target}: the lifetime is the cache's own");
+        }
+    }
+    // A request that bypasses the lookup is filled (and stored) all the same.
+    let key = Key::new("", "/bypassed");
+    let fill = cache.bypass(&key, &HeaderMap::new());
+    let mut w = fill.admit(&response(200, &[("cache-control", "max-age=60")]), now).unwrap();
+    w.write(b"b").unwrap();
+    w.commit().unwrap();
+    assert!(matches!(lookup(&cache, &key, &HeaderMap::new()), Lookup::Hit(_)));
+}

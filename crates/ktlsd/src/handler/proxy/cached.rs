@@ -45,6 +45,8 @@ pub struct Pending {
     fields: HeaderMap,
     /// The Cache-Status when the cache is not asked.
     bypass: String,
+    /// The rule's `cache_valid` lifetimes.
+    valid: super::control::Valid,
 }
 
 /// What the upstream's head leads to.
@@ -55,6 +57,22 @@ pub enum Next {
     /// the `Store` when there is one (whose own Cache-Status, `stored`, may be said
     /// only of a body committed before the head is sent).
     Pass(String, Option<Store>),
+}
+
+/// Notes the cache's verdict on `req` for the access log (`$upstream_cache_status`,
+/// in nginx's words), for a rule that caches: `cache_status` is the RFC 9211 value.
+pub fn note(rule: &Rule, req: &Request, cache_status: &str) {
+    if rule.cache {
+        let nginx = crate::log::vars::nginx_cache_status(cache_status);
+        req.notes.with(|n| n.cache_status = Some(nginx));
+    }
+}
+
+/// [`note`] for an answer the cache gave itself (a hit, a stale entry).
+pub fn note_answer(rule: &Rule, req: &Request, response: &Response) {
+    if let Some(h) = response.headers.iter().find(|h| h.name().eq_ignore_ascii_case("cache-status")) {
+        note(rule, req, &h.to_string());
+    }
 }
 
 /// The key of `target` (path and query, as sent) for a request to `authority`:
@@ -88,8 +106,10 @@ pub async fn plan(
     fwd: &Forwarding,
     fields: &mut Vec<(String, String)>,
 ) -> Plan {
-    let uncached =
-        |bypass| Plan::Forward(Pending { cache: None, fill: None, stale: None, fields: HeaderMap::new(), bypass });
+    let uncached = |bypass| {
+        let valid = Vec::new();
+        Plan::Forward(Pending { cache: None, fill: None, stale: None, fields: HeaderMap::new(), bypass, valid })
+    };
     let Some((c, key)) = cache else { return uncached(CACHE_STATUS_MISS.to_string()) };
     match req.method {
         // HEAD and requests with a body (a GET with one is unusual) pass by the cache.
@@ -100,7 +120,14 @@ pub async fn plan(
     let mut map = header_map(fields);
     // Not part of the match (the key holds the site): without it the lookup need not copy the map.
     map.remove(http::header::HOST);
-    let mut pending = Pending { cache: Some(c.clone()), fill: None, stale: None, fields: map, bypass: String::new() };
+    let valid = rule.control.cache_valid.clone();
+    let mut pending =
+        Pending { cache: Some(c.clone()), fill: None, stale: None, fields: map, bypass: String::new(), valid };
+    if rule.control.cache_bypass.applies(fields, req.query.as_deref()) {
+        // To the upstream without a lookup; the answer may still be stored.
+        pending.fill = Some(c.bypass(&key, &pending.fields));
+        return Plan::Forward(pending);
+    }
     match c.lookup(&key, &pending.fields).await {
         Lookup::Hit(hit) => {
             let status = hit.cache_status();
@@ -144,7 +171,7 @@ impl Pending {
     /// Cancel-safe: a refresh under way finishes on the blocking pool.
     pub async fn on_head(mut self, head: &parse::Head, req: &Request) -> Next {
         let Some(c) = self.cache.clone() else { return Next::Pass(self.bypass, None) };
-        let response = parts_of(head);
+        let response = stored_parts(head, &self.valid);
         if let Some(stale) = self.stale.take() {
             let fwd = stale.fwd;
             if head.status == 304 {
@@ -259,6 +286,18 @@ fn parts_of(head: &parse::Head) -> http::response::Parts {
     parts
 }
 
+/// [`parts_of`] `head` as the cache stores it: with the lifetime `valid`
+/// (`cache_valid`) gives its status, which counts while the origin states none (a
+/// 304's fields refresh a stored entry: it gets none, the entry keeps its own).
+fn stored_parts(head: &parse::Head, valid: &super::control::Valid) -> http::response::Parts {
+    let mut response = parts_of(head);
+    let lifetime = super::control::valid_for(valid, head.status).filter(|_| head.status != 304);
+    if let Some(v) = lifetime.and_then(|l| HeaderValue::from_str(itoa::Buffer::new().format(l.as_secs().max(1))).ok()) {
+        response.headers.insert(cache::policy::VALID_FIELD, v);
+    }
+    response
+}
+
 /// `fields` as a header map; a field `http` cannot hold is left out.
 fn header_map<N: AsRef<str>>(fields: &[(N, String)]) -> HeaderMap {
     let mut map = HeaderMap::with_capacity(fields.len());
@@ -294,6 +333,8 @@ fn refresh_in_background(
     fill: FillGuard,
 ) {
     with_validators(&mut fields, &validators);
+    // Its upstream is not the logged request's.
+    let fwd = Forwarding { notes: Default::default(), ..fwd };
     tokio::task::spawn_local(async move {
         let target = fwd.target.clone();
         let outcome = async {
@@ -304,7 +345,8 @@ fn refresh_in_background(
                 let refreshed = tokio::task::spawn_blocking(move || c.refresh(&entry, &map).is_some()).await;
                 return Ok(refreshed.unwrap_or(false));
             }
-            let Ok(writer) = fill.admit(&parts_of(&head), SystemTime::now()) else { return Ok(false) };
+            let response = stored_parts(&head, &rule.control.cache_valid);
+            let Ok(writer) = fill.admit(&response, SystemTime::now()) else { return Ok(false) };
             let mut store = Store { writer: Some(writer), stored: String::new() };
             let mut piece = Vec::with_capacity(super::PIECE);
             while {
@@ -326,6 +368,25 @@ fn refresh_in_background(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_answers_carry_the_lifetime_of_their_status() {
+        let valid =
+            vec![(Some(200), std::time::Duration::from_secs(600)), (None, std::time::Duration::from_millis(10))];
+        for (status, want) in [(200, Some("600")), (404, Some("1")), (304, None)] {
+            let head = parse::Head {
+                status,
+                version: "1.1",
+                fields: Vec::new(),
+                framing: parse::Framing::None,
+                reusable: true,
+            };
+            let parts = stored_parts(&head, &valid);
+            let got = parts.headers.get(cache::policy::VALID_FIELD).and_then(|v| v.to_str().ok());
+            assert_eq!(got, want, "{status}");
+            assert!(stored_parts(&head, &Vec::new()).headers.is_empty(), "{status}: no cache_valid, no lifetime");
+        }
+    }
 
     #[test]
     fn validators_replace_the_clients() {

@@ -52,11 +52,16 @@ pub struct Forward {
 pub struct Added {
     pub rules: Fields,
     pub hsts: Option<String>,
+    /// The rule's `response_headers`, when it has some.
+    pub reply: Option<super::control::Reply>,
 }
 
 impl Added {
-    fn apply(&self, headers: &mut Vec<Header>) {
+    pub(crate) fn apply(&self, headers: &mut Vec<Header>) {
         self.rules.apply(headers);
+        if let Some(r) = &self.reply {
+            r.apply(headers);
+        }
         if let Some(v) = &self.hsts {
             headers.push(Header::StrictTransportSecurity(v.clone()));
         }
@@ -80,7 +85,8 @@ impl Forward {
             // A tunnel is never stored, nor answered from the cache.
             return self;
         }
-        self.cache = cached::cache_of(sites, &self.rule, self.fwd.authority.as_deref(), &self.fwd.target);
+        let target = self.fwd.cache_key.as_deref().unwrap_or(&self.fwd.target);
+        self.cache = cached::cache_of(sites, &self.rule, self.fwd.authority.as_deref(), target);
         self
     }
 
@@ -108,7 +114,10 @@ impl Forward {
         let Forward { rule, fwd, mut fields, max_body, cache, .. } = self;
         let has_body = fwd.body.is_some();
         let pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
-            Plan::Answer(response) => return answer(response, true),
+            Plan::Answer(response) => {
+                cached::note_answer(&rule, req, &response);
+                return answer(response, true);
+            }
             Plan::Forward(pending) => pending,
         };
         let failed_status = pending.failed_status();
@@ -134,6 +143,14 @@ impl Forward {
             let limits = tunnel::Limits { idle: rule.timeouts.tunnel_idle, read: rule.timeouts.read };
             return switch(up, head, req, d, added, failed_status, limits).await;
         }
+        if let Some(mut a) = super::control::accel(&rule, &mut head, req) {
+            // Never stored: the file is the answer, not the upstream's body (an empty
+            // one leaves the connection to the pool).
+            up.release_if_bodiless().await;
+            up.body_complete();
+            added.apply(&mut a.fields);
+            return Outcome::Answer { answer: Answer::Accel(Box::new(a)), from_cache: false };
+        }
         let (mut cache_status, mut store) = match pending.on_head(&head, req).await {
             Next::Answer(response) => {
                 up.release_if_bodiless().await;
@@ -141,6 +158,7 @@ impl Forward {
             }
             Next::Pass(status, store) => (status, store),
         };
+        cached::note(&rule, req, &cache_status);
         let status = head.status;
         let len = match head.framing {
             Framing::None | Framing::Length(0) => {

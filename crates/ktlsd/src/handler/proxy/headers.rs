@@ -7,6 +7,7 @@
 //! No I/O here, and no framing decisions beyond the request's own body length: the
 //! upstream response's framing is `parse`'s, the client's the codec's.
 
+use super::control::Expanded;
 use crate::handler::response::FieldName;
 use std::net::IpAddr;
 
@@ -58,6 +59,16 @@ pub struct Forwarding {
     pub body: Option<Option<u64>>,
     /// A tunnel's request: the protocol the upstream is asked to switch to.
     pub upgrade: Option<Upgrade>,
+    /// The request id the upstream gets in `X-Request-Id`.
+    pub request_id: String,
+    /// The path prefix taken off `target` in the request line (`strip_prefix`).
+    pub strip: Option<String>,
+    /// The rule's `request_headers`, filled in for this request.
+    pub control: Expanded,
+    /// Where the exchange notes its upstreams for the access log.
+    pub notes: crate::log::Notes,
+    /// The rule's `cache_key`, filled in; `None`: the target keys the entry.
+    pub cache_key: Option<String>,
 }
 
 /// What an upstream request asks to switch to (RFC 9110 section 7.8).
@@ -70,12 +81,20 @@ pub struct Upgrade {
     pub key: Option<String>,
 }
 
-/// The upstream request head: request line, Host (`host` is its value), the client's
-/// end-to-end fields, the forwarding fields and the body's framing.
+/// The upstream request head: request line (the rule's prefix taken off), Host (`host`
+/// is its value unless the rule sets one), the client's end-to-end fields, the
+/// forwarding fields, `X-Request-Id`, the rule's fields and the body's framing. A
+/// client's `X-Real-IP` and `X-Request-Id` never pass: the rule may set the first, the
+/// second is the request's id. A field the rule sets or removes goes, this hop's
+/// own included.
 pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -> Vec<u8> {
     let named = connection_options(fields.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let rules = &fwd.control;
     let mut out = String::with_capacity(512);
     let line = |out: &mut String, name: &str, value: &str| {
+        if rules.drops(name) {
+            return;
+        }
         out.push_str(name);
         out.push_str(": ");
         out.push_str(value);
@@ -83,12 +102,26 @@ pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -
     };
     out.push_str(&fwd.method);
     out.push(' ');
-    out.push_str(&fwd.target);
+    match &fwd.strip {
+        Some(prefix) => out.push_str(&super::control::strip_prefix(&fwd.target, prefix)),
+        None => out.push_str(&fwd.target),
+    }
     out.push_str(" HTTP/1.1\r\n");
-    line(&mut out, "Host", host);
+    out.push_str("Host: ");
+    out.push_str(rules.value_of("host").unwrap_or(host));
+    out.push_str("\r\n");
     let (mut xff, mut forwarded, mut via) = (Vec::new(), Vec::new(), Vec::new());
-    const REWRITTEN: [&str; 7] =
-        ["x-forwarded-for", "forwarded", "via", "host", "x-forwarded-proto", "x-forwarded-host", "content-length"];
+    const REWRITTEN: [&str; 9] = [
+        "x-forwarded-for",
+        "forwarded",
+        "via",
+        "host",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "content-length",
+        "x-real-ip",
+        "x-request-id",
+    ];
     for (name, value) in fields {
         match which(name, &REWRITTEN) {
             Some("x-forwarded-for") => xff.push(value.as_str()),
@@ -102,6 +135,9 @@ pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -
     }
     // Each list: the values received, then this hop's, written in place.
     let list = |out: &mut String, name: &str, values: &[&str], own: &dyn Fn(&mut String)| {
+        if rules.drops(name) {
+            return;
+        }
         out.push_str(name);
         out.push_str(": ");
         for v in values {
@@ -133,6 +169,15 @@ pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -
         out.push(' ');
         out.push_str(PSEUDONYM);
     });
+    line(&mut out, "X-Request-Id", &fwd.request_id);
+    for (name, value) in &rules.fields {
+        if !name.eq_ignore_ascii_case("host") {
+            out.push_str(name);
+            out.push_str(": ");
+            out.push_str(value);
+            out.push_str("\r\n");
+        }
+    }
     if let Some(u) = &fwd.upgrade {
         line(&mut out, "Connection", "upgrade");
         line(&mut out, "Upgrade", &u.protocol);
@@ -188,14 +233,16 @@ pub fn response_fields(
         let named = connection_options(upstream.iter().map(|(n, v)| (n.as_ref(), v.as_str())));
         upstream
             .iter()
-            .map(|(name, value)| match which(name, &["via", "content-length", "server", "date", "cache-status"]) {
-                Some("via") => {
-                    via.push_str(value);
-                    via.push_str(", ");
-                    false
+            .map(|(name, value)| {
+                match which(name, &["via", "content-length", "server", "date", "cache-status", "x-accel-redirect"]) {
+                    Some("via") => {
+                        via.push_str(value);
+                        via.push_str(", ");
+                        false
+                    }
+                    Some(_) => false,
+                    None => !dropped(name, &named),
                 }
-                Some(_) => false,
-                None => !dropped(name, &named),
             })
             .collect()
     };
@@ -251,6 +298,11 @@ mod tests {
             version: "1.1",
             body,
             upgrade: None,
+            request_id: "rid".into(),
+            strip: None,
+            control: Expanded::default(),
+            notes: Default::default(),
+            cache_key: None,
         }
     }
 
@@ -273,6 +325,8 @@ mod tests {
             ("Forwarded", "for=198.51.100.1"),
             ("Via", "1.1 edge"),
             ("Content-Length", "999"),
+            ("X-Real-IP", "6.6.6.6"),
+            ("x-request-id", "client-chosen"),
             ("Accept", "*/*"),
         ]);
         let head = String::from_utf8(request_head(&fwd("GET", None), &client, "www.example:8443")).unwrap();
@@ -284,7 +338,8 @@ mod tests {
             X-Forwarded-Proto: https\r\n\
             X-Forwarded-Host: www.example:8443\r\n\
             Forwarded: for=198.51.100.1, for=192.0.2.7;host=\"www.example:8443\";proto=https\r\n\
-            Via: 1.1 edge, 1.1 ktlsd\r\n\r\n";
+            Via: 1.1 edge, 1.1 ktlsd\r\n\
+            X-Request-Id: rid\r\n\r\n";
         assert_eq!(head, want);
 
         // A tunnel's handshake: this hop's Connection and Upgrade (the client's are
@@ -294,7 +349,10 @@ mod tests {
         let h1 = Forwarding { upgrade: Some(asked), ..fwd("GET", None) };
         let head = String::from_utf8(request_head(&h1, &ws, "up")).unwrap();
         assert!(head.contains("\r\nSec-WebSocket-Key: a2V5\r\n"), "{head}");
-        assert!(head.ends_with("ktlsd\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"), "{head}");
+        assert!(
+            head.ends_with("ktlsd\r\nX-Request-Id: rid\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n"),
+            "{head}"
+        );
         assert_eq!((head.matches("\r\nUpgrade:").count(), head.matches("\r\nConnection:").count()), (1, 1), "{head}");
         let translated = Upgrade { protocol: "websocket".into(), key: Some("bXkga2V5".into()) };
         let h2 = Forwarding { upgrade: Some(translated), version: "2", ..fwd("GET", None) };
@@ -325,6 +383,43 @@ mod tests {
     }
 
     #[test]
+    fn rules_and_prefixes_shape_the_upstream_head() {
+        let client = pairs(&[
+            ("Host", "www.example"),
+            ("Cookie", "s=1"),
+            ("X-Real-IP", "6.6.6.6"),
+            ("X-Keep", "1"),
+            ("X-Add", "client"),
+        ]);
+        let control = Expanded {
+            dropped: ["Cookie", "X-Forwarded-Host", "host", "X-Real-IP"].map(str::to_string).to_vec(),
+            fields: [("Host", "internal"), ("X-Real-IP", "192.0.2.7"), ("X-Add", "rule")]
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .to_vec(),
+        };
+        let f = Forwarding { strip: Some("/api".into()), control, ..fwd("GET", None) };
+        let head = String::from_utf8(request_head(&f, &client, "www.example")).unwrap();
+        let want = "GET /x?q=1 HTTP/1.1\r\n\
+            Host: internal\r\n\
+            X-Keep: 1\r\n\
+            X-Add: client\r\n\
+            X-Forwarded-For: 192.0.2.7\r\n\
+            X-Forwarded-Proto: https\r\n\
+            Forwarded: for=192.0.2.7;host=\"www.example:8443\";proto=https\r\n\
+            Via: 1.1 ktlsd\r\n\
+            X-Request-Id: rid\r\n\
+            X-Real-IP: 192.0.2.7\r\n\
+            X-Add: rule\r\n\r\n";
+        assert_eq!(head, want);
+        // A rule may replace the request id's field too.
+        let control =
+            Expanded { dropped: vec!["X-Request-Id".into()], fields: vec![("X-Request-Id".into(), "mine".into())] };
+        let head = String::from_utf8(request_head(&Forwarding { control, ..fwd("GET", None) }, &[], "h")).unwrap();
+        assert_eq!(head.matches("X-Request-Id").count(), 1, "{head}");
+        assert!(head.contains("X-Request-Id: mine\r\n"), "{head}");
+    }
+
+    #[test]
     fn client_response_fields() {
         let upstream = response_pairs(&[
             ("Content-Type", "text/plain"),
@@ -340,6 +435,7 @@ mod tests {
             ("Via", "1.0 app"),
             ("Proxy-Authenticate", "Basic"),
             ("Cache-Status", "app; hit"),
+            ("X-Accel-Redirect", "/internal/a.bin"),
         ]);
         let got = response_fields(upstream, "1.1", "ktlsd; fwd=uri-miss");
         assert_eq!(

@@ -24,6 +24,7 @@
 
 pub mod buffers;
 pub mod cached;
+pub mod control;
 pub mod forward;
 pub mod headers;
 pub mod metrics;
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 pub use super::failure::{Failure, FailureKind};
 use super::pattern::PathPattern;
 use super::{Header, Status};
+use crate::log::vars::Attempt;
 pub use forward::Forward;
 pub use headers::Forwarding;
 use parse::{Chunked, Framing};
@@ -93,6 +95,8 @@ pub struct Rule {
     pub keepalive: usize,
     /// Trust for `https://` upstreams; `None` when every upstream is `http://`.
     pub tls: Option<TlsClient>,
+    /// The path prefix taken off, the field rules, `accel_root`.
+    pub control: control::Control,
 }
 
 impl Rule {
@@ -247,6 +251,8 @@ pub struct Exchange<'r> {
     /// Whether any request body byte went out (then it cannot be sent again).
     sent_body: bool,
     sent_at: Instant,
+    /// When the current attempt began (its connection asked for), for the access log.
+    attempt_at: Instant,
     /// Response bytes read and not yet handed out (bounded by [`parse::MAX_HEAD`] and [`PIECE`]).
     buf: Vec<u8>,
     framing: Framing,
@@ -294,6 +300,7 @@ impl<'r> Exchange<'r> {
             tried: Vec::new(),
             sent_body: false,
             sent_at: Instant::now(),
+            attempt_at: Instant::now(),
             buf: buffers::take(),
             framing: Framing::None,
             left: 0,
@@ -354,11 +361,20 @@ impl<'r> Exchange<'r> {
             };
             self.index = i;
             let up = self.upstream();
+            self.attempt_at = Instant::now();
+            let addr = up.address();
+            self.fwd.notes.with(|n| n.upstream.push(Attempt { addr, ..Attempt::default() }));
             let (conn, reused) = match pool::take_idle(&up.url) {
                 Some(c) => (c, true),
                 None => match upstream::connect(up, self.rule.tls.as_ref(), self.rule.timeouts.connect).await {
                     Ok(c) => (c, false),
                     Err(e) => {
+                        self.note(|a, _| {
+                            a.status = Some(match &e {
+                                IoFailure::TimedOut => Status::GATEWAY_TIMEOUT.0,
+                                _ => Status::BAD_GATEWAY.0,
+                            })
+                        });
                         self.tried.push(i);
                         // This host's own shortage says nothing of the upstream's health.
                         let local = matches!(e, IoFailure::Local(_));
@@ -372,6 +388,7 @@ impl<'r> Exchange<'r> {
                 },
             };
             pool::started(&up.url);
+            self.note(|a, started| a.connect = Some(started.elapsed()));
             self.conn = Some(conn);
             self.reused = reused;
             let host = match &self.rule.host {
@@ -402,6 +419,16 @@ impl<'r> Exchange<'r> {
                 }
             }
         }
+    }
+
+    /// Notes of the current attempt, for the access log: `f` gets it and when it began.
+    fn note(&self, f: impl FnOnce(&mut Attempt, Instant)) {
+        let at = self.attempt_at;
+        self.fwd.notes.with(|n| {
+            if let Some(a) = n.upstream.last_mut() {
+                f(a, at);
+            }
+        });
     }
 
     fn mark_failed(&self, f: &Failure) {
@@ -476,9 +503,11 @@ impl<'r> Exchange<'r> {
                 Ok(head) => {
                     pool::succeeded(&self.upstream().url);
                     metrics::answered(&self.upstream().url, self.sent_at.elapsed());
+                    self.note(|a, started| (a.status, a.header) = (Some(head.status), Some(started.elapsed())));
                     return Ok(head);
                 }
                 Err((f, nothing_received)) => {
+                    self.note(|a, started| (a.status, a.response) = (Some(f.status.0), Some(started.elapsed())));
                     let stale = self.reused && nothing_received && f.kind == FailureKind::Closed;
                     if !stale {
                         self.tried.push(self.index);
@@ -757,6 +786,9 @@ fn beyond_length(extra: &[u8]) -> bool {
 impl Drop for Exchange<'_> {
     /// A connection whose response was read to its end goes back to the pool.
     fn drop(&mut self) {
+        self.note(|a, started| {
+            a.response.get_or_insert_with(|| started.elapsed());
+        });
         if let Some(conn) = self.conn.take() {
             let url = &self.rule.upstreams[self.index].url;
             pool::finished(url);

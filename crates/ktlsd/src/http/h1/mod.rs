@@ -477,6 +477,7 @@ fn logged(head: &Head) -> Logged<'_> {
         referer: head.referer.as_deref(),
         user_agent: head.user_agent.as_deref(),
         client: head.request.client,
+        notes: Some(&head.request.notes),
     }
 }
 

@@ -140,7 +140,7 @@ pub(super) struct Proxied<'a> {
     /// When the request arrived.
     pub started: Instant,
     /// The client's address as the pipeline found it, for the access log.
-    pub client: Option<std::net::IpAddr>,
+    pub client: crate::http::conn::Who,
     answered: bool,
 }
 
@@ -177,7 +177,7 @@ pub(super) fn start<'a>(
     };
     let out = Rc::new(RefCell::new(Out::default()));
     let room = Rc::new(Notify::new());
-    let client = req.client;
+    let client = crate::http::conn::Who::of(&req);
     let retired = req.upgrade.is_some().then(|| retired.clone());
     let mut feed = Feed { out: out.clone(), room: room.clone(), signal: signal.clone(), upload: body, splice, retired };
     let task = tokio::task::spawn_local(async move {

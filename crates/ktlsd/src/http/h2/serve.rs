@@ -22,7 +22,7 @@ use crate::files::Found;
 use crate::handler::pipeline::{self, Decision, Forward, Handshake, RequestBody};
 use crate::handler::request::{Method, Request};
 use crate::handler::{self, Body, Response, Site, Status};
-use crate::http::conn::{http_date_now, with_http_date_now, Logged, Sent};
+use crate::http::conn::{http_date_now, with_http_date_now, Logged, Sent, Who};
 use crate::http::{Context, End, Transport};
 use crate::log::RequestLine;
 use crate::vocab::BodyPath;
@@ -57,7 +57,7 @@ const SHUTDOWN_ACK_WAIT: Duration = Duration::from_secs(1);
 /// A response under way, kept until its last frame is sent (the file stays open).
 struct Open {
     /// The client's address as the pipeline found it, for the access log.
-    client: Option<std::net::IpAddr>,
+    client: Who,
     /// The file and where the response's range starts in it.
     file: Option<(Found, u64)>,
     /// A body made of parts (of `file`, whose start is then 0); empty otherwise.
@@ -123,7 +123,7 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                             let mut r =
                                 handler::refusal(Status::BAD_REQUEST, &ctx.sites.default, head.method == "HEAD");
                             r.refused = Some(why.into());
-                            Decided::Answer(r, Some(peer.ip()))
+                            Decided::Answer(r, Who::peer(peer.ip()))
                         }
                     };
                     let (response, client) = match decided {
@@ -372,7 +372,7 @@ fn feed<T: Transport>(h2: &mut Connection, buf: &mut Vec<u8>, read: Result<usize
 #[allow(clippy::large_enum_variant)] // one per request, moved once
 enum Decided<'a> {
     /// An answer, and the client's address as the pipeline found it.
-    Answer(Response, Option<std::net::IpAddr>),
+    Answer(Response, Who),
     /// A forward, for a task of its own, with its request and site.
     Forward(Forward, Request, Site<'a>),
 }
@@ -390,7 +390,7 @@ async fn decide<'a>(
 ) -> Decided<'a> {
     let x = match pipeline::Exchange::begin(req, &ctx.sites, Handshake::Tcp(conn.server_name())) {
         Ok(x) => x,
-        Err((req, response)) => return Decided::Answer(response, req.client),
+        Err((req, response)) => return Decided::Answer(response, Who::of(&req)),
     };
     let body = match (end_stream, head.content_length) {
         (true, _) => RequestBody::None,
@@ -399,7 +399,7 @@ async fn decide<'a>(
     };
     let max_body = ctx.settings.max_body_bytes;
     match x.decide(body, max_body, || head.upstreamed("2", body)).await {
-        Decision::Respond(response) | Decision::Static(response) => Decided::Answer(response, x.req.client),
+        Decision::Respond(response) | Decision::Static(response) => Decided::Answer(response, Who::of(&x.req)),
         Decision::Forward(forward) => Decided::Forward(forward.with_cache(&ctx.sites), x.req, x.site),
     }
 }
@@ -419,7 +419,7 @@ fn answer<S>(
     streamed: Option<Streamed>,
     from_cache: bool,
     started: Instant,
-    client: Option<std::net::IpAddr>,
+    client: Who,
 ) {
     let peer = ctx.peer;
     let target = head.path.clone().unwrap_or_default();
@@ -526,7 +526,7 @@ fn step_proxied<'a, S>(
                     let _ = h2.push_at_source(stream, n);
                 }
                 Step::Respond(response, streamed, from_cache) => {
-                    let (head, started, client) = (task.head.clone(), task.started, task.client);
+                    let (head, started, client) = (task.head.clone(), task.started, task.client.clone());
                     let source = task.take_source();
                     if streamed.is_none() {
                         proxied.remove(&stream);
@@ -563,7 +563,8 @@ impl Open {
             line,
             referer: self.referer.as_deref(),
             user_agent: self.user_agent.as_deref(),
-            client: self.client,
+            client: self.client.ip,
+            notes: Some(&self.client.notes),
         };
         if let (true, Some(path)) = (self.from_cache, self.body) {
             pipeline::hit_bytes(path, self.sent);

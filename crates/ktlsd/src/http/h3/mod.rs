@@ -309,6 +309,7 @@ where
     };
     let host = parsed.as_ref().and_then(|r| r.authority.clone());
     let client = parsed.as_ref().and_then(|r| r.client);
+    let notes = parsed.as_ref().map(|r| r.notes.clone());
     let method = parsed.map_or_else(|| Method::from_token(&method_token), |r| r.method);
     let mut hit = false;
     let (status, ttfb, result) = match forwarded {
@@ -340,7 +341,8 @@ where
     }
     let text = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
     let line = RequestLine { method: &method, target: &target, version: "HTTP/3.0" };
-    let logged = Logged { line, referer: text("referer"), user_agent: text("user-agent"), client };
+    let logged =
+        Logged { line, referer: text("referer"), user_agent: text("user-agent"), client, notes: notes.as_ref() };
     let sent = Sent { status, bytes: sent, started, ttfb, body: Some(crate::vocab::BodyPath::Copy) };
     ctx.log_over(RecordLayer::Quic, None, None, Some(logged), sent, host.as_deref());
     cancelled
