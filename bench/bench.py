@@ -32,6 +32,10 @@ Scenarios:
               (VM)    --vm: a 128 MiB hit over kTLS from both (nginx with OpenSSL's KTLS option):
                       MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it.
 
+  soak        (host)  the fault soak: mixed HTTP/1.1, HTTP/2 and HTTP/3 traffic (static, proxied, cached,
+                      ranges, compressed) for --minutes while the origin dies, slows and sends garbage,
+                      ktlsd reloads, is SIGKILLed once, its cache disk fills and its descriptors run out;
+                      every answer checked byte for byte; report in bench/reports/soak-Nm.md.
   fleet       (host)  three ktlsd members behind HAProxy (round robin): TLS 1.3 connections resumed,
                       new connections per second and the members' CPU per connection, with
                       per-process ticket keys against keys shared through etcd ([cluster]).
@@ -46,7 +50,8 @@ import os
 import shutil
 import tempfile
 
-from ktlsbench import cold, fleet, h3, ktls, peers, proxy, scale, scale_ktls, servers, tail, tail_h3, throughput, throughput_h2
+from ktlsbench import (cold, fleet, h3, ktls, peers, proxy, scale, scale_ktls, servers, soak, tail, tail_h3, throughput,
+                       throughput_h2)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -55,7 +60,7 @@ REPO = os.path.dirname(HERE)
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "h3", "cold",
-                                               "proxy", "fleet"])
+                                               "proxy", "fleet", "soak"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -84,6 +89,7 @@ def main():
                    help="the aead_limit example program (bench/run builds it)")
     p.add_argument("--aead-seconds", type=float, default=3.0,
                    help="throughput, h2, ktls: CPU seconds each crypto-limit measurement runs")
+    p.add_argument("--minutes", type=int, default=30, help="soak: minutes of traffic and faults")
     p.add_argument("--http2", action="store_true",
                    help="ktls, tail: over HTTP/2 (h2load; curl --http2); results under OUT/h2/")
     p.add_argument("--http3", action="store_true",
@@ -107,7 +113,7 @@ def main():
         args.out = os.path.join(args.out, "h2")
     servers.WORKERS = args.workers
     peers.PEERS = [n for n in args.peers.split(",") if n] if not args.http3 else []  # --http3: ktlsd alone
-    if args.scenario == "fleet":
+    if args.scenario in ("fleet", "soak"):
         peers.PEERS = []  # ktlsd against itself: per-process keys and [cluster]
     unknown = set(peers.PEERS) - set(peers.KINDS)
     if unknown:
@@ -136,7 +142,7 @@ def main():
                       "ktls": ktls.scenario_ktls_h2 if args.http2 else ktls.scenario_ktls,
                       "tail": tail.scenario_tail, "scale": scale.scenario_scale, "h2": throughput_h2.scenario_h2,
                       "h3": h3.scenario_h3, "proxy": proxy.scenario_proxy,
-                      "fleet": fleet.scenario_fleet, "cold": cold.scenario_cold, "scale-ktls": scale_ktls.scenario_scale_ktls}[args.scenario](args, work)
+                      "fleet": fleet.scenario_fleet, "soak": soak.scenario_soak, "cold": cold.scenario_cold, "scale-ktls": scale_ktls.scenario_scale_ktls}[args.scenario](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     kernel = os.uname().release
@@ -149,6 +155,8 @@ def main():
         f.write(report)
     with open(os.path.join(args.out, f"{args.scenario}.json"), "w") as f:
         json.dump(raw, f, indent=1)
+    if args.scenario == "soak" and not raw["passed"]:
+        raise SystemExit("soak: failed (unexplained failures, corrupt answers, wrong stored entries or RSS growth)")
 
 
 if __name__ == "__main__":
