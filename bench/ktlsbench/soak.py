@@ -5,7 +5,8 @@ schedule; every response is checked against its source of truth.
 
 Traffic: four client processes, each looping until the end of the run over a random mix of
 static files whole, static ranges, text files with `Accept-Encoding: gzip` (decompressed before
-the check), cacheable origin objects (`/cache/`), ranges of them, and uncacheable origin answers
+the check), cacheable origin objects (`/cache/`), ranges of them, new cacheable objects (each
+asked for once: stored, evicting others by `max_size`), and uncacheable origin answers
 (`/pass/`, `no-store`, a fresh query string each time):
 - two HTTP/1.1 clients (Python `http.client`, keep-alive connections; a request on a reused
   connection that the server closed before any byte of the answer is sent again once on a new
@@ -22,7 +23,7 @@ killed (SIGKILL) and restarted; the origin slow (head after 1.5 s, body in four 
 apart: within `read_timeout`); the origin answering garbage (a head that is not HTTP, or a head
 with its body cut in the middle); one SIGKILL of ktlsd and a restart (first cycle only); the
 cache's tmpfs filled by a file written until ENOSPC, held, then deleted; ktlsd's RLIMIT_NOFILE
-soft limit lowered to its open descriptors plus 8 (`prlimit`), held, then restored. Besides these,
+soft limit lowered to 32 below the descriptors it has open (`prlimit`), held, then restored. Besides these,
 a reload (SIGHUP) every 5 s with a changed configuration (a response field on static files and
 the proxy's `read_timeout`), all run long.
 
@@ -80,8 +81,9 @@ REQUEST_TIMEOUT = 15
 PAUSE = 0.01
 
 # A fault and the symptoms it explains, for which kinds of request. Kinds: static, range,
-# gzip (files under ROOT), cache, cache-range (cacheable origin objects), pass (no-store).
-ORIGIN_KINDS = {"cache", "cache-range", "pass"}
+# gzip (files under ROOT), cache, cache-range (cacheable origin objects), cache-new (a cacheable
+# object asked for once), pass (no-store).
+ORIGIN_KINDS = {"cache", "cache-range", "cache-new", "pass"}
 ALL_KINDS = {"static", "range", "gzip"} | ORIGIN_KINDS
 TRANSPORT = {"connect", "reset", "cut", "timeout"}
 EXPLAINS = {
@@ -162,9 +164,12 @@ def pick(truth, rnd):
     if x < 0.75:
         p = f"/cache/obj-{rnd.randrange(CACHE_OBJECTS)}"
         return Req("cache", p, truth.of_origin(p))
-    if x < 0.87:
+    if x < 0.85:
         p = f"/cache/obj-{rnd.randrange(CACHE_OBJECTS)}"
         return ranged("cache-range", p, truth.of_origin(p), rnd)
+    if x < 0.9:  # a new cacheable object: a miss stored, evicting (max_size) or failing (a full disk)
+        p = f"/cache/new-{rnd.randrange(1 << 40)}"
+        return Req("cache-new", p, origin_body(p))
     p = f"/pass/obj-{rnd.randrange(PASS_OBJECTS)}"
     return Req("pass", f"{p}?n={rnd.randrange(1 << 30)}", truth.of_origin(p))
 
@@ -493,9 +498,12 @@ def origin_main(port, mode_file):
                     mode = f.read().strip()
             except OSError:
                 mode = "ok"
-            if path not in bodies:
-                bodies[path] = origin_body(path)
-            body = bodies[path]
+            if "/new-" in path:  # asked for once
+                body = origin_body(path)
+            else:
+                if path not in bodies:
+                    bodies[path] = origin_body(path)
+                body = bodies[path]
             if mode == "garbage":
                 if random.random() < 0.5:
                     self.wfile.write(os.urandom(64) + b"\r\n\r\n")
@@ -654,8 +662,9 @@ class Faults:
             pid = self.server.pid
             soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
             held = len(os.listdir(f"/proc/{pid}/fd"))
-            resource.prlimit(pid, resource.RLIMIT_NOFILE, (held + 8, hard))
-            detail = f"RLIMIT_NOFILE {soft} -> {held + 8} ({held} open)"
+            limit = max(64, held - 32)  # below what is open: nothing opens until ktlsd gives some back
+            resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, hard))
+            detail = f"RLIMIT_NOFILE {soft} -> {limit} ({held} open)"
             time.sleep(secs)
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
         self.windows.append((name, t0, time.time(), detail))
@@ -755,12 +764,11 @@ def mean(xs):
     return sum(xs) / len(xs) if xs else float("nan")
 
 
-def chart(samples, windows, path):
+def chart(samples, windows, path, t0):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    t0 = windows[0][1] if windows else 0
-    fig, (a, b) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    fig, (a, b, c) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     mins = [s[0] / 60 for s in samples]
     a.plot(mins, [s[1] for s in samples], lw=1)
     a.set_ylabel("RSS (MiB)")
@@ -768,13 +776,18 @@ def chart(samples, windows, path):
     b.plot(mins, [s[2] for s in samples], lw=1, color="tab:orange")
     b.set_ylabel("open descriptors")
     b.set_ylim(bottom=0)
-    b.set_xlabel("minutes")
+    c.plot(mins, [s[4] for s in samples], lw=1, color="tab:green", label="cache disk used")
+    c.plot(mins, [s[6] for s in samples], lw=1, color="tab:red", label="deleted files ktlsd holds open")
+    c.set_ylabel("MiB")
+    c.set_ylim(bottom=0)
+    c.legend(loc="upper left", fontsize=7)
+    c.set_xlabel("minutes")
     colours = {"origin-down": "tab:red", "origin-slow": "tab:olive", "origin-garbage": "tab:purple",
                "server-sigkill": "black", "cache-disk-full": "tab:cyan", "descriptors": "tab:brown"}
     seen = set()
     for name, s, e, _ in windows:
         if name in colours:
-            for ax in (a, b):
+            for ax in (a, b, c):
                 ax.axvspan((s - t0) / 60, max(e - t0, s - t0 + 1) / 60, color=colours[name], alpha=0.2,
                            label=name if ax is a and name not in seen else None)
             seen.add(name)
@@ -899,11 +912,11 @@ def scenario_soak(args, work):
                    f"(mean {mean(flast):.0f}) in the last 5 minutes")
     else:
         rss_flat, rss_line = True, f"not judged: a run of {minutes} minutes has no minutes 5-10 and last 5 apart"
-        fd_line = ""
+        fd_line = "descriptors: see the table"
 
     svg = f"soak-{minutes}m.svg"
     os.makedirs(reports, exist_ok=True)
-    chart(samples, windows, os.path.join(reports, svg))
+    chart(samples, windows, os.path.join(reports, svg), t_start)
 
     faults_table = ["| fault | times | total seconds | details (first) |", "|---|---|---|---|"]
     by = collections.defaultdict(list)
