@@ -319,3 +319,61 @@ fn an_access_log_on_a_full_disk_has_only_whole_lines() {
     );
     assert!(warned[0].contains("dropped whole"), "{}", warned[0]);
 }
+
+/// The entry files under `cache` that process `pid` holds open: (still there, deleted).
+fn held_files(pid: i32, cache: &Path) -> (usize, Vec<String>) {
+    let cache = cache.to_string_lossy().into_owned();
+    let (mut live, mut deleted) = (0, Vec::new());
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else { continue };
+        let target = target.to_string_lossy().into_owned();
+        if !target.starts_with(&cache) || target.contains("/tmp/") {
+            continue;
+        }
+        match target.strip_suffix(" (deleted)") {
+            Some(name) => deleted.push(name.to_string()),
+            None => live += 1,
+        }
+    }
+    (live, deleted)
+}
+
+/// Entries held open by both workers, then evicted by `max_size`, are closed by each
+/// worker at its next lookup, so their deleted files give the disk space back (on a
+/// small cache disk the next entries need it: otherwise ENOSPC, then the full disk's
+/// evictions empty the cache).
+#[test]
+fn evicted_entries_held_by_every_worker_give_their_disk_space_back() {
+    let origin = Origin::start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\ncache = true\n\n[cache]\ndir = {:?}\nmax_size = \"2M\"\nmax_object_size = \"256K\"\n",
+        origin.url(),
+        cache.display().to_string()
+    );
+    let srv = Server::builder(BIN).workers(Some(2)).config(&config).start();
+    let n = 200 << 10;
+    // Each entry stored, then hit on a dozen new connections: both workers hold its file.
+    for i in 0..8 {
+        let t = target(&format!("held{i}"), n);
+        for _ in 0..12 {
+            let r = fetch(&srv.url(&t), &[PROTOCOLS[i % 2]]);
+            assert_eq!((r.status, r.body.len()), (200, n), "held{i}: {}", status(&r));
+        }
+    }
+    let (live, deleted) = held_files(srv.pid(), &cache);
+    assert!(live > 8 && deleted.is_empty(), "both workers hold entries: {live} held, deleted {deleted:?}");
+    // 30 more entries of 200 KiB: max_size (2 MiB) evicts the first ones.
+    for i in 0..30 {
+        let r = fetch(&srv.url(&target(&format!("next{i}"), n)), &[PROTOCOLS[i % 2]]);
+        assert_eq!(r.status, 200, "next{i}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Every worker looks up once more.
+    for i in 0..12 {
+        assert_eq!(fetch(&srv.url(&target("next29", n)), &[PROTOCOLS[i % 2]]).status, 200);
+    }
+    let (_, deleted) = held_files(srv.pid(), &cache);
+    assert!(deleted.is_empty(), "evicted entry files still held open: {deleted:?}");
+}

@@ -8,8 +8,10 @@
 //! So the map is keyed by the [`Meta`] itself (the address of its `Arc`, which the
 //! map holds, so it cannot be reused), and what it holds stays valid for as long
 //! as that `Meta` is the one looked up; a replaced, purged or evicted entry is
-//! never asked for again, and its slot goes at the worker's next lookup (so that
-//! its deleted file frees its disk space) or when the map needs room.
+//! never asked for again: the index marks it dropped, and every worker's slot of it
+//! goes at that worker's next lookup (so that its deleted file frees its disk
+//! space, which on a small cache disk the next entries need) or when the map needs
+//! room.
 //!
 //! Each worker has its own map (nothing shared between threads), of at most
 //! [`ENTRIES`] descriptors and [`CONTENT_BUDGET`] bytes. Each descriptor held is
@@ -26,7 +28,10 @@ use std::fs::{File, Metadata};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use std::sync::Arc;
 
 use super::policy::Meta;
@@ -73,15 +78,19 @@ struct Open {
 /// which a full disk waits for.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
-/// Notes that entries left the index.
-pub fn dropped() {
-    DROPPED.fetch_add(1, Relaxed);
+/// Notes that `meta` left the index (under the index's lock). Marked on the entry
+/// itself: several workers may hold its file, each slot keeping the `Meta` alive,
+/// so a count of its holders cannot tell a dropped entry from an indexed one.
+pub fn dropped(meta: &Meta) {
+    meta.dropped.store(true, Relaxed);
+    // Release: a worker that sees the new count sees the mark.
+    DROPPED.fetch_add(1, Release);
 }
 
 /// Closes this worker's files of entries no longer indexed, when some left the
 /// index since it last looked: one atomic load otherwise.
 pub fn release_dropped() {
-    let now = DROPPED.load(Relaxed);
+    let now = DROPPED.load(Acquire);
     OPEN.with(|o| {
         let o = &mut *o.borrow_mut();
         if o.seen != now {
@@ -239,11 +248,12 @@ impl Open {
         }
     }
 
-    /// Drops the slots of entries no longer indexed nor answered from.
+    /// Drops the slots of entries no longer indexed (marked dropped, or held by
+    /// nothing else). A response under way keeps its own handle on the file.
     fn release_unindexed(&mut self) {
         let mut freed = 0;
         self.slots.retain(|_, s| {
-            let keep = Arc::strong_count(&s.meta) > 1;
+            let keep = !s.meta.dropped.load(Relaxed) && Arc::strong_count(&s.meta) > 1;
             if !keep {
                 freed += s.opened.content.as_ref().map_or(0, |c| c.len());
             }

@@ -110,6 +110,10 @@ pub struct Meta {
     pub verified: std::sync::atomic::AtomicBool,
     /// Fresh hits it answered since it was read or stored (the status page's hottest keys).
     pub hits: std::sync::atomic::AtomicU64,
+    /// The entry left the index (evicted, purged, replaced, found corrupt): every
+    /// worker holding its file closes it at its next lookup, so that the deleted
+    /// file's disk space comes back although other workers hold it too.
+    pub dropped: std::sync::atomic::AtomicBool,
     /// Where the entry's file is.
     pub path: PathBuf,
     /// The policy's figures, constant for an entry, kept so that a hit need not
@@ -144,6 +148,7 @@ impl Meta {
             body_sum: parsed.body_sum,
             verified: std::sync::atomic::AtomicBool::new(false),
             hits: std::sync::atomic::AtomicU64::new(0),
+            dropped: std::sync::atomic::AtomicBool::new(false),
             file_len,
             path,
         })

@@ -212,7 +212,7 @@ impl Index {
         let Some(v) = self.map.get_mut(p) else { return false };
         let Some(i) = v.iter().position(|s| s.meta.path == path) else { return false };
         let s = v.swap_remove(i);
-        super::open::dropped();
+        super::open::dropped(&s.meta);
         self.bytes = self.bytes.saturating_sub(s.meta.file_len);
         self.entries = self.entries.saturating_sub(1);
         if v.is_empty() {
@@ -224,8 +224,8 @@ impl Index {
     /// Forgets every variant of `p`; their files.
     pub fn remove_primary(&mut self, p: &Primary) -> Vec<PathBuf> {
         let slots = self.map.remove(p).unwrap_or_default();
-        super::open::dropped();
         for s in &slots {
+            super::open::dropped(&s.meta);
             self.bytes = self.bytes.saturating_sub(s.meta.file_len);
             self.entries = self.entries.saturating_sub(1);
         }
