@@ -327,7 +327,9 @@ fn held_files(pid: i32, cache: &Path) -> (usize, Vec<String>) {
     for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
         let Ok(target) = std::fs::read_link(e.path()) else { continue };
         let target = target.to_string_lossy().into_owned();
-        if !target.starts_with(&cache) || target.contains("/tmp/") {
+        // Entry files, not the temporary files of fills (under the cache's tmp/).
+        let Some(rest) = target.strip_prefix(&cache) else { continue };
+        if rest.starts_with("/tmp/") {
             continue;
         }
         match target.strip_suffix(" (deleted)") {
