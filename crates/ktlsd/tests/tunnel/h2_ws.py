@@ -156,16 +156,21 @@ class Client:
             self.pump()
 
 
+def text_and_big(c, sid, text, prefix=""):
+    """Echoes of a text message and of a 300 kB binary one (more than the stream's window)."""
+    c.send(sid, ws_frame(1, text))
+    check(f"{prefix}text", c.message(sid) == (1, text))
+    big = bytes(i % 253 for i in range(300_000))
+    c.send(sid, ws_frame(2, big))
+    got = c.message(sid)
+    check(f"{prefix}300kB", got == (2, big), f"{got and len(got[1])} bytes")
+
+
 def echo(c, path):
     sid, head = c.connect(path)
     print(f"status {head.get(':status')}", flush=True)
     check("no accept", "sec-websocket-accept" not in head, repr(head))
-    c.send(sid, ws_frame(1, b"hello"))
-    check("text", c.message(sid) == (1, b"hello"))
-    big = bytes(i % 253 for i in range(300_000))
-    c.send(sid, ws_frame(2, big))
-    got = c.message(sid)
-    check("300kB", got == (2, big), f"{got and len(got[1])} bytes")
+    text_and_big(c, sid, b"hello")
     c.send(sid, ws_frame(8, struct.pack("!H", 1000) + b"bye"))
     got = c.message(sid)
     check("close", got is not None and got[0] == 8 and got[1][:2] == struct.pack("!H", 1000), repr(got))
@@ -218,12 +223,7 @@ def slow(c, path):
     check("stalled", sent < limit, f"{sent} bytes went without the window shutting")
     other, head = c.connect("/api/echo")
     check("other status", head.get(":status") == "200", repr(head))
-    c.send(other, ws_frame(1, b"still here"))
-    check("other text", c.message(other) == (1, b"still here"))
-    big = bytes(i % 253 for i in range(300_000))
-    c.send(other, ws_frame(2, big))
-    got = c.message(other)
-    check("other 300kB", got == (2, big), f"{got and len(got[1])} bytes")
+    text_and_big(c, other, b"still here", "other ")
     check("sink still shut", c.conn.local_flow_control_window(sink) < (1 << 20), str(c.conn.local_flow_control_window(sink)))
 
 
