@@ -15,7 +15,13 @@ Measures, each as the ratio ktlsd/nginx beside its goal:
 - the server CPU per request of a 10 KiB hit against ktlsd serving the same bytes as a static
   file, both measured in the same run (`wrk`, utime+stime from /proc);
 - 100 concurrent misses on one fresh key (`curl --parallel`, 100 connections): the requests the
-  origin received (ktlsd coalesces; nginx with `proxy_cache_lock on`).
+  origin received (ktlsd coalesces; nginx with `proxy_cache_lock on`);
+- WebSocket tunnels (HTTP/1.1 Upgrade; nginx as its documentation proxies WebSockets:
+  `proxy_http_version 1.1`, `proxy_set_header Upgrade $http_upgrade` and `Connection "upgrade"`)
+  to a third upstream, `wsload upstream` (`wsload.c`, built here with cc: a C epoll program, so
+  that neither end of the tunnel is the bottleneck): echo round trips per second of a 32-byte
+  frame on 64 tunnels (`wsload rt`) with the server's CPU per round trip, and bulk MB/s of 64 KiB
+  frames from the upstream through one tunnel (`wsload bulk`) with the server's CPU per GiB.
 
 wrk, the proxy and the origin share this machine's cores, so the proxied rate is set by the CPU
 all three spend per request. The scenario therefore also measures wrk's and the origin's CPU per
@@ -44,6 +50,10 @@ from .stats import median, ratio_ci, size_name, versus_table
 from .system import cpu_seconds, log, make_file, proc_counters_flat, sh
 
 ORIGIN_PORT = 18680
+WS_PORT = 18681
+# Tunnels of the round-trip measure, and of the bulk one.
+WS_RT_CONNS = 64
+WS_BULK_CONNS = 1
 KTLSD_PORT = 18643
 NGINX_PORT = 18644
 # The slow path's rate: a 10 KiB answer takes about 2.5 s, longer than 100 handshakes here and
@@ -122,6 +132,13 @@ class NginxProxy(peers.Nginx):
     location /pass/ {{
       {proxy}
     }}
+    location /ws/ {{
+      proxy_pass http://127.0.0.1:{WS_PORT};
+      proxy_http_version 1.1;
+      proxy_set_header Upgrade $http_upgrade;
+      proxy_set_header Connection "upgrade";
+      proxy_read_timeout 1h;
+    }}
   }}""", self.access_log())
 
 
@@ -145,6 +162,10 @@ cache = true
 [[proxy]]
 path = "/pass/**"
 {up}
+
+[[proxy]]
+path = "/ws/**"
+upstream = ["http://127.0.0.1:{WS_PORT}"]
 
 [cache]
 dir = "{cache}"
@@ -188,6 +209,36 @@ def concurrent_misses(server, origin, marker):
     if len(answers) != MISSES or bad:
         raise RuntimeError(f"{server.name}: {len(answers)} answers to {MISSES} concurrent misses, bad: {bad[:5]}")
     return origin.slow_requests(marker)
+
+
+class WsLoad:
+    """`wsload.c` built into `work`, and its upstream (`wsload upstream WS_PORT`) running."""
+
+    def __init__(self, work):
+        self.bin = os.path.join(work, "wsload")
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wsload.c")
+        sh(["cc", "-O2", "-o", self.bin, src, "-lssl", "-lcrypto"])
+        self.proc = subprocess.Popen([self.bin, "upstream", str(WS_PORT)], stdout=subprocess.PIPE, text=True)
+        if not self.proc.stdout.readline().startswith("listening"):
+            raise RuntimeError("wsload upstream did not start")
+
+    def pids(self):
+        return [self.proc.pid]
+
+    def run(self, server, mode, conns, seconds):
+        """`wsload MODE` through `server` for `seconds`: (count, seconds, server CPU seconds), the
+        count in round trips (rt) or bytes (bulk)."""
+        path = "/ws/echo" if mode == "rt" else "/ws/bulk"
+        c0 = cpu_seconds(server.pids())
+        out = sh([self.bin, mode, str(server.port), path, str(conns), str(seconds)]).split()
+        cpu = cpu_seconds(server.pids()) - c0
+        if len(out) != 3 or int(out[1]) == 0:
+            raise RuntimeError(f"wsload {mode} through {server.name}: {out}")
+        return int(out[1]), float(out[2]), cpu
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
 
 
 def require_free(*ports):
@@ -273,7 +324,7 @@ def scenario_proxy(args, work):
         return scenario_proxy_vm(args, work)
     if "nginx" not in peers.PEERS:
         raise RuntimeError("the proxy scenario compares with nginx: keep it in --peers")
-    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT)
+    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT, WS_PORT)
     root, origin_root = os.path.join(work, "www"), os.path.join(work, "origin")
     for d in ("cache", "pass", "slow"):
         os.makedirs(os.path.join(origin_root, d))
@@ -286,22 +337,25 @@ def scenario_proxy(args, work):
     origin = Origin("origin", origin_root, ORIGIN_PORT, work)
     started = [origin]
     try:
+        ws = WsLoad(work)
+        started.append(ws)
         ktlsd = Ktlsd("ktlsd", args.ktlsd, root, KTLSD_PORT, work, ["--config", ktlsd_config(work)])
         started.append(ktlsd)
         nginx = NginxProxy("nginx", root, NGINX_PORT, work, http2=True)
         started.append(nginx)
         warm(ktlsd, "cache-status", lambda v: v.startswith("ktlsd; hit"))
         warm(nginx, "x-cache-status", lambda v: v == "HIT")
-        return measure(args, ktlsd, nginx, origin)
+        return measure(args, ktlsd, nginx, origin, ws)
     finally:
         for s in reversed(started):
             s.stop()
 
 
-def measure(args, ktlsd, nginx, origin):
+def measure(args, ktlsd, nginx, origin, ws):
     d = args.duration
-    plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"),
-            (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2")]
+    plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"), (ktlsd, "ws-rt"),
+            (ktlsd, "ws-bulk"), (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2"), (nginx, "ws-rt"),
+            (nginx, "ws-bulk")]
     paths = {"hit": "cache/10k.bin", "hit-h2": "cache/10k.bin", "pass": "pass/10k.bin", "static": "10k.bin"}
     res = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     cpu = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
@@ -312,7 +366,14 @@ def measure(args, ktlsd, nginx, origin):
     rounds = max(1, args.runs // 3)
     for i in range(rounds):
         for s, m in random.sample(plan, len(plan)):
-            if m == "hit-h2":
+            if m == "ws-rt":
+                n, secs, c = ws.run(s, "rt", WS_RT_CONNS, d)
+                rps, us = n / secs, c * 1e6 / n
+            elif m == "ws-bulk":
+                # MB/s, and CPU seconds per GiB.
+                n, secs, c = ws.run(s, "bulk", WS_BULK_CONNS, d)
+                rps, us = n / secs / 1e6, c / (n / (1 << 30))
+            elif m == "hit-h2":
                 c0 = cpu_seconds(s.pids())
                 secs, done, _ = h2load(["-c16", "-m32", f"-D{d}", f"https://127.0.0.1:{s.port}/{paths[m]}"])
                 rps, us = done / secs, (cpu_seconds(s.pids()) - c0) * 1e6 / done
@@ -328,8 +389,11 @@ def measure(args, ktlsd, nginx, origin):
         for s in random.sample([ktlsd, nginx], 2):
             misses[s.name].append(concurrent_misses(s, origin, f"run={s.name}-{i}"))
         floor.append(upstream_leg_floor(d / 2))
+        unit = {"ws-rt": ("rt/s", "us"), "ws-bulk": ("MB/s", "s/GiB")}
         log(f"  round {i + 1}/{rounds}: " + "; ".join(
-            f"{n} " + ", ".join(f"{m} {v[-1]:.0f} req/s ({cpu[n][m][-1]:.1f} us)" for m, v in r.items())
+            f"{n} " + ", ".join(f"{m} {v[-1]:.{2 if m == 'ws-bulk' else 0}f} {unit.get(m, ('req/s',))[0]} "
+                                f"({cpu[n][m][-1]:.{3 if m == 'ws-bulk' else 1}f} {unit.get(m, (0, 'us'))[1]})"
+                                for m, v in r.items())
             + f", misses -> {misses[n][-1]} upstream" for n, r in res.items()))
     k, n = res["ktlsd"], res["nginx"]
     rows = [
@@ -345,6 +409,14 @@ def measure(args, ktlsd, nginx, origin):
          {"nginx": median(cpu["nginx"]["pass"])}, "-"),
         (f"{MISSES} concurrent misses on one key: upstream requests, most in a round", max(misses["ktlsd"]),
          {"nginx": max(misses["nginx"])}, "ktlsd = 1"),
+        (f"WebSocket echo, 32-byte frames on {WS_RT_CONNS} tunnels (wsload rt {d}s), median round trips/s",
+         median(k["ws-rt"]), {"nginx": median(n["ws-rt"])}, ">= 1.2"),
+        ("server CPU us per WebSocket round trip, median", median(cpu["ktlsd"]["ws-rt"]),
+         {"nginx": median(cpu["nginx"]["ws-rt"])}, "<= 0.8"),
+        (f"WebSocket bulk, upstream to client through {WS_BULK_CONNS} tunnel (wsload bulk {d}s), median MB/s",
+         median(k["ws-bulk"]), {"nginx": median(n["ws-bulk"])}, ">= 1.2"),
+        ("server CPU s per GiB through the tunnel, median", median(cpu["ktlsd"]["ws-bulk"]),
+         {"nginx": median(cpu["nginx"]["ws-bulk"])}, "<= 0.8"),
     ]
     hit, static = median(cpu["ktlsd"]["hit"]), median(cpu["ktlsd"]["static"])
     ko, no = ({k: median(v) for k, v in others[n].items()} for n in ("ktlsd", "nginx"))
@@ -367,6 +439,8 @@ def measure(args, ktlsd, nginx, origin):
               f"\nThe upstream: nginx over plain HTTP on loopback, 2 workers (not measured); nginx with "
               f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB): "
               f"`bench/run proxy --vm`.\n")
+    table += ("\nTunnels: `wsload` (bench/ktlsbench/wsload.c) is both the client (TLS by OpenSSL) and the "
+              "upstream, so the proxies relay between two C epoll loops.\n")
     return table, {"rps": res, "cpu_us_per_request": cpu, "upstream_requests_for_100_misses": misses,
                    "hit_vs_static_cpu": hit / static, "others_cpu_us_per_proxied_request": others,
                    "upstream_leg_floor_us": floor, "rate_goal_budget_us": budget, "least_us": least}

@@ -121,9 +121,14 @@ fn close_codes_and_an_upstream_that_dies_reach_the_client() {
         &srv.url("/api/nothing-here"),
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "404", "{}", srv.stderr());
-    // The server is fine afterwards.
-    let lines = ws_client(&wss(&srv, "/api/echo"), "echo", &[], &srv);
+    still_echoes(&srv);
+}
+
+/// The server is fine afterwards: a new tunnel echoes, 1 MB messages and all, and nothing panicked.
+fn still_echoes(srv: &Server) {
+    let lines = ws_client(&wss(srv, "/api/echo"), "echo", &[], srv);
     assert!(has(&lines, "ok 1MB"), "{lines:?}");
+    assert!(!srv.stderr().contains("panicked"), "{}", srv.stderr());
 }
 
 #[test]
@@ -272,4 +277,171 @@ fn chromium_opens_a_websocket_over_its_http2_connection() {
     let log = &stopped.access_log;
     assert!(log.iter().any(|l| l.contains("\"GET /index.html HTTP/2.0\" 200 ")), "{log:#?}");
     assert!(log.iter().any(|l| l.contains("\"CONNECT /api/echo HTTP/2.0\" 200 ")), "{log:#?}");
+}
+
+/// Frames after a WebSocket close are only bytes to the tunnel: over HTTP/1.1 a
+/// close and two frames behind it reach the upstream, whose close comes back
+/// before the end of the connection; over HTTP/2, DATA after the client's
+/// END_STREAM resets that stream (STREAM_CLOSED) while the connection goes on.
+#[test]
+fn frames_after_the_close() {
+    let up = upstream("ws_upstream.py");
+    let srv = server(&up, "", &[]);
+    let lines = ws_client(&wss(&srv, "/api/echo"), "after", &[], &srv);
+    for check in ["switched", "close", "end"] {
+        assert!(has(&lines, &format!("ok {check}")), "{check}: {lines:?}");
+    }
+    assert_eq!(up.wait_line("closed /api/echo", Duration::from_secs(5)).as_deref(), Some("closed /api/echo 1000"));
+    let lines = h2_ws(&srv, "/api/sink", "after");
+    for check in ["reset after end", "after status", "after"] {
+        assert!(has(&lines, &format!("ok {check}")), "{check}: {lines:?}");
+    }
+    still_echoes(&srv);
+}
+
+/// HTTP/2 flow control on the upload side: a tunnel whose upstream reads nothing
+/// gets no more credit than its upstream takes, so its client stalls on the
+/// stream's window while a second tunnel on the same connection keeps echoing.
+#[test]
+fn a_slow_upstream_stalls_only_its_own_http2_tunnel() {
+    let up = upstream("ws_upstream.py");
+    let srv = server(&up, "", &[]);
+    let before = rss_kib(srv.pid());
+    let lines = h2_ws(&srv, "/api/sink", "slow");
+    for check in ["sink status", "stalled", "other status", "other text", "other 300kB", "sink still shut"] {
+        assert!(has(&lines, &format!("ok {check}")), "{check}: {lines:?}\n{}", srv.stderr());
+    }
+    let after = rss_kib(srv.pid());
+    let sent: u64 = lines.iter().find_map(|l| l.strip_prefix("sent ")).and_then(|n| n.parse().ok()).unwrap_or(0);
+    eprintln!("sent {sent} bytes into the stalled tunnel; rss {before} KiB before, {after} KiB after");
+    // What was sent waits in the sockets to the upstream, not in the server.
+    assert!(after < before + 8 * 1024, "the server grew from {before} KiB to {after} KiB");
+}
+
+/// `idle.py client` holding `n` tunnels to `path` on `srv`, once it said how it went.
+struct Holder {
+    child: std::process::Child,
+    first: String,
+}
+
+impl Holder {
+    fn open(srv: &Server, path: &str, n: usize) -> Holder {
+        use std::io::BufRead;
+        let mut child = Command::new("/usr/bin/python3")
+            .arg(script("idle.py"))
+            .args(["client", "127.0.0.1", &srv.port().to_string(), path, &n.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        let _ = std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first);
+        Holder { child, first: first.trim().to_string() }
+    }
+
+    /// Closes the tunnels (a line on stdin), and waits for the client to exit.
+    fn close(mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A tunnel is its client's connection for `max_connections_per_ip`: with a limit
+/// of 2, a third tunnel from the same address is refused, and one more is
+/// admitted once one of the two has closed.
+#[test]
+fn the_per_ip_limit_counts_tunnels() {
+    let up = upstream("idle.py");
+    let srv = server(&up, "", &["--max-connections-per-ip", "2"]);
+    let two = Holder::open(&srv, "/api/idle", 2);
+    assert_eq!(two.first, "open 2", "{}", srv.stderr());
+    let third = Holder::open(&srv, "/api/idle", 1);
+    assert!(third.first.starts_with("fail 1 of 1"), "{}", third.first);
+    two.close();
+    // The count drops as the server sees the two connections end.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let again = Holder::open(&srv, "/api/idle", 1);
+        if again.first == "open 1" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no tunnel admitted after the others closed: {}", again.first);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let stopped = srv.stop();
+    assert!(stopped.stat("connections_refused_per_ip") >= 1, "{:?}", stopped.stats);
+}
+
+/// 10,000 idle WebSocket tunnels: each holds two of the server's descriptors (its
+/// client's connection and its upstream's), and this machine's descriptor limit
+/// (20,000, which the test cannot raise) keeps one process below 10,000 tunnels,
+/// so two servers of one worker hold 5,000 each. All open; what each costs its
+/// server in resident memory once idle is printed, and bounded here.
+#[test]
+fn ten_thousand_idle_tunnels() {
+    const SERVERS: usize = 2;
+    const EACH: usize = 5_000;
+    const MAX_BYTES_PER_TUNNEL: u64 = 48 * 1024;
+    let up = upstream("idle.py");
+    // Without the debug log of `server`: thousands of tunnels would write much of it.
+    let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n", up.url());
+    let servers: Vec<Server> = (0..SERVERS)
+        .map(|_| {
+            Server::builder(BIN)
+                .workers(Some(1))
+                .no_access_log()
+                .config(&config)
+                .args(["--max-connections-per-ip", "20000"])
+                .start()
+        })
+        .collect();
+    let mut before = Vec::new();
+    for srv in &servers {
+        // Warm up: the worker's pools exist before the baseline.
+        Holder::open(srv, "/api/idle", 16).close();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for srv in &servers {
+        before.push(rss_kib(srv.pid()));
+    }
+    let started = Instant::now();
+    let holders: Vec<Holder> = servers.iter().map(|srv| Holder::open(srv, "/api/idle", EACH)).collect();
+    let took = started.elapsed();
+    for (h, srv) in holders.iter().zip(&servers) {
+        assert_eq!(
+            h.first,
+            format!("open {EACH}"),
+            "{}",
+            srv.stderr().lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        );
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let mut per = Vec::new();
+    for (srv, before) in servers.iter().zip(&before) {
+        let with = rss_kib(srv.pid());
+        let bytes = (with.saturating_sub(*before) * 1024) / EACH as u64;
+        eprintln!("{EACH} idle tunnels: server RSS {before} KiB -> {with} KiB: {bytes} bytes per tunnel");
+        per.push(bytes);
+    }
+    eprintln!("{} idle tunnels opened in {took:.1?}; bytes of server RSS per tunnel: {per:?}", SERVERS * EACH);
+    for bytes in &per {
+        assert!(*bytes <= MAX_BYTES_PER_TUNNEL, "{bytes} bytes per idle tunnel");
+    }
+    for h in holders {
+        h.close();
+    }
+    // All of them ended, and each server answers as before.
+    for srv in &servers {
+        let again = Holder::open(srv, "/api/idle", 1);
+        assert_eq!(again.first, "open 1", "{}", srv.stderr());
+        assert!(!srv.stderr().contains("panicked"));
+    }
 }

@@ -65,6 +65,7 @@ mod harness;
 mod suites;
 mod wire;
 
+mod accel;
 mod admin;
 mod backpressure;
 mod bad_records;

@@ -11,6 +11,14 @@ Scenarios:
   reset   one echo, then RST_STREAM(CANCEL); the connection goes on: a second
           extended CONNECT on it echoes too
   refused prints the status of an extended CONNECT the upstream refuses
+  slow    PATH is an upstream that reads nothing: sends on it as long as the
+          stream's window opens (prints `sent N`, `ok stalled` once no credit has
+          come for 1.5 s), then a second tunnel on the same connection to
+          /api/echo echoes a text and a 300 kB message (`ok other text`,
+          `ok other 300kB`) while the first stays stalled
+  after   DATA after the client's END_STREAM on a tunnel whose upstream is still
+          open: the server resets that stream with STREAM_CLOSED (`ok reset after
+          end`), and the connection goes on (`ok after`)
 """
 
 import os
@@ -33,8 +41,8 @@ def check(name, ok, why=""):
     failed |= not ok
 
 
-def ws_frame(opcode, payload):
-    """A final, masked client frame."""
+def ws_frame(opcode, payload, key=None):
+    """A final, masked client frame (a zero key, allowed by RFC 6455, for bulk)."""
     head = bytes([0x80 | opcode])
     n = len(payload)
     if n < 126:
@@ -43,6 +51,8 @@ def ws_frame(opcode, payload):
         head += bytes([0x80 | 126]) + struct.pack("!H", n)
     else:
         head += bytes([0x80 | 127]) + struct.pack("!Q", n)
+    if key == b"\0\0\0\0":
+        return head + key + payload
     key = os.urandom(4)
     return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
 
@@ -146,16 +156,21 @@ class Client:
             self.pump()
 
 
+def text_and_big(c, sid, text, prefix=""):
+    """Echoes of a text message and of a 300 kB binary one (more than the stream's window)."""
+    c.send(sid, ws_frame(1, text))
+    check(f"{prefix}text", c.message(sid) == (1, text))
+    big = bytes(i % 253 for i in range(300_000))
+    c.send(sid, ws_frame(2, big))
+    got = c.message(sid)
+    check(f"{prefix}300kB", got == (2, big), f"{got and len(got[1])} bytes")
+
+
 def echo(c, path):
     sid, head = c.connect(path)
     print(f"status {head.get(':status')}", flush=True)
     check("no accept", "sec-websocket-accept" not in head, repr(head))
-    c.send(sid, ws_frame(1, b"hello"))
-    check("text", c.message(sid) == (1, b"hello"))
-    big = bytes(i % 253 for i in range(300_000))
-    c.send(sid, ws_frame(2, big))
-    got = c.message(sid)
-    check("300kB", got == (2, big), f"{got and len(got[1])} bytes")
+    text_and_big(c, sid, b"hello")
     c.send(sid, ws_frame(8, struct.pack("!H", 1000) + b"bye"))
     got = c.message(sid)
     check("close", got is not None and got[0] == 8 and got[1][:2] == struct.pack("!H", 1000), repr(got))
@@ -182,10 +197,60 @@ def refused(c, path):
     print(f"status {head.get(':status')}", flush=True)
 
 
+def slow(c, path):
+    import time
+
+    sink, head = c.connect(path)
+    check("sink status", head.get(":status") == "200", repr(head))
+    frame = ws_frame(2, b"s" * (1 << 20), key=b"\0\0\0\0")
+    sent, limit, last = 0, 256 << 20, time.monotonic()
+    c.sock.settimeout(0.1)
+    while sent < limit and time.monotonic() - last < 1.5:
+        room = min(c.conn.local_flow_control_window(sink), c.conn.max_outbound_frame_size)
+        if room > 0:
+            at = sent % len(frame)
+            c.conn.send_data(sink, frame[at : at + room])
+            sent += min(room, len(frame) - at)
+            c.flush()
+            last = time.monotonic()
+            continue
+        try:
+            c.pump()
+        except socket.timeout:
+            pass
+    c.sock.settimeout(20)
+    print(f"sent {sent}", flush=True)
+    check("stalled", sent < limit, f"{sent} bytes went without the window shutting")
+    other, head = c.connect("/api/echo")
+    check("other status", head.get(":status") == "200", repr(head))
+    text_and_big(c, other, b"still here", "other ")
+    check("sink still shut", c.conn.local_flow_control_window(sink) < (1 << 20), str(c.conn.local_flow_control_window(sink)))
+
+
+def after(c, path):
+    sid, head = c.connect(path)
+    print(f"status {head.get(':status')}", flush=True)
+    # A last frame with END_STREAM, then DATA after it, written by hand (h2 would
+    # refuse it), in one write so that the server reads both before it acts on the
+    # first: a stream error (STREAM_CLOSED), not the connection's.
+    c.conn.send_data(sid, ws_frame(1, b"last"), end_stream=True)
+    payload = ws_frame(1, b"after end")
+    raw = struct.pack("!I", len(payload))[1:] + bytes([0, 0]) + struct.pack("!I", sid) + payload
+    c.sock.sendall(c.conn.data_to_send() + raw)
+    while not any(isinstance(e, (h2.events.StreamReset, h2.events.ConnectionTerminated)) for e in c.events):
+        c.pump()
+    reset = [e for e in c.events if isinstance(e, h2.events.StreamReset) and e.stream_id == sid]
+    check("reset after end", reset and reset[0].error_code == 5, repr(c.events))
+    other, head = c.connect("/api/echo")
+    check("after status", head.get(":status") == "200", repr(head))
+    c.send(other, ws_frame(1, b"again"))
+    check("after", c.message(other) == (1, b"again"))
+
+
 def main():
     host, port, path, scenario = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     c = Client(host, port)
-    {"echo": echo, "reset": reset, "refused": refused}[scenario](c, path)
+    {"echo": echo, "reset": reset, "refused": refused, "slow": slow, "after": after}[scenario](c, path)
 
 
 main()

@@ -10,6 +10,9 @@ Scenarios:
            prints `closed SECONDS CODE`
   stall    reads nothing for a few seconds while the upstream floods, then drains a
            little, closes and says how much it read
+  after    frames after the close, on a raw TLS socket: a close (1000) then a text
+           frame behind it; the upstream's close comes back, then the end of the
+           connection (`ok close`, `ok end`)
 """
 
 import asyncio
@@ -99,13 +102,41 @@ async def stall(url, ctx):
         print(f"read {got + len(first)}", flush=True)
 
 
+async def after(url, ctx):
+    import base64
+    import os
+    import struct
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(url)
+    reader, writer = await asyncio.open_connection(u.hostname, u.port, ssl=ctx, server_hostname="localhost")
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n\r\n".encode()
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    check("switched", head.startswith(b"HTTP/1.1 101"), repr(head))
+
+    def frame(opcode, payload):
+        mask = os.urandom(4)
+        return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+    writer.write(frame(8, struct.pack("!H", 1000)) + frame(1, b"after close") + frame(2, b"and more"))
+    await writer.drain()
+    rest = await asyncio.wait_for(reader.read(), 10)
+    check("close", rest[:1] == b"\x88" and rest[2:4] == struct.pack("!H", 1000), repr(rest))
+    check("end", len(rest) == 2 + (rest[1] & 0x7F) if len(rest) > 1 else False, repr(rest))
+    writer.close()
+
+
 async def main():
     url, scenario = sys.argv[1], sys.argv[2]
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     ctx.set_alpn_protocols(["http/1.1"])
-    run = {"echo": echo, "close": upstream_closes, "die": dies, "hold": hold, "stall": stall}[scenario]
+    run = {"echo": echo, "close": upstream_closes, "die": dies, "hold": hold, "stall": stall, "after": after}[scenario]
     await asyncio.wait_for(run(url, ctx), 60)
 
 

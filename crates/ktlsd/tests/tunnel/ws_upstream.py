@@ -8,6 +8,7 @@ Paths:
                an upstream that dies mid-tunnel
   /api/flood   sends 64 KiB binary messages as fast as the tunnel takes them, until
                the connection ends; prints `flooded N` with the bytes it got out
+  /api/sink    reads nothing (a slow upstream): what it is sent waits in the sockets
 Anything else: the handshake is refused with 404.
 """
 
@@ -34,6 +35,10 @@ async def handler(ws, path):
         await ws.send(message)
         await asyncio.sleep(0.2)
         ws.transport.abort()
+    elif path == "/api/sink":
+        # websockets stops reading its socket once its own queue is full.
+        await ws.wait_closed()
+        print(f"closed {path}", flush=True)
     elif path == "/api/flood":
         sent = 0
         block = b"f" * 65536
@@ -48,7 +53,7 @@ async def handler(ws, path):
 
 
 async def refuse_unknown(path, headers):
-    if path not in ("/api/echo", "/api/close", "/api/die", "/api/flood"):
+    if path not in ("/api/echo", "/api/close", "/api/die", "/api/flood", "/api/sink"):
         return (http.HTTPStatus.NOT_FOUND, [], b"no such socket\n")
     return None
 

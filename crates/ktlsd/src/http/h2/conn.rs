@@ -85,7 +85,8 @@ pub enum Event {
     /// A new request; `end_stream` is false when a body follows (the codec reads it,
     /// returning its flow-control credit, and discards it unless bodies are delivered).
     Request { stream: StreamId, head: RequestHead, end_stream: bool },
-    /// A piece of a request body, once [`Connection::deliver_bodies`] asked for them.
+    /// A piece of a request body, once [`Connection::deliver_bodies`] asked for them;
+    /// its stream's credit comes back when the caller says so ([`Connection::consumed`]).
     Data { stream: StreamId, data: Vec<u8>, end_stream: bool },
     /// A request whose decoded field list exceeds SETTINGS_MAX_HEADER_LIST_SIZE:
     /// answer it 431 (RFC 9113 section 10.5.1) with `respond`, Date and all.
@@ -529,10 +530,27 @@ impl Connection {
         Some(write)
     }
 
-    /// Hands request bodies to the caller as [`Event::Data`] from now on. Their
-    /// flow-control credit is still returned as they arrive: the caller bounds what it keeps.
+    /// Hands request bodies to the caller as [`Event::Data`] from now on. The
+    /// connection's credit is returned as they arrive, each stream's only as the
+    /// caller says it took the bytes ([`Connection::consumed`]): a stream whose reader
+    /// is slow has its client wait on its own window, and holds at most that window
+    /// (64 KiB) in the caller's hands, while the connection's other streams go on.
     pub fn deliver_bodies(&mut self) {
         self.deliver = true;
+    }
+
+    /// `n` bytes of `stream`'s delivered body were taken by its reader (or dropped):
+    /// their credit goes back to the client, in WINDOW_UPDATEs of at least half the
+    /// window. Nothing for a stream the client has finished sending or that is gone.
+    pub fn consumed(&mut self, stream: StreamId, n: usize) {
+        let Some(index) = self.index(stream.0) else { return };
+        let Recv::Open { window, unacked, .. } = &mut self.streams[index].recv else { return };
+        *unacked = unacked.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        if *unacked >= CREDIT_THRESHOLD {
+            frame::put_window_update(&mut self.out, stream.0, *unacked);
+            *window += i64::from(*unacked);
+            *unacked = 0;
+        }
     }
 
     /// Streams that are open or still sending (for idle timeouts: none means idle).
@@ -823,7 +841,12 @@ impl Connection {
             }
             return Ok(());
         }
-        *unacked += flow_len;
+        // A delivered body's credit comes back as its reader takes it (`consumed`);
+        // padding's at once.
+        *unacked += match self.deliver {
+            true => flow_len - data_len as u32,
+            false => flow_len,
+        };
         if *unacked >= CREDIT_THRESHOLD {
             frame::put_window_update(&mut self.out, id, *unacked);
             *window += i64::from(*unacked);

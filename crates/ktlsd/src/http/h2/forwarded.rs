@@ -16,6 +16,14 @@
 //! frame's header (`Transport::send_queued`), so the writer never waits on an
 //! upstream. A forward that fails after the head resets the stream (INTERNAL_ERROR).
 //!
+//! The request body (a tunnel's client-to-upstream bytes alike) goes the other
+//! way under HTTP/2's flow control: the loop queues each DATA frame's bytes for
+//! the task without waiting ([`Proxied::data`]), and the stream's credit goes back
+//! to the client only as the task takes them ([`Proxied::credit`], then
+//! `Connection::consumed`), so a stream whose upstream reads slowly holds at most
+//! its window (64 KiB) here and makes its own client wait, never the connection's
+//! loop and its other streams.
+//!
 //! Dropping a [`Proxied`] (the client reset the stream, or the connection ended)
 //! aborts its task; `Forward::run` says what that leaves behind.
 //!
@@ -23,11 +31,12 @@
 //! (`handler::pipeline`, `handler::proxy`).
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
 use super::RequestHead;
 use crate::handler::pipeline::{self, Answer, BodyError, Downstream, Outcome};
@@ -38,8 +47,26 @@ use crate::vocab::Spliced;
 /// Body bytes a stream keeps waiting, in its task's hands and in the codec each.
 const QUEUED: usize = 64 * 1024;
 
-/// Request body pieces (DATA frames) queued for a task before the loop waits for it.
-const UPLOAD_QUEUE: usize = 8;
+/// A request body on its way from the loop to the task: at most the stream's
+/// receive window, which the client may not exceed (the codec checks it).
+#[derive(Default)]
+struct Upload {
+    pieces: VecDeque<Vec<u8>>,
+    /// The client ended the body (END_STREAM).
+    ended: bool,
+    /// The task will read no more (it is done): pieces are dropped as they come.
+    gone: bool,
+    /// Bytes taken by the task whose credit the loop has not returned.
+    taken: usize,
+}
+
+/// An [`Upload`] as the loop and the task share it.
+#[derive(Default)]
+struct Shared {
+    upload: RefCell<Upload>,
+    /// Wakes the task when a piece or the end came.
+    arrived: Notify,
+}
 
 /// Wakes a connection's loop when one of its proxied streams has something for it.
 #[derive(Default)]
@@ -133,7 +160,8 @@ pub(super) struct Proxied<'a> {
     out: Rc<RefCell<Out>>,
     /// Wakes the task when the loop took body bytes.
     room: Rc<Notify>,
-    upload: Option<mpsc::Sender<Vec<u8>>>,
+    /// The request body towards the task; `None`: it has none.
+    upload: Option<Rc<Shared>>,
     task: tokio::task::AbortHandle,
     site: Site<'a>,
     pub head: RequestHead,
@@ -168,13 +196,8 @@ pub(super) fn start<'a>(
     signal: &Rc<Signal>,
     retired: &tokio::sync::watch::Receiver<bool>,
 ) -> Proxied<'a> {
-    let (upload, body) = match end_stream {
-        true => (None, None),
-        false => {
-            let (tx, rx) = mpsc::channel(UPLOAD_QUEUE);
-            (Some(tx), Some(rx))
-        }
-    };
+    let upload = (!end_stream).then(|| Rc::new(Shared::default()));
+    let body = upload.clone().map(|upload| Reading { shared: upload, last: 0, signal: signal.clone() });
     let out = Rc::new(RefCell::new(Out::default()));
     let room = Rc::new(Notify::new());
     let client = crate::http::conn::Who::of(&req);
@@ -192,18 +215,43 @@ pub(super) fn start<'a>(
 }
 
 impl Proxied<'_> {
-    /// Forwards a piece of the request body; `end_stream` ends it.
-    ///
-    /// # Cancel safety
-    /// Cancel-safe: a piece not queued when cancelled is not sent.
-    pub async fn data(&mut self, piece: Vec<u8>, end_stream: bool) {
-        if let Some(tx) = &self.upload {
-            // A task that stopped reading has its answer already: the rest is dropped.
-            let _ = tx.send(piece).await;
+    /// Queues a piece of the request body for the task, without waiting: the
+    /// stream's window bounds what waits. `end_stream` ends it. Returns the bytes
+    /// dropped (the task reads no more), whose credit the caller returns at once.
+    pub fn data(&mut self, piece: Vec<u8>, end_stream: bool) -> usize {
+        let Some(shared) = &self.upload else { return piece.len() };
+        let mut u = shared.upload.borrow_mut();
+        let dropped = match u.gone {
+            true => piece.len(),
+            false if piece.is_empty() => 0,
+            false => {
+                u.pieces.push_back(piece);
+                0
+            }
+        };
+        u.ended |= end_stream;
+        shared.arrived.notify_one();
+        dropped
+    }
+
+    /// Request body bytes the task took (or that wait for a task that is done)
+    /// since the last call: their credit is due to the client (`Connection::consumed`).
+    pub fn credit(&self) -> usize {
+        let Some(shared) = &self.upload else { return 0 };
+        let mut u = shared.upload.borrow_mut();
+        let mut n = std::mem::take(&mut u.taken);
+        if u.gone {
+            n += u.pieces.drain(..).map(|p| p.len()).sum::<usize>();
         }
-        if end_stream {
-            self.upload = None;
-        }
+        n
+    }
+
+    /// Everything queued or taken and not yet credited, for a stream the loop
+    /// forgets while its client may still send.
+    pub fn uncredited(&self) -> usize {
+        let Some(shared) = &self.upload else { return 0 };
+        shared.upload.borrow_mut().gone = true;
+        self.credit()
     }
 
     /// Whether the stream waits for its upstream rather than its client: no answer
@@ -280,10 +328,56 @@ struct Feed {
     out: Rc<RefCell<Out>>,
     room: Rc<Notify>,
     signal: Rc<Signal>,
-    upload: Option<mpsc::Receiver<Vec<u8>>>,
+    upload: Option<Reading>,
     splice: bool,
     /// For an extended CONNECT: the connection's retirement signal.
     retired: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+/// The task's end of an [`Upload`].
+struct Reading {
+    shared: Rc<Shared>,
+    /// The length of the piece returned last: it is taken (its credit due) once
+    /// the task asks for the next, that is once the upstream has taken it.
+    last: usize,
+    signal: Rc<Signal>,
+}
+
+impl Reading {
+    /// The next piece; `None`: the body ended.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a piece is removed from the queue only when returned.
+    async fn next(&mut self) -> Option<Vec<u8>> {
+        if self.last > 0 {
+            self.shared.upload.borrow_mut().taken += std::mem::take(&mut self.last);
+            self.signal.raise();
+        }
+        loop {
+            {
+                let mut u = self.shared.upload.borrow_mut();
+                if let Some(piece) = u.pieces.pop_front() {
+                    self.last = piece.len();
+                    return Some(piece);
+                }
+                if u.ended {
+                    return None;
+                }
+            }
+            // One waiter: a piece queued while nobody waits leaves a permit behind.
+            self.shared.arrived.notified().await;
+        }
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        let mut u = self.shared.upload.borrow_mut();
+        u.gone = true;
+        u.taken += self.last;
+        drop(u);
+        self.signal.raise();
+    }
 }
 
 impl Feed {
@@ -334,7 +428,7 @@ impl Downstream for Feed {
     /// Cancel-safe: a piece received is returned.
     async fn read_body(&mut self, into: &mut Vec<u8>) -> Result<bool, BodyError<()>> {
         let Some(upload) = self.upload.as_mut() else { return Ok(false) };
-        match upload.recv().await {
+        match upload.next().await {
             Some(piece) => {
                 into.extend_from_slice(&piece);
                 Ok(true)

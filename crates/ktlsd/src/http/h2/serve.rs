@@ -148,9 +148,13 @@ pub async fn serve<T: Transport>(conn: &mut T, ctx: Context<'_, Settings>) -> En
                     answer(&mut h2, &mut open, stream, &head, &ctx, conn, response, None, false, started, client)
                 }
                 Event::Data { stream, data, end_stream } => {
-                    if let Some(task) = proxied.get_mut(&stream) {
-                        task.data(data, end_stream).await;
-                    }
+                    // Queued for the stream's task, whose credit comes back as it takes
+                    // them (`step_proxied`); bytes nobody reads are credited at once.
+                    let dropped = match proxied.get_mut(&stream) {
+                        Some(task) => task.data(data, end_stream),
+                        None => data.len(),
+                    };
+                    h2.consumed(stream, dropped);
                 }
                 Event::HeaderListTooLarge { stream } => {
                     crate::log::refusal(431, "header list too large", || {
@@ -517,6 +521,8 @@ fn step_proxied<'a, S>(
     let streams: Vec<StreamId> = proxied.keys().copied().collect();
     for stream in streams {
         while let Some(task) = proxied.get_mut(&stream) {
+            // The request body bytes its upstream took: the client may send as many more.
+            h2.consumed(stream, task.credit());
             match task.step(h2.buffered(stream)) {
                 Step::Idle => break,
                 Step::Body(piece) => {
@@ -529,7 +535,7 @@ fn step_proxied<'a, S>(
                     let (head, started, client) = (task.head.clone(), task.started, task.client.clone());
                     let source = task.take_source();
                     if streamed.is_none() {
-                        proxied.remove(&stream);
+                        forget(h2, proxied, stream);
                     }
                     answer(h2, open, stream, &head, ctx, conn, response, streamed, from_cache, started, client);
                     if let Some(o) = open.get_mut(&stream) {
@@ -539,19 +545,27 @@ fn step_proxied<'a, S>(
                 Step::Reset => {
                     // The forward logged why.
                     let o = open.remove(&stream);
-                    proxied.remove(&stream);
+                    forget(h2, proxied, stream);
                     h2.abort(stream, 0);
                     if let Some(o) = o {
                         o.log(ctx, conn);
                     }
                 }
                 Step::Done => {
-                    proxied.remove(&stream);
+                    forget(h2, proxied, stream);
                     // Gone already when the codec is done with it.
                     let _ = h2.finish(stream);
                 }
             }
         }
+    }
+}
+
+/// Drops `stream`'s task; the request body bytes it left unread are credited, so
+/// a client still sending them is not held by a window nobody opens.
+fn forget(h2: &mut Connection, proxied: &mut HashMap<StreamId, super::forwarded::Proxied<'_>>, stream: StreamId) {
+    if let Some(task) = proxied.remove(&stream) {
+        h2.consumed(stream, task.uncredited());
     }
 }
 

@@ -228,3 +228,51 @@ fn request_bodies_are_delivered_only_when_asked_for() {
         assert_eq!(data_events, want, "deliver {deliver}");
     }
 }
+
+/// A delivered body's stream credit waits for its reader (`consumed`); the
+/// connection's comes back at once, so one slow reader holds only its own stream.
+#[test]
+fn delivered_bodies_get_stream_credit_as_they_are_consumed() {
+    let mut c = Client::new();
+    c.conn.deliver_bodies();
+    for id in [1, 3] {
+        let bytes = c.headers(id, &[(":method", "POST"), (":scheme", "https"), (":path", "/")], false);
+        c.send(&bytes);
+    }
+    let chunk = vec![7; 16_000];
+    for _ in 0..4 {
+        c.send(&data(1, &chunk, false));
+    }
+    let credit = |c: &mut Client| {
+        let frames = c.frames();
+        assert!(!frames.iter().any(|f| f.head.kind == frame::RST_STREAM), "{frames:?}");
+        let sum = |id: u32| -> u32 {
+            frames
+                .iter()
+                .filter(|f| f.head.kind == frame::WINDOW_UPDATE && f.head.stream == id)
+                .map(|f| u32::from_be_bytes(f.payload[..4].try_into().unwrap()))
+                .sum()
+        };
+        (sum(0), sum(1), sum(3))
+    };
+    // The connection's credit came back; stream 1's window has 1535 bytes left.
+    assert_eq!(credit(&mut c), (48_000, 0, 0));
+    // Stream 3 goes on meanwhile.
+    c.send(&data(3, &chunk, false));
+    c.conn.consumed(StreamId(3), 16_000);
+    c.conn.consumed(StreamId(1), 16_000);
+    assert_eq!(credit(&mut c), (0, 0, 0), "below half the window, no update yet");
+    c.conn.consumed(StreamId(1), 32_000);
+    assert_eq!(credit(&mut c), (0, 48_000, 0));
+    // Without that credit these would overflow stream 1's window.
+    for _ in 0..3 {
+        c.send(&data(1, &chunk, false));
+    }
+    assert_eq!(goaway(&c.frames()), None);
+    // No credit for a stream whose client has finished sending.
+    c.send(&data(3, b"", true));
+    c.conn.consumed(StreamId(3), 40_000);
+    assert_eq!(credit(&mut c).2, 0);
+    let data_events = c.events().into_iter().filter(|e| matches!(e, Event::Data { .. })).count();
+    assert_eq!(data_events, 9);
+}
