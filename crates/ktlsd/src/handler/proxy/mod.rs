@@ -491,15 +491,30 @@ impl<'r> Exchange<'r> {
         self.write(b"0\r\n\r\n").await.map_err(|e| self.io_failure(e, "sending the request body", FailureKind::Send))
     }
 
-    /// Reads the upstream's response head (interim 1xx responses dropped). An
-    /// idempotent request without a body whose upstream fails before a byte of a response
-    /// is sent to the next upstream.
+    /// Reads the upstream's final response head (interim 1xx responses dropped).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as [`Exchange::next_head`].
+    pub async fn response(&mut self) -> Result<parse::Head, Failure> {
+        loop {
+            let head = self.next_head().await?;
+            if head.status != 103 {
+                return Ok(head);
+            }
+        }
+    }
+
+    /// Reads the upstream's next response head: a 103 (Early Hints, its fields for the
+    /// client, more heads to follow) or the final one; other interim 1xx responses
+    /// are dropped. An idempotent request without a body whose upstream fails before
+    /// a byte of a response is sent to the next upstream.
     ///
     /// # Cancel safety
     /// Not cancel-safe: a retry may be half-sent; drop the exchange after a cancel.
-    pub async fn response(&mut self) -> Result<parse::Head, Failure> {
+    pub async fn next_head(&mut self) -> Result<parse::Head, Failure> {
         loop {
             match self.read_head().await {
+                Ok(head) if head.status == 103 => return Ok(head),
                 Ok(head) => {
                     pool::succeeded(&self.upstream().url);
                     metrics::answered(&self.upstream().url, self.sent_at.elapsed());
@@ -534,7 +549,11 @@ impl<'r> Exchange<'r> {
             match parse::head_for(&self.buf, &self.fwd.method, self.fwd.upgrade.is_some()) {
                 Ok(Some((head, used))) => {
                     self.buf.drain(..used);
-                    // Interim answers are dropped; a 101 (asked for) is the final one.
+                    // A 103 goes to the caller (early hints); other interim answers are
+                    // dropped; a 101 (asked for) is the final one.
+                    if head.status == 103 {
+                        return Ok(head);
+                    }
                     if (100..200).contains(&head.status) && head.status != 101 {
                         continue;
                     }

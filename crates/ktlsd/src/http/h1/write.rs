@@ -49,6 +49,26 @@ pub fn head_and_bytes(response: &Response, version: Version, keep_alive: bool) -
     out
 }
 
+/// An interim (1xx) response's head: the status line and its fields, no Server,
+/// Date or Connection (those are the final response's).
+pub fn interim_into(mut out: Vec<u8>, response: &Response) -> Vec<u8> {
+    out.clear();
+    let mut buf = String::from_utf8(out).unwrap_or_default(); // empty, so always text
+    buf.push_str("HTTP/1.1 ");
+    buf.push_str(itoa::Buffer::new().format(response.status.0));
+    buf.push(' ');
+    buf.push_str(response.status.reason());
+    buf.push_str("\r\n");
+    for h in &response.headers {
+        buf.push_str(h.name());
+        buf.push_str(": ");
+        h.write_value(&mut buf);
+        buf.push_str("\r\n");
+    }
+    buf.push_str("\r\n");
+    buf.into_bytes()
+}
+
 /// The interim response that invites the body of an `Expect: 100-continue` request.
 pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -78,6 +98,13 @@ mod tests {
             let h = text(head(&r, v, false));
             assert!(h.ends_with("Location: /d/\r\nConnection: close\r\n\r\n"), "{h}");
         }
+        let hints = Response {
+            status: Status(103),
+            headers: vec![Header::Field("Link".into(), "</a.css>; rel=preload".into())],
+            body: crate::handler::Body::Empty,
+            refused: None,
+        };
+        assert_eq!(text(interim_into(Vec::new(), &hints)), "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n");
         let whole = text(head_and_bytes(&r, Version::Http11, true));
         assert!(whole.ends_with(&format!("{tail}{page}")), "{whole}");
         let head_only = text(head_and_bytes(&r.without_body(), Version::Http11, true));

@@ -401,6 +401,43 @@ impl Connection {
         event
     }
 
+    /// Sends an interim (1xx) response on `stream` before its response: a HEADERS
+    /// frame without END_STREAM (RFC 9113 section 8.1). Header names are lowercased
+    /// and connection-specific fields dropped.
+    pub fn interim<N, V>(
+        &mut self,
+        stream: StreamId,
+        status: u16,
+        headers: impl IntoIterator<Item = (N, V)>,
+    ) -> Result<(), RespondError>
+    where
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        if !matches!(self.streams[index].send, Send::Waiting) {
+            return Err(RespondError::AlreadyResponded);
+        }
+        let status = status.clamp(100, 199);
+        let digits = [b'1', b'0' + (status / 10 % 10) as u8, b'0' + (status % 10) as u8];
+        let mut block = std::mem::take(&mut self.block);
+        self.encoder.start(&mut block);
+        self.encoder.field(b":status", &digits, &mut block);
+        for (name, value) in headers {
+            request::with_lowercase(name.as_ref(), |name| {
+                if !request::CONNECTION_SPECIFIC.contains(&name) {
+                    self.encoder.field(name, value.as_ref(), &mut block);
+                }
+            });
+        }
+        frame::put_headers(&mut self.out, stream.0, &block, false, frame::DEFAULT_MAX_FRAME_SIZE as usize);
+        self.block = block;
+        Ok(())
+    }
+
     /// Starts the response on `stream`. Header names are lowercased and
     /// connection-specific fields dropped, as HTTP/2 requires.
     pub fn respond<N, V>(
