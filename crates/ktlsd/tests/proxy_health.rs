@@ -114,3 +114,31 @@ fn early_hints_reach_http1_http2_and_http3_clients() {
     // Each request was one exchange with the origin.
     assert!(origin.count("/api/hints") >= 6, "{:?}", origin.requests());
 }
+
+#[test]
+fn cache_hits_carry_the_via_of_misses() {
+    let origin = Origin::start("a");
+    let cache = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\ncache = true\n\n[cache]\ndir = {:?}\n",
+        origin.url(),
+        cache.path().display().to_string()
+    );
+    let (srv, _) = server(&config);
+    for (target, want) in [
+        ("/api/set/plain?h=Cache-Control:max-age%3D60", "1.1 ktlsd"),
+        ("/api/set/via?h=Cache-Control:max-age%3D60&h=Via:1.0%20app", "1.0 app, 1.1 ktlsd"),
+    ] {
+        let miss = fetch(&srv.url(target), &["--http1.1"]);
+        assert!(miss.header("cache-status").unwrap_or_default().contains("fwd=miss"), "{:?}", miss.headers);
+        assert_eq!(miss.header("via"), Some(want), "{:?}", miss.headers);
+        for proto in ["--http1.1", "--http2"] {
+            let hit = fetch(&srv.url(target), &[proto]);
+            assert!(hit.header("cache-status").unwrap_or_default().contains("hit"), "{:?}", hit.headers);
+            assert_eq!(hit.header("via"), Some(want), "{proto}: {:?}", hit.headers);
+            assert_eq!(hit.header_count("via"), 1, "{:?}", hit.headers);
+            assert_eq!(hit.body, miss.body);
+        }
+        assert_eq!(origin.count(target), 1, "answered from the cache");
+    }
+}

@@ -276,6 +276,21 @@ pub fn interim_fields(mut upstream: Vec<(FieldName, String)>) -> Vec<(FieldName,
     upstream
 }
 
+/// Via on an answer from the cache, the value the miss that stored it had: the
+/// stored `Via` fields (the upstream's), then this hop. An entry does not keep the
+/// upstream's HTTP version: this hop is named `1.1`, the version every upstream
+/// speaks but an HTTP/1.0 one.
+pub fn hit_via(stored: impl IntoIterator<Item = impl AsRef<str>>) -> String {
+    let mut via = String::new();
+    for v in stored {
+        via.push_str(v.as_ref());
+        via.push_str(", ");
+    }
+    via.push_str("1.1 ");
+    via.push_str(PSEUDONYM);
+    via
+}
+
 /// The request's regular fields from an HTTP/1.x head as received (`raw`: request line,
 /// fields, blank line); empty when it cannot be read again (it was parsed once already).
 pub fn fields_of_head(raw: &[u8]) -> Vec<(String, String)> {
@@ -492,6 +507,17 @@ mod tests {
                 ("Content-Security-Policy", "default-src 'self'"),
             ])
         );
+    }
+
+    #[test]
+    fn via_of_a_hit() {
+        for (stored, want) in [
+            (&[][..], "1.1 ktlsd"),
+            (&["1.0 app"][..], "1.0 app, 1.1 ktlsd"),
+            (&["1.0 a", "1.1 b"][..], "1.0 a, 1.1 b, 1.1 ktlsd"),
+        ] {
+            assert_eq!(hit_via(stored), want);
+        }
     }
 
     #[test]
