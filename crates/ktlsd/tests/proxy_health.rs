@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testkit::*;
@@ -108,11 +108,142 @@ fn early_hints_reach_http1_http2_and_http3_clients() {
     assert_eq!(r["interim"], serde_json::json!([103]), "{v}");
     assert_eq!(r["text"], "hinted", "{v}");
     assert!(
-        r["headers"].as_array().into_iter().flatten().any(|h| h[0] == "link" && h[1] == "</app.js>; rel=preload; as=script"),
+        r["headers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|h| h[0] == "link" && h[1] == "</app.js>; rel=preload; as=script"),
         "{v}"
     );
     // Each request was one exchange with the origin.
     assert!(origin.count("/api/hints") >= 6, "{:?}", origin.requests());
+}
+
+/// Waits until `srv`'s stderr has `n` lines holding `needle`; they are returned.
+fn wait_lines(srv: &Server, needle: &str, n: usize, within: Duration) -> Vec<String> {
+    let t = Instant::now();
+    loop {
+        let found: Vec<String> = srv.stderr().lines().filter(|l| l.contains(needle)).map(String::from).collect();
+        if found.len() >= n {
+            return found;
+        }
+        assert!(t.elapsed() < within, "{n} lines with {needle:?} awaited; stderr:\n{}", srv.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `/status.json` row of `upstream`.
+fn status_row(sock: &Path, upstream: &str) -> Value {
+    let (status, body) = admin_get(sock, "/status.json");
+    assert_eq!(status, 200, "{body}");
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    let rows = doc["upstreams"].as_array().cloned().unwrap_or_default();
+    rows.into_iter().find(|r| r["upstream"] == upstream).unwrap_or_else(|| panic!("{upstream} in {body}"))
+}
+
+fn health_config(a: &Origin, b: &Origin, check: &str) -> String {
+    format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}, {:?}]\nfail_timeout = \"1ms\"\n{check}\n",
+        a.url(),
+        b.url()
+    )
+}
+
+#[test]
+fn active_health_checks_take_a_dead_upstream_out_and_bring_it_back() {
+    let (mut a, b) = (Origin::start("a"), Origin::start("b"));
+    let check =
+        "health_check = { path = \"/healthz\", interval = \"200ms\", timeout = \"150ms\", fails = 2, passes = 3 }";
+    let (srv, sock) = server(&health_config(&a, &b, check));
+    let up_a = format!("ktlsd_upstream_up{{upstream=\"{}\"}}", a.url());
+    let check_a = format!("ktlsd_upstream_check_up{{upstream=\"{}\"}}", a.url());
+    let fails_a = format!("ktlsd_upstream_checks_total{{result=\"fail\",upstream=\"{}\"}}", a.url());
+    let passes_a = format!("ktlsd_upstream_checks_total{{result=\"pass\",upstream=\"{}\"}}", a.url());
+
+    // Both are checked: one checker each, however many workers.
+    let t = Instant::now();
+    while a.count("/healthz") < 2 || b.count("/healthz") < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?} {:?}", a.requests(), b.requests());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let row = status_row(&sock, &a.url());
+    assert_eq!((row["state"].as_str(), row["health"].as_str()), (Some("up"), Some("active")), "{row}");
+    assert!(row["last_check"].as_str().unwrap_or_default().starts_with("active: passed"), "{row}");
+    let m = scrape(&sock);
+    assert_eq!((m.get(&check_a), m.get(&up_a)), (Some(&1.0), Some(&1.0)), "{m:?}");
+    let names: Vec<String> = (0..4).map(|_| fetch(&srv.url("/api/name"), &[]).body_str()).collect();
+    assert!(names.iter().any(|n| n == "a") && names.iter().any(|n| n == "b"), "{names:?}");
+
+    // a dies: after 2 failed checks it is down, said once in the log.
+    a.stop();
+    let down = wait_lines(&srv, &format!("upstream {} is down", a.url()), 1, Duration::from_secs(10));
+    assert!(down[0].contains("2 health checks in a row failed (GET /healthz: connect:"), "{}", down[0]);
+    let row = status_row(&sock, &a.url());
+    assert_eq!(row["state"], "down", "{row}");
+    assert!(row["last_check"].as_str().unwrap_or_default().starts_with("active: failed"), "{row}");
+    let m = scrape(&sock);
+    assert_eq!((m.get(&check_a), m.get(&up_a)), (Some(&0.0), Some(&0.0)), "{m:?}");
+    assert!(m.get(&fails_a).copied().unwrap_or(0.0) >= 2.0, "{m:?}");
+    // Every request goes to b, none tries a first (no exchange fails on it).
+    let tried_before = srv.stderr().matches("trying another upstream").count();
+    for _ in 0..10 {
+        let r = fetch(&srv.url("/api/name"), &[]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "b"));
+    }
+    assert_eq!(srv.stderr().matches("trying another upstream").count(), tried_before, "{}", srv.stderr());
+    assert_eq!(wait_lines(&srv, &format!("upstream {} is down", a.url()), 1, Duration::ZERO).len(), 1);
+
+    // a comes back: up after 3 passed checks, in every worker at once.
+    let checks_before = a.count("/healthz");
+    a.restart();
+    let up = wait_lines(&srv, &format!("upstream {} is up again", a.url()), 1, Duration::from_secs(10));
+    assert!(up[0].contains("3 health checks in a row passed"), "{}", up[0]);
+    assert!(a.count("/healthz") >= checks_before + 3, "{:?}", a.requests());
+    let m = scrape(&sock);
+    assert_eq!((m.get(&check_a), m.get(&up_a)), (Some(&1.0), Some(&1.0)), "{m:?}");
+    assert!(m.get(&passes_a).copied().unwrap_or(0.0) >= 5.0, "{m:?}");
+    assert_eq!(status_row(&sock, &a.url())["state"], "up");
+    let names: Vec<String> = (0..4).map(|_| fetch(&srv.url("/api/name"), &[]).body_str()).collect();
+    assert!(names.iter().any(|n| n == "a"), "a is taken back: {names:?}");
+
+    // A reload without health_check stops the checkers; one with it starts them again.
+    std::fs::write(srv.dir().join("ktlsd.toml"), health_config(&a, &b, "")).unwrap();
+    assert!(reload(&srv, 1).contains("reloaded configuration"));
+    wait_lines(&srv, &format!("health checks of upstream {} stopped", a.url()), 1, Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    let quiet = a.count("/healthz");
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(a.count("/healthz"), quiet, "no check after the reload");
+    assert_eq!(status_row(&sock, &a.url())["health"], "passive");
+    std::fs::write(srv.dir().join("ktlsd.toml"), health_config(&a, &b, check)).unwrap();
+    assert!(reload(&srv, 2).contains("reloaded configuration"));
+    let started =
+        wait_lines(&srv, &format!("health checks of upstream {}: GET /healthz", a.url()), 2, Duration::from_secs(5));
+    assert_eq!(started.len(), 2, "started at start-up and after the second reload");
+    let t = Instant::now();
+    while a.count("/healthz") < quiet + 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "checks again after the reload");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A reload that keeps the check keeps its checker (no second start line).
+    assert!(reload(&srv, 3).contains("reloaded configuration"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(srv.stderr().matches(&format!("health checks of upstream {}: GET", a.url())).count(), 2);
+}
+
+#[test]
+fn every_upstream_down_by_its_checks_is_a_503() {
+    let (mut a, mut b) = (Origin::start("a"), Origin::start("b"));
+    let check = "health_check = { path = \"/healthz\", interval = \"100ms\", timeout = \"100ms\" }";
+    let (srv, _) = server(&health_config(&a, &b, check));
+    a.stop();
+    b.stop();
+    wait_lines(&srv, &format!("upstream {} is down", b.url()), 1, Duration::from_secs(10));
+    wait_lines(&srv, &format!("upstream {} is down", a.url()), 1, Duration::from_secs(10));
+    for proto in ["--http1.1", "--http2"] {
+        assert_eq!(fetch(&srv.url("/api/name"), &[proto]).status, 503);
+    }
+    assert!(srv.stderr().contains("every upstream is down by its health checks"), "{}", srv.stderr());
 }
 
 #[test]

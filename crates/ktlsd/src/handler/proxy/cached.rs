@@ -29,12 +29,8 @@ use crate::handler::{Method, Request, Response, Sites};
 /// the `Via` a miss has (the upstream's stored `Via`, then this hop).
 fn from_entry(hit: cache::Hit, req: &Request, status: &CacheStatus) -> Response {
     let mut response = hit.into_response(req, status);
-    let via: Vec<String> = response
-        .headers
-        .iter()
-        .filter(|h| h.name().eq_ignore_ascii_case("via"))
-        .map(ToString::to_string)
-        .collect();
+    let via: Vec<String> =
+        response.headers.iter().filter(|h| h.name().eq_ignore_ascii_case("via")).map(ToString::to_string).collect();
     response.headers.retain(|h| !h.name().eq_ignore_ascii_case("via"));
     response.headers.push(crate::handler::Header::Field("Via".into(), super::headers::hit_via(via)));
     response

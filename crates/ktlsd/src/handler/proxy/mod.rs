@@ -27,6 +27,7 @@ pub mod cached;
 pub mod control;
 pub mod forward;
 pub mod headers;
+pub mod health;
 pub mod metrics;
 pub mod parse;
 pub mod pool;
@@ -97,6 +98,8 @@ pub struct Rule {
     pub tls: Option<TlsClient>,
     /// The path prefix taken off, the field rules, `accel_root`.
     pub control: control::Control,
+    /// Active health checks of its upstreams (`health_check`).
+    pub health_check: Option<health::HealthCheck>,
 }
 
 impl Rule {
@@ -350,13 +353,17 @@ impl<'r> Exchange<'r> {
         self.release();
         loop {
             let Some(i) = pool::pick(self.rule, &self.tried) else {
-                return Err(last.unwrap_or_else(|| match self.rule.upstreams.iter().all(|u| u.shared.drained()) {
-                    true => self.failure(
-                        Status::SERVICE_UNAVAILABLE,
-                        FailureKind::Connect,
-                        "every upstream is drained".into(),
-                    ),
-                    false => self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into()),
+                let ups = &self.rule.upstreams;
+                return Err(last.unwrap_or_else(|| {
+                    if ups.iter().all(|u| u.shared.drained()) {
+                        let why = "every upstream is drained".into();
+                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
+                    } else if ups.iter().all(|u| u.shared.drained() || u.shared.check_down()) {
+                        let why = "every upstream is down by its health checks".into();
+                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
+                    } else {
+                        self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into())
+                    }
                 }));
             };
             self.index = i;

@@ -104,7 +104,10 @@ mod tests {
             body: crate::handler::Body::Empty,
             refused: None,
         };
-        assert_eq!(text(interim_into(Vec::new(), &hints)), "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n");
+        assert_eq!(
+            text(interim_into(Vec::new(), &hints)),
+            "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+        );
         let whole = text(head_and_bytes(&r, Version::Http11, true));
         assert!(whole.ends_with(&format!("{tail}{page}")), "{whole}");
         let head_only = text(head_and_bytes(&r.without_body(), Version::Http11, true));
