@@ -19,9 +19,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 /// ktlsd (one worker, debug log) with `config`, an admin socket `admin.sock` in its directory.
 fn server(config: &str) -> (Server, PathBuf) {
+    server_with(config, &[])
+}
+
+/// [`server`] with more command-line arguments.
+fn server_with(config: &str, args: &[&str]) -> (Server, PathBuf) {
     let b = Server::builder(BIN).workers(Some(1)).file("index.txt", "static file");
     let sock = b.dir().join("admin.sock");
-    let srv = b.config(config).arg("--admin").arg(&sock).arg("--log-level").arg("debug").start();
+    let srv = b.config(config).arg("--admin").arg(&sock).arg("--log-level").arg("debug").args(args).start();
     (srv, sock)
 }
 
@@ -36,7 +41,7 @@ fn curl_verbose(url: &str, proto: &str) -> (String, String) {
 fn early_hints_reach_http1_http2_and_http3_clients() {
     let origin = Origin::start("a");
     let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n", origin.url());
-    let (srv, _) = server(&config);
+    let (srv, _) = server_with(&config, &["--http3"]);
     let url = srv.url("/api/hints");
 
     // curl shows each head it receives, the 103 before the 200; the 102 is not relayed.
