@@ -20,6 +20,9 @@ Paths (the query is ignored unless stated):
   /api/bad-chunk   a chunked body with an invalid chunk size
   /api/long        Content-Length 10, then 100 bytes, then close
   /api/cut-chunked a chunked body that closes in the middle of a chunk
+  /api/hints?delay=S  a 102, a 103 Early Hints with two Link fields, then after S
+                   seconds (0.2) 200 "hinted"
+  /healthz         200, the origin's NAME (a health check's target)
   /api/hold?s=S    200 after S seconds, unless the client closes first; appends
                    "! answered TARGET" or "! closed TARGET" to LOG
 With `cc=1` in the query, the hostile answers above (and /api/big, /api/chunked) say
@@ -215,6 +218,18 @@ def answer(conn, req):
             send(f"HTTP/1.1 200 OK\r\n{head}Content-Length: {len(out) + 100}\r\n\r\n".encode() + out)
             return False
         send(f"HTTP/1.1 {status} X\r\n{head}Content-Length: {len(out)}\r\n\r\n".encode() + (b"" if no_body else out))
+    elif path == "/api/hints":
+        # A 102 (dropped by the proxy), a 103 with two Link fields, then the answer after `delay` s.
+        from urllib.parse import parse_qsl
+        delay = float(dict(parse_qsl(target.split("?", 1)[1] if "?" in target else "")).get("delay", "0.2"))
+        send(b"HTTP/1.1 102 Processing\r\n\r\n")
+        send(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload; as=style\r\n"
+             b"Link: </app.js>; rel=preload; as=script\r\n\r\n")
+        time.sleep(delay)
+        send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\r\n" + (b"" if no_body else b"hinted"))
+    elif path == "/healthz":
+        out = NAME.encode()
+        send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(out) + (b"" if no_body else out))
     elif path == "/api/close-early":
         return False
     elif path == "/api/bad-chunk":

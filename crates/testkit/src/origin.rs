@@ -30,7 +30,30 @@ pub struct Origin {
     pub port: u16,
     log: PathBuf,
     child: Child,
+    name: String,
     _dir: tempfile::TempDir,
+}
+
+/// `origin.py` on `port`, once it says it listens.
+fn spawn(script: &std::path::Path, port: u16, name: &str, log: &std::path::Path) -> Option<Child> {
+    let mut child = Command::new("/usr/bin/python3")
+        .arg(script)
+        .args([&port.to_string(), name])
+        .arg(log)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("/usr/bin/python3 runs the origin");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim() == "ready" {
+        return Some(child);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 impl Origin {
@@ -42,23 +65,25 @@ impl Origin {
         std::fs::write(&script, include_str!("origin.py")).unwrap();
         for _ in 0..5 {
             let port = free_port();
-            let mut child = Command::new("/usr/bin/python3")
-                .arg(&script)
-                .args([&port.to_string(), name])
-                .arg(&log)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("/usr/bin/python3 runs the origin");
-            let mut line = String::new();
-            let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut line);
-            if line.trim() == "ready" {
-                return Origin { port, log, child, _dir: dir };
+            if let Some(child) = spawn(&script, port, name, &log) {
+                return Origin { port, log, child, name: name.to_string(), _dir: dir };
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         panic!("the Python origin did not start");
+    }
+
+    /// Starts it again on its port after [`Origin::stop`] (its log kept).
+    pub fn restart(&mut self) {
+        self.stop();
+        let script = self._dir.path().join("origin.py");
+        for _ in 0..50 {
+            if let Some(child) = spawn(&script, self.port, &self.name, &self.log) {
+                self.child = child;
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("the Python origin did not start again on port {}", self.port);
     }
 
     pub fn url(&self) -> String {

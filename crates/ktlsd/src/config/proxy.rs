@@ -9,8 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tables::FileProxy;
+use super::tables::{FileHealthCheck, FileProxy};
 use crate::handler::proxy::control::{self, Control, FieldRules};
+use crate::handler::proxy::health::HealthCheck;
 use crate::handler::proxy::{Balance, HostMode, Rule, Timeouts, TlsClient, Upstream};
 use crate::log::vars::{Template, When};
 
@@ -94,6 +95,7 @@ fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
         (true, ca) => Some(tls_client(ca.as_deref().unwrap_or(Path::new(system_roots)))?),
     };
     let control = control(b)?;
+    let health_check = b.health_check.as_ref().map(health_check).transpose()?;
     Ok(Rule {
         path,
         upstreams,
@@ -105,7 +107,32 @@ fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
         keepalive,
         tls,
         control,
+        health_check,
     })
+}
+
+/// Most checks in a row `fails` and `passes` take.
+const MAX_RUN: u32 = 100;
+
+/// `health_check = { path, interval, timeout, fails, passes }`: every key has a
+/// default (`/`, 5s, 2s, 1, 1: nginx's and Caddy's counts); the timeout is at most
+/// the interval.
+fn health_check(h: &FileHealthCheck) -> Result<HealthCheck, String> {
+    let path = h.path.clone().unwrap_or_else(|| "/".into());
+    let origin_form = path.starts_with('/') && path.bytes().all(|b| b.is_ascii_graphic());
+    if !origin_form {
+        return Err(format!("health_check.path {path:?}: expected a path such as \"/healthz\" (a query may follow)"));
+    }
+    let interval = duration("health_check.interval", &h.interval, Duration::from_secs(5))?;
+    let timeout = duration("health_check.timeout", &h.timeout, Duration::from_secs(2))?;
+    if timeout > interval {
+        return Err(format!("health_check.timeout ({timeout:?}) is longer than its interval ({interval:?})"));
+    }
+    let count = |key: &str, v: Option<u32>| match v.unwrap_or(1) {
+        n @ 1..=MAX_RUN => Ok(n),
+        n => Err(format!("health_check.{key} {n}: expected 1 to {MAX_RUN} checks in a row")),
+    };
+    Ok(HealthCheck { path, interval, timeout, fails: count("fails", h.fails)?, passes: count("passes", h.passes)? })
 }
 
 /// The keys that change what goes upstream and what comes back: `strip_prefix`,
@@ -256,6 +283,28 @@ keepalive = 0"#)
         assert_eq!(r.fail_timeout, Duration::from_secs(60));
         assert_eq!(r.timeouts.tunnel_idle, Duration::from_secs(30));
         assert!(r.tls.is_none());
+        assert_eq!(r.health_check, None);
+        let r = ok(r#"path = "/h"
+upstream = ["http://127.0.0.1:9000"]
+health_check = { path = "/healthz", interval = "5s", timeout = "2s", fails = 2, passes = 3 }"#)
+        .unwrap();
+        let want = HealthCheck {
+            path: "/healthz".into(),
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+            fails: 2,
+            passes: 3,
+        };
+        assert_eq!(r.health_check, Some(want));
+        let r = ok("path = \"/h\"\nupstream = [\"http://a\"]\nhealth_check = {}").unwrap();
+        let want = HealthCheck {
+            path: "/".into(),
+            interval: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+            fails: 1,
+            passes: 1,
+        };
+        assert_eq!(r.health_check, Some(want));
         let r = ok("path = \"/x\"\nupstream = [\"http://a.internal\"]\nhost = \"api.example\"").unwrap();
         assert_eq!(r.host, HostMode::Fixed("api.example".into()));
         assert_eq!(r.upstreams[0].port, 80);
@@ -263,6 +312,18 @@ keepalive = 0"#)
         for (text, error) in [
             ("upstream = [\"http://a\"]", "path is missing"),
             ("path = \"/a b\"\nupstream = [\"http://a\"]", "expected a path or glob"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nhealth_check = { path = \"healthz\" }", "expected a path"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nhealth_check = { path = \"/a b\" }", "expected a path"),
+            (
+                "path = \"/a\"\nupstream = [\"http://a\"]\nhealth_check = { interval = \"1s\", timeout = \"2s\" }",
+                "longer than its interval",
+            ),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nhealth_check = { fails = 0 }", "health_check.fails 0"),
+            ("path = \"/a\"\nupstream = [\"http://a\"]\nhealth_check = { passes = 101 }", "health_check.passes 101"),
+            (
+                "path = \"/a\"\nupstream = [\"http://a\"]\nhealth_check = { interval = \"soon\" }",
+                "health_check.interval",
+            ),
             ("path = \"/a\"", "upstream is missing"),
             ("path = \"/a\"\nupstream = []", "upstream is missing"),
             ("path = \"/a\"\nupstream = [\"ftp://a\"]", "expected http://HOST[:PORT] or https://"),

@@ -163,7 +163,8 @@ pub fn generate() -> String {
          such as `\"/api\"`, taken off before the request goes upstream), `request_headers` and \
          `response_headers` (`{ set = { NAME = \"VALUE\" }, add = { ... }, remove = [\"NAME\"] }`, values \
          with the access log's `$variables`), `accel_root` (the directory `X-Accel-Redirect` files are served \
-         from, outside the root); with `cache = true`, `cache_key` (a template of `$variables`), \
+         from, outside the root), `health_check` (`{ path = \"/healthz\", interval = \"5s\", timeout = \"2s\", \
+         fails = 2, passes = 2 }`: active checks of each upstream; defaults `/`, 5s, 2s, 1, 1); with `cache = true`, `cache_key` (a template of `$variables`), \
          `cache_bypass` (`{ cookie = [...], header = [...], query = [...] }`) and `cache_valid` \
          (`{ \"200\" = \"10m\", any = \"1m\" }`) ([docs/cache.md](cache.md)).\n",
     );

@@ -112,4 +112,16 @@ pub struct FileProxy {
     pub cache_key: Option<String>,
     pub cache_bypass: Option<toml::Table>,
     pub cache_valid: Option<toml::Table>,
+    pub health_check: Option<FileHealthCheck>,
+}
+
+/// A `[[proxy]]` block's `health_check = { ... }` as written.
+#[derive(Debug, Default, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHealthCheck {
+    pub path: Option<String>,
+    pub interval: Option<toml::Value>,
+    pub timeout: Option<toml::Value>,
+    pub fails: Option<u32>,
+    pub passes: Option<u32>,
 }

@@ -102,6 +102,17 @@ pub trait Downstream {
         source: Option<BorrowedFd<'_>>,
     ) -> Result<(), Self::Error>;
 
+    /// Sends an interim response, a 103 (Early Hints) from the upstream, ahead of the
+    /// final head. A codec that cannot send one (an HTTP/1.0 client, RFC 9110 section
+    /// 15.2) drops it: the default.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: part of the head may have been sent.
+    async fn send_interim(&mut self, head: Response) -> Result<(), Self::Error> {
+        let _ = head;
+        Ok(())
+    }
+
     /// Sends the next body bytes; `end`: they are the last (possibly none).
     async fn send_body(&mut self, piece: &[u8], end: bool) -> Result<(), Self::Error>;
 

@@ -106,6 +106,7 @@ fn proxy_rule(path: &str, url: &str) -> Arc<Rule> {
         keepalive: 0,
         tls: None,
         control: Default::default(),
+        health_check: None,
     })
 }
 

@@ -46,6 +46,7 @@ impl Status {
     pub fn reason(self) -> &'static str {
         match self.0 {
             100 => "Continue",
+            103 => "Early Hints",
             200 => "OK",
             204 => "No Content",
             206 => "Partial Content",

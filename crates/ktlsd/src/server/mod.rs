@@ -123,6 +123,17 @@ impl Shared {
     }
 }
 
+impl Current {
+    /// Starts, keeps or stops the upstreams' active health checks to match this
+    /// configuration (start-up and each reload).
+    pub fn sync_health_checks(&self) {
+        let shared = &self.shared;
+        let contents = std::iter::once(&shared.config.content).chain(shared.sites.iter().map(|s| &s.content));
+        let rules: Vec<_> = contents.flat_map(|c| c.locations.rules().proxy.iter().cloned()).collect();
+        crate::handler::proxy::health::sync(rules.iter().map(|r| &**r));
+    }
+}
+
 /// What the workers serve with now: sent to every worker on reload and on
 /// access-log reopening.
 #[derive(Clone)]

@@ -148,6 +148,7 @@ fn hand_over(current: &tokio::sync::watch::Sender<Current>, r: Reloaded, args: &
         Some(p) => format!("{} and the command line", p.display()),
         None => "the command line".to_string(),
     };
+    r.next.sync_health_checks();
     current.send_replace(r.next);
     tracing::info!(
         "reloaded configuration from {source}: certificate ({}) SHA-256 fingerprint {}, record size {}",

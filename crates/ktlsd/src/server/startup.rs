@@ -47,7 +47,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         true => ListenerSet::default(),
         false => ListenerSet::started(&shared.config.listen, &sockets.https_bound),
     };
-    let running = spawn(sockets, Current { shared, log, listeners, site_logs }, started_at)?;
+    let current = Current { shared, log, listeners, site_logs };
+    current.sync_health_checks();
+    let running = spawn(sockets, current, started_at)?;
     systemd::notify("READY=1");
     RELOADS.loaded(false);
     let digest = crate::config::digest(&args, &running.current.borrow().shared.config.root);

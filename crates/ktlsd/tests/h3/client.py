@@ -8,8 +8,9 @@
         sends N bytes "b" instead).
         Prints {"cert": the server certificate's SHA-256 (colon-separated hex),
         "retried": whether the server sent a Retry, "responses": one object per
-        request: status, headers, len, sha256 and the first 4096 bytes of the body
-        as text (or "reset": code, "error")}.
+        request: status, interim (the statuses of 1xx heads before it), headers (of
+        every head), len, sha256 and the first 4096 bytes of the body as text (or
+        "reset": code, "error")}.
     client.py HOST PORT [--sni NAME] wait-close SECONDS
         GET /, print {"status": ...}, then wait for the server to close the
         connection and print {"closed": error code or null, "reason": ...}.
@@ -146,9 +147,12 @@ class Client(QuicConnectionProtocol):
 
 def summary(res):
     headers = res.get("headers", [])
-    status = next((int(v) for k, v in headers if k == ":status"), None)
+    # Interim (1xx) heads come first, each with its own :status; the last is the final one's.
+    statuses = [int(v) for k, v in headers if k == ":status"]
+    status = statuses[-1] if statuses else None
     body = bytes(res.get("body", b""))
-    out = {"status": status, "headers": [[k, v] for k, v in headers if not k.startswith(":")],
+    out = {"status": status, "interim": statuses[:-1],
+           "headers": [[k, v] for k, v in headers if not k.startswith(":")],
            "len": len(body), "sha256": hashlib.sha256(body).hexdigest(),
            "text": body[:4096].decode("latin-1")}
     for k in ("reset", "error"):

@@ -25,6 +25,17 @@ use super::{headers::Forwarding, parse, Exchange, Failure, Rule, CACHE_STATUS_MI
 use crate::handler::cache::{self, Cache, CacheStatus, EntryWriter, FillGuard, Fwd, Key, Lookup, NotStored};
 use crate::handler::{Method, Request, Response, Sites};
 
+/// The answer to `req` from a stored entry, with `status` as its Cache-Status and
+/// the `Via` a miss has (the upstream's stored `Via`, then this hop).
+fn from_entry(hit: cache::Hit, req: &Request, status: &CacheStatus) -> Response {
+    let mut response = hit.into_response(req, status);
+    let via: Vec<String> =
+        response.headers.iter().filter(|h| h.name().eq_ignore_ascii_case("via")).map(ToString::to_string).collect();
+    response.headers.retain(|h| !h.name().eq_ignore_ascii_case("via"));
+    response.headers.push(crate::handler::Header::Field("Via".into(), super::headers::hit_via(via)));
+    response
+}
+
 /// What to do with a proxied request once the cache was asked.
 #[allow(clippy::large_enum_variant)] // one per request, moved once
 pub enum Plan {
@@ -131,7 +142,7 @@ pub async fn plan(
     match c.lookup(&key, &pending.fields).await {
         Lookup::Hit(hit) => {
             let status = hit.cache_status();
-            Plan::Answer(hit.into_response(req, &status))
+            Plan::Answer(from_entry(hit, req, &status))
         }
         Lookup::Miss(fill) => {
             pending.fill = Some(fill);
@@ -151,7 +162,7 @@ pub async fn plan(
                 );
             }
             let status = CacheStatus { detail: Some("stale-while-revalidate"), ..CacheStatus::hit() };
-            Plan::Answer(stale.hit.into_response(req, &status))
+            Plan::Answer(from_entry(stale.hit, req, &status))
         }
         Lookup::Stale(mut stale) => {
             with_validators(fields, &stale.revalidate);
@@ -181,13 +192,13 @@ impl Pending {
                 let status = CacheStatus { fwd: Some(fwd), fwd_status: Some(304), ..CacheStatus::default() };
                 // Not rewritten (replaced or purged meanwhile): the 304 still validates what was looked up.
                 let hit = refreshed.ok().flatten().unwrap_or(stale.hit);
-                return Next::Answer(hit.into_response(req, &status));
+                return Next::Answer(from_entry(hit, req, &status));
             }
             if matches!(head.status, 500 | 502 | 503 | 504) && stale.on_error(&c, &self.fields) {
                 let detail = Some("stale-if-error");
                 let status =
                     CacheStatus { fwd: Some(fwd), fwd_status: Some(head.status), detail, ..CacheStatus::default() };
-                return Next::Answer(stale.hit.into_response(req, &status));
+                return Next::Answer(from_entry(stale.hit, req, &status));
             }
         }
         let Some(fill) = self.fill.take() else {
@@ -220,7 +231,7 @@ impl Pending {
         }
         tracing::warn!("proxy \"{} {}\": {f}; answered from the stale entry (stale-if-error)", req.method, req.path);
         let status = CacheStatus { fwd: Some(stale.fwd), detail: Some("stale-if-error"), ..CacheStatus::default() };
-        Some(stale.hit.into_response(req, &status))
+        Some(from_entry(stale.hit, req, &status))
     }
 
     /// The Cache-Status of a failed exchange's 502 or 504.

@@ -9,7 +9,10 @@
 //! teed into the cache entry as it passes and committed before the last bytes
 //! leave; one that fits a piece and follows its head at once is read and stored
 //! before its head leaves, which then says `stored` (a larger or slower one's head
-//! cannot know: its `Cache-Status` says only `fwd=miss`). A body that fails after the head is cut
+//! cannot know: its `Cache-Status` says only `fwd=miss`). The upstream's 103 Early
+//! Hints go to the client before the final head ([`Downstream::send_interim`]; the
+//! first [`MAX_HINTS`]); its other interim answers are dropped (a `100 Continue` is
+//! the codec's own to send). A body that fails after the head is cut
 //! ([`Downstream::abort`]) and never stored.
 //!
 //! Not here: how a codec frames what it is handed, and the upstream's wire format
@@ -33,6 +36,10 @@ use crate::vocab::{BodyPath, Spliced};
 /// leaves, so that the head may say `stored`: an upstream that sends its body with
 /// its head is well within it, and a slow one delays the head by no more.
 const STORE_FIRST_WAIT: Duration = Duration::from_millis(200);
+
+/// Most 103 (Early Hints) responses relayed per request; an upstream's further
+/// ones are read and dropped.
+const MAX_HINTS: usize = 4;
 
 /// A request a `[[proxy]]` rule takes, owning all it needs (so that a codec may run
 /// it on a task of its own).
@@ -134,9 +141,25 @@ impl Forward {
                 Err(Upload::Failed(f)) => return refused(f, req, failed_status),
             }
         }
-        let mut head = match up.response().await {
-            Ok(head) => head,
-            Err(f) => return failed(pending, f, req, failed_status),
+        // Early hints (103) go to the client as they come, ahead of the final head.
+        let mut hints = 0;
+        let mut head = loop {
+            match up.next_head().await {
+                Ok(hint) if hint.status == 103 => {
+                    hints += 1;
+                    if hints > MAX_HINTS {
+                        continue;
+                    }
+                    let fields = super::headers::interim_fields(hint.fields);
+                    let headers = fields.into_iter().map(|(n, v)| Header::Field(n, v)).collect();
+                    let interim = Response { status: Status(103), headers, body: Body::Empty, refused: None };
+                    if let Err(e) = d.send_interim(interim).await {
+                        return Outcome::ClientGone(e);
+                    }
+                }
+                Ok(head) => break head,
+                Err(f) => return failed(pending, f, req, failed_status),
+            }
         };
         if head.status == 101 {
             // Only a request that asked for it gets here with a 101 (parse refuses others).

@@ -256,6 +256,41 @@ pub fn response_fields(
     upstream
 }
 
+/// The fields of an upstream's 103 (Early Hints) as the client gets them: the
+/// upstream's hints (`Link` above all) without the hop-by-hop fields, those its
+/// `Connection` names, and what only a final response may carry of this hop's
+/// (length, Server, Date, `X-Accel-Redirect`).
+pub fn interim_fields(mut upstream: Vec<(FieldName, String)>) -> Vec<(FieldName, String)> {
+    let keep: Vec<bool> = {
+        let named = connection_options(upstream.iter().map(|(n, v)| (n.as_ref(), v.as_str())));
+        upstream
+            .iter()
+            .map(|(name, _)| {
+                which(name, &["content-length", "server", "date", "x-accel-redirect"]).is_none()
+                    && !dropped(name, &named)
+            })
+            .collect()
+    };
+    let mut keep = keep.into_iter();
+    upstream.retain(|_| keep.next().unwrap_or(false));
+    upstream
+}
+
+/// Via on an answer from the cache, the value the miss that stored it had: the
+/// stored `Via` fields (the upstream's), then this hop. An entry does not keep the
+/// upstream's HTTP version: this hop is named `1.1`, the version every upstream
+/// speaks but an HTTP/1.0 one.
+pub fn hit_via(stored: impl IntoIterator<Item = impl AsRef<str>>) -> String {
+    let mut via = String::new();
+    for v in stored {
+        via.push_str(v.as_ref());
+        via.push_str(", ");
+    }
+    via.push_str("1.1 ");
+    via.push_str(PSEUDONYM);
+    via
+}
+
 /// The request's regular fields from an HTTP/1.x head as received (`raw`: request line,
 /// fields, blank line); empty when it cannot be read again (it was parsed once already).
 pub fn fields_of_head(raw: &[u8]) -> Vec<(String, String)> {
@@ -448,6 +483,41 @@ mod tests {
                 ("Cache-Status", "ktlsd; fwd=uri-miss"),
             ])
         );
+    }
+
+    #[test]
+    fn early_hints_fields() {
+        let upstream = response_pairs(&[
+            ("Link", "</style.css>; rel=preload; as=style"),
+            ("Link", "</app.js>; rel=preload; as=script"),
+            ("Connection", "X-Hop"),
+            ("X-Hop", "1"),
+            ("Content-Length", "0"),
+            ("Server", "app"),
+            ("Date", "Mon, 01 Jan 2024 00:00:00 GMT"),
+            ("X-Accel-Redirect", "/internal/a"),
+            ("Transfer-Encoding", "chunked"),
+            ("Content-Security-Policy", "default-src 'self'"),
+        ]);
+        assert_eq!(
+            interim_fields(upstream),
+            response_pairs(&[
+                ("Link", "</style.css>; rel=preload; as=style"),
+                ("Link", "</app.js>; rel=preload; as=script"),
+                ("Content-Security-Policy", "default-src 'self'"),
+            ])
+        );
+    }
+
+    #[test]
+    fn via_of_a_hit() {
+        for (stored, want) in [
+            (&[][..], "1.1 ktlsd"),
+            (&["1.0 app"][..], "1.0 app, 1.1 ktlsd"),
+            (&["1.0 a", "1.1 b"][..], "1.0 a, 1.1 b, 1.1 ktlsd"),
+        ] {
+            assert_eq!(hit_via(stored), want);
+        }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The proxy's figures for `/metrics`: requests per upstream, failures by kind,
 //! time to the upstream's response head, each upstream's health as this process last
-//! saw it, body bytes relayed from upstreams by how they moved (copied through user
+//! saw it (passively, and by its active health checks), body bytes relayed from upstreams by how they moved (copied through user
 //! space, or spliced), and the bytes of cache-hit bodies by how they left (sendfile
 //! from the entry, or copied).
 //!
@@ -27,6 +27,10 @@ struct Upstream {
     errors: BTreeMap<&'static str, u64>,
     /// Whether an exchange has been tried with it at all.
     seen: bool,
+    /// Active health checks: `Some(up)` once one ran.
+    checked_up: Option<bool>,
+    /// Active health checks by result: passed, failed.
+    checks: [u64; 2],
 }
 
 #[derive(Default)]
@@ -74,6 +78,25 @@ pub fn failed(upstream: &str, kind: &'static str, down: bool) {
         *u.errors.entry(kind).or_default() += 1;
         if down {
             u.up = false;
+        }
+    });
+}
+
+/// An active health check of `upstream` ended (`passed`); it is now `up`.
+pub fn checked(upstream: &str, passed: bool, up: bool) {
+    with(|f| {
+        let u = f.upstreams.entry(upstream.to_string()).or_default();
+        u.checks[usize::from(!passed)] += 1;
+        u.checked_up = Some(up);
+    });
+}
+
+/// `upstream` is no longer checked actively: its check figures go from `/metrics`.
+pub fn unchecked(upstream: &str) {
+    with(|f| {
+        if let Some(u) = f.upstreams.get_mut(upstream) {
+            u.checked_up = None;
+            u.checks = [0, 0];
         }
     });
 }
@@ -178,10 +201,34 @@ pub fn render(out: &mut String) {
             out,
             "ktlsd_upstream_up",
             "gauge",
-            "1 while an upstream answers, 0 while it is skipped after a failure.",
+            "1 while an upstream answers, 0 while it is skipped after a failure or held down by its health checks.",
         );
         for (name, u) in &f.upstreams {
-            let _ = writeln!(out, "ktlsd_upstream_up{{upstream=\"{}\"}} {}", label(name), u8::from(u.up));
+            let up = (u.up || !u.seen) && u.checked_up != Some(false);
+            let _ = writeln!(out, "ktlsd_upstream_up{{upstream=\"{}\"}} {}", label(name), u8::from(up));
+        }
+        family(
+            out,
+            "ktlsd_upstream_check_up",
+            "gauge",
+            "1 while an upstream's active health checks say up, 0 while they hold it down.",
+        );
+        for (name, u) in &f.upstreams {
+            if let Some(up) = u.checked_up {
+                let _ = writeln!(out, "ktlsd_upstream_check_up{{upstream=\"{}\"}} {}", label(name), u8::from(up));
+            }
+        }
+        family(out, "ktlsd_upstream_checks_total", "counter", "Active health checks of each upstream by result.");
+        for (name, u) in &f.upstreams {
+            if u.checked_up.is_some() {
+                for (result, n) in ["pass", "fail"].into_iter().zip(u.checks) {
+                    let _ = writeln!(
+                        out,
+                        "ktlsd_upstream_checks_total{{upstream=\"{}\",result=\"{result}\"}} {n}",
+                        label(name)
+                    );
+                }
+            }
         }
         family(out, "ktlsd_upstream_errors_total", "counter", "Failed upstream exchanges by kind.");
         for (kind, n) in &f.errors {
@@ -225,6 +272,8 @@ mod tests {
     fn exposition() {
         answered("http://metrics.test:1", Duration::from_millis(3));
         failed("http://metrics.test:2", "connect", true);
+        checked("http://metrics.test:3", false, true);
+        checked("http://metrics.test:3", false, false);
         body_bytes("copy", 10);
         hit_bytes(BodyPath::Sendfile, 7);
         let mut out = String::new();
@@ -233,6 +282,10 @@ mod tests {
             "ktlsd_upstream_requests_total{upstream=\"http://metrics.test:1\"} 1",
             "ktlsd_upstream_up{upstream=\"http://metrics.test:1\"} 1",
             "ktlsd_upstream_up{upstream=\"http://metrics.test:2\"} 0",
+            "ktlsd_upstream_up{upstream=\"http://metrics.test:3\"} 0",
+            "ktlsd_upstream_check_up{upstream=\"http://metrics.test:3\"} 0",
+            "ktlsd_upstream_checks_total{upstream=\"http://metrics.test:3\",result=\"fail\"} 2",
+            "ktlsd_upstream_checks_total{upstream=\"http://metrics.test:3\",result=\"pass\"} 0",
             "ktlsd_upstream_response_seconds_bucket{upstream=\"http://metrics.test:1\",le=\"0.002\"} 0",
             "ktlsd_upstream_response_seconds_bucket{upstream=\"http://metrics.test:1\",le=\"0.005\"} 1",
             "# TYPE ktlsd_cache_hit_bytes_total counter",

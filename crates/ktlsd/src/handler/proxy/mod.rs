@@ -27,6 +27,7 @@ pub mod cached;
 pub mod control;
 pub mod forward;
 pub mod headers;
+pub mod health;
 pub mod metrics;
 pub mod parse;
 pub mod pool;
@@ -97,6 +98,8 @@ pub struct Rule {
     pub tls: Option<TlsClient>,
     /// The path prefix taken off, the field rules, `accel_root`.
     pub control: control::Control,
+    /// Active health checks of its upstreams (`health_check`).
+    pub health_check: Option<health::HealthCheck>,
 }
 
 impl Rule {
@@ -350,13 +353,17 @@ impl<'r> Exchange<'r> {
         self.release();
         loop {
             let Some(i) = pool::pick(self.rule, &self.tried) else {
-                return Err(last.unwrap_or_else(|| match self.rule.upstreams.iter().all(|u| u.shared.drained()) {
-                    true => self.failure(
-                        Status::SERVICE_UNAVAILABLE,
-                        FailureKind::Connect,
-                        "every upstream is drained".into(),
-                    ),
-                    false => self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into()),
+                let ups = &self.rule.upstreams;
+                return Err(last.unwrap_or_else(|| {
+                    if ups.iter().all(|u| u.shared.drained()) {
+                        let why = "every upstream is drained".into();
+                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
+                    } else if ups.iter().all(|u| u.shared.drained() || u.shared.check_down()) {
+                        let why = "every upstream is down by its health checks".into();
+                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
+                    } else {
+                        self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into())
+                    }
                 }));
             };
             self.index = i;
@@ -491,15 +498,30 @@ impl<'r> Exchange<'r> {
         self.write(b"0\r\n\r\n").await.map_err(|e| self.io_failure(e, "sending the request body", FailureKind::Send))
     }
 
-    /// Reads the upstream's response head (interim 1xx responses dropped). An
-    /// idempotent request without a body whose upstream fails before a byte of a response
-    /// is sent to the next upstream.
+    /// Reads the upstream's final response head (interim 1xx responses dropped).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe, as [`Exchange::next_head`].
+    pub async fn response(&mut self) -> Result<parse::Head, Failure> {
+        loop {
+            let head = self.next_head().await?;
+            if head.status != 103 {
+                return Ok(head);
+            }
+        }
+    }
+
+    /// Reads the upstream's next response head: a 103 (Early Hints, its fields for the
+    /// client, more heads to follow) or the final one; other interim 1xx responses
+    /// are dropped. An idempotent request without a body whose upstream fails before
+    /// a byte of a response is sent to the next upstream.
     ///
     /// # Cancel safety
     /// Not cancel-safe: a retry may be half-sent; drop the exchange after a cancel.
-    pub async fn response(&mut self) -> Result<parse::Head, Failure> {
+    pub async fn next_head(&mut self) -> Result<parse::Head, Failure> {
         loop {
             match self.read_head().await {
+                Ok(head) if head.status == 103 => return Ok(head),
                 Ok(head) => {
                     pool::succeeded(&self.upstream().url);
                     metrics::answered(&self.upstream().url, self.sent_at.elapsed());
@@ -534,7 +556,11 @@ impl<'r> Exchange<'r> {
             match parse::head_for(&self.buf, &self.fwd.method, self.fwd.upgrade.is_some()) {
                 Ok(Some((head, used))) => {
                     self.buf.drain(..used);
-                    // Interim answers are dropped; a 101 (asked for) is the final one.
+                    // A 103 goes to the caller (early hints); other interim answers are
+                    // dropped; a 101 (asked for) is the final one.
+                    if head.status == 103 {
+                        return Ok(head);
+                    }
                     if (100..200).contains(&head.status) && head.status != 101 {
                         continue;
                     }

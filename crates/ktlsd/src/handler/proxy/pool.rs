@@ -7,8 +7,9 @@
 //! here. Connections in use and idle ones are counted in the worker's descriptor
 //! ledger ([`crate::fds`]): an idle one is kept only when it has room, the oldest
 //! are given back under pressure ([`release_idle`]), and held descriptors are given
-//! back before a new connection is opened at a full budget. A drained upstream
-//! ([`super::shared`]) is never picked. Not here: connecting or speaking HTTP.
+//! back before a new connection is opened at a full budget. A drained upstream, or
+//! one active health checks hold down ([`super::shared`]), is never picked; one the
+//! checks bring back up is healthy again at once, whatever its passive mark. Not here: connecting or speaking HTTP.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -31,6 +32,9 @@ struct State {
     /// The descriptor ledger's count of the connections in use (one per `active`).
     in_use: Vec<fds::Counted>,
     failed_until: Option<Instant>,
+    /// The upstream's revivals by active checks when it was marked failed: a later
+    /// revival clears the mark.
+    failed_revivals: u64,
     /// What every worker shares of this upstream (its counts of pooled connections).
     shared: Arc<Shared>,
 }
@@ -84,11 +88,13 @@ pub fn pick(rule: &Rule, tried: &[usize]) -> Option<usize> {
             .enumerate()
             .map(|(i, u)| {
                 let s = p.upstreams.get(&u.url);
+                let revived = |s: &State| u.shared.revivals() > s.failed_revivals;
                 Candidate {
-                    healthy: s.and_then(|s| s.failed_until).is_none_or(|t| t <= now),
+                    healthy: s.is_none_or(|s| s.failed_until.is_none_or(|t| t <= now) || revived(s)),
                     active: s.map_or(0, |s| s.active),
-                    // A drained upstream gets no new request: as if already tried.
-                    tried: tried.contains(&i) || u.shared.drained(),
+                    // A drained upstream, or one active checks hold down, gets no new
+                    // request: as if already tried.
+                    tried: tried.contains(&i) || u.shared.drained() || u.shared.check_down(),
                 }
             })
             .collect();
@@ -192,6 +198,7 @@ pub fn finished(key: &str) {
 pub fn failed(key: &str, fail_timeout: Duration) {
     with_state(key, |s| {
         s.failed_until = Some(Instant::now() + fail_timeout);
+        s.failed_revivals = s.shared.revivals();
         s.shared.idle_add(-(s.idle.len() as i64));
         s.idle.clear();
     });

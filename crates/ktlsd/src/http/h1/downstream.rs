@@ -153,6 +153,18 @@ impl<T: Transport> Downstream for Client<'_, T> {
         r
     }
 
+    /// Not to an HTTP/1.0 client, which knows no interim responses (RFC 9110
+    /// section 15.2).
+    async fn send_interim(&mut self, head: Response) -> Result<(), Self::Error> {
+        if self.version != Version::Http11 {
+            return Ok(());
+        }
+        let out = write::interim_into(buffers::take(), &head);
+        let r = self.send(&out).await;
+        buffers::give(out);
+        r
+    }
+
     async fn send_body(&mut self, piece: &[u8], end: bool) -> Result<(), Self::Error> {
         if !self.chunked {
             return match piece.is_empty() {

@@ -13,23 +13,12 @@ pub fn head(response: &Response, version: Version, keep_alive: bool) -> Vec<u8> 
 }
 
 /// [`head`] written in `out`'s memory (a buffer the caller reuses; its bytes are dropped).
-pub fn head_into(mut out: Vec<u8>, response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
-    let status = response.status;
-    out.clear();
-    let mut buf = String::from_utf8(out).unwrap_or_default(); // empty, so always text
-    buf.push_str("HTTP/1.1 ");
-    buf.push_str(itoa::Buffer::new().format(status.0));
-    buf.push(' ');
-    buf.push_str(status.reason());
-    buf.push_str("\r\nServer: ktlsd\r\nDate: ");
+pub fn head_into(out: Vec<u8>, response: &Response, version: Version, keep_alive: bool) -> Vec<u8> {
+    let mut buf = status_line(out, response);
+    buf.push_str("Server: ktlsd\r\nDate: ");
     with_http_date_now(|d| buf.push_str(d));
     buf.push_str("\r\n");
-    for h in &response.headers {
-        buf.push_str(h.name());
-        buf.push_str(": ");
-        h.write_value(&mut buf);
-        buf.push_str("\r\n");
-    }
+    push_fields(&mut buf, response);
     match (keep_alive, version) {
         (false, _) => buf.push_str("Connection: close\r\n"),
         (true, Version::Http10) => buf.push_str("Connection: keep-alive\r\n"),
@@ -47,6 +36,37 @@ pub fn head_and_bytes(response: &Response, version: Version, keep_alive: bool) -
         out.extend_from_slice(b);
     }
     out
+}
+
+/// An interim (1xx) response's head: the status line and its fields, no Server,
+/// Date or Connection (those are the final response's).
+pub fn interim_into(out: Vec<u8>, response: &Response) -> Vec<u8> {
+    let mut buf = status_line(out, response);
+    push_fields(&mut buf, response);
+    buf.push_str("\r\n");
+    buf.into_bytes()
+}
+
+/// `response`'s status line, written in `out`'s memory (its bytes dropped).
+fn status_line(mut out: Vec<u8>, response: &Response) -> String {
+    out.clear();
+    let mut buf = String::from_utf8(out).unwrap_or_default(); // empty, so always text
+    buf.push_str("HTTP/1.1 ");
+    buf.push_str(itoa::Buffer::new().format(response.status.0));
+    buf.push(' ');
+    buf.push_str(response.status.reason());
+    buf.push_str("\r\n");
+    buf
+}
+
+/// `response`'s own fields, one line each.
+fn push_fields(buf: &mut String, response: &Response) {
+    for h in &response.headers {
+        buf.push_str(h.name());
+        buf.push_str(": ");
+        h.write_value(buf);
+        buf.push_str("\r\n");
+    }
 }
 
 /// The interim response that invites the body of an `Expect: 100-continue` request.
@@ -78,6 +98,16 @@ mod tests {
             let h = text(head(&r, v, false));
             assert!(h.ends_with("Location: /d/\r\nConnection: close\r\n\r\n"), "{h}");
         }
+        let hints = Response {
+            status: Status(103),
+            headers: vec![Header::Field("Link".into(), "</a.css>; rel=preload".into())],
+            body: crate::handler::Body::Empty,
+            refused: None,
+        };
+        assert_eq!(
+            text(interim_into(Vec::new(), &hints)),
+            "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+        );
         let whole = text(head_and_bytes(&r, Version::Http11, true));
         assert!(whole.ends_with(&format!("{tail}{page}")), "{whole}");
         let head_only = text(head_and_bytes(&r.without_body(), Version::Http11, true));

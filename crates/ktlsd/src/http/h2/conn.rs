@@ -402,6 +402,61 @@ impl Connection {
         event
     }
 
+    /// Sends an interim (1xx) response on `stream` before its response: a HEADERS
+    /// frame without END_STREAM (RFC 9113 section 8.1). Header names are lowercased
+    /// and connection-specific fields dropped.
+    pub fn interim<N, V>(
+        &mut self,
+        stream: StreamId,
+        status: u16,
+        headers: impl IntoIterator<Item = (N, V)>,
+    ) -> Result<(), RespondError>
+    where
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        self.waiting(stream)?;
+        let block = self.head_block(status.clamp(100, 199), headers);
+        frame::put_headers(&mut self.out, stream.0, &block, false, frame::DEFAULT_MAX_FRAME_SIZE as usize);
+        self.block = block;
+        Ok(())
+    }
+
+    /// The index of `stream`, which has not been answered yet.
+    fn waiting(&self, stream: StreamId) -> Result<usize, RespondError> {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        if !matches!(self.streams[index].send, Send::Waiting) {
+            return Err(RespondError::AlreadyResponded);
+        }
+        Ok(index)
+    }
+
+    /// The HPACK block of a response head (in the connection's reused buffer, to be
+    /// given back to `self.block`): `:status`, then `headers` lowercased, without
+    /// the connection-specific ones.
+    fn head_block<N, V>(&mut self, status: u16, headers: impl IntoIterator<Item = (N, V)>) -> Vec<u8>
+    where
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        let status = status.min(999);
+        let digits = [b'0' + (status / 100) as u8, b'0' + (status / 10 % 10) as u8, b'0' + (status % 10) as u8];
+        let mut block = std::mem::take(&mut self.block);
+        self.encoder.start(&mut block);
+        self.encoder.field(b":status", &digits, &mut block);
+        for (name, value) in headers {
+            request::with_lowercase(name.as_ref(), |name| {
+                if !request::CONNECTION_SPECIFIC.contains(&name) {
+                    self.encoder.field(name, value.as_ref(), &mut block);
+                }
+            });
+        }
+        block
+    }
+
     /// Starts the response on `stream`. Header names are lowercased and
     /// connection-specific fields dropped, as HTTP/2 requires.
     pub fn respond<N, V>(
@@ -415,25 +470,8 @@ impl Connection {
         N: AsRef<[u8]>,
         V: AsRef<[u8]>,
     {
-        if self.phase == Phase::Failed {
-            return Err(RespondError::StreamGone);
-        }
-        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
-        if !matches!(self.streams[index].send, Send::Waiting) {
-            return Err(RespondError::AlreadyResponded);
-        }
-        let status = status.min(999);
-        let digits = [b'0' + (status / 100) as u8, b'0' + (status / 10 % 10) as u8, b'0' + (status % 10) as u8];
-        let mut block = std::mem::take(&mut self.block);
-        self.encoder.start(&mut block);
-        self.encoder.field(b":status", &digits, &mut block);
-        for (name, value) in headers {
-            request::with_lowercase(name.as_ref(), |name| {
-                if !request::CONNECTION_SPECIFIC.contains(&name) {
-                    self.encoder.field(name, value.as_ref(), &mut block);
-                }
-            });
-        }
+        let index = self.waiting(stream)?;
+        let block = self.head_block(status, headers);
         let send = match body {
             BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
             BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },

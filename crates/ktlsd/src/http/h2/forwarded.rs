@@ -2,7 +2,7 @@
 //! (`handler::proxy::Forward::run`) as its own task on the worker's `LocalSet`
 //! ([`start`]), over a [`Feed`], this codec's per-request handle: the request body
 //! comes from the connection's loop by a bounded queue, and what the forward sends
-//! (the head, body pieces, a count of body bytes waiting in the upstream socket, the
+//! (interim 103 heads, the head, body pieces, a count of body bytes waiting in the upstream socket, the
 //! end, a cut) waits in the stream's [`Out`] until the loop takes it
 //! ([`Proxied::step`]) when the task raises the connection's [`Signal`]. Body pieces
 //! are handed to the codec only while less than [`QUEUED`] bytes of the stream wait
@@ -116,9 +116,15 @@ enum Reply {
     Head(Response, Streamed),
 }
 
+/// Interim responses (103 Early Hints) a stream keeps waiting for the loop; more
+/// are dropped.
+const INTERIMS: usize = 4;
+
 /// What a task has for the loop.
 #[derive(Default)]
 struct Out {
+    /// Interim responses not yet sent, ahead of `answer` (at most [`INTERIMS`]).
+    interim: std::collections::VecDeque<Response>,
     answer: Option<Reply>,
     /// Body bytes not yet handed to the codec (at most [`QUEUED`] and a piece).
     body: Vec<u8>,
@@ -142,6 +148,8 @@ struct Out {
 pub(super) enum Step {
     /// Nothing for now.
     Idle,
+    /// An interim response (103) ahead of the answer, for `Connection::interim`.
+    Interim(Response),
     /// Answer the stream; `Some`: its body follows. `bool`: a file body is a cache entry's.
     Respond(Response, Option<Streamed>, bool),
     /// The next body bytes, for `Connection::push`.
@@ -278,6 +286,9 @@ impl Proxied<'_> {
     pub fn step(&mut self, buffered: Option<usize>) -> Step {
         let mut out = self.out.borrow_mut();
         if !self.answered {
+            if let Some(interim) = out.interim.pop_front() {
+                return Step::Interim(interim);
+            }
             let is_head = self.head.method == "HEAD";
             return match out.answer.take() {
                 None => Step::Idle,
@@ -455,6 +466,17 @@ impl Downstream for Feed {
         self.out.borrow_mut().source = source.and_then(|s| s.try_clone_to_owned().ok()).map(Rc::new);
         self.reply(Reply::Head(head, Streamed { len }));
         self.send_body(first, end).await
+    }
+
+    /// Queued for the loop, which sends it as a HEADERS frame of its own.
+    async fn send_interim(&mut self, head: Response) -> Result<(), ()> {
+        let mut out = self.out.borrow_mut();
+        if out.interim.len() < INTERIMS {
+            out.interim.push_back(head);
+        }
+        drop(out);
+        self.signal.raise();
+        Ok(())
     }
 
     async fn send_body(&mut self, piece: &[u8], end: bool) -> Result<(), ()> {

@@ -525,6 +525,13 @@ fn step_proxied<'a, S>(
             h2.consumed(stream, task.credit());
             match task.step(h2.buffered(stream)) {
                 Step::Idle => break,
+                Step::Interim(response) => {
+                    let fields: Vec<(&str, String)> =
+                        response.headers.iter().map(|h| (h.name(), h.to_string())).collect();
+                    if let Err(e) = h2.interim(stream, response.status.0, fields) {
+                        tracing::debug!("stream {} from {}: interim response dropped: {e}", stream.0, ctx.peer);
+                    }
+                }
                 Step::Body(piece) => {
                     let _ = h2.push(stream, &piece);
                 }

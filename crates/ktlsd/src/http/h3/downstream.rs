@@ -59,6 +59,11 @@ impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
         self.send_body(first, end).await
     }
 
+    /// A HEADERS frame of its own ahead of the final one (RFC 9114 section 4.1).
+    async fn send_interim(&mut self, head: Response) -> Result<(), Unsent> {
+        within(self.settings.send_timeout, self.stream.send_response(super::interim_head(&head))).await
+    }
+
     async fn send_body(&mut self, piece: &[u8], end: bool) -> Result<(), Unsent> {
         let limit = self.settings.send_timeout;
         if !piece.is_empty() {

@@ -507,14 +507,22 @@ async fn read_window(cold: &mut ColdReads, body: &FileRange<'_>, offset: u64, n:
 /// The response head: status, Server, Date and the handler's fields (a field the
 /// `http` crate cannot carry is left out and logged).
 fn head(response: &Response) -> http::Response<()> {
-    let mut out = http::Response::new(());
-    *out.status_mut() =
-        http::StatusCode::from_u16(response.status.0).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let mut out = interim_head(response);
     let headers = out.headers_mut();
     headers.insert(http::header::SERVER, http::HeaderValue::from_static("ktlsd"));
     if let Ok(date) = http::HeaderValue::from_str(&http_date_now()) {
         headers.insert(http::header::DATE, date);
     }
+    out
+}
+
+/// `response`'s status and own fields, without Server and Date: an interim (1xx)
+/// response as it is, a final one's start.
+fn interim_head(response: &Response) -> http::Response<()> {
+    let mut out = http::Response::new(());
+    *out.status_mut() =
+        http::StatusCode::from_u16(response.status.0).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = out.headers_mut();
     for h in &response.headers {
         let value = h.to_string();
         match (http::HeaderName::from_bytes(h.name().as_bytes()), http::HeaderValue::from_str(&value)) {

@@ -157,8 +157,12 @@ pub struct UpstreamRow {
     /// Pooled connections over every worker: in use by an exchange, idle.
     pub connections_in_use: u64,
     pub connections_idle: u64,
-    /// How health is known: `passive` (from exchanges); active checks are not built yet.
-    pub last_check: &'static str,
+    /// How health is known: `passive` (from exchanges only) or `active` (its
+    /// `health_check` too).
+    pub health: &'static str,
+    /// `passive`, or the last active check: `active: passed 3s ago (200 in 1 ms)`,
+    /// `active: failed 1s ago (connect: Connection refused ...)`, `active: not yet`.
+    pub last_check: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -494,15 +498,29 @@ pub fn document(state: &State, current: &Current, history: &mut History, since: 
         .collect(),
     };
     let figures = proxy::metrics::upstreams();
+    let now_secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let upstreams = upstreams(current)
         .into_iter()
         .map(|(u, used_by)| {
             let f = figures.get(&u.url).cloned().unwrap_or_default();
             let (in_use, idle) = u.shared.connections();
-            let state = match (u.shared.drained(), f.up || !f.seen) {
+            let check = u.shared.check_view();
+            let checked_down = check.as_ref().is_some_and(|c| c.down);
+            let state = match (u.shared.drained(), (f.up || !f.seen) && !checked_down) {
                 (true, _) => "draining",
                 (false, true) => "up",
                 (false, false) => "down",
+            };
+            let last_check = match &check {
+                None => "passive".to_string(),
+                Some(c) => match &c.last {
+                    None => "active: not yet".to_string(),
+                    Some((at, passed, detail)) => {
+                        let ago = now_secs.saturating_sub(*at);
+                        let verdict = if *passed { "passed" } else { "failed" };
+                        format!("active: {verdict} {ago}s ago ({detail})")
+                    }
+                },
             };
             UpstreamRow {
                 address: u.address(),
@@ -515,7 +533,8 @@ pub fn document(state: &State, current: &Current, history: &mut History, since: 
                 latency_ms: f.latency_ms,
                 connections_in_use: in_use,
                 connections_idle: idle,
-                last_check: "passive",
+                health: if check.is_some() { "active" } else { "passive" },
+                last_check,
             }
         })
         .collect();
