@@ -30,6 +30,7 @@ pub mod headers;
 pub mod metrics;
 pub mod parse;
 pub mod pool;
+pub mod ranged;
 pub mod shared;
 pub mod tunnel;
 pub mod upstream;
