@@ -30,6 +30,14 @@ fn server(up: &ScriptUpstream, dir: &std::path::Path, cache: &str) -> Server {
     origin::ktlsd(BIN, &config, &[])
 }
 
+/// The origin, a cache directory, and ktlsd in front of the origin with `cache` in its `[cache]`.
+fn setup(cache: &str) -> (ScriptUpstream, tempfile::TempDir, Server) {
+    let up = origin();
+    let dir = tempfile::tempdir().unwrap();
+    let srv = server(&up, dir.path(), cache);
+    (up, dir, srv)
+}
+
 /// The origin's object of `n` bytes at version `v` (its formula).
 fn object(v: u64, n: usize) -> Vec<u8> {
     (0..n).map(|i| ((i as u64 % 251 + 7 * v + (i as u64 >> 12)) % 256) as u8).collect()
@@ -69,9 +77,7 @@ fn assert_part(r: &Response, source: &[u8], range: std::ops::Range<usize>, what:
 
 #[test]
 fn a_cold_range_stores_the_object_and_the_next_ranges_are_hits() {
-    let up = origin();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server(&up, dir.path(), "");
+    let (up, _dir, srv) = setup("");
     let n = 1_000_000;
     let source = object(0, n);
     for proto in PROTOCOLS {
@@ -108,9 +114,7 @@ fn a_cold_range_stores_the_object_and_the_next_ranges_are_hits() {
 
 #[test]
 fn a_small_cold_range_is_stored_before_its_answer() {
-    let up = origin();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server(&up, dir.path(), "");
+    let (up, _dir, srv) = setup("");
     let source = object(0, 5000);
     for proto in PROTOCOLS {
         let t = format!("/obj/small{proto}?size=5000");
@@ -126,9 +130,7 @@ fn a_small_cold_range_is_stored_before_its_answer() {
 
 #[test]
 fn the_range_is_answered_before_the_object_has_arrived() {
-    let up = origin();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server(&up, dir.path(), "");
+    let (up, _dir, srv) = setup("");
     // 32 pieces of 64 KiB, 100 ms apart: the whole object takes 3.2 s to arrive.
     let n = 32 * 65536;
     let source = object(0, n);
@@ -149,9 +151,7 @@ fn the_range_is_answered_before_the_object_has_arrived() {
 
 #[test]
 fn concurrent_cold_ranges_make_one_upstream_request() {
-    let up = origin();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server(&up, dir.path(), "");
+    let (up, _dir, srv) = setup("");
     let n = 16 * 65536;
     let source = object(0, n);
     for proto in PROTOCOLS {
@@ -179,9 +179,7 @@ fn concurrent_cold_ranges_make_one_upstream_request() {
 
 #[test]
 fn objects_too_large_or_not_storable_send_their_ranges_upstream() {
-    let up = origin();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server(&up, dir.path(), "max_object_size = \"1M\"");
+    let (up, _dir, srv) = setup("max_object_size = \"1M\"");
     let n = 2 << 20;
     let source = object(0, n);
     for proto in PROTOCOLS {
@@ -208,9 +206,7 @@ fn objects_too_large_or_not_storable_send_their_ranges_upstream() {
 
 #[test]
 fn an_if_range_that_does_not_match_gets_the_whole_object_which_is_stored() {
-    let up = origin();
-    let dir = tempfile::tempdir().unwrap();
-    let srv = server(&up, dir.path(), "");
+    let (up, _dir, srv) = setup("");
     let n = 200_000;
     let source = object(0, n);
     let t = format!("/obj/ifrange?size={n}");

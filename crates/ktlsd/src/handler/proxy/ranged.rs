@@ -97,25 +97,28 @@ impl Window {
 mod tests {
     use super::*;
 
+    /// One piece of a body: its size, the part of it the client gets, and whether
+    /// the range is done after it.
+    type Piece = (usize, (usize, usize), bool);
+
     #[test]
     fn windows_cut_the_range_out_of_the_pieces() {
-        // (range, piece sizes, bytes each piece gives, done after each)
-        let cases: &[(Range<u64>, &[usize], &[Range<usize>], &[bool])] = &[
-            (0..1, &[10], &[0..1], &[true]),
-            (3..7, &[10], &[3..7], &[true]),
-            (3..7, &[2, 2, 2, 2], &[0..0, 1..2, 0..2, 0..1], &[false, false, false, true]),
-            (5..10, &[5, 5], &[0..0, 0..5], &[false, true]),
-            (9..10, &[4, 4, 2], &[0..0, 0..0, 1..2], &[false, false, true]),
-            (0..8, &[4, 0, 4, 4], &[0..4, 0..0, 0..4, 0..0], &[false, false, true, true]),
+        let cases: [(Range<u64>, Vec<Piece>); 6] = [
+            (0..1, vec![(10, (0, 1), true)]),
+            (3..7, vec![(10, (3, 7), true)]),
+            (3..7, vec![(2, (0, 0), false), (2, (1, 2), false), (2, (0, 2), false), (2, (0, 1), true)]),
+            (5..10, vec![(5, (0, 0), false), (5, (0, 5), true)]),
+            (9..10, vec![(4, (0, 0), false), (4, (0, 0), false), (2, (1, 2), true)]),
+            (0..8, vec![(4, (0, 4), false), (0, (0, 0), false), (4, (0, 4), true), (4, (0, 0), true)]),
         ];
-        for (range, sizes, want, done) in cases {
+        for (range, pieces) in cases {
             let mut w = Window::new(range.clone());
             let mut offset = 0u8;
-            for ((&n, want), &d) in sizes.iter().zip(want.iter()).zip(done.iter()) {
+            for (n, (from, to), done) in pieces {
                 let piece: Vec<u8> = (0..n as u8).map(|i| offset + i).collect();
                 offset += n as u8;
-                assert_eq!(w.clip(&piece), &piece[want.clone()], "{range:?} {sizes:?}");
-                assert_eq!(w.done(), d, "{range:?} {sizes:?}");
+                assert_eq!(w.clip(&piece), &piece[from..to], "{range:?} at {offset}");
+                assert_eq!(w.done(), done, "{range:?} at {offset}");
             }
         }
     }
@@ -138,11 +141,10 @@ mod tests {
 
     #[test]
     fn cold_verdicts() {
-        let req = |range: &str, if_range: Option<&str>| {
-            let mut h = Headers::default();
-            h.range = crate::handler::range::RangeSet::parse(range);
-            h.if_range = if_range.map(crate::handler::request::IfRange::parse);
-            h
+        let req = |range: &str, if_range: Option<&str>| Headers {
+            range: crate::handler::range::RangeSet::parse(range),
+            if_range: if_range.map(crate::handler::request::IfRange::parse),
+            ..Headers::default()
         };
         let tagged = [("ETag", "\"v1\"")];
         let n = parse::Framing::Length(100);
