@@ -138,7 +138,7 @@ pub enum IfRange {
 }
 
 impl IfRange {
-    fn parse(value: &str) -> IfRange {
+    pub(crate) fn parse(value: &str) -> IfRange {
         let s = value.trim();
         if s.starts_with('"') || s.starts_with("W/") {
             let mut members = list_members(s);

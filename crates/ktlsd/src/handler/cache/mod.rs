@@ -71,7 +71,7 @@ use tokio::sync::watch;
 
 pub use fill::{EntryWriter, FillGuard, Upstream};
 pub use policy::NotStored;
-pub use serve::{cache_status, CacheStatus, Fwd};
+pub use serve::{cache_status, range_of, CacheStatus, Fwd};
 
 use crate::log::{more, Throttle};
 use crate::stats::prometheus::CacheFigures;
@@ -90,6 +90,13 @@ pub fn release_entry_files(n: usize) -> usize {
 /// goes upstream itself: long enough for a typical upstream answer, short enough
 /// that a stuck upstream costs each waiter little more than its own request would.
 pub const COALESCE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a key whose cold range fill met an object too large or not storable
+/// sends its ranges upstream as they are, before a range fill is tried again.
+pub const DIRECT_FOR: Duration = Duration::from_secs(600);
+
+/// Most keys remembered as [`DIRECT_FOR`]: a few dozen bytes each.
+const DIRECT_KEPT: usize = 4096;
 
 /// Where the cache keeps its entries and how much it may keep (from `[cache]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +181,10 @@ pub struct Cache {
     purges: Mutex<Purges>,
     /// Bytes a fill could not write for want of space, for the eviction to free.
     short_of: AtomicU64,
+    /// Keys whose ranges go upstream as the client sent them: their object was
+    /// larger than `max_object_size`, or its answer was not storable, when a cold
+    /// range fill last asked for it (see [`Cache::ranges_direct`]).
+    direct: Mutex<std::collections::HashMap<Primary, std::time::Instant>>,
     /// Rate limits of the warnings of a full disk and of other write failures.
     disk_full: Throttle,
     write_error: Throttle,
@@ -315,6 +326,7 @@ impl Cache {
             counters: Counters::default(),
             purges: Mutex::new(Purges::default()),
             short_of: AtomicU64::new(0),
+            direct: Mutex::new(Default::default()),
             disk_full: Throttle::new(WARN_EVERY),
             write_error: Throttle::new(WARN_EVERY),
         });
@@ -613,6 +625,7 @@ impl Cache {
     /// A fill of the key that is under way when it is purged stores nothing.
     pub fn purge(&self, key: &Key) -> usize {
         self.purges.lock().unwrap_or_else(|e| e.into_inner()).record(key.primary);
+        self.direct.lock().unwrap_or_else(|e| e.into_inner()).remove(&key.primary);
         let mut paths = self.lock_index().remove_primary(&key.primary);
         for path in self.layout.variants_on_disk(&key.primary) {
             if !paths.contains(&path) {
@@ -640,6 +653,34 @@ impl Cache {
             bytes,
             entries,
         }
+    }
+
+    /// Whether a `Range` request for `key` goes upstream as sent rather than filling
+    /// the whole object: a cold range fill of it met an object above
+    /// `max_object_size`, or an answer that was not storable, less than
+    /// [`DIRECT_FOR`] ago (and it was not purged since).
+    pub fn ranges_direct(&self, key: &Key) -> bool {
+        let direct = self.direct.lock().unwrap_or_else(|e| e.into_inner());
+        direct.get(&key.primary).is_some_and(|at| at.elapsed() < DIRECT_FOR)
+    }
+
+    /// Notes that `key`'s ranges go upstream as sent for [`DIRECT_FOR`]. At most
+    /// [`DIRECT_KEPT`] keys are remembered: past it, the expired ones are dropped,
+    /// then all.
+    pub fn note_ranges_direct(&self, key: &Key) {
+        let mut direct = self.direct.lock().unwrap_or_else(|e| e.into_inner());
+        if direct.len() >= DIRECT_KEPT {
+            direct.retain(|_, at| at.elapsed() < DIRECT_FOR);
+            if direct.len() >= DIRECT_KEPT {
+                direct.clear();
+            }
+        }
+        direct.insert(key.primary, std::time::Instant::now());
+    }
+
+    /// The largest body stored (`max_object_size`), bytes.
+    pub fn max_object_size(&self) -> u64 {
+        self.config.max_object_size
     }
 
     /// The stored size limit (`max_size`), bytes.

@@ -11,7 +11,7 @@ use super::Hit;
 use crate::files::Found;
 use crate::handler::preconditions::{self, Outcome, Validators};
 use crate::handler::range::RangeOutcome;
-use crate::handler::request::EntityTag;
+use crate::handler::request::{EntityTag, Headers};
 use crate::handler::response::{field_name, ContentRange};
 use crate::handler::{Body, Header, Method, Request, Response, Status};
 
@@ -134,19 +134,7 @@ impl Hit {
             }
             return self.with_body(Status(meta.head.status), headers, 0..size, head);
         }
-        let etag = meta.field("etag").and_then(parse_etag);
-        let modified = meta.field("last-modified").and_then(|v| httpdate::parse_http_date(v).ok());
-        let mut conditions = req.headers.clone();
-        if modified.is_none() {
-            // Without Last-Modified the date conditions have nothing to compare (RFC 9110 section 13.1.3, 13.1.4).
-            conditions.if_modified_since = None;
-            conditions.if_unmodified_since = None;
-        }
-        let v = Validators {
-            // No stored ETag: a tag no request can name, so only `*` matches.
-            etag: etag.unwrap_or(EntityTag { weak: false, opaque: String::new() }),
-            modified: modified.unwrap_or(std::time::UNIX_EPOCH),
-        };
+        let (conditions, v) = conditions(&req.headers, meta.field("etag"), meta.field("last-modified"));
         match preconditions::evaluate(&conditions, &v) {
             Outcome::Proceed => {}
             Outcome::NotModified => {
@@ -158,10 +146,7 @@ impl Hit {
                     .with(Header::Field(Cow::Borrowed("cache-status"), cache_status(status)));
             }
         }
-        let range = match conditions.range {
-            Some(spec) if preconditions::range_applies(&conditions, &v) => spec.resolve(size),
-            _ => RangeOutcome::Full,
-        };
+        let range = resolve(&conditions, &v, size);
         headers.push(Header::AcceptRanges);
         match range {
             // Several ranges of a stored body: the whole body instead (RFC 9110 section 14.2
@@ -196,6 +181,41 @@ impl Hit {
         };
         Response { status, headers, body, refused: None }
     }
+}
+
+/// The request's conditions `req` as they apply to a stored (or arriving) 200 with
+/// these ETag and Last-Modified values, and the response's validators.
+fn conditions(req: &Headers, etag: Option<&str>, modified: Option<&str>) -> (Headers, Validators) {
+    let etag = etag.and_then(parse_etag);
+    let modified = modified.and_then(|v| httpdate::parse_http_date(v).ok());
+    let mut conditions = req.clone();
+    if modified.is_none() {
+        // Without Last-Modified the date conditions have nothing to compare (RFC 9110 section 13.1.3, 13.1.4).
+        conditions.if_modified_since = None;
+        conditions.if_unmodified_since = None;
+    }
+    let v = Validators {
+        // No stored ETag: a tag no request can name, so only `*` matches.
+        etag: etag.unwrap_or(EntityTag { weak: false, opaque: String::new() }),
+        modified: modified.unwrap_or(std::time::UNIX_EPOCH),
+    };
+    (conditions, v)
+}
+
+/// What the Range of `conditions` selects of `size` bytes, under its If-Range.
+fn resolve(conditions: &Headers, v: &Validators, size: u64) -> RangeOutcome {
+    match &conditions.range {
+        Some(spec) if preconditions::range_applies(conditions, v) => spec.resolve(size),
+        _ => RangeOutcome::Full,
+    }
+}
+
+/// What the Range of a request with fields `req` selects of a 200 of `size` bytes
+/// with these ETag and Last-Modified values (its If-Range compared with them), as
+/// a hit would answer it: the cold range fill's window.
+pub fn range_of(req: &Headers, etag: Option<&str>, modified: Option<&str>, size: u64) -> RangeOutcome {
+    let (conditions, v) = conditions(req, etag, modified);
+    resolve(&conditions, &v, size)
 }
 
 /// An ETag field value: `"x"` or `W/"x"`.

@@ -58,6 +58,16 @@ pub struct Pending {
     bypass: String,
     /// The rule's `cache_valid` lifetimes.
     valid: super::control::Valid,
+    /// A cold range fill: the request went upstream without its Range.
+    cold: Option<ColdFill>,
+}
+
+/// A `Range` request filled whole (see `super::ranged`).
+struct ColdFill {
+    key: Key,
+    /// The fields as the client's request had them (Range included), to send it
+    /// again when the object is too large to be filled.
+    sent: Vec<(String, String)>,
 }
 
 /// What the upstream's head leads to.
@@ -119,7 +129,8 @@ pub async fn plan(
 ) -> Plan {
     let uncached = |bypass| {
         let valid = Vec::new();
-        Plan::Forward(Pending { cache: None, fill: None, stale: None, fields: HeaderMap::new(), bypass, valid })
+        let (fields, cold) = (HeaderMap::new(), None);
+        Plan::Forward(Pending { cache: None, fill: None, stale: None, fields, bypass, valid, cold })
     };
     let Some((c, key)) = cache else { return uncached(CACHE_STATUS_MISS.to_string()) };
     match req.method {
@@ -132,14 +143,24 @@ pub async fn plan(
     // Not part of the match (the key holds the site): without it the lookup need not copy the map.
     map.remove(http::header::HOST);
     let valid = rule.control.cache_valid.clone();
-    let mut pending =
-        Pending { cache: Some(c.clone()), fill: None, stale: None, fields: map, bypass: String::new(), valid };
+    let mut pending = Pending {
+        cache: Some(c.clone()),
+        fill: None,
+        stale: None,
+        fields: map,
+        bypass: String::new(),
+        valid,
+        cold: None,
+    };
     if rule.control.cache_bypass.applies(fields, req.query.as_deref()) {
         // To the upstream without a lookup; the answer may still be stored.
         pending.fill = Some(c.bypass(&key, &pending.fields));
         return Plan::Forward(pending);
     }
-    match c.lookup(&key, &pending.fields).await {
+    // A Range request that misses fills the whole object (unless it is known to be
+    // too large or not storable): the fields as sent are kept to send it again.
+    let sent = (req.headers.range.is_some() && !c.ranges_direct(&key)).then(|| fields.clone());
+    let plan = match c.lookup(&key, &pending.fields).await {
         Lookup::Hit(hit) => {
             let status = hit.cache_status();
             Plan::Answer(from_entry(hit, req, &status))
@@ -170,10 +191,45 @@ pub async fn plan(
             pending.stale = Some(stale);
             Plan::Forward(pending)
         }
+    };
+    match plan {
+        Plan::Forward(mut p) if p.fill.is_some() => {
+            if let Some(sent) = sent.filter(|_| super::ranged::without_range(fields)) {
+                p.cold = Some(ColdFill { key, sent });
+            }
+            Plan::Forward(p)
+        }
+        other => other,
     }
 }
 
 impl Pending {
+    /// What a cold range fill does with the upstream's `head` (see
+    /// `super::ranged::Cold`); `None` when the request was not filled this way.
+    pub fn cold(&self, head: &parse::Head, req: &Request) -> Option<super::ranged::Cold> {
+        let (c, _) = (self.cache.as_ref()?, self.cold.as_ref()?);
+        Some(super::ranged::Cold::of(head, &req.headers, c.max_object_size()))
+    }
+
+    /// Whether the request goes upstream without its Range, to fill the whole object.
+    pub fn is_cold(&self) -> bool {
+        self.cold.is_some()
+    }
+
+    /// Gives up a cold range fill whose object is too large to be stored: the key's
+    /// ranges go upstream as sent from now on ([`Cache::ranges_direct`]), nothing is
+    /// stored, and the request's fields as sent (Range included) are returned, to
+    /// send it again.
+    pub fn again(&mut self) -> Option<Vec<(String, String)>> {
+        let cold = self.cold.take()?;
+        if let Some(c) = self.cache.take() {
+            c.note_ranges_direct(&cold.key);
+        }
+        (self.fill, self.stale) = (None, None);
+        self.bypass = cache::cache_status(&CacheStatus::fwd(Fwd::Miss));
+        Some(cold.sent)
+    }
+
     /// What the upstream's `head` leads to: a 304 refreshes a stale entry and the
     /// refreshed entry answers `req`; an upstream error lets a stale entry answer
     /// under `stale-if-error`; else the answer passes on, stored when it may be.
@@ -217,6 +273,10 @@ impl Pending {
             }
             Err(why) => {
                 tracing::debug!("proxied \"{}\" not stored: {why:?}", req.path);
+                if let Some(cold) = self.cold.as_ref().filter(|_| head.status == 200) {
+                    // Its next ranges go upstream as sent, not whole again.
+                    c.note_ranges_direct(&cold.key);
+                }
                 Next::Pass(cache::cache_status(&not_stored), None)
             }
         }

@@ -24,10 +24,12 @@ use std::time::{Duration, Instant};
 
 use super::cached::{self, Next, Pending, Plan};
 use super::parse::Framing;
+use super::ranged::{self, Cold};
 use super::upstream::{closed_early, IoFailure};
 use super::{buffers, client_fields, metrics, tunnel, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
 use crate::handler::cache::{Cache, Key};
 use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
+use crate::handler::response::ContentRange;
 use crate::handler::rules::Fields;
 use crate::handler::{Body, Header, Request, Response, Status};
 use crate::vocab::{BodyPath, Spliced};
@@ -120,7 +122,7 @@ impl Forward {
     async fn exchange<D: Downstream>(self, req: &Request, d: &mut D, added: &Added) -> Outcome<D::Error> {
         let Forward { rule, fwd, mut fields, max_body, cache, .. } = self;
         let has_body = fwd.body.is_some();
-        let pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
+        let mut pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
             Plan::Answer(response) => {
                 cached::note_answer(&rule, req, &response);
                 return answer(response, true);
@@ -128,6 +130,8 @@ impl Forward {
             Plan::Forward(pending) => pending,
         };
         let failed_status = pending.failed_status();
+        // A cold range fill may have to ask again with the Range (an object too large).
+        let again = pending.is_cold().then(|| fwd.clone());
         let first = if has_body { d.body_at_hand() } else { Vec::new() };
         let mut up = match Exchange::begin_with_body(&rule, fwd, fields, &first).await {
             Ok(up) => up,
@@ -161,6 +165,23 @@ impl Forward {
                 Err(f) => return failed(pending, f, req, failed_status),
             }
         };
+        let mut cold = pending.cold(&head, req);
+        if let (Some(Cold::Again), Some(fwd)) = (&cold, again) {
+            // Too large to store: asked again with its Range, as without a cache (the
+            // first answer's connection is closed, not pooled).
+            if let Some(sent) = pending.again() {
+                drop(up);
+                up = match Exchange::begin_with_body(&rule, fwd, sent, &[]).await {
+                    Ok(up) => up,
+                    Err(f) => return failed(pending, f, req, failed_status),
+                };
+                head = match up.response().await {
+                    Ok(head) => head,
+                    Err(f) => return failed(pending, f, req, failed_status),
+                };
+            }
+            cold = None;
+        }
         if head.status == 101 {
             // Only a request that asked for it gets here with a 101 (parse refuses others).
             let limits = tunnel::Limits { idle: rule.timeouts.tunnel_idle, read: rule.timeouts.read };
@@ -182,7 +203,7 @@ impl Forward {
             Next::Pass(status, store) => (status, store),
         };
         cached::note(&rule, req, &cache_status);
-        let status = head.status;
+        let mut status = head.status;
         let len = match head.framing {
             Framing::None | Framing::Length(0) => {
                 // No body (HEAD, 204, 304, or an empty one): a whole answer, its entry stored first.
@@ -197,6 +218,20 @@ impl Forward {
             Framing::Length(n) => Some(n),
             Framing::Chunked | Framing::Close => None,
         };
+        // A cold range fill: the client gets its range of the body as it streams past.
+        let mut window = None;
+        match cold {
+            Some(Cold::Window { range, size }) => window = Some((range, size)),
+            Some(Cold::Unsatisfiable { size }) => {
+                // Answered at once; the entry is not stored (the next request fills it).
+                drop(store);
+                let response = Response::page(Status::RANGE_NOT_SATISFIABLE)
+                    .with(Header::ContentRange(ContentRange::Unsatisfied { size }))
+                    .with(Header::Field("Cache-Status".into(), cache_status));
+                return answer(response, false);
+            }
+            _ => {}
+        }
 
         // A body being stored that fits one piece and follows its head at once is
         // read whole first: it is stored before its head leaves, which then says so
@@ -230,6 +265,16 @@ impl Forward {
             }
         }
         let mut fields = client_fields(&mut head, &cache_status);
+        let mut client_len = len;
+        let mut window = window.map(|(range, size)| {
+            fields
+                .retain(|h| !matches!(h, Header::ContentLength(_)) && !h.name().eq_ignore_ascii_case("content-length"));
+            let w = ranged::Window::new(range.clone());
+            fields.push(Header::ContentLength(w.len()));
+            fields.push(Header::ContentRange(ContentRange::Bytes { range, size }));
+            (status, client_len) = (206, Some(w.len()));
+            w
+        });
         added.apply(&mut fields);
         let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
 
@@ -249,19 +294,26 @@ impl Forward {
                 commit(&mut store).await;
             }
         }
-        let mut sent = piece.len() as u64;
+        let first = match window.as_mut() {
+            Some(w) => w.clip(&piece),
+            None => &piece[..],
+        };
+        // The client's answer ends: with the body, or with its range.
+        let mut client_end = end || window.as_ref().is_some_and(ranged::Window::done);
+        let mut sent = first.len() as u64;
         metrics::body_bytes(BodyPath::Copy.label(), sent);
         // The rest by splice when the client and the exchange allow it.
-        let mut splice = !end && store.is_none() && d.can_splice() && up.plain_body_socket().is_some();
+        let mut splice =
+            !end && store.is_none() && window.is_none() && d.can_splice() && up.plain_body_socket().is_some();
         let source = splice.then(|| up.plain_body_socket()).flatten().map(|s| s.as_fd());
-        let head_sent = d.send_head(response, len, &piece, end, source).await;
+        let head_sent = d.send_head(response, client_len, first, client_end, source).await;
         let answered = Instant::now();
         let streamed = |sent, path, end| Outcome::Streamed(Streamed { status, answered, sent, path, end });
         if let Err(e) = head_sent {
             return streamed(0, BodyPath::Copy, StreamEnd::Client(e));
         }
         let mut path = BodyPath::Copy;
-        while !end {
+        while !client_end {
             if let Some((from, left, read_timeout)) = up.splice_source().filter(|_| splice) {
                 splice = false;
                 let (moved, cause) = match d.splice(from, left, read_timeout).await {
@@ -283,7 +335,7 @@ impl Forward {
                 }
                 up.spliced(moved);
                 if up.body_complete() {
-                    end = true;
+                    (end, client_end) = (true, true);
                     if let Err(e) = d.send_body(&[], true).await {
                         return streamed(sent, path, StreamEnd::Client(e));
                     }
@@ -299,17 +351,26 @@ impl Forward {
             if let Some(s) = store.as_mut() {
                 s.write(&piece);
             }
-            metrics::body_bytes(BodyPath::Copy.label(), piece.len() as u64);
             if end {
                 commit(&mut store).await;
             }
-            if piece.is_empty() && !end {
+            let out = match window.as_mut() {
+                Some(w) => w.clip(&piece),
+                None => &piece[..],
+            };
+            client_end = end || window.as_ref().is_some_and(ranged::Window::done);
+            metrics::body_bytes(BodyPath::Copy.label(), out.len() as u64);
+            if out.is_empty() && !client_end {
                 continue;
             }
-            if let Err(e) = d.send_body(&piece, end).await {
+            if let Err(e) = d.send_body(out, client_end).await {
                 return streamed(sent, path, StreamEnd::Client(e));
             }
-            sent += piece.len() as u64;
+            sent += out.len() as u64;
+        }
+        if let Some(s) = store.take().filter(|_| !end) {
+            // The client has its range: the rest of the body is read into the entry.
+            fill_rest(&mut up, s, &mut piece, req).await;
         }
         buffers::give(piece);
         drop(up);
@@ -369,6 +430,36 @@ async fn switch<D: Downstream>(
         r.to_upstream
     );
     streamed(early.len() as u64 + r.to_client, r.path, r.end)
+}
+
+/// Reads the rest of a body being stored once a cold range fill's client has its
+/// range, and commits the entry. A failure abandons the entry (logged): the
+/// client's answer is whole already.
+///
+/// # Cancel safety
+/// Dropped at any await, the entry is abandoned (its temporary file removed) and
+/// the upstream connection closed.
+async fn fill_rest(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut Vec<u8>, req: &Request) {
+    loop {
+        piece.clear();
+        match up.read_body(piece).await {
+            Ok(more) => {
+                store.write(piece);
+                if !more || up.body_complete() {
+                    store.commit().await;
+                    return;
+                }
+            }
+            Err(f) => {
+                tracing::warn!(
+                    "proxy \"{} {}\": {f}; the range was answered, the object is not stored",
+                    req.method,
+                    req.path
+                );
+                return;
+            }
+        }
+    }
 }
 
 /// Commits the entry being stored, once its body is whole and before its head

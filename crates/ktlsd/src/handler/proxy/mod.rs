@@ -31,6 +31,7 @@ pub mod health;
 pub mod metrics;
 pub mod parse;
 pub mod pool;
+pub mod ranged;
 pub mod shared;
 pub mod tunnel;
 pub mod upstream;

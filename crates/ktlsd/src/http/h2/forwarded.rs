@@ -25,7 +25,9 @@
 //! loop and its other streams.
 //!
 //! Dropping a [`Proxied`] (the client reset the stream, or the connection ended)
-//! aborts its task; `Forward::run` says what that leaves behind.
+//! aborts its task, unless the task's answer has ended: then it runs to its end
+//! (a cold range fill stores the rest of the object after the client's range);
+//! `Forward::run` says what either leaves behind.
 //!
 //! Not here: the frames (the codec), what is forwarded and the exchange itself
 //! (`handler::pipeline`, `handler::proxy`).
@@ -163,7 +165,8 @@ pub(super) enum Step {
     Done,
 }
 
-/// A proxied stream as its connection's loop sees it. Dropping it aborts its task.
+/// A proxied stream as its connection's loop sees it. Dropping it aborts its task
+/// while its answer has not ended.
 pub(super) struct Proxied<'a> {
     out: Rc<RefCell<Out>>,
     /// Wakes the task when the loop took body bytes.
@@ -182,7 +185,11 @@ pub(super) struct Proxied<'a> {
 
 impl Drop for Proxied<'_> {
     fn drop(&mut self) {
-        self.task.abort();
+        // A task whose answer has ended sends nothing more; it is left to run to its
+        // end, which may still store the rest of a cold range fill's body in the cache.
+        if !self.out.try_borrow().is_ok_and(|o| o.ended) {
+            self.task.abort();
+        }
     }
 }
 
