@@ -35,16 +35,30 @@ pub struct Origin {
 
 impl Origin {
     pub fn start(name: &str) -> Origin {
+        Origin::launch(name, false)
+    }
+
+    /// As [`Origin::start`], listening on a Unix socket in its own directory
+    /// ([`Origin::unix_url`]).
+    pub fn start_unix(name: &str) -> Origin {
+        Origin::launch(name, true)
+    }
+
+    fn launch(name: &str, unix: bool) -> Origin {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("requests.log");
         std::fs::write(&log, "").unwrap();
         let script = dir.path().join("origin.py");
         std::fs::write(&script, include_str!("origin.py")).unwrap();
         for _ in 0..5 {
-            let port = free_port();
+            let port = if unix { 0 } else { free_port() };
+            let listen = match unix {
+                true => format!("unix:{}", dir.path().join("origin.sock").display()),
+                false => port.to_string(),
+            };
             let mut child = Command::new("/usr/bin/python3")
                 .arg(&script)
-                .args([&port.to_string(), name])
+                .args([&listen, name])
                 .arg(&log)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
@@ -63,6 +77,11 @@ impl Origin {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `unix:/PATH` of an origin started by [`Origin::start_unix`].
+    pub fn unix_url(&self) -> String {
+        format!("unix:{}", self._dir.path().join("origin.sock").display())
     }
 
     /// How many requests for exactly `target` it has read.
