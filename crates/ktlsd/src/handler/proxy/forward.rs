@@ -112,6 +112,9 @@ impl Forward {
     /// gets them here (`added`).
     async fn exchange<D: Downstream>(self, req: &Request, d: &mut D, added: &Added) -> Outcome<D::Error> {
         let Forward { rule, fwd, mut fields, max_body, cache, .. } = self;
+        if fwd.version.starts_with('1') && is_grpc(&fields) {
+            return answer(grpc_refusal(), false);
+        }
         let has_body = fwd.body.is_some();
         let pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
             Plan::Answer(response) => {
@@ -120,6 +123,9 @@ impl Forward {
             }
             Plan::Forward(pending) => pending,
         };
+        if rule.upstreams.first().is_some_and(|u| u.h2) {
+            return super::multiplex::forward(&rule, fwd, fields, max_body, pending, req, d, added).await;
+        }
         let failed_status = pending.failed_status();
         let first = if has_body { d.body_at_hand() } else { Vec::new() };
         let mut up = match Exchange::begin_with_body(&rule, fwd, fields, &first).await {
@@ -348,9 +354,28 @@ async fn switch<D: Downstream>(
     streamed(early.len() as u64 + r.to_client, r.path, r.end)
 }
 
+/// Whether the request is gRPC (`application/grpc`, `application/grpc+proto`,
+/// `application/grpc;...`; not gRPC-Web, which is made for HTTP/1.1).
+fn is_grpc(fields: &[(String, String)]) -> bool {
+    fields.iter().filter(|(n, _)| n.eq_ignore_ascii_case("content-type")).any(|(_, v)| {
+        let v = v.trim().as_bytes();
+        v.len() >= 16
+            && v[..16].eq_ignore_ascii_case(b"application/grpc")
+            && matches!(v.get(16), None | Some(b'+' | b';' | b' '))
+    })
+}
+
+/// The answer to gRPC from an HTTP/1.1 client: 505, as gRPC needs HTTP/2 (its
+/// trailers, its bidirectional streams), which the client should use.
+fn grpc_refusal() -> Response {
+    let body = b"gRPC needs HTTP/2: this request came over HTTP/1.1\n".to_vec();
+    let headers = vec![Header::Field("Content-Type".into(), "text/plain; charset=utf-8".into())];
+    Response { status: Status(505), headers, body: Body::Bytes(body), refused: None }
+}
+
 /// Commits the entry being stored, once its body is whole and before its head
 /// leaves: `cache_status` becomes the store's own (`stored`) when the commit took.
-async fn commit_before_head(store: &mut Option<cached::Store>, cache_status: &mut String) {
+pub(super) async fn commit_before_head(store: &mut Option<cached::Store>, cache_status: &mut String) {
     if let Some(s) = store.take() {
         let stored = s.stored_status().to_string();
         if s.commit().await {
@@ -361,14 +386,14 @@ async fn commit_before_head(store: &mut Option<cached::Store>, cache_status: &mu
 
 /// Commits the entry being stored, once its body is whole (its head is out: the
 /// answer could not say `stored`).
-async fn commit(store: &mut Option<cached::Store>) {
+pub(super) async fn commit(store: &mut Option<cached::Store>) {
     if let Some(s) = store.take() {
         s.commit().await;
     }
 }
 
 /// A whole answer for the codec to send.
-fn answer<E>(response: Response, from_cache: bool) -> Outcome<E> {
+pub(super) fn answer<E>(response: Response, from_cache: bool) -> Outcome<E> {
     Outcome::Answer { answer: Answer::Response(response), from_cache }
 }
 
@@ -382,7 +407,7 @@ fn failed<E>(pending: Pending, f: Failure, req: &Request, cache_status: String) 
 }
 
 /// The failure's answer (502, 504, or what a request body's failure calls for), logged.
-fn refused<E>(f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
+pub(super) fn refused<E>(f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
     let peer = req.client.map_or_else(String::new, |c| c.to_string());
     tracing::warn!("proxy {peer} \"{} {}\": {} {f}", req.method, req.path, f.status.0);
     Outcome::Answer { answer: Answer::Failed(f, cache_status), from_cache: false }
@@ -390,7 +415,7 @@ fn refused<E>(f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
 
 /// Cuts a response whose upstream failed after the head and `sent` body bytes:
 /// logged, the codec told.
-fn cut<D: Downstream>(d: &mut D, req: &Request, f: Failure, sent: u64) -> StreamEnd<D::Error> {
+pub(super) fn cut<D: Downstream>(d: &mut D, req: &Request, f: Failure, sent: u64) -> StreamEnd<D::Error> {
     let peer = req.client.map_or_else(String::new, |c| c.to_string());
     tracing::warn!("proxy {peer} \"{} {}\": {f}; response cut after {sent} body bytes", req.method, req.path);
     d.abort(&f);

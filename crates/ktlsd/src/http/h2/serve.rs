@@ -545,6 +545,14 @@ fn step_proxied<'a, S>(
                         o.log(ctx, conn);
                     }
                 }
+                Step::Trailers(trailers) => {
+                    proxied.remove(&stream);
+                    let fields = trailers.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()));
+                    if h2.trailers(stream, fields).is_err() {
+                        // A body of known length ended by itself: the trailers are dropped.
+                        let _ = h2.finish(stream);
+                    }
+                }
                 Step::Done => {
                     proxied.remove(&stream);
                     // Gone already when the codec is done with it.
