@@ -16,6 +16,9 @@ Measures, each as the ratio ktlsd/nginx beside its goal:
   file, both measured in the same run (`wrk`, utime+stime from /proc);
 - 100 concurrent misses on one fresh key (`curl --parallel`, 100 connections): the requests the
   origin received (ktlsd coalesces; nginx with `proxy_cache_lock on`).
+- gRPC-style HTTP/2 to an HTTP/2 upstream: 1 KiB answers, h2load -c16 -m32 through the proxy
+  (TLS, h2) to nghttpd without TLS (`H2cOrigin`, prior knowledge): ktlsd's `h2c://` upstream
+  against nginx's `grpc_pass grpc://`, req/s and the proxy's CPU per request.
 
 wrk, the proxy and the origin share this machine's cores, so the proxied rate is set by the CPU
 all three spend per request. The scenario therefore also measures wrk's and the origin's CPU per
@@ -44,6 +47,7 @@ from .stats import median, ratio_ci, size_name, versus_table
 from .system import cpu_seconds, log, make_file, proc_counters_flat, sh
 
 ORIGIN_PORT = 18680
+H2C_PORT = 18681
 KTLSD_PORT = 18643
 NGINX_PORT = 18644
 # The slow path's rate: a 10 KiB answer takes about 2.5 s, longer than 100 handshakes here and
@@ -77,6 +81,15 @@ class Origin(peers.Peer):
                 return sum(marker in line for line in f)
         except FileNotFoundError:
             return 0
+
+
+class H2cOrigin(peers.Peer):
+    """The HTTP/2 upstream of the gRPC-style rows: nghttpd without TLS (prior knowledge),
+    2 workers, serving the origin's files."""
+    kind = "h2c-origin"
+
+    def launch(self, root, port, ktls, http2, connections):
+        return ["nghttpd", "--no-tls", "-n", "2", "-d", root, str(port)], {}
 
 
 class NginxProxy(peers.Nginx):
@@ -122,6 +135,9 @@ class NginxProxy(peers.Nginx):
     location /pass/ {{
       {proxy}
     }}
+    location /h2c/ {{
+      grpc_pass grpc://127.0.0.1:{H2C_PORT};
+    }}
   }}""", self.access_log())
 
 
@@ -145,6 +161,10 @@ cache = true
 [[proxy]]
 path = "/pass/**"
 {up}
+
+[[proxy]]
+path = "/h2c/**"
+upstream = ["h2c://127.0.0.1:{H2C_PORT}"]
 
 [cache]
 dir = "{cache}"
@@ -273,11 +293,13 @@ def scenario_proxy(args, work):
         return scenario_proxy_vm(args, work)
     if "nginx" not in peers.PEERS:
         raise RuntimeError("the proxy scenario compares with nginx: keep it in --peers")
-    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT)
+    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT, H2C_PORT)
     root, origin_root = os.path.join(work, "www"), os.path.join(work, "origin")
     for d in ("cache", "pass", "slow"):
         os.makedirs(os.path.join(origin_root, d))
         make_file(os.path.join(origin_root, d, "10k.bin"), 10 * 1024)
+    os.makedirs(os.path.join(origin_root, "h2c"))
+    make_file(os.path.join(origin_root, "h2c", "1k.bin"), 1024)
     os.makedirs(root)
     # The static file: the same bytes as the cached one.
     with open(os.path.join(origin_root, "cache", "10k.bin"), "rb") as f, \
@@ -286,6 +308,7 @@ def scenario_proxy(args, work):
     origin = Origin("origin", origin_root, ORIGIN_PORT, work)
     started = [origin]
     try:
+        started.append(H2cOrigin("h2c-origin", origin_root, H2C_PORT, work))
         ktlsd = Ktlsd("ktlsd", args.ktlsd, root, KTLSD_PORT, work, ["--config", ktlsd_config(work)])
         started.append(ktlsd)
         nginx = NginxProxy("nginx", root, NGINX_PORT, work, http2=True)
@@ -300,9 +323,10 @@ def scenario_proxy(args, work):
 
 def measure(args, ktlsd, nginx, origin):
     d = args.duration
-    plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"),
-            (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2")]
-    paths = {"hit": "cache/10k.bin", "hit-h2": "cache/10k.bin", "pass": "pass/10k.bin", "static": "10k.bin"}
+    plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"), (ktlsd, "h2c"),
+            (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2"), (nginx, "h2c")]
+    paths = {"hit": "cache/10k.bin", "hit-h2": "cache/10k.bin", "pass": "pass/10k.bin", "static": "10k.bin",
+             "h2c": "h2c/1k.bin"}
     res = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     cpu = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     misses = {ktlsd.name: [], nginx.name: []}
@@ -312,7 +336,7 @@ def measure(args, ktlsd, nginx, origin):
     rounds = max(1, args.runs // 3)
     for i in range(rounds):
         for s, m in random.sample(plan, len(plan)):
-            if m == "hit-h2":
+            if m in ("hit-h2", "h2c"):
                 c0 = cpu_seconds(s.pids())
                 secs, done, _ = h2load(["-c16", "-m32", f"-D{d}", f"https://127.0.0.1:{s.port}/{paths[m]}"])
                 rps, us = done / secs, (cpu_seconds(s.pids()) - c0) * 1e6 / done
@@ -339,6 +363,10 @@ def measure(args, ktlsd, nginx, origin):
          {"nginx": median(n["hit-h2"])}, ">= 1.2"),
         (f"10 KiB proxied without cache (keep-alive upstream), wrk -t1 -c64 {d}s, median req/s",
          median(k["pass"]), {"nginx": median(n["pass"])}, ">= 1.2"),
+        (f"1 KiB gRPC-style to an h2c upstream (nghttpd), h2load -c16 -m32 -D{d}, median req/s",
+         median(k["h2c"]), {"nginx": median(n["h2c"])}, ">= 1.2"),
+        ("server CPU us per h2c-proxied request, median", median(cpu["ktlsd"]["h2c"]),
+         {"nginx": median(cpu["nginx"]["h2c"])}, "<= 0.8"),
         ("server CPU us per 10 KiB hit (HTTP/1.1), median", median(cpu["ktlsd"]["hit"]),
          {"nginx": median(cpu["nginx"]["hit"])}, "-"),
         ("server CPU us per 10 KiB proxied request, median", median(cpu["ktlsd"]["pass"]),
