@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 
 use super::cached::{self, Next, Pending, Plan};
 use super::parse::Framing;
+pub use super::replies::Added;
+use super::replies::{answer, commit, commit_before_head, cut, refused};
 use super::upstream::{closed_early, IoFailure};
 use super::{buffers, client_fields, metrics, tunnel, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
 use crate::handler::cache::{Cache, Key};
 use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
-use crate::handler::rules::Fields;
 use crate::handler::{Body, Header, Request, Response, Status};
 use crate::vocab::{BodyPath, Spliced};
 
@@ -43,29 +44,6 @@ pub struct Forward {
     max_body: u64,
     added: Added,
     cache: Option<(Arc<Cache>, Key)>,
-}
-
-/// What the site puts on every answer it forwards from the upstream or the cache
-/// (not on the proxy's own 502 or 504, which are the site's error pages): the
-/// `[[headers]]` fields for the request's path, then Strict-Transport-Security.
-#[derive(Debug, Default)]
-pub struct Added {
-    pub rules: Fields,
-    pub hsts: Option<String>,
-    /// The rule's `response_headers`, when it has some.
-    pub reply: Option<super::control::Reply>,
-}
-
-impl Added {
-    pub(crate) fn apply(&self, headers: &mut Vec<Header>) {
-        self.rules.apply(headers);
-        if let Some(r) = &self.reply {
-            r.apply(headers);
-        }
-        if let Some(v) = &self.hsts {
-            headers.push(Header::StrictTransportSecurity(v.clone()));
-        }
-    }
 }
 
 impl Forward {
@@ -373,30 +351,6 @@ fn grpc_refusal() -> Response {
     Response { status: Status(505), headers, body: Body::Bytes(body), refused: None }
 }
 
-/// Commits the entry being stored, once its body is whole and before its head
-/// leaves: `cache_status` becomes the store's own (`stored`) when the commit took.
-pub(super) async fn commit_before_head(store: &mut Option<cached::Store>, cache_status: &mut String) {
-    if let Some(s) = store.take() {
-        let stored = s.stored_status().to_string();
-        if s.commit().await {
-            *cache_status = stored;
-        }
-    }
-}
-
-/// Commits the entry being stored, once its body is whole (its head is out: the
-/// answer could not say `stored`).
-pub(super) async fn commit(store: &mut Option<cached::Store>) {
-    if let Some(s) = store.take() {
-        s.commit().await;
-    }
-}
-
-/// A whole answer for the codec to send.
-pub(super) fn answer<E>(response: Response, from_cache: bool) -> Outcome<E> {
-    Outcome::Answer { answer: Answer::Response(response), from_cache }
-}
-
 /// The answer to an exchange that failed before a response head: the stale entry
 /// under `stale-if-error`, or the failure.
 fn failed<E>(pending: Pending, f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
@@ -404,22 +358,6 @@ fn failed<E>(pending: Pending, f: Failure, req: &Request, cache_status: String) 
         Some(stale) => answer(stale, true),
         None => refused(f, req, cache_status),
     }
-}
-
-/// The failure's answer (502, 504, or what a request body's failure calls for), logged.
-pub(super) fn refused<E>(f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
-    let peer = req.client.map_or_else(String::new, |c| c.to_string());
-    tracing::warn!("proxy {peer} \"{} {}\": {} {f}", req.method, req.path, f.status.0);
-    Outcome::Answer { answer: Answer::Failed(f, cache_status), from_cache: false }
-}
-
-/// Cuts a response whose upstream failed after the head and `sent` body bytes:
-/// logged, the codec told.
-pub(super) fn cut<D: Downstream>(d: &mut D, req: &Request, f: Failure, sent: u64) -> StreamEnd<D::Error> {
-    let peer = req.client.map_or_else(String::new, |c| c.to_string());
-    tracing::warn!("proxy {peer} \"{} {}\": {f}; response cut after {sent} body bytes", req.method, req.path);
-    d.abort(&f);
-    StreamEnd::Cut(f)
 }
 
 /// Why an upload stopped.

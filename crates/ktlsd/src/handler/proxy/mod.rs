@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod multiplex;
 pub mod parse;
 pub mod pool;
+pub mod replies;
 pub mod shared;
 pub mod tunnel;
 pub mod upstream;

@@ -35,8 +35,8 @@ use h2::client::SendRequest;
 use h2::SendStream;
 
 use super::cached::{self, Next, Pending};
-use super::forward::{answer, commit, commit_before_head, cut, refused, Added};
 use super::parse::{Framing, Head};
+use super::replies::{answer, commit, commit_before_head, cut, refused, Added};
 use super::upstream::{self, IoFailure};
 use super::{client_fields, headers, metrics, pool, Failure, FailureKind, Forwarding, HostMode, Rule, Upstream, PIECE};
 use crate::fds;
@@ -380,7 +380,9 @@ pub(super) async fn forward<D: Downstream>(
     let (index, mut send_stream, response_future, lease, attempt_at) = loop {
         let Some(i) = pool::pick(rule, &tried) else {
             let f = last.take().unwrap_or_else(|| match rule.upstreams.iter().all(|u| u.shared.drained()) {
-                true => fail(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, &url0, "every upstream is drained".into()),
+                true => {
+                    fail(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, &url0, "every upstream is drained".into())
+                }
                 false => fail(Status::BAD_GATEWAY, FailureKind::Connect, &url0, "no upstream left".into()),
             });
             return match pending.on_failure(&f, req) {
@@ -610,7 +612,8 @@ pub(super) async fn forward<D: Downstream>(
                     // A body with trailers is not stored: the stored answer would lack them.
                     false => drop(store.take()),
                 }
-                let r = if trailers.is_empty() { d.send_body(&[], true).await } else { d.send_trailers(trailers).await };
+                let r =
+                    if trailers.is_empty() { d.send_body(&[], true).await } else { d.send_trailers(trailers).await };
                 break match r {
                     Ok(()) => StreamEnd::Complete,
                     Err(e) => StreamEnd::Client(e),

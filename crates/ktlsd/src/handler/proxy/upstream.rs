@@ -190,7 +190,11 @@ impl tokio::io::AsyncRead for Conn {
 }
 
 impl tokio::io::AsyncWrite for Conn {
-    fn poll_write(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
             Conn::Tls(s) => std::pin::Pin::new(s).poll_write(cx, buf),

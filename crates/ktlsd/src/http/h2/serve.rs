@@ -548,9 +548,16 @@ fn step_proxied<'a, S>(
                 Step::Trailers(trailers) => {
                     proxied.remove(&stream);
                     let fields = trailers.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()));
-                    if h2.trailers(stream, fields).is_err() {
+                    match h2.trailers(stream, fields) {
+                        Ok(()) => {
+                            if let Some(o) = open.remove(&stream) {
+                                o.log(ctx, conn);
+                            }
+                        }
                         // A body of known length ended by itself: the trailers are dropped.
-                        let _ = h2.finish(stream);
+                        Err(_) => {
+                            let _ = h2.finish(stream);
+                        }
                     }
                 }
                 Step::Done => {
