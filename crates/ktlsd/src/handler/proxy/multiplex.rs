@@ -337,6 +337,12 @@ impl Uploading<'_> {
         }
     }
 
+    /// The upstream's side failed (`e`): nothing more of the body goes.
+    fn stopped(&mut self, e: &h2::Error, fwd: &Forwarding) {
+        tracing::debug!("proxy {} {}: the request body stopped: {e}", fwd.method, fwd.target);
+        self.up = Upload { to_up: Vec::new(), open: false, ended: true, allowed: 0 };
+    }
+
     fn wants_client(&self) -> bool {
         self.up.open && self.up.to_up.is_empty()
     }
@@ -518,18 +524,10 @@ pub(super) async fn forward<D: Downstream>(
                 uploading.end_if_done();
                 deadline = Instant::now() + read_timeout;
             }
-            Event::Sent(Err(e)) => {
-                // The upstream may have answered already (and reset the rest): its answer comes next.
-                tracing::debug!("proxy {} {}: the request body stopped: {e}", fwd.method, fwd.target);
-                uploading.up = Upload { to_up: Vec::new(), open: false, ended: true, allowed: 0 };
-            }
+            // The upstream may have answered already (and reset the rest): its answer comes next.
+            Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
             Event::Timer => {
-                let f = fail(
-                    Status::GATEWAY_TIMEOUT,
-                    FailureKind::Timeout,
-                    &up.url,
-                    "waiting for the response head: timed out".into(),
-                );
+                let f = timed_out(&up.url, "waiting for the response head");
                 note(&|a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
                 mark_failed(rule, &up.url, &f);
                 return refused(f, req, failed_status);
@@ -632,19 +630,8 @@ pub(super) async fn forward<D: Downstream>(
                 }
             },
             Event::Sent(Ok(_)) => uploading.end_if_done(),
-            Event::Sent(Err(e)) => {
-                tracing::debug!("proxy {} {}: the request body stopped: {e}", fwd.method, fwd.target);
-                uploading.up = Upload { to_up: Vec::new(), open: false, ended: true, allowed: 0 };
-            }
-            Event::Timer => {
-                let f = fail(
-                    Status::GATEWAY_TIMEOUT,
-                    FailureKind::Timeout,
-                    &up.url,
-                    "reading the response body: timed out".into(),
-                );
-                break cut(d, req, f, sent);
-            }
+            Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
+            Event::Timer => break cut(d, req, timed_out(&up.url, "reading the response body"), sent),
         }
     };
     note(&|a| a.response = Some(attempt_at.elapsed()));
@@ -654,6 +641,12 @@ pub(super) async fn forward<D: Downstream>(
     }
     tracing::debug!("proxied \"{} {}\" over HTTP/2: {status} with {sent} body bytes", req.method, req.path);
     streamed(sent, end)
+}
+
+/// The 504 of an upstream silent for the read timeout while `what`.
+fn timed_out(url: &str, what: &str) -> Failure {
+    let detail = format!("{what}: timed out");
+    Failure { status: Status::GATEWAY_TIMEOUT, kind: FailureKind::Timeout, upstream: url.to_string(), detail }
 }
 
 /// The answer to a request body refused (too large, malformed) or a client gone

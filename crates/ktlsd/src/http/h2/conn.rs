@@ -426,13 +426,7 @@ impl Connection {
         let mut block = std::mem::take(&mut self.block);
         self.encoder.start(&mut block);
         self.encoder.field(b":status", &digits, &mut block);
-        for (name, value) in headers {
-            request::with_lowercase(name.as_ref(), |name| {
-                if !request::CONNECTION_SPECIFIC.contains(&name) {
-                    self.encoder.field(name, value.as_ref(), &mut block);
-                }
-            });
-        }
+        self.encode_fields(headers, &mut block);
         let send = match body {
             BodySize::Bytes(data) if !data.is_empty() => Send::Bytes { data, pos: 0 },
             BodySize::File { len } if len > 0 => Send::File { len, offset: 0 },
@@ -578,6 +572,22 @@ impl Connection {
     /// Our side of the stream is done: forget the stream, or hold it for the rest of
     /// its request for `HOLD`, then reset it (RFC 9113 section 8.1 allows
     /// RST_STREAM NO_ERROR then).
+    /// Appends `fields` to a started header block, names lowercased and
+    /// connection-specific fields dropped, as HTTP/2 requires.
+    pub(super) fn encode_fields<N, V>(&mut self, fields: impl IntoIterator<Item = (N, V)>, block: &mut Vec<u8>)
+    where
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        for (name, value) in fields {
+            request::with_lowercase(name.as_ref(), |name| {
+                if !request::CONNECTION_SPECIFIC.contains(&name) {
+                    self.encoder.field(name, value.as_ref(), block);
+                }
+            });
+        }
+    }
+
     fn finish_send(&mut self, index: usize) {
         if let (Recv::Open { .. }, Some(now)) = (&self.streams[index].recv, self.now) {
             let held = &mut self.streams[index].held_until;

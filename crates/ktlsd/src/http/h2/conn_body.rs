@@ -48,15 +48,7 @@ impl Connection {
     /// dropped), once every byte given so far was sent: `AlreadyResponded` while some
     /// wait (try again after they left) or when the body is of known length, which
     /// ends by itself.
-    pub fn trailers<N, V>(
-        &mut self,
-        stream: StreamId,
-        fields: impl IntoIterator<Item = (N, V)>,
-    ) -> Result<(), RespondError>
-    where
-        N: AsRef<[u8]>,
-        V: AsRef<[u8]>,
-    {
+    pub fn trailers(&mut self, stream: StreamId, fields: &[(String, String)]) -> Result<(), RespondError> {
         if self.phase == Phase::Failed {
             return Err(RespondError::StreamGone);
         }
@@ -67,13 +59,7 @@ impl Connection {
         }
         let mut block = std::mem::take(&mut self.block);
         self.encoder.start(&mut block);
-        for (name, value) in fields {
-            crate::http::fields::with_lowercase(name.as_ref(), |name| {
-                if !crate::http::fields::CONNECTION_SPECIFIC.contains(&name) {
-                    self.encoder.field(name, value.as_ref(), &mut block);
-                }
-            });
-        }
+        self.encode_fields(fields.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())), &mut block);
         frame::put_headers(&mut self.out, stream.0, &block, true, frame::DEFAULT_MAX_FRAME_SIZE as usize);
         self.block = block;
         self.streams[index].send = Send::Done;

@@ -547,8 +547,7 @@ fn step_proxied<'a, S>(
                 }
                 Step::Trailers(trailers) => {
                     proxied.remove(&stream);
-                    let fields = trailers.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes()));
-                    match h2.trailers(stream, fields) {
+                    match h2.trailers(stream, &trailers) {
                         Ok(()) => {
                             if let Some(o) = open.remove(&stream) {
                                 o.log(ctx, conn);
