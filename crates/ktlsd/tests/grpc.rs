@@ -108,9 +108,10 @@ fn grpc_calls_pass_through_h2c_and_unix_h2c_upstreams() {
         assert_calls(&v, &srv);
         let stopped = srv.stop();
         assert!(!stopped.stderr.contains("panicked"), "{}", stopped.stderr);
-        // Every call is in the access log, as HTTP/2.
+        // Every call the server answered is in the access log, as HTTP/2 (56: the one
+        // cut by its deadline was reset by the client).
         let calls = stopped.access_log.iter().filter(|l| l.contains("/test.Echo/") && l.contains("HTTP/2.0")).count();
-        assert!(calls >= 57, "{upstream}: {calls} calls logged:\n{}", stopped.access_log.join("\n"));
+        assert!(calls >= 56, "{upstream}: {calls} calls logged:\n{}", stopped.access_log.join("\n"));
     }
 }
 
