@@ -18,7 +18,8 @@ Measures, each as the ratio ktlsd/nginx beside its goal:
   origin received (ktlsd coalesces; nginx with `proxy_cache_lock on`).
 - gRPC-style HTTP/2 to an HTTP/2 upstream: 1 KiB answers, h2load -c16 -m32 through the proxy
   (TLS, h2) to nghttpd without TLS (`H2cOrigin`, prior knowledge): ktlsd's `h2c://` upstream
-  against nginx's `grpc_pass grpc://`, req/s and the proxy's CPU per request.
+  against nginx's `grpc_pass grpc://` (an `upstream` block with `keepalive 32`, so that nginx
+  reuses its upstream connections), req/s and the proxy's CPU per request.
 
 wrk, the proxy and the origin share this machine's cores, so the proxied rate is set by the CPU
 all three spend per request. The scenario therefore also measures wrk's and the origin's CPU per
@@ -111,6 +112,10 @@ class NginxProxy(peers.Nginx):
     server 127.0.0.1:{ORIGIN_PORT};
     keepalive 32;
   }}
+  upstream h2c {{
+    server 127.0.0.1:{H2C_PORT};
+    keepalive 32;
+  }}
   proxy_cache_path {cache} levels=1:2 keys_zone=bench:10m max_size=1g inactive=60m use_temp_path=off;
   server {{
     listen 127.0.0.1:{port} ssl http2 reuseport;
@@ -136,7 +141,7 @@ class NginxProxy(peers.Nginx):
       {proxy}
     }}
     location /h2c/ {{
-      grpc_pass grpc://127.0.0.1:{H2C_PORT};
+      grpc_pass grpc://h2c;
     }}
   }}""", self.access_log())
 

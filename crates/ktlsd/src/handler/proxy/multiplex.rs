@@ -107,8 +107,9 @@ async fn connection(rule: &Rule, up: &Upstream) -> Result<(SendRequest<Bytes>, L
         let mut c = c.borrow_mut();
         let list = c.entry(up.url.clone()).or_default();
         let now = Instant::now();
-        list.retain(|p| !p.gone.get() && !(p.open.get() == 0 && now.duration_since(p.idle_since.get()) >= IDLE_FOR));
-        list.iter().find(|p| p.has_room()).map(|p| lease(p))
+        let idle_too_long = |p: &Pooled| p.open.get() == 0 && now.duration_since(p.idle_since.get()) >= IDLE_FOR;
+        list.retain(|p| !p.gone.get() && !idle_too_long(p));
+        list.iter().find(|p| p.has_room()).map(lease)
     });
     if let Some((send, lease)) = found {
         return Ok((send, lease, false));
