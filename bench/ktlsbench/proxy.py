@@ -21,7 +21,11 @@ Measures, each as the ratio ktlsd/nginx beside its goal:
   to a third upstream, `wsload upstream` (`wsload.c`, built here with cc: a C epoll program, so
   that neither end of the tunnel is the bottleneck): echo round trips per second of a 32-byte
   frame on 64 tunnels (`wsload rt`) with the server's CPU per round trip, and bulk MB/s of 64 KiB
-  frames from the upstream through one tunnel (`wsload bulk`) with the server's CPU per GiB.
+  frames from the upstream through one tunnel (`wsload bulk`) with the server's CPU per GiB;
+- gRPC-style HTTP/2 to an HTTP/2 upstream: 1 KiB answers, h2load -c16 -m32 through the proxy
+  (TLS, h2) to nghttpd without TLS (`H2cOrigin`, prior knowledge): ktlsd's `h2c://` upstream
+  against nginx's `grpc_pass grpc://` (an `upstream` block with `keepalive 32`, so that nginx
+  reuses its upstream connections), req/s and the proxy's CPU per request.
 
 wrk, the proxy and the origin share this machine's cores, so the proxied rate is set by the CPU
 all three spend per request. The scenario therefore also measures wrk's and the origin's CPU per
@@ -54,6 +58,7 @@ WS_PORT = 18681
 # Tunnels of the round-trip measure, and of the bulk one.
 WS_RT_CONNS = 64
 WS_BULK_CONNS = 1
+H2C_PORT = 18682
 KTLSD_PORT = 18643
 NGINX_PORT = 18644
 # The slow path's rate: a 10 KiB answer takes about 2.5 s, longer than 100 handshakes here and
@@ -89,6 +94,15 @@ class Origin(peers.Peer):
             return 0
 
 
+class H2cOrigin(peers.Peer):
+    """The HTTP/2 upstream of the gRPC-style rows: nghttpd without TLS (prior knowledge),
+    2 workers, serving the origin's files."""
+    kind = "h2c-origin"
+
+    def launch(self, root, port, ktls, http2, connections):
+        return ["nghttpd", "--no-tls", "-n", "2", "-d", root, str(port)], {}
+
+
 class NginxProxy(peers.Nginx):
     """nginx as a caching reverse proxy, as its documentation configures one: an `upstream`
     block with `keepalive 32`, `proxy_http_version 1.1` and an empty Connection field;
@@ -106,6 +120,10 @@ class NginxProxy(peers.Nginx):
         return peers.nginx(self, servers.WORKERS, connections, f"""
   upstream origin {{
     server 127.0.0.1:{ORIGIN_PORT};
+    keepalive 32;
+  }}
+  upstream h2c {{
+    server 127.0.0.1:{H2C_PORT};
     keepalive 32;
   }}
   proxy_cache_path {cache} levels=1:2 keys_zone=bench:10m max_size=1g inactive=60m use_temp_path=off;
@@ -139,6 +157,9 @@ class NginxProxy(peers.Nginx):
       proxy_set_header Connection "upgrade";
       proxy_read_timeout 1h;
     }}
+    location /h2c/ {{
+      grpc_pass grpc://h2c;
+    }}
   }}""", self.access_log())
 
 
@@ -166,6 +187,10 @@ path = "/pass/**"
 [[proxy]]
 path = "/ws/**"
 upstream = ["http://127.0.0.1:{WS_PORT}"]
+
+[[proxy]]
+path = "/h2c/**"
+upstream = ["h2c://127.0.0.1:{H2C_PORT}"]
 
 [cache]
 dir = "{cache}"
@@ -324,11 +349,13 @@ def scenario_proxy(args, work):
         return scenario_proxy_vm(args, work)
     if "nginx" not in peers.PEERS:
         raise RuntimeError("the proxy scenario compares with nginx: keep it in --peers")
-    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT, WS_PORT)
+    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT, WS_PORT, H2C_PORT)
     root, origin_root = os.path.join(work, "www"), os.path.join(work, "origin")
     for d in ("cache", "pass", "slow"):
         os.makedirs(os.path.join(origin_root, d))
         make_file(os.path.join(origin_root, d, "10k.bin"), 10 * 1024)
+    os.makedirs(os.path.join(origin_root, "h2c"))
+    make_file(os.path.join(origin_root, "h2c", "1k.bin"), 1024)
     os.makedirs(root)
     # The static file: the same bytes as the cached one.
     with open(os.path.join(origin_root, "cache", "10k.bin"), "rb") as f, \
@@ -339,6 +366,7 @@ def scenario_proxy(args, work):
     try:
         ws = WsLoad(work)
         started.append(ws)
+        started.append(H2cOrigin("h2c-origin", origin_root, H2C_PORT, work))
         ktlsd = Ktlsd("ktlsd", args.ktlsd, root, KTLSD_PORT, work, ["--config", ktlsd_config(work)])
         started.append(ktlsd)
         nginx = NginxProxy("nginx", root, NGINX_PORT, work, http2=True)
@@ -353,10 +381,11 @@ def scenario_proxy(args, work):
 
 def measure(args, ktlsd, nginx, origin, ws):
     d = args.duration
-    plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"), (ktlsd, "ws-rt"),
-            (ktlsd, "ws-bulk"), (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2"), (nginx, "ws-rt"),
+    plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"), (ktlsd, "h2c"), (ktlsd, "ws-rt"),
+            (ktlsd, "ws-bulk"), (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2"), (nginx, "h2c"), (nginx, "ws-rt"),
             (nginx, "ws-bulk")]
-    paths = {"hit": "cache/10k.bin", "hit-h2": "cache/10k.bin", "pass": "pass/10k.bin", "static": "10k.bin"}
+    paths = {"hit": "cache/10k.bin", "hit-h2": "cache/10k.bin", "pass": "pass/10k.bin", "static": "10k.bin",
+             "h2c": "h2c/1k.bin"}
     res = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     cpu = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     misses = {ktlsd.name: [], nginx.name: []}
@@ -373,7 +402,7 @@ def measure(args, ktlsd, nginx, origin, ws):
                 # MB/s, and CPU seconds per GiB.
                 n, secs, c = ws.run(s, "bulk", WS_BULK_CONNS, d)
                 rps, us = n / secs / 1e6, c / (n / (1 << 30))
-            elif m == "hit-h2":
+            elif m in ("hit-h2", "h2c"):
                 c0 = cpu_seconds(s.pids())
                 secs, done, _ = h2load(["-c16", "-m32", f"-D{d}", f"https://127.0.0.1:{s.port}/{paths[m]}"])
                 rps, us = done / secs, (cpu_seconds(s.pids()) - c0) * 1e6 / done
@@ -403,6 +432,10 @@ def measure(args, ktlsd, nginx, origin, ws):
          {"nginx": median(n["hit-h2"])}, ">= 1.2"),
         (f"10 KiB proxied without cache (keep-alive upstream), wrk -t1 -c64 {d}s, median req/s",
          median(k["pass"]), {"nginx": median(n["pass"])}, ">= 1.2"),
+        (f"1 KiB gRPC-style to an h2c upstream (nghttpd), h2load -c16 -m32 -D{d}, median req/s",
+         median(k["h2c"]), {"nginx": median(n["h2c"])}, ">= 1.2"),
+        ("server CPU us per h2c-proxied request, median", median(cpu["ktlsd"]["h2c"]),
+         {"nginx": median(cpu["nginx"]["h2c"])}, "<= 0.8"),
         ("server CPU us per 10 KiB hit (HTTP/1.1), median", median(cpu["ktlsd"]["hit"]),
          {"nginx": median(cpu["nginx"]["hit"])}, "-"),
         ("server CPU us per 10 KiB proxied request, median", median(cpu["ktlsd"]["pass"]),

@@ -472,3 +472,36 @@ fn idle_upstream_connections_closed_by_the_upstream_are_not_used_or_are_retried(
     assert_eq!(accepted.load(SeqCst), 3, "each stale connection replaced by a new one");
     assert!(!srv.stderr().contains("skipped"), "a stale connection does not mark the upstream failed");
 }
+
+/// `upstream = ["unix:/PATH"]`: HTTP/1.1 over a Unix socket, bodies both ways and
+/// in every framing, its connections kept alive and reused as TCP ones are.
+#[test]
+fn an_origin_on_a_unix_socket_is_proxied_and_its_connections_reused() {
+    let origin = Origin::start_unix("unix");
+    let srv = proxy_server_with(&[origin.unix_url()], "", &["--max-body-bytes", "4194304"]);
+    for proto in PROTOCOLS {
+        assert_eq!(fetch(&srv.url("/api/name"), &[proto]).body_str(), "unix", "{proto}");
+        let r = fetch(&srv.url("/api/echo"), &[proto, "--data-binary", "posted body"]);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["body_len"].as_u64(), Some(11), "{proto}: {v}");
+        for path in ["/api/big?n=3000000", "/api/chunked?n=3000000", "/api/close?n=3000000"] {
+            let r = fetch(&srv.url(path), &[proto]);
+            assert_eq!((r.status, r.body.len()), (200, 3_000_000), "{proto} {path}");
+        }
+    }
+    // Requests answered by length or chunks leave their connection to the pool.
+    let conns: std::collections::HashSet<String> = origin
+        .requests()
+        .iter()
+        .filter(|l| !l.contains("/api/close"))
+        .map(|l| l.rsplit(' ').next().unwrap().to_string())
+        .collect();
+    assert!(conns.len() <= 3, "requests over few Unix connections: {:?}", origin.requests());
+    // An upstream socket nobody listens on: 502, as a refused TCP connection.
+    drop(origin);
+    let dead = Origin::start_unix("x");
+    let url = dead.unix_url();
+    drop(dead);
+    let srv2 = proxy_server(&[url], "");
+    assert_eq!(fetch(&srv2.url("/api/name"), &[]).status, 502);
+}

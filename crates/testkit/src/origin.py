@@ -1,6 +1,7 @@
 """A small HTTP/1.1 origin for the proxy tests, whose answers and misbehaviour the
 request path chooses. Usage: origin.py PORT NAME LOG; prints "ready" once listening
-and appends "METHOD TARGET PEER-PORT" to LOG for every request it reads.
+and appends "METHOD TARGET PEER-PORT" to LOG for every request it reads. PORT may be
+unix:/PATH, a Unix socket to listen on (PEER-PORT is then the connection's number).
 
 Paths (the query is ignored unless stated):
   /api/echo        200, JSON of the method, target, fields and body (length, sha256)
@@ -43,7 +44,7 @@ import sys
 import threading
 import time
 
-PORT, NAME, LOG = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+PORT, NAME, LOG = sys.argv[1], sys.argv[2], sys.argv[3]
 LOCK = threading.Lock()
 COUNTS = {}
 
@@ -122,7 +123,7 @@ def hold(conn, secs):
 def answer(conn, req):
     method, target, fields, body = req
     path = target.split("?", 1)[0]
-    log(f"{method} {target} {conn.getpeername()[1]}")
+    log(f"{method} {target} {peer_of(conn)}")
     send = conn.sendall
     no_body = method == "HEAD"
     status = ok(target)
@@ -253,6 +254,15 @@ def answer(conn, req):
     return True
 
 
+def peer_of(conn):
+    """The peer's port, or for a Unix socket the connection's number."""
+    peer = conn.getpeername()
+    return peer[1] if isinstance(peer, tuple) else UNIX_IDS.get(conn.fileno(), 0)
+
+
+UNIX_IDS = {}
+
+
 def serve(conn):
     buf = b""
     try:
@@ -267,13 +277,20 @@ def serve(conn):
 
 
 def main():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", PORT))
+    if PORT.startswith("unix:"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(PORT[len("unix:"):])
+    else:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", int(PORT)))
     s.listen(128)
     print("ready", flush=True)
+    accepted = 0
     while True:
         conn, _ = s.accept()
+        accepted += 1
+        UNIX_IDS[conn.fileno()] = accepted
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 

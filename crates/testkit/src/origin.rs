@@ -30,15 +30,17 @@ pub struct Origin {
     pub port: u16,
     log: PathBuf,
     child: Child,
+    /// The port, or `unix:PATH`, as `origin.py` takes it.
+    listen: String,
     name: String,
     _dir: tempfile::TempDir,
 }
 
-/// `origin.py` on `port`, once it says it listens.
-fn spawn(script: &std::path::Path, port: u16, name: &str, log: &std::path::Path) -> Option<Child> {
+/// `origin.py` on `listen` (a port or `unix:PATH`), once it says it listens.
+fn spawn(script: &std::path::Path, listen: &str, name: &str, log: &std::path::Path) -> Option<Child> {
     let mut child = Command::new("/usr/bin/python3")
         .arg(script)
-        .args([&port.to_string(), name])
+        .args([listen, name])
         .arg(log)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -58,15 +60,29 @@ fn spawn(script: &std::path::Path, port: u16, name: &str, log: &std::path::Path)
 
 impl Origin {
     pub fn start(name: &str) -> Origin {
+        Origin::launch(name, false)
+    }
+
+    /// As [`Origin::start`], listening on a Unix socket in its own directory
+    /// ([`Origin::unix_url`]).
+    pub fn start_unix(name: &str) -> Origin {
+        Origin::launch(name, true)
+    }
+
+    fn launch(name: &str, unix: bool) -> Origin {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("requests.log");
         std::fs::write(&log, "").unwrap();
         let script = dir.path().join("origin.py");
         std::fs::write(&script, include_str!("origin.py")).unwrap();
         for _ in 0..5 {
-            let port = free_port();
-            if let Some(child) = spawn(&script, port, name, &log) {
-                return Origin { port, log, child, name: name.to_string(), _dir: dir };
+            let port = if unix { 0 } else { free_port() };
+            let listen = match unix {
+                true => format!("unix:{}", dir.path().join("origin.sock").display()),
+                false => port.to_string(),
+            };
+            if let Some(child) = spawn(&script, &listen, name, &log) {
+                return Origin { port, listen, log, child, name: name.to_string(), _dir: dir };
             }
         }
         panic!("the Python origin did not start");
@@ -77,7 +93,7 @@ impl Origin {
         self.stop();
         let script = self._dir.path().join("origin.py");
         for _ in 0..50 {
-            if let Some(child) = spawn(&script, self.port, &self.name, &self.log) {
+            if let Some(child) = spawn(&script, &self.listen, &self.name, &self.log) {
                 self.child = child;
                 return;
             }
@@ -88,6 +104,11 @@ impl Origin {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `unix:/PATH` of an origin started by [`Origin::start_unix`].
+    pub fn unix_url(&self) -> String {
+        format!("unix:{}", self._dir.path().join("origin.sock").display())
     }
 
     /// How many requests for exactly `target` it has read.

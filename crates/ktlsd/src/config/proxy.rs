@@ -63,6 +63,11 @@ fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
         return Err("upstream is missing: give a list such as [\"http://127.0.0.1:9000\"]".into());
     }
     let upstreams = urls.iter().map(|u| Upstream::parse(u)).collect::<Result<Vec<_>, _>>()?;
+    if upstreams.iter().any(|u| u.h2) && upstreams.iter().any(|u| !u.h2) {
+        return Err("upstream: HTTP/2 upstreams (h2c://, h2://, unix+h2c:) and HTTP/1.1 ones cannot share a \
+                    [[proxy]] block; give each kind its own block"
+            .into());
+    }
     let host = match b.host.as_deref() {
         None | Some("preserve") => HostMode::Preserve,
         Some("upstream") => HostMode::Upstream,
@@ -90,7 +95,7 @@ fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
         return Err(format!("keepalive {keepalive}: expected at most {MAX_KEEPALIVE} idle connections"));
     }
     let tls = match (upstreams.iter().any(|u| u.tls), &b.upstream_ca) {
-        (false, Some(_)) => return Err("upstream_ca is set but no upstream is https://".into()),
+        (false, Some(_)) => return Err("upstream_ca is set but no upstream is https:// or h2://".into()),
         (false, None) => None,
         (true, ca) => Some(tls_client(ca.as_deref().unwrap_or(Path::new(system_roots)))?),
     };
@@ -231,7 +236,9 @@ fn tls_client(ca: &Path) -> Result<TlsClient, String> {
         .map_err(|e| format!("TLS to upstreams: {e}"))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-    Ok(TlsClient { ca: ca.to_path_buf(), config: Arc::new(config) })
+    let mut h2 = config.clone();
+    h2.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsClient { ca: ca.to_path_buf(), config: Arc::new(config), h2: Arc::new(h2) })
 }
 
 #[cfg(test)]
@@ -326,7 +333,7 @@ health_check = { path = "/healthz", interval = "5s", timeout = "2s", fails = 2, 
             ),
             ("path = \"/a\"", "upstream is missing"),
             ("path = \"/a\"\nupstream = []", "upstream is missing"),
-            ("path = \"/a\"\nupstream = [\"ftp://a\"]", "expected http://HOST[:PORT] or https://"),
+            ("path = \"/a\"\nupstream = [\"ftp://a\"]", "expected http://HOST[:PORT], https://"),
             ("path = \"/a\"\nupstream = [\"http://a/base\"]", "no path"),
             ("path = \"/a\"\nupstream = [\"http://a:99999\"]", "port"),
             ("path = \"/a\"\nupstream = [\"http://u@a\"]", "expected http://HOST[:PORT]"),
@@ -347,6 +354,9 @@ health_check = { path = "/healthz", interval = "5s", timeout = "2s", fails = 2, 
                 "no usable certificate",
             ),
             ("path = \"/[\"\nupstream = [\"http://a\"]", "is not a glob"),
+            ("path = \"/a\"\nupstream = [\"http://a\", \"h2c://b\"]", "cannot share"),
+            ("path = \"/a\"\nupstream = [\"unix:relative.sock\"]", "absolute socket path"),
+            ("path = \"/a\"\nupstream = [\"h2c://a\"]\nupstream_ca = \"/x.pem\"", "no upstream is https://"),
         ] {
             let e = ok(text).err().unwrap_or_else(|| panic!("{text:?} was accepted"));
             assert!(e.contains(error), "{text:?}: {e}");

@@ -155,7 +155,7 @@ pub fn generate() -> String {
     out.push_str(
         "\n### `[[proxy]]`\n\nA reverse-proxy rule, at the top level or in a `[[site]]`; the first whose \
          `path` matches forwards the request ([docs/proxy.md](proxy.md)). Keys: `path` (a glob, required), \
-         `upstream` (`http://` or `https://` URLs, required), `cache` (false), `host` (`\"preserve\"`, \
+         `upstream` (`http://`, `https://`, `h2c://`, `h2://` URLs or `unix:/PATH`, `unix+h2c:/PATH`, required), `cache` (false), `host` (`\"preserve\"`, \
          `\"upstream\"` or a host), `balance` (`\"round-robin\"` or `\"least-connections\"`), \
          `connect_timeout` (5s), `read_timeout` (60s), `send_timeout` (60s), `tunnel_idle_timeout` (5m: a \
          WebSocket that moves no byte either way for that long is closed), `fail_timeout` (10s), \

@@ -85,6 +85,22 @@ pub trait Downstream {
     /// is complete (`into` may hold its last bytes).
     async fn read_body(&mut self, into: &mut Vec<u8>) -> Result<bool, BodyError<Self::Error>>;
 
+    /// Whether [`Downstream::read_body`] is cancel-safe and may wait while the
+    /// response streams (an HTTP/2 upstream's bidirectional call, gRPC's): the codec
+    /// reads the request body apart from writing the response. HTTP/1.1's cannot:
+    /// its request body is read whole before the answer.
+    fn duplex(&self) -> bool {
+        false
+    }
+
+    /// Ends the response body with `trailers` (an HTTP/2 upstream's, gRPC's
+    /// `grpc-status`), the end of the stream. A codec that cannot send trailers
+    /// (HTTP/1.1 here) ends the body without them.
+    async fn send_trailers(&mut self, trailers: Vec<(String, String)>) -> Result<(), Self::Error> {
+        let _ = trailers;
+        self.send_body(&[], true).await
+    }
+
     /// Whether a body may be spliced to this client from an upstream's socket.
     fn can_splice(&self) -> bool {
         false

@@ -25,12 +25,13 @@ use std::time::{Duration, Instant};
 use super::cached::{self, Next, Pending, Plan};
 use super::parse::Framing;
 use super::ranged::{self, Cold};
+pub use super::replies::Added;
+use super::replies::{answer, commit, commit_before_head, cut, refused};
 use super::upstream::{closed_early, IoFailure};
 use super::{buffers, client_fields, metrics, tunnel, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
 use crate::handler::cache::{Cache, Key};
 use crate::handler::downstream::{Answer, BodyError, Downstream, Outcome, StreamEnd, Streamed};
 use crate::handler::response::ContentRange;
-use crate::handler::rules::Fields;
 use crate::handler::{Body, Header, Request, Response, Status};
 use crate::vocab::{BodyPath, Spliced};
 
@@ -52,29 +53,6 @@ pub struct Forward {
     max_body: u64,
     added: Added,
     cache: Option<(Arc<Cache>, Key)>,
-}
-
-/// What the site puts on every answer it forwards from the upstream or the cache
-/// (not on the proxy's own 502 or 504, which are the site's error pages): the
-/// `[[headers]]` fields for the request's path, then Strict-Transport-Security.
-#[derive(Debug, Default)]
-pub struct Added {
-    pub rules: Fields,
-    pub hsts: Option<String>,
-    /// The rule's `response_headers`, when it has some.
-    pub reply: Option<super::control::Reply>,
-}
-
-impl Added {
-    pub(crate) fn apply(&self, headers: &mut Vec<Header>) {
-        self.rules.apply(headers);
-        if let Some(r) = &self.reply {
-            r.apply(headers);
-        }
-        if let Some(v) = &self.hsts {
-            headers.push(Header::StrictTransportSecurity(v.clone()));
-        }
-    }
 }
 
 impl Forward {
@@ -121,6 +99,9 @@ impl Forward {
     /// gets them here (`added`).
     async fn exchange<D: Downstream>(self, req: &Request, d: &mut D, added: &Added) -> Outcome<D::Error> {
         let Forward { rule, fwd, mut fields, max_body, cache, .. } = self;
+        if fwd.version.starts_with('1') && is_grpc(&fields) {
+            return answer(grpc_refusal(), false);
+        }
         let has_body = fwd.body.is_some();
         let mut pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
             Plan::Answer(response) => {
@@ -129,6 +110,9 @@ impl Forward {
             }
             Plan::Forward(pending) => pending,
         };
+        if rule.upstreams.first().is_some_and(|u| u.h2) {
+            return super::multiplex::forward(&rule, fwd, fields, max_body, pending, req, d, added).await;
+        }
         let failed_status = pending.failed_status();
         // A cold range fill may have to ask again with the Range (an object too large).
         let again = pending.is_cold().then(|| fwd.clone());
@@ -462,28 +446,23 @@ async fn fill_rest(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut 
     }
 }
 
-/// Commits the entry being stored, once its body is whole and before its head
-/// leaves: `cache_status` becomes the store's own (`stored`) when the commit took.
-async fn commit_before_head(store: &mut Option<cached::Store>, cache_status: &mut String) {
-    if let Some(s) = store.take() {
-        let stored = s.stored_status().to_string();
-        if s.commit().await {
-            *cache_status = stored;
-        }
-    }
+/// Whether the request is gRPC (`application/grpc`, `application/grpc+proto`,
+/// `application/grpc;...`; not gRPC-Web, which is made for HTTP/1.1).
+fn is_grpc(fields: &[(String, String)]) -> bool {
+    fields.iter().filter(|(n, _)| n.eq_ignore_ascii_case("content-type")).any(|(_, v)| {
+        let v = v.trim().as_bytes();
+        v.len() >= 16
+            && v[..16].eq_ignore_ascii_case(b"application/grpc")
+            && matches!(v.get(16), None | Some(b'+' | b';' | b' '))
+    })
 }
 
-/// Commits the entry being stored, once its body is whole (its head is out: the
-/// answer could not say `stored`).
-async fn commit(store: &mut Option<cached::Store>) {
-    if let Some(s) = store.take() {
-        s.commit().await;
-    }
-}
-
-/// A whole answer for the codec to send.
-fn answer<E>(response: Response, from_cache: bool) -> Outcome<E> {
-    Outcome::Answer { answer: Answer::Response(response), from_cache }
+/// The answer to gRPC from an HTTP/1.1 client: 505, as gRPC needs HTTP/2 (its
+/// trailers, its bidirectional streams), which the client should use.
+fn grpc_refusal() -> Response {
+    let body = b"gRPC needs HTTP/2: this request came over HTTP/1.1\n".to_vec();
+    let headers = vec![Header::Field("Content-Type".into(), "text/plain; charset=utf-8".into())];
+    Response { status: Status(505), headers, body: Body::Bytes(body), refused: None }
 }
 
 /// The answer to an exchange that failed before a response head: the stale entry
@@ -493,22 +472,6 @@ fn failed<E>(pending: Pending, f: Failure, req: &Request, cache_status: String) 
         Some(stale) => answer(stale, true),
         None => refused(f, req, cache_status),
     }
-}
-
-/// The failure's answer (502, 504, or what a request body's failure calls for), logged.
-fn refused<E>(f: Failure, req: &Request, cache_status: String) -> Outcome<E> {
-    let peer = req.client.map_or_else(String::new, |c| c.to_string());
-    tracing::warn!("proxy {peer} \"{} {}\": {} {f}", req.method, req.path, f.status.0);
-    Outcome::Answer { answer: Answer::Failed(f, cache_status), from_cache: false }
-}
-
-/// Cuts a response whose upstream failed after the head and `sent` body bytes:
-/// logged, the codec told.
-fn cut<D: Downstream>(d: &mut D, req: &Request, f: Failure, sent: u64) -> StreamEnd<D::Error> {
-    let peer = req.client.map_or_else(String::new, |c| c.to_string());
-    tracing::warn!("proxy {peer} \"{} {}\": {f}; response cut after {sent} body bytes", req.method, req.path);
-    d.abort(&f);
-    StreamEnd::Cut(f)
 }
 
 /// Why an upload stopped.

@@ -29,9 +29,11 @@ pub mod forward;
 pub mod headers;
 pub mod health;
 pub mod metrics;
+pub mod multiplex;
 pub mod parse;
 pub mod pool;
 pub mod ranged;
+pub mod replies;
 pub mod shared;
 pub mod tunnel;
 pub mod upstream;
@@ -146,6 +148,8 @@ pub struct TlsClient {
     /// The PEM file its roots came from.
     pub ca: std::path::PathBuf,
     pub config: Arc<rustls::ClientConfig>,
+    /// The same trust offering only HTTP/2 by ALPN, for `h2://` upstreams.
+    pub h2: Arc<rustls::ClientConfig>,
 }
 
 impl std::fmt::Debug for TlsClient {
@@ -168,31 +172,75 @@ pub struct Upstream {
     /// As configured, without a trailing slash: its name in logs and metrics.
     pub url: String,
     pub tls: bool,
-    /// The host to connect to (an IPv6 address without brackets).
+    /// The host to connect to (an IPv6 address without brackets); `localhost` for a
+    /// Unix socket.
     pub host: String,
     pub port: u16,
-    /// `host[:port]` as the URL gives them, for `host = "upstream"`.
+    /// `host[:port]` as the URL gives them, for `host = "upstream"` (`localhost`
+    /// for a Unix socket).
     pub authority: String,
+    /// The Unix socket to connect to instead of `host` and `port` (`unix:`, `unix+h2c:`).
+    pub unix: Option<std::path::PathBuf>,
+    /// Whether it speaks HTTP/2 (`h2c://`, `h2://`, `unix+h2c:`) rather than HTTP/1.1.
+    pub h2: bool,
     /// What every worker shares of it: the drain flag, the pooled connections.
     pub shared: shared::Handle,
 }
 
+/// The longest Unix socket path the kernel takes (`sun_path`, less its NUL).
+const MAX_UNIX_PATH: usize = 107;
+
 impl Upstream {
-    /// `HOST:PORT` (an IPv6 address in brackets), the address the admin's drain and
-    /// enable name it by.
+    /// `HOST:PORT` (an IPv6 address in brackets), or `unix:PATH`: the address the
+    /// admin's drain and enable name it by.
     pub fn address(&self) -> String {
+        if let Some(path) = &self.unix {
+            return format!("unix:{}", path.display());
+        }
         match self.host.contains(':') {
             true => format!("[{}]:{}", self.host, self.port),
             false => format!("{}:{}", self.host, self.port),
         }
     }
 
-    /// `http://HOST[:PORT]` or `https://HOST[:PORT]` (an optional trailing `/`).
+    /// `http://HOST[:PORT]`, `https://HOST[:PORT]`, `h2c://HOST[:PORT]`,
+    /// `h2://HOST[:PORT]` (an optional trailing `/`), `unix:/PATH` or `unix+h2c:/PATH`.
     pub fn parse(url: &str) -> Result<Upstream, String> {
-        let form = || format!("upstream {url:?}: expected http://HOST[:PORT] or https://HOST[:PORT]");
-        let (tls, rest) = match url.split_once("://") {
-            Some((s, rest)) if s.eq_ignore_ascii_case("http") => (false, rest),
-            Some((s, rest)) if s.eq_ignore_ascii_case("https") => (true, rest),
+        let form = || {
+            format!(
+                "upstream {url:?}: expected http://HOST[:PORT], https://HOST[:PORT], h2c://HOST[:PORT], \
+                 h2://HOST[:PORT], unix:/PATH or unix+h2c:/PATH"
+            )
+        };
+        if let Some((scheme, path)) = url.split_once(':').filter(|(s, _)| s.to_ascii_lowercase().starts_with("unix")) {
+            let h2 = match scheme.to_ascii_lowercase().as_str() {
+                "unix" => false,
+                "unix+h2c" => true,
+                _ => return Err(form()),
+            };
+            if !path.starts_with('/') || path.contains('\0') {
+                return Err(format!("upstream {url:?}: expected an absolute socket path such as unix:/run/app.sock"));
+            }
+            if path.len() > MAX_UNIX_PATH {
+                return Err(format!("upstream {url:?}: a Unix socket path is at most {MAX_UNIX_PATH} bytes"));
+            }
+            let shared = shared::Handle(shared::of(url));
+            return Ok(Upstream {
+                url: url.to_string(),
+                tls: false,
+                host: "localhost".into(),
+                port: 0,
+                authority: "localhost".into(),
+                unix: Some(path.into()),
+                h2,
+                shared,
+            });
+        }
+        let (tls, h2, rest) = match url.split_once("://") {
+            Some((s, rest)) if s.eq_ignore_ascii_case("http") => (false, false, rest),
+            Some((s, rest)) if s.eq_ignore_ascii_case("https") => (true, false, rest),
+            Some((s, rest)) if s.eq_ignore_ascii_case("h2c") => (false, true, rest),
+            Some((s, rest)) if s.eq_ignore_ascii_case("h2") => (true, true, rest),
             _ => return Err(form()),
         };
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
@@ -216,7 +264,16 @@ impl Upstream {
         }
         let url = url.trim_end_matches('/').to_string();
         let shared = shared::Handle(shared::of(&url));
-        Ok(Upstream { url, tls, host: host.to_ascii_lowercase(), port, authority: authority.to_string(), shared })
+        Ok(Upstream {
+            url,
+            tls,
+            host: host.to_ascii_lowercase(),
+            port,
+            authority: authority.to_string(),
+            unix: None,
+            h2,
+            shared,
+        })
     }
 }
 
@@ -739,7 +796,7 @@ impl Exchange<'_> {
         }
         match self.conn.as_ref()? {
             Conn::Plain(s) => Some(s),
-            Conn::Tls(_) => None,
+            Conn::Tls(_) | Conn::Unix(_) => None,
         }
     }
 
@@ -869,11 +926,42 @@ mod tests {
             ("ws://a", None),
             ("a:80", None),
             ("http://:80", None),
+            ("h2c://127.0.0.1:50051", Some((false, "127.0.0.1", 50051, "127.0.0.1:50051"))),
+            ("H2://Up.Example", Some((true, "up.example", 443, "Up.Example"))),
+            ("h2c://a", Some((false, "a", 80, "a"))),
+            ("h3://a", None),
         ] {
             let got = Upstream::parse(url).ok();
             let got = got.as_ref().map(|u| (u.tls, u.host.as_str(), u.port, u.authority.as_str()));
             assert_eq!(got, want, "{url}");
         }
+    }
+
+    #[test]
+    fn upstream_kinds() {
+        // url: (unix path, h2, tls), or refused.
+        for (url, want) in [
+            ("http://a", Some((None, false, false))),
+            ("https://a", Some((None, false, true))),
+            ("h2c://a:1", Some((None, true, false))),
+            ("h2://a:1", Some((None, true, true))),
+            ("unix:/run/app.sock", Some((Some("/run/app.sock"), false, false))),
+            ("UNIX:/run/app.sock", Some((Some("/run/app.sock"), false, false))),
+            ("unix+h2c:/run/grpc.sock", Some((Some("/run/grpc.sock"), true, false))),
+            ("unix:run/app.sock", None),
+            ("unix:", None),
+            ("unix+h2:/run/app.sock", None),
+            ("unixy:/run/app.sock", None),
+            ("unix:/a\0b", None),
+        ] {
+            let got = Upstream::parse(url).ok();
+            let got = got.as_ref().map(|u| (u.unix.as_deref().and_then(|p| p.to_str()), u.h2, u.tls));
+            assert_eq!(got, want, "{url}");
+        }
+        let long = format!("unix:/{}", "a".repeat(MAX_UNIX_PATH));
+        assert!(Upstream::parse(&long).is_err());
+        let u = Upstream::parse("unix:/run/app.sock").ok();
+        assert_eq!(u.map(|u| (u.address(), u.authority)), Some(("unix:/run/app.sock".into(), "localhost".into())));
     }
 
     #[test]

@@ -133,18 +133,26 @@ pub struct Wire {
 
 enum Halves {
     Plain(TcpStream),
-    Tls(ReadHalf<Box<TlsStream>>, WriteHalf<Box<TlsStream>>, bool),
+    /// TLS or a Unix socket, split in halves (with whether bytes wait for a flush).
+    Split(ReadHalf<Boxed>, WriteHalf<Boxed>, bool),
 }
 
-type TlsStream = tokio_rustls::client::TlsStream<TcpStream>;
+/// A connection read and written through its halves: TLS or a Unix socket.
+trait Duplex: tokio::io::AsyncRead + AsyncWrite + Unpin {}
+impl<T: tokio::io::AsyncRead + AsyncWrite + Unpin> Duplex for T {}
+type Boxed = Box<dyn Duplex>;
 
 impl Wire {
     pub(super) fn new(conn: Conn, url: String, early: Vec<u8>) -> Wire {
         let halves = match conn {
             Conn::Plain(s) => Halves::Plain(s),
+            Conn::Unix(s) => {
+                let (r, w) = tokio::io::split(Box::new(s) as Boxed);
+                Halves::Split(r, w, false)
+            }
             Conn::Tls(s) => {
-                let (r, w) = tokio::io::split(s);
-                Halves::Tls(r, w, false)
+                let (r, w) = tokio::io::split(s as Boxed);
+                Halves::Split(r, w, false)
             }
         };
         Wire { halves, url, early }
@@ -162,7 +170,7 @@ impl Wire {
     fn split(&mut self) -> (Reader<'_>, Writer<'_>) {
         match &mut self.halves {
             Halves::Plain(s) => (Reader::Plain(s), Writer::Plain(s)),
-            Halves::Tls(r, w, dirty) => (Reader::Tls(r), Writer::Tls(w, dirty)),
+            Halves::Split(r, w, dirty) => (Reader::Split(r), Writer::Split(w, dirty)),
         }
     }
 }
@@ -176,21 +184,21 @@ impl Drop for Wire {
 /// The upstream's side towards the client.
 enum Reader<'w> {
     Plain(&'w TcpStream),
-    Tls(&'w mut ReadHalf<Box<TlsStream>>),
+    Split(&'w mut ReadHalf<Boxed>),
 }
 
 /// The upstream's side from the client.
 enum Writer<'w> {
     Plain(&'w TcpStream),
     /// With whether bytes written may still wait in the TLS session for a flush.
-    Tls(&'w mut WriteHalf<Box<TlsStream>>, &'w mut bool),
+    Split(&'w mut WriteHalf<Boxed>, &'w mut bool),
 }
 
 impl Reader<'_> {
     fn plain(&self) -> Option<&TcpStream> {
         match self {
             Reader::Plain(s) => Some(s),
-            Reader::Tls(_) => None,
+            Reader::Split(_) => None,
         }
     }
 
@@ -218,7 +226,7 @@ impl Reader<'_> {
                 };
                 tokio::time::timeout(wait, read).await.map_err(|_| timed_out())?
             }
-            Reader::Tls(r) => {
+            Reader::Split(r) => {
                 use tokio::io::AsyncReadExt;
                 into.reserve(PIECE);
                 let mut room = bytes::BufMut::limit(&mut *into, PIECE);
@@ -235,7 +243,7 @@ impl Reader<'_> {
 impl Writer<'_> {
     /// Whether bytes written wait in the TLS session for a flush.
     fn dirty(&self) -> bool {
-        matches!(self, Writer::Tls(_, d) if **d)
+        matches!(self, Writer::Split(_, d) if **d)
     }
 
     /// Writes some of `bytes` (or, when there are none, flushes what the TLS
@@ -252,7 +260,7 @@ impl Writer<'_> {
                     r => return r,
                 }
             },
-            Writer::Tls(w, dirty) => {
+            Writer::Split(w, dirty) => {
                 if bytes.is_empty() {
                     std::future::poll_fn(|cx| Pin::new(&mut **w).poll_flush(cx)).await?;
                     **dirty = false;

@@ -1,5 +1,5 @@
-//! One connection to an upstream: plain TCP or TLS (rustls, verified against the
-//! rule's roots), opened within the connect timeout, each read and write bounded by
+//! One connection to an upstream: plain TCP, TLS (rustls, verified against the
+//! rule's roots) or a Unix socket, opened within the connect timeout, each read and write bounded by
 //! the rule's read and send timeouts.
 //!
 //! Not here: which upstream, pooling (`pool`), or what the bytes mean (`parse`).
@@ -10,7 +10,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use super::{TlsClient, Upstream};
 
@@ -50,6 +50,7 @@ impl std::fmt::Display for IoFailure {
 pub enum Conn {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    Unix(UnixStream),
 }
 
 /// Connects to `upstream` (its name resolved each time, so a changed address is seen)
@@ -60,6 +61,9 @@ pub enum Conn {
 /// Cancel-safe: dropping it drops the half-open connection.
 pub async fn connect(upstream: &Upstream, tls: Option<&TlsClient>, timeout: Duration) -> Result<Conn, IoFailure> {
     let open = async {
+        if let Some(path) = &upstream.unix {
+            return Ok(Conn::Unix(UnixStream::connect(path).await?));
+        }
         let tcp = TcpStream::connect((upstream.host.as_str(), upstream.port)).await?;
         tcp.set_nodelay(true)?;
         if !upstream.tls {
@@ -69,7 +73,11 @@ pub async fn connect(upstream: &Upstream, tls: Option<&TlsClient>, timeout: Dura
             return Err(io::Error::other("no TLS configuration for an https:// upstream"));
         };
         let name = rustls_pki_types::ServerName::try_from(upstream.host.clone()).map_err(io::Error::other)?;
-        let stream = tokio_rustls::TlsConnector::from(tls.config.clone()).connect(name, tcp).await?;
+        let config = if upstream.h2 { tls.h2.clone() } else { tls.config.clone() };
+        let stream = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await?;
+        if upstream.h2 && stream.get_ref().1.alpn_protocol() != Some(b"h2") {
+            return Err(io::Error::other("the upstream did not agree to HTTP/2 (ALPN h2)"));
+        }
         Ok(Conn::Tls(Box::new(stream)))
     };
     match tokio::time::timeout(timeout, open).await {
@@ -108,6 +116,7 @@ impl Conn {
         let write = async {
             match self {
                 Conn::Plain(s) => s.write_all(bytes).await,
+                Conn::Unix(s) => s.write_all(bytes).await,
                 Conn::Tls(s) => {
                     s.write_all(bytes).await?;
                     s.flush().await
@@ -130,6 +139,7 @@ impl Conn {
         let read = async {
             match self {
                 Conn::Plain(s) => s.read_buf(&mut room).await,
+                Conn::Unix(s) => s.read_buf(&mut room).await,
                 // A peer that closes without close_notify ends the body as plain TCP would;
                 // whether that is a complete body is the framing's to say.
                 Conn::Tls(s) => match s.read_buf(&mut room).await {
@@ -147,21 +157,71 @@ impl Conn {
     /// taken as alive (a close still in flight is caught by the retry of a stale
     /// connection, as nginx does); only one marked readable is looked at (`MSG_PEEK`).
     pub fn looks_alive(&self) -> bool {
-        let tcp = match self {
-            Conn::Plain(s) => s,
-            Conn::Tls(s) => s.get_ref().0,
-        };
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if tcp.poll_read_ready(&mut cx).is_pending() {
-            return true;
-        }
-        match socket2::SockRef::from(tcp).peek(&mut [std::mem::MaybeUninit::new(0u8); 1]) {
+        let sock = match self {
+            Conn::Plain(s) => pending_or(s.poll_read_ready(&mut cx), socket2::SockRef::from(s)),
+            Conn::Tls(s) => pending_or(s.get_ref().0.poll_read_ready(&mut cx), socket2::SockRef::from(s.get_ref().0)),
+            Conn::Unix(s) => pending_or(s.poll_read_ready(&mut cx), socket2::SockRef::from(s)),
+        };
+        let Some(sock) = sock else { return true };
+        match sock.peek(&mut [std::mem::MaybeUninit::new(0u8); 1]) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
             // Closed (0), bytes nobody asked for, or an error: not reusable. A TLS
             // upstream's session ticket or close_notify counts as such bytes too.
             _ => false,
         }
     }
+}
+
+/// The connection as a byte stream, for the HTTP/2 client (`super::multiplex`),
+/// which frames and buffers on its own.
+impl tokio::io::AsyncRead for Conn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Conn::Tls(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Conn::Unix(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Conn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Conn::Tls(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Conn::Unix(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Conn::Tls(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Conn::Unix(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Conn::Tls(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Conn::Unix(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// `sock` to look at when its readiness is not pending, else `None` (alive).
+fn pending_or<T>(ready: Poll<T>, sock: socket2::SockRef<'_>) -> Option<socket2::SockRef<'_>> {
+    ready.is_ready().then_some(sock)
 }
 
 #[cfg(test)]

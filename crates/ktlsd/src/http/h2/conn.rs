@@ -447,13 +447,7 @@ impl Connection {
         let mut block = std::mem::take(&mut self.block);
         self.encoder.start(&mut block);
         self.encoder.field(b":status", &digits, &mut block);
-        for (name, value) in headers {
-            request::with_lowercase(name.as_ref(), |name| {
-                if !request::CONNECTION_SPECIFIC.contains(&name) {
-                    self.encoder.field(name, value.as_ref(), &mut block);
-                }
-            });
-        }
+        self.encode_fields(headers, &mut block);
         block
     }
 
@@ -629,6 +623,22 @@ impl Connection {
             .map(|s| (s.id, s.priority));
         let id = priority::pick(ready, self.last_served)?;
         self.index(id)
+    }
+
+    /// Appends `fields` to a started header block, names lowercased and
+    /// connection-specific fields dropped, as HTTP/2 requires.
+    pub(super) fn encode_fields<N, V>(&mut self, fields: impl IntoIterator<Item = (N, V)>, block: &mut Vec<u8>)
+    where
+        N: AsRef<[u8]>,
+        V: AsRef<[u8]>,
+    {
+        for (name, value) in fields {
+            request::with_lowercase(name.as_ref(), |name| {
+                if !request::CONNECTION_SPECIFIC.contains(&name) {
+                    self.encoder.field(name, value.as_ref(), block);
+                }
+            });
+        }
     }
 
     /// Our side of the stream is done: forget the stream, or hold it for the rest of

@@ -43,6 +43,30 @@ impl Connection {
         Ok(())
     }
 
+    /// Ends `stream`'s open-ended [`super::BodySize::Stream`] body with a trailer
+    /// section (HEADERS with END_STREAM; names lowercased, connection-specific fields
+    /// dropped), once every byte given so far was sent: `AlreadyResponded` while some
+    /// wait (try again after they left) or when the body is of known length, which
+    /// ends by itself.
+    pub fn trailers(&mut self, stream: StreamId, fields: &[(String, String)]) -> Result<(), RespondError> {
+        if self.phase == Phase::Failed {
+            return Err(RespondError::StreamGone);
+        }
+        let index = self.index(stream.0).ok_or(RespondError::StreamGone)?;
+        match &self.streams[index].send {
+            Send::Stream { buf, pos, left: None, at_source: 0 } if *pos == buf.len() => {}
+            _ => return Err(RespondError::AlreadyResponded),
+        }
+        let mut block = std::mem::take(&mut self.block);
+        self.encoder.start(&mut block);
+        self.encode_fields(fields.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())), &mut block);
+        frame::put_headers(&mut self.out, stream.0, &block, true, frame::DEFAULT_MAX_FRAME_SIZE as usize);
+        self.block = block;
+        self.streams[index].send = Send::Done;
+        self.finish_send(index);
+        Ok(())
+    }
+
     /// Says that `n` more bytes of `stream`'s [`super::BodySize::Stream`] body wait at
     /// the caller's source (an upstream socket): they leave as [`super::Write::SourceData`],
     /// after every byte given by [`Connection::push`], which takes no more then. Bytes

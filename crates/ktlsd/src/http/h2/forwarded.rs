@@ -132,6 +132,8 @@ struct Out {
     body: Vec<u8>,
     /// The body is complete: `body` is the last of it.
     ended: bool,
+    /// The trailer section that ends the body (an HTTP/2 upstream's), when `ended`.
+    trailers: Option<Vec<(String, String)>>,
     /// The body failed after the head: the stream is to be reset.
     failed: Option<Failure>,
     /// The upstream socket the loop splices the body from (a duplicate of the
@@ -160,6 +162,9 @@ pub(super) enum Step {
     AtSource(u64),
     /// The body failed after the head: reset the stream.
     Reset,
+    /// Every body byte was sent: end the stream with these trailers
+    /// (`Connection::trailers`), then forget it.
+    Trailers(Vec<(String, String)>),
     /// The stream needs the task no more: forget it, after ending its body of unknown
     /// length (`Connection::finish`).
     Done,
@@ -325,6 +330,16 @@ impl Proxied<'_> {
             out.source_handed += n;
             return Step::AtSource(n);
         }
+        if out.body.is_empty() && out.ended && out.trailers.is_some() {
+            // The trailers follow the last byte the codec holds.
+            return match (buffered, out.trailers.take()) {
+                (0, Some(t)) => Step::Trailers(t),
+                (_, t) => {
+                    out.trailers = t;
+                    Step::Idle
+                }
+            };
+        }
         if out.body.is_empty() {
             return if out.ended { Step::Done } else { Step::Idle };
         }
@@ -460,6 +475,17 @@ impl Downstream for Feed {
 
     fn can_splice(&self) -> bool {
         self.splice
+    }
+
+    /// The request body arrives by its own queue: reading it is cancel-safe.
+    fn duplex(&self) -> bool {
+        true
+    }
+
+    async fn send_trailers(&mut self, trailers: Vec<(String, String)>) -> Result<(), ()> {
+        self.out.borrow_mut().trailers = Some(trailers);
+        self.end();
+        Ok(())
     }
 
     async fn send_head(

@@ -558,6 +558,20 @@ fn step_proxied<'a, S>(
                         o.log(ctx, conn);
                     }
                 }
+                Step::Trailers(trailers) => {
+                    proxied.remove(&stream);
+                    match h2.trailers(stream, &trailers) {
+                        Ok(()) => {
+                            if let Some(o) = open.remove(&stream) {
+                                o.log(ctx, conn);
+                            }
+                        }
+                        // A body of known length ended by itself: the trailers are dropped.
+                        Err(_) => {
+                            let _ = h2.finish(stream);
+                        }
+                    }
+                }
                 Step::Done => {
                     forget(h2, proxied, stream);
                     // Gone already when the codec is done with it.

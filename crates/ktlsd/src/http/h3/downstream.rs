@@ -75,6 +75,23 @@ impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
         Ok(())
     }
 
+    /// `recv_data` is polled to completion or dropped before a piece is taken.
+    fn duplex(&self) -> bool {
+        true
+    }
+
+    async fn send_trailers(&mut self, trailers: Vec<(String, String)>) -> Result<(), Unsent> {
+        let limit = self.settings.send_timeout;
+        let mut map = http::HeaderMap::new();
+        for (n, v) in &trailers {
+            if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(n.as_bytes()), http::HeaderValue::from_str(v)) {
+                map.append(n, v);
+            }
+        }
+        within(limit, self.stream.send_trailers(map)).await?;
+        within(limit, self.stream.finish()).await
+    }
+
     fn abort(&mut self, _failure: &Failure) {
         self.stream.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
     }

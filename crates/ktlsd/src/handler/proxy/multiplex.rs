@@ -1,0 +1,736 @@
+//! HTTP/2 upstreams (`h2c://` with prior knowledge, `h2://` over TLS with ALPN
+//! `h2`, `unix+h2c:` on a Unix socket), spoken with the `h2` crate: gRPC and any
+//! HTTP/2 application.
+//!
+//! Each worker keeps a few connections per upstream ([`Pooled`]) and puts many
+//! requests on each as streams, up to the upstream's `SETTINGS_MAX_CONCURRENT_STREAMS`;
+//! a full connection leads to another one (at most [`MAX_CONNS`]). A connection's
+//! frames are read and written by a driver task of its own; one that ends (the
+//! upstream's GOAWAY, an error, a close) is retired, its streams in flight finishing
+//! or failing as the upstream says. An idle one is closed after [`IDLE_FOR`].
+//!
+//! [`forward`] sends one request as a stream: the head as the HTTP/1.1 path builds it
+//! (`headers::request_head`, so every header rule is the same), the body as it
+//! arrives within the stream's flow-control credit, and, for a client whose codec
+//! can read its body while the answer streams ([`Downstream::duplex`]: HTTP/2 and
+//! HTTP/3), both directions at once (gRPC's bidirectional calls); an HTTP/1.1
+//! client's body is sent whole first. The answer's body goes to the client piece by
+//! piece, its credit given back to the upstream only once the client took the piece,
+//! so a slow client holds the upstream back rather than filling memory. Trailers
+//! (gRPC's `grpc-status`) go to the client ([`Downstream::send_trailers`]). An
+//! upstream that resets the stream, or fails, after the head has the client's
+//! response cut ([`Downstream::abort`]: RST_STREAM on HTTP/2 and HTTP/3, the
+//! connection closed on HTTP/1.1); before the head, a 502 (504 on a timeout). The
+//! cache and `X-Accel-Redirect` take the answer as they take an HTTP/1.1 one.
+//!
+//! Not here: the client's framing (the codecs), the HTTP/1.1 exchange (`super::Exchange`).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::SendStream;
+
+use super::cached::{self, Next, Pending};
+use super::parse::{Framing, Head};
+use super::replies::{answer, commit, commit_before_head, cut, refused, Added};
+use super::upstream::{self, IoFailure};
+use super::{client_fields, headers, metrics, pool, Failure, FailureKind, Forwarding, HostMode, Rule, Upstream, PIECE};
+use crate::fds;
+use crate::handler::downstream::{BodyError, Downstream, Outcome, StreamEnd, Streamed};
+use crate::handler::{Body, Request, Response, Status};
+use crate::log::vars::Attempt;
+use crate::vocab::BodyPath;
+
+/// Most HTTP/2 connections per upstream and worker.
+const MAX_CONNS: usize = 16;
+
+/// How long a connection without a stream is kept.
+const IDLE_FOR: Duration = Duration::from_secs(60);
+
+/// The flow-control window this client gives each stream and each connection: what
+/// an upstream may send ahead of what the client took.
+const STREAM_WINDOW: u32 = 256 * 1024;
+const CONN_WINDOW: u32 = 1024 * 1024;
+
+/// The largest header block taken from an upstream (a larger one, or one that never
+/// ends, fails the connection).
+const MAX_HEADER_LIST: u32 = 64 * 1024;
+
+/// One HTTP/2 connection to an upstream.
+struct Pooled {
+    send: SendRequest<Bytes>,
+    /// Streams of this worker open on it.
+    open: Rc<Cell<usize>>,
+    /// Turned true when its driver ended (GOAWAY, error, close).
+    gone: Rc<Cell<bool>>,
+    /// When its last stream ended.
+    idle_since: Rc<Cell<Instant>>,
+    _counted: fds::Counted,
+}
+
+impl Pooled {
+    fn has_room(&self) -> bool {
+        !self.gone.get() && self.open.get() < self.send.current_max_send_streams()
+    }
+}
+
+thread_local! {
+    static CONNS: RefCell<HashMap<String, Vec<Pooled>>> = RefCell::default();
+}
+
+/// A stream's place on its connection, given back when dropped.
+struct Lease {
+    open: Rc<Cell<usize>>,
+    idle_since: Rc<Cell<Instant>>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.open.set(self.open.get().saturating_sub(1));
+        if self.open.get() == 0 {
+            self.idle_since.set(Instant::now());
+        }
+    }
+}
+
+/// A connection with room for one more stream: a pooled one, else a new one.
+/// `Ok(bool)`: whether it was opened now.
+///
+/// # Cancel safety
+/// Cancel-safe: a connection being opened is dropped.
+async fn connection(rule: &Rule, up: &Upstream) -> Result<(SendRequest<Bytes>, Lease, bool), IoFailure> {
+    let found = CONNS.with(|c| {
+        let mut c = c.borrow_mut();
+        let list = c.entry(up.url.clone()).or_default();
+        let now = Instant::now();
+        let idle_too_long = |p: &Pooled| p.open.get() == 0 && now.duration_since(p.idle_since.get()) >= IDLE_FOR;
+        list.retain(|p| !p.gone.get() && !idle_too_long(p));
+        list.iter().find(|p| p.has_room()).map(lease)
+    });
+    if let Some((send, lease)) = found {
+        return Ok((send, lease, false));
+    }
+    fds::make_room(1);
+    let conn = upstream::connect(up, rule.tls.as_ref(), rule.timeouts.connect).await?;
+    let handshake = h2::client::Builder::new()
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONN_WINDOW)
+        .max_header_list_size(MAX_HEADER_LIST)
+        .max_send_buffer_size(PIECE)
+        .enable_push(false)
+        .handshake::<_, Bytes>(conn);
+    let (send, driver) = match tokio::time::timeout(rule.timeouts.connect, handshake).await {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(e)) => return Err(IoFailure::Failed(std::io::Error::other(e))),
+        Err(_) => return Err(IoFailure::TimedOut),
+    };
+    let gone = Rc::new(Cell::new(false));
+    let url = up.url.clone();
+    let flag = gone.clone();
+    // The driver reads and writes the connection's frames until it ends; the pool
+    // forgets it then.
+    tokio::task::spawn_local(async move {
+        match driver.await {
+            Ok(()) => tracing::debug!("HTTP/2 upstream {url}: connection closed"),
+            Err(e) => tracing::debug!("HTTP/2 upstream {url}: connection ended: {e}"),
+        }
+        flag.set(true);
+    });
+    let pooled = Pooled {
+        send,
+        open: Rc::new(Cell::new(0)),
+        gone,
+        idle_since: Rc::new(Cell::new(Instant::now())),
+        _counted: fds::count(fds::Kind::Upstream),
+    };
+    let (send, l) = lease(&pooled);
+    CONNS.with(|c| {
+        let mut c = c.borrow_mut();
+        let list = c.entry(up.url.clone()).or_default();
+        if list.len() < MAX_CONNS {
+            list.push(pooled);
+        }
+        // Beyond the bound, the connection serves this stream only: its driver ends
+        // once the stream and this handle are dropped.
+    });
+    Ok((send, l, true))
+}
+
+fn lease(p: &Pooled) -> (SendRequest<Bytes>, Lease) {
+    p.open.set(p.open.get() + 1);
+    (p.send.clone(), Lease { open: p.open.clone(), idle_since: p.idle_since.clone() })
+}
+
+/// Forgets every connection of `url` (the upstream failed).
+fn forget(url: &str) {
+    CONNS.with(|c| c.borrow_mut().remove(url));
+}
+
+/// The HTTP/2 request for the HTTP/1.1 head `raw` that `headers::request_head`
+/// built: its method, target and fields, Host made `:authority`, the framing
+/// fields dropped (HTTP/2 frames the body), `te: trailers` kept when the client
+/// sent it (gRPC servers ask for it).
+fn request_of(raw: &[u8], scheme: &str, te_trailers: bool) -> Result<http::Request<()>, &'static str> {
+    let mut fields = [httparse::EMPTY_HEADER; 128];
+    let mut head = httparse::Request::new(&mut fields);
+    match head.parse(raw) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err("the request head does not fit HTTP/2"),
+    }
+    let (Some(method), Some(target)) = (head.method, head.path) else {
+        return Err("the request line is incomplete");
+    };
+    let host = head.headers.iter().find(|h| h.name.eq_ignore_ascii_case("host")).map(|h| h.value).unwrap_or(b"");
+    let host = std::str::from_utf8(host).map_err(|_| "the Host is not text")?;
+    let uri = http::Uri::builder()
+        .scheme(scheme)
+        .authority(host)
+        .path_and_query(target)
+        .build()
+        .map_err(|_| "the target or Host is not a valid URI")?;
+    let method = http::Method::from_bytes(method.as_bytes()).map_err(|_| "the method is not valid")?;
+    let mut req = http::Request::builder().method(method).uri(uri).body(()).map_err(|_| "invalid request")?;
+    let map = req.headers_mut();
+    for f in head.headers.iter() {
+        const FRAMING: [&str; 3] = ["host", "transfer-encoding", "connection"];
+        if FRAMING.iter().any(|n| f.name.eq_ignore_ascii_case(n)) {
+            continue;
+        }
+        let name = http::HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| "a field name is not valid")?;
+        let value = http::HeaderValue::from_bytes(f.value).map_err(|_| "a field value is not valid")?;
+        map.append(name, value);
+    }
+    if te_trailers {
+        map.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    }
+    Ok(req)
+}
+
+/// Whether the client's `te` fields name `trailers`.
+fn asks_trailers(fields: &[(String, String)]) -> bool {
+    fields
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("te"))
+        .flat_map(|(_, v)| v.split(','))
+        .any(|t| t.trim().split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers")))
+}
+
+/// The parts of an upstream's answer head as the rest of the proxy reads one
+/// (`parse::Head`): status, fields, and the framing (none when the stream ended
+/// with its head, a length when the upstream gave a valid one, else unknown).
+fn head_of(parts: &http::response::Parts, ended: bool, method: &str) -> Head {
+    let fields: Vec<_> = parts
+        .headers
+        .iter()
+        .map(|(n, v)| {
+            let value = match v.to_str() {
+                Ok(v) => v.to_string(),
+                Err(_) => String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            };
+            (crate::handler::response::field_name(n.as_str()), value)
+        })
+        .collect();
+    let length = parts.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let status = parts.status.as_u16();
+    let framing = match length {
+        _ if ended || method == "HEAD" || status == 204 || status == 304 => Framing::None,
+        Some(n) => Framing::Length(n),
+        None => Framing::Chunked,
+    };
+    Head { status, version: "2", fields, framing, reusable: true }
+}
+
+/// The failure of an h2 error: a reset (RST_STREAM) or GOAWAY the upstream sent,
+/// a protocol fault, or the connection's I/O.
+fn h2_failure(url: &str, e: &h2::Error, what: &str) -> Failure {
+    let detail = match e.reason() {
+        Some(r) if e.is_remote() && e.is_reset() => format!("{what}: the upstream reset the stream ({r})"),
+        Some(r) if e.is_go_away() => format!("{what}: the upstream closed the connection (GOAWAY {r})"),
+        _ => format!("{what}: {e}"),
+    };
+    let kind = match e.reason() {
+        Some(h2::Reason::PROTOCOL_ERROR | h2::Reason::COMPRESSION_ERROR | h2::Reason::FRAME_SIZE_ERROR)
+            if !e.is_remote() =>
+        {
+            FailureKind::Invalid
+        }
+        _ => FailureKind::Closed,
+    };
+    Failure { status: Status::BAD_GATEWAY, kind, upstream: url.to_string(), detail }
+}
+
+/// Sends some of `to_up` as the stream's flow control allows, once it allows any;
+/// returns how many bytes left (taken off `to_up`).
+///
+/// # Cancel safety
+/// Cancel-safe: bytes are taken only in the poll that sends them.
+async fn send_some(s: &mut SendStream<Bytes>, to_up: &mut Vec<u8>) -> Result<usize, h2::Error> {
+    s.reserve_capacity(to_up.len());
+    loop {
+        let room = s.capacity();
+        if room > 0 {
+            let n = room.min(to_up.len());
+            s.send_data(Bytes::copy_from_slice(&to_up[..n]), false)?;
+            to_up.drain(..n);
+            return Ok(n);
+        }
+        match std::future::poll_fn(|cx| s.poll_capacity(cx)).await {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e),
+            None => return Err(h2::Error::from(h2::Reason::STREAM_CLOSED)),
+        }
+    }
+}
+
+/// The client side of a request body in flight: bytes read from the client and
+/// not yet sent upstream (one client read at most), and whether more may come.
+struct Upload {
+    to_up: Vec<u8>,
+    open: bool,
+    /// The upstream's side was ended (END_STREAM sent).
+    ended: bool,
+    allowed: u64,
+}
+
+/// What woke the exchange.
+enum Event<T, E> {
+    Upstream(T),
+    Client(Result<bool, BodyError<E>>),
+    Sent(Result<usize, h2::Error>),
+    Timer,
+}
+
+/// A stream's request body side, moved along with the answer.
+struct Uploading<'s> {
+    stream: &'s mut SendStream<Bytes>,
+    up: Upload,
+    inbox: Vec<u8>,
+}
+
+impl Uploading<'_> {
+    /// Takes what the client sent (`Ok(true)`: a piece, or the end), ending the
+    /// upstream's side with the client's. An `Err` is the request body's failure.
+    fn took<E>(&mut self, r: Result<bool, BodyError<E>>) -> Result<(), BodyError<E>> {
+        let more = r?;
+        if self.inbox.len() as u64 > self.up.allowed {
+            return Err(BodyError::Refused(Status::PAYLOAD_TOO_LARGE, "request body exceeds max_body_bytes"));
+        }
+        self.up.allowed -= self.inbox.len() as u64;
+        std::mem::swap(&mut self.up.to_up, &mut self.inbox);
+        self.inbox.clear();
+        if !more {
+            self.up.open = false;
+        }
+        self.end_if_done();
+        Ok(())
+    }
+
+    /// Ends the upstream's side once the client's has ended and all of it was sent.
+    fn end_if_done(&mut self) {
+        if !self.up.open && self.up.to_up.is_empty() && !self.up.ended {
+            // A stream the upstream closed already has its side ended too.
+            let _ = self.stream.send_data(Bytes::new(), true);
+            self.up.ended = true;
+        }
+    }
+
+    /// The upstream's side failed (`e`): nothing more of the body goes.
+    fn stopped(&mut self, e: &h2::Error, fwd: &Forwarding) {
+        tracing::debug!("proxy {} {}: the request body stopped: {e}", fwd.method, fwd.target);
+        self.up = Upload { to_up: Vec::new(), open: false, ended: true, allowed: 0 };
+    }
+
+    fn wants_client(&self) -> bool {
+        self.up.open && self.up.to_up.is_empty()
+    }
+}
+
+/// Forwards `req` to the HTTP/2 upstreams of `rule` over `d`, the cache's
+/// `pending` deciding what is stored.
+///
+/// # Cancel safety
+/// Dropped at any await (the client gone), it resets the upstream stream (the
+/// `h2` crate sends RST_STREAM CANCEL for a stream whose handles are dropped).
+#[allow(clippy::too_many_arguments)] // one forward's parts, each used once
+pub(super) async fn forward<D: Downstream>(
+    rule: &Rule,
+    fwd: Forwarding,
+    fields: Vec<(String, String)>,
+    max_body: u64,
+    pending: Pending,
+    req: &Request,
+    d: &mut D,
+    added: &Added,
+) -> Outcome<D::Error> {
+    let failed_status = pending.failed_status();
+    let url0 = rule.upstreams.first().map_or_else(String::new, |u| u.url.clone());
+    let fail = |status, kind, url: &str, detail: String| Failure { status, kind, upstream: url.to_string(), detail };
+    if fwd.upgrade.is_some() {
+        let f = fail(
+            Status::BAD_GATEWAY,
+            FailureKind::Invalid,
+            &url0,
+            "a tunnel (WebSocket) needs an HTTP/1.1 upstream".into(),
+        );
+        return refused(f, req, failed_status);
+    }
+    let has_body = fwd.body.is_some();
+    let te = asks_trailers(&fields);
+    let mut tried = Vec::new();
+    let mut last: Option<Failure> = None;
+    let duplex = d.duplex();
+    // An attempt: an upstream, a connection with room, the request's head sent.
+    let (index, mut send_stream, response_future, lease, attempt_at) = loop {
+        let Some(i) = pool::pick(rule, &tried) else {
+            let f = last.take().unwrap_or_else(|| match rule.upstreams.iter().all(|u| u.shared.drained()) {
+                true => {
+                    fail(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, &url0, "every upstream is drained".into())
+                }
+                false => fail(Status::BAD_GATEWAY, FailureKind::Connect, &url0, "no upstream left".into()),
+            });
+            return match pending.on_failure(&f, req) {
+                Some(stale) => answer(stale, true),
+                None => refused(f, req, failed_status),
+            };
+        };
+        let up = &rule.upstreams[i];
+        let attempt_at = Instant::now();
+        fwd.notes.with(|n| n.upstream.push(Attempt { addr: up.address(), ..Attempt::default() }));
+        let note = |f: &dyn Fn(&mut Attempt)| {
+            fwd.notes.with(|n| {
+                if let Some(a) = n.upstream.last_mut() {
+                    f(a);
+                }
+            })
+        };
+        let (send, lease, fresh) = match connection(rule, up).await {
+            Ok(c) => c,
+            Err(e) => {
+                tried.push(i);
+                let (status, kind) = match &e {
+                    IoFailure::TimedOut => (Status::GATEWAY_TIMEOUT, FailureKind::Timeout),
+                    IoFailure::Local(_) => (Status::SERVICE_UNAVAILABLE, FailureKind::Local),
+                    IoFailure::Failed(_) => (Status::BAD_GATEWAY, FailureKind::Connect),
+                };
+                note(&|a| a.status = Some(status.0));
+                let f = fail(status, kind, &up.url, format!("connect: {e}"));
+                if kind != FailureKind::Local {
+                    mark_failed(rule, &up.url, &f);
+                }
+                last = Some(f);
+                continue;
+            }
+        };
+        note(&|a| a.connect = Some(if fresh { attempt_at.elapsed() } else { Duration::ZERO }));
+        let host = match &rule.host {
+            HostMode::Preserve => fwd.authority.as_deref().unwrap_or(&up.authority),
+            HostMode::Upstream => &up.authority,
+            HostMode::Fixed(h) => h,
+        };
+        let raw = headers::request_head(&fwd, &fields, host);
+        let scheme = if up.tls { "https" } else { "http" };
+        let request = match request_of(&raw, scheme, te) {
+            Ok(r) => r,
+            Err(why) => {
+                let f = fail(Status::BAD_GATEWAY, FailureKind::Send, &up.url, format!("sending the request: {why}"));
+                return refused(f, req, failed_status);
+            }
+        };
+        let ready = tokio::time::timeout(rule.timeouts.send, send.ready()).await;
+        let sent = match ready {
+            Ok(Ok(mut send)) => send.send_request(request, !has_body),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                // The connection's streams are all taken (a limit lowered meanwhile): another.
+                tried.push(i);
+                last = Some(fail(Status::GATEWAY_TIMEOUT, FailureKind::Timeout, &up.url, "no stream free".into()));
+                continue;
+            }
+        };
+        match sent {
+            Ok((response, stream)) => break (i, stream, response, lease, attempt_at),
+            Err(e) => {
+                // The connection went away before the stream was opened: nothing was
+                // sent; the next connection (or upstream) may take it.
+                let f = h2_failure(&up.url, &e, "opening a stream");
+                tracing::info!("proxy {} {}: {f}; trying again", fwd.method, fwd.target);
+                forget(&up.url);
+                if !fresh {
+                    // A pooled connection the upstream had closed: try once more on a new one.
+                    continue;
+                }
+                tried.push(i);
+                mark_failed(rule, &up.url, &f);
+                last = Some(f);
+            }
+        }
+    };
+    let up = &rule.upstreams[index];
+    let note = |f: &dyn Fn(&mut Attempt)| {
+        fwd.notes.with(|n| {
+            if let Some(a) = n.upstream.last_mut() {
+                f(a);
+            }
+        })
+    };
+    let read_timeout = rule.timeouts.read;
+    let first = if has_body { d.body_at_hand() } else { Vec::new() };
+    let mut uploading = Uploading {
+        stream: &mut send_stream,
+        up: Upload { to_up: Vec::new(), open: has_body, ended: !has_body, allowed: max_body },
+        inbox: first,
+    };
+    if has_body {
+        let at_hand = !uploading.inbox.is_empty();
+        // What the codec had at hand is the start of the body; more follows.
+        if at_hand {
+            if let Err(e) = uploading.took::<D::Error>(Ok(true)) {
+                return body_refused(e, up, req, failed_status);
+            }
+        }
+    }
+    // An HTTP/1.1 client's body goes whole first (its codec reads one thing at a time).
+    let mut response_future = std::pin::pin!(response_future);
+    let mut deadline = Instant::now() + read_timeout;
+    let head = loop {
+        let event = tokio::select! {
+            r = &mut response_future, if duplex || !uploading.up.open && uploading.up.to_up.is_empty() => Event::Upstream(r),
+            r = d.read_body(&mut uploading.inbox), if uploading.wants_client() => Event::Client(r),
+            r = send_some(uploading.stream, &mut uploading.up.to_up), if !uploading.up.to_up.is_empty() => Event::Sent(r),
+            () = tokio::time::sleep_until(deadline.into()) => Event::Timer,
+        };
+        match event {
+            Event::Upstream(Ok(r)) => break r,
+            Event::Upstream(Err(e)) => {
+                let f = h2_failure(&up.url, &e, "waiting for the response head");
+                note(&|a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                if !e.is_reset() {
+                    mark_failed(rule, &up.url, &f);
+                }
+                return match pending.on_failure(&f, req) {
+                    Some(stale) => answer(stale, true),
+                    None => refused(f, req, failed_status),
+                };
+            }
+            Event::Client(r) => {
+                if let Err(e) = uploading.took(r) {
+                    return body_refused(e, up, req, failed_status);
+                }
+            }
+            Event::Sent(Ok(_)) => {
+                uploading.end_if_done();
+                deadline = Instant::now() + read_timeout;
+            }
+            // The upstream may have answered already (and reset the rest): its answer comes next.
+            Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
+            Event::Timer => {
+                let f = timed_out(&up.url, "waiting for the response head");
+                note(&|a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                mark_failed(rule, &up.url, &f);
+                return refused(f, req, failed_status);
+            }
+        }
+    };
+    pool::succeeded(&up.url);
+    let (parts, mut body) = head.into_parts();
+    let method = fwd.method.clone();
+    let mut head = head_of(&parts, body.is_end_stream(), &method);
+    metrics::answered(&up.url, attempt_at.elapsed());
+    note(&|a| (a.status, a.header) = (Some(head.status), Some(attempt_at.elapsed())));
+    if let Some(mut a) = super::control::accel(rule, &mut head, req) {
+        added.apply(&mut a.fields);
+        return Outcome::Answer { answer: crate::handler::downstream::Answer::Accel(Box::new(a)), from_cache: false };
+    }
+    let (mut cache_status, mut store) = match pending.on_head(&head, req).await {
+        Next::Answer(response) => return answer(response, true),
+        Next::Pass(status, store) => (status, store),
+    };
+    cached::note(rule, req, &cache_status);
+    let status = head.status;
+    let len = match head.framing {
+        Framing::None => {
+            commit_before_head(&mut store, &mut cache_status).await;
+            let fields = client_fields(&mut head, &cache_status);
+            note(&|a| a.response = Some(attempt_at.elapsed()));
+            let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
+            drop(lease);
+            return answer(response, false);
+        }
+        Framing::Length(n) => Some(n),
+        _ => None,
+    };
+    let mut fields = client_fields(&mut head, &cache_status);
+    added.apply(&mut fields);
+    let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
+    let head_sent = d.send_head(response, len, &[], false, None).await;
+    let answered = Instant::now();
+    let streamed = |sent, end| Outcome::Streamed(Streamed { status, answered, sent, path: BodyPath::Copy, end });
+    if let Err(e) = head_sent {
+        return streamed(0, StreamEnd::Client(e));
+    }
+    let mut sent = 0u64;
+    deadline = Instant::now() + read_timeout;
+    // The body, while the request's goes on (a bidirectional call).
+    let end = loop {
+        let event = tokio::select! {
+            r = body.data() => Event::Upstream(r),
+            r = d.read_body(&mut uploading.inbox), if duplex && uploading.wants_client() => Event::Client(r),
+            r = send_some(uploading.stream, &mut uploading.up.to_up), if !uploading.up.to_up.is_empty() => Event::Sent(r),
+            () = tokio::time::sleep_until(deadline.into()) => Event::Timer,
+        };
+        match event {
+            Event::Upstream(Some(Ok(piece))) => {
+                deadline = Instant::now() + read_timeout;
+                if let Some(s) = store.as_mut() {
+                    s.write(&piece);
+                }
+                metrics::body_bytes(BodyPath::Copy.label(), piece.len() as u64);
+                if let Err(e) = d.send_body(&piece, false).await {
+                    break StreamEnd::Client(e);
+                }
+                sent += piece.len() as u64;
+                // Credit back only once the client took the piece.
+                let _ = body.flow_control().release_capacity(piece.len());
+            }
+            Event::Upstream(None) => {
+                let trailers = match body.trailers().await {
+                    Ok(t) => t,
+                    Err(e) => break cut(d, req, h2_failure(&up.url, &e, "reading the trailers"), sent),
+                };
+                let trailers: Vec<(String, String)> = trailers
+                    .iter()
+                    .flat_map(|t| t.iter())
+                    .map(|(n, v)| (n.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                    .collect();
+                match trailers.is_empty() {
+                    true => commit(&mut store).await,
+                    // A body with trailers is not stored: the stored answer would lack them.
+                    false => drop(store.take()),
+                }
+                let r =
+                    if trailers.is_empty() { d.send_body(&[], true).await } else { d.send_trailers(trailers).await };
+                break match r {
+                    Ok(()) => StreamEnd::Complete,
+                    Err(e) => StreamEnd::Client(e),
+                };
+            }
+            Event::Upstream(Some(Err(e))) => {
+                break cut(d, req, h2_failure(&up.url, &e, "reading the response body"), sent);
+            }
+            Event::Client(r) => match uploading.took(r) {
+                Ok(()) => {}
+                Err(BodyError::Client(e)) => break StreamEnd::Client(e),
+                Err(BodyError::Refused(_, why)) => {
+                    uploading.stream.send_reset(h2::Reason::CANCEL);
+                    let f = fail(Status::BAD_REQUEST, FailureKind::RequestBody, &up.url, why.to_string());
+                    break cut(d, req, f, sent);
+                }
+            },
+            Event::Sent(Ok(_)) => uploading.end_if_done(),
+            Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
+            Event::Timer => break cut(d, req, timed_out(&up.url, "reading the response body"), sent),
+        }
+    };
+    note(&|a| a.response = Some(attempt_at.elapsed()));
+    drop(lease);
+    if matches!(end, StreamEnd::Cut(_)) {
+        metrics::error(FailureKind::Body.label());
+    }
+    tracing::debug!("proxied \"{} {}\" over HTTP/2: {status} with {sent} body bytes", req.method, req.path);
+    streamed(sent, end)
+}
+
+/// The 504 of an upstream silent for the read timeout while `what`.
+fn timed_out(url: &str, what: &str) -> Failure {
+    let detail = format!("{what}: timed out");
+    Failure { status: Status::GATEWAY_TIMEOUT, kind: FailureKind::Timeout, upstream: url.to_string(), detail }
+}
+
+/// The answer to a request body refused (too large, malformed) or a client gone
+/// before the head.
+fn body_refused<E>(e: BodyError<E>, up: &Upstream, req: &Request, cache_status: String) -> Outcome<E> {
+    match e {
+        BodyError::Client(e) => Outcome::ClientGone(e),
+        BodyError::Refused(status, why) => {
+            let f = Failure { status, kind: FailureKind::RequestBody, upstream: up.url.clone(), detail: why.into() };
+            refused(f, req, cache_status)
+        }
+    }
+}
+
+fn mark_failed(rule: &Rule, url: &str, f: &Failure) {
+    tracing::warn!("{f}; the upstream is skipped for {:?}", rule.fail_timeout);
+    forget(url);
+    pool::failed(url, rule.fail_timeout);
+    metrics::failed(url, f.kind.label(), true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn te_trailers_is_seen() {
+        let f = |v: &str| vec![("TE".to_string(), v.to_string())];
+        for (v, want) in [("trailers", true), ("gzip, trailers", true), ("Trailers;q=1", true), ("gzip", false)] {
+            assert_eq!(asks_trailers(&f(v)), want, "{v}");
+        }
+        assert!(!asks_trailers(&[]));
+    }
+
+    #[test]
+    fn http1_heads_become_http2_requests() {
+        let raw = b"POST /pkg.Svc/Call?x=1 HTTP/1.1\r\nHost: api.test:8443\r\nContent-Type: application/grpc\r\n\
+                    Transfer-Encoding: chunked\r\nX-Request-Id: abc\r\n\r\n";
+        let r = request_of(raw, "http", true).ok();
+        let r = r.as_ref().map(|r| {
+            (
+                r.method().as_str().to_string(),
+                r.uri().to_string(),
+                r.headers().get("content-type").cloned(),
+                r.headers().contains_key("transfer-encoding"),
+                r.headers().contains_key("host"),
+                r.headers().get("te").cloned(),
+            )
+        });
+        assert_eq!(
+            r,
+            Some((
+                "POST".into(),
+                "http://api.test:8443/pkg.Svc/Call?x=1".into(),
+                Some(http::HeaderValue::from_static("application/grpc")),
+                false,
+                false,
+                Some(http::HeaderValue::from_static("trailers")),
+            ))
+        );
+        assert!(request_of(b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "http", false).is_err());
+        assert!(request_of(b"GET / HTTP/1.1\r\n", "http", false).is_err());
+    }
+
+    #[test]
+    fn heads_are_framed() {
+        let parts = |status: u16, length: Option<&str>| {
+            let mut b = http::Response::builder().status(status);
+            if let Some(l) = length {
+                b = b.header("content-length", l);
+            }
+            b.body(()).map(|r| r.into_parts().0).ok()
+        };
+        for (status, length, ended, method, want) in [
+            (200, Some("5"), false, "GET", Framing::Length(5)),
+            (200, None, false, "POST", Framing::Chunked),
+            (200, Some("x"), false, "GET", Framing::Chunked),
+            (200, None, true, "POST", Framing::None),
+            (200, Some("5"), false, "HEAD", Framing::None),
+            (304, None, false, "GET", Framing::None),
+        ] {
+            let Some(p) = parts(status, length) else { panic!("parts") };
+            assert_eq!(head_of(&p, ended, method).framing, want, "{status} {length:?} {ended} {method}");
+        }
+    }
+}
