@@ -15,6 +15,7 @@ threads created afterwards by that thread start there too."""
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import re
@@ -30,6 +31,7 @@ NS_CLI, NS_SRV = "lecli", "lesrv"
 DEV_CLI, DEV_SRV = "lecli0", "lesrv0"
 CLI_IP, SRV_IP = "10.77.0.1", "10.77.0.2"
 CLONE_NEWNET = 0x40000000
+LOCK = "/run/lock/ktlsd-linkemu.lock"
 HERE = os.path.dirname(os.path.abspath(__file__))
 BINARY = os.path.join(os.path.dirname(HERE), "linkemu", "target", "release", "linkemu")
 
@@ -88,6 +90,14 @@ class Link:
                  work="/tmp", binary=BINARY):
         self.stats_path = os.path.join(work, "linkemu-stats.json")
         self.delay_ms, self.loss = delay_ms, loss
+        # One link on the machine at a time: the namespaces' names are fixed, and setting up
+        # a second link would tear down the first under a running bench.
+        self.lock = open(LOCK, "w")
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.lock.close()
+            raise RuntimeError(f"another bench holds the link emulator ({LOCK})") from None
         teardown()
         for ns in (NS_CLI, NS_SRV):
             run(["ip", "netns", "add", ns])
@@ -134,6 +144,7 @@ class Link:
             self.proc.wait(timeout=10)
         self.err.close()
         teardown()
+        self.lock.close()
 
     def __enter__(self):
         return self
