@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 
+from . import plots
 from .system import log
 
 NS_CLI, NS_SRV = "lecli", "lesrv"
@@ -338,7 +339,7 @@ def check(args, work):
     """`bench/run linkemu --check`: the RTT, loss and throughput goals; a Markdown report."""
     delay = float(args.delay.rstrip("ms"))
     losses = [float(x.rstrip("%")) for x in args.loss.split(",") if x]
-    lines, ok = [], True
+    lines, ok, bars = [], True, []
     lines += ["| check | configured | measured | goal | result |", "|---|---|---|---|---|"]
 
     def row(what, conf, got, goal, passed):
@@ -348,6 +349,8 @@ def check(args, work):
     cpu = args.linkemu_cpu
     with Link(delay, 0, cpu=cpu, work=work) as link:
         for what, (med, mn, mx, n) in (("ping RTT", ping_rtt()), ("TCP connect RTT", connect_rtt())):
+            bars.append((f"{what} / (2 x {delay:g} ms), min to max", med / (2 * delay), mn / (2 * delay),
+                         mx / (2 * delay)))
             row(f"{what} ({'mean' if what.startswith('ping') else 'median'} of {n}; min {mn:.2f}, max {mx:.2f} ms)", f"2 x {delay:g} ms", f"{med:.2f} ms",
                 "within 1 ms", abs(med - 2 * delay) <= 1.0)
         mbit, fcpu, pk, by = tcp_throughput(link)
@@ -365,6 +368,10 @@ def check(args, work):
     for loss in losses:
         with Link(delay, loss, cpu=cpu, work=work, seed=args.linkemu_seed) as link:
             got, fwd, early, n, full = udp_loss(link)
+            # The binomial 95% interval of the measured rate, as a check of the seeded draw.
+            half = 1.96 * (got / 100 * (1 - got / 100) / 100_000) ** 0.5 * 100
+            bars.append((f"loss measured / configured {loss:g}%, 95% binomial interval", got / loss,
+                         (got - half) / loss, (got + half) / loss))
             row(f"UDP loss over 100,000 datagrams, counted in the servers' namespace (the forwarder counted "
                 f"{fwd:.3f}% of the {n} it read; lost before it: {early}; arrived at a full socket buffer: {full})",
                 f"{loss:g}%", f"{got:.3f}%", "within 0.2 points", abs(got - loss) <= 0.2 and early == 0)
@@ -372,4 +379,6 @@ def check(args, work):
     text = "\n".join([f"linkemu self-test ({where}; {os.cpu_count()} CPUs on this machine, shared)", "", *lines, "",
                       *[f"- {c}" for c in cost], "", f"result: {'pass' if ok else 'FAIL'}"])
     log(text)
+    plots.ratio_bars(os.path.join(args.out, "linkemu.svg"), bars, f"linkemu --check: measured / configured ({where})",
+                     "measured / configured (1 = exact)")
     return text, {"passed": ok, "throughput_mbit": mbit, "throughput_nodelay_mbit": mbit0}

@@ -68,17 +68,18 @@ def cdf(path, panels, title="", xlim=None, ylim=(0.0, 1.0)):
 
 def ratio_bars(path, items, title="", xlabel="ratio", reference=1.0):
     """Horizontal bars, one per (label, value, lo, hi) item (lo and hi: the interval, or None),
-    with a line at `reference` (1.0: no difference). Writes `path`."""
+    from a line at `reference` (1.0: no difference), on a log scale so that 0.5x and 2x lie
+    as far from it. One colour: whether more is better depends on the measure. Writes `path`."""
     plt = pyplot(path)
     if plt is None or not items:
         return
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(items) + 1.6))
     y = list(range(len(items)))[::-1]
-    values = [i[1] for i in items]
-    colours = ["tab:green" if v < reference else "tab:red" if v > reference else "tab:grey" for v in values]
-    ax.barh(y, values, color=colours, alpha=0.6)
+    values = [i[1] if i[1] > 0 and not math.isnan(i[1]) else reference for i in items]
+    ax.barh(y, [v - reference for v in values], left=reference, color="tab:blue", alpha=0.55)
+    ax.set_xscale("log")
     for yy, (_, v, lo, hi) in zip(y, items):
-        if lo is not None and hi is not None and not (math.isnan(lo) or math.isnan(hi)):
+        if lo is not None and hi is not None and lo > 0 and not (math.isnan(lo) or math.isnan(hi) or math.isnan(v)):
             ax.errorbar(v, yy, xerr=[[max(v - lo, 0)], [max(hi - v, 0)]], color="black", capsize=3, lw=1)
     ax.axvline(reference, color="black", lw=0.8)
     ax.set_yticks(y, [i[0] for i in items], fontsize="small")
@@ -117,10 +118,15 @@ def report_ratios(text):
             continue
         header = None
         if s.startswith("- "):
-            for m in _RATIO.finditer(s):
-                label = re.sub(r"[*`]", "", s[2:m.start()]).strip(" :,;")
-                label = label.split(";")[-1].strip()
-                items.append((label[-70:] or "ratio", float(m.group(1)),
+            body = re.sub(r"[*`]", "", s[2:])
+            found = list(_RATIO.finditer(body))
+            lead = body[:found[0].start()].strip(" :,;") if found else ""
+            for k, m in enumerate(found):
+                # Labelled by the line's lead and what follows the ratio ("the floor", "vs nginx").
+                end = found[k + 1].start() if k + 1 < len(found) else len(body)
+                what = re.split(r"[;,(]", body[m.end():end])[0].strip(" :.")
+                label = f"{lead[-45:]}: {what[:30]}" if what else lead[-70:]
+                items.append((label or "ratio", float(m.group(1)),
                               float(m.group(2)) if m.group(2) else None, float(m.group(3)) if m.group(3) else None))
     return items
 

@@ -58,6 +58,7 @@ COMPARISONS = [
     ("h2/static:16k+cubic", "h2/static:16k", "CUBIC instead of BBR"),
     ("h1/static:16k", "h2/static:16k", "HTTP/1.1 instead of HTTP/2"),
     ("h3/ktlsd", "h2/static:16k", "HTTP/3 instead of HTTP/2"),
+    ("h3/ktlsd", "h2/static:16k+cubic", "HTTP/3 against HTTP/2, both CUBIC"),
     ("h3/caddy", "h2/caddy", "HTTP/3 instead of HTTP/2 (Caddy)"),
     ("h2/static:16k", "h2/nginx-16k", "ktlsd against nginx"),
     ("h2/static:16k", "h2/caddy", "ktlsd against Caddy"),
@@ -108,6 +109,23 @@ def scenario_tail_native(args, work):
     for loss in losses:
         log(f"tail --native: linkemu {delay:g} ms each way, loss {loss}, n={args.n}")
         rows, failed, info = run_at(args, work, delay, float(loss.rstrip("%")), loss)
+        text, stats = report_at(rows, failed, info, loss, args.out)
+        tables.append(text)
+        raw[loss] = {"stats": stats, "failed": len(failed), **info}
+    return "\n\n".join(tables), raw
+
+
+def report_only(args):
+    """The report again from OUT/tail-native-RATE.csv and the run's figures in OUT/tail-native.json."""
+    import json
+    with open(os.path.join(args.out, "tail-native.json")) as f:
+        saved = json.load(f)
+    tables, raw = [], {}
+    for loss in [x for x in args.loss.split(",") if x]:
+        with open(os.path.join(args.out, f"tail-native-{loss.rstrip('%')}.csv")) as f:
+            rows = [(r["condition"], r["size"], float(r["ttfb_ms"]), float(r["total_ms"])) for r in csv.DictReader(f)]
+        info = {k: v for k, v in saved[loss].items() if k not in ("stats", "failed")}
+        failed = [("?", "?", "?")] * saved[loss]["failed"]
         text, stats = report_at(rows, failed, info, loss, args.out)
         tables.append(text)
         raw[loss] = {"stats": stats, "failed": len(failed), **info}

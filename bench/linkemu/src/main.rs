@@ -76,9 +76,7 @@ fn parse(args: &[String]) -> Result<Config, Error> {
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| Error::Usage(format!("{flag} needs a value")))?;
+        let value = it.next().ok_or_else(|| Error::Usage(format!("{flag} needs a value")))?;
         let num = |v: &str| -> Result<f64, Error> {
             v.parse::<f64>()
                 .ok()
@@ -100,14 +98,10 @@ fn parse(args: &[String]) -> Result<Config, Error> {
         }
     }
     if c.dev_a.is_empty() || c.dev_b.is_empty() || c.dev_a.len() > 15 || c.dev_b.len() > 15 {
-        return Err(Error::Usage(
-            "--dev-a and --dev-b name the two devices (at most 15 bytes)".into(),
-        ));
+        return Err(Error::Usage("--dev-a and --dev-b name the two devices (at most 15 bytes)".into()));
     }
     if c.loss > 1.0 || c.reorder > 1.0 || c.queue == 0 {
-        return Err(Error::Usage(
-            "--loss and --reorder are percentages; --queue at least 1".into(),
-        ));
+        return Err(Error::Usage("--loss and --reorder are percentages; --queue at least 1".into()));
     }
     Ok(c)
 }
@@ -211,11 +205,7 @@ fn direction(cfg: Config, mut from: File, mut to: File, mut rng: Rng, c: Arc<Cou
     let mut seq = 0u64;
     // When the rate-limited link is next free; packets queue behind it.
     let mut link_free = Instant::now();
-    let mut pfd = libc::pollfd {
-        fd: from.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut pfd = libc::pollfd { fd: from.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     loop {
         // Everything the device has ready.
         let now = Instant::now();
@@ -289,10 +279,7 @@ fn direction(cfg: Config, mut from: File, mut to: File, mut rng: Rng, c: Arc<Cou
         // Sleep until the next packet is due or one arrives.
         let tmo = line.peek().map(|h| {
             let d = h.due.saturating_duration_since(Instant::now());
-            libc::timespec {
-                tv_sec: d.as_secs() as libc::time_t,
-                tv_nsec: d.subsec_nanos() as libc::c_long,
-            }
+            libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long }
         });
         let tp = tmo.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: one pollfd and an optional timespec, both alive across the call.
