@@ -32,6 +32,11 @@ Scenarios:
               (VM)    --vm: a 128 MiB hit over kTLS from both (nginx with OpenSSL's KTLS option):
                       MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it.
 
+  tail --native (host) the same over the link emulator (linkemu) at native CPU speed: 50 ms each way,
+                      each loss rate of --loss, 100 KB and 1 MB, ktlsd's policies, TCP_NOTSENT_LOWAT, BBR
+                      and CUBIC, HTTP/1.1, HTTP/2 and HTTP/3, nginx and Caddy: bench/results/tail-native.md.
+  linkemu     (host)  --check: the link emulator's self-test (RTT by ping and TCP connect, loss over
+                      100,000 datagrams, throughput, the forwarder's own CPU cost).
   soak        (host)  the fault soak: mixed HTTP/1.1, HTTP/2 and HTTP/3 traffic (static, proxied, cached,
                       ranges, compressed) for --minutes while the origin dies, slows and sends garbage,
                       ktlsd reloads, is SIGKILLed once, its cache disk fills and its descriptors run out;
@@ -48,10 +53,12 @@ import csv
 import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
 
-from ktlsbench import (cold, fleet, h3, ktls, peers, proxy, scale, scale_ktls, servers, soak, tail, tail_h3, throughput,
-                       throughput_h2)
+from ktlsbench import (cold, fleet, h3, ktls, linkemu, peers, plots, proxy, scale, scale_ktls, servers, soak, tail,
+                       tail_h3, tail_native, throughput, throughput_h2)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -60,7 +67,7 @@ REPO = os.path.dirname(HERE)
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", choices=["throughput", "ktls", "tail", "scale", "scale-ktls", "h2", "h3", "cold",
-                                               "proxy", "fleet", "soak"])
+                                               "proxy", "fleet", "soak", "linkemu"])
     p.add_argument("--ktlsd", default=os.path.join(REPO, "target/release/ktlsd"))
     p.add_argument("--runs", type=int, default=10, help="download runs per server")
     p.add_argument("--duration", type=int, default=10, help="wrk seconds per round")
@@ -95,10 +102,57 @@ def main():
     p.add_argument("--http3", action="store_true",
                    help="tail: ktlsd's HTTP/3 (gtlsclient) beside every policy over HTTP/1.1 and HTTP/2, no peers; "
                         "results under OUT/h3/")
+    p.add_argument("--native", action="store_true",
+                   help="tail: on this machine over the link emulator (linkemu) with nginx and Caddy, HTTP/1.1, "
+                        "HTTP/2 and HTTP/3; report OUT/tail-native.md")
+    p.add_argument("--check", action="store_true", help="linkemu: the self-test (the only thing it does)")
+    p.add_argument("--linkemu-cpu", type=int, default=1, help="linkemu --check: the CPU the forwarder is pinned to")
+    p.add_argument("--linkemu-need-mbit", type=int, default=200,
+                   help="linkemu --check: the least TCP throughput at 0%% loss that passes")
+    p.add_argument("--linkemu-seed", type=int, default=1, help="linkemu, tail --native: the seed of the losses")
     p.add_argument("--vm", action="store_true",
                    help="proxy: large cache hits over kTLS in the VM (bench/run boots it), ktlsd vs nginx proxy_cache; "
                         "results under OUT/vm/")
     args = p.parse_args()
+    if args.scenario == "linkemu":
+        if not args.check:
+            p.error("linkemu: --check is what it does")
+        args.loss = args.loss if args.loss != "1%" else "1%,3%"
+        os.makedirs(args.out, exist_ok=True)
+        work = tempfile.mkdtemp(prefix="ktlsd-linkemu-")
+        try:
+            text, raw = linkemu.check(args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        write_report(args, f"## linkemu --check (kernel {os.uname().release})\n\n{text}\n", raw)
+        if not raw["passed"]:
+            raise SystemExit("linkemu --check: failed")
+        return
+    if args.native:
+        if args.scenario != "tail" or args.http2 or args.http3:
+            p.error("--native applies to the tail scenario, without --http2/--http3 (its plan has both)")
+        servers.HOST = "0.0.0.0"  # every address of the servers' namespace
+        servers.ACCESS_LOG = True
+        servers.WORKERS = 1  # each server on one core, as the study pinned nginx to one
+        peers.PEERS = ["nginx", "caddy"]
+        args.clients = 10 if args.clients == p.get_default("clients") else args.clients
+        work = tempfile.mkdtemp(prefix="ktlsd-bench-")
+        # A SIGTERM stops the run through its cleanup: servers stopped, namespaces removed.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit("tail --native: terminated"))
+        try:
+            if args.report_only:  # from OUT's CSVs and JSON
+                table, raw = tail_native.report_only(args)
+            else:
+                servers.make_cert(work)
+                table, raw = tail_native.scenario_tail_native(args, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        versions = "; ".join(f"{k}: {v}" for k, v in peers.versions().items())
+        report = (f"## tail --native (kernel {os.uname().release}, {servers.WORKERS} worker per server, "
+                  f"access logs on for every server)\n\nPeers: {versions}\n\n{tail_native.__doc__}\n\n{table}\n")
+        args.scenario = "tail-native"
+        write_report(args, report, raw, chart=False)  # its CDF and ratio charts are drawn per loss rate
+        return
     if args.vm:
         if args.scenario != "proxy":
             p.error("--vm applies to the proxy scenario (the other VM scenarios always run in the VM)")
@@ -150,13 +204,21 @@ def main():
     logs = "access logs on for every server" if servers.ACCESS_LOG else "access logs off for every server"
     report = (f"## {args.scenario} (kernel {kernel}, {servers.WORKERS} workers, {logs})\n\n"
               f"Peers: {versions or 'none'}\n\n{table}\n")
+    write_report(args, report, raw, chart=args.scenario not in ("soak",))  # the soak draws its own
+    if args.scenario == "soak" and not raw["passed"]:
+        raise SystemExit("soak: failed (unexplained failures, corrupt answers, wrong stored entries or RSS growth)")
+
+
+def write_report(args, report, raw, chart=True):
+    """OUT/SCENARIO.md and .json, and beside the Markdown a chart of the ratios it states."""
     print(report)
-    with open(os.path.join(args.out, f"{args.scenario}.md"), "w") as f:
+    md = os.path.join(args.out, f"{args.scenario}.md")
+    with open(md, "w") as f:
         f.write(report)
     with open(os.path.join(args.out, f"{args.scenario}.json"), "w") as f:
         json.dump(raw, f, indent=1)
-    if args.scenario == "soak" and not raw["passed"]:
-        raise SystemExit("soak: failed (unexplained failures, corrupt answers, wrong stored entries or RSS growth)")
+    if chart:
+        plots.report_chart(md)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ class Nginx(Peer):
     def launch(self, root, port, ktls, http2, connections):
         return nginx(self, servers.WORKERS, connections, f"""
   server {{
-    listen 127.0.0.1:{port} ssl{" http2" if http2 else ""} reuseport;
+    listen {servers.HOST}:{port} ssl{" http2" if http2 else ""} reuseport;
     ssl_certificate {servers.CERT};
     ssl_certificate_key {servers.KEY};
     ssl_protocols TLSv1.2 TLSv1.3;
@@ -133,7 +133,7 @@ max-connections: {connections}
 pid-file: {self.path("h2o.pid")}
 error-log: {self.path("error.log")}
 listen:
-  host: 127.0.0.1
+  host: {servers.HOST}
   port: {port}
   ssl:
     certificate-file: {servers.CERT}
@@ -161,7 +161,7 @@ class Lighttpd(Peer):
         conf = self.write("lighttpd.conf", f"""
 server.modules = ("mod_openssl"{', "mod_accesslog"' if log else ""})
 server.document-root = "{root}"
-server.bind = "127.0.0.1"
+server.bind = "{servers.HOST}"
 server.port = {port}
 server.pid-file = "{self.path("lighttpd.pid")}"
 server.errorlog = "{self.path("error.log")}"
@@ -203,7 +203,7 @@ class Caddy(Peer):
   }}
 }}
 https://:{port} {{
-  bind 127.0.0.1
+  bind {servers.HOST}
   tls {servers.CERT} {servers.KEY} {{
     protocols tls1.2 tls1.3
   }}

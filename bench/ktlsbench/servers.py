@@ -11,6 +11,8 @@ from .system import sh, wait_port
 
 # Set by the command line before any server starts.
 WORKERS = os.cpu_count()
+# The address every server listens on (tail --native: every address of the servers' namespace).
+HOST = "127.0.0.1"
 CERT = KEY = None
 ACCESS_LOG = False
 
@@ -19,7 +21,7 @@ class Ktlsd:
     def __init__(self, name, binary, root, port, work, extra=()):
         self.name, self.port = name, port
         self.err = open(os.path.join(work, f"{name}.err"), "w")
-        cmd = [binary, "serve", root, "--listen", f"127.0.0.1:{port}", "--workers", str(WORKERS),
+        cmd = [binary, "serve", root, "--listen", f"{HOST}:{port}", "--workers", str(WORKERS),
                "--cert", CERT, "--key", KEY,
                "--access-log", os.path.join(work, f"{name}.access") if ACCESS_LOG else "off", *extra]
         if os.geteuid() == 0:

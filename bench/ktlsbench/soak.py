@@ -54,7 +54,7 @@ import threading
 import time
 import urllib.request
 
-from . import servers
+from . import plots, servers
 from .soak_faults import ADMIN_PORT, Faults, Origin, Server, sampler, write_config
 from .soak_traffic import (CACHE_OBJECTS, PORT, REQUEST_TIMEOUT, Req, Truth, client_context, client_h1, client_h2,
                            client_h3, make_root, verify)
@@ -135,9 +135,9 @@ def mean(xs):
 
 
 def chart(samples, windows, path, t0):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plots.pyplot(path)
+    if plt is None:
+        return
     fig, (a, b, c) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     mins = [s[0] / 60 for s in samples]
     a.plot(mins, [s[1] for s in samples], lw=1)

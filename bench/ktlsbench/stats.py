@@ -26,6 +26,16 @@ def ratio_ci(a, b, p, rounds=2000):
     return pct(a, p) / pct(b, p), pct(boot, 2.5), pct(boot, 97.5)
 
 
+def pct_ci(xs, p, rounds=1000):
+    """pct(xs, p) and its 95% bootstrap interval (2.5th and 97.5th percentiles of the
+    percentile over `rounds` resamples)."""
+    if not xs:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(1)
+    boot = sorted(pct(rng.choices(xs, k=len(xs)), p) for _ in range(rounds))
+    return pct(xs, p), pct(boot, 2.5), pct(boot, 97.5)
+
+
 def versus_table(rows, peers, measure="measure", digits=2, ours="ktlsd"):
     """A Markdown table of (measure, ktlsd's value, {peer: value}, goal) rows: a value and a
     ktlsd/peer ratio column per peer. A peer's value may be a string saying why it has none

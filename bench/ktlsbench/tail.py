@@ -11,7 +11,7 @@ import re
 import subprocess
 import time
 
-from . import peers, tail_h3
+from . import peers, plots, tail_h3
 from .servers import Ktlsd, require_ktls
 from .stats import pct, ratio_ci
 from .system import backlog_drops, cpu_seconds, log, make_file, sh, tcp_ext, tcp_retransmits
@@ -239,14 +239,8 @@ def policy_sections(cell, sizes, names):
 
 
 def chart(stats, rows, sizes, names, path):
-    try:
-        # Kept beside the results, so its font cache is built once, not in every VM.
-        os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.path.dirname(path), ".matplotlib"))
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("matplotlib missing: no chart")
+    plt = plots.pyplot(path)
+    if plt is None:
         return
     # Top: p50 and p95 per condition. Bottom: the whole TTFB distribution, where
     # the loss-delayed share (and so where a p95 lands) can be read off.

@@ -61,7 +61,7 @@ def log_cpu(server_cpu):
             f"p95 {pct(CLIENT_WAIT, 95):.0f}, max {max(CLIENT_WAIT)}")
 
 
-def gtlsclient_batch(jobs, work):
+def gtlsclient_batch(jobs, work, addr="127.0.0.1"):
     """Each job [(condition, size_name, size)] in turn on a new QUIC connection of its own
     (one gtlsclient process each: a full handshake, no session file, so no resumption or 0-RTT).
     TTFB is the time, on ngtcp2's log clock (from the first Initial sent), of the packet that
@@ -72,7 +72,7 @@ def gtlsclient_batch(jobs, work):
     rows = []
     for c, name, size in jobs:
         cmd = ["gtlsclient", "--no-quic-dump", "--no-http-dump", "--exit-on-all-streams-close",
-               "--timeout=30s", f"--download={out_dir}", "127.0.0.1", str(c.port),
+               "--timeout=30s", f"--download={out_dir}", addr, str(c.port),
                f"https://localhost:{c.port}/{name}"]
         rc, _, err = run_timed(cmd, H3, 1, 120)
         ttfb = total = None
