@@ -1017,10 +1017,14 @@ impl State {
         let now = self.runtime.now();
         let mut transmits = 0;
 
+        // ktlsd: as many datagrams per transmit as one UDP GSO send can carry at the
+        // current MTU (the kernel takes at most 64 segments and 64 KiB per send), where
+        // upstream quinn stops at a fixed 10.
         let max_datagrams = self
             .socket
             .max_transmit_segments()
-            .min(MAX_TRANSMIT_SEGMENTS);
+            .min(MAX_TRANSMIT_SEGMENTS)
+            .min((MAX_GSO_PAYLOAD / usize::from(self.inner.current_mtu().max(1200))).max(1));
 
         loop {
             // Retry the last transmit, or get a new one.
@@ -1069,7 +1073,7 @@ impl State {
                 continue;
             }
 
-            if transmits >= MAX_TRANSMIT_DATAGRAMS {
+            if transmits >= MAX_TRANSMIT_BATCHES * max_datagrams {
                 // TODO: What isn't ideal here yet is that if we don't poll all
                 // datagrams that could be sent we don't go into the `app_limited`
                 // state and CWND continues to grow until we get here the next time.
@@ -1327,15 +1331,25 @@ pub enum SendDatagramError {
     ConnectionLost(#[from] ConnectionError),
 }
 
-/// The maximum amount of datagrams which will be produced in a single `drive_transmit` call
+/// The maximum amount of GSO batches which will be produced in a single `drive_transmit` call
 ///
 /// This limits the amount of CPU resources consumed by datagram generation,
 /// and allows other tasks (like receiving ACKs) to run in between.
-const MAX_TRANSMIT_DATAGRAMS: usize = 20;
+///
+/// ktlsd: counted in full GSO batches, two of them (upstream: 20 datagrams, two of its
+/// batches of 10).
+const MAX_TRANSMIT_BATCHES: usize = 2;
 
 /// The maximum amount of datagrams that are sent in a single transmit
 ///
 /// This can be lower than the maximum platform capabilities, to avoid excessive
 /// memory allocations when calling `poll_transmit()`. Benchmarks have shown
 /// that numbers around 10 are a good compromise.
-const MAX_TRANSMIT_SEGMENTS: usize = 10;
+///
+/// ktlsd: 64, the kernel's UDP GSO limit (`UDP_MAX_SEGMENTS`), further bounded by
+/// [`MAX_GSO_PAYLOAD`]; upstream quinn: 10.
+const MAX_TRANSMIT_SEGMENTS: usize = 64;
+
+/// The most UDP payload one GSO send may carry: an IPv6 packet's payload length field
+/// (65535) less the UDP header, rounded down (IPv4's 20-byte header leaves as much).
+const MAX_GSO_PAYLOAD: usize = 65_000;
