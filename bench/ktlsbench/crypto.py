@@ -146,7 +146,10 @@ def udp_floor(seconds, segment=1452, segments=10, gro=False):
         for _ in range(100):  # the stop datagram; the receiver may drop some under load
             if reader.poll() is not None:
                 break
-            tx.send(b"!")
+            try:
+                tx.send(b"!")
+            except ConnectionRefusedError:  # the receiver has closed its socket: it is gone
+                break
             time.sleep(0.01)
         reader.kill()
         tx.close()
