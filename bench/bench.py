@@ -30,7 +30,9 @@ Scenarios:
                       proxied without cache, a hit's CPU against a static file's, and 100
                       concurrent misses on one key counted at the upstream.
               (VM)    --vm: a 128 MiB hit over kTLS from both (nginx with OpenSSL's KTLS option):
-                      MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it.
+                      MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it;
+                      bulk bytes through a WebSocket tunnel over kTLS (splice on ktlsd's side).
+              --parts LIST runs only some measures (e.g. --parts tunnel).
 
   soak        (host)  the fault soak: mixed HTTP/1.1, HTTP/2 and HTTP/3 traffic (static, proxied, cached,
                       ranges, compressed) for --minutes while the origin dies, slows and sends garbage,
@@ -98,7 +100,18 @@ def main():
     p.add_argument("--vm", action="store_true",
                    help="proxy: large cache hits over kTLS in the VM (bench/run boots it), ktlsd vs nginx proxy_cache; "
                         "results under OUT/vm/")
+    p.add_argument("--parts", default="all",
+                   help="proxy: the measures to run, comma-separated (default all). On this machine: "
+                        f"{', '.join(proxy.HOST_PARTS)}, or tunnel for ws-rt,ws-bulk; with --vm: "
+                        f"{', '.join(proxy.VM_PARTS)}")
     args = p.parse_args()
+    if args.scenario == "proxy":
+        try:
+            args.parts = proxy.parts(args.parts, args.vm)
+        except ValueError as e:
+            p.error(f"--parts: {e}")
+    elif args.parts != "all":
+        p.error("--parts applies to the proxy scenario")
     if args.vm:
         if args.scenario != "proxy":
             p.error("--vm applies to the proxy scenario (the other VM scenarios always run in the VM)")
