@@ -413,12 +413,13 @@ def measure(args, ktlsd, nginx, origin, ws):
     plan = [(ktlsd, "hit"), (ktlsd, "pass"), (ktlsd, "static"), (ktlsd, "hit-h2"), (ktlsd, "h2c"), (ktlsd, "ws-rt"),
             (ktlsd, "ws-bulk"), (nginx, "hit"), (nginx, "pass"), (nginx, "hit-h2"), (nginx, "h2c"), (nginx, "ws-rt"),
             (nginx, "ws-bulk")]
-    plan = [(s, m) for s, m in plan if m in args.parts]
     paths = {"hit": "cache/10k.bin", "hit-h2": "cache/10k.bin", "pass": "pass/10k.bin", "static": "10k.bin",
              "h2c": "h2c/1k.bin"}
     res = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     cpu = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     misses = {ktlsd.name: [], nginx.name: []}
+    # Every row has its lists (empty when --parts left its measure out); the plan runs those asked for.
+    plan = [(s, m) for s, m in plan if m in args.parts]
     # wrk's and the origin's CPU per proxied request (us), and the upstream leg's floor.
     others = {s.name: {"wrk": [], "origin": []} for s in (ktlsd, nginx)}
     floor = []
@@ -454,7 +455,7 @@ def measure(args, ktlsd, nginx, origin, ws):
         log(f"  round {i + 1}/{rounds}: " + "; ".join(
             f"{n} " + ", ".join(f"{m} {v[-1]:.{2 if m == 'ws-bulk' else 0}f} {unit.get(m, ('req/s',))[0]} "
                                 f"({cpu[n][m][-1]:.{3 if m == 'ws-bulk' else 1}f} {unit.get(m, (0, 'us'))[1]})"
-                                for m, v in r.items())
+                                for m, v in r.items() if v)
             + (f", misses -> {misses[n][-1]} upstream" if misses[n] else "") for n, r in res.items()))
     k, n = res["ktlsd"], res["nginx"]
     rows = [
@@ -494,9 +495,9 @@ def measure(args, ktlsd, nginx, origin, ws):
     least = static + median(floor)
     # With --parts, only the rows of the measures that ran.
     rows = [r for r in rows if not math.isnan(r[1])]
-    table = versus_table(rows, ["nginx"], "measure (10 KiB, nginx proxy_cache / proxy_pass)", digits=1)
+    table = versus_table(rows, ["nginx"], "measure (10 KiB, nginx proxy_cache / proxy_pass)", digits=1) + "\n"
     if not math.isnan(hit / static):
-        table += (f"\n\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same "
+        table += (f"\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same "
                   f"run): {hit:.1f} us / {static:.1f} us = {hit / static:.2f}x (goal <= 1.05x)\n")
     if not math.isnan(budget + least):
         table += (f"\nThe proxied rate as CPU (wrk, the proxy and the origin share the cores): through nginx the "
