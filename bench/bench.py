@@ -30,7 +30,9 @@ Scenarios:
                       proxied without cache, a hit's CPU against a static file's, and 100
                       concurrent misses on one key counted at the upstream.
               (VM)    --vm: a 128 MiB hit over kTLS from both (nginx with OpenSSL's KTLS option):
-                      MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it.
+                      MB/s and server CPU s/GiB, and the proof that kTLS and sendfile carried it;
+                      bulk bytes through a WebSocket tunnel over kTLS (splice on ktlsd's side).
+              --parts LIST runs only some measures (e.g. --parts tunnel).
 
   tail --native (host) the same over the link emulator (linkemu) at native CPU speed: 50 ms each way,
                       each loss rate of --loss, 100 KB and 1 MB, ktlsd's policies, TCP_NOTSENT_LOWAT, BBR
@@ -113,6 +115,10 @@ def main():
     p.add_argument("--vm", action="store_true",
                    help="proxy: large cache hits over kTLS in the VM (bench/run boots it), ktlsd vs nginx proxy_cache; "
                         "results under OUT/vm/")
+    p.add_argument("--parts", default="all",
+                   help="proxy: the measures to run, comma-separated (default all). On this machine: "
+                        f"{', '.join(proxy.HOST_PARTS)}, or tunnel for ws-rt,ws-bulk; with --vm: "
+                        f"{', '.join(proxy.VM_PARTS)}")
     args = p.parse_args()
     if args.scenario == "linkemu":
         if not args.check:
@@ -153,6 +159,13 @@ def main():
         args.scenario = "tail-native"
         write_report(args, report, raw, chart=False)  # its CDF and ratio charts are drawn per loss rate
         return
+    if args.scenario == "proxy":
+        try:
+            args.parts = proxy.parts(args.parts, args.vm)
+        except ValueError as e:
+            p.error(f"--parts: {e}")
+    elif args.parts != "all":
+        p.error("--parts applies to the proxy scenario")
     if args.vm:
         if args.scenario != "proxy":
             p.error("--vm applies to the proxy scenario (the other VM scenarios always run in the VM)")

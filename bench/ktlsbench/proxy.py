@@ -37,6 +37,7 @@ for the rate goal, beside the least it can be (its static-file CPU for the same 
 With --vm (in the guest, through `bench/run proxy --vm`): large bodies over kTLS instead (a cache
 hit, and a body proxied without the cache over HTTP/1.1 and HTTP/2), see scenario_proxy_vm."""
 
+import math
 import os
 import random
 import re
@@ -65,6 +66,34 @@ NGINX_PORT = 18644
 # shorter than ktlsd's coalescing wait (5 s), after which a waiter would go upstream itself.
 SLOW_RATE = "4k"
 MISSES = 100
+
+
+# The measures of each plan, selectable with --parts (default: all). On this machine: `misses`
+# is the 100 concurrent misses, `floor` the upstream leg's floor, the others rows of the plan.
+HOST_PARTS = ("hit", "pass", "static", "hit-h2", "h2c", "ws-rt", "ws-bulk", "misses", "floor")
+# In the VM (--vm): the cache hit, the proxied bodies (HTTP/1.1 and HTTP/2), the tunnel.
+VM_PARTS = ("hit", "proxied", "tunnel")
+# Shorthands on this machine.
+PART_GROUPS = {"tunnel": ("ws-rt", "ws-bulk")}
+
+
+def parts(spec, vm):
+    """The measures `spec` (comma-separated, or "all") names, in the plan's order; ValueError
+    for a name the plan (of the VM with `vm`) does not have."""
+    known = VM_PARTS if vm else HOST_PARTS
+    if spec == "all":
+        return list(known)
+    want = set()
+    for name in (n.strip() for n in spec.split(",") if n.strip()):
+        group = PART_GROUPS.get(name, (name,)) if not vm else (name,)
+        for n in group:
+            if n not in known:
+                raise ValueError(f"no measure {name!r} {'in the VM' if vm else 'on this machine'}; "
+                                 f"choose from {', '.join(known)}" + ("" if vm else ", tunnel"))
+            want.add(n)
+    if not want:
+        raise ValueError("no measure named")
+    return [n for n in known if n in want]
 
 
 class Origin(peers.Peer):
@@ -389,6 +418,8 @@ def measure(args, ktlsd, nginx, origin, ws):
     res = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     cpu = {s.name: {m: [] for t, m in plan if t is s} for s in (ktlsd, nginx)}
     misses = {ktlsd.name: [], nginx.name: []}
+    # Every row has its lists (empty when --parts left its measure out); the plan runs those asked for.
+    plan = [(s, m) for s, m in plan if m in args.parts]
     # wrk's and the origin's CPU per proxied request (us), and the upstream leg's floor.
     others = {s.name: {"wrk": [], "origin": []} for s in (ktlsd, nginx)}
     floor = []
@@ -415,15 +446,17 @@ def measure(args, ktlsd, nginx, origin, ws):
                     others[s.name]["origin"].append((cpu_seconds(origin.pids()) - o0) * 1e6 / requests)
             res[s.name][m].append(rps)
             cpu[s.name][m].append(us)
-        for s in random.sample([ktlsd, nginx], 2):
-            misses[s.name].append(concurrent_misses(s, origin, f"run={s.name}-{i}"))
-        floor.append(upstream_leg_floor(d / 2))
+        if "misses" in args.parts:
+            for s in random.sample([ktlsd, nginx], 2):
+                misses[s.name].append(concurrent_misses(s, origin, f"run={s.name}-{i}"))
+        if "floor" in args.parts:
+            floor.append(upstream_leg_floor(d / 2))
         unit = {"ws-rt": ("rt/s", "us"), "ws-bulk": ("MB/s", "s/GiB")}
         log(f"  round {i + 1}/{rounds}: " + "; ".join(
             f"{n} " + ", ".join(f"{m} {v[-1]:.{2 if m == 'ws-bulk' else 0}f} {unit.get(m, ('req/s',))[0]} "
                                 f"({cpu[n][m][-1]:.{3 if m == 'ws-bulk' else 1}f} {unit.get(m, (0, 'us'))[1]})"
-                                for m, v in r.items())
-            + f", misses -> {misses[n][-1]} upstream" for n, r in res.items()))
+                                for m, v in r.items() if v)
+            + (f", misses -> {misses[n][-1]} upstream" if misses[n] else "") for n, r in res.items()))
     k, n = res["ktlsd"], res["nginx"]
     rows = [
         (f"10 KiB cache hit, HTTP/1.1 wrk -t1 -c64 {d}s, median req/s", median(k["hit"]),
@@ -440,8 +473,8 @@ def measure(args, ktlsd, nginx, origin, ws):
          {"nginx": median(cpu["nginx"]["hit"])}, "-"),
         ("server CPU us per 10 KiB proxied request, median", median(cpu["ktlsd"]["pass"]),
          {"nginx": median(cpu["nginx"]["pass"])}, "-"),
-        (f"{MISSES} concurrent misses on one key: upstream requests, most in a round", max(misses["ktlsd"]),
-         {"nginx": max(misses["nginx"])}, "ktlsd = 1"),
+        (f"{MISSES} concurrent misses on one key: upstream requests, most in a round", max(misses["ktlsd"] or [math.nan]),
+         {"nginx": max(misses["nginx"] or [math.nan])}, "ktlsd = 1"),
         (f"WebSocket echo, 32-byte frames on {WS_RT_CONNS} tunnels (wsload rt {d}s), median round trips/s",
          median(k["ws-rt"]), {"nginx": median(n["ws-rt"])}, ">= 1.2"),
         ("server CPU us per WebSocket round trip, median", median(cpu["ktlsd"]["ws-rt"]),
@@ -460,18 +493,24 @@ def measure(args, ktlsd, nginx, origin, ws):
     machine = no["wrk"] + median(cpu["nginx"]["pass"]) + no["origin"]
     budget = machine / 1.2 - ko["wrk"] - ko["origin"]
     least = static + median(floor)
-    table = versus_table(rows, ["nginx"], "measure (10 KiB, nginx proxy_cache / proxy_pass)", digits=1)
-    table += (f"\n\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same run): "
-              f"{hit:.1f} us / {static:.1f} us = {hit / static:.2f}x (goal <= 1.05x)\n"
-              f"\nThe proxied rate as CPU (wrk, the proxy and the origin share the cores): through nginx the three "
-              f"spend {machine:.1f} us per request. 1.2x nginx's rate leaves ktlsd {budget:.1f} us per proxied "
-              f"request, with wrk and the origin at their cost through ktlsd. The least ktlsd can spend is its "
-              f"static-file CPU for the same bytes ({static:.1f} us) plus the upstream leg's kernel floor "
-              f"({median(floor):.1f} us, `upstream_leg_floor`): {least:.1f} us. ktlsd spent "
-              f"{median(cpu['ktlsd']['pass']):.1f} us.\n"
-              f"\nThe upstream: nginx over plain HTTP on loopback, 2 workers (not measured); nginx with "
-              f"`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB): "
-              f"`bench/run proxy --vm`.\n")
+    # With --parts, only the rows of the measures that ran.
+    rows = [r for r in rows if not math.isnan(r[1])]
+    table = versus_table(rows, ["nginx"], "measure (10 KiB, nginx proxy_cache / proxy_pass)", digits=1) + "\n"
+    if not math.isnan(hit / static):
+        table += (f"\nktlsd's CPU per 10 KiB hit against the same bytes as a static file (wrk -t1 -c64, same "
+                  f"run): {hit:.1f} us / {static:.1f} us = {hit / static:.2f}x (goal <= 1.05x)\n")
+    if not math.isnan(budget + least):
+        table += (f"\nThe proxied rate as CPU (wrk, the proxy and the origin share the cores): through nginx the "
+                  f"three spend {machine:.1f} us per request. 1.2x nginx's rate leaves ktlsd {budget:.1f} us per "
+                  f"proxied request, with wrk and the origin at their cost through ktlsd. The least ktlsd can spend "
+                  f"is its static-file CPU for the same bytes ({static:.1f} us) plus the upstream leg's kernel floor "
+                  f"({median(floor):.1f} us, `upstream_leg_floor`): {least:.1f} us. ktlsd spent "
+                  f"{median(cpu['ktlsd']['pass']):.1f} us.\n")
+    table += ("\nThe upstream: nginx over plain HTTP on loopback, 2 workers (not measured); nginx with "
+              "`proxy_cache_lock on` on the coalescing path. Large hits over kTLS (CPU s/GiB): "
+              "`bench/run proxy --vm`.\n")
+    if args.parts != list(HOST_PARTS):
+        table += f"\nMeasures run (--parts): {', '.join(args.parts)}.\n"
     table += ("\nTunnels: `wsload` (bench/ktlsbench/wsload.c) is both the client (TLS by OpenSSL) and the "
               "upstream, so the proxies relay between two C epoll loops.\n")
     return table, {"rps": res, "cpu_us_per_request": cpu, "upstream_requests_for_100_misses": misses,
@@ -497,7 +536,9 @@ HEAD_SLACK = 64 << 10
 VM_PASS = f"/pass/{VM_SIZE >> 20}m.bin"
 # The measures: (path, HTTP version, served from the cache).
 VM_MEASURES = {"hit h1": (VM_PATH, "1.1", True), "proxied h1": (VM_PASS, "1.1", False),
-               "proxied h2": (VM_PASS, "2", False)}
+               "proxied h2": (VM_PASS, "2", False), "tunnel h1": ("/ws/bulk", "1.1", False)}
+# Each --parts name of the VM plan and its measures.
+VM_PART_MEASURES = {"hit": ("hit h1",), "proxied": ("proxied h1", "proxied h2"), "tunnel": ("tunnel h1",)}
 
 
 def tls_stat():
@@ -555,6 +596,25 @@ def fill(server, status_field, hit):
     raise RuntimeError(f"{server.name}: {VM_PATH} is not a cache hit after 5 GETs:\n{out}")
 
 
+def tunnel_bulk(server, ws, seconds):
+    """`wsload bulk` through `server` on one fresh tunnel for `seconds`, as `download` measures
+    a body: its speed (MB/s), the server's CPU seconds, the TlsTxSw rise, the highest TlsCurrTxSw
+    rise seen while it ran; and the bytes the client received."""
+    base, c0 = tls_stat(), cpu_seconds(server.pids())
+    proc = subprocess.Popen([ws.bin, "bulk", str(server.port), "/ws/bulk", str(WS_BULK_CONNS), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+    live = 0
+    while proc.poll() is None:
+        live = max(live, tls_stat()["TlsCurrTxSw"] - base["TlsCurrTxSw"])
+        time.sleep(0.2)
+    out = proc.communicate()[0].split()
+    cpu, after = cpu_seconds(server.pids()) - c0, tls_stat()
+    if proc.returncode or len(out) != 3 or int(out[1]) == 0:
+        raise RuntimeError(f"{server.name}: wsload bulk through the tunnel: exit {proc.returncode}, {out}")
+    moved, secs = int(out[1]), float(out[2])
+    return moved / secs / 1e6, cpu, after["TlsTxSw"] - base["TlsTxSw"], live, moved
+
+
 def scenario_proxy_vm(args, work):
     """Large bodies over kTLS (VM): ktlsd (`--ktls on`, `[cache]`, `[[proxy]] cache = true` on
     /cache/, none on /pass/) and nginx (`proxy_cache`, `proxy_pass`, `sendfile on`,
@@ -570,8 +630,9 @@ def scenario_proxy_vm(args, work):
     `body=sendfile tls=ktls` for each hit and `body=splice tls=ktls` for each proxied body."""
     if "nginx" not in peers.PEERS:
         raise RuntimeError("the proxy scenario compares with nginx: keep it in --peers")
+    measures = {m: VM_MEASURES[m] for p in args.parts for m in VM_PART_MEASURES[p]}
     tls_stat()
-    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT, ADMIN_PORT)
+    require_free(ORIGIN_PORT, KTLSD_PORT, NGINX_PORT, ADMIN_PORT, WS_PORT)
     root, origin_root = os.path.join(work, "www"), os.path.join(work, "origin")
     for d in ("cache", "pass"):
         os.makedirs(os.path.join(origin_root, d))
@@ -591,32 +652,46 @@ def scenario_proxy_vm(args, work):
         started.append(nginx)
         fields = {ktlsd.name: ("cache-status", lambda v: v.startswith("ktlsd; hit")),
                   nginx.name: ("x-cache-status", lambda v: v == "HIT")}
-        log(f"filling both caches with {size_name(VM_SIZE)} from the origin")
-        for s in (ktlsd, nginx):
-            fill(s, *fields[s.name])
+        if "hit" in args.parts:
+            log(f"filling both caches with {size_name(VM_SIZE)} from the origin")
+            for s in (ktlsd, nginx):
+                fill(s, *fields[s.name])
+        if "tunnel h1" in measures:
+            ws = WsLoad(work)
+            started.append(ws)
         res = {m: {s.name: {"speed": [], "cpu_per_gib": [], "ktls_tx": [], "ktls_live": []} for s in (ktlsd, nginx)}
-               for m in VM_MEASURES}
+               for m in measures}
+        # Bytes ktlsd's tunnel clients received.
+        tunnel_received = 0
         time.sleep(1)  # a worker counts a hit's bytes just after its last byte left
         m0 = ktlsd_metrics()
-        log(f"{size_name(VM_SIZE)} x {args.runs} rounds of {', '.join(VM_MEASURES)}, interleaved")
+        log(f"{size_name(VM_SIZE)} bodies and {args.duration} s tunnels, {args.runs} rounds of "
+            f"{', '.join(measures)}, interleaved")
         for i in range(args.runs):
-            for m, (path, http, cached) in random.sample(list(VM_MEASURES.items()), len(VM_MEASURES)):
+            for m, (path, http, cached) in random.sample(list(measures.items()), len(measures)):
                 for s in random.sample([ktlsd, nginx], 2):
-                    speed, cpu, tx, live = download(s, path, http, *(fields[s.name] if cached else ()))
+                    if m == "tunnel h1":
+                        speed, cpu, tx, live, moved = tunnel_bulk(s, ws, args.duration)
+                        tunnel_received += moved if s is ktlsd else 0
+                    else:
+                        speed, cpu, tx, live = download(s, path, http, *(fields[s.name] if cached else ()))
+                        moved = VM_SIZE
                     r = res[m][s.name]
                     r["speed"].append(speed)
-                    r["cpu_per_gib"].append(cpu / (VM_SIZE / (1 << 30)))
+                    r["cpu_per_gib"].append(cpu / (moved / (1 << 30)))
                     r["ktls_tx"].append(tx)
                     r["ktls_live"].append(live)
             log(f"  round {i + 1}/{args.runs}: " + "; ".join(
                 f"{m}: " + ", ".join(f"{n} {r['speed'][-1]:.1f} MB/s {r['cpu_per_gib'][-1]:.2f} s/GiB"
-                                     for n, r in res[m].items()) for m in VM_MEASURES))
-        hit_bytes, proxied_bytes = args.runs * VM_SIZE, 2 * args.runs * VM_SIZE
+                                     for n, r in res[m].items()) for m in measures))
+        hit_bytes = args.runs * VM_SIZE if "hit" in args.parts else 0
+        proxied_bytes = 2 * args.runs * VM_SIZE if "proxied" in args.parts else 0
         deadline = time.time() + 10
         while True:
             m1 = ktlsd_metrics()
             grew = {k: m1.get(k, 0) - m0.get(k, 0) for k in (SENDFILE_BYTES, COPY_BYTES, SPLICED_BYTES, COPIED_BYTES)}
-            if grew[SENDFILE_BYTES] >= hit_bytes and grew[SPLICED_BYTES] + grew[COPIED_BYTES] >= proxied_bytes \
+            if grew[SENDFILE_BYTES] >= hit_bytes and \
+                    grew[SPLICED_BYTES] + grew[COPIED_BYTES] >= proxied_bytes + tunnel_received \
                     or time.time() > deadline:
                 break
             time.sleep(0.2)
@@ -632,55 +707,70 @@ def scenario_proxy_vm(args, work):
     if grew[SENDFILE_BYTES] != hit_bytes or grew[COPY_BYTES]:
         raise RuntimeError(f"ktlsd's cache-hit bytes grew by {grew[SENDFILE_BYTES]:.0f} by sendfile and "
                            f"{grew[COPY_BYTES]:.0f} by copy; want {hit_bytes} ({args.runs} hits) by sendfile, 0 by copy")
-    with_heads = 2 * args.runs * HEAD_SLACK
-    if grew[SPLICED_BYTES] + grew[COPIED_BYTES] != proxied_bytes or grew[COPIED_BYTES] > with_heads:
+    # What came with each head (a proxied response's, a tunnel's 101) may be copied.
+    with_heads = (2 * ("proxied" in args.parts) + ("tunnel" in args.parts)) * args.runs * HEAD_SLACK
+    relayed = grew[SPLICED_BYTES] + grew[COPIED_BYTES]
+    # A tunnel's server may have moved more than its client read before it stopped.
+    if (relayed != proxied_bytes if not tunnel_received else relayed < proxied_bytes + tunnel_received) \
+            or grew[COPIED_BYTES] > with_heads:
         raise RuntimeError(f"ktlsd's proxied body bytes grew by {grew[SPLICED_BYTES]:.0f} by splice and "
-                           f"{grew[COPIED_BYTES]:.0f} by copy; want {proxied_bytes} in all, at most {with_heads} "
-                           f"of them (what came with the heads) by copy")
+                           f"{grew[COPIED_BYTES]:.0f} by copy; want {proxied_bytes} proxied"
+                           + (f" and at least {tunnel_received} through tunnels" if tunnel_received else "")
+                           + f" in all, at most {with_heads} of them (what came with the heads) by copy")
     require_ktls(work, ["ktlsd"])
     with open(os.path.join(work, "ktlsd.access")) as f:
         lines = [l for l in f if l.startswith('"GET ')]
     hits = sum(VM_PATH in l and l.endswith(f" {VM_SIZE} body=sendfile tls=ktls\n") for l in lines)
     spliced = sum(VM_PASS in l and l.endswith(f" {VM_SIZE} body=splice tls=ktls\n") for l in lines)
-    if hits < args.runs or spliced != 2 * args.runs:
+    tunnels = sum(l.startswith('"GET /ws/bulk ') and " 101 " in l and l.endswith(" body=splice tls=ktls\n")
+                  for l in lines)
+    want = {"hits": args.runs if "hit" in args.parts else 0, "spliced": 2 * args.runs if "proxied" in args.parts else 0,
+            "tunnels": args.runs if "tunnel" in args.parts else 0}
+    if hits < want["hits"] or spliced != want["spliced"] or tunnels != want["tunnels"]:
         raise RuntimeError(f"ktlsd's access log has {hits} GET {VM_PATH} lines with body=sendfile tls=ktls (want at "
-                           f"least {args.runs}) and {spliced} GET {VM_PASS} with body=splice tls=ktls (want "
-                           f"{2 * args.runs})")
-    return vm_report(args, work, res, grew, hits, spliced)
+                           f"least {want['hits']}), {spliced} GET {VM_PASS} with body=splice tls=ktls (want "
+                           f"{want['spliced']}) and {tunnels} GET /ws/bulk 101 with body=splice tls=ktls (want "
+                           f"{want['tunnels']})")
+    return vm_report(args, work, res, grew, hits, spliced, tunnels)
 
 
-def vm_report(args, work, res, grew, hits, spliced):
+def vm_report(args, work, res, grew, hits, spliced, tunnels):
     """The table (MB/s and CPU s/GiB of each measure, ktlsd/nginx), the evidence that kTLS
     carried every body, and the kernel's kTLS send alone as the reference, measured now in the
     same guest."""
     size = size_name(VM_SIZE)
     how = {"hit h1": "cache hit, curl --http1.1", "proxied h1": "proxied without cache, curl --http1.1",
-           "proxied h2": "proxied without cache, curl --http2"}
+           "proxied h2": "proxied without cache, curl --http2",
+           "tunnel h1": "WebSocket tunnel, upstream to client"}
+    what = {m: f"{size} {h}" for m, h in how.items()}
+    what["tunnel h1"] = f"{how['tunnel h1']} (wsload bulk {args.duration} s, 64 KiB frames)"
+    goal = {"tunnel h1": "ktlsd/nginx <= 0.8"}
     rows, notes = [], []
     for m, by_server in res.items():
         k, n = by_server["ktlsd"], by_server["nginx"]
-        rows += [(f"{size} {how[m]}: median MB/s", median(k["speed"]), {"nginx": median(n["speed"])}, "-"),
-                 (f"{size} {how[m]}: server CPU s/GiB", median(k["cpu_per_gib"]), {"nginx": median(n["cpu_per_gib"])},
-                  "ktlsd/nginx <= 1")]
+        rows += [(f"{what[m]}: median MB/s", median(k["speed"]), {"nginx": median(n["speed"])}, "-"),
+                 (f"{what[m]}: server CPU s/GiB", median(k["cpu_per_gib"]), {"nginx": median(n["cpu_per_gib"])},
+                  goal.get(m, "ktlsd/nginx <= 1"))]
         ratio, lo, hi = ratio_ci(k["cpu_per_gib"], n["cpu_per_gib"], 50)
         per_round = sorted(a / b for a, b in zip(k["cpu_per_gib"], n["cpu_per_gib"]))
         notes.append(f"- {how[m]}: CPU s/GiB ktlsd/nginx {ratio:.2f}x, 95% bootstrap interval [{lo:.2f}, {hi:.2f}]; "
                      f"per round (the two downloads run back to back) median {median(per_round):.2f}x, "
                      f"{per_round[0]:.2f}x to {per_round[-1]:.2f}x.")
-    table = versus_table(rows, ["nginx"], f"measure ({size} body over kTLS, a fresh connection each, median of "
+    table = versus_table(rows, ["nginx"], f"measure (over kTLS, a fresh connection each, median of "
                                           f"{args.runs})", digits=3)
     kernel = crypto.kernel_ktls_limit(work, args.aead_seconds)
-    downloads = 3 * args.runs
+    downloads = len(res) * args.runs
     evidence = [
         "", "\n".join(notes),
-        "", f"kTLS on both: each of the {downloads} downloads per server installed one kernel TLS transmit context "
-            f"(TlsTxSw +1), live while it ran (TlsCurrTxSw +1). ktlsd's `{SENDFILE_BYTES}` grew by "
-            f"{grew[SENDFILE_BYTES]:.0f} bytes ({args.runs} x {VM_SIZE}), by=\"copy\" by {grew[COPY_BYTES]:.0f}; its "
+        "", f"kTLS on both: each of the {downloads} downloads and tunnels per server installed one kernel TLS "
+            f"transmit context (TlsTxSw +1), live while it ran (TlsCurrTxSw +1). ktlsd's `{SENDFILE_BYTES}` grew by "
+            f"{grew[SENDFILE_BYTES]:.0f} bytes, by=\"copy\" by {grew[COPY_BYTES]:.0f}; its "
             f"`{SPLICED_BYTES}` grew by {grew[SPLICED_BYTES]:.0f} and by=\"copy\" by {grew[COPIED_BYTES]:.0f} (what "
-            f"came with the heads) of {2 * args.runs} x {VM_SIZE}; its access log: {hits} GET {VM_PATH} lines "
-            f"`{VM_SIZE} body=sendfile tls=ktls`, {spliced} GET {VM_PASS} lines `{VM_SIZE} body=splice tls=ktls`.",
+            f"came with the heads); its access log: {hits} GET {VM_PATH} lines "
+            f"`{VM_SIZE} body=sendfile tls=ktls`, {spliced} GET {VM_PASS} lines `{VM_SIZE} body=splice tls=ktls`, "
+            f"{tunnels} GET /ws/bulk 101 lines `body=splice tls=ktls` (measures run: {', '.join(args.parts)}).",
         "", "The origin: nginx over plain HTTP on loopback, 2 workers (not measured); the entry was stored by "
-            "one GET through each server before the rounds. nginx proxies with its defaults (`proxy_buffering "
+            "one GET through each server before the rounds; the tunnels' upstream is `wsload upstream` (plain TCP), their client `wsload bulk` (OpenSSL, userspace). nginx proxies with its defaults (`proxy_buffering "
             "on`: what the client does not take yet goes to a temporary file)."]
     if kernel is not None:
         ref = kernel["cpu_s_per_gib"]

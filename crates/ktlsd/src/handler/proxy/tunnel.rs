@@ -15,6 +15,15 @@
 //! of filling a buffer. On kernel TLS, bytes from a plain upstream are spliced into
 //! the client's socket, those queued in the upstream socket at a time.
 //!
+//! Cheap per message: one timer per tunnel, set once and set again only when it
+//! fires ([`on_timer`]: each read and write just notes the time), no timeout of
+//! its own on an upstream read, the retirement signal's wait made once, the
+//! client's bytes written up in the turn that read them, and a plain upstream
+//! read that drained its socket clears its readiness, so the next wait does not
+//! begin with a read that finds nothing. The upstream read buffer grows from
+//! [`FIRST_READ`] as reads fill it (to [`PIECE`]), so an idle tunnel holds none
+//! and one of small messages a small one.
+//!
 //! Not here: the exchange that opens the tunnel (`super::Exchange`), framing (the
 //! codecs behind [`Downstream`]).
 
@@ -202,48 +211,90 @@ impl Reader<'_> {
         }
     }
 
-    /// Waits for the upstream's next bytes, at most `wait`: with `splice`, says
-    /// how many are queued in its plain socket without reading them; else reads
-    /// them into `into` (at most [`PIECE`]). `Ok(0)`: the upstream closed.
+    /// Waits for the upstream's next bytes: with `splice`, says how many are
+    /// queued in its plain socket without reading them; else reads them into
+    /// `into` (its bytes from the start; see [`room`]). `Ok(0)`: the upstream
+    /// closed. No timer of its own: the relay's idle timer bounds every wait.
+    ///
+    /// A plain read shorter than `into` drained the socket, so its readiness is
+    /// cleared then ([`crate::net::try_read_draining`]): the next wait sleeps
+    /// instead of first trying a read that would only say `EAGAIN` (one system
+    /// call per message less).
     ///
     /// # Cancel safety
-    /// Cancel-safe: bytes are appended to `into` only when read.
-    async fn next(&mut self, into: &mut Vec<u8>, splice: bool, wait: Duration) -> io::Result<usize> {
-        let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "no byte within the idle timeout");
+    /// Cancel-safe: a read is done whole or not at all.
+    async fn next(&mut self, into: &mut Vec<u8>, splice: bool) -> io::Result<usize> {
         match self {
-            Reader::Plain(s) if splice => crate::net::queued(s, wait).await,
-            Reader::Plain(s) => {
-                let read = async {
-                    loop {
-                        s.readable().await?;
-                        into.reserve(PIECE);
-                        let mut room = bytes::BufMut::limit(&mut *into, PIECE);
-                        match s.try_read_buf(&mut room) {
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                            r => return r,
-                        }
-                    }
-                };
-                tokio::time::timeout(wait, read).await.map_err(|_| timed_out())?
+            Reader::Plain(s) if splice => {
+                let mut one = [0u8; 1];
+                match s.peek(&mut one).await? {
+                    0 => Ok(0),
+                    _ => kernel_tls::queued(&**s),
+                }
             }
+            Reader::Plain(s) => loop {
+                if into.is_empty() {
+                    // An idle tunnel holds no read buffer until its upstream speaks.
+                    s.readable().await?;
+                    room(into, 0);
+                }
+                match crate::net::try_read_draining(s, into) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.readable().await?,
+                    Ok(n) => return Ok(room(into, n)),
+                    Err(e) => return Err(e),
+                }
+            },
             Reader::Split(r) => {
                 use tokio::io::AsyncReadExt;
-                into.reserve(PIECE);
-                let mut room = bytes::BufMut::limit(&mut *into, PIECE);
-                match tokio::time::timeout(wait, r.read_buf(&mut room)).await.map_err(|_| timed_out())? {
+                if into.is_empty() {
+                    room(into, 0);
+                }
+                match r.read(into).await {
+                    Ok(n) => Ok(room(into, n)),
                     // A peer that closes without close_notify ends the tunnel as plain TCP would.
                     Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
-                    r => r,
+                    Err(e) => Err(e),
                 }
             }
         }
     }
 }
 
+/// The first size of a tunnel's upstream read buffer.
+const FIRST_READ: usize = 4 * 1024;
+
+/// Sizes the upstream read buffer of a tunnel after a read of `n` bytes into
+/// it, and returns `n`: an empty buffer gets [`FIRST_READ`] bytes, one that a
+/// read filled grows four times, up to [`PIECE`]. The buffer is zeroed as it
+/// grows, once, so a tunnel of small messages keeps a small buffer and one of
+/// bulk bytes reads [`PIECE`] at a time; what it held is kept.
+fn room(into: &mut Vec<u8>, n: usize) -> usize {
+    if into.is_empty() {
+        into.resize(FIRST_READ, 0);
+    } else if n == into.len() && n < PIECE {
+        into.resize((n * 4).min(PIECE), 0);
+    }
+    n
+}
+
 impl Writer<'_> {
     /// Whether bytes written wait in the TLS session for a flush.
     fn dirty(&self) -> bool {
         matches!(self, Writer::Split(_, d) if **d)
+    }
+
+    /// Writes what of `bytes` a plain socket takes now, without waiting: the
+    /// client's bytes usually leave in the same turn of the relay that read them.
+    /// `Ok(0)` when it takes none now (or for TLS and Unix upstreams, which
+    /// [`Writer::push`] serves).
+    fn try_push(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        match self {
+            Writer::Plain(s) if !bytes.is_empty() => match s.try_write(bytes) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+                r => r,
+            },
+            _ => Ok(0),
+        }
     }
 
     /// Writes some of `bytes` (or, when there are none, flushes what the TLS
@@ -294,6 +345,30 @@ pub struct Limits {
     pub read: Duration,
 }
 
+/// What the tunnel's timer firing means.
+#[derive(Debug, PartialEq)]
+enum Fired {
+    /// The grace after the connection was retired has passed.
+    Retired,
+    /// Nothing moved for the idle timeout.
+    Idle,
+    /// Bytes moved since it was set: it is set again, to this.
+    Again(Instant),
+}
+
+/// What the tunnel's timer firing at `now` means, with bytes last moved at
+/// `last` and the retirement grace ending at `retire_at`.
+fn on_timer(now: Instant, last: Instant, idle: Duration, retire_at: Option<Instant>) -> Fired {
+    if retire_at.is_some_and(|r| r <= now) {
+        return Fired::Retired;
+    }
+    let idle_at = last + idle;
+    if idle_at <= now {
+        return Fired::Idle;
+    }
+    Fired::Again(retire_at.map_or(idle_at, |r| r.min(idle_at)))
+}
+
 /// What woke the relay.
 enum Event<E> {
     Timer,
@@ -314,44 +389,64 @@ enum Event<E> {
 /// connection; bytes on their way are lost, as they would be on a broken tunnel.
 pub async fn relay<D: Downstream>(d: &mut D, wire: &mut Wire, limits: Limits) -> Relayed<D::Error> {
     let mut out = Relayed { to_client: 0, to_upstream: 0, path: BodyPath::Copy, end: StreamEnd::Complete };
-    let mut retired = d.retired();
+    // The retirement signal's wait, made once (not anew per event); a signal gone
+    // is as good as one turned true.
+    let retired = d.retired();
+    let watch_retired = retired.is_some();
+    let retirement = async move {
+        if let Some(mut r) = retired {
+            let _ = r.wait_for(|r| *r).await;
+        }
+    };
+    tokio::pin!(retirement);
     let url = wire.url.clone();
     let (mut reader, mut writer) = wire.split();
     let splice = d.splices_tunnel() && reader.plain().is_some();
     let mut retire_at: Option<Instant> = None;
     // Bytes from the client on their way up, and the client's next read.
     let (mut to_up, mut inbox) = (Vec::new(), Vec::new());
+    // The upstream's reads, each into this one buffer, sized by `room`.
     let mut piece = buffers::take();
     let mut client_open = true;
+    // One timer for the whole tunnel, not one per read or write: each event only
+    // notes the time, and when the timer fires it either ends the tunnel or is
+    // set again to the idle deadline that last activity gives.
     let mut last = Instant::now();
+    let timer = tokio::time::sleep_until((last + limits.idle).into());
+    tokio::pin!(timer);
+    // The codec's own wait bound for a client read: past the tunnel's, so that the timer decides.
+    let client_wait = limits.idle + Duration::from_secs(1);
     let failure = |kind, what: &str, e: &dyn std::fmt::Display| (kind, format!("{what}: {e}"));
     let cut: Option<(FailureKind, String)> = loop {
         if !client_open && to_up.is_empty() && !writer.dirty() {
             break None;
         }
-        let idle_at = last + limits.idle;
-        let deadline = retire_at.map_or(idle_at, |r| r.min(idle_at));
         // Not biased: a side that always has bytes must not starve the other.
         let event = tokio::select! {
-            () = tokio::time::sleep_until(deadline.into()) => Event::Timer,
-            _ = async { retired.as_mut()?.wait_for(|r| *r).await.ok().map(drop) }, if retire_at.is_none() && retired.is_some() => Event::Retired,
+            () = &mut timer => Event::Timer,
+            () = &mut retirement, if retire_at.is_none() && watch_retired => Event::Retired,
             r = writer.push(&to_up), if !to_up.is_empty() || writer.dirty() => Event::Wrote(r),
-            r = d.read_tunnel(&mut inbox, limits.idle + Duration::from_secs(1)), if client_open && to_up.is_empty() => Event::Client(r),
-            r = reader.next(&mut piece, splice, limits.idle + Duration::from_secs(1)) => Event::Upstream(r),
+            r = d.read_tunnel(&mut inbox, client_wait), if client_open && to_up.is_empty() => Event::Client(r),
+            r = reader.next(&mut piece, splice) => Event::Upstream(r),
         };
         match event {
-            Event::Timer if retire_at.is_some_and(|r| r <= Instant::now()) => {
-                tracing::debug!("tunnel to {url}: ended {RETIRE_GRACE:?} after its connection was retired");
-                break None;
-            }
-            Event::Timer => {
-                tracing::debug!("tunnel to {url}: idle for {:?}, closed", limits.idle);
-                break None;
-            }
+            Event::Timer => match on_timer(Instant::now(), last, limits.idle, retire_at) {
+                Fired::Retired => {
+                    tracing::debug!("tunnel to {url}: ended {RETIRE_GRACE:?} after its connection was retired");
+                    break None;
+                }
+                Fired::Idle => {
+                    tracing::debug!("tunnel to {url}: idle for {:?}, closed", limits.idle);
+                    break None;
+                }
+                Fired::Again(at) => timer.as_mut().reset(at.into()),
+            },
             Event::Retired => {
-                retire_at = Some(Instant::now() + RETIRE_GRACE);
-                // A signal gone is as good as one turned true: no need to watch it again.
-                retired = None;
+                let at = Instant::now() + RETIRE_GRACE;
+                retire_at = Some(at);
+                if at < timer.deadline().into_std() {
+                    timer.as_mut().reset(at.into());
+                }
             }
             Event::Wrote(Ok(n)) => {
                 to_up.drain(..n);
@@ -362,6 +457,13 @@ pub async fn relay<D: Downstream>(d: &mut D, wire: &mut Wire, limits: Limits) ->
             Event::Client(Ok(true)) => {
                 std::mem::swap(&mut to_up, &mut inbox);
                 last = Instant::now();
+                match writer.try_push(&to_up) {
+                    Ok(n) => {
+                        to_up.drain(..n);
+                        out.to_upstream += n as u64;
+                    }
+                    Err(e) => break Some(failure(FailureKind::Send, "writing to the tunnel", &e)),
+                }
             }
             Event::Client(Ok(false)) => client_open = false,
             Event::Client(Err(e)) => {
@@ -400,15 +502,15 @@ pub async fn relay<D: Downstream>(d: &mut D, wire: &mut Wire, limits: Limits) ->
                         }
                     }
                 } else {
-                    let (r, wrote) = alongside(d.send_body(&piece, false), &mut writer, &mut to_up).await;
+                    let bytes = &piece[..n];
+                    let (r, wrote) = alongside(d.send_body(bytes, false), &mut writer, &mut to_up).await;
                     out.to_upstream += wrote.0;
                     if let Some(e) = wrote.1 {
                         break Some(failure(FailureKind::Send, "writing to the tunnel", &e));
                     }
-                    metrics::body_bytes(BodyPath::Copy.label(), piece.len() as u64);
-                    r.map(|()| piece.len() as u64)
+                    metrics::body_bytes(BodyPath::Copy.label(), n as u64);
+                    r.map(|()| n as u64)
                 };
-                piece.clear();
                 match sent {
                     Ok(n) => out.to_client += n,
                     Err(e) => {
@@ -417,7 +519,6 @@ pub async fn relay<D: Downstream>(d: &mut D, wire: &mut Wire, limits: Limits) ->
                     }
                 }
             }
-            Event::Upstream(Err(e)) if e.kind() == io::ErrorKind::TimedOut => {}
             Event::Upstream(Err(e)) => break Some(failure(FailureKind::Body, "reading the tunnel", &e)),
         }
     };
@@ -473,6 +574,48 @@ mod tests {
     fn head(status: u16, fields: &[(&str, &str)]) -> Head {
         let fields = fields.iter().map(|(n, v)| (crate::handler::response::field_name(n), v.to_string())).collect();
         Head { status, version: "1.1", fields, framing: Framing::None, reusable: false }
+    }
+
+    #[test]
+    fn the_timer_ends_a_tunnel_only_when_due() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        for (now, last, retire_at, want) in [
+            // Nothing moved since it was set.
+            (s(60), s(0), None, Fired::Idle),
+            (s(61), s(0), None, Fired::Idle),
+            // Bytes moved meanwhile: the idle deadline moves with them.
+            (s(60), s(30), None, Fired::Again(t0 + s(90))),
+            (s(60), s(59), None, Fired::Again(t0 + s(119))),
+            // Retired: the grace ends it, idle or not; before, the earlier of the two.
+            (s(10), s(9), Some(s(10)), Fired::Retired),
+            (s(10), s(9), Some(s(20)), Fired::Again(t0 + s(20))),
+            (s(60), s(50), Some(s(200)), Fired::Again(t0 + s(110))),
+            (s(60), s(0), Some(s(200)), Fired::Idle),
+        ] {
+            let got = on_timer(t0 + now, t0 + last, s(60), retire_at.map(|r| t0 + r));
+            assert_eq!(got, want, "now {now:?}, last {last:?}, retire at {retire_at:?}");
+        }
+    }
+
+    #[test]
+    fn the_read_buffer_grows_only_as_reads_fill_it() {
+        let mut b = Vec::new();
+        assert_eq!(room(&mut b, 0), 0);
+        assert_eq!(b.len(), FIRST_READ, "sized before the first read");
+        assert_eq!(room(&mut b, 32), 32);
+        assert_eq!(b.len(), FIRST_READ, "a short read leaves it");
+        b[..4].copy_from_slice(b"abcd");
+        let mut sizes = Vec::new();
+        while b.len() < PIECE {
+            let n = b.len();
+            assert_eq!(room(&mut b, n), n);
+            sizes.push(b.len());
+        }
+        assert_eq!(sizes, [4 * FIRST_READ, PIECE]);
+        assert_eq!(&b[..4], b"abcd", "what it held is kept");
+        room(&mut b, PIECE);
+        assert_eq!(b.len(), PIECE, "never past a piece");
     }
 
     #[test]
