@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use testkit::*;
 
+#[path = "range_fill/client.rs"]
+mod client;
+use client::*;
+
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
 const PROTOCOLS: [&str; 2] = ["--http1.1", "--http2"];
-
-fn origin() -> ScriptUpstream {
-    ScriptUpstream::start(&format!("{}/tests/range_fill/origin.py", env!("CARGO_MANIFEST_DIR")))
-}
 
 /// ktlsd (one worker) caching `/obj/**` from `up` in `dir`, with `cache` added to `[cache]`.
 fn server(up: &ScriptUpstream, dir: &std::path::Path, cache: &str) -> Server {
@@ -36,43 +36,6 @@ fn setup(cache: &str) -> (ScriptUpstream, tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
     let srv = server(&up, dir.path(), cache);
     (up, dir, srv)
-}
-
-/// The origin's object of `n` bytes at version `v` (its formula).
-fn object(v: u64, n: usize) -> Vec<u8> {
-    (0..n).map(|i| ((i as u64 % 251 + 7 * v + (i as u64 >> 12)) % 256) as u8).collect()
-}
-
-/// The Range values of the origin's requests for `target` ("-": none), in order.
-fn asked(up: &ScriptUpstream, target: &str) -> Vec<String> {
-    up.lines()
-        .iter()
-        .filter_map(|l| l.strip_prefix("req "))
-        .filter_map(|l| l.split_once(' '))
-        .filter(|(t, _)| *t == target)
-        .map(|(_, r)| r.to_string())
-        .collect()
-}
-
-fn get(srv: &Server, target: &str, proto: &str, range: Option<&str>) -> Response {
-    let header = range.map(|r| format!("Range: bytes={r}"));
-    let mut args = vec![proto];
-    if let Some(h) = &header {
-        args.extend(["-H", h]);
-    }
-    fetch(&srv.url(target), &args)
-}
-
-fn cache_status(r: &Response) -> &str {
-    r.header("cache-status").unwrap_or("(none)")
-}
-
-/// Asserts `r` is the 206 of `range` (half-open) of `source`.
-fn assert_part(r: &Response, source: &[u8], range: std::ops::Range<usize>, what: &str) {
-    assert_eq!(r.status, 206, "{what}: {}", r.stderr);
-    let want = format!("bytes {}-{}/{}", range.start, range.end - 1, source.len());
-    assert_eq!(r.header("content-range"), Some(want.as_str()), "{what}");
-    assert_eq!(sha256(&r.body), sha256(&source[range.clone()]), "{what}: {} bytes", r.body.len());
 }
 
 #[test]

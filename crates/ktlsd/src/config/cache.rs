@@ -102,12 +102,21 @@ pub fn cache(file: Option<&FileCache>) -> Result<Option<Settings>, ConfigError> 
 /// `s` in bytes: an integer, or digits with an optional K, M, G or T suffix (powers
 /// of 1024, an optional trailing `B` or `iB`).
 fn size(key: &str, s: &Size) -> Result<u64, ConfigError> {
+    bytes(s).ok_or_else(|| {
+        let text = match s {
+            Size::Bytes(n) => n.to_string(),
+            Size::Text(t) => t.trim().to_string(),
+        };
+        ConfigError::new(format!("[cache] {key} {text:?}: expected bytes such as 1048576, \"512M\" or \"10G\""))
+    })
+}
+
+/// `s` in bytes (see [`size`]); `None` when it is not a size or overflows.
+pub fn bytes(s: &Size) -> Option<u64> {
     let text = match s {
-        Size::Bytes(n) => return Ok(*n),
+        Size::Bytes(n) => return Some(*n),
         Size::Text(t) => t.trim(),
     };
-    let bad =
-        || ConfigError::new(format!("[cache] {key} {text:?}: expected bytes such as 1048576, \"512M\" or \"10G\""));
     let upper = text.to_ascii_uppercase();
     let unit = upper.trim_end_matches("IB").trim_end_matches('B');
     let (digits, shift) = match unit.chars().last() {
@@ -117,8 +126,8 @@ fn size(key: &str, s: &Size) -> Result<u64, ConfigError> {
         Some('T') => (&unit[..unit.len() - 1], 40),
         _ => (unit, 0),
     };
-    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
-    n.checked_mul(1u64 << shift).ok_or_else(bad)
+    let n: u64 = digits.trim().parse().ok()?;
+    n.checked_mul(1u64 << shift)
 }
 
 #[cfg(test)]

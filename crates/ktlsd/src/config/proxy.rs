@@ -100,6 +100,11 @@ fn rule(b: &FileProxy, system_roots: &str) -> Result<Rule, String> {
         (true, ca) => Some(tls_client(ca.as_deref().unwrap_or(Path::new(system_roots)))?),
     };
     let control = control(b)?;
+    if control.cache_slice.is_some() && upstreams.iter().any(|u| u.h2) {
+        return Err("cache_slice needs HTTP/1.1 upstreams (http://, https://, unix:): slices are fetched with \
+                    Range requests over HTTP/1.1"
+            .into());
+    }
     let health_check = b.health_check.as_ref().map(health_check).transpose()?;
     Ok(Rule {
         path,
@@ -185,8 +190,11 @@ fn control(b: &FileProxy) -> Result<Control, String> {
         let lifetime = duration(&format!("cache_valid.{status}"), &Some(value.clone()), Duration::ZERO)?;
         cache_valid.push((code, lifetime));
     }
-    if !b.cache.unwrap_or(false) && (cache_key.is_some() || !cache_bypass.is_empty() || !cache_valid.is_empty()) {
-        return Err("cache_key, cache_bypass and cache_valid need cache = true".into());
+    let cache_slice = b.cache_slice.as_ref().map(slice_size).transpose()?;
+    if !b.cache.unwrap_or(false)
+        && (cache_key.is_some() || !cache_bypass.is_empty() || !cache_valid.is_empty() || cache_slice.is_some())
+    {
+        return Err("cache_key, cache_bypass, cache_valid and cache_slice need cache = true".into());
     }
     Ok(Control {
         strip_prefix,
@@ -196,7 +204,29 @@ fn control(b: &FileProxy) -> Result<Control, String> {
         cache_key,
         cache_bypass,
         cache_valid,
+        cache_slice,
     })
+}
+
+/// The smallest `cache_slice`: one piece of a proxied body (64 KiB), so that a
+/// slice is never shorter than what one read of the upstream brings.
+const MIN_SLICE: u64 = crate::handler::proxy::PIECE as u64;
+/// The largest `cache_slice`: 1 GiB (nginx's own limit is none; a slice is filled
+/// whole before the next is asked for).
+const MAX_SLICE: u64 = 1 << 30;
+
+/// `cache_slice = "1m"`: the size of the slices objects are fetched and stored in.
+fn slice_size(s: &super::cache::Size) -> Result<u64, String> {
+    match super::cache::bytes(s) {
+        Some(n) if (MIN_SLICE..=MAX_SLICE).contains(&n) => Ok(n),
+        _ => {
+            let shown = match s {
+                super::cache::Size::Bytes(n) => n.to_string(),
+                super::cache::Size::Text(t) => format!("{t:?}"),
+            };
+            Err(format!("cache_slice {shown}: expected a size from \"64K\" to \"1G\", such as \"1m\""))
+        }
+    }
 }
 
 /// A duration key: seconds (integer or decimal) or text with a unit (`500ms`, `5s`, `2m`).
@@ -417,11 +447,22 @@ accel_root = {:?}"#,
             ("cache = true\ncache_valid = { \"2xx\" = \"1m\" }", "\"2xx\" is not a status"),
             ("cache = true\ncache_valid = { \"200\" = \"soon\" }", "cache_valid.200"),
             ("cache = true\ncache_bypass = { param = [\"a\"] }", "cache_bypass: unknown key"),
+            ("cache_slice = \"1m\"", "need cache = true"),
+            ("cache = true\ncache_slice = \"1k\"", "cache_slice"),
+            ("cache = true\ncache_slice = \"2G\"", "cache_slice"),
+            ("cache = true\ncache_slice = \"big\"", "cache_slice"),
         ] {
             let text = format!("path = \"/a\"\nupstream = [\"http://a\"]\n{text}");
             let e = ok(&text).err().unwrap_or_else(|| panic!("{text:?} was accepted"));
             assert!(e.contains(error), "{text:?}: {e}");
         }
+        for (text, want) in [("\"1m\"", 1 << 20), ("\"256K\"", 256 << 10), ("65536", 65536)] {
+            let r =
+                ok(&format!("path = \"/a\"\nupstream = [\"http://a\"]\ncache = true\ncache_slice = {text}")).unwrap();
+            assert_eq!(r.control.cache_slice, Some(want), "{text}");
+        }
+        let e = ok("path = \"/a\"\nupstream = [\"h2c://a:1\"]\ncache = true\ncache_slice = \"1m\"").unwrap_err();
+        assert!(e.contains("cache_slice needs HTTP/1.1 upstreams"), "{e}");
         let site_root = dir.path().canonicalize().unwrap();
         let inside = FileProxy { accel_root: Some(accel.clone()), ..block("path = \"/a\"") };
         let e = accel_outside(std::slice::from_ref(&inside), &site_root).unwrap_err();

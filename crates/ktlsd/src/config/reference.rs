@@ -165,8 +165,9 @@ pub fn generate() -> String {
          with the access log's `$variables`), `accel_root` (the directory `X-Accel-Redirect` files are served \
          from, outside the root), `health_check` (`{ path = \"/healthz\", interval = \"5s\", timeout = \"2s\", \
          fails = 2, passes = 2 }`: active checks of each upstream; defaults `/`, 5s, 2s, 1, 1); with `cache = true`, `cache_key` (a template of `$variables`), \
-         `cache_bypass` (`{ cookie = [...], header = [...], query = [...] }`) and `cache_valid` \
-         (`{ \"200\" = \"10m\", any = \"1m\" }`) ([docs/cache.md](cache.md)).\n",
+         `cache_bypass` (`{ cookie = [...], header = [...], query = [...] }`), `cache_valid` \
+         (`{ \"200\" = \"10m\", any = \"1m\" }`) and `cache_slice` (`\"1m\"`, 64K to 1G: every GET is \
+         fetched and stored in slices of that size, nginx's `slice`) ([docs/cache.md](cache.md)).\n",
     );
     out
 }

@@ -112,6 +112,7 @@ pub struct FileProxy {
     pub cache_key: Option<String>,
     pub cache_bypass: Option<toml::Table>,
     pub cache_valid: Option<toml::Table>,
+    pub cache_slice: Option<super::cache::Size>,
     pub health_check: Option<FileHealthCheck>,
 }
 

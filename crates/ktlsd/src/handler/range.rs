@@ -63,6 +63,15 @@ impl RangeSet {
         (!out.is_empty()).then_some(RangeSet(out))
     }
 
+    /// The first byte asked for, when the field asks for one range that names it
+    /// (`first-` or `first-last`); `None` for a suffix range or several ranges.
+    pub fn first_byte(&self) -> Option<u64> {
+        match self.0.as_slice() {
+            [ByteRangeSpec::From { first, .. }] => Some(*first),
+            _ => None,
+        }
+    }
+
     /// What these ranges select of `size` bytes: the satisfiable ones, coalesced
     /// where they overlap or touch, in the order asked.
     pub fn resolve(&self, size: u64) -> RangeOutcome {

@@ -7,6 +7,9 @@ Last-Modified. It prints "listening PORT", then one line per request it reads:
                               v the object's version (0 until bumped), ETag "NAME-v"
       &cc=VALUE               Cache-Control (default "max-age=3600")
       &pace=SECONDS           sleep this long after each 64 KiB piece
+      &ranges=ignore          answer every Range with 200 and the whole body
+      &ranges=wrong           answer a Range with a 206 one byte off (its
+                              Content-Range says so, honestly)
   /bump/NAME                  v += 1 for NAME (its bytes and ETag change)
 """
 
@@ -87,8 +90,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            if r != "ignore":
+            if r != "ignore" and q.get("ranges") != "ignore":
                 status, (start, end) = 206, r
+                if q.get("ranges") == "wrong" and end < size:
+                    start, end = start + 1, end + 1
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Cache-Control", q.get("cc", "max-age=3600"))

@@ -162,6 +162,14 @@ impl Key {
         let text = format!("GET {host} {target}");
         Key { primary: store::primary_memo(&text), text }
     }
+
+    /// The key of slice `index` of this key's object cut in slices of `size` bytes
+    /// (`cache_slice`): its text is the object's with ` slice=SIZE:INDEX` after it,
+    /// so slices of another size are other entries.
+    pub fn slice(&self, size: u64, index: u64) -> Key {
+        let text = format!("{} slice={size}:{index}", self.text);
+        Key { primary: store::primary(&text), text }
+    }
 }
 
 /// The response cache, shared by every worker.
@@ -406,6 +414,15 @@ impl Cache {
                 let _ = tokio::time::timeout(COALESCE_WAIT, rx.wait_for(|done| *done)).await;
             }
         }
+    }
+
+    /// Whether a fresh entry of `key` answers a request with fields `req` (less
+    /// Host), from the index alone: no file is opened, no fill is led, nothing
+    /// is counted. A slice's answer asks it of each slice before its head leaves.
+    pub fn holds_fresh(&self, key: &Key, req: &HeaderMap) -> bool {
+        let now = SystemTime::now();
+        let Some(variants) = self.lock_index().variants(&key.primary) else { return false };
+        variants.iter().any(|m| m.head.key == key.text && matches!(m.freshness(req, now), Freshness::Fresh))
     }
 
     /// A fill for a request that `cache_bypass` sends to the upstream without a

@@ -166,6 +166,26 @@ impl Hit {
         }
     }
 
+    /// The stored fields (names in lower case), in the order received.
+    pub fn fields(&self) -> &[(String, String)] {
+        &self.meta.head.fields
+    }
+
+    /// The stored body's length.
+    pub fn body_len(&self) -> u64 {
+        self.meta.body_len
+    }
+
+    /// The bytes `range` of the stored body (within it) as a file body, sent as a
+    /// hit's is; `None` when the entry is gone (purged or evicted since the lookup,
+    /// and not held open by this worker).
+    pub fn body(self, range: std::ops::Range<u64>) -> Option<Body> {
+        let offset = self.meta.body_offset;
+        let o = super::open::opened(&self.meta, self.file)?;
+        let found = Found { file: o.file, meta: o.fstat, rel: o.rel, mime: "", content: o.content };
+        Some(Body::File { found, range: offset + range.start..offset + range.end })
+    }
+
     /// The response with `range` of the stored body (relative to the body) as a
     /// range of the entry file, or no body for HEAD.
     fn with_body(self, status: Status, headers: Vec<Header>, range: std::ops::Range<u64>, head: bool) -> Response {

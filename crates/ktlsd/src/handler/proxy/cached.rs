@@ -312,6 +312,12 @@ pub struct Store {
 }
 
 impl Store {
+    /// A store of the body `writer` writes, whose answers' heads leave before it is
+    /// committed (a slice's: `super::sliced`).
+    pub(super) fn new(writer: EntryWriter) -> Store {
+        Store { writer: Some(writer), stored: String::new() }
+    }
+
     /// Appends a piece of the body; after a failure (logged) nothing more is stored.
     pub fn write(&mut self, piece: &[u8]) {
         if let Some(w) = self.writer.as_mut() {
@@ -360,7 +366,7 @@ fn parts_of(head: &parse::Head) -> http::response::Parts {
 /// [`parts_of`] `head` as the cache stores it: with the lifetime `valid`
 /// (`cache_valid`) gives its status, which counts while the origin states none (a
 /// 304's fields refresh a stored entry: it gets none, the entry keeps its own).
-fn stored_parts(head: &parse::Head, valid: &super::control::Valid) -> http::response::Parts {
+pub(super) fn stored_parts(head: &parse::Head, valid: &super::control::Valid) -> http::response::Parts {
     let mut response = parts_of(head);
     let lifetime = super::control::valid_for(valid, head.status).filter(|_| head.status != 304);
     if let Some(v) = lifetime.and_then(|l| HeaderValue::from_str(itoa::Buffer::new().format(l.as_secs().max(1))).ok()) {
@@ -370,7 +376,7 @@ fn stored_parts(head: &parse::Head, valid: &super::control::Valid) -> http::resp
 }
 
 /// `fields` as a header map; a field `http` cannot hold is left out.
-fn header_map<N: AsRef<str>>(fields: &[(N, String)]) -> HeaderMap {
+pub(super) fn header_map<N: AsRef<str>>(fields: &[(N, String)]) -> HeaderMap {
     let mut map = HeaderMap::with_capacity(fields.len());
     for (n, v) in fields {
         if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_ref().as_bytes()), HeaderValue::from_str(v)) {

@@ -328,6 +328,9 @@ pub struct Control {
     pub cache_bypass: Bypass,
     /// Lifetimes for responses without explicit freshness (`cache_valid`).
     pub cache_valid: Valid,
+    /// The size of the slices objects are fetched and stored in (`cache_slice`);
+    /// `None`: whole objects.
+    pub cache_slice: Option<u64>,
 }
 
 #[cfg(test)]

@@ -103,6 +103,10 @@ impl Forward {
             return answer(grpc_refusal(), false);
         }
         let has_body = fwd.body.is_some();
+        if let (Some(n), Some((c, key))) = (super::sliced::applies(&rule, req, &fwd, &fields), cache.as_ref()) {
+            let (c, key) = (c.clone(), key.clone());
+            return super::sliced::forward(&rule, fwd, fields, c, key, n, req, d, added).await;
+        }
         let mut pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
             Plan::Answer(response) => {
                 cached::note_answer(&rule, req, &response);
@@ -423,7 +427,7 @@ async fn switch<D: Downstream>(
 /// # Cancel safety
 /// Dropped at any await, the entry is abandoned (its temporary file removed) and
 /// the upstream connection closed.
-async fn fill_rest(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut Vec<u8>, req: &Request) {
+pub(super) async fn fill_rest(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut Vec<u8>, req: &Request) {
     loop {
         piece.clear();
         match up.read_body(piece).await {

@@ -35,6 +35,7 @@ pub mod pool;
 pub mod ranged;
 pub mod replies;
 pub mod shared;
+pub mod sliced;
 pub mod tunnel;
 pub mod upstream;
 
