@@ -278,3 +278,21 @@ fn cache_hits_carry_the_via_of_misses() {
         assert_eq!(origin.count(target), 1, "answered from the cache");
     }
 }
+
+#[test]
+fn an_h2c_upstream_down_by_its_checks_is_a_503() {
+    // Nothing listens on the port: every check fails to connect.
+    let url = format!("h2c://127.0.0.1:{}", origin::free_port());
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{url:?}]\n\
+         health_check = {{ path = \"/healthz\", interval = \"100ms\", timeout = \"100ms\", fails = 1 }}\n"
+    );
+    let (srv, _) = server(&config);
+    wait_lines(&srv, &format!("upstream {url} is down"), 1, Duration::from_secs(10));
+    for proto in ["--http1.1", "--http2"] {
+        let r = fetch(&srv.url("/api/name"), &[proto]);
+        assert_eq!(r.status, 503, "{proto}: {}", srv.stderr());
+    }
+    assert!(srv.stderr().contains("every upstream is down by its health checks"), "{}", srv.stderr());
+}
+

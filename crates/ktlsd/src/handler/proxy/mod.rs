@@ -411,18 +411,7 @@ impl<'r> Exchange<'r> {
         self.release();
         loop {
             let Some(i) = pool::pick(self.rule, &self.tried) else {
-                let ups = &self.rule.upstreams;
-                return Err(last.unwrap_or_else(|| {
-                    if ups.iter().all(|u| u.shared.drained()) {
-                        let why = "every upstream is drained".into();
-                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
-                    } else if ups.iter().all(|u| u.shared.drained() || u.shared.check_down()) {
-                        let why = "every upstream is down by its health checks".into();
-                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
-                    } else {
-                        self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into())
-                    }
-                }));
+                return Err(last.unwrap_or_else(|| pool::none_left(self.rule, &self.upstream().url)));
             };
             self.index = i;
             let up = self.upstream();

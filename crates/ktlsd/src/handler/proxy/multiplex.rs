@@ -386,12 +386,7 @@ pub(super) async fn forward<D: Downstream>(
     // An attempt: an upstream, a connection with room, the request's head sent.
     let (index, mut send_stream, response_future, lease, attempt_at) = loop {
         let Some(i) = pool::pick(rule, &tried) else {
-            let f = last.take().unwrap_or_else(|| match rule.upstreams.iter().all(|u| u.shared.drained()) {
-                true => {
-                    fail(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, &url0, "every upstream is drained".into())
-                }
-                false => fail(Status::BAD_GATEWAY, FailureKind::Connect, &url0, "no upstream left".into()),
-            });
+            let f = last.take().unwrap_or_else(|| pool::none_left(rule, &url0));
             return match pending.on_failure(&f, req) {
                 Some(stale) => answer(stale, true),
                 None => refused(f, req, failed_status),
