@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::shared::Shared;
-use super::{parse, upstream, HostMode, Rule, TlsClient, Upstream};
+use super::{parse, upstream, Rule, TlsClient, Upstream};
 
 /// One upstream's check, as `health_check = { ... }` gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,10 +127,7 @@ pub fn sync<'r>(rules: impl IntoIterator<Item = &'r Rule>) {
     for rule in rules {
         let Some(check) = &rule.health_check else { continue };
         for u in &rule.upstreams {
-            let host = match &rule.host {
-                HostMode::Fixed(h) => h.clone(),
-                HostMode::Preserve | HostMode::Upstream => u.authority.clone(),
-            };
+            let host = super::host_for(rule, u, None).to_string();
             let spec = Spec { upstream: u.clone(), check: check.clone(), tls: rule.tls.clone(), host };
             match wanted.get(&u.url) {
                 Some(first) if first.check != spec.check => tracing::warn!(

@@ -38,7 +38,10 @@ use super::cached::{self, Next, Pending};
 use super::parse::{Framing, Head};
 use super::replies::{answer, commit, commit_before_head, cut, refused, Added};
 use super::upstream::{self, IoFailure};
-use super::{client_fields, headers, metrics, pool, Failure, FailureKind, Forwarding, HostMode, Rule, Upstream, PIECE};
+use super::{
+    client_fields, connect_failed, headers, host_for, mark_failed, metrics, note_attempt, pool, timed_out, Failure,
+    FailureKind, Forwarding, Rule, Upstream, PIECE,
+};
 use crate::fds;
 use crate::handler::downstream::{BodyError, Downstream, Outcome, StreamEnd, Streamed};
 use crate::handler::{Body, Request, Response, Status};
@@ -166,7 +169,7 @@ fn lease(p: &Pooled) -> (SendRequest<Bytes>, Lease) {
 }
 
 /// Forgets every connection of `url` (the upstream failed).
-fn forget(url: &str) {
+pub(super) fn forget(url: &str) {
     CONNS.with(|c| c.borrow_mut().remove(url));
 }
 
@@ -395,37 +398,16 @@ pub(super) async fn forward<D: Downstream>(
         let up = &rule.upstreams[i];
         let attempt_at = Instant::now();
         fwd.notes.with(|n| n.upstream.push(Attempt { addr: up.address(), ..Attempt::default() }));
-        let note = |f: &dyn Fn(&mut Attempt)| {
-            fwd.notes.with(|n| {
-                if let Some(a) = n.upstream.last_mut() {
-                    f(a);
-                }
-            })
-        };
         let (send, lease, fresh) = match connection(rule, up).await {
             Ok(c) => c,
             Err(e) => {
                 tried.push(i);
-                let (status, kind) = match &e {
-                    IoFailure::TimedOut => (Status::GATEWAY_TIMEOUT, FailureKind::Timeout),
-                    IoFailure::Local(_) => (Status::SERVICE_UNAVAILABLE, FailureKind::Local),
-                    IoFailure::Failed(_) => (Status::BAD_GATEWAY, FailureKind::Connect),
-                };
-                note(&|a| a.status = Some(status.0));
-                let f = fail(status, kind, &up.url, format!("connect: {e}"));
-                if kind != FailureKind::Local {
-                    mark_failed(rule, &up.url, &f);
-                }
-                last = Some(f);
+                last = Some(connect_failed(rule, up, &fwd, e));
                 continue;
             }
         };
-        note(&|a| a.connect = Some(if fresh { attempt_at.elapsed() } else { Duration::ZERO }));
-        let host = match &rule.host {
-            HostMode::Preserve => fwd.authority.as_deref().unwrap_or(&up.authority),
-            HostMode::Upstream => &up.authority,
-            HostMode::Fixed(h) => h,
-        };
+        note_attempt(&fwd, |a| a.connect = Some(if fresh { attempt_at.elapsed() } else { Duration::ZERO }));
+        let host = host_for(rule, up, fwd.authority.as_deref());
         let raw = headers::request_head(&fwd, &fields, host);
         let scheme = if up.tls { "https" } else { "http" };
         let request = match request_of(&raw, scheme, te) {
@@ -442,7 +424,7 @@ pub(super) async fn forward<D: Downstream>(
             Err(_) => {
                 // The connection's streams are all taken (a limit lowered meanwhile): another.
                 tried.push(i);
-                last = Some(fail(Status::GATEWAY_TIMEOUT, FailureKind::Timeout, &up.url, "no stream free".into()));
+                last = Some(timed_out(up, "waiting for a free stream"));
                 continue;
             }
         };
@@ -459,19 +441,12 @@ pub(super) async fn forward<D: Downstream>(
                     continue;
                 }
                 tried.push(i);
-                mark_failed(rule, &up.url, &f);
+                mark_failed(rule, up, &f);
                 last = Some(f);
             }
         }
     };
     let up = &rule.upstreams[index];
-    let note = |f: &dyn Fn(&mut Attempt)| {
-        fwd.notes.with(|n| {
-            if let Some(a) = n.upstream.last_mut() {
-                f(a);
-            }
-        })
-    };
     let read_timeout = rule.timeouts.read;
     let first = if has_body { d.body_at_hand() } else { Vec::new() };
     let mut uploading = Uploading {
@@ -502,9 +477,9 @@ pub(super) async fn forward<D: Downstream>(
             Event::Upstream(Ok(r)) => break r,
             Event::Upstream(Err(e)) => {
                 let f = h2_failure(&up.url, &e, "waiting for the response head");
-                note(&|a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
                 if !e.is_reset() {
-                    mark_failed(rule, &up.url, &f);
+                    mark_failed(rule, up, &f);
                 }
                 return match pending.on_failure(&f, req) {
                     Some(stale) => answer(stale, true),
@@ -523,9 +498,9 @@ pub(super) async fn forward<D: Downstream>(
             // The upstream may have answered already (and reset the rest): its answer comes next.
             Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
             Event::Timer => {
-                let f = timed_out(&up.url, "waiting for the response head");
-                note(&|a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
-                mark_failed(rule, &up.url, &f);
+                let f = timed_out(up, "waiting for the response head");
+                note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                mark_failed(rule, up, &f);
                 return refused(f, req, failed_status);
             }
         }
@@ -535,7 +510,7 @@ pub(super) async fn forward<D: Downstream>(
     let method = fwd.method.clone();
     let mut head = head_of(&parts, body.is_end_stream(), &method);
     metrics::answered(&up.url, attempt_at.elapsed());
-    note(&|a| (a.status, a.header) = (Some(head.status), Some(attempt_at.elapsed())));
+    note_attempt(&fwd, |a| (a.status, a.header) = (Some(head.status), Some(attempt_at.elapsed())));
     if let Some(mut a) = super::control::accel(rule, &mut head, req) {
         added.apply(&mut a.fields);
         return Outcome::Answer { answer: crate::handler::downstream::Answer::Accel(Box::new(a)), from_cache: false };
@@ -550,7 +525,7 @@ pub(super) async fn forward<D: Downstream>(
         Framing::None => {
             commit_before_head(&mut store, &mut cache_status).await;
             let fields = client_fields(&mut head, &cache_status);
-            note(&|a| a.response = Some(attempt_at.elapsed()));
+            note_attempt(&fwd, |a| a.response = Some(attempt_at.elapsed()));
             let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
             drop(lease);
             return answer(response, false);
@@ -627,22 +602,16 @@ pub(super) async fn forward<D: Downstream>(
             },
             Event::Sent(Ok(_)) => uploading.end_if_done(),
             Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
-            Event::Timer => break cut(d, req, timed_out(&up.url, "reading the response body"), sent),
+            Event::Timer => break cut(d, req, timed_out(up, "reading the response body"), sent),
         }
     };
-    note(&|a| a.response = Some(attempt_at.elapsed()));
+    note_attempt(&fwd, |a| a.response = Some(attempt_at.elapsed()));
     drop(lease);
     if matches!(end, StreamEnd::Cut(_)) {
         metrics::error(FailureKind::Body.label());
     }
     tracing::debug!("proxied \"{} {}\" over HTTP/2: {status} with {sent} body bytes", req.method, req.path);
     streamed(sent, end)
-}
-
-/// The 504 of an upstream silent for the read timeout while `what`.
-fn timed_out(url: &str, what: &str) -> Failure {
-    let detail = format!("{what}: timed out");
-    Failure { status: Status::GATEWAY_TIMEOUT, kind: FailureKind::Timeout, upstream: url.to_string(), detail }
 }
 
 /// The answer to a request body refused (too large, malformed) or a client gone
@@ -655,13 +624,6 @@ fn body_refused<E>(e: BodyError<E>, up: &Upstream, req: &Request, cache_status: 
             refused(f, req, cache_status)
         }
     }
-}
-
-fn mark_failed(rule: &Rule, url: &str, f: &Failure) {
-    tracing::warn!("{f}; the upstream is skipped for {:?}", rule.fail_timeout);
-    forget(url);
-    pool::failed(url, rule.fail_timeout);
-    metrics::failed(url, f.kind.label(), true);
 }
 
 #[cfg(test)]
