@@ -173,43 +173,54 @@ pub(super) fn forget(url: &str) {
     CONNS.with(|c| c.borrow_mut().remove(url));
 }
 
-/// The HTTP/2 request for the HTTP/1.1 head `raw` that `headers::request_head`
-/// built: its method, target and fields, Host made `:authority`, the framing
-/// fields dropped (HTTP/2 frames the body), `te: trailers` kept when the client
-/// sent it (gRPC servers ask for it).
-fn request_of(raw: &[u8], scheme: &str, te_trailers: bool) -> Result<http::Request<()>, &'static str> {
-    let mut fields = [httparse::EMPTY_HEADER; 128];
-    let mut head = httparse::Request::new(&mut fields);
-    match head.parse(raw) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err("the request head does not fit HTTP/2"),
-    }
-    let (Some(method), Some(target)) = (head.method, head.path) else {
-        return Err("the request line is incomplete");
-    };
-    let host = head.headers.iter().find(|h| h.name.eq_ignore_ascii_case("host")).map(|h| h.value).unwrap_or(b"");
-    let host = std::str::from_utf8(host).map_err(|_| "the Host is not text")?;
-    let uri = http::Uri::builder()
-        .scheme(scheme)
-        .authority(host)
-        .path_and_query(target)
-        .build()
-        .map_err(|_| "the target or Host is not a valid URI")?;
-    let method = http::Method::from_bytes(method.as_bytes()).map_err(|_| "the method is not valid")?;
-    let mut req = http::Request::builder().method(method).uri(uri).body(()).map_err(|_| "invalid request")?;
-    let map = req.headers_mut();
-    for f in head.headers.iter() {
-        const FRAMING: [&str; 3] = ["host", "transfer-encoding", "connection"];
-        if FRAMING.iter().any(|n| f.name.eq_ignore_ascii_case(n)) {
-            continue;
+/// The HTTP/2 request for `fwd`: its method and target, the fields
+/// `headers::request_fields` gives the HTTP/1.1 head (so every header rule is the
+/// same), Host made `:authority` (`host` as the rule chose it), the framing and
+/// connection fields dropped (HTTP/2 frames the body; it has no such fields), `te:
+/// trailers` when the client sent it (gRPC servers ask for it).
+fn request_of(
+    fwd: &Forwarding,
+    fields: &[(String, String)],
+    host: &str,
+    scheme: &str,
+    te_trailers: bool,
+) -> Result<http::Request<()>, &'static str> {
+    const CONNECTION: [&str; 6] =
+        ["transfer-encoding", "connection", "upgrade", "keep-alive", "proxy-connection", "te"];
+    let mut map = http::HeaderMap::with_capacity(fields.len() + 8);
+    let mut authority = String::new();
+    let mut bad = None;
+    headers::request_fields(fwd, fields, host, &mut |name, value| {
+        if name.eq_ignore_ascii_case("host") {
+            authority = value.to_string();
+            return;
         }
-        let name = http::HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| "a field name is not valid")?;
-        let value = http::HeaderValue::from_bytes(f.value).map_err(|_| "a field value is not valid")?;
-        map.append(name, value);
+        if CONNECTION.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            return;
+        }
+        match (http::HeaderName::from_bytes(name.as_bytes()), http::HeaderValue::from_bytes(value.as_bytes())) {
+            (Ok(n), Ok(v)) => {
+                map.append(n, v);
+            }
+            (Err(_), _) => bad = bad.or(Some("a field name is not valid")),
+            (_, Err(_)) => bad = bad.or(Some("a field value is not valid")),
+        }
+    });
+    if let Some(why) = bad {
+        return Err(why);
     }
     if te_trailers {
         map.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
     }
+    let uri = http::Uri::builder()
+        .scheme(scheme)
+        .authority(authority)
+        .path_and_query(&*headers::request_target(fwd))
+        .build()
+        .map_err(|_| "the target or Host is not a valid URI")?;
+    let method = http::Method::from_bytes(fwd.method.as_bytes()).map_err(|_| "the method is not valid")?;
+    let mut req = http::Request::builder().method(method).uri(uri).body(()).map_err(|_| "invalid request")?;
+    *req.headers_mut() = map;
     Ok(req)
 }
 
@@ -408,9 +419,8 @@ pub(super) async fn forward<D: Downstream>(
         };
         note_attempt(&fwd, |a| a.connect = Some(if fresh { attempt_at.elapsed() } else { Duration::ZERO }));
         let host = host_for(rule, up, fwd.authority.as_deref());
-        let raw = headers::request_head(&fwd, &fields, host);
         let scheme = if up.tls { "https" } else { "http" };
-        let request = match request_of(&raw, scheme, te) {
+        let request = match request_of(&fwd, &fields, host, scheme, te) {
             Ok(r) => r,
             Err(why) => {
                 let f = fail(Status::BAD_GATEWAY, FailureKind::Send, &up.url, format!("sending the request: {why}"));
@@ -639,34 +649,73 @@ mod tests {
         assert!(!asks_trailers(&[]));
     }
 
+    fn forwarding(method: &str, target: &str, authority: &str, body: Option<Option<u64>>) -> Forwarding {
+        Forwarding {
+            method: method.into(),
+            target: target.into(),
+            authority: Some(authority.into()),
+            peer: std::net::IpAddr::from([192, 0, 2, 7]),
+            version: "2",
+            body,
+            upgrade: None,
+            request_id: "abc".into(),
+            strip: None,
+            control: Default::default(),
+            notes: Default::default(),
+            cache_key: None,
+        }
+    }
+
     #[test]
-    fn http1_heads_become_http2_requests() {
-        let raw = b"POST /pkg.Svc/Call?x=1 HTTP/1.1\r\nHost: api.test:8443\r\nContent-Type: application/grpc\r\n\
-                    Transfer-Encoding: chunked\r\nX-Request-Id: abc\r\n\r\n";
-        let r = request_of(raw, "http", true).ok();
+    fn forwarded_requests_become_http2_requests() {
+        let client: Vec<(String, String)> = [
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("x-request-id", "client's"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+            ("x-app", "kept"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        let fwd = forwarding("POST", "/pkg.Svc/Call?x=1", "api.test:8443", Some(None));
+        let r = request_of(&fwd, &client, "api.test:8443", "http", true).ok();
         let r = r.as_ref().map(|r| {
+            let field = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
             (
                 r.method().as_str().to_string(),
                 r.uri().to_string(),
-                r.headers().get("content-type").cloned(),
-                r.headers().contains_key("transfer-encoding"),
-                r.headers().contains_key("host"),
-                r.headers().get("te").cloned(),
+                field("content-type"),
+                field("te"),
+                field("x-request-id"),
+                field("x-app"),
+                field("via"),
+                ["transfer-encoding", "host", "connection", "x-hop"].iter().any(|n| r.headers().contains_key(*n)),
             )
         });
+        let some = |s: &str| Some(s.to_string());
         assert_eq!(
             r,
             Some((
                 "POST".into(),
                 "http://api.test:8443/pkg.Svc/Call?x=1".into(),
-                Some(http::HeaderValue::from_static("application/grpc")),
+                some("application/grpc"),
+                some("trailers"),
+                some("abc"),
+                some("kept"),
+                some("2 ktlsd"),
                 false,
-                false,
-                Some(http::HeaderValue::from_static("trailers")),
             ))
         );
-        assert!(request_of(b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "http", false).is_err());
-        assert!(request_of(b"GET / HTTP/1.1\r\n", "http", false).is_err());
+        // A body of known length keeps its Content-Length; the prefix is taken off.
+        let fwd = Forwarding { strip: Some("/api".into()), ..forwarding("PUT", "/api/x", "a", Some(Some(3))) };
+        let r = request_of(&fwd, &[], "a", "https", false).ok();
+        let r = r
+            .map(|r| (r.uri().to_string(), r.headers().get("content-length").cloned(), r.headers().get("te").cloned()));
+        assert_eq!(r, Some(("https://a/x".into(), Some(http::HeaderValue::from_static("3")), None)));
+        assert!(request_of(&forwarding("GET", "/", "a b", None), &[], "a b", "http", false).is_err());
+        assert!(request_of(&forwarding("G T", "/", "a", None), &[], "a", "http", false).is_err());
     }
 
     #[test]
