@@ -96,25 +96,11 @@ static RUNNING: Mutex<BTreeMap<String, Running>> = Mutex::new(BTreeMap::new());
 fn runtime() -> Option<&'static tokio::runtime::Handle> {
     static HANDLE: OnceLock<Option<tokio::runtime::Handle>> = OnceLock::new();
     HANDLE
-        .get_or_init(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            let rt = match rt {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("health checks: no runtime: {e}; upstreams are checked passively only");
-                    return None;
-                }
-            };
-            let handle = rt.handle().clone();
-            let spawned = std::thread::Builder::new()
-                .name("ktlsd-health".into())
-                .spawn(move || rt.block_on(std::future::pending::<()>()));
-            match spawned {
-                Ok(_) => Some(handle),
-                Err(e) => {
-                    tracing::error!("health checks: no thread: {e}; upstreams are checked passively only");
-                    None
-                }
+        .get_or_init(|| match crate::sys::event_loop_thread("ktlsd-health", std::future::pending::<()>) {
+            Ok((_, handle)) => Some(handle),
+            Err(e) => {
+                tracing::error!("health checks: no thread: {e}; upstreams are checked passively only");
+                None
             }
         })
         .as_ref()
