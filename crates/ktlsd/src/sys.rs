@@ -220,6 +220,30 @@ fn check(rc: c_int) -> io::Result<()> {
     }
 }
 
+/// A current-thread event loop with I/O and timers: what each of ktlsd's helper
+/// threads (admin, cluster, ACME, health checks) and the signal wait runs on.
+pub fn event_loop() -> io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()
+}
+
+/// A thread named `name` running [`event_loop`] on the future `main` makes there,
+/// until it completes; the loop's handle, for spawning more tasks onto it. The
+/// loop is built before the thread starts: either failure is returned here.
+pub fn event_loop_thread<F, Fut>(
+    name: &str,
+    main: F,
+) -> io::Result<(std::thread::JoinHandle<Fut::Output>, tokio::runtime::Handle)>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future,
+    Fut::Output: Send + 'static,
+{
+    let rt = event_loop()?;
+    let handle = rt.handle().clone();
+    let thread = std::thread::Builder::new().name(name.into()).spawn(move || rt.block_on(main()))?;
+    Ok((thread, handle))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,9 @@
 //! client of `tests/h3/client.py`); gRPC from an HTTP/1.1 client refused with 505
 //! while other HTTP/1.1 requests reach the HTTP/2 upstream; and a hostile HTTP/2
 //! upstream (`tests/proxy/h2_hostile.py`, at frame level) that resets, sends
-//! GOAWAY, bad HPACK or endless CONTINUATION: a 502 or a reset stream, and the
-//! server serves on.
+//! GOAWAY, bad HPACK, endless CONTINUATION or floods DATA past its flow-control
+//! window: a 502 or a reset stream, the server serves on and its memory stays
+//! bounded; and an `h2://` upstream over TLS (nghttpd).
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -173,26 +174,103 @@ fn trailers_reach_http3_clients() {
     assert_eq!(field(fail, "grpc-message").as_deref(), Some("no such thing"), "{v}");
 }
 
+/// Growth of ktlsd's resident memory allowed over the hostile runs: each endless
+/// header block is refused at `MAX_HEADER_LIST` (64 KiB) and each flood at the
+/// stream's and connection's flow-control windows (256 KiB, 1 MiB); a block or a
+/// body held whole would be hundreds of MiB.
+const HOSTILE_RSS_BOUND_KIB: u64 = 32 * 1024;
+
 #[test]
 fn hostile_h2_upstreams_get_a_502_or_a_reset_stream() {
     let port = origin::free_port();
     let _up = Py::start("h2_hostile.py", &[&port.to_string()]);
     let (srv, _) = server(&format!("h2c://127.0.0.1:{port}"), &[]);
+    // Warm up (the connection pool, the allocator) before the memory is read.
+    for proto in ["--http1.1", "--http2"] {
+        assert_eq!(fetch(&srv.url("/plain"), &[proto]).status, 200);
+    }
+    let before = rss_kib(srv.pid());
+    let mut peak = before;
     for proto in ["--http1.1", "--http2"] {
         // Before the head: a clean 502.
-        for path in ["/rst-head", "/goaway-head", "/bad-hpack", "/continuation"] {
+        for path in ["/rst-head", "/goaway-head", "/bad-hpack", "/continuation", "/continuation"] {
             let r = fetch(&srv.url(path), &[proto]);
             assert_eq!(r.status, 502, "{proto} {path}: {}", srv.stderr());
+            peak = peak.max(rss_kib(srv.pid()));
         }
-        // After the head: the client's response is cut, never ended as if whole.
-        for path in ["/rst", "/goaway"] {
-            let out = curl(&[proto, "-o", "/dev/null", srv.url(path).as_str()]);
+        // After the head: the client's response is cut, never ended as if whole; a
+        // flood against a client reading slowly too.
+        for (path, slow) in [("/rst", false), ("/goaway", false), ("/flood", false), ("/flood", true)] {
+            let url = srv.url(path);
+            let mut args = vec![proto, "-o", "/dev/null", "--max-time", "20", url.as_str()];
+            if slow {
+                args.extend(["--limit-rate", "100k"]);
+            }
+            let out = curl(&args);
             assert!(!out.status.success(), "{proto} {path}: a cut response must fail the client");
+            // 28: curl's own time limit; the response was never cut.
+            assert_ne!(out.status.code(), Some(28), "{proto} {path} (slow {slow}): not cut: {}", srv.stderr());
+            peak = peak.max(rss_kib(srv.pid()));
         }
         let r = fetch(&srv.url("/plain"), &[proto]);
         assert_eq!((r.status, r.body_str().as_str()), (200, "ok"), "{proto}: serves on");
     }
+    let after = rss_kib(srv.pid());
+    println!("hostile HTTP/2 upstreams: VmRSS {before} KiB before, {peak} KiB at most, {after} KiB after");
+    assert!(
+        peak.saturating_sub(before) < HOSTILE_RSS_BOUND_KIB,
+        "VmRSS grew from {before} to {peak} KiB (bound {HOSTILE_RSS_BOUND_KIB} KiB)"
+    );
     let stderr = srv.stderr();
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stderr.contains("reset the stream") && stderr.contains("GOAWAY"), "{stderr}");
+}
+
+/// An `h2://` upstream (HTTP/2 over TLS, ALPN `h2`): nghttpd with a certificate
+/// of the test's CA, verified against `upstream_ca`; a small answer, a 3 MB one
+/// streamed, a 2 MB request body streamed up and echoed back (nghttpd's
+/// `--echo-upload`), and trailers, over HTTP/1.1 and HTTP/2.
+#[test]
+fn an_h2_upstream_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = upstream_certificates(dir.path());
+    let big = pattern(3_000_000, 7);
+    let up = Nghttpd::h2(
+        &[("small.txt", b"hello"), ("big.bin", &big)],
+        &cert,
+        &key,
+        &["--echo-upload", "--trailer", "x-check: done"],
+    );
+    let config = format!(
+        "[[proxy]]\npath = \"/**\"\nupstream = [\"h2://localhost:{}\"]\nupstream_ca = {:?}\nread_timeout = \"10s\"\n",
+        up.port,
+        ca.display().to_string()
+    );
+    let srv = Server::builder(BIN).workers(Some(1)).config(&config).arg("--log-level").arg("debug").start();
+    let upload = dir.path().join("upload.bin");
+    let sent = pattern(2_000_000, 11);
+    std::fs::write(&upload, &sent).unwrap();
+    let upload_arg = format!("@{}", upload.display());
+    for proto in ["--http1.1", "--http2"] {
+        let r = fetch(&srv.url("/small.txt"), &[proto]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "hello"), "{proto}: {}", srv.stderr());
+        assert!(r.header("via").is_some_and(|v| v.contains("2 ktlsd")), "{proto}: {:?}", r.headers);
+        let r = fetch(&srv.url("/big.bin"), &[proto]);
+        assert_eq!(r.status, 200, "{proto}");
+        assert_body("a 3 MB answer over h2://", &r.body, &big);
+        let r = fetch(&srv.url("/echo"), &[proto, "--data-binary", &upload_arg]);
+        assert_eq!(r.status, 200, "{proto}: {}", srv.stderr());
+        assert_body("a 2 MB request body echoed over h2://", &r.body, &sent);
+    }
+    // nghttpd's trailer reaches an HTTP/2 client (nghttp prints the frames it reads).
+    let out = run_with_timeout(
+        Command::new("nghttp").stdin(Stdio::null()).args(["-v", &srv.url("/small.txt")]),
+        None,
+        Duration::from_secs(30),
+    );
+    let frames = String::from_utf8_lossy(&out.stdout);
+    assert!(frames.contains("x-check: done"), "{frames}");
+    assert!(up.count("/big.bin") >= 2, "{}", up.log());
+    let stopped = srv.stop();
+    assert!(!stopped.stderr.contains("panicked"), "{}", stopped.stderr);
 }

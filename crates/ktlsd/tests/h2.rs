@@ -174,21 +174,11 @@ fn conformance_script() {
 /// client port: one connection.
 #[test]
 fn chromium_loads_fifty_subresources_over_one_connection() {
-    let chromium = chromium();
     let srv = subresource_page(Server::builder(BIN), "h2").start();
     let profile = srv.dir().join("chromium-profile");
     let netlog = srv.dir().join("chromium-netlog.json");
     let out = run_with_timeout(
-        tool(chromium).args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            // Containers often have a small /dev/shm; Chromium then uses /tmp instead.
-            "--disable-dev-shm-usage",
-            "--ignore-certificate-errors",
-            "--no-first-run",
-            "--disable-background-networking",
-            &format!("--user-data-dir={}", profile.display()),
+        headless_chromium(&profile).args([
             "--virtual-time-budget=20000",
             &format!("--log-net-log={}", netlog.display()),
             "--dump-dom",

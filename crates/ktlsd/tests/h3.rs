@@ -355,13 +355,6 @@ fn http3_without_tls13_or_its_initial_suite_stops_start_up_with_one_line() {
     }
 }
 
-/// The server's resident memory, KiB.
-fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS in kB")
-}
-
 /// Growth of resident memory allowed over the hostile run: without the handshake
 /// cap before Retry, the 10,000 Initials held about 200 MiB of connection state.
 const HOSTILE_RSS_BOUND_KIB: u64 = 64 * 1024;

@@ -265,24 +265,6 @@ fn only_idempotent_requests_are_retried() {
     assert!(logged, "one line names the upstream and why:\n{}", srv.stderr());
 }
 
-/// A CA (its PEM file) and a certificate it issued for `localhost`, with its key, for a TLS upstream.
-fn upstream_certificates(dir: &std::path::Path) -> (PathBuf, PathBuf, PathBuf) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "proxy test CA");
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&leaf_key, &issuer).unwrap();
-    let paths = (dir.join("ca.pem"), dir.join("upstream.pem"), dir.join("upstream.key"));
-    std::fs::write(&paths.0, ca_cert.pem()).unwrap();
-    std::fs::write(&paths.1, leaf.pem()).unwrap();
-    std::fs::write(&paths.2, leaf_key.serialize_pem()).unwrap();
-    paths
-}
-
 #[test]
 fn nginx_as_the_upstream() {
     let dir = tempfile::tempdir().unwrap();

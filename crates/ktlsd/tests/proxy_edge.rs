@@ -297,13 +297,6 @@ fn bodies_of_unknown_length_stream_as_they_come() {
     assert_eq!(origin.count(&target), 1);
 }
 
-/// Resident memory of process `pid`, in KiB.
-fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS in kB")
-}
-
 /// Growth of resident memory allowed while one HTTP/2 connection holds 128 proxied
 /// 8 MiB bodies being stored: a stream keeps at most about two 64 KiB pieces, so
 /// 128 of them about 16 MiB; a body held whole would be 1 GiB.

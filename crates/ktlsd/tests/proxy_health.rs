@@ -278,3 +278,61 @@ fn cache_hits_carry_the_via_of_misses() {
         assert_eq!(origin.count(target), 1, "answered from the cache");
     }
 }
+
+#[test]
+fn an_h2c_upstream_down_by_its_checks_is_a_503() {
+    // Nothing listens on the port: every check fails to connect.
+    let url = format!("h2c://127.0.0.1:{}", origin::free_port());
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{url:?}]\n\
+         health_check = {{ path = \"/healthz\", interval = \"100ms\", timeout = \"100ms\", fails = 1 }}\n"
+    );
+    let (srv, _) = server(&config);
+    wait_lines(&srv, &format!("upstream {url} is down"), 1, Duration::from_secs(10));
+    for proto in ["--http1.1", "--http2"] {
+        let r = fetch(&srv.url("/api/name"), &[proto]);
+        assert_eq!(r.status, 503, "{proto}: {}", srv.stderr());
+    }
+    assert!(srv.stderr().contains("every upstream is down by its health checks"), "{}", srv.stderr());
+}
+
+#[test]
+fn health_checks_of_an_h2c_upstream_speak_http2() {
+    let mut up = Nghttpd::h2c(&[("healthz", b"ok"), ("api/name", b"h2")], &[]);
+    let url = format!("h2c://127.0.0.1:{}", up.port);
+    let config = format!(
+        "[[proxy]]\npath = \"/api/**\"\nupstream = [{url:?}]\nfail_timeout = \"1ms\"\n\
+         health_check = {{ path = \"/healthz\", interval = \"200ms\", timeout = \"150ms\", fails = 2, passes = 2 }}\n"
+    );
+    let (srv, sock) = server(&config);
+    // The checks pass: the upstream stays up.
+    let t = Instant::now();
+    while up.count("/healthz") < 3 {
+        assert!(t.elapsed() < Duration::from_secs(10), "checks awaited:\n{}", srv.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!srv.stderr().contains(&format!("upstream {url} is down")), "{}", srv.stderr());
+    let row = status_row(&sock, &url);
+    assert_eq!(row["state"], "up", "{row}");
+    assert!(row["last_check"].as_str().unwrap_or_default().starts_with("active: passed"), "{row}");
+    let r = fetch(&srv.url("/api/name"), &["--http2"]);
+    assert_eq!((r.status, r.body_str().as_str()), (200, "h2"));
+
+    // It goes down: the checks see it, and no request is tried on it.
+    up.stop();
+    let down = wait_lines(&srv, &format!("upstream {url} is down"), 1, Duration::from_secs(10));
+    assert!(down[0].contains("(GET /healthz: connect:"), "{}", down[0]);
+    for proto in ["--http1.1", "--http2"] {
+        assert_eq!(fetch(&srv.url("/api/name"), &[proto]).status, 503, "{proto}");
+    }
+
+    // It comes back: up after 2 passed checks, and answers again.
+    up.restart();
+    let again = wait_lines(&srv, &format!("upstream {url} is up again"), 1, Duration::from_secs(10));
+    assert!(again[0].contains("2 health checks in a row passed (GET /healthz: 200"), "{}", again[0]);
+    for proto in ["--http1.1", "--http2"] {
+        let r = fetch(&srv.url("/api/name"), &[proto]);
+        assert_eq!((r.status, r.body_str().as_str()), (200, "h2"), "{proto}");
+    }
+    assert!(!srv.stderr().contains("panicked"), "{}", srv.stderr());
+}

@@ -13,13 +13,6 @@ use testkit::*;
 /// The binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_ktlsd");
 
-/// Resident memory of process `pid`, in KiB.
-fn rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS line");
-    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS value")
-}
-
 /// A 100 KiB file: its response fills the userspace plaintext and output buffers.
 fn body() -> Vec<u8> {
     (0..100 * 1024).map(|i| (i % 251) as u8).collect()

@@ -185,18 +185,12 @@ fn background_load(srv: &Server, stop: &Arc<AtomicBool>) -> Vec<std::thread::Joi
 
 /// Chromium's DOM of `url` after `budget_ms` of virtual time (the page's timers run).
 fn dump_dom(url: &str, profile: &Path, budget_ms: u32) -> String {
-    let mut c = Command::new(chromium());
-    chromium_args(&mut c, profile);
+    let mut c = headless_chromium(profile);
     c.arg(format!("--virtual-time-budget={budget_ms}")).args(["--dump-dom", url]);
     let o = run_with_timeout(&mut c, None, Duration::from_secs(120));
     let dom = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(dom.contains("<html"), "no DOM: {}", String::from_utf8_lossy(&o.stderr));
     dom
-}
-
-fn chromium_args(c: &mut Command, profile: &Path) {
-    c.args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage"])
-        .arg(format!("--user-data-dir={}", profile.display()));
 }
 
 /// The opening tag of the element with `id` in `dom`.
@@ -330,8 +324,7 @@ fn chromium_shows_the_server_under_load() {
         std::thread::sleep(Duration::from_secs(60));
     }
     let shot = srv.dir().join("status-page.png");
-    let mut cap = Command::new(chromium());
-    chromium_args(&mut cap, &profile);
+    let mut cap = headless_chromium(&profile);
     cap.arg(format!("--screenshot={}", shot.display())).args([
         "--window-size=1280,2000",
         "--virtual-time-budget=4000",

@@ -238,7 +238,6 @@ fn websockets_over_http2_extended_connect() {
 
 #[test]
 fn chromium_opens_a_websocket_over_its_http2_connection() {
-    let chromium = chromium();
     let up = upstream("ws_upstream.py");
     let config = format!("[[proxy]]\npath = \"/api/**\"\nupstream = [{:?}]\n", up.url());
     let page = "<!doctype html><html><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\"></head><body>\
@@ -255,19 +254,7 @@ fn chromium_opens_a_websocket_over_its_http2_connection() {
         Server::builder(BIN).workers(Some(1)).file("index.html", page).file("big.js", big).config(&config).start();
     let profile = srv.dir().join("chromium-profile");
     let out = run_with_timeout(
-        Command::new(chromium).stdin(Stdio::null()).args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--ignore-certificate-errors",
-            "--no-first-run",
-            "--disable-background-networking",
-            &format!("--user-data-dir={}", profile.display()),
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            &srv.url("/index.html"),
-        ]),
+        headless_chromium(&profile).args(["--virtual-time-budget=10000", "--dump-dom", &srv.url("/index.html")]),
         None,
         Duration::from_secs(120),
     );

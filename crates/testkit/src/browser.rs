@@ -1,6 +1,7 @@
 //! Headless Chromium for the browser tests, and what their pages are made of.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 /// A 1x1 transparent GIF.
 pub const GIF: &[u8] = b"GIF89a\x01\x00\x01\x00\x80\x00\x00\x00\x00\x00\xff\xff\xff!\xf9\x04\x01\x00\x00\x00\x00,\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02D\x01\x00;";
@@ -11,6 +12,25 @@ pub fn chromium() -> &'static str {
         .into_iter()
         .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()))
         .unwrap_or_else(|| panic!("chromium is not installed (scripts/test installs Debian's chromium)"))
+}
+
+/// Headless Chromium as every browser test runs it, its profile in `profile`: no
+/// sandbox, GPU, first-run or background traffic, `/tmp` rather than a container's
+/// small `/dev/shm`, the tests' self-signed certificates taken, no stdin. The test
+/// adds what it asks for (`--dump-dom URL`, `--screenshot`, a virtual time budget).
+pub fn headless_chromium(profile: &Path) -> Command {
+    let mut c = Command::new(chromium());
+    c.stdin(Stdio::null()).args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--ignore-certificate-errors",
+        "--no-first-run",
+        "--disable-background-networking",
+    ]);
+    c.arg(format!("--user-data-dir={}", profile.display()));
+    c
 }
 
 /// `b` with a page, `/index.html`, of 50 subresources (20 images, 15 scripts, 15 style

@@ -175,3 +175,10 @@ impl Exited {
         errors[0].to_string()
     }
 }
+
+/// Resident memory of process `pid` (`VmRSS` of `/proc/PID/status`), in KiB.
+pub fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("VmRSS in kB")
+}

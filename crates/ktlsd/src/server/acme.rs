@@ -53,16 +53,13 @@ pub struct AcmeSites {
 
 impl AcmeSites {
     pub fn new() -> anyhow::Result<AcmeSites> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the ACME event loop")?;
-        let handle = rt.handle().clone();
         let (stop, mut stopped) = tokio::sync::watch::channel(());
-        std::thread::Builder::new()
-            .name("ktlsd-acme".into())
-            // Returns when `stop` is dropped; dropping the runtime then ends the tasks.
-            .spawn(move || rt.block_on(async move { while stopped.changed().await.is_ok() {} }))
+        // Returns when `stop` is dropped; dropping the runtime then ends the tasks.
+        let (_, handle) =
+            crate::sys::event_loop_thread(
+                "ktlsd-acme",
+                move || async move { while stopped.changed().await.is_ok() {} },
+            )
             .context("cannot start the ACME thread")?;
         let gate = tokio::sync::watch::Sender::new(false);
         Ok(AcmeSites {

@@ -34,7 +34,7 @@ pub struct Signals {
 impl Signals {
     pub fn install() -> anyhow::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let rt = crate::sys::event_loop()?;
         let all = rt.block_on(async {
             Ok::<_, std::io::Error>([
                 signal(SignalKind::terminate())?,

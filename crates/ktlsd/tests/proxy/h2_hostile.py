@@ -10,6 +10,8 @@ gets is chosen by its path:
   /bad-hpack     a HEADERS frame whose block indexes no table entry
   /continuation  a HEADERS frame without END_HEADERS, then CONTINUATION frames of
                  16 KiB of header fields without end (until the peer gives up)
+  /flood         a 200 head, then 16 KiB DATA frames without end as fast as the socket
+                 takes them, never waiting for flow-control credit (512 MiB at most)
   /trailers      a 200, "hello", and trailers x-check: done
 anything else    200 "ok"
 """
@@ -100,6 +102,15 @@ def answer(conn, enc, sid, path):
         try:
             for _ in range(100000):
                 conn.sendall(frame(CONT, 0, sid, field))
+        except OSError:
+            pass
+        return False
+    elif path == "/flood":
+        conn.sendall(head(False))
+        chunk = frame(DATA, 0, sid, b"x" * 16384)
+        try:
+            for _ in range(32768):
+                conn.sendall(chunk)
         except OSError:
             pass
         return False

@@ -255,8 +255,9 @@ impl Forward {
         let mut fields = client_fields(&mut head, &cache_status);
         let mut client_len = len;
         let mut window = window.map(|(range, size)| {
-            fields
-                .retain(|h| !matches!(h, Header::ContentLength(_)) && !h.name().eq_ignore_ascii_case("content-length"));
+            // A window comes with a Content-Length body only, whose length `client_fields`
+            // gives as the typed field (the upstream's own field is dropped there).
+            fields.retain(|h| !matches!(h, Header::ContentLength(_)));
             let w = ranged::Window::new(range.clone());
             fields.push(Header::ContentLength(w.len()));
             fields.push(Header::ContentRange(ContentRange::Bytes { range, size }));
@@ -282,12 +283,7 @@ impl Forward {
                 commit(&mut store).await;
             }
         }
-        let first = match window.as_mut() {
-            Some(w) => w.clip(&piece),
-            None => &piece[..],
-        };
-        // The client's answer ends: with the body, or with its range.
-        let mut client_end = end || window.as_ref().is_some_and(ranged::Window::done);
+        let (first, mut client_end) = ranged::to_client(window.as_mut(), &piece, end);
         let mut sent = first.len() as u64;
         metrics::body_bytes(BodyPath::Copy.label(), sent);
         // The rest by splice when the client and the exchange allow it.
@@ -342,11 +338,8 @@ impl Forward {
             if end {
                 commit(&mut store).await;
             }
-            let out = match window.as_mut() {
-                Some(w) => w.clip(&piece),
-                None => &piece[..],
-            };
-            client_end = end || window.as_ref().is_some_and(ranged::Window::done);
+            let out;
+            (out, client_end) = ranged::to_client(window.as_mut(), &piece, end);
             metrics::body_bytes(BodyPath::Copy.label(), out.len() as u64);
             if out.is_empty() && !client_end {
                 continue;

@@ -81,122 +81,136 @@ pub struct Upgrade {
     pub key: Option<String>,
 }
 
-/// The upstream request head: request line (the rule's prefix taken off), Host (`host`
-/// is its value unless the rule sets one), the client's end-to-end fields, the
-/// forwarding fields, `X-Request-Id`, the rule's fields and the body's framing. A
-/// client's `X-Real-IP` and `X-Request-Id` never pass: the rule may set the first, the
-/// second is the request's id. A field the rule sets or removes goes, this hop's
-/// own included.
+/// The upstream request head: request line (the rule's prefix taken off) and the
+/// fields of [`request_fields`], as HTTP/1.1 writes them.
 pub fn request_head(fwd: &Forwarding, fields: &[(String, String)], host: &str) -> Vec<u8> {
-    let named = connection_options(fields.iter().map(|(n, v)| (n.as_str(), v.as_str())));
-    let rules = &fwd.control;
     let mut out = String::with_capacity(512);
-    let line = |out: &mut String, name: &str, value: &str| {
-        if rules.drops(name) {
-            return;
-        }
+    out.push_str(&fwd.method);
+    out.push(' ');
+    out.push_str(&request_target(fwd));
+    out.push_str(" HTTP/1.1\r\n");
+    request_fields(fwd, fields, host, &mut |name, value| {
         out.push_str(name);
         out.push_str(": ");
         out.push_str(value);
         out.push_str("\r\n");
-    };
-    out.push_str(&fwd.method);
-    out.push(' ');
-    match &fwd.strip {
-        Some(prefix) => out.push_str(&super::control::strip_prefix(&fwd.target, prefix)),
-        None => out.push_str(&fwd.target),
-    }
-    out.push_str(" HTTP/1.1\r\n");
-    out.push_str("Host: ");
-    out.push_str(rules.value_of("host").unwrap_or(host));
+    });
     out.push_str("\r\n");
-    let (mut xff, mut forwarded, mut via) = (Vec::new(), Vec::new(), Vec::new());
-    const REWRITTEN: [&str; 9] = [
-        "x-forwarded-for",
-        "forwarded",
-        "via",
-        "host",
-        "x-forwarded-proto",
-        "x-forwarded-host",
-        "content-length",
-        "x-real-ip",
-        "x-request-id",
-    ];
-    for (name, value) in fields {
-        match which(name, &REWRITTEN) {
-            Some("x-forwarded-for") => xff.push(value.as_str()),
-            Some("forwarded") => forwarded.push(value.as_str()),
-            Some("via") => via.push(value.as_str()),
-            // Replaced by this hop's own; the body's framing is set below.
-            Some(_) => {}
-            None if dropped(name, &named) => {}
-            None => line(&mut out, name, value),
-        }
+    out.into_bytes()
+}
+
+/// The upstream request's origin-form target: the client's, the rule's prefix taken off.
+pub fn request_target(fwd: &Forwarding) -> std::borrow::Cow<'_, str> {
+    match &fwd.strip {
+        Some(prefix) => super::control::strip_prefix(&fwd.target, prefix).into(),
+        None => fwd.target.as_str().into(),
     }
-    // Each list: the values received, then this hop's, written in place.
-    let list = |out: &mut String, name: &str, values: &[&str], own: &dyn Fn(&mut String)| {
-        if rules.drops(name) {
-            return;
+}
+
+/// The upstream request's fields, in order, each given to `emit` as (name, value):
+/// Host first (`host` is its value unless the rule sets one), the client's
+/// end-to-end fields, the forwarding fields, `X-Request-Id`, the rule's fields, a
+/// tunnel's `Connection`/`Upgrade` and the body's framing. A client's `X-Real-IP`
+/// and `X-Request-Id` never pass: the rule may set the first, the second is the
+/// request's id. A field the rule sets or removes goes, this hop's own included.
+/// One list for the HTTP/1.1 head and the HTTP/2 request, which drops the framing.
+pub fn request_fields(fwd: &Forwarding, fields: &[(String, String)], host: &str, emit: &mut dyn FnMut(&str, &str)) {
+    let named = connection_options(fields.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let rules = &fwd.control;
+    // Always one Host: the rule's when it sets one.
+    emit("Host", rules.value_of("host").unwrap_or(host));
+    // The client's fields and this hop's, each unless the rule removes it.
+    {
+        let mut line = |name: &str, value: &str| {
+            if !rules.drops(name) {
+                emit(name, value);
+            }
+        };
+        let (mut xff, mut forwarded, mut via) = (Vec::new(), Vec::new(), Vec::new());
+        const REWRITTEN: [&str; 9] = [
+            "x-forwarded-for",
+            "forwarded",
+            "via",
+            "host",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+            "content-length",
+            "x-real-ip",
+            "x-request-id",
+        ];
+        for (name, value) in fields {
+            match which(name, &REWRITTEN) {
+                Some("x-forwarded-for") => xff.push(value.as_str()),
+                Some("forwarded") => forwarded.push(value.as_str()),
+                Some("via") => via.push(value.as_str()),
+                // Replaced by this hop's own; the body's framing is set below.
+                Some(_) => {}
+                None if dropped(name, &named) => {}
+                None => line(name, value),
+            }
         }
-        out.push_str(name);
-        out.push_str(": ");
-        for v in values {
-            out.push_str(v);
-            out.push_str(", ");
-        }
-        own(out);
-        out.push_str("\r\n");
-    };
-    list(&mut out, "X-Forwarded-For", &xff, &|out| {
-        use std::fmt::Write;
-        let _ = write!(out, "{}", fwd.peer);
-    });
-    line(&mut out, "X-Forwarded-Proto", "https");
-    if let Some(a) = &fwd.authority {
-        line(&mut out, "X-Forwarded-Host", a);
-    }
-    list(&mut out, "Forwarded", &forwarded, &|out| {
-        out.push_str("for=");
-        out.push_str(&forwarded_node(fwd.peer));
+        // Each list: the values received, then this hop's, in one value.
+        let mut value = String::with_capacity(128);
+        let mut list = |line: &mut dyn FnMut(&str, &str), name: &str, values: &[&str], own: &dyn Fn(&mut String)| {
+            value.clear();
+            for v in values {
+                value.push_str(v);
+                value.push_str(", ");
+            }
+            own(&mut value);
+            line(name, &value);
+        };
+        list(&mut line, "X-Forwarded-For", &xff, &|out| {
+            use std::fmt::Write;
+            let _ = write!(out, "{}", fwd.peer);
+        });
+        line("X-Forwarded-Proto", "https");
         if let Some(a) = &fwd.authority {
-            out.push_str(";host=");
-            out.push_str(&quoted_if_needed(a));
+            line("X-Forwarded-Host", a);
         }
-        out.push_str(";proto=https");
-    });
-    list(&mut out, "Via", &via, &|out| {
-        out.push_str(fwd.version);
-        out.push(' ');
-        out.push_str(PSEUDONYM);
-    });
-    line(&mut out, "X-Request-Id", &fwd.request_id);
+        list(&mut line, "Forwarded", &forwarded, &|out| {
+            out.push_str("for=");
+            out.push_str(&forwarded_node(fwd.peer));
+            if let Some(a) = &fwd.authority {
+                out.push_str(";host=");
+                out.push_str(&quoted_if_needed(a));
+            }
+            out.push_str(";proto=https");
+        });
+        list(&mut line, "Via", &via, &|out| {
+            out.push_str(fwd.version);
+            out.push(' ');
+            out.push_str(PSEUDONYM);
+        });
+        line("X-Request-Id", &fwd.request_id);
+    }
     for (name, value) in &rules.fields {
         if !name.eq_ignore_ascii_case("host") {
-            out.push_str(name);
-            out.push_str(": ");
-            out.push_str(value);
-            out.push_str("\r\n");
+            emit(name, value);
         }
     }
+    let mut line = |name: &str, value: &str| {
+        if !rules.drops(name) {
+            emit(name, value);
+        }
+    };
     if let Some(u) = &fwd.upgrade {
-        line(&mut out, "Connection", "upgrade");
-        line(&mut out, "Upgrade", &u.protocol);
+        line("Connection", "upgrade");
+        line("Upgrade", &u.protocol);
         if let Some(key) = &u.key {
-            line(&mut out, "Sec-WebSocket-Key", key);
+            line("Sec-WebSocket-Key", key);
             if !fields.iter().any(|(n, _)| n.eq_ignore_ascii_case("sec-websocket-version")) {
-                line(&mut out, "Sec-WebSocket-Version", "13");
+                line("Sec-WebSocket-Version", "13");
             }
         }
     }
     match fwd.body {
-        Some(Some(n)) => line(&mut out, "Content-Length", itoa::Buffer::new().format(n)),
-        Some(None) => line(&mut out, "Transfer-Encoding", "chunked"),
+        Some(Some(n)) => line("Content-Length", itoa::Buffer::new().format(n)),
+        Some(None) => line("Transfer-Encoding", "chunked"),
         // A method whose semantics expect a body says it is empty (RFC 9110 section 8.6).
-        None if matches!(fwd.method.as_str(), "POST" | "PUT" | "PATCH") => line(&mut out, "Content-Length", "0"),
+        None if matches!(fwd.method.as_str(), "POST" | "PUT" | "PATCH") => line("Content-Length", "0"),
         None => {}
     }
-    out.push_str("\r\n");
-    out.into_bytes()
 }
 
 /// A `Forwarded` node (RFC 7239 section 6): an IPv6 address is bracketed and quoted.

@@ -1,7 +1,8 @@
 //! Active health checks (`[[proxy]] health_check`): one checker per upstream for
 //! the whole process, whatever the number of workers or of rules that name it. It
 //! sends `GET path` every `interval` (a new connection each time, `Connection:
-//! close`, the whole check within `timeout`); `fails` failures in a row (no
+//! close`, the whole check within `timeout`; to an HTTP/2 upstream, one stream on
+//! a new HTTP/2 connection); `fails` failures in a row (no
 //! connection, a timeout, an invalid answer or a status outside 200-399) mark the
 //! upstream down in its shared entry ([`super::shared`]), which every worker reads
 //! when it picks an upstream: a down one gets no request until `passes` checks in a
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::shared::Shared;
-use super::{parse, upstream, HostMode, Rule, TlsClient, Upstream};
+use super::{parse, upstream, Rule, TlsClient, Upstream};
 
 /// One upstream's check, as `health_check = { ... }` gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,25 +96,11 @@ static RUNNING: Mutex<BTreeMap<String, Running>> = Mutex::new(BTreeMap::new());
 fn runtime() -> Option<&'static tokio::runtime::Handle> {
     static HANDLE: OnceLock<Option<tokio::runtime::Handle>> = OnceLock::new();
     HANDLE
-        .get_or_init(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            let rt = match rt {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("health checks: no runtime: {e}; upstreams are checked passively only");
-                    return None;
-                }
-            };
-            let handle = rt.handle().clone();
-            let spawned = std::thread::Builder::new()
-                .name("ktlsd-health".into())
-                .spawn(move || rt.block_on(std::future::pending::<()>()));
-            match spawned {
-                Ok(_) => Some(handle),
-                Err(e) => {
-                    tracing::error!("health checks: no thread: {e}; upstreams are checked passively only");
-                    None
-                }
+        .get_or_init(|| match crate::sys::event_loop_thread("ktlsd-health", std::future::pending::<()>) {
+            Ok((_, handle)) => Some(handle),
+            Err(e) => {
+                tracing::error!("health checks: no thread: {e}; upstreams are checked passively only");
+                None
             }
         })
         .as_ref()
@@ -127,10 +114,7 @@ pub fn sync<'r>(rules: impl IntoIterator<Item = &'r Rule>) {
     for rule in rules {
         let Some(check) = &rule.health_check else { continue };
         for u in &rule.upstreams {
-            let host = match &rule.host {
-                HostMode::Fixed(h) => h.clone(),
-                HostMode::Preserve | HostMode::Upstream => u.authority.clone(),
-            };
+            let host = super::host_for(rule, u, None).to_string();
             let spec = Spec { upstream: u.clone(), check: check.clone(), tls: rule.tls.clone(), host };
             match wanted.get(&u.url) {
                 Some(first) if first.check != spec.check => tracing::warn!(
@@ -224,6 +208,9 @@ async fn checker(spec: Spec, shared: Arc<Shared>, generation: u64) {
 async fn check_once(spec: &Spec) -> Result<u16, String> {
     let check = &spec.check;
     let run = async {
+        if spec.upstream.h2 {
+            return check_h2(spec).await;
+        }
         let mut conn = upstream::connect(&spec.upstream, spec.tls.as_ref(), check.timeout)
             .await
             .map_err(|e| format!("connect: {e}"))?;
@@ -254,6 +241,48 @@ async fn check_once(spec: &Spec) -> Result<u16, String> {
     match tokio::time::timeout(check.timeout, run).await {
         Ok(r) => r,
         Err(_) => Err(format!("timed out after {:?}", check.timeout)),
+    }
+}
+
+/// One check of an HTTP/2 upstream (`h2c://`, `h2://`, `unix+h2c:`), without its
+/// time limit: a new connection, the HTTP/2 preface and settings, `GET path` as one stream, its
+/// final answer's status; the connection is closed after.
+///
+/// # Cancel safety
+/// Cancel-safe: the connection and its driver are dropped together.
+async fn check_h2(spec: &Spec) -> Result<u16, String> {
+    let check = &spec.check;
+    let conn = upstream::connect(&spec.upstream, spec.tls.as_ref(), check.timeout)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (send, driver) = h2::client::Builder::new()
+        .enable_push(false)
+        .max_header_list_size(64 * 1024)
+        .handshake::<_, bytes::Bytes>(conn)
+        .await
+        .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
+    let scheme = if spec.upstream.tls { "https" } else { "http" };
+    let request = http::Request::get(format!("{scheme}://{}{}", spec.host, check.path))
+        .header(http::header::USER_AGENT, "ktlsd-health-check")
+        .header(http::header::ACCEPT, "*/*")
+        .body(())
+        .map_err(|e| format!("the request: {e}"))?;
+    let ask = async {
+        let mut send = send.ready().await?;
+        let (response, _) = send.send_request(request, true)?;
+        response.await
+    };
+    // The driver moves the connection's frames while the answer is awaited; it
+    // ends only with the connection.
+    tokio::select! {
+        r = ask => match r {
+            Ok(response) => verdict(response.status().as_u16()),
+            Err(e) => Err(format!("waiting for the response: {e}")),
+        },
+        r = driver => Err(match r {
+            Ok(()) => "closed the connection before a response head".to_string(),
+            Err(e) => format!("the connection failed: {e}"),
+        }),
     }
 }
 

@@ -297,6 +297,67 @@ fn idempotent(method: &str) -> bool {
     matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE")
 }
 
+/// The failure of `up` for an I/O error while `what`: 504 on a timeout, 503 when
+/// this host ran short (descriptors, memory), else a 502 of `kind`. One mapping for
+/// the HTTP/1.1 exchange and the HTTP/2 forward.
+fn io_failure(up: &Upstream, e: IoFailure, what: &str, kind: FailureKind) -> Failure {
+    let (status, kind, detail) = match e {
+        IoFailure::TimedOut => (Status::GATEWAY_TIMEOUT, FailureKind::Timeout, format!("{what}: timed out")),
+        IoFailure::Local(e) => (Status::SERVICE_UNAVAILABLE, FailureKind::Local, format!("{what}: {e}")),
+        IoFailure::Failed(e) => (Status::BAD_GATEWAY, kind, format!("{what}: {e}")),
+    };
+    Failure { status, kind, upstream: up.url.clone(), detail }
+}
+
+/// The 504 of `up` silent for the read timeout while `what`.
+fn timed_out(up: &Upstream, what: &str) -> Failure {
+    io_failure(up, IoFailure::TimedOut, what, FailureKind::Timeout)
+}
+
+/// Marks `up` failed in this worker for the rule's `fail_timeout` (passive health),
+/// its pooled connections forgotten, and counts it.
+fn mark_failed(rule: &Rule, up: &Upstream, f: &Failure) {
+    tracing::warn!("{f}; the upstream is skipped for {:?}", rule.fail_timeout);
+    if up.h2 {
+        multiplex::forget(&up.url);
+    }
+    pool::failed(&up.url, rule.fail_timeout);
+    metrics::failed(&up.url, f.kind.label(), true);
+}
+
+/// The failure of a connection to `up` that could not be opened, noted for the
+/// access log; `up` is marked failed unless the fault was this host's own shortage,
+/// which says nothing of the upstream's health.
+fn connect_failed(rule: &Rule, up: &Upstream, fwd: &Forwarding, e: IoFailure) -> Failure {
+    let local = matches!(e, IoFailure::Local(_));
+    let f = io_failure(up, e, "connect", FailureKind::Connect);
+    note_attempt(fwd, |a| a.status = Some(f.status.0));
+    if !local {
+        mark_failed(rule, up, &f);
+    }
+    f
+}
+
+/// The Host `up` gets under `rule`'s `host`: the client's (`client`, when it sent
+/// one; the upstream's otherwise, as for a health check), the upstream's, or the
+/// fixed one.
+fn host_for<'a>(rule: &'a Rule, up: &'a Upstream, client: Option<&'a str>) -> &'a str {
+    match &rule.host {
+        HostMode::Preserve => client.unwrap_or(&up.authority),
+        HostMode::Upstream => &up.authority,
+        HostMode::Fixed(h) => h,
+    }
+}
+
+/// Applies `f` to the access log's notes of the current attempt of `fwd`.
+fn note_attempt(fwd: &Forwarding, f: impl FnOnce(&mut Attempt)) {
+    fwd.notes.with(|n| {
+        if let Some(a) = n.upstream.last_mut() {
+            f(a);
+        }
+    });
+}
+
 /// One request forwarded to one of a rule's upstreams.
 pub struct Exchange<'r> {
     rule: &'r Rule,
@@ -388,15 +449,7 @@ impl<'r> Exchange<'r> {
     }
 
     fn io_failure(&self, e: IoFailure, what: &str, kind: FailureKind) -> Failure {
-        match e {
-            IoFailure::TimedOut => {
-                self.failure(Status::GATEWAY_TIMEOUT, FailureKind::Timeout, format!("{what}: timed out"))
-            }
-            IoFailure::Local(e) => {
-                self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Local, format!("{what}: {e}"))
-            }
-            IoFailure::Failed(e) => self.failure(Status::BAD_GATEWAY, kind, format!("{what}: {e}")),
-        }
+        io_failure(self.upstream(), e, what, kind)
     }
 
     /// Drops the current connection (not reusable) and its count in flight.
@@ -412,18 +465,7 @@ impl<'r> Exchange<'r> {
         self.release();
         loop {
             let Some(i) = pool::pick(self.rule, &self.tried) else {
-                let ups = &self.rule.upstreams;
-                return Err(last.unwrap_or_else(|| {
-                    if ups.iter().all(|u| u.shared.drained()) {
-                        let why = "every upstream is drained".into();
-                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
-                    } else if ups.iter().all(|u| u.shared.drained() || u.shared.check_down()) {
-                        let why = "every upstream is down by its health checks".into();
-                        self.failure(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, why)
-                    } else {
-                        self.failure(Status::BAD_GATEWAY, FailureKind::Connect, "no upstream left".into())
-                    }
-                }));
+                return Err(last.unwrap_or_else(|| pool::none_left(self.rule, &self.upstream().url)));
             };
             self.index = i;
             let up = self.upstream();
@@ -435,20 +477,8 @@ impl<'r> Exchange<'r> {
                 None => match upstream::connect(up, self.rule.tls.as_ref(), self.rule.timeouts.connect).await {
                     Ok(c) => (c, false),
                     Err(e) => {
-                        self.note(|a, _| {
-                            a.status = Some(match &e {
-                                IoFailure::TimedOut => Status::GATEWAY_TIMEOUT.0,
-                                _ => Status::BAD_GATEWAY.0,
-                            })
-                        });
                         self.tried.push(i);
-                        // This host's own shortage says nothing of the upstream's health.
-                        let local = matches!(e, IoFailure::Local(_));
-                        let f = self.io_failure(e, "connect", FailureKind::Connect);
-                        if !local {
-                            self.mark_failed(&f);
-                        }
-                        last = Some(f);
+                        last = Some(connect_failed(self.rule, up, &self.fwd, e));
                         continue;
                     }
                 },
@@ -457,11 +487,7 @@ impl<'r> Exchange<'r> {
             self.note(|a, started| a.connect = Some(started.elapsed()));
             self.conn = Some(conn);
             self.reused = reused;
-            let host = match &self.rule.host {
-                HostMode::Preserve => self.fwd.authority.as_deref().unwrap_or(&up.authority),
-                HostMode::Upstream => &up.authority,
-                HostMode::Fixed(h) => h,
-            };
+            let host = host_for(self.rule, up, self.fwd.authority.as_deref());
             let mut head = headers::request_head(&self.fwd, &self.fields, host);
             if !self.first.is_empty() {
                 // A body in the same write: if it fails, no upstream had the whole request.
@@ -490,17 +516,11 @@ impl<'r> Exchange<'r> {
     /// Notes of the current attempt, for the access log: `f` gets it and when it began.
     fn note(&self, f: impl FnOnce(&mut Attempt, Instant)) {
         let at = self.attempt_at;
-        self.fwd.notes.with(|n| {
-            if let Some(a) = n.upstream.last_mut() {
-                f(a, at);
-            }
-        });
+        note_attempt(&self.fwd, |a| f(a, at));
     }
 
     fn mark_failed(&self, f: &Failure) {
-        tracing::warn!("{f}; the upstream is skipped for {:?}", self.rule.fail_timeout);
-        pool::failed(&self.upstream().url, self.rule.fail_timeout);
-        metrics::failed(&self.upstream().url, f.kind.label(), true);
+        mark_failed(self.rule, self.upstream(), f);
     }
 
     async fn write(&mut self, bytes: &[u8]) -> Result<(), IoFailure> {

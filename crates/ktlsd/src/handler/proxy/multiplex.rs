@@ -38,7 +38,10 @@ use super::cached::{self, Next, Pending};
 use super::parse::{Framing, Head};
 use super::replies::{answer, commit, commit_before_head, cut, refused, Added};
 use super::upstream::{self, IoFailure};
-use super::{client_fields, headers, metrics, pool, Failure, FailureKind, Forwarding, HostMode, Rule, Upstream, PIECE};
+use super::{
+    client_fields, connect_failed, headers, host_for, mark_failed, metrics, note_attempt, pool, timed_out, Failure,
+    FailureKind, Forwarding, Rule, Upstream, PIECE,
+};
 use crate::fds;
 use crate::handler::downstream::{BodyError, Downstream, Outcome, StreamEnd, Streamed};
 use crate::handler::{Body, Request, Response, Status};
@@ -166,47 +169,58 @@ fn lease(p: &Pooled) -> (SendRequest<Bytes>, Lease) {
 }
 
 /// Forgets every connection of `url` (the upstream failed).
-fn forget(url: &str) {
+pub(super) fn forget(url: &str) {
     CONNS.with(|c| c.borrow_mut().remove(url));
 }
 
-/// The HTTP/2 request for the HTTP/1.1 head `raw` that `headers::request_head`
-/// built: its method, target and fields, Host made `:authority`, the framing
-/// fields dropped (HTTP/2 frames the body), `te: trailers` kept when the client
-/// sent it (gRPC servers ask for it).
-fn request_of(raw: &[u8], scheme: &str, te_trailers: bool) -> Result<http::Request<()>, &'static str> {
-    let mut fields = [httparse::EMPTY_HEADER; 128];
-    let mut head = httparse::Request::new(&mut fields);
-    match head.parse(raw) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err("the request head does not fit HTTP/2"),
-    }
-    let (Some(method), Some(target)) = (head.method, head.path) else {
-        return Err("the request line is incomplete");
-    };
-    let host = head.headers.iter().find(|h| h.name.eq_ignore_ascii_case("host")).map(|h| h.value).unwrap_or(b"");
-    let host = std::str::from_utf8(host).map_err(|_| "the Host is not text")?;
-    let uri = http::Uri::builder()
-        .scheme(scheme)
-        .authority(host)
-        .path_and_query(target)
-        .build()
-        .map_err(|_| "the target or Host is not a valid URI")?;
-    let method = http::Method::from_bytes(method.as_bytes()).map_err(|_| "the method is not valid")?;
-    let mut req = http::Request::builder().method(method).uri(uri).body(()).map_err(|_| "invalid request")?;
-    let map = req.headers_mut();
-    for f in head.headers.iter() {
-        const FRAMING: [&str; 3] = ["host", "transfer-encoding", "connection"];
-        if FRAMING.iter().any(|n| f.name.eq_ignore_ascii_case(n)) {
-            continue;
+/// The HTTP/2 request for `fwd`: its method and target, the fields
+/// `headers::request_fields` gives the HTTP/1.1 head (so every header rule is the
+/// same), Host made `:authority` (`host` as the rule chose it), the framing and
+/// connection fields dropped (HTTP/2 frames the body; it has no such fields), `te:
+/// trailers` when the client sent it (gRPC servers ask for it).
+fn request_of(
+    fwd: &Forwarding,
+    fields: &[(String, String)],
+    host: &str,
+    scheme: &str,
+    te_trailers: bool,
+) -> Result<http::Request<()>, &'static str> {
+    const CONNECTION: [&str; 6] =
+        ["transfer-encoding", "connection", "upgrade", "keep-alive", "proxy-connection", "te"];
+    let mut map = http::HeaderMap::with_capacity(fields.len() + 8);
+    let mut authority = String::new();
+    let mut bad = None;
+    headers::request_fields(fwd, fields, host, &mut |name, value| {
+        if name.eq_ignore_ascii_case("host") {
+            authority = value.to_string();
+            return;
         }
-        let name = http::HeaderName::from_bytes(f.name.as_bytes()).map_err(|_| "a field name is not valid")?;
-        let value = http::HeaderValue::from_bytes(f.value).map_err(|_| "a field value is not valid")?;
-        map.append(name, value);
+        if CONNECTION.iter().any(|n| name.eq_ignore_ascii_case(n)) {
+            return;
+        }
+        match (http::HeaderName::from_bytes(name.as_bytes()), http::HeaderValue::from_bytes(value.as_bytes())) {
+            (Ok(n), Ok(v)) => {
+                map.append(n, v);
+            }
+            (Err(_), _) => bad = bad.or(Some("a field name is not valid")),
+            (_, Err(_)) => bad = bad.or(Some("a field value is not valid")),
+        }
+    });
+    if let Some(why) = bad {
+        return Err(why);
     }
     if te_trailers {
         map.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
     }
+    let uri = http::Uri::builder()
+        .scheme(scheme)
+        .authority(authority)
+        .path_and_query(&*headers::request_target(fwd))
+        .build()
+        .map_err(|_| "the target or Host is not a valid URI")?;
+    let method = http::Method::from_bytes(fwd.method.as_bytes()).map_err(|_| "the method is not valid")?;
+    let mut req = http::Request::builder().method(method).uri(uri).body(()).map_err(|_| "invalid request")?;
+    *req.headers_mut() = map;
     Ok(req)
 }
 
@@ -386,12 +400,7 @@ pub(super) async fn forward<D: Downstream>(
     // An attempt: an upstream, a connection with room, the request's head sent.
     let (index, mut send_stream, response_future, lease, attempt_at) = loop {
         let Some(i) = pool::pick(rule, &tried) else {
-            let f = last.take().unwrap_or_else(|| match rule.upstreams.iter().all(|u| u.shared.drained()) {
-                true => {
-                    fail(Status::SERVICE_UNAVAILABLE, FailureKind::Connect, &url0, "every upstream is drained".into())
-                }
-                false => fail(Status::BAD_GATEWAY, FailureKind::Connect, &url0, "no upstream left".into()),
-            });
+            let f = last.take().unwrap_or_else(|| pool::none_left(rule, &url0));
             return match pending.on_failure(&f, req) {
                 Some(stale) => answer(stale, true),
                 None => refused(f, req, failed_status),
@@ -400,40 +409,18 @@ pub(super) async fn forward<D: Downstream>(
         let up = &rule.upstreams[i];
         let attempt_at = Instant::now();
         fwd.notes.with(|n| n.upstream.push(Attempt { addr: up.address(), ..Attempt::default() }));
-        let note = |f: &dyn Fn(&mut Attempt)| {
-            fwd.notes.with(|n| {
-                if let Some(a) = n.upstream.last_mut() {
-                    f(a);
-                }
-            })
-        };
         let (send, lease, fresh) = match connection(rule, up).await {
             Ok(c) => c,
             Err(e) => {
                 tried.push(i);
-                let (status, kind) = match &e {
-                    IoFailure::TimedOut => (Status::GATEWAY_TIMEOUT, FailureKind::Timeout),
-                    IoFailure::Local(_) => (Status::SERVICE_UNAVAILABLE, FailureKind::Local),
-                    IoFailure::Failed(_) => (Status::BAD_GATEWAY, FailureKind::Connect),
-                };
-                note(&|a| a.status = Some(status.0));
-                let f = fail(status, kind, &up.url, format!("connect: {e}"));
-                if kind != FailureKind::Local {
-                    mark_failed(rule, &up.url, &f);
-                }
-                last = Some(f);
+                last = Some(connect_failed(rule, up, &fwd, e));
                 continue;
             }
         };
-        note(&|a| a.connect = Some(if fresh { attempt_at.elapsed() } else { Duration::ZERO }));
-        let host = match &rule.host {
-            HostMode::Preserve => fwd.authority.as_deref().unwrap_or(&up.authority),
-            HostMode::Upstream => &up.authority,
-            HostMode::Fixed(h) => h,
-        };
-        let raw = headers::request_head(&fwd, &fields, host);
+        note_attempt(&fwd, |a| a.connect = Some(if fresh { attempt_at.elapsed() } else { Duration::ZERO }));
+        let host = host_for(rule, up, fwd.authority.as_deref());
         let scheme = if up.tls { "https" } else { "http" };
-        let request = match request_of(&raw, scheme, te) {
+        let request = match request_of(&fwd, &fields, host, scheme, te) {
             Ok(r) => r,
             Err(why) => {
                 let f = fail(Status::BAD_GATEWAY, FailureKind::Send, &up.url, format!("sending the request: {why}"));
@@ -447,7 +434,7 @@ pub(super) async fn forward<D: Downstream>(
             Err(_) => {
                 // The connection's streams are all taken (a limit lowered meanwhile): another.
                 tried.push(i);
-                last = Some(fail(Status::GATEWAY_TIMEOUT, FailureKind::Timeout, &up.url, "no stream free".into()));
+                last = Some(timed_out(up, "waiting for a free stream"));
                 continue;
             }
         };
@@ -464,19 +451,12 @@ pub(super) async fn forward<D: Downstream>(
                     continue;
                 }
                 tried.push(i);
-                mark_failed(rule, &up.url, &f);
+                mark_failed(rule, up, &f);
                 last = Some(f);
             }
         }
     };
     let up = &rule.upstreams[index];
-    let note = |f: &dyn Fn(&mut Attempt)| {
-        fwd.notes.with(|n| {
-            if let Some(a) = n.upstream.last_mut() {
-                f(a);
-            }
-        })
-    };
     let read_timeout = rule.timeouts.read;
     let first = if has_body { d.body_at_hand() } else { Vec::new() };
     let mut uploading = Uploading {
@@ -507,9 +487,9 @@ pub(super) async fn forward<D: Downstream>(
             Event::Upstream(Ok(r)) => break r,
             Event::Upstream(Err(e)) => {
                 let f = h2_failure(&up.url, &e, "waiting for the response head");
-                note(&|a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
                 if !e.is_reset() {
-                    mark_failed(rule, &up.url, &f);
+                    mark_failed(rule, up, &f);
                 }
                 return match pending.on_failure(&f, req) {
                     Some(stale) => answer(stale, true),
@@ -528,9 +508,9 @@ pub(super) async fn forward<D: Downstream>(
             // The upstream may have answered already (and reset the rest): its answer comes next.
             Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
             Event::Timer => {
-                let f = timed_out(&up.url, "waiting for the response head");
-                note(&|a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
-                mark_failed(rule, &up.url, &f);
+                let f = timed_out(up, "waiting for the response head");
+                note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                mark_failed(rule, up, &f);
                 return refused(f, req, failed_status);
             }
         }
@@ -540,7 +520,7 @@ pub(super) async fn forward<D: Downstream>(
     let method = fwd.method.clone();
     let mut head = head_of(&parts, body.is_end_stream(), &method);
     metrics::answered(&up.url, attempt_at.elapsed());
-    note(&|a| (a.status, a.header) = (Some(head.status), Some(attempt_at.elapsed())));
+    note_attempt(&fwd, |a| (a.status, a.header) = (Some(head.status), Some(attempt_at.elapsed())));
     if let Some(mut a) = super::control::accel(rule, &mut head, req) {
         added.apply(&mut a.fields);
         return Outcome::Answer { answer: crate::handler::downstream::Answer::Accel(Box::new(a)), from_cache: false };
@@ -555,7 +535,7 @@ pub(super) async fn forward<D: Downstream>(
         Framing::None => {
             commit_before_head(&mut store, &mut cache_status).await;
             let fields = client_fields(&mut head, &cache_status);
-            note(&|a| a.response = Some(attempt_at.elapsed()));
+            note_attempt(&fwd, |a| a.response = Some(attempt_at.elapsed()));
             let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
             drop(lease);
             return answer(response, false);
@@ -632,22 +612,16 @@ pub(super) async fn forward<D: Downstream>(
             },
             Event::Sent(Ok(_)) => uploading.end_if_done(),
             Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
-            Event::Timer => break cut(d, req, timed_out(&up.url, "reading the response body"), sent),
+            Event::Timer => break cut(d, req, timed_out(up, "reading the response body"), sent),
         }
     };
-    note(&|a| a.response = Some(attempt_at.elapsed()));
+    note_attempt(&fwd, |a| a.response = Some(attempt_at.elapsed()));
     drop(lease);
     if matches!(end, StreamEnd::Cut(_)) {
         metrics::error(FailureKind::Body.label());
     }
     tracing::debug!("proxied \"{} {}\" over HTTP/2: {status} with {sent} body bytes", req.method, req.path);
     streamed(sent, end)
-}
-
-/// The 504 of an upstream silent for the read timeout while `what`.
-fn timed_out(url: &str, what: &str) -> Failure {
-    let detail = format!("{what}: timed out");
-    Failure { status: Status::GATEWAY_TIMEOUT, kind: FailureKind::Timeout, upstream: url.to_string(), detail }
 }
 
 /// The answer to a request body refused (too large, malformed) or a client gone
@@ -660,13 +634,6 @@ fn body_refused<E>(e: BodyError<E>, up: &Upstream, req: &Request, cache_status: 
             refused(f, req, cache_status)
         }
     }
-}
-
-fn mark_failed(rule: &Rule, url: &str, f: &Failure) {
-    tracing::warn!("{f}; the upstream is skipped for {:?}", rule.fail_timeout);
-    forget(url);
-    pool::failed(url, rule.fail_timeout);
-    metrics::failed(url, f.kind.label(), true);
 }
 
 #[cfg(test)]
@@ -682,34 +649,73 @@ mod tests {
         assert!(!asks_trailers(&[]));
     }
 
+    fn forwarding(method: &str, target: &str, authority: &str, body: Option<Option<u64>>) -> Forwarding {
+        Forwarding {
+            method: method.into(),
+            target: target.into(),
+            authority: Some(authority.into()),
+            peer: std::net::IpAddr::from([192, 0, 2, 7]),
+            version: "2",
+            body,
+            upgrade: None,
+            request_id: "abc".into(),
+            strip: None,
+            control: Default::default(),
+            notes: Default::default(),
+            cache_key: None,
+        }
+    }
+
     #[test]
-    fn http1_heads_become_http2_requests() {
-        let raw = b"POST /pkg.Svc/Call?x=1 HTTP/1.1\r\nHost: api.test:8443\r\nContent-Type: application/grpc\r\n\
-                    Transfer-Encoding: chunked\r\nX-Request-Id: abc\r\n\r\n";
-        let r = request_of(raw, "http", true).ok();
+    fn forwarded_requests_become_http2_requests() {
+        let client: Vec<(String, String)> = [
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("x-request-id", "client's"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+            ("x-app", "kept"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        let fwd = forwarding("POST", "/pkg.Svc/Call?x=1", "api.test:8443", Some(None));
+        let r = request_of(&fwd, &client, "api.test:8443", "http", true).ok();
         let r = r.as_ref().map(|r| {
+            let field = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
             (
                 r.method().as_str().to_string(),
                 r.uri().to_string(),
-                r.headers().get("content-type").cloned(),
-                r.headers().contains_key("transfer-encoding"),
-                r.headers().contains_key("host"),
-                r.headers().get("te").cloned(),
+                field("content-type"),
+                field("te"),
+                field("x-request-id"),
+                field("x-app"),
+                field("via"),
+                ["transfer-encoding", "host", "connection", "x-hop"].iter().any(|n| r.headers().contains_key(*n)),
             )
         });
+        let some = |s: &str| Some(s.to_string());
         assert_eq!(
             r,
             Some((
                 "POST".into(),
                 "http://api.test:8443/pkg.Svc/Call?x=1".into(),
-                Some(http::HeaderValue::from_static("application/grpc")),
+                some("application/grpc"),
+                some("trailers"),
+                some("abc"),
+                some("kept"),
+                some("2 ktlsd"),
                 false,
-                false,
-                Some(http::HeaderValue::from_static("trailers")),
             ))
         );
-        assert!(request_of(b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "http", false).is_err());
-        assert!(request_of(b"GET / HTTP/1.1\r\n", "http", false).is_err());
+        // A body of known length keeps its Content-Length; the prefix is taken off.
+        let fwd = Forwarding { strip: Some("/api".into()), ..forwarding("PUT", "/api/x", "a", Some(Some(3))) };
+        let r = request_of(&fwd, &[], "a", "https", false).ok();
+        let r = r
+            .map(|r| (r.uri().to_string(), r.headers().get("content-length").cloned(), r.headers().get("te").cloned()));
+        assert_eq!(r, Some(("https://a/x".into(), Some(http::HeaderValue::from_static("3")), None)));
+        assert!(request_of(&forwarding("GET", "/", "a b", None), &[], "a b", "http", false).is_err());
+        assert!(request_of(&forwarding("G T", "/", "a", None), &[], "a", "http", false).is_err());
     }
 
     #[test]

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use super::shared::Shared;
 use super::upstream::Conn;
-use super::{Balance, Rule};
+use super::{Balance, Failure, FailureKind, Rule};
 use crate::fds;
+use crate::handler::Status;
 
 /// How long an idle upstream connection is kept (nginx's `keepalive_timeout` default).
 const IDLE_FOR: Duration = Duration::from_secs(60);
@@ -104,6 +105,22 @@ pub fn pick(rule: &Rule, tried: &[usize]) -> Option<usize> {
         }
         Some(chosen)
     })
+}
+
+/// Why [`pick`] found no upstream for a request none of whose attempts failed
+/// (`upstream`, the URL the failure names): a 503 when every upstream is drained,
+/// or drained or held down by its health checks (the operator's doing or the
+/// checks' verdict: no upstream is there to fail); a 502 otherwise.
+pub fn none_left(rule: &Rule, upstream: &str) -> Failure {
+    let ups = &rule.upstreams;
+    let (status, detail) = if ups.iter().all(|u| u.shared.drained()) {
+        (Status::SERVICE_UNAVAILABLE, "every upstream is drained")
+    } else if ups.iter().all(|u| u.shared.drained() || u.shared.check_down()) {
+        (Status::SERVICE_UNAVAILABLE, "every upstream is down by its health checks")
+    } else {
+        (Status::BAD_GATEWAY, "no upstream left")
+    };
+    Failure { status, kind: FailureKind::Connect, upstream: upstream.to_string(), detail: detail.into() }
 }
 
 /// An idle connection to `upstream` (by its key) that still looks usable, if any.

@@ -93,6 +93,19 @@ impl Window {
     }
 }
 
+/// What the client gets of `piece`, the body's next bytes (`end`: its last): all of
+/// it, or with a cold range fill's `window` the part in its range; and whether the
+/// client's answer ends with it (with the body, or with its range).
+pub fn to_client<'a>(window: Option<&mut Window>, piece: &'a [u8], end: bool) -> (&'a [u8], bool) {
+    match window {
+        Some(w) => {
+            let out = w.clip(piece);
+            (out, end || w.done())
+        }
+        None => (piece, end),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +177,18 @@ mod tests {
         for (i, (h, r, want)) in cases.into_iter().enumerate() {
             assert_eq!(Cold::of(&h, &r, 500), want, "case {i}");
         }
+    }
+
+    #[test]
+    fn what_the_client_gets() {
+        // (window, pieces with their `end`): what the client gets of each, and whether it ends.
+        let mut w = Window::new(3..7);
+        let got: Vec<(&[u8], bool)> = [(&b"abcd"[..], false), (b"efgh", false), (b"ij", true)]
+            .iter()
+            .map(|&(p, e)| to_client(Some(&mut w), p, e))
+            .collect();
+        assert_eq!(got, [(&b"d"[..], false), (b"efg", true), (b"", true)]);
+        assert_eq!(to_client(None, b"abc", false), (&b"abc"[..], false));
+        assert_eq!(to_client(None, b"", true), (&b""[..], true));
     }
 }

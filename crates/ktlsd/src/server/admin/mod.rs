@@ -101,15 +101,8 @@ pub struct State {
 
 /// Serves `bound` on a thread of its own until `stop` turns true.
 pub fn spawn(bound: Bound, state: State, stop: watch::Receiver<bool>) -> anyhow::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("ktlsd-admin".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt,
-                Err(e) => return tracing::error!("admin listener cannot start its event loop: {e}"),
-            };
-            rt.block_on(run(bound, Arc::new(state), stop));
-        })
+    crate::sys::event_loop_thread("ktlsd-admin", move || run(bound, Arc::new(state), stop))
+        .map(|(thread, _)| thread)
         .context("cannot start the admin thread")
 }
 

@@ -81,15 +81,8 @@ impl Member {
     /// until `stop` turns true.
     pub fn start(self: &Arc<Member>, stop: watch::Receiver<bool>) -> anyhow::Result<JoinHandle<()>> {
         let member = self.clone();
-        std::thread::Builder::new()
-            .name("ktlsd-cluster".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(rt) => rt,
-                    Err(e) => return tracing::error!("cluster: cannot start its event loop: {e}"),
-                };
-                rt.block_on(member.run(stop));
-            })
+        crate::sys::event_loop_thread("ktlsd-cluster", move || async move { member.run(stop).await })
+            .map(|(thread, _)| thread)
             .context("cannot start the cluster thread")
     }
 
