@@ -59,13 +59,13 @@ impl Challenges {
     }
 
     /// Publishes an http-01 answer until the returned guard is dropped.
-    pub(super) fn publish_http01(self: &Arc<Self>, token: &str, key_authorization: &str) -> Published {
+    pub(crate) fn publish_http01(self: &Arc<Self>, token: &str, key_authorization: &str) -> Published {
         lock(&self.http01).insert(token.to_string(), key_authorization.to_string());
         Published { challenges: Arc::clone(self), entry: Entry::Http01(token.to_string()) }
     }
 
     /// Publishes a tls-alpn-01 certificate for `name` until the returned guard is dropped.
-    pub(super) fn publish_tls_alpn01(self: &Arc<Self>, name: &str, cert: Arc<CertifiedKey>) -> Published {
+    pub(crate) fn publish_tls_alpn01(self: &Arc<Self>, name: &str, cert: Arc<CertifiedKey>) -> Published {
         let name = name.to_ascii_lowercase();
         lock(&self.tls_alpn01).insert(name.clone(), Arc::clone(&cert));
         Published { challenges: Arc::clone(self), entry: Entry::TlsAlpn01(name, cert) }

@@ -27,7 +27,7 @@ use instant_acme::{
 };
 
 pub use cert::Issued;
-pub use challenges::{tls_alpn01_certificate, Challenges, ACME_TLS_ALPN, HTTP01_PATH_PREFIX};
+pub use challenges::{tls_alpn01_certificate, Challenges, Published, ACME_TLS_ALPN, HTTP01_PATH_PREFIX};
 pub use dns::DnsHook;
 pub use renew::{renew_at, Backoff};
 use store::StoredAccount;
@@ -180,6 +180,48 @@ pub enum Source {
     Issued,
 }
 
+/// A challenge answer to publish beyond this process (to the other members of a
+/// fleet), so that a validation reaching any of them is answered.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RelayedAnswer {
+    #[serde(with = "challenge_name")]
+    pub challenge: Challenge,
+    /// The DNS name validated.
+    pub name: String,
+    /// The http-01 token.
+    pub token: String,
+    pub key_authorization: String,
+}
+
+mod challenge_name {
+    use super::Challenge;
+
+    pub fn serialize<S: serde::Serializer>(c: &Challenge, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&c.to_string())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Challenge, D::Error> {
+        let name = <String as serde::Deserialize>::deserialize(d)?;
+        match name.as_str() {
+            "http-01" => Ok(Challenge::Http01),
+            "tls-alpn-01" => Ok(Challenge::TlsAlpn01),
+            "dns-01" => Ok(Challenge::Dns01),
+            other => Err(serde::de::Error::custom(format!("unknown challenge {other:?}"))),
+        }
+    }
+}
+
+/// The future of [`Relay::publish`].
+pub type RelayFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// Where [`Acme::obtain_relayed`] publishes its challenge answers besides [`Challenges`].
+/// The relay withdraws them itself once the order is done.
+pub trait Relay: Send {
+    /// Publishes `answer` where the CA's validation may land; returns once it is
+    /// answerable there; an error (the text says why) fails the order.
+    fn publish(&mut self, answer: RelayedAnswer) -> RelayFuture<'_>;
+}
+
 /// How long to wait for the CA to validate and to issue.
 const POLL: RetryPolicy =
     RetryPolicy::new().initial_delay(Duration::from_millis(250)).backoff(2.0).timeout(Duration::from_secs(180));
@@ -259,6 +301,64 @@ impl Acme {
         }
     }
 
+    /// The CA's directory URL.
+    pub fn directory(&self) -> &str {
+        &self.settings.directory
+    }
+
+    /// The names, in the configured order (the first names the files).
+    pub fn names(&self) -> &[String] {
+        &self.settings.names
+    }
+
+    /// Why `issued` cannot serve this site now (other names, expired), if it cannot.
+    pub fn unusable(&self, issued: &Issued, now: SystemTime) -> Option<String> {
+        let have = issued.names();
+        if have != self.sorted_names {
+            return Some(format!("the certificate is for other names ({})", have.join(", ")));
+        }
+        (!issued.valid_at(now)).then(|| "the certificate is not valid now".to_string())
+    }
+
+    /// Keeps `issued` (obtained by another member) in the state directory, as an
+    /// order of this member would.
+    pub fn keep(&self, issued: &Issued) -> Result<(), AcmeError> {
+        let dir = &self.settings.state_dir;
+        store::save_site(dir, &self.settings.names, issued)
+            .map(drop)
+            .map_err(|source| AcmeError::Store { path: store::site_path(dir, &self.settings.names), source })
+    }
+
+    /// The account's file (its CA and credentials, key included), registering the
+    /// account first when there is none.
+    pub async fn account_file(&self) -> Result<Vec<u8>, AcmeError> {
+        self.account().await?;
+        let path = store::account_path(&self.settings.state_dir, &self.settings.directory);
+        std::fs::read(&path).map_err(|source| AcmeError::Store { path, source })
+    }
+
+    /// Uses the account in `file` (another member's [`Acme::account_file`]) from the next
+    /// order on, keeping it in the state directory; refused when it is not an account of
+    /// this CA.
+    pub async fn adopt_account(&self, file: &[u8]) -> Result<(), String> {
+        let stored: StoredAccount =
+            serde_json::from_slice(file).map_err(|e| format!("not an account: {e}"))?;
+        if stored.directory != self.settings.directory {
+            return Err(format!("an account of {}, not {}", stored.directory, self.settings.directory));
+        }
+        let mut cached = self.account.lock().await;
+        let _registering = self.registration.lock().await;
+        let dir = &self.settings.state_dir;
+        if std::fs::read(store::account_path(dir, &self.settings.directory)).is_ok_and(|have| have == file) {
+            return Ok(());
+        }
+        let path = store::account_path(dir, &stored.directory);
+        crate::state_file::write_private(dir, &path, file)
+            .map_err(|e| format!("cannot keep it in {}: {e}", path.display()))?;
+        *cached = None;
+        Ok(())
+    }
+
     /// The stored certificate while valid, else a new one. A stored certificate past
     /// its renewal time is returned too: [`Acme::renew_forever`] renews it at once.
     #[cfg(test)]
@@ -280,8 +380,14 @@ impl Acme {
     /// hook already running goes on to its end, and a record it sets then stays
     /// ([`DnsHook::set`]).
     pub async fn obtain(&self) -> Result<Issued, AcmeError> {
+        self.obtain_relayed(None).await
+    }
+
+    /// As [`Acme::obtain`], each challenge answer also handed to `relay` (published to
+    /// the fleet) before the CA is told to validate. Cancel safe as [`Acme::obtain`].
+    pub async fn obtain_relayed<'d>(&self, mut relay: Option<&mut (dyn Relay + 'd)>) -> Result<Issued, AcmeError> {
         let account = self.account().await?;
-        match self.order(&account).await {
+        match self.order(&account, relay.as_deref_mut()).await {
             Err(AcmeError::Protocol { source: instant_acme::Error::Api(p), .. })
                 if p.r#type.as_deref() == Some("urn:ietf:params:acme:error:accountDoesNotExist") =>
             {
@@ -292,13 +398,13 @@ impl Acme {
                     self.settings.directory
                 );
                 let account = self.create_account().await?;
-                self.order(&account).await
+                self.order(&account, relay).await
             }
             other => other,
         }
     }
 
-    async fn order(&self, account: &Account) -> Result<Issued, AcmeError> {
+    async fn order<'d>(&self, account: &Account, mut relay: Option<&mut (dyn Relay + 'd)>) -> Result<Issued, AcmeError> {
         let directory = &self.settings.directory;
         let protocol = |step| move |source| AcmeError::Protocol { directory: directory.clone(), step, source };
         let identifiers: Vec<Identifier> = self.settings.names.iter().cloned().map(Identifier::Dns).collect();
@@ -346,6 +452,15 @@ impl Acme {
                     Box::new(record)
                 }
             });
+            if let Some(relay) = relay.as_deref_mut() {
+                let answer = RelayedAnswer {
+                    challenge,
+                    name: name.clone(),
+                    token: handle.token.clone(),
+                    key_authorization: key_authorization.as_str().to_string(),
+                };
+                relay.publish(answer).await.map_err(|detail| AcmeError::Validation { challenge, name, detail })?;
+            }
             handle.set_ready().await.map_err(protocol(Step::Validation))?;
         }
 

@@ -7,7 +7,8 @@
 //! ACME site that did not change keeps its certificate and its schedule; a site
 //! removed or changed has its task stopped. It does not speak ACME itself
 //! (`crate::acme` does) and does not answer challenges (the resolver and the
-//! port-80 listener do, from [`Challenges`]).
+//! port-80 listener do, from [`Challenges`]). In a fleet (`[cluster]`) each task
+//! follows the fleet's certificate instead (`cluster::acme`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,7 +16,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
 
-use crate::acme::{Acme, AcmeSettings, Backoff, Challenges};
+use super::cluster::acme::Site;
+use super::cluster::Member;
+use crate::acme::{Acme, AcmeSettings, Backoff, Challenges, Issued};
 use crate::config::SiteAcme;
 use crate::names::Names;
 use crate::stats::sites;
@@ -79,7 +82,14 @@ impl AcmeSites {
     /// The certificate slot of an ACME site: the running one for the same settings,
     /// else a new one holding the stored certificate or a placeholder, with its task
     /// started. `state_dir` is the server's (ACME keeps its files in `STATE_DIR/acme`).
-    pub fn slot(&self, names: &Names, acme: &SiteAcme, state_dir: &std::path::Path) -> anyhow::Result<Arc<SiteKey>> {
+    /// With `fleet` (`[cluster]`), the certificate is the fleet's ([`Site`]).
+    pub fn slot(
+        &self,
+        names: &Names,
+        acme: &SiteAcme,
+        state_dir: &std::path::Path,
+        fleet: Option<Arc<Member>>,
+    ) -> anyhow::Result<Arc<SiteKey>> {
         let key = key(names, acme);
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(r) = running.get(&key).filter(|r| !r.task.is_finished()) {
@@ -100,7 +110,16 @@ impl AcmeSites {
             let slot = slot.clone();
             async move {
                 if gate.wait_for(|open| *open).await.is_ok() {
-                    run(client, stored, slot, which, label).await;
+                    match fleet {
+                        Some(member) => {
+                            let put = |issued: &Issued| install(&slot, &label, &which, issued);
+                            let failed = |e: &crate::acme::AcmeError| sites::acme_error(&label, e.to_string());
+                            let directory = client.directory().to_string();
+                            let site = Site::new(&member, &client, &directory, stored, &put, &failed);
+                            let _: std::convert::Infallible = site.run().await;
+                        }
+                        None => run(client, stored, slot, which, label).await,
+                    }
                 }
             }
         });
@@ -156,13 +175,12 @@ pub fn placeholder(names: &Names) -> anyhow::Result<Arc<rustls::sign::CertifiedK
     Ok(Arc::new(key))
 }
 
-/// Obtains the first certificate unless one is stored (retrying with [`Backoff`],
-/// one log line per failure, the placeholder served meanwhile), then renews forever.
-async fn run(client: Acme, stored: Option<crate::acme::Issued>, slot: Arc<SiteKey>, which: String, label: String) {
-    let swap = |issued: &crate::acme::Issued| match issued.certified_key() {
+/// Swaps `issued` into the site's `slot`.
+fn install(slot: &SiteKey, label: &str, which: &str, issued: &Issued) {
+    match issued.certified_key() {
         Ok(k) => {
             slot.replace(k);
-            sites::acme_state(&label, "valid");
+            sites::acme_state(label, "valid");
             tracing::info!(
                 "ACME: site {which} now serves its new certificate (valid until {})",
                 httpdate::fmt_http_date(issued.not_after)
@@ -171,7 +189,13 @@ async fn run(client: Acme, stored: Option<crate::acme::Issued>, slot: Arc<SiteKe
         Err(e) => {
             tracing::error!("ACME: site {which}: the issued certificate is unusable: {e}; keeping the current one")
         }
-    };
+    }
+}
+
+/// Obtains the first certificate unless one is stored (retrying with [`Backoff`],
+/// one log line per failure, the placeholder served meanwhile), then renews forever.
+async fn run(client: Acme, stored: Option<Issued>, slot: Arc<SiteKey>, which: String, label: String) {
+    let swap = |issued: &Issued| install(&slot, &label, &which, issued);
     let current = match stored {
         Some(issued) => issued,
         None => {

@@ -62,12 +62,16 @@ pub fn prepare(
         }
     }
     let default_not_after = identity.chain.first().and_then(|leaf| not_after(leaf.as_ref()));
-    let (keys, sites, alpn01) = open_sites(&config, &settings, cache_entries, acme)?;
+    let (keys, sites, alpn01) = open_sites(&config, &settings, cache_entries, acme, cluster.as_ref())?;
     let certificates = Certificates {
         default: default_not_after,
         sites: keys.iter().map(|k| (k.names.label().into_owned(), k.clone())).collect(),
     };
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
+    if let (Some(member), Some(_)) = (&cluster, acme) {
+        let names = config.sites.iter().filter(|s| matches!(s.cert, SiteCert::Acme(_))).flat_map(|s| s.names.dns_names());
+        member.serve_acme(challenges.clone(), names.collect());
+    }
     let tls = server_config(&settings, identity, keys, config.unknown_sni, alpn01.then(|| challenges.clone()))?;
     let client_auth = client_auth_configs(&config, &tls)?;
     let root = Root::new(&config.root).with_context(|| format!("cannot open root {}", config.root.display()))?;
@@ -156,6 +160,7 @@ fn open_sites(
     settings: &TlsSettings,
     cache_entries: usize,
     acme: Option<&AcmeSites>,
+    cluster: Option<&Arc<Member>>,
 ) -> anyhow::Result<(Vec<Arc<SiteKey>>, Vec<NamedSite>, bool)> {
     let persist = acme.is_some();
     let mut keys: Vec<Arc<SiteKey>> = Vec::new();
@@ -187,7 +192,7 @@ fn open_sites(
                 alpn01 |= a.challenge == Challenge::TlsAlpn01;
                 match (acme, &config.state_dir) {
                     (Some(acme), Some(dir)) => {
-                        acme.slot(&site.names, a, dir).with_context(|| format!("site {which}"))?
+                        acme.slot(&site.names, a, dir, cluster.cloned()).with_context(|| format!("site {which}"))?
                     }
                     _ => Arc::new(SiteKey::new(site.names.clone(), acme::placeholder(&site.names)?)),
                 }

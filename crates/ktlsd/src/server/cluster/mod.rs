@@ -1,7 +1,8 @@
 //! The member's side of a fleet (`[cluster]`): state shared with the other members
 //! through a store (etcd), so that a client may reach any member.
 //!
-//! Shared now: the session-ticket keys ([`tickets`]: one member rotates them under
+//! Shared now: ACME ([`acme`]: one account per CA, one order per name at a time,
+//! the challenge answers mirrored to every member, the certificates), the session-ticket keys ([`tickets`]: one member rotates them under
 //! a lock, every member learns them by watch, so a ticket issued by one member
 //! resumes on every other), and the fleet's secret ([`secret`]), from which the
 //! records in the store are sealed and QUIC's stateless-reset and Retry token keys
@@ -15,24 +16,26 @@
 //! it has meanwhile. Not the store's protocol (`store`), nor what TLS does with
 //! the keys (`tls::config::Ticketer`).
 
+pub mod acme;
 pub mod secret;
 mod store;
 mod tickets;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::watch;
 
+use crate::acme::Challenges;
 use crate::config::cluster::Cluster;
 use crate::stats::CLUSTER;
 use crate::tls::config::Ticketer;
 pub use secret::Secret;
-use store::{Etcd, StoreError};
+use store::{Etcd, Storage, StoreError};
 use tickets::{KeyRecord, Tickets};
 
 /// Longest the member waits between two looks at the store, watch or not: also how
@@ -48,6 +51,9 @@ pub struct Member {
     /// The session-ticket keys TLS seals and opens tickets with, replaced as they rotate.
     pub tickets: Arc<Ticketer>,
     state_dir: Option<PathBuf>,
+    /// Where the ACME challenge answers of the fleet are mirrored, and for which
+    /// names (this member's ACME sites, lowercase): set by each (re)load.
+    acme: Mutex<(Option<Arc<Challenges>>, Vec<String>)>,
 }
 
 impl std::fmt::Debug for Member {
@@ -74,7 +80,20 @@ impl Member {
         }
         .map_err(|e| anyhow::anyhow!("cluster: ticket keys: {e}"))?;
         CLUSTER.enabled.store(true, Relaxed);
-        Ok(Member { settings: settings.clone(), secret, tickets: Arc::new(tickets), state_dir })
+        Ok(Member {
+            settings: settings.clone(),
+            secret,
+            tickets: Arc::new(tickets),
+            state_dir,
+            acme: Mutex::new((None, Vec::new())),
+        })
+    }
+
+    /// Mirrors the fleet's ACME challenge answers for `names` (this member's ACME
+    /// sites) into `challenges` from now on.
+    pub fn serve_acme(&self, challenges: Arc<Challenges>, names: Vec<String>) {
+        let names = names.iter().map(|n| n.to_ascii_lowercase()).collect();
+        *self.acme.lock().unwrap_or_else(PoisonError::into_inner) = (Some(challenges), names);
     }
 
     /// Starts the store's thread: it keeps the ticket keys in step with the fleet
@@ -126,9 +145,13 @@ impl Member {
             member: &self.settings.name,
         };
         let mut watch = etcd.watch(&tickets.key).await?;
+        let challenge_prefix = acme::challenge_prefix(&self.settings.prefix);
+        let mut challenge_watch = etcd.watch(&challenge_prefix).await?;
+        let mut mirror = acme::Mirror::default();
         let mut installed: Option<KeyRecord> = None;
         loop {
             let synced = tickets.sync(&mut etcd, RECHECK).await?;
+            self.mirror(&mut etcd, &mut mirror, &challenge_prefix).await?;
             if !*reached {
                 *reached = true;
                 CLUSTER.store_up.store(true, Relaxed);
@@ -150,9 +173,21 @@ impl Member {
                 m = watch.message() => {
                     m?.ok_or_else(|| StoreError::Unreachable("the watch ended".into()))?;
                 }
+                m = challenge_watch.message() => {
+                    m?.ok_or_else(|| StoreError::Unreachable("the watch ended".into()))?;
+                }
                 _ = tokio::time::sleep(synced.next) => {}
             }
         }
+    }
+
+    /// Mirrors the ACME challenge answers in the store into this member's.
+    async fn mirror(&self, etcd: &mut Etcd, mirror: &mut acme::Mirror, prefix: &str) -> Result<(), StoreError> {
+        let (challenges, served) = self.acme.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let Some(challenges) = challenges.filter(|_| !served.is_empty()) else { return Ok(()) };
+        let listed = etcd.list(prefix, acme::MAX_MIRRORED).await?;
+        mirror.reconcile(&self.secret, &self.settings.prefix, &challenges, &served, listed);
+        Ok(())
     }
 
     /// Puts `record`'s keys in use and keeps a copy for a start without the store.

@@ -1,6 +1,6 @@
-//! Where the fleet keeps what its members share: the [`Storage`] interface (load;
-//! a lock held with a lease, and a store fenced by that lock: certmagic's `Storage`
-//! and `Locker`, to the extent the shared state uses them so far) and its etcd
+//! Where the fleet keeps what its members share: the [`Storage`] interface (load,
+//! store, list; a lock held with a lease, renewed, and a store fenced by that lock:
+//! certmagic's `Storage` and `Locker`, to the extent the shared state uses them) and its etcd
 //! implementation ([`Etcd`], the v3 API over gRPC). Keys are paths
 //! under the configured prefix; values are opaque (the callers seal them).
 //!
@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream};
 
 /// Longest one call to the store may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -34,7 +34,7 @@ impl From<etcd_client::Error> for StoreError {
 }
 
 /// A lock held: released by [`Storage::unlock`], or when its lease expires.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Lock {
     key: String,
     /// The holder's token, the lock key's value: a store fenced by this lock
@@ -53,9 +53,22 @@ pub trait Storage {
     /// was lost (its lease expired and another took it).
     async fn store_fenced(&mut self, lock: &Lock, key: &str, value: Vec<u8>) -> Result<bool, StoreError>;
     async fn unlock(&mut self, lock: Lock) -> Result<(), StoreError>;
+
+    // ACME across the fleet (`acme`): listing, plain stores, records that live with a
+    // lock, and a lock kept past its first lease.
+    /// Every key under `prefix` with its value, at most `limit` of them.
+    async fn list(&mut self, prefix: &str, limit: usize) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    /// Stores `value` at `key` whoever holds a lock (a record of this member's own view).
+    async fn store(&mut self, key: &str, value: Vec<u8>) -> Result<(), StoreError>;
+    /// As [`Storage::store_fenced`], the record living only as long as `lock`'s lease:
+    /// it goes when the lock is released or its holder dies.
+    async fn store_with_lock(&mut self, lock: &Lock, key: &str, value: Vec<u8>) -> Result<bool, StoreError>;
+    /// Extends `lock`'s lease by its TTL; `Ok(false)` when the lease is gone.
+    async fn renew(&mut self, lock: &Lock) -> Result<bool, StoreError>;
 }
 
-/// etcd, through one client over the configured endpoints.
+/// etcd, through one client over the configured endpoints (clones share it).
+#[derive(Clone)]
 pub struct Etcd {
     client: Client,
 }
@@ -118,5 +131,29 @@ impl Storage for Etcd {
     async fn unlock(&mut self, lock: Lock) -> Result<(), StoreError> {
         // Revoking the lease deletes the key it holds, ours only.
         bounded(self.client.lease_revoke(lock.lease)).await.map(drop)
+    }
+
+    async fn list(&mut self, prefix: &str, limit: usize) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let r = bounded(self.client.get(prefix, Some(GetOptions::new().with_prefix().with_limit(limit)))).await?;
+        Ok(r.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec())).collect())
+    }
+
+    async fn store(&mut self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
+        bounded(self.client.put(key, value, None)).await.map(drop)
+    }
+
+    async fn store_with_lock(&mut self, lock: &Lock, key: &str, value: Vec<u8>) -> Result<bool, StoreError> {
+        let txn = Txn::new()
+            .when([Compare::value(lock.key.as_str(), CompareOp::Equal, lock.token.clone())])
+            .and_then([TxnOp::put(key, value, Some(PutOptions::new().with_lease(lock.lease)))]);
+        Ok(bounded(self.client.txn(txn)).await?.succeeded())
+    }
+
+    async fn renew(&mut self, lock: &Lock) -> Result<bool, StoreError> {
+        let (mut keeper, mut stream) = bounded(self.client.lease_keep_alive(lock.lease)).await?;
+        bounded(keeper.keep_alive()).await?;
+        let answer = bounded(stream.message()).await?;
+        Ok(answer.is_some_and(|a| a.ttl() > 0))
     }
 }
