@@ -62,7 +62,8 @@ struct Args {
 
 fn args() -> Result<Args, Error> {
     let mut it = std::env::args().skip(1);
-    let addr = it.next().ok_or("usage: h3client ADDR URL [--conns C --requests N --streams S | --download]")?.parse()?;
+    let addr =
+        it.next().ok_or("usage: h3client ADDR URL [--conns C --requests N --streams S | --download]")?.parse()?;
     let url = it.next().ok_or("no URL")?.parse()?;
     let mut a = Args { addr, url, conns: 1, requests: 1, streams: 16, download: false };
     while let Some(flag) = it.next() {
