@@ -600,6 +600,15 @@ def tunnel_bulk(server, ws, seconds):
     """`wsload bulk` through `server` on one fresh tunnel for `seconds`, as `download` measures
     a body: its speed (MB/s), the server's CPU seconds, the TlsTxSw rise, the highest TlsCurrTxSw
     rise seen while it ran; and the bytes the client received."""
+    # The tunnel before this one may still be closing (its kTLS context live): wait until the
+    # count of live contexts settles, so that it does not hide this one's.
+    settled = tls_stat()["TlsCurrTxSw"]
+    for _ in range(25):
+        time.sleep(0.2)
+        now = tls_stat()["TlsCurrTxSw"]
+        if now == settled:
+            break
+        settled = now
     base, c0 = tls_stat(), cpu_seconds(server.pids())
     proc = subprocess.Popen([ws.bin, "bulk", str(server.port), "/ws/bulk", str(WS_BULK_CONNS), str(seconds)],
                             stdout=subprocess.PIPE, text=True)
