@@ -234,6 +234,7 @@ pub fn reply(req: &Headers, v: &Version) -> Reply {
 }
 
 /// What a slice's lookup or request brought.
+#[allow(clippy::large_enum_variant)] // one per slice, moved once
 enum Got<'r> {
     /// A stored slice of the object, of this version.
     Hit(cache::Hit, Version),
@@ -407,10 +408,17 @@ pub async fn forward<D: Downstream>(
     };
     let span = spans(&range, n);
     let first_hit = matches!(got, Got::Hit(..));
-    let all_hit = span.clone().all(|i| match i == first {
-        true => first_hit,
-        false => s.cache.holds_fresh(&s.key.slice(n, i), &s.map),
-    });
+    let mut all_hit = true;
+    for i in span.clone() {
+        all_hit &= match i == first {
+            true => first_hit,
+            // A request that leads the fill of its first slice waits for no other.
+            false => s.cache.holds_fresh(&s.key.slice(n, i), &s.map, first_hit).await,
+        };
+        if !all_hit {
+            break;
+        }
+    }
     let cache_status = cache::cache_status(&if all_hit { CacheStatus::hit() } else { CacheStatus::fwd(Fwd::Miss) });
     cached::note(rule, req, &cache_status);
     let mut headers = client_head(&object, status, &range, version.size, &cache_status);
@@ -513,7 +521,7 @@ async fn assemble<D: Downstream>(
 ) -> Result<(), Stop<D::Error>> {
     let mut used = Vec::new();
     for i in spans(&range, s.n) {
-        let got = match held.take().filter(|_| i == first) {
+        let got = match held.take_if(|_| i == first) {
             Some(got) => got,
             None => s.obtain(i, Some(version)).await.map_err(Stop::Failed)?,
         };
