@@ -593,9 +593,7 @@ async fn pour<D: Downstream>(
     piece: &mut Vec<u8>,
 ) -> Result<(), Stop<D::Error>> {
     loop {
-        piece.clear();
-        let more = up.read_body(piece).await.map_err(Stop::Failed)?;
-        let end = !more || up.body_complete();
+        let end = next_piece(up, piece).await.map_err(Stop::Failed)?;
         if let Some(s) = store.as_mut() {
             s.write(piece);
         }
@@ -794,6 +792,16 @@ async fn pass<D: Downstream>(
     Outcome::Streamed(Streamed { status, answered, sent: out.sent, path: BodyPath::Copy, end })
 }
 
+/// Reads `up`'s next body piece into `piece` (emptied first); whether it was the last.
+///
+/// # Cancel safety
+/// Cancel-safe as [`Exchange::read_body`] is: bytes read stay in the exchange or in `piece`.
+async fn next_piece(up: &mut Exchange<'_>, piece: &mut Vec<u8>) -> Result<bool, Failure> {
+    piece.clear();
+    let more = up.read_body(piece).await?;
+    Ok(!more || up.body_complete())
+}
+
 /// Passes a body of unknown length on as it comes, to its end.
 ///
 /// # Cancel safety
@@ -805,9 +813,7 @@ async fn relay<D: Downstream>(
     piece: &mut Vec<u8>,
 ) -> Result<(), Stop<D::Error>> {
     loop {
-        piece.clear();
-        let more = up.read_body(piece).await.map_err(Stop::Failed)?;
-        let end = !more || up.body_complete();
+        let end = next_piece(up, piece).await.map_err(Stop::Failed)?;
         metrics::body_bytes(BodyPath::Copy.label(), piece.len() as u64);
         out.sent += piece.len() as u64;
         if !piece.is_empty() || end {
