@@ -428,7 +428,7 @@ pub async fn forward<D: Downstream>(
         // Not part of the answer (a suffix range, an If-Range that did not match):
         // a slice being fetched is stored all the same.
         if let Some(Got::Fetch { mut up, store: Some(store), .. }) = held.take() {
-            super::forward::fill_rest(&mut up, store, &mut piece, req).await;
+            fill(&mut up, store, &mut piece, req).await;
         }
     }
     if range.is_empty() {
@@ -611,7 +611,7 @@ async fn pour<D: Downstream>(
         if window.done() {
             if let Some(s) = store {
                 // The client has its part: the slice's rest goes to its entry.
-                super::forward::fill_rest(up, s, piece, req).await;
+                fill(up, s, piece, req).await;
             }
             return Ok(());
         }
@@ -790,6 +790,26 @@ async fn pass<D: Downstream>(
     };
     buffers::give(piece);
     Outcome::Streamed(Streamed { status, answered, sent: out.sent, path: BodyPath::Copy, end })
+}
+
+/// Reads the rest of a slice's body into its entry and commits it. A failure
+/// abandons the entry (logged): the client's answer does not wait for it.
+///
+/// # Cancel safety
+/// Cancel-safe: dropped, the entry is abandoned and the connection closed.
+async fn fill(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut Vec<u8>, req: &Request) {
+    loop {
+        match next_piece(up, piece).await {
+            Ok(end) => {
+                store.write(piece);
+                if end {
+                    store.commit().await;
+                    return;
+                }
+            }
+            Err(f) => return tracing::warn!("proxy \"{} {}\": slice not stored: {f}", req.method, req.path),
+        }
+    }
 }
 
 /// Reads `up`'s next body piece into `piece` (emptied first); whether it was the last.
