@@ -417,9 +417,18 @@ impl Cache {
     }
 
     /// Whether a fresh entry of `key` answers a request with fields `req` (less
-    /// Host), from the index alone: no file is opened, no fill is led, nothing
-    /// is counted. A slice's answer asks it of each slice before its head leaves.
-    pub fn holds_fresh(&self, key: &Key, req: &HeaderMap) -> bool {
+    /// Host), from the index: no file is opened, no fill is led, nothing is
+    /// counted. With `wait`, a fill of the key under way is waited for first (at
+    /// most [`COALESCE_WAIT`]), as a lookup would wait for it; a caller that leads
+    /// a fill itself passes `false`, so that two such callers never wait for each
+    /// other. A slice's answer asks it of each slice before its head leaves.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only waits.
+    pub async fn holds_fresh(&self, key: &Key, req: &HeaderMap, wait: bool) -> bool {
+        if let Some(mut rx) = self.inflight_of(key).filter(|_| wait) {
+            let _ = tokio::time::timeout(COALESCE_WAIT, rx.wait_for(|done| *done)).await;
+        }
         let now = SystemTime::now();
         let Some(variants) = self.lock_index().variants(&key.primary) else { return false };
         variants.iter().any(|m| m.head.key == key.text && matches!(m.freshness(req, now), Freshness::Fresh))

@@ -420,7 +420,7 @@ async fn switch<D: Downstream>(
 /// # Cancel safety
 /// Dropped at any await, the entry is abandoned (its temporary file removed) and
 /// the upstream connection closed.
-pub(super) async fn fill_rest(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut Vec<u8>, req: &Request) {
+async fn fill_rest(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut Vec<u8>, req: &Request) {
     loop {
         piece.clear();
         match up.read_body(piece).await {

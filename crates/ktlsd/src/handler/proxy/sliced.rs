@@ -234,6 +234,7 @@ pub fn reply(req: &Headers, v: &Version) -> Reply {
 }
 
 /// What a slice's lookup or request brought.
+#[allow(clippy::large_enum_variant)] // one per slice, moved once
 enum Got<'r> {
     /// A stored slice of the object, of this version.
     Hit(cache::Hit, Version),
@@ -407,10 +408,17 @@ pub async fn forward<D: Downstream>(
     };
     let span = spans(&range, n);
     let first_hit = matches!(got, Got::Hit(..));
-    let all_hit = span.clone().all(|i| match i == first {
-        true => first_hit,
-        false => s.cache.holds_fresh(&s.key.slice(n, i), &s.map),
-    });
+    let mut all_hit = true;
+    for i in span.clone() {
+        all_hit &= match i == first {
+            true => first_hit,
+            // A request that leads the fill of its first slice waits for no other.
+            false => s.cache.holds_fresh(&s.key.slice(n, i), &s.map, first_hit).await,
+        };
+        if !all_hit {
+            break;
+        }
+    }
     let cache_status = cache::cache_status(&if all_hit { CacheStatus::hit() } else { CacheStatus::fwd(Fwd::Miss) });
     cached::note(rule, req, &cache_status);
     let mut headers = client_head(&object, status, &range, version.size, &cache_status);
@@ -420,7 +428,7 @@ pub async fn forward<D: Downstream>(
         // Not part of the answer (a suffix range, an If-Range that did not match):
         // a slice being fetched is stored all the same.
         if let Some(Got::Fetch { mut up, store: Some(store), .. }) = held.take() {
-            super::forward::fill_rest(&mut up, store, &mut piece, req).await;
+            fill(&mut up, store, &mut piece, req).await;
         }
     }
     if range.is_empty() {
@@ -513,7 +521,7 @@ async fn assemble<D: Downstream>(
 ) -> Result<(), Stop<D::Error>> {
     let mut used = Vec::new();
     for i in spans(&range, s.n) {
-        let got = match held.take().filter(|_| i == first) {
+        let got = match held.take_if(|_| i == first) {
             Some(got) => got,
             None => s.obtain(i, Some(version)).await.map_err(Stop::Failed)?,
         };
@@ -585,9 +593,7 @@ async fn pour<D: Downstream>(
     piece: &mut Vec<u8>,
 ) -> Result<(), Stop<D::Error>> {
     loop {
-        piece.clear();
-        let more = up.read_body(piece).await.map_err(Stop::Failed)?;
-        let end = !more || up.body_complete();
+        let end = next_piece(up, piece).await.map_err(Stop::Failed)?;
         if let Some(s) = store.as_mut() {
             s.write(piece);
         }
@@ -605,7 +611,7 @@ async fn pour<D: Downstream>(
         if window.done() {
             if let Some(s) = store {
                 // The client has its part: the slice's rest goes to its entry.
-                super::forward::fill_rest(up, s, piece, req).await;
+                fill(up, s, piece, req).await;
             }
             return Ok(());
         }
@@ -786,6 +792,36 @@ async fn pass<D: Downstream>(
     Outcome::Streamed(Streamed { status, answered, sent: out.sent, path: BodyPath::Copy, end })
 }
 
+/// Reads the rest of a slice's body into its entry and commits it. A failure
+/// abandons the entry (logged): the client's answer does not wait for it.
+///
+/// # Cancel safety
+/// Cancel-safe: dropped, the entry is abandoned and the connection closed.
+async fn fill(up: &mut Exchange<'_>, mut store: cached::Store, piece: &mut Vec<u8>, req: &Request) {
+    loop {
+        match next_piece(up, piece).await {
+            Ok(end) => {
+                store.write(piece);
+                if end {
+                    store.commit().await;
+                    return;
+                }
+            }
+            Err(f) => return tracing::warn!("proxy \"{} {}\": slice not stored: {f}", req.method, req.path),
+        }
+    }
+}
+
+/// Reads `up`'s next body piece into `piece` (emptied first); whether it was the last.
+///
+/// # Cancel safety
+/// Cancel-safe as [`Exchange::read_body`] is: bytes read stay in the exchange or in `piece`.
+async fn next_piece(up: &mut Exchange<'_>, piece: &mut Vec<u8>) -> Result<bool, Failure> {
+    piece.clear();
+    let more = up.read_body(piece).await?;
+    Ok(!more || up.body_complete())
+}
+
 /// Passes a body of unknown length on as it comes, to its end.
 ///
 /// # Cancel safety
@@ -797,9 +833,7 @@ async fn relay<D: Downstream>(
     piece: &mut Vec<u8>,
 ) -> Result<(), Stop<D::Error>> {
     loop {
-        piece.clear();
-        let more = up.read_body(piece).await.map_err(Stop::Failed)?;
-        let end = !more || up.body_complete();
+        let end = next_piece(up, piece).await.map_err(Stop::Failed)?;
         metrics::body_bytes(BodyPath::Copy.label(), piece.len() as u64);
         out.sent += piece.len() as u64;
         if !piece.is_empty() || end {

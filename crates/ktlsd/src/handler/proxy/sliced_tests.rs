@@ -78,6 +78,10 @@ fn content_ranges_read() {
     assert_eq!(unsatisfied_size("bytes */x"), None);
 }
 
+/// An upstream's answer to a slice's request (status, Content-Range, framing), the
+/// slice asked for, the size known, and the verdict (the size, or a word of the refusal).
+type Case<'a> = (u16, Option<&'a str>, Framing, u64, Option<u64>, Result<u64, &'a str>);
+
 #[test]
 fn slice_answers_checked() {
     let l = Framing::Length;
@@ -85,7 +89,7 @@ fn slice_answers_checked() {
     let good = format!("bytes {}-{}/{size}", M, 2 * M - 1);
     let last = format!("bytes {}-{}/{}", 4 * M, 4 * M + 99, 4 * M + 100);
     let shifted = format!("bytes {}-{}/{size}", M + 1, 2 * M);
-    let cases: Vec<(u16, Option<&str>, Framing, u64, Option<u64>, Result<u64, &str>)> = vec![
+    let cases: Vec<Case> = vec![
         (206, Some(&good), l(M), 1, None, Ok(size)),
         (206, Some(&good), l(M), 1, Some(size), Ok(size)),
         // The last slice is shorter.
