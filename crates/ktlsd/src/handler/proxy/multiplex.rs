@@ -263,15 +263,22 @@ fn head_of(parts: &http::response::Parts, ended: bool, method: &str) -> Head {
 fn h2_failure(url: &str, e: &h2::Error, what: &str) -> Failure {
     let detail = match e.reason() {
         Some(r) if e.is_remote() && e.is_reset() => format!("{what}: the upstream reset the stream ({r})"),
-        Some(r) if e.is_go_away() => format!("{what}: the upstream closed the connection (GOAWAY {r})"),
+        Some(r) if e.is_remote() && e.is_go_away() => {
+            format!("{what}: the upstream closed the connection (GOAWAY {r})")
+        }
+        // This side's GOAWAY or reset: the upstream broke the protocol (an endless
+        // header block, DATA past its window, ...).
+        Some(r) if !e.is_remote() => format!("{what}: the upstream broke HTTP/2 ({r:?}: {r})"),
         _ => format!("{what}: {e}"),
     };
     let kind = match e.reason() {
-        Some(h2::Reason::PROTOCOL_ERROR | h2::Reason::COMPRESSION_ERROR | h2::Reason::FRAME_SIZE_ERROR)
-            if !e.is_remote() =>
-        {
-            FailureKind::Invalid
-        }
+        Some(
+            h2::Reason::PROTOCOL_ERROR
+            | h2::Reason::COMPRESSION_ERROR
+            | h2::Reason::FRAME_SIZE_ERROR
+            | h2::Reason::FLOW_CONTROL_ERROR
+            | h2::Reason::ENHANCE_YOUR_CALM,
+        ) if !e.is_remote() => FailureKind::Invalid,
         _ => FailureKind::Closed,
     };
     Failure { status: Status::BAD_GATEWAY, kind, upstream: url.to_string(), detail }
