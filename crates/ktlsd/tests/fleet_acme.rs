@@ -108,7 +108,7 @@ fn one_order_for_the_fleet_any_member_answers_and_each_serves_it() {
     assert!(etcd.get("/fa/acme/cert/acme.test").is_some_and(|v| !v.windows(5).any(|w| w == b"BEGIN")));
 
     // All of etcd down: c restarted serves the certificate from its local copy.
-    etcd.kill_all3(&c);
+    etcd.kill_all();
     drop(c);
     c = member("c", &etcd, &pebble, &secret, &state("c"), ports[2].0, ports[2].1);
     assert_eq!(served(ports[2].0, "acme.test").1, leaf, "c restarted without etcd: {}", c.stderr());
@@ -116,7 +116,7 @@ fn one_order_for_the_fleet_any_member_answers_and_each_serves_it() {
     assert!(c.wait_stderr("the fleet's store is unreachable", Duration::from_secs(20)).is_some(), "{}", c.stderr());
 
     // etcd back, with a corrupt certificate record: logged, not used.
-    etcd.restart_all3(&c);
+    etcd.restart_all();
     etcd.put("/fa/acme/cert/acme.test", b"-----BEGIN CERTIFICATE-----\ngarbage\n");
     let said =
         c.wait_stderr("the fleet's certificate record at /fa/acme/cert/acme.test is unusable", Duration::from_secs(40));
