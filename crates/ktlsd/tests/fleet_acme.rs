@@ -86,17 +86,19 @@ fn one_order_for_the_fleet_any_member_answers_and_each_serves_it() {
     for (srv, what) in [(&b, "b"), (&a, "a"), (&c, "c")] {
         serves_new(srv, what, &pebble);
     }
-    let all = || format!("a:\n{}\nb:\n{}\nc:\n{}", a.stderr(), b.stderr(), c.stderr());
+    let all3 = |c: &Server| format!("a:\n{}\nb:\n{}\nc:\n{}", a.stderr(), b.stderr(), c.stderr());
     let ordering = [&a, &b, &c].iter().filter(|s| s.stderr().contains("orders the certificate for the fleet")).count();
-    assert_eq!(ordering, 1, "exactly one member orders: {}", all());
-    assert!(b.stderr().contains("member b orders the certificate for the fleet"), "{}", all());
-    assert!(b.stderr().contains("the new certificate is stored for the fleet"), "{}", all());
-    assert_eq!(all().matches("ACME: registered account").count(), 1, "one account: {}", all());
+    assert_eq!(ordering, 1, "exactly one member orders: {}", all3(&c));
+    assert!(b.stderr().contains("member b orders the certificate for the fleet"), "{}", all3(&c));
+    assert!(b.stderr().contains("the new certificate is stored for the fleet"), "{}", all3(&c));
+    assert_eq!(all3(&c).matches("ACME: registered account").count(), 1, "one account: {}", all3(&c));
     let logs = pebble.logs();
     assert_eq!(logs.matches("accounts in memory").count(), 1, "one account at the CA: {logs}");
     assert_eq!(logs.matches("Issued certificate serial").count(), 1, "one certificate issued: {logs}");
     // The validation reached a, which did not order: it answered from the store.
-    assert!(!a.stderr().contains("orders the certificate"), "{}", all());
+    assert!(!a.stderr().contains("orders the certificate"), "{}", all3(&c));
+    assert!(a.stderr().contains("ACME challenge ") && a.stderr().contains(" answered for "), "{}", all3(&c));
+    assert!(!b.stderr().contains(" answered for "), "the validation went to a only: {}", all3(&c));
 
     let (issuer, leaf) = served(ports[1].0, "acme.test");
     assert!(issuer.contains("Pebble"), "issuer {issuer}");
@@ -116,11 +118,12 @@ fn one_order_for_the_fleet_any_member_answers_and_each_serves_it() {
     // etcd back, with a corrupt certificate record: logged, not used.
     etcd.restart_all();
     etcd.put("/fa/acme/cert/acme.test", b"-----BEGIN CERTIFICATE-----\ngarbage\n");
-    let said = c.wait_stderr("the fleet's certificate record at /fa/acme/cert/acme.test is unusable", Duration::from_secs(40));
+    let said =
+        c.wait_stderr("the fleet's certificate record at /fa/acme/cert/acme.test is unusable", Duration::from_secs(40));
     assert!(said.is_some(), "{}", c.stderr());
     for (port, who) in [(ports[0].0, "a"), (ports[1].0, "b"), (ports[2].0, "c")] {
         assert_eq!(served(port, "acme.test").1, leaf, "{who} keeps the certificate in use");
     }
     assert_eq!(c.stderr().matches("is unusable").count(), 1, "said once: {}", c.stderr());
-    assert!(!all().contains("panicked"), "{}", all());
+    assert!(!all3(&c).contains("panicked"), "{}", all3(&c));
 }

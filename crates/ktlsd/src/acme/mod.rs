@@ -341,8 +341,7 @@ impl Acme {
     /// order on, keeping it in the state directory; refused when it is not an account of
     /// this CA.
     pub async fn adopt_account(&self, file: &[u8]) -> Result<(), String> {
-        let stored: StoredAccount =
-            serde_json::from_slice(file).map_err(|e| format!("not an account: {e}"))?;
+        let stored: StoredAccount = serde_json::from_slice(file).map_err(|e| format!("not an account: {e}"))?;
         if stored.directory != self.settings.directory {
             return Err(format!("an account of {}, not {}", stored.directory, self.settings.directory));
         }
@@ -404,7 +403,11 @@ impl Acme {
         }
     }
 
-    async fn order<'d>(&self, account: &Account, mut relay: Option<&mut (dyn Relay + 'd)>) -> Result<Issued, AcmeError> {
+    async fn order<'d>(
+        &self,
+        account: &Account,
+        mut relay: Option<&mut (dyn Relay + 'd)>,
+    ) -> Result<Issued, AcmeError> {
         let directory = &self.settings.directory;
         let protocol = |step| move |source| AcmeError::Protocol { directory: directory.clone(), step, source };
         let identifiers: Vec<Identifier> = self.settings.names.iter().cloned().map(Identifier::Dns).collect();

@@ -69,7 +69,8 @@ pub fn prepare(
     };
     let challenges = acme.map_or_else(Challenges::new, |a| a.challenges.clone());
     if let (Some(member), Some(_)) = (&cluster, acme) {
-        let names = config.sites.iter().filter(|s| matches!(s.cert, SiteCert::Acme(_))).flat_map(|s| s.names.dns_names());
+        let names =
+            config.sites.iter().filter(|s| matches!(s.cert, SiteCert::Acme(_))).flat_map(|s| s.names.dns_names());
         member.serve_acme(challenges.clone(), names.collect());
     }
     let tls = server_config(&settings, identity, keys, config.unknown_sni, alpn01.then(|| challenges.clone()))?;

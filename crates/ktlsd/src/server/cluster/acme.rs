@@ -179,7 +179,8 @@ impl Mirror {
                 Ok(match a.challenge {
                     Challenge::Http01 => challenges.publish_http01(&a.token, &a.key_authorization),
                     _ => {
-                        let cert = tls_alpn01_certificate(&a.name, &a.key_authorization).map_err(RecordError::Garbage)?;
+                        let cert =
+                            tls_alpn01_certificate(&a.name, &a.key_authorization).map_err(RecordError::Garbage)?;
                         challenges.publish_tls_alpn01(&a.name, cert)
                     }
                 })
@@ -366,12 +367,13 @@ impl<'a> Site<'a> {
     /// another fleet; `None`: none usable.
     async fn fleet_certificate(&mut self, store: &mut Etcd) -> Result<Option<bool>, StoreError> {
         let Some(sealed) = store.load(&self.keys.certificate).await? else { return Ok(None) };
-        let opened = open_certificate(&self.member.secret, &self.keys.certificate, &sealed).and_then(|issued| {
-            match self.client.unusable(&issued, SystemTime::now()) {
-                Some(why) => Err(RecordError::Garbage(why)),
-                None => Ok(issued),
-            }
-        });
+        let opened =
+            open_certificate(&self.member.secret, &self.keys.certificate, &sealed).and_then(|issued| {
+                match self.client.unusable(&issued, SystemTime::now()) {
+                    Some(why) => Err(RecordError::Garbage(why)),
+                    None => Ok(issued),
+                }
+            });
         let issued = match opened {
             Ok(issued) => issued,
             Err(e) => {
@@ -451,8 +453,7 @@ impl<'a> Site<'a> {
         if let Err(e) = self.account(&mut store).await? {
             return Ok(Err(e));
         }
-        let mut relay =
-            StoreRelay { store, lock, secret: &self.member.secret, prefix: &self.member.settings.prefix };
+        let mut relay = StoreRelay { store, lock, secret: &self.member.secret, prefix: &self.member.settings.prefix };
         Ok(self.client.obtain_relayed(Some(&mut relay)).await)
     }
 
@@ -617,7 +618,9 @@ mod tests {
             &cert.pem()[cert.pem().find("-----BEGIN CERTIFICATE").unwrap()..]
         );
         let bad = secret.seal(key, mismatched.as_bytes()).unwrap();
-        assert!(matches!(open_certificate(&secret, key, &bad), Err(RecordError::Garbage(e)) if e.contains("do not match")));
+        assert!(
+            matches!(open_certificate(&secret, key, &bad), Err(RecordError::Garbage(e)) if e.contains("do not match"))
+        );
     }
 
     #[test]

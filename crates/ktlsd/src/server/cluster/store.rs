@@ -13,7 +13,9 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
+};
 
 /// Longest one call to the store may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -54,12 +56,10 @@ pub trait Storage {
     async fn store_fenced(&mut self, lock: &Lock, key: &str, value: Vec<u8>) -> Result<bool, StoreError>;
     async fn unlock(&mut self, lock: Lock) -> Result<(), StoreError>;
 
-    // ACME across the fleet (`acme`): listing, plain stores, records that live with a
-    // lock, and a lock kept past its first lease.
+    // ACME across the fleet (`acme`): listing, records that live with a lock, and a
+    // lock kept past its first lease.
     /// Every key under `prefix` with its value, at most `limit` of them.
     async fn list(&mut self, prefix: &str, limit: usize) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
-    /// Stores `value` at `key` whoever holds a lock (a record of this member's own view).
-    async fn store(&mut self, key: &str, value: Vec<u8>) -> Result<(), StoreError>;
     /// As [`Storage::store_fenced`], the record living only as long as `lock`'s lease:
     /// it goes when the lock is released or its holder dies.
     async fn store_with_lock(&mut self, lock: &Lock, key: &str, value: Vec<u8>) -> Result<bool, StoreError>;
@@ -137,10 +137,6 @@ impl Storage for Etcd {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let r = bounded(self.client.get(prefix, Some(GetOptions::new().with_prefix().with_limit(limit)))).await?;
         Ok(r.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec())).collect())
-    }
-
-    async fn store(&mut self, key: &str, value: Vec<u8>) -> Result<(), StoreError> {
-        bounded(self.client.put(key, value, None)).await.map(drop)
     }
 
     async fn store_with_lock(&mut self, lock: &Lock, key: &str, value: Vec<u8>) -> Result<bool, StoreError> {
