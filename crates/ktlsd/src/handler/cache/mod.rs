@@ -162,6 +162,11 @@ impl Key {
         let text = format!("GET {host} {target}");
         Key { primary: store::primary_memo(&text), text }
     }
+
+    /// The key as text (`GET host target`): what cache peers hash to find its owner.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
 }
 
 /// The response cache, shared by every worker.

@@ -14,7 +14,14 @@
 //! (a log line at each change, `ktlsd_cluster_store_up`) and carries on with the keys
 //! it has meanwhile. Not the store's protocol (`store`), nor what TLS does with
 //! the keys (`tls::config::Ticketer`).
+//!
+//! With `cache_peers`, the members also share their response caches: each announces
+//! itself and follows the others ([`members`]), and answers their fetches on
+//! `peer_listen` ([`peer_listen`]); which member owns a key, and the fetch itself,
+//! are the proxy's (`handler::proxy::peers`).
 
+mod members;
+mod peer_listen;
 pub mod secret;
 mod store;
 mod tickets;
@@ -29,6 +36,7 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use crate::config::cluster::Cluster;
+use crate::handler::proxy::peers::{PeerMember, Peers};
 use crate::stats::CLUSTER;
 use crate::tls::config::Ticketer;
 pub use secret::Secret;
@@ -78,9 +86,26 @@ impl Member {
     }
 
     /// Starts the store's thread: it keeps the ticket keys in step with the fleet
-    /// until `stop` turns true.
-    pub fn start(self: &Arc<Member>, stop: watch::Receiver<bool>) -> anyhow::Result<JoinHandle<()>> {
+    /// until `stop` turns true. With `cache_peers`, it also keeps the member set, and
+    /// the peer listener's thread (joined by this one) answers the other members.
+    pub fn start(
+        self: &Arc<Member>,
+        stop: watch::Receiver<bool>,
+        current: watch::Receiver<super::Current>,
+    ) -> anyhow::Result<JoinHandle<()>> {
         let member = self.clone();
+        let peers = match self.settings.peer_listen {
+            Some(addr) => {
+                let listener = peer_listen::bind(addr)?;
+                let me = PeerMember { name: self.settings.name.clone(), addr };
+                let peers = Arc::new(Peers::new(me, self.secret.peers()));
+                crate::handler::proxy::peers::install(peers.clone());
+                let thread = peer_listen::spawn(listener, peers.clone(), current, stop.clone())?;
+                tracing::info!("cache peers: answering the other members on {addr}");
+                Some((peers, thread))
+            }
+            None => None,
+        };
         std::thread::Builder::new()
             .name("ktlsd-cluster".into())
             .spawn(move || {
@@ -88,7 +113,17 @@ impl Member {
                     Ok(rt) => rt,
                     Err(e) => return tracing::error!("cluster: cannot start its event loop: {e}"),
                 };
-                rt.block_on(member.run(stop));
+                let s = &member.settings;
+                match &peers {
+                    Some((p, _)) => {
+                        let membership = members::run(&s.etcd, &s.prefix, &member.secret, p, stop.clone());
+                        rt.block_on(async { tokio::join!(member.run(stop), membership) });
+                    }
+                    None => rt.block_on(member.run(stop)),
+                }
+                if let Some((_, thread)) = peers {
+                    let _ = thread.join();
+                }
             })
             .context("cannot start the cluster thread")
     }
