@@ -1,7 +1,8 @@
 //! The `[cluster]` section: the store the members of a fleet share (`etcd`, the
 //! endpoints of an etcd cluster), this member's `name`, the fleet's `secret_file`
 //! (the same random bytes on every member), the store's key `prefix` and how often
-//! the shared session-ticket key is replaced (`ticket_rotation`). This module checks
+//! the shared session-ticket key is replaced (`ticket_rotation`), and whether the
+//! members share their response caches (`cache_peers`, over `peer_listen`). This module checks
 //! the values; it reads no file and connects to nothing (`server::cluster` does).
 
 use std::path::PathBuf;
@@ -20,6 +21,8 @@ pub struct FileCluster {
     pub secret_file: Option<PathBuf>,
     pub prefix: Option<String>,
     pub ticket_rotation: Option<String>,
+    pub cache_peers: Option<bool>,
+    pub peer_listen: Option<String>,
 }
 
 /// The `[cluster]` section, checked.
@@ -33,6 +36,9 @@ pub struct Cluster {
     /// The prefix of every key the fleet keeps, `/` first and not last.
     pub prefix: String,
     pub ticket_rotation: Duration,
+    /// Where this member answers the other members' cache fetches, when the members
+    /// share their caches (`cache_peers = true`); `None`: each caches for itself.
+    pub peer_listen: Option<std::net::SocketAddr>,
 }
 
 /// `prefix` when not given.
@@ -98,7 +104,24 @@ pub fn cluster(file: Option<&FileCluster>, ticket_keys: bool) -> Result<Option<C
             }
         },
     };
-    Ok(Some(Cluster { etcd, name, secret_file, prefix: trimmed.to_string(), ticket_rotation }))
+    let peer_listen = match (c.cache_peers.unwrap_or(false), &c.peer_listen) {
+        (false, None) => None,
+        (false, Some(_)) => return err("[cluster] peer_listen is used only with cache_peers = true"),
+        (true, None) => {
+            return err(
+                "[cluster] cache_peers needs peer_listen, the private address other members fetch from (e.g. peer_listen = \"10.0.0.5:8444\")",
+            )
+        }
+        (true, Some(a)) => match a.parse::<std::net::SocketAddr>() {
+            Ok(addr) if !addr.ip().is_unspecified() && addr.port() != 0 => Some(addr),
+            _ => {
+                return err(format!(
+                    "[cluster] peer_listen {a:?}: expected the IP:PORT other members reach this one at (not 0.0.0.0, not port 0)"
+                ))
+            }
+        },
+    };
+    Ok(Some(Cluster { etcd, name, secret_file, prefix: trimmed.to_string(), ticket_rotation, peer_listen }))
 }
 
 /// The machine's host name, the default member name.
@@ -117,6 +140,8 @@ mod tests {
             secret_file: Some("/etc/ktlsd/cluster.key".into()),
             prefix: prefix.map(str::to_string),
             ticket_rotation: rotation.map(str::to_string),
+            cache_peers: None,
+            peer_listen: None,
         }
     }
 
@@ -133,6 +158,13 @@ mod tests {
             .unwrap();
         assert_eq!((c.prefix.as_str(), c.ticket_rotation), ("/fleet", Duration::from_secs(2)));
         assert!(!c.name.is_empty(), "the host name by default");
+        assert_eq!(c.peer_listen, None);
+        let peers = FileCluster {
+            cache_peers: Some(true),
+            peer_listen: Some("10.0.0.5:8444".into()),
+            ..file(&["http://a:1"], None, None, None)
+        };
+        assert_eq!(cluster(Some(&peers), false).unwrap().unwrap().peer_listen, Some("10.0.0.5:8444".parse().unwrap()));
         for (f, ticket_keys, why) in [
             (file(&[], None, None, None), false, "needs etcd"),
             (file(&["https://a:2379"], None, None, None), false, "TLS is not supported"),
@@ -148,6 +180,34 @@ mod tests {
             (file(&["http://a:1"], None, None, Some("soon")), false, "ticket_rotation"),
             (file(&["http://a:1"], None, None, None), true, "ticket_keys"),
             (FileCluster { secret_file: None, ..file(&["http://a:1"], None, None, None) }, false, "secret_file"),
+            (
+                FileCluster { cache_peers: Some(true), ..file(&["http://a:1"], None, None, None) },
+                false,
+                "needs peer_listen",
+            ),
+            (
+                FileCluster { peer_listen: Some("10.0.0.1:8444".into()), ..file(&["http://a:1"], None, None, None) },
+                false,
+                "only with cache_peers",
+            ),
+            (
+                FileCluster {
+                    cache_peers: Some(true),
+                    peer_listen: Some("0.0.0.0:8444".into()),
+                    ..file(&["http://a:1"], None, None, None)
+                },
+                false,
+                "peer_listen",
+            ),
+            (
+                FileCluster {
+                    cache_peers: Some(true),
+                    peer_listen: Some("edge-1:8444".into()),
+                    ..file(&["http://a:1"], None, None, None)
+                },
+                false,
+                "peer_listen",
+            ),
         ] {
             let e = cluster(Some(&f), ticket_keys).unwrap_err().to_string();
             assert!(e.contains(why), "{f:?}: {e}");

@@ -338,7 +338,7 @@ schema! {
         /// The response cache of proxied responses (`[cache]`: dir, sizes, min_free, verify_sample); file only
         #[arg(skip)]
         cache: super::cache::FileCache,
-        /// The fleet this member belongs to (`[cluster]`: etcd, name, secret_file, prefix, ticket_rotation): session-ticket keys shared through etcd and QUIC's keys derived from the fleet's secret; file only
+        /// The fleet this member belongs to (`[cluster]`: etcd, name, secret_file, prefix, ticket_rotation, cache_peers, peer_listen): session-ticket keys shared through etcd, QUIC's keys derived from the fleet's secret, and the response cache sharded over the members; file only
         #[arg(skip)]
         cluster: super::cluster::FileCluster,
         /// More configuration files read after this one, as paths or globs relative to this file (e.g. ["sites/*.toml"]): each may add [[site]] blocks and set keys no other file sets; a glob matching nothing is fine, a missing plain path is an error; file only [default: none]

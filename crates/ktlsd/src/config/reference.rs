@@ -141,7 +141,13 @@ pub fn generate() -> String {
          with a key derived from it, and so are QUIC's stateless-reset and Retry token keys\n\
          - `prefix`: the prefix of every key the fleet keeps in etcd (default `\"/ktlsd\"`)\n\
          - `ticket_rotation`: how often one member replaces the shared session-ticket key; the last 4 keys open \
-         tickets (default `\"12h\"`, at least `\"1s\"`)\n",
+         tickets (default `\"12h\"`, at least `\"1s\"`)\n\
+         - `cache_peers`: `true` shares the members' response caches: each cache key has one owner among the \
+         members, and a miss elsewhere is fetched from it, so the origin sees one request per object for the \
+         fleet (default `false`; needs `peer_listen`)\n\
+         - `peer_listen`: `\"IP:PORT\"`, the private address this member answers the other members' cache \
+         fetches on (plain HTTP/1.1, each request authenticated with a key derived from `secret_file`; nothing \
+         else is served there)\n",
     );
     out.push_str(
         "\n### `include` and `${VAR}`\n\n\

@@ -324,7 +324,7 @@ fn spawn(sockets: Sockets, current: Current, started_at: Instant) -> anyhow::Res
         None => None,
     };
     let cluster = match current_rx.borrow().shared.cluster.clone() {
-        Some(member) => Some(member.start(stop_rx.clone())?),
+        Some(member) => Some(member.start(stop_rx.clone(), current_rx.clone())?),
         None => None,
     };
     Ok(Running { stop: stop_tx, current: current_tx, workers, admin, plain, cluster })

@@ -170,6 +170,11 @@ impl Key {
         let text = format!("{} slice={size}:{index}", self.text);
         Key { primary: store::primary(&text), text }
     }
+
+    /// The key as text (`GET host target`): what cache peers hash to find its owner.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
 }
 
 /// The response cache, shared by every worker.

@@ -204,6 +204,18 @@ pub async fn plan(
 }
 
 impl Pending {
+    /// Whether the request missed and goes upstream to fill the entry (not a
+    /// revalidation, nor a cold range fill): what a cache peer may be asked for.
+    pub fn is_plain_miss(&self) -> bool {
+        self.fill.is_some() && self.stale.is_none() && self.cold.is_none()
+    }
+
+    /// Gives up storing the answer here: its owner among the cache peers keeps it.
+    pub fn leave_to_peer(&mut self) {
+        (self.cache, self.fill, self.stale) = (None, None, None);
+        self.bypass = cache::cache_status(&CacheStatus { detail: Some("peer"), ..CacheStatus::fwd(Fwd::Miss) });
+    }
+
     /// What a cold range fill does with the upstream's `head` (see
     /// `super::ranged::Cold`); `None` when the request was not filled this way.
     pub fn cold(&self, head: &parse::Head, req: &Request) -> Option<super::ranged::Cold> {

@@ -107,6 +107,7 @@ impl Forward {
             let (c, key) = (c.clone(), key.clone());
             return super::sliced::forward(&rule, fwd, fields, c, key, n, req, d, added).await;
         }
+        let peer_key = cache.as_ref().map(|(_, k)| k.as_str().to_string());
         let mut pending = match cached::plan(cache, &rule, req, has_body, &fwd, &mut fields).await {
             Plan::Answer(response) => {
                 cached::note_answer(&rule, req, &response);
@@ -114,43 +115,48 @@ impl Forward {
             }
             Plan::Forward(pending) => pending,
         };
-        if rule.upstreams.first().is_some_and(|u| u.h2) {
-            return super::multiplex::forward(&rule, fwd, fields, max_body, pending, req, d, added).await;
-        }
         let failed_status = pending.failed_status();
-        // A cold range fill may have to ask again with the Range (an object too large).
-        let again = pending.is_cold().then(|| fwd.clone());
-        let first = if has_body { d.body_at_hand() } else { Vec::new() };
-        let mut up = match Exchange::begin_with_body(&rule, fwd, fields, &first).await {
-            Ok(up) => up,
-            Err(f) => return failed(pending, f, req, failed_status),
+        // Cache peers: a miss another member owns is asked of it; when it fails, of the origin.
+        let route = peer_key
+            .filter(|_| pending.is_plain_miss() && !has_body)
+            .and_then(|key| super::peers::route(&rule, &fwd, &fields, &key));
+        let from_owner = match &route {
+            Some(route) => match ask_owner(route, d).await {
+                Ok(answered) => answered,
+                Err(e) => return Outcome::ClientGone(e),
+            },
+            None => None,
         };
-        if has_body {
-            let allowed = max_body.saturating_sub(first.len() as u64);
-            match upload(d, &mut up, allowed).await {
-                Ok(()) => {}
-                Err(Upload::Client(e)) => return Outcome::ClientGone(e),
-                Err(Upload::Failed(f)) => return refused(f, req, failed_status),
+        let (mut up, mut head, again) = match from_owner {
+            Some((up, head)) => {
+                pending.leave_to_peer();
+                (up, head, None)
             }
-        }
-        // Early hints (103) go to the client as they come, ahead of the final head.
-        let mut hints = 0;
-        let mut head = loop {
-            match up.next_head().await {
-                Ok(hint) if hint.status == 103 => {
-                    hints += 1;
-                    if hints > MAX_HINTS {
-                        continue;
-                    }
-                    let fields = super::headers::interim_fields(hint.fields);
-                    let headers = fields.into_iter().map(|(n, v)| Header::Field(n, v)).collect();
-                    let interim = Response { status: Status(103), headers, body: Body::Empty, refused: None };
-                    if let Err(e) = d.send_interim(interim).await {
-                        return Outcome::ClientGone(e);
+            None => {
+                if rule.upstreams.first().is_some_and(|u| u.h2) {
+                    return super::multiplex::forward(&rule, fwd, fields, max_body, pending, req, d, added).await;
+                }
+                // A cold range fill may have to ask again with the Range (an object too large).
+                let again = pending.is_cold().then(|| fwd.clone());
+                let first = if has_body { d.body_at_hand() } else { Vec::new() };
+                let mut up = match Exchange::begin_with_body(&rule, fwd, fields, &first).await {
+                    Ok(up) => up,
+                    Err(f) => return failed(pending, f, req, failed_status),
+                };
+                if has_body {
+                    let allowed = max_body.saturating_sub(first.len() as u64);
+                    match upload(d, &mut up, allowed).await {
+                        Ok(()) => {}
+                        Err(Upload::Client(e)) => return Outcome::ClientGone(e),
+                        Err(Upload::Failed(f)) => return refused(f, req, failed_status),
                     }
                 }
-                Ok(head) => break head,
-                Err(f) => return failed(pending, f, req, failed_status),
+                let head = match final_head(&mut up, d).await {
+                    Ok(head) => head,
+                    Err(HeadEnd::Client(e)) => return Outcome::ClientGone(e),
+                    Err(HeadEnd::Failed(f)) => return failed(pending, f, req, failed_status),
+                };
+                (up, head, again)
             }
         };
         let mut cold = pending.cold(&head, req);
@@ -460,6 +466,70 @@ fn grpc_refusal() -> Response {
     let body = b"gRPC needs HTTP/2: this request came over HTTP/1.1\n".to_vec();
     let headers = vec![Header::Field("Content-Type".into(), "text/plain; charset=utf-8".into())];
     Response { status: Status(505), headers, body: Body::Bytes(body), refused: None }
+}
+
+/// How waiting for the upstream's final head ended, when it brought none.
+enum HeadEnd<E> {
+    Client(E),
+    Failed(Failure),
+}
+
+/// The upstream's final head; its 103 Early Hints go to the client as they come
+/// (the first [`MAX_HINTS`]).
+///
+/// # Cancel safety
+/// Not cancel-safe: a hint may have been sent in part.
+async fn final_head<D: Downstream>(up: &mut Exchange<'_>, d: &mut D) -> Result<super::parse::Head, HeadEnd<D::Error>> {
+    let mut hints = 0;
+    loop {
+        match up.next_head().await {
+            Ok(hint) if hint.status == 103 => {
+                hints += 1;
+                if hints > MAX_HINTS {
+                    continue;
+                }
+                let fields = super::headers::interim_fields(hint.fields);
+                let headers = fields.into_iter().map(|(n, v)| Header::Field(n, v)).collect();
+                let interim = Response { status: Status(103), headers, body: Body::Empty, refused: None };
+                d.send_interim(interim).await.map_err(HeadEnd::Client)?;
+            }
+            Ok(head) => return Ok(head),
+            Err(f) => return Err(HeadEnd::Failed(f)),
+        }
+    }
+}
+
+/// The owner's answer to a miss `route` sends it (see `super::peers`): its exchange
+/// and head, or `None` when the owner failed (unreachable, timed out, 5xx), which
+/// is noted, and the origin is to be asked instead.
+///
+/// # Cancel safety
+/// Not cancel-safe, as [`final_head`].
+async fn ask_owner<'r, D: Downstream>(
+    route: &'r super::peers::Route,
+    d: &mut D,
+) -> Result<Option<(Exchange<'r>, super::parse::Head)>, D::Error> {
+    let mut up = match Exchange::begin(&route.rule, route.fwd.clone(), route.fields.clone()).await {
+        Ok(up) => up,
+        Err(f) => {
+            super::peers::failed(&route.owner, &f.to_string());
+            return Ok(None);
+        }
+    };
+    let head = match final_head(&mut up, d).await {
+        Ok(head) => head,
+        Err(HeadEnd::Client(e)) => return Err(e),
+        Err(HeadEnd::Failed(f)) => {
+            super::peers::failed(&route.owner, &f.to_string());
+            return Ok(None);
+        }
+    };
+    if head.status >= 500 {
+        super::peers::failed(&route.owner, &format!("it answered {}", head.status));
+        return Ok(None);
+    }
+    super::peers::fetched();
+    Ok(Some((up, head)))
 }
 
 /// The answer to an exchange that failed before a response head: the stale entry

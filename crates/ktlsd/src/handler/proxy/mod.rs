@@ -31,6 +31,7 @@ pub mod health;
 pub mod metrics;
 pub mod multiplex;
 pub mod parse;
+pub mod peers;
 pub mod pool;
 pub mod ranged;
 pub mod replies;

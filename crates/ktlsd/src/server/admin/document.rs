@@ -69,6 +69,8 @@ pub struct ClusterView {
     pub ticket_keys: u64,
     /// Rotations of the shared ticket key this member made.
     pub ticket_rotations: u64,
+    /// The members sharing the response cache (`cache_peers`), `NAME=ADDR`; empty without.
+    pub cache_peers: Vec<String>,
 }
 
 /// The server now: rates over the last three seconds sampled, counts since start-up.
@@ -592,6 +594,9 @@ pub fn document(state: &State, current: &Current, history: &mut History, since: 
                 store_up: g.store_up.load(relaxed),
                 ticket_keys: g.ticket_keys.load(relaxed),
                 ticket_rotations: g.ticket_rotations.load(relaxed),
+                cache_peers: crate::handler::proxy::peers::get().map_or_else(Vec::new, |p| {
+                    p.members().into_iter().map(|m| format!("{}={}", m.name, m.addr)).collect()
+                }),
             }
         }),
         now,

@@ -362,6 +362,7 @@ fn respond(path: &str, state: &State) -> (&'static str, &'static str, String) {
                 prometheus::cache(&mut out, &cache.figures());
             }
             crate::handler::proxy::metrics::render(&mut out);
+            crate::handler::proxy::peers::render(&mut out);
             let certificates = current.shared.certificates.expiry();
             crate::stats::sites::render(&mut out, &total.sites, &crate::stats::sites::RELOADS, &certificates);
             ("200 OK", "text/plain; version=0.0.4; charset=utf-8", out)

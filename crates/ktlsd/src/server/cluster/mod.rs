@@ -15,8 +15,15 @@
 //! (a log line at each change, `ktlsd_cluster_store_up`) and carries on with the keys
 //! it has meanwhile. Not the store's protocol (`store`), nor what TLS does with
 //! the keys (`tls::config::Ticketer`).
+//!
+//! With `cache_peers`, the members also share their response caches: each announces
+//! itself and follows the others ([`members`]), and answers their fetches on
+//! `peer_listen` ([`peer_listen`]); which member owns a key, and the fetch itself,
+//! are the proxy's (`handler::proxy::peers`).
 
 pub mod acme;
+mod members;
+mod peer_listen;
 pub mod secret;
 mod store;
 mod tickets;
@@ -32,6 +39,7 @@ use tokio::sync::watch;
 
 use crate::acme::Challenges;
 use crate::config::cluster::Cluster;
+use crate::handler::proxy::peers::{PeerMember, Peers};
 use crate::stats::CLUSTER;
 use crate::tls::config::Ticketer;
 pub use secret::Secret;
@@ -97,11 +105,40 @@ impl Member {
     }
 
     /// Starts the store's thread: it keeps the ticket keys in step with the fleet
-    /// until `stop` turns true.
-    pub fn start(self: &Arc<Member>, stop: watch::Receiver<bool>) -> anyhow::Result<JoinHandle<()>> {
+    /// until `stop` turns true. With `cache_peers`, it also keeps the member set, and
+    /// the peer listener's thread (joined by this one) answers the other members.
+    pub fn start(
+        self: &Arc<Member>,
+        stop: watch::Receiver<bool>,
+        current: watch::Receiver<super::Current>,
+    ) -> anyhow::Result<JoinHandle<()>> {
         let member = self.clone();
-        crate::sys::event_loop_thread("ktlsd-cluster", move || async move { member.run(stop).await })
-            .map(|(thread, _)| thread)
+        let peers = match self.settings.peer_listen {
+            Some(addr) => {
+                let listener = peer_listen::bind(addr)?;
+                let me = PeerMember { name: self.settings.name.clone(), addr };
+                let peers = Arc::new(Peers::new(me, self.secret.peers()));
+                crate::handler::proxy::peers::install(peers.clone());
+                let thread = peer_listen::spawn(listener, peers.clone(), current, stop.clone())?;
+                tracing::info!("cache peers: answering the other members on {addr}");
+                Some((peers, thread))
+            }
+            None => None,
+        };
+        crate::sys::event_loop_thread("ktlsd-cluster", move || async move {
+            let s = &member.settings;
+            match &peers {
+                Some((p, _)) => {
+                    let membership = members::run(&s.etcd, &s.prefix, &member.secret, p, stop.clone());
+                    tokio::join!(member.run(stop), membership);
+                }
+                None => member.run(stop).await,
+            }
+            if let Some((_, thread)) = peers {
+                let _ = thread.join();
+            }
+        })
+        .map(|(thread, _)| thread)
             .context("cannot start the cluster thread")
     }
 

@@ -38,6 +38,7 @@ pub enum OpenError {
 pub struct Secret {
     seal: LessSafeKey,
     quic: [u8; 32],
+    peers: [u8; 32],
 }
 
 impl std::fmt::Debug for Secret {
@@ -70,9 +71,16 @@ impl Secret {
         // 32 bytes is HKDF-SHA256's own output length: expanding cannot fail.
         let _ = prk.expand(&[b"store records"], hkdf::HKDF_SHA256).and_then(|okm| okm.fill(&mut seal));
         let _ = prk.expand(&[b"quic endpoint"], hkdf::HKDF_SHA256).and_then(|okm| okm.fill(&mut quic));
+        let mut peers = [0u8; 32];
+        let _ = prk.expand(&[b"cache peers"], hkdf::HKDF_SHA256).and_then(|okm| okm.fill(&mut peers));
         // A 32-byte key is what AES-256-GCM takes: `new` cannot refuse it.
         let seal = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &seal).unwrap_or_else(|_| unreachable!()));
-        Secret { seal, quic }
+        Secret { seal, quic, peers }
+    }
+
+    /// The key cache peers' requests are authenticated with, the same on every member.
+    pub fn peers(&self) -> &[u8; 32] {
+        &self.peers
     }
 
     /// The secret QUIC's endpoint keys are derived from, the same on every member.
@@ -132,6 +140,9 @@ mod tests {
         }
         assert_eq!(a.quic(), same.quic());
         assert_ne!(a.quic(), other.quic());
+        assert_eq!(a.peers(), same.peers());
+        assert_ne!(a.peers(), other.peers());
+        assert_ne!(a.peers(), a.quic());
     }
 
     #[test]
