@@ -287,11 +287,9 @@ fn a_flood_cut_by_the_upstream_is_cut_for_an_http2_client() {
     assert!(!out.status.success(), "a cut response must fail the client: {}", srv.stderr());
 }
 
-/// nghttpd's trailer after a Content-Length body (`--trailer`) should reach an
-/// HTTP/2 client; it was seen dropped (the /trailers case of h2_hostile.py, a body
-/// without Content-Length, passes). Left for a fix in `multiplex::forward`.
+/// nghttpd's trailer after a Content-Length body (`--trailer`) reaches an HTTP/2
+/// client (the /trailers case of h2_hostile.py is a body without Content-Length).
 #[test]
-#[ignore = "known defect: trailers after a Content-Length body from an HTTP/2 upstream are dropped"]
 fn trailers_after_a_content_length_body_reach_http2_clients() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, cert, key) = upstream_certificates(dir.path());

@@ -101,6 +101,11 @@ pub trait Downstream {
         self.send_body(&[], true).await
     }
 
+    /// Whether [`Downstream::send_trailers`] sends them (HTTP/2 and HTTP/3).
+    fn sends_trailers(&self) -> bool {
+        false
+    }
+
     /// Whether a body may be spliced to this client from an upstream's socket.
     fn can_splice(&self) -> bool {
         false

@@ -553,7 +553,11 @@ pub(super) async fn forward<D: Downstream>(
     let mut fields = client_fields(&mut head, &cache_status);
     added.apply(&mut fields);
     let response = Response { status: Status(status), headers: fields, body: Body::Empty, refused: None };
-    let head_sent = d.send_head(response, len, &[], false, None).await;
+    // A body of announced length ends with its last byte; trailers may still follow
+    // it from an HTTP/2 upstream, so a client that takes trailers learns the length
+    // from the Content-Length field only and the end from the upstream's.
+    let announced = if d.sends_trailers() { None } else { len };
+    let head_sent = d.send_head(response, announced, &[], false, None).await;
     let answered = Instant::now();
     let streamed = |sent, end| Outcome::Streamed(Streamed { status, answered, sent, path: BodyPath::Copy, end });
     if let Err(e) = head_sent {

@@ -477,6 +477,10 @@ impl Downstream for Feed {
         self.splice
     }
 
+    fn sends_trailers(&self) -> bool {
+        true
+    }
+
     /// The request body arrives by its own queue: reading it is cancel-safe.
     fn duplex(&self) -> bool {
         true

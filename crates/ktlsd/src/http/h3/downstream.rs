@@ -80,6 +80,10 @@ impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
         true
     }
 
+    fn sends_trailers(&self) -> bool {
+        true
+    }
+
     async fn send_trailers(&mut self, trailers: Vec<(String, String)>) -> Result<(), Unsent> {
         let limit = self.settings.send_timeout;
         let mut map = http::HeaderMap::new();

@@ -20,13 +20,15 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::secret::Secret;
-use super::store::{Etcd, StoreError};
+use super::store::{Etcd, Storage, StoreError};
 use crate::handler::proxy::peers::{PeerMember, Peers};
 
 /// How long a member's record outlives the member.
 pub const LEASE_TTL: Duration = Duration::from_secs(6);
 /// How often the lease is renewed.
 const RENEW: Duration = Duration::from_secs(2);
+/// Most member records read from the store at once.
+const MAX_MEMBERS: usize = 1024;
 /// Longest wait between two attempts to reach the store.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -106,7 +108,7 @@ async fn follow(
     let mut renew = tokio::time::interval(RENEW);
     let mut last: Vec<PeerMember> = Vec::new();
     loop {
-        let kvs = etcd.list(&prefix).await?;
+        let kvs = etcd.list(&prefix, MAX_MEMBERS).await?;
         let mut bad = Vec::new();
         let set = decode(secret, &kvs, &prefix, &mut bad);
         for k in bad {
@@ -128,7 +130,7 @@ async fn follow(
                 m?.ok_or_else(|| StoreError::Unreachable("the watch ended".into()))?;
             }
             _ = renew.tick() => {
-                if !etcd.renew(lease).await? {
+                if !etcd.renew_lease(lease).await? {
                     // Expired (the store was away longer than the lease): announced again.
                     lease = etcd.put_leased(&key, sealed.clone(), LEASE_TTL).await?;
                     tracing::info!("cache peers: member {} announced again", me.name);

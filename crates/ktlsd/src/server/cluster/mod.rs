@@ -139,7 +139,7 @@ impl Member {
             }
         })
         .map(|(thread, _)| thread)
-            .context("cannot start the cluster thread")
+        .context("cannot start the cluster thread")
     }
 
     /// Reaches the store and follows it, again after each loss, until `stop`.

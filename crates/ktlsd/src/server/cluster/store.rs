@@ -147,15 +147,11 @@ impl Storage for Etcd {
     }
 
     async fn renew(&mut self, lock: &Lock) -> Result<bool, StoreError> {
-        let (mut keeper, mut stream) = bounded(self.client.lease_keep_alive(lock.lease)).await?;
-        bounded(keeper.keep_alive()).await?;
-        let answer = bounded(stream.message()).await?;
-        Ok(answer.is_some_and(|a| a.ttl() > 0))
+        self.renew_lease(lock.lease).await
     }
 }
 
-// Membership (cache peers, `members`): a key held by a lease kept alive, and the
-// keys under a prefix.
+// Membership (cache peers, `members`): a key held by a lease kept alive.
 impl Etcd {
     /// Puts `value` at `key` under a fresh lease of `ttl`; returns the lease.
     pub async fn put_leased(&mut self, key: &str, value: Vec<u8>, ttl: Duration) -> Result<i64, StoreError> {
@@ -166,16 +162,10 @@ impl Etcd {
     }
 
     /// Renews `lease` once: `Ok(false)` when it had already expired.
-    pub async fn renew(&mut self, lease: i64) -> Result<bool, StoreError> {
+    pub async fn renew_lease(&mut self, lease: i64) -> Result<bool, StoreError> {
         let (mut keeper, mut stream) = bounded(self.client.lease_keep_alive(lease)).await?;
         bounded(keeper.keep_alive()).await?;
         let answer = bounded(stream.message()).await?;
         Ok(answer.is_some_and(|a| a.ttl() > 0))
-    }
-
-    /// Every key under `prefix` with its value.
-    pub async fn list(&mut self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let r = bounded(self.client.get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))).await?;
-        Ok(r.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec())).collect())
     }
 }
