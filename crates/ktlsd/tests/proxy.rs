@@ -7,7 +7,6 @@
 //! requests only.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
