@@ -39,16 +39,6 @@ fn member(name: &str) -> (Server, SocketAddr) {
     (srv, admin)
 }
 
-/// `curl` for `url`: (status, body); status 0 when it failed.
-fn get(url: &str) -> (u16, String) {
-    let mut cmd = Command::new("curl");
-    cmd.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}", url]);
-    let out = run_with_timeout(&mut cmd, None, CLIENT_TIMEOUT);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (status.trim().parse().unwrap_or(0), body.to_string())
-}
-
 /// `ktlsd drain --admin ADDR [--undo]`: its exit status and output.
 fn drain(admin: SocketAddr, undo: bool) -> (bool, String) {
     let mut cmd = Command::new(BIN);
@@ -64,7 +54,7 @@ fn drain(admin: SocketAddr, undo: bool) -> (bool, String) {
 fn spread(port: u16, n: usize) -> BTreeMap<String, usize> {
     let mut seen = BTreeMap::new();
     for _ in 0..n {
-        let (status, body) = get(&format!("https://127.0.0.1:{port}/who.txt"));
+        let (status, body) = status_and_body(&format!("https://127.0.0.1:{port}/who.txt"));
         assert_eq!(status, 200, "through the balancer");
         *seen.entry(body).or_insert(0) += 1;
     }
@@ -104,13 +94,13 @@ fn a_drained_member_leaves_the_balancer_and_still_serves() {
 
     let (ok, said) = drain(a_admin, false);
     assert!(ok && said == "draining", "ktlsd drain: {said}");
-    let health = get(&format!("http://{a_admin}/healthz"));
+    let health = status_and_body(&format!("http://{a_admin}/healthz"));
     assert_eq!(health, (503, "draining\n".to_string()));
     let seen = wait_spread(lb.ports[0], &["b"]);
     assert_eq!(seen.keys().collect::<Vec<_>>(), ["b"], "a drained member gets no new connection: {seen:?}");
     // Still serving whoever reaches it, and saying so in the status document.
-    assert_eq!(get(&a.url("/who.txt")), (200, "a".to_string()));
-    let (_, doc) = get(&format!("http://{a_admin}/status.json"));
+    assert_eq!(status_and_body(&a.url("/who.txt")), (200, "a".to_string()));
+    let (_, doc) = status_and_body(&format!("http://{a_admin}/status.json"));
     let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
     assert_eq!(doc["draining"], true);
     assert!(a.stderr().contains("member drained"), "the drain is logged");
@@ -123,11 +113,11 @@ fn a_drained_member_leaves_the_balancer_and_still_serves() {
         (String::from_utf8_lossy(&out.stdout).to_string(), ())
     };
     assert_eq!(status, "403");
-    assert_eq!(get(&format!("http://{b_admin}/healthz")).0, 200);
+    assert_eq!(status_and_body(&format!("http://{b_admin}/healthz")).0, 200);
 
     let (ok, said) = drain(a_admin, true);
     assert!(ok && said == "serving", "ktlsd drain --undo: {said}");
-    assert_eq!(get(&format!("http://{a_admin}/healthz")).0, 200);
+    assert_eq!(status_and_body(&format!("http://{a_admin}/healthz")).0, 200);
     assert_eq!(wait_spread(lb.ports[0], &["a", "b"]).len(), 2, "back in rotation");
     drop(lb);
     drop(b);
@@ -166,7 +156,7 @@ fn fleet_member(
 
 /// A metric's value from the admin listener's /metrics.
 fn metric(admin: SocketAddr, name: &str) -> Option<f64> {
-    let (_, text) = get(&format!("http://{admin}/metrics"));
+    let (_, text) = status_and_body(&format!("http://{admin}/metrics"));
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
@@ -222,7 +212,7 @@ fn a_ticket_from_one_member_resumes_on_every_other_through_rotations_and_etcd_fa
         assert!(wait_metric(admin, "ktlsd_cluster_store_up", |v| v == 1.0), "store up on {admin}");
         assert!(wait_metric(admin, "ktlsd_cluster_ticket_keys", |v| v >= 1.0), "keys on {admin}");
     }
-    let (_, doc) = get(&format!("http://{b_admin}/status.json"));
+    let (_, doc) = status_and_body(&format!("http://{b_admin}/status.json"));
     let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
     assert_eq!(doc["cluster"]["member"], "b");
     assert_eq!(doc["cluster"]["store_up"], true);
@@ -261,9 +251,9 @@ fn a_ticket_from_one_member_resumes_on_every_other_through_rotations_and_etcd_fa
         assert!(wait_metric(admin, "ktlsd_cluster_store_up", |v| v == 0.0), "store down seen on {admin}");
     }
     assert!(b.stderr().contains("cluster: the store is down"), "{}", b.stderr());
-    let (_, doc) = get(&format!("http://{b_admin}/status.json"));
+    let (_, doc) = status_and_body(&format!("http://{b_admin}/status.json"));
     assert_eq!(serde_json::from_str::<serde_json::Value>(&doc).unwrap()["cluster"]["store_up"], false);
-    assert_eq!(get(&b.url("/who.txt")), (200, "b".to_string()));
+    assert_eq!(status_and_body(&b.url("/who.txt")), (200, "b".to_string()));
     let during = tmp.path().join("during.pem");
     new_session(&b, &during);
     assert!(resumes(&c, &during), "the keys in use stay in use without etcd");

@@ -12,7 +12,7 @@
 //! sharing with the set they last saw.
 
 use std::net::SocketAddr;
-use std::process::Command;
+
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -53,18 +53,8 @@ fn member(name: &'static str, etcd: &Etcd, secret: &std::path::Path, origin: &Or
     Member { name, srv, admin, peer }
 }
 
-/// `curl` for `url`: (status, body); status 0 when it failed.
-fn get(url: &str) -> (u16, String) {
-    let mut cmd = Command::new("curl");
-    cmd.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}", url]);
-    let out = run_with_timeout(&mut cmd, None, CLIENT_TIMEOUT);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (status.trim().parse().unwrap_or(0), body.to_string())
-}
-
 fn metric(admin: SocketAddr, name: &str) -> f64 {
-    let (_, text) = get(&format!("http://{admin}/metrics"));
+    let (_, text) = status_and_body(&format!("http://{admin}/metrics"));
     text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(-1.0)
 }
 
@@ -128,13 +118,13 @@ fn the_fleet_fetches_each_object_from_the_origin_once_and_survives_a_member_and_
             m.srv.stderr()
         );
     }
-    let (_, doc) = get(&format!("http://{}/status.json", members[0].admin));
+    let (_, doc) = status_and_body(&format!("http://{}/status.json", members[0].admin));
     let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
     assert_eq!(doc["cluster"]["cache_peers"].as_array().map(Vec::len), Some(3), "{doc}");
 
     // Round-robin through the three: one origin request per object, the right bytes.
     for i in 0..OBJECTS {
-        let (status, body) = get(&members[i % 3].srv.url(&object(i)));
+        let (status, body) = status_and_body(&members[i % 3].srv.url(&object(i)));
         assert_eq!(status, 200, "object {i}");
         assert!(body.starts_with("o 1 "), "object {i}: the origin's first answer, got {body:?}");
     }
@@ -152,7 +142,7 @@ fn the_fleet_fetches_each_object_from_the_origin_once_and_survives_a_member_and_
     }
     // Again through the next member: all from the fleet's caches.
     for i in 0..OBJECTS {
-        let (status, body) = get(&members[(i + 1) % 3].srv.url(&object(i)));
+        let (status, body) = status_and_body(&members[(i + 1) % 3].srv.url(&object(i)));
         assert_eq!((status, body.starts_with("o 1 ")), (200, true), "object {i} again");
     }
     assert_eq!(origin_fetches(&origin), OBJECTS, "a second round reaches the origin not at all");
@@ -184,7 +174,7 @@ fn the_fleet_fetches_each_object_from_the_origin_once_and_survives_a_member_and_
     let dead: Vec<usize> = (0..OBJECTS).filter(|&i| owner(&all, &object(i)) == "c").collect();
     assert!(!dead.is_empty());
     let first_dead = dead[0];
-    let (status, _) = get(&members[0].srv.url(&object(first_dead)));
+    let (status, _) = status_and_body(&members[0].srv.url(&object(first_dead)));
     assert_eq!(status, 200, "an owner unreachable: the origin answers");
     assert!(metric(members[0].admin, "ktlsd_cache_peer_failures_total") >= 1.0);
     assert!(members[0].srv.stderr().contains("asking the origin directly"), "{}", members[0].srv.stderr());
@@ -198,7 +188,7 @@ fn the_fleet_fetches_each_object_from_the_origin_once_and_survives_a_member_and_
     let two = ["a", "b"];
     for i in 0..OBJECTS {
         for m in &members {
-            let (status, body) = get(&m.srv.url(&object(i)));
+            let (status, body) = status_and_body(&m.srv.url(&object(i)));
             assert_eq!(status, 200, "object {i} through {}", m.name);
             assert!(body.starts_with("o "), "{body:?}");
         }
@@ -212,13 +202,13 @@ fn the_fleet_fetches_each_object_from_the_origin_once_and_survives_a_member_and_
     std::thread::sleep(Duration::from_secs(2));
     for i in 0..10 {
         for m in &members {
-            assert_eq!(get(&m.srv.url(&object(i))).0, 200, "object {i} through {} without etcd", m.name);
+            assert_eq!(status_and_body(&m.srv.url(&object(i))).0, 200, "object {i} through {} without etcd", m.name);
         }
     }
     let fresh = OBJECTS + 1;
-    let (status, body) = get(&members[0].srv.url(&object(fresh)));
+    let (status, body) = status_and_body(&members[0].srv.url(&object(fresh)));
     assert_eq!((status, body.starts_with("o 1 ")), (200, true));
-    assert_eq!(get(&members[1].srv.url(&object(fresh))).0, 200);
+    assert_eq!(status_and_body(&members[1].srv.url(&object(fresh))).0, 200);
     assert_eq!(origin.count(&object(fresh)), 1, "still one origin request per object without etcd");
     for m in &members {
         assert_eq!(metric(m.admin, "ktlsd_cache_peers_members"), 2.0, "{}: the last set seen", m.name);

@@ -67,6 +67,16 @@ pub fn parse_head(head: &str) -> (String, u16, Vec<(String, String)>) {
     (version, status, headers)
 }
 
+/// `curl -sk` for `url`: its status and body; status 0 when curl failed.
+pub fn status_and_body(url: &str) -> (u16, String) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}", url]);
+    let out = run_with_timeout(&mut cmd, None, CLIENT_TIMEOUT);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
 /// GETs (or whatever `extra` asks for) one URL with curl; the body is captured byte for byte.
 pub fn fetch(url: &str, extra: &[&str]) -> Response {
     let tmp = tempfile::NamedTempFile::new().expect("temp body file");
