@@ -13,6 +13,8 @@ gets is chosen by its path:
   /flood         a 200 head, then 16 KiB DATA frames without end as fast as the socket
                  takes them, never waiting for flow-control credit (64 MiB at most)
   /trailers      a 200, "hello", and trailers x-check: done
+  /linger        200 "ok", then half a second without reading, then a close without
+                 GOAWAY (a request sent meanwhile is never answered)
 anything else    200 "ok"
 """
 
@@ -20,6 +22,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 import hpack
 
@@ -113,6 +116,11 @@ def answer(conn, enc, sid, path):
                 conn.sendall(chunk)
         except OSError:
             pass
+        return False
+    elif path == "/linger":
+        conn.sendall(frame(HEADERS, END_HEADERS, sid, enc.encode([(":status", "200"), ("content-length", "2")]))
+                     + frame(DATA, END_STREAM, sid, b"ok"))
+        time.sleep(0.5)
         return False
     elif path == "/trailers":
         conn.sendall(head(False) + frame(DATA, 0, sid, b"hello")

@@ -7,7 +7,9 @@
 //! a full connection leads to another one (at most [`MAX_CONNS`]). A connection's
 //! frames are read and written by a driver task of its own; one that ends (the
 //! upstream's GOAWAY, an error, a close) is retired, its streams in flight finishing
-//! or failing as the upstream says. An idle one is closed after [`IDLE_FOR`].
+//! or failing as the upstream says; a request without a body that failed so before
+//! its answer goes again on a new connection when nothing of it was acted on. An
+//! idle one is closed after [`IDLE_FOR`].
 //!
 //! [`forward`] sends one request as a stream: the head as the HTTP/1.1 path builds it
 //! (`headers::request_head`, so every header rule is the same), the body as it
@@ -39,8 +41,8 @@ use super::parse::{Framing, Head};
 use super::replies::{answer, commit, commit_before_head, cut, refused, Added};
 use super::upstream::{self, IoFailure};
 use super::{
-    client_fields, connect_failed, headers, host_for, mark_failed, metrics, note_attempt, pool, timed_out, Failure,
-    FailureKind, Forwarding, Rule, Upstream, PIECE,
+    client_fields, connect_failed, headers, host_for, idempotent, mark_failed, metrics, note_attempt, pool, timed_out,
+    Failure, FailureKind, Forwarding, Rule, Upstream, PIECE,
 };
 use crate::fds;
 use crate::handler::downstream::{BodyError, Downstream, Outcome, StreamEnd, Streamed};
@@ -326,13 +328,13 @@ enum Event<T, E> {
 }
 
 /// A stream's request body side, moved along with the answer.
-struct Uploading<'s> {
-    stream: &'s mut SendStream<Bytes>,
+struct Uploading {
+    stream: SendStream<Bytes>,
     up: Upload,
     inbox: Vec<u8>,
 }
 
-impl Uploading<'_> {
+impl Uploading {
     /// Takes what the client sent (`Ok(true)`: a piece, or the end), ending the
     /// upstream's side with the client's. An `Err` is the request body's failure.
     fn took<E>(&mut self, r: Result<bool, BodyError<E>>) -> Result<(), BodyError<E>> {
@@ -403,9 +405,16 @@ pub(super) async fn forward<D: Downstream>(
     let te = asks_trailers(&fields);
     let mut tried = Vec::new();
     let mut last: Option<Failure> = None;
+    let mut retried_stale = false;
     let duplex = d.duplex();
-    // An attempt: an upstream, a connection with room, the request's head sent.
-    let (index, mut send_stream, response_future, lease, attempt_at) = loop {
+    let read_timeout = rule.timeouts.read;
+    // An attempt: an upstream, a connection with room, the request's head sent, the
+    // response's head received. As the HTTP/1.1 exchange does, a request without a
+    // body whose connection failed before any answer is made again when nothing of
+    // it could have been acted on: it is idempotent, or the upstream said it never
+    // processed it (a GOAWAY below its stream, REFUSED_STREAM). A pooled connection
+    // the upstream had closed meanwhile is not held against the upstream.
+    let (index, mut uploading, head, lease, attempt_at) = 'attempt: loop {
         let Some(i) = pool::pick(rule, &tried) else {
             let f = last.take().unwrap_or_else(|| pool::none_left(rule, &url0));
             return match pending.on_failure(&f, req) {
@@ -445,8 +454,8 @@ pub(super) async fn forward<D: Downstream>(
                 continue;
             }
         };
-        match sent {
-            Ok((response, stream)) => break (i, stream, response, lease, attempt_at),
+        let (send_stream, response_future) = match sent {
+            Ok((response, stream)) => (stream, response),
             Err(e) => {
                 // The connection went away before the stream was opened: nothing was
                 // sent; the next connection (or upstream) may take it.
@@ -460,68 +469,87 @@ pub(super) async fn forward<D: Downstream>(
                 tried.push(i);
                 mark_failed(rule, up, &f);
                 last = Some(f);
+                continue;
             }
-        }
-    };
-    let up = &rule.upstreams[index];
-    let read_timeout = rule.timeouts.read;
-    let first = if has_body { d.body_at_hand() } else { Vec::new() };
-    let mut uploading = Uploading {
-        stream: &mut send_stream,
-        up: Upload { to_up: Vec::new(), open: has_body, ended: !has_body, allowed: max_body },
-        inbox: first,
-    };
-    if has_body {
-        let at_hand = !uploading.inbox.is_empty();
-        // What the codec had at hand is the start of the body; more follows.
-        if at_hand {
-            if let Err(e) = uploading.took::<D::Error>(Ok(true)) {
-                return body_refused(e, up, req, failed_status);
-            }
-        }
-    }
-    // An HTTP/1.1 client's body goes whole first (its codec reads one thing at a time).
-    let mut response_future = std::pin::pin!(response_future);
-    let mut deadline = Instant::now() + read_timeout;
-    let head = loop {
-        let event = tokio::select! {
-            r = &mut response_future, if duplex || !uploading.up.open && uploading.up.to_up.is_empty() => Event::Upstream(r),
-            r = d.read_body(&mut uploading.inbox), if uploading.wants_client() => Event::Client(r),
-            r = send_some(uploading.stream, &mut uploading.up.to_up), if !uploading.up.to_up.is_empty() => Event::Sent(r),
-            () = tokio::time::sleep_until(deadline.into()) => Event::Timer,
         };
-        match event {
-            Event::Upstream(Ok(r)) => break r,
-            Event::Upstream(Err(e)) => {
-                let f = h2_failure(&up.url, &e, "waiting for the response head");
-                note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
-                if !e.is_reset() {
-                    mark_failed(rule, up, &f);
-                }
-                return match pending.on_failure(&f, req) {
-                    Some(stale) => answer(stale, true),
-                    None => refused(f, req, failed_status),
-                };
-            }
-            Event::Client(r) => {
-                if let Err(e) = uploading.took(r) {
+        let first = if has_body { d.body_at_hand() } else { Vec::new() };
+        let mut uploading = Uploading {
+            stream: send_stream,
+            up: Upload { to_up: Vec::new(), open: has_body, ended: !has_body, allowed: max_body },
+            inbox: first,
+        };
+        if has_body {
+            let at_hand = !uploading.inbox.is_empty();
+            // What the codec had at hand is the start of the body; more follows.
+            if at_hand {
+                if let Err(e) = uploading.took::<D::Error>(Ok(true)) {
                     return body_refused(e, up, req, failed_status);
                 }
             }
-            Event::Sent(Ok(_)) => {
-                uploading.end_if_done();
-                deadline = Instant::now() + read_timeout;
-            }
-            // The upstream may have answered already (and reset the rest): its answer comes next.
-            Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
-            Event::Timer => {
-                let f = timed_out(up, "waiting for the response head");
-                note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
-                mark_failed(rule, up, &f);
-                return refused(f, req, failed_status);
-            }
         }
+        // An HTTP/1.1 client's body goes whole first (its codec reads one thing at a time).
+        let mut response_future = std::pin::pin!(response_future);
+        let mut deadline = Instant::now() + read_timeout;
+        let head = loop {
+            let event = tokio::select! {
+                r = &mut response_future, if duplex || !uploading.up.open && uploading.up.to_up.is_empty() => Event::Upstream(r),
+                r = d.read_body(&mut uploading.inbox), if uploading.wants_client() => Event::Client(r),
+                r = send_some(&mut uploading.stream, &mut uploading.up.to_up), if !uploading.up.to_up.is_empty() => Event::Sent(r),
+                () = tokio::time::sleep_until(deadline.into()) => Event::Timer,
+            };
+            match event {
+                Event::Upstream(Ok(r)) => break r,
+                Event::Upstream(Err(e)) => {
+                    let f = h2_failure(&up.url, &e, "waiting for the response head");
+                    note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                    let unprocessed =
+                        e.is_remote() && (e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM));
+                    // A pooled connection that ended (closed, GOAWAY, a fault of another of its
+                    // streams) took this request down with it: once, a new connection to the same
+                    // upstream; a quiet close says nothing against the upstream.
+                    let stale = !fresh && !e.is_reset() && !retried_stale;
+                    if !e.is_reset() && !(stale && e.is_io()) {
+                        mark_failed(rule, up, &f);
+                    }
+                    if stale {
+                        retried_stale = true;
+                        forget(&up.url);
+                    } else {
+                        tried.push(i);
+                    }
+                    // A reset other than REFUSED_STREAM is the upstream's answer to this request.
+                    if !has_body && (unprocessed || idempotent(&fwd.method) && !e.is_reset()) {
+                        tracing::info!("proxy {} {}: {f}; trying again", fwd.method, fwd.target);
+                        last = Some(f);
+                        continue 'attempt;
+                    }
+                    return match pending.on_failure(&f, req) {
+                        Some(stale) => answer(stale, true),
+                        None => refused(f, req, failed_status),
+                    };
+                }
+                Event::Client(r) => {
+                    if let Err(e) = uploading.took(r) {
+                        return body_refused(e, up, req, failed_status);
+                    }
+                }
+                Event::Sent(Ok(_)) => {
+                    uploading.end_if_done();
+                    deadline = Instant::now() + read_timeout;
+                }
+                // The upstream may have answered already (and reset the rest): its answer comes next.
+                Event::Sent(Err(e)) => uploading.stopped(&e, &fwd),
+                Event::Timer => {
+                    let f = timed_out(up, "waiting for the response head");
+                    note_attempt(&fwd, |a| (a.status, a.response) = (Some(f.status.0), Some(attempt_at.elapsed())));
+                    mark_failed(rule, up, &f);
+                    return refused(f, req, failed_status);
+                }
+            }
+        };
+        break 'attempt (i, uploading, head, lease, attempt_at);
     };
+    let up = &rule.upstreams[index];
     pool::succeeded(&up.url);
     let (parts, mut body) = head.into_parts();
     let method = fwd.method.clone();
@@ -564,13 +592,13 @@ pub(super) async fn forward<D: Downstream>(
         return streamed(0, StreamEnd::Client(e));
     }
     let mut sent = 0u64;
-    deadline = Instant::now() + read_timeout;
+    let mut deadline = Instant::now() + read_timeout;
     // The body, while the request's goes on (a bidirectional call).
     let end = loop {
         let event = tokio::select! {
             r = body.data() => Event::Upstream(r),
             r = d.read_body(&mut uploading.inbox), if duplex && uploading.wants_client() => Event::Client(r),
-            r = send_some(uploading.stream, &mut uploading.up.to_up), if !uploading.up.to_up.is_empty() => Event::Sent(r),
+            r = send_some(&mut uploading.stream, &mut uploading.up.to_up), if !uploading.up.to_up.is_empty() => Event::Sent(r),
             () = tokio::time::sleep_until(deadline.into()) => Event::Timer,
         };
         match event {
