@@ -47,6 +47,10 @@ pub enum Command {
         /// Print one JSON object instead of the human report.
         #[arg(long)]
         json: bool,
+        /// Also look at this configuration's fleet (`[cluster]`): the secret file, the
+        /// store, the shared ticket record and the saved copy.
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
     },
     /// Print the status of a running server, read from its admin listener (`serve --admin`).
     Status {

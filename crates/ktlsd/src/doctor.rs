@@ -1,5 +1,8 @@
 //! `ktlsd doctor`: what this machine's kernel offers for kernel TLS, and what
-//! to do about each gap.
+//! to do about each gap; with `--config FILE`, also the state of that
+//! configuration's fleet (`server::cluster::probe`: the secret, the store, the
+//! shared ticket record), which leaves the exit status alone (a member serves on
+//! without its store).
 //!
 //! The facts come from [`kernel_tls::probe`] (which tries the real socket
 //! options on loopback connections), `/proc/net/tls_stat` and the kernel's
@@ -12,18 +15,31 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
+use std::path::Path;
 use std::process::ExitCode;
 
 use kernel_tls::{Capabilities, Cipher, TlsStat, TlsVersion};
 use serde::Serialize;
+
+use crate::config::{Config, ServeArgs};
+use crate::server::cluster::probe::{Facts, TicketRecord};
 
 /// Exit status of `ktlsd doctor` when kTLS is not usable on this machine.
 const EXIT_UNUSABLE: u8 = 1;
 
 /// Prints the report for this machine (`json`: one JSON object) and returns the exit
 /// status: success when kTLS is usable, [`EXIT_UNUSABLE`] when not.
-pub fn run(json: bool) -> anyhow::Result<ExitCode> {
-    let report = Report::gather();
+pub fn run(json: bool, config: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let mut report = Report::gather();
+    if let Some(path) = config {
+        let args = ServeArgs { config: Some(path.to_path_buf()), ..ServeArgs::default() };
+        let config = Config::from_args(args)?;
+        if let Some(cluster) = &config.cluster {
+            let facts = crate::server::cluster::probe::probe(cluster, config.state_dir.as_deref());
+            report.advice.extend(facts.advice());
+            report.cluster = Some(facts);
+        }
+    }
     let mut text = Vec::new();
     if json {
         serde_json::to_writer_pretty(&mut text, &report)?;
@@ -53,6 +69,8 @@ struct Report {
     tls_stat: Stat,
     /// HTTP/3's UDP sockets: GSO, GRO and buffer sizes (not probed in table tests).
     udp: Option<crate::quic::socket::UdpFacts>,
+    /// The fleet of `--config`'s `[cluster]`, when there is one.
+    cluster: Option<Facts>,
     /// One line per gap, in the order of the report.
     advice: Vec<String>,
     probe_ms: f64,
@@ -232,6 +250,7 @@ impl Report {
             congestion_control,
             tls_stat,
             udp: None,
+            cluster: None,
             advice,
             probe_ms: (caps.elapsed.as_secs_f64() * 10_000.0).round() / 10.0,
         }
@@ -330,6 +349,11 @@ impl Report {
         }
         writeln!(out)?;
 
+        if let Some(c) = &self.cluster {
+            render_cluster(out, c)?;
+            writeln!(out)?;
+        }
+
         if self.tls_stat.available {
             writeln!(out, "/proc/net/tls_stat (includes this probe's sockets)")?;
             for (name, value) in &self.tls_stat.counters {
@@ -351,6 +375,26 @@ impl Report {
         writeln!(out, "(probe took {:.1} ms)", self.probe_ms)?;
         Ok(())
     }
+}
+
+/// The fleet's lines of the human report.
+fn render_cluster(out: &mut impl Write, c: &Facts) -> io::Result<()> {
+    writeln!(out, "cluster: member {} of the fleet under {}", c.member, c.prefix)?;
+    row(out, "  secret_file", c.secret_error.as_deref().unwrap_or("readable"))?;
+    let store = match &c.store_error {
+        None => format!("up ({})", c.endpoints.join(", ")),
+        Some(e) => format!("DOWN ({}): {e}", c.endpoints.join(", ")),
+    };
+    row(out, "  store", &store)?;
+    let tickets = match &c.tickets {
+        TicketRecord::Absent => "none yet (the first member to start writes it)".to_owned(),
+        TicketRecord::Opens { keys } => format!("opens with this secret_file ({keys} key(s))"),
+        TicketRecord::Unusable { error } => format!("does NOT open with this secret_file: {error}"),
+        TicketRecord::Unknown => "not read".to_owned(),
+    };
+    row(out, "  ticket keys", &tickets)?;
+    let saved = c.saved_keys.map_or_else(|| "none".to_owned(), |n| format!("{n} key(s)"));
+    row(out, "  saved copy", &saved)
 }
 
 /// One `label  value` line of the human report.

@@ -53,7 +53,7 @@ pub fn main() -> ExitCode {
         cli::Command::Check(args) => server::check(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Config(args) => config::print_effective(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Generate { what } => cli::generate(what).map(|()| ExitCode::SUCCESS),
-        cli::Command::Doctor { json } => doctor::run(json),
+        cli::Command::Doctor { json, config } => doctor::run(json, config.as_deref()),
         cli::Command::Status { admin, json } => server::admin::print_status(&admin, json).map(|()| ExitCode::SUCCESS),
         cli::Command::Drain { admin, undo } => server::admin::drain(&admin, undo).map(|()| ExitCode::SUCCESS),
     };

@@ -6,12 +6,16 @@
 //! and still does across rotations (`ticket_rotation` shortened), with the etcd
 //! leader killed, and with all of etcd stopped: members serve on, a member restarted
 //! while etcd is down resumes with its local copy of the keys, and on etcd's return
-//! they converge. Garbage at the keys' record is logged and replaced; a member with
+//! they converge. Garbage at the keys' record is logged and replaced, a lock without
+//! a lease (no member's) removed; a member with
 //! another secret logs the record as unusable and neither uses nor overwrites it.
 //!
 //! QUIC: with Retry for every client, a relay hands an aioquic client's packets to
 //! one member until that member's Retry, then to another: the token validates there,
 //! and the handshake completes on the second member.
+//!
+//! `ktlsd doctor --config`: the store up and down, the shared ticket record absent,
+//! opening, or not opening with another secret, the saved copy.
 //!
 //! Draining for the balancer: two members behind HAProxy in TCP mode, which checks
 //! each member's `/healthz` on its admin listener. `ktlsd drain` takes a member out
@@ -289,6 +293,8 @@ fn garbage_and_foreign_records_in_etcd_are_never_used() {
     let tmp = tempfile::tempdir().unwrap();
     let secret = secret_file(tmp.path(), "cluster.key", 9);
     etcd.put("/t2/tickets", b"garbage");
+    // A lock without a lease (no member's): it would never expire.
+    etcd.put("/t2/tickets.lock", b"foreign");
     let (a, a_admin) = fleet_member("a", &etcd, "/t2", &secret, None);
     let (b, _) = fleet_member("b", &etcd, "/t2", &secret, None);
     assert!(wait_metric(a_admin, "ktlsd_cluster_ticket_keys", |v| v >= 1.0), "keys replace the garbage");
@@ -296,6 +302,7 @@ fn garbage_and_foreign_records_in_etcd_are_never_used() {
     assert!(record.starts_with(b"ktlsd-sealed-1\n"), "the garbage was replaced");
     let logs = format!("{}{}", a.stderr(), b.stderr());
     assert!(logs.contains("are unusable (not a sealed record); they are replaced"), "{logs}");
+    assert!(logs.contains("the lock /t2/tickets.lock had no lease"), "{logs}");
     let ticket = tmp.path().join("a.pem");
     new_session(&a, &ticket);
     assert!(resumes(&b, &ticket));
@@ -314,6 +321,70 @@ fn garbage_and_foreign_records_in_etcd_are_never_used() {
     let later = tmp.path().join("b.pem");
     new_session(&b, &later);
     assert!(resumes(&a, &later), "the fleet is unaffected");
+}
+
+/// `ktlsd doctor --json --config FILE` for a `[cluster]` under `prefix` on `etcd`
+/// (endpoints as TOML) with `secret` and `state`: its report and exit status.
+fn doctor(dir: &std::path::Path, etcd: &str, prefix: &str, secret: &std::path::Path, state: &std::path::Path) -> (serde_json::Value, Option<i32>) {
+    let config = dir.join("doctor.toml");
+    let text = format!(
+        "state_dir = \"{}\"\n[cluster]\netcd = {etcd}\nname = \"doctor\"\nsecret_file = \"{}\"\nprefix = \"{prefix}\"\n",
+        state.display(),
+        secret.display()
+    );
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new(BIN).args(["doctor", "--json", "--config"]).arg(&config).output().unwrap();
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stderr)));
+    (report, out.status.code())
+}
+
+/// `ktlsd doctor --config` tells an operator what a member would find of its fleet:
+/// the store up or down, the shared ticket record absent, opening with this
+/// member's secret or not (another secret), and the saved copy; its exit status
+/// stays kTLS's verdict (a member serves on without its store).
+#[test]
+fn doctor_reports_the_fleet_a_member_would_find() {
+    let etcd = Etcd::start(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = secret_file(tmp.path(), "cluster.key", 11);
+    let state = tmp.path().join("state-a");
+    std::fs::create_dir_all(&state).unwrap();
+    let bare = Command::new(BIN).args(["doctor", "--json"]).output().unwrap().status.code();
+    let endpoints = etcd.toml_endpoints();
+
+    let (v, code) = doctor(tmp.path(), &endpoints, "/t3", &secret, &state);
+    let c = &v["cluster"];
+    assert_eq!((c["store_up"].as_bool(), c["tickets"]["state"].as_str()), (Some(true), Some("absent")), "{v}");
+    assert!(c["saved_keys"].is_null(), "{v}");
+    assert_eq!(code, bare, "the fleet leaves the exit status alone");
+
+    let (a, a_admin) = fleet_member("a", &etcd, "/t3", &secret, Some(&state));
+    assert!(wait_metric(a_admin, "ktlsd_cluster_ticket_keys", |v| v >= 1.0));
+    let (v, _) = doctor(tmp.path(), &endpoints, "/t3", &secret, &state);
+    let c = &v["cluster"];
+    assert_eq!(c["tickets"]["state"].as_str(), Some("opens"), "{v}");
+    assert!(c["tickets"]["keys"].as_u64() >= Some(1), "{v}");
+    assert!(c["saved_keys"].as_u64() >= Some(1), "the member's saved copy: {v}");
+    assert!(!v["advice"].to_string().contains("cluster:"), "{v}");
+
+    // Another secret: the record does not open, and the advice says what to do.
+    let other = secret_file(tmp.path(), "other.key", 12);
+    let (v, _) = doctor(tmp.path(), &endpoints, "/t3", &other, &state);
+    assert_eq!(v["cluster"]["tickets"]["state"].as_str(), Some("unusable"), "{v}");
+    assert!(v["advice"].to_string().contains("give every member the same secret_file"), "{v}");
+
+    // No store: said within the call bound, the exit status unchanged.
+    let dead = format!("[\"http://127.0.0.1:{}\"]", free_port());
+    let started = Instant::now();
+    let (v, code) = doctor(tmp.path(), &dead, "/t3", &secret, &state);
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    let c = &v["cluster"];
+    assert_eq!(c["store_up"].as_bool(), Some(false), "{v}");
+    assert!(c["store_error"].is_string(), "{v}");
+    assert!(v["advice"].to_string().contains("did not answer"), "{v}");
+    assert_eq!(code, bare);
+    drop(a);
 }
 
 /// A UDP relay for one client: its packets go to `first` until `first` sends a

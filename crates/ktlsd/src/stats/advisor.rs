@@ -17,8 +17,13 @@ const SMALL_BODY: u64 = 4_096;
 const LARGE_SHARE: f64 = 0.05;
 /// A p95 RTT at or under this (microseconds) makes one more round trip negligible.
 const NEAR_RTT_US: u64 = 1_000;
-/// Share of TCP connections that retransmitted from which HTTP/3 is suggested.
+/// Responses per TCP connection from which the round trip HTTP/3 saves at a
+/// connection's start is spread too thin to matter.
+const WARM_RESPONSES_PER_CONNECTION: f64 = 10.0;
+/// Share of TCP connections that retransmitted, and p95 body, from which large
+/// transfers over lossy links are common enough to warn about HTTP/3's.
 const LOSSY_SHARE_FOR_H3: f64 = 0.05;
+const LARGE_BODY_FOR_H3: u64 = 1 << 20;
 
 /// What the advisor saw and what it recommends; serialised as `/advisor`.
 #[derive(Debug, Serialize, PartialEq)]
@@ -63,8 +68,8 @@ pub enum H3Rule {
     AlreadyOn,
     TooFewConnections,
     NearClients,
-    LittleLoss,
-    LossOverDistance,
+    WarmConnections,
+    ColdOverDistance,
 }
 
 /// The rule that decided, for tests and the documentation.
@@ -83,34 +88,57 @@ pub fn advise(traffic: &Traffic, current: &str, http3: bool) -> Advice {
     advise_with_rule(traffic, current, http3).0
 }
 
-/// The HTTP/3 hint from the TCP connections sampled (`connections`, the share
-/// that retransmitted, the p95 RTT in µs): a lost segment holds back every HTTP/2
-/// stream and the whole TLS record it falls in, where QUIC holds back only the
-/// stream it belongs to; that matters when losses are common and each recovery
-/// costs a real round trip.
-pub fn http3_hint(connections: u64, lossy: f64, rtt_p95_us: Option<u64>, http3: bool) -> (H3Rule, bool, String) {
+/// What the HTTP/3 hint is decided on: the TCP connections sampled, the responses
+/// seen, the share of connections that retransmitted, the p95 RTT in µs and the p95
+/// body in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct H3Figures {
+    pub connections: u64,
+    pub responses: u64,
+    pub lossy: f64,
+    pub rtt_p95_us: Option<u64>,
+    pub body_p95: Option<u64>,
+}
+
+/// The HTTP/3 hint, as the lossy-link measurement found (docs/http3.md, "Lossy
+/// links"): HTTP/3 brings a new connection's first byte one round trip sooner (one
+/// handshake round trip instead of two), at any loss rate, and no better tail; so it
+/// is worth turning on when clients are far and connections are short. Large
+/// responses over lossy links completed sooner over TCP with BBR than over HTTP/3
+/// (whose congestion control is CUBIC), which the hint adds when such traffic is seen.
+pub fn http3_hint(f: H3Figures, http3: bool) -> (H3Rule, bool, String) {
     let pct = |x: f64| format!("{:.0}%", x * 100.0);
     if http3 {
         return (H3Rule::AlreadyOn, false, "HTTP/3 is on".to_string());
     }
+    let connections = f.connections;
     if connections < MIN_SAMPLES {
         let why = format!("only {connections} TCP connections sampled (at least {MIN_SAMPLES} are needed)");
         return (H3Rule::TooFewConnections, false, why);
     }
-    let rtt_ms = rtt_p95_us.map_or(0.0, |r| r as f64 / 1000.0);
-    if rtt_p95_us.is_none_or(|r| r <= NEAR_RTT_US) {
-        let why = format!("p95 RTT {rtt_ms:.1} ms: a lost segment is recovered within a millisecond over TCP too");
+    let rtt_ms = f.rtt_p95_us.map_or(0.0, |r| r as f64 / 1000.0);
+    if f.rtt_p95_us.is_none_or(|r| r <= NEAR_RTT_US) {
+        let why =
+            format!("p95 RTT {rtt_ms:.1} ms: the round trip HTTP/3 saves at a connection's start is under a millisecond");
         return (H3Rule::NearClients, false, why);
     }
-    if lossy < LOSSY_SHARE_FOR_H3 {
-        let why = format!("{} of TCP connections retransmitted: too few losses for HTTP/3 to gain", pct(lossy));
-        return (H3Rule::LittleLoss, false, why);
+    let per_connection = f.responses as f64 / connections as f64;
+    if per_connection >= WARM_RESPONSES_PER_CONNECTION {
+        let why = format!(
+            "{per_connection:.0} responses per TCP connection: the round trip HTTP/3 saves at a connection's start is spread over many"
+        );
+        return (H3Rule::WarmConnections, false, why);
     }
-    let why = format!(
-        "{} of TCP connections retransmitted at a p95 RTT of {rtt_ms:.0} ms: over HTTP/3 a lost packet holds back only its own stream; set http3 = true and open the UDP port",
-        pct(lossy)
+    let mut why = format!(
+        "p95 RTT {rtt_ms:.0} ms and {per_connection:.1} responses per TCP connection: over HTTP/3 a new connection's first byte comes one round trip sooner; set http3 = true and open the UDP port"
     );
-    (H3Rule::LossOverDistance, true, why)
+    if f.lossy >= LOSSY_SHARE_FOR_H3 && f.body_p95.is_some_and(|b| b > LARGE_BODY_FOR_H3) {
+        why += &format!(
+            " (with {} of TCP connections retransmitting, keep tcp_congestion = \"bbr\": large responses over lossy links complete sooner over TCP with BBR than over HTTP/3)",
+            pct(f.lossy)
+        );
+    }
+    (H3Rule::ColdOverDistance, true, why)
 }
 
 pub fn advise_with_rule(t: &Traffic, current: &str, http3: bool) -> (Advice, Rule) {
@@ -167,7 +195,8 @@ pub fn advise_with_rule(t: &Traffic, current: &str, http3: bool) -> (Advice, Rul
             ),
         )
     };
-    let (_, http3_recommended, http3_reason) = http3_hint(connections, lossy, rtt_p95_us, http3);
+    let figures = H3Figures { connections, responses: samples, lossy, rtt_p95_us, body_p95 };
+    let (_, http3_recommended, http3_reason) = http3_hint(figures, http3);
     let ms = |us: Option<u64>| us.map(|u| u as f64 / 1000.0);
     let ratio = |ppm: Option<u64>| ppm.map(|p| p as f64 / 1e6);
     let advice = Advice {
@@ -271,27 +300,42 @@ mod tests {
     }
 
     #[test]
-    fn http3_hint_on_loss_profiles() {
+    fn http3_hint_on_traffic_profiles() {
         use H3Rule::*;
-        // (TCP connections of (rtt µs, retransmits of 100 segments, count), http3 on, rule)
-        // TCP connections as (rtt µs, retransmits of 100 segments, count).
+        // (responses as (body size, count), TCP connections as (rtt µs, retransmits
+        // of 100 segments, count), http3 on, rule, words the reason must hold)
+        type Sizes = &'static [(u64, u32)];
         type Conns = &'static [(u32, u32, u32)];
-        let table: [(Conns, bool, H3Rule); 7] = [
-            (&[(80_000, 2, 100)], true, AlreadyOn),
-            (&[(80_000, 2, 99)], false, TooFewConnections),
-            (&[(300, 5, 100)], false, NearClients),
-            (&[(80_000, 0, 97), (80_000, 2, 3)], false, LittleLoss),
-            (&[(80_000, 0, 95), (80_000, 2, 5)], false, LossOverDistance),
-            (&[(50_000, 1, 50), (50_000, 0, 50)], false, LossOverDistance),
-            (&[(50_000, 1, 50), (50_000, 0, 50)], true, AlreadyOn),
+        let table: [(Sizes, Conns, bool, H3Rule, &str); 9] = [
+            (&[(50_000, 200)], &[(80_000, 2, 100)], true, AlreadyOn, "is on"),
+            (&[(50_000, 200)], &[(80_000, 2, 99)], false, TooFewConnections, "99 TCP"),
+            (&[(50_000, 200)], &[(300, 5, 100)], false, NearClients, "under a millisecond"),
+            (&[(50_000, 2_000)], &[(80_000, 0, 100)], false, WarmConnections, "20 responses per"),
+            // Far and short: recommended with or without loss.
+            (&[(50_000, 200)], &[(80_000, 0, 100)], false, ColdOverDistance, "2.0 responses per"),
+            (&[(50_000, 200)], &[(80_000, 0, 95), (80_000, 2, 5)], false, ColdOverDistance, "one round trip sooner"),
+            (&[(50_000, 950)], &[(80_000, 0, 100)], false, ColdOverDistance, "9.5 responses"),
+            // Large bodies over lossy links: recommended, with BBR kept for TCP.
+            (&[(4_000_000, 200)], &[(80_000, 0, 95), (80_000, 2, 5)], false, ColdOverDistance, "keep tcp_congestion"),
+            (&[(4_000_000, 200)], &[(80_000, 2, 100)], true, AlreadyOn, "is on"),
         ];
-        for (i, (conns, on, want)) in table.iter().enumerate() {
-            let t = mix(&[(50_000, 200)], conns);
+        for (i, (sizes, conns, on, want, words)) in table.iter().enumerate() {
+            let t = mix(sizes, conns);
             let lossy = Stats::get(&t.lossy) as f64 / Stats::get(&t.tcp_samples).max(1) as f64;
-            let (rule, recommended, why) = http3_hint(Stats::get(&t.tcp_samples), lossy, t.rtt.quantile(0.95), *on);
+            let figures = H3Figures {
+                connections: Stats::get(&t.tcp_samples),
+                responses: t.body_size.count(),
+                lossy,
+                rtt_p95_us: t.rtt.quantile(0.95),
+                body_p95: t.body_size.quantile(0.95),
+            };
+            let (rule, recommended, why) = http3_hint(figures, *on);
             assert_eq!(rule, *want, "case {i}: {why}");
-            assert_eq!(recommended, *want == LossOverDistance, "case {i}");
-            assert!(!why.is_empty() && !why.contains('\n'));
+            assert_eq!(recommended, *want == ColdOverDistance, "case {i}");
+            assert!(why.contains(words) && !why.contains('\n'), "case {i}: {why}");
+            if *want == ColdOverDistance && !words.contains("tcp_congestion") {
+                assert!(!why.contains("tcp_congestion"), "case {i}: {why}");
+            }
             let a = advise(&t, "adaptive", *on);
             assert_eq!((a.http3_recommended, a.http3_reason), (recommended, why), "advise carries the hint");
         }

@@ -24,6 +24,7 @@
 pub mod acme;
 mod members;
 mod peer_listen;
+pub mod probe;
 pub mod secret;
 mod store;
 mod tickets;

@@ -6,7 +6,8 @@
 //!
 //! Not what the records mean (`tickets`), nor retrying: every call is one attempt
 //! bounded by [`CALL_TIMEOUT`], and the caller decides when to try again. A lock
-//! whose holder dies expires with its lease.
+//! whose holder dies expires with its lease; one without a lease (no member's) is
+//! removed when found.
 //!
 //! Cancel safety: each call is one request; dropping its future abandons the
 //! request, and a lock whose grant was under way then expires with its lease.
@@ -92,6 +93,22 @@ impl Etcd {
         Ok(Etcd { client })
     }
 
+    /// Removes the lock `key` when it has no lease: no member's (theirs live with a
+    /// lease), and it would never expire (certmagic removes a stale lock so). The
+    /// next attempt may take it. Only the value seen is removed (by its revision).
+    async fn remove_stale_lock(&mut self, key: &str) -> Result<(), StoreError> {
+        let held = bounded(self.client.get(key, None)).await?;
+        let Some(kv) = held.kvs().first().filter(|kv| kv.lease() == 0) else { return Ok(()) };
+        let seen = Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision());
+        let txn = Txn::new().when([seen]).and_then([TxnOp::delete(key, None)]);
+        if bounded(self.client.txn(txn)).await?.succeeded() {
+            tracing::warn!(
+                "cluster: the lock {key} had no lease, so no member held it (theirs expire with their lease); removed"
+            );
+        }
+        Ok(())
+    }
+
     /// Changes to the keys under `prefix` from now on.
     pub async fn watch(&mut self, prefix: &str) -> Result<WatchStream, StoreError> {
         bounded(self.client.watch(prefix, Some(WatchOptions::new().with_prefix()))).await
@@ -116,6 +133,7 @@ impl Storage for Etcd {
         let taken = bounded(self.client.txn(txn)).await?.succeeded();
         if !taken {
             let _ = bounded(self.client.lease_revoke(lease)).await;
+            self.remove_stale_lock(key).await?;
             return Ok(None);
         }
         Ok(Some(Lock { key: key.to_string(), token, lease }))
