@@ -325,7 +325,13 @@ fn garbage_and_foreign_records_in_etcd_are_never_used() {
 
 /// `ktlsd doctor --json --config FILE` for a `[cluster]` under `prefix` on `etcd`
 /// (endpoints as TOML) with `secret` and `state`: its report and exit status.
-fn doctor(dir: &std::path::Path, etcd: &str, prefix: &str, secret: &std::path::Path, state: &std::path::Path) -> (serde_json::Value, Option<i32>) {
+fn doctor(
+    dir: &std::path::Path,
+    etcd: &str,
+    prefix: &str,
+    secret: &std::path::Path,
+    state: &std::path::Path,
+) -> (serde_json::Value, Option<i32>) {
     let config = dir.join("doctor.toml");
     let text = format!(
         "state_dir = \"{}\"\n[cluster]\netcd = {etcd}\nname = \"doctor\"\nsecret_file = \"{}\"\nprefix = \"{prefix}\"\n",

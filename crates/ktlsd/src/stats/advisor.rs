@@ -118,8 +118,9 @@ pub fn http3_hint(f: H3Figures, http3: bool) -> (H3Rule, bool, String) {
     }
     let rtt_ms = f.rtt_p95_us.map_or(0.0, |r| r as f64 / 1000.0);
     if f.rtt_p95_us.is_none_or(|r| r <= NEAR_RTT_US) {
-        let why =
-            format!("p95 RTT {rtt_ms:.1} ms: the round trip HTTP/3 saves at a connection's start is under a millisecond");
+        let why = format!(
+            "p95 RTT {rtt_ms:.1} ms: the round trip HTTP/3 saves at a connection's start is under a millisecond"
+        );
         return (H3Rule::NearClients, false, why);
     }
     let per_connection = f.responses as f64 / connections as f64;
