@@ -508,7 +508,9 @@ pub(super) async fn forward<D: Downstream>(
                     // streams) took this request down with it: once, a new connection to the same
                     // upstream; a quiet close says nothing against the upstream.
                     let stale = !fresh && !e.is_reset() && !retried_stale;
-                    if !e.is_reset() && !(stale && e.is_io()) {
+                    // Nor is a reset (the upstream's answer) a fault of the upstream.
+                    let blameless = e.is_reset() || stale && e.is_io();
+                    if !blameless {
                         mark_failed(rule, up, &f);
                     }
                     if stale {
