@@ -185,9 +185,35 @@ pub async fn queued(stream: &TcpStream, timeout: Duration) -> io::Result<usize> 
     }
 }
 
-/// Waits at most `timeout` for `stream` to be ready for `interest`; fails with `TimedOut`.
+/// The wait bound of a caller that bounds its waits itself (a tunnel's one
+/// timer): [`ready`] then sets no timer of its own, so a wait costs no timer
+/// registered and removed.
+pub const UNBOUNDED: Duration = Duration::MAX;
+
+/// Waits at most `timeout` ([`UNBOUNDED`]: without a bound of its own) for
+/// `stream` to be ready for `interest`; fails with `TimedOut`.
+///
+/// A wait for one direction parks the task's waker in the socket's slot for
+/// that direction (`poll_read_ready`, `poll_write_ready`) rather than in a
+/// waiter list entry made and unlinked per wait: a socket is waited on by the
+/// one task that owns it, and any waker of that task wakes it.
+///
+/// # Cancel safety
+/// Cancel-safe: nothing is read or written.
 pub async fn ready(stream: &TcpStream, interest: Interest, timeout: Duration) -> io::Result<()> {
-    match tokio::time::timeout(timeout, stream.ready(interest)).await {
+    let wait = async {
+        if interest == Interest::READABLE {
+            std::future::poll_fn(|cx| stream.poll_read_ready(cx)).await
+        } else if interest == Interest::WRITABLE {
+            std::future::poll_fn(|cx| stream.poll_write_ready(cx)).await
+        } else {
+            stream.ready(interest).await.map(drop)
+        }
+    };
+    if timeout == UNBOUNDED {
+        return wait.await;
+    }
+    match tokio::time::timeout(timeout, wait).await {
         Ok(r) => r.map(drop),
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "peer made no progress within the timeout")),
     }

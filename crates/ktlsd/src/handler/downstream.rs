@@ -163,15 +163,16 @@ pub trait Downstream {
         self.send_head(head, None, first, false, None).await
     }
 
-    /// Appends the client's next tunnel bytes to `into`, waiting at most `idle`;
-    /// `Ok(false)`: the client ended its side. A handle that carries no tunnel has
-    /// nothing to read.
+    /// Appends the client's next tunnel bytes to `into`; `Ok(false)`: the client
+    /// ended its side. No bound of its own on the wait (and so no timer set per
+    /// read): the tunnel's one timer bounds it. A handle that carries no tunnel
+    /// has nothing to read.
     ///
     /// # Cancel safety
     /// Must be cancel-safe: the tunnel waits for both sides at once, and bytes
     /// received are never lost.
-    async fn read_tunnel(&mut self, into: &mut Vec<u8>, idle: Duration) -> Result<bool, Self::Error> {
-        let _ = (into, idle);
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>) -> Result<bool, Self::Error> {
+        let _ = into;
         Ok(false)
     }
 

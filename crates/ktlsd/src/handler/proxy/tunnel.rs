@@ -32,7 +32,7 @@ use std::io;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncWrite, ReadHalf, WriteHalf};
+use tokio::io::{AsyncWrite, Interest, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 
 use super::headers::Upgrade;
@@ -41,6 +41,7 @@ use super::upstream::Conn;
 use super::{buffers, client_fields, metrics, pool, Failure, FailureKind, PIECE};
 use crate::handler::downstream::{Downstream, StreamEnd};
 use crate::handler::{Body, Header, Response, Status};
+use crate::net;
 use crate::vocab::{BodyPath, Spliced};
 
 /// How long an open tunnel goes on once its connection is retired by a reload or
@@ -235,11 +236,13 @@ impl Reader<'_> {
             Reader::Plain(s) => loop {
                 if into.is_empty() {
                     // An idle tunnel holds no read buffer until its upstream speaks.
-                    s.readable().await?;
+                    net::ready(s, Interest::READABLE, net::UNBOUNDED).await?;
                     room(into, 0);
                 }
-                match crate::net::try_read_draining(s, into) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => s.readable().await?,
+                match net::try_read_draining(s, into) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        net::ready(s, Interest::READABLE, net::UNBOUNDED).await?
+                    }
                     Ok(n) => return Ok(room(into, n)),
                     Err(e) => return Err(e),
                 }
@@ -305,7 +308,7 @@ impl Writer<'_> {
     async fn push(&mut self, bytes: &[u8]) -> io::Result<usize> {
         match self {
             Writer::Plain(s) => loop {
-                s.writable().await?;
+                net::ready(s, Interest::WRITABLE, net::UNBOUNDED).await?;
                 match s.try_write(bytes) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                     r => return r,
@@ -414,8 +417,6 @@ pub async fn relay<D: Downstream>(d: &mut D, wire: &mut Wire, limits: Limits) ->
     let mut last = Instant::now();
     let timer = tokio::time::sleep_until((last + limits.idle).into());
     tokio::pin!(timer);
-    // The codec's own wait bound for a client read: past the tunnel's, so that the timer decides.
-    let client_wait = limits.idle + Duration::from_secs(1);
     let failure = |kind, what: &str, e: &dyn std::fmt::Display| (kind, format!("{what}: {e}"));
     let cut: Option<(FailureKind, String)> = loop {
         if !client_open && to_up.is_empty() && !writer.dirty() {
@@ -426,7 +427,7 @@ pub async fn relay<D: Downstream>(d: &mut D, wire: &mut Wire, limits: Limits) ->
             () = &mut timer => Event::Timer,
             () = &mut retirement, if retire_at.is_none() && watch_retired => Event::Retired,
             r = writer.push(&to_up), if !to_up.is_empty() || writer.dirty() => Event::Wrote(r),
-            r = d.read_tunnel(&mut inbox, client_wait), if client_open && to_up.is_empty() => Event::Client(r),
+            r = d.read_tunnel(&mut inbox), if client_open && to_up.is_empty() => Event::Client(r),
             r = reader.next(&mut piece, splice) => Event::Upstream(r),
         };
         match event {

@@ -216,12 +216,12 @@ impl<T: Transport> Downstream for Client<'_, T> {
     ///
     /// # Cancel safety
     /// Cancel-safe: `Transport::read` is.
-    async fn read_tunnel(&mut self, into: &mut Vec<u8>, idle: Duration) -> Result<bool, Self::Error> {
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>) -> Result<bool, Self::Error> {
         if !self.buf.is_empty() {
             into.append(self.buf);
             return Ok(true);
         }
-        match self.conn.read(into, idle).await {
+        match self.conn.read(into, crate::net::UNBOUNDED).await {
             Ok(0) => Ok(false),
             Ok(_) => Ok(true),
             Err(e) => Err(ended::<T>(e)),

@@ -565,7 +565,7 @@ impl Downstream for Feed {
     ///
     /// # Cancel safety
     /// Cancel-safe, as [`Feed::read_body`].
-    async fn read_tunnel(&mut self, into: &mut Vec<u8>, _idle: Duration) -> Result<bool, ()> {
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>) -> Result<bool, ()> {
         match self.read_body(into).await {
             Ok(more) => Ok(more || !into.is_empty()),
             Err(_) => Ok(false),
