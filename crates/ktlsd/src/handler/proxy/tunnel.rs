@@ -17,7 +17,8 @@
 //!
 //! Cheap per message: one timer per tunnel, set once and set again only when it
 //! fires ([`on_timer`]: each read and write just notes the time), no timeout of
-//! its own on an upstream read, the retirement signal's wait made once, the
+//! its own on a client or upstream read ([`crate::net::UNBOUNDED`]), each wait
+//! parked in its socket's slot for that direction, the retirement signal's wait made once, the
 //! client's bytes written up in the turn that read them, and a plain upstream
 //! read that drained its socket clears its readiness, so the next wait does not
 //! begin with a read that finds nothing. The upstream read buffer grows from
