@@ -6,7 +6,8 @@
 //! (`tests/tunnel/h2_ws.py`) and from headless Chromium; upstreams that switch
 //! wrongly (`tests/tunnel/hostile.py`); a client that does not read while the
 //! upstream floods (the server's memory stays bounded); the idle timeout and a
-//! reload ending open tunnels.
+//! reload ending open tunnels; over HTTP/3 an extended CONNECT (RFC 9220) from
+//! aioquic frame by frame (`tests/tunnel/h3_ws.py`).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -46,6 +47,27 @@ fn ws_client(url: &str, scenario: &str, args: &[&str], srv: &Server) -> Vec<Stri
     assert!(
         out.status.success(),
         "ws_client.py {scenario}:\n{text}\n{}\nserver:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        srv.stderr()
+    );
+    text.lines().map(str::to_string).collect()
+}
+
+/// Runs `h3_ws.py` (aioquic) against `srv`; its output lines, after checking that it succeeded.
+fn h3_ws(srv: &Server, scenario: &str) -> Vec<String> {
+    let out = run_with_timeout(
+        Command::new("/usr/bin/python3").arg(script("h3_ws.py")).args([
+            &srv.addr().ip().to_string(),
+            &srv.port().to_string(),
+            scenario,
+        ]),
+        None,
+        Duration::from_secs(60),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "h3_ws.py {scenario}:\n{text}\n{}\nserver:\n{}",
         String::from_utf8_lossy(&out.stderr),
         srv.stderr()
     );
@@ -234,6 +256,52 @@ fn websockets_over_http2_extended_connect() {
     assert!(has(&lines, "status 404"), "{lines:?}");
     let log = srv.wait_access_log(4, Duration::from_secs(5));
     assert!(log.iter().any(|l| l.contains("\"CONNECT /api/echo HTTP/2.0\" 200 ")), "{log:?}");
+}
+
+/// WebSocket over HTTP/3 (RFC 9220): the server announces extended CONNECT, the
+/// tunnel echoes text, binary, 1 MB messages and a ping, the client's close code
+/// comes back and the stream ends; another `:protocol` is refused without harm to
+/// the connection; an upstream that dies mid-tunnel ends the client's stream.
+#[test]
+fn websockets_over_http3_extended_connect() {
+    let up = upstream("ws_upstream.py");
+    let srv = server(&up, "", &["--http3"]);
+    let lines = h3_ws(&srv, "echo");
+    assert!(has(&lines, "settings 1") && has(&lines, "status 200"), "{lines:?}");
+    for check in ["no accept", "text", "binary", "1MB", "ping", "close", "end"] {
+        assert!(has(&lines, &format!("ok {check}")), "{check}: {lines:?}");
+    }
+    assert_eq!(up.wait_line("closed /api/echo", Duration::from_secs(5)).as_deref(), Some("closed /api/echo 4000"));
+    let lines = h3_ws(&srv, "refused");
+    for check in ["webtransport 400", "unknown reset", "after text", "after"] {
+        assert!(has(&lines, &format!("ok {check}")), "{check}: {lines:?}");
+    }
+    let lines = h3_ws(&srv, "die");
+    assert!(has(&lines, "status 200") && has(&lines, "ok echo") && has(&lines, "ok died"), "{lines:?}");
+    eprintln!("an upstream that died: {:?}", lines.last());
+    let log = srv.wait_access_log(4, Duration::from_secs(5));
+    let line =
+        log.iter().find(|l| l.contains("\"CONNECT /api/echo HTTP/3.0\" 200 ")).unwrap_or_else(|| panic!("{log:?}"));
+    // Everything the upstream sent after its 101: more than the 1 MB echo.
+    let bytes: u64 = line.split("\" 200 ").nth(1).and_then(|r| r.split(' ').next()).unwrap().parse().unwrap();
+    assert!(bytes > 1_000_000, "{line}");
+    assert!(log.iter().any(|l| l.contains("\"CONNECT /api/echo HTTP/3.0\" 400 ")), "{log:?}");
+    assert!(!srv.stderr().contains("panicked"), "{}", srv.stderr());
+}
+
+/// An idle HTTP/3 tunnel is ended by the rule's `tunnel_idle_timeout`, with a FIN:
+/// not by the header or send timeouts, which are shorter here.
+#[test]
+fn an_idle_http3_tunnel_ends_at_the_tunnel_idle_timeout() {
+    let up = upstream("ws_upstream.py");
+    let args = ["--http3", "--header-timeout", "1s", "--send-timeout", "1s"];
+    let srv = server(&up, "tunnel_idle_timeout = \"2s\"", &args);
+    let lines = h3_ws(&srv, "idle");
+    assert!(has(&lines, "ok text"), "{lines:?}");
+    let idle = lines.iter().find_map(|l| l.strip_prefix("idle ")).unwrap_or_else(|| panic!("{lines:?}"));
+    let (secs, how) = idle.split_once(' ').unwrap();
+    let secs: f64 = secs.parse().unwrap();
+    assert!((1.8..5.0).contains(&secs) && how == "fin", "{lines:?}\n{}", srv.stderr());
 }
 
 #[test]

@@ -6,9 +6,19 @@
 //! of a body for the whole. QUIC seals every packet in user space: bodies are
 //! copied, never spliced.
 //!
-//! Not here: what is forwarded and when (`handler::pipeline`, `handler::proxy`), QUIC.
+//! A tunnel (a WebSocket asked for by an extended CONNECT, RFC 9220) runs over the
+//! same stream: its 200 head and the upstream's bytes go out as a response whose
+//! length is unknown (DATA, each piece within the send timeout, so a client that
+//! keeps its window shut is cut but an idle tunnel, which sends nothing, is not),
+//! the client's bytes are the stream's DATA as they arrive ([`Downstream::read_tunnel`],
+//! bounded only by the tunnel's idle timer), its end is FIN and a cut resets the
+//! stream. The connection's retirement signal ends it after the relay's grace.
+//!
+//! Not here: what is forwarded and when (`handler::pipeline`, `handler::proxy`), the
+//! relay (`handler::proxy::tunnel`), QUIC.
 
 use std::os::fd::BorrowedFd;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use h3::quic::BidiStream;
@@ -23,6 +33,18 @@ use crate::handler::{Response, Status};
 pub(super) struct Stream<'s, S: BidiStream<Bytes>> {
     pub stream: &'s mut RequestStream<S, Bytes>,
     pub settings: &'s Settings,
+    /// For an extended CONNECT: the connection's retirement signal.
+    pub retired: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+/// Appends the bytes of `piece` (one DATA frame's, as the h3 crate hands them) to `into`.
+fn append(into: &mut Vec<u8>, mut piece: impl Buf) {
+    while piece.has_remaining() {
+        let chunk = piece.chunk();
+        into.extend_from_slice(chunk);
+        let n = chunk.len();
+        piece.advance(n);
+    }
 }
 
 impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
@@ -30,13 +52,8 @@ impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
 
     async fn read_body(&mut self, into: &mut Vec<u8>) -> Result<bool, BodyError<Unsent>> {
         match tokio::time::timeout(self.settings.header_timeout, self.stream.recv_data()).await {
-            Ok(Ok(Some(mut piece))) => {
-                while piece.has_remaining() {
-                    let chunk = piece.chunk();
-                    into.extend_from_slice(chunk);
-                    let n = chunk.len();
-                    piece.advance(n);
-                }
+            Ok(Ok(Some(piece))) => {
+                append(into, piece);
                 Ok(true)
             }
             Ok(Ok(None)) => Ok(false),
@@ -98,5 +115,28 @@ impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
 
     fn abort(&mut self, _failure: &Failure) {
         self.stream.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+    }
+
+    /// The stream's DATA as they arrive; its end (FIN, or trailers) ends the client's
+    /// side. A wait longer than `idle` (past the relay's own idle timer, which ends
+    /// the tunnel first) fails as [`Unsent::Stalled`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: `recv_data` is polled to completion or dropped before a piece is
+    /// taken.
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>, idle: Duration) -> Result<bool, Unsent> {
+        match tokio::time::timeout(idle, self.stream.recv_data()).await {
+            Ok(Ok(Some(piece))) => {
+                append(into, piece);
+                Ok(true)
+            }
+            Ok(Ok(None)) => Ok(false),
+            Ok(Err(e)) => Err(Unsent::Stream(e)),
+            Err(_) => Err(Unsent::Stalled),
+        }
+    }
+
+    fn retired(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.retired.clone()
     }
 }

@@ -2,7 +2,9 @@
 //! [`handler::handle`] with the same sites, host checks and responses as HTTP/1.1
 //! and HTTP/2 (the pipeline, `handler::pipeline`), a forward running over the stream
 //! ([`downstream`]), and logged as
-//! `HTTP/3.0`.
+//! `HTTP/3.0`. The server sends SETTINGS_ENABLE_CONNECT_PROTOCOL: an extended CONNECT
+//! with `:protocol = websocket` (RFC 9220) reaches the pipeline as HTTP/2's does
+//! (RFC 8441), and a `[[proxy]]` rule tunnels it over its stream.
 //!
 //! Why the framing and QPACK (RFC 9204) are the `h3` crate's rather than our own
 //! codec, as HTTP/2's are: HTTP/2's own codec exists so that a DATA frame can be one
@@ -156,7 +158,8 @@ where
     // Closes the connection with a code of ours (the crate's own close on drop says H3_NO_ERROR).
     let mut closer = conn.opener();
     let mut builder = h3::server::builder();
-    builder.max_field_section_size(ctx.settings.max_field_section);
+    // SETTINGS_ENABLE_CONNECT_PROTOCOL: a WebSocket may come as an extended CONNECT (RFC 9220).
+    builder.max_field_section_size(ctx.settings.max_field_section).enable_extended_connect(true);
     let mut h3: h3::server::Connection<C, Bytes> = match builder.build(conn).await {
         Ok(c) => c,
         Err(e) => return ended(e),
@@ -348,14 +351,18 @@ where
     cancelled
 }
 
-/// The request's pseudo-header and regular fields, as HTTP/2's message rules check them.
+/// The request's pseudo-header and regular fields, as HTTP/2's message rules check
+/// them: an extended CONNECT's `:protocol` (RFC 9220) is the h3 crate's
+/// [`h3::ext::Protocol`] extension, which the same rules take as HTTP/2's.
 fn fields(request: &http::Request<()>) -> Vec<(Vec<u8>, Vec<u8>)> {
     let uri = request.uri();
     let mut fields = vec![(b":method".to_vec(), request.method().as_str().as_bytes().to_vec())];
+    let protocol = request.extensions().get::<h3::ext::Protocol>();
     let pseudo = [
         (&b":scheme"[..], uri.scheme_str()),
         (b":authority", uri.authority().map(|a| a.as_str())),
         (b":path", uri.path_and_query().map(|p| p.as_str())),
+        (b":protocol", protocol.map(|p| p.as_str())),
     ];
     fields.extend(pseudo.into_iter().filter_map(|(n, v)| Some((n.to_vec(), v?.as_bytes().to_vec()))));
     fields.extend(request.headers().iter().map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec())));
@@ -400,7 +407,9 @@ async fn through<S: BidiStream<Bytes>>(
         Decision::Respond(response) | Decision::Static(response) => return Forwarded::Answer(response, false),
         Decision::Forward(forward) => forward.with_cache(&ctx.sites),
     };
-    let mut d = downstream::Stream { stream, settings: ctx.settings };
+    // A tunnel ends after a grace once the connection is retired (a reload, a stop).
+    let retired = x.req.upgrade.is_some().then(|| ctx.shutdown.clone());
+    let mut d = downstream::Stream { stream, settings: ctx.settings, retired };
     match forward.run(&x.req, &mut d).await {
         Outcome::Answer { answer, from_cache } => Forwarded::Answer(x.finish(answer), from_cache),
         Outcome::Streamed(s) => {
@@ -563,5 +572,36 @@ mod tests {
         assert!(req("https://a.example/f", Some("b.example")).is_err(), "host must name :authority's host");
         assert!(req("https://a.example/f", Some("a.example")).is_ok());
         assert!(req("/f", None).is_err(), "no :scheme");
+    }
+
+    #[test]
+    fn an_extended_connect_carries_its_protocol_as_http2s_does() {
+        let connect = |method: &str, protocol: Option<h3::ext::Protocol>| {
+            let mut r = http::Request::builder().method(method).uri("https://a.example/chat?x=1").body(()).unwrap();
+            if let Some(p) = protocol {
+                r.extensions_mut().insert(p);
+            }
+            fields::parse(fields(&r))
+                .map_err(|e| format!("{e:?}"))
+                .and_then(|h| fields::to_request(&h, std::net::Ipv4Addr::LOCALHOST.into()).map_err(str::to_string))
+        };
+        // (method, :protocol, the tunnel asked for or why the request is refused)
+        let cases = [
+            ("CONNECT", Some(h3::ext::Protocol::WEBSOCKET), Ok(Some("websocket"))),
+            ("CONNECT", Some(h3::ext::Protocol::WEB_TRANSPORT), Err(":protocol other than websocket")),
+            ("GET", Some(h3::ext::Protocol::WEBSOCKET), Err("MissingPseudo")),
+            ("GET", None, Ok(None)),
+        ];
+        for (method, protocol, want) in cases {
+            let got = connect(method, protocol);
+            match (&got, want) {
+                (Ok(req), Ok(upgrade)) => {
+                    assert_eq!(req.upgrade.as_deref(), upgrade, "{method} {protocol:?}");
+                    assert_eq!((req.path.as_str(), req.query.as_deref()), ("/chat", Some("x=1")));
+                }
+                (Err(why), Err(want)) => assert_eq!(why, want, "{method} {protocol:?}"),
+                _ => panic!("{method} {protocol:?}: {:?}", got.as_ref().map(|r| r.upgrade.clone())),
+            }
+        }
     }
 }
