@@ -18,7 +18,6 @@
 //! relay (`handler::proxy::tunnel`), QUIC.
 
 use std::os::fd::BorrowedFd;
-use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use h3::quic::BidiStream;
@@ -118,21 +117,19 @@ impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
     }
 
     /// The stream's DATA as they arrive; its end (FIN, or trailers) ends the client's
-    /// side. A wait longer than `idle` (past the relay's own idle timer, which ends
-    /// the tunnel first) fails as [`Unsent::Stalled`].
+    /// side. No bound of its own: the relay's idle timer bounds the wait.
     ///
     /// # Cancel safety
     /// Cancel-safe: `recv_data` is polled to completion or dropped before a piece is
     /// taken.
-    async fn read_tunnel(&mut self, into: &mut Vec<u8>, idle: Duration) -> Result<bool, Unsent> {
-        match tokio::time::timeout(idle, self.stream.recv_data()).await {
-            Ok(Ok(Some(piece))) => {
+    async fn read_tunnel(&mut self, into: &mut Vec<u8>) -> Result<bool, Unsent> {
+        match self.stream.recv_data().await {
+            Ok(Some(piece)) => {
                 append(into, piece);
                 Ok(true)
             }
-            Ok(Ok(None)) => Ok(false),
-            Ok(Err(e)) => Err(Unsent::Stream(e)),
-            Err(_) => Err(Unsent::Stalled),
+            Ok(None) => Ok(false),
+            Err(e) => Err(Unsent::Stream(e)),
         }
     }
 
