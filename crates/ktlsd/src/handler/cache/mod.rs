@@ -71,7 +71,7 @@ use tokio::sync::watch;
 
 pub use fill::{EntryWriter, FillGuard, Upstream};
 pub use policy::NotStored;
-pub use serve::{cache_status, range_of, CacheStatus, Fwd};
+pub use serve::{age_field, cache_status, not_modified, precondition, precondition_failed, range_of, CacheStatus, Fwd};
 
 use crate::log::{more, Throttle};
 use crate::stats::prometheus::CacheFigures;
@@ -167,8 +167,14 @@ impl Key {
     /// (`cache_slice`): its text is the object's with ` slice=SIZE:INDEX` after it,
     /// so slices of another size are other entries.
     pub fn slice(&self, size: u64, index: u64) -> Key {
-        let text = format!("{} slice={size}:{index}", self.text);
+        let text = format!("{}{index}", self.slices(size));
         Key { primary: store::primary(&text), text }
+    }
+
+    /// What the text of every slice key of this key's object in slices of `size`
+    /// bytes begins with (see [`Key::slice`]).
+    pub fn slices(&self, size: u64) -> String {
+        format!("{} slice={size}:", self.text)
     }
 
     /// The key as text (`GET host target`): what cache peers hash to find its owner.
@@ -421,22 +427,40 @@ impl Cache {
         }
     }
 
-    /// Whether a fresh entry of `key` answers a request with fields `req` (less
-    /// Host), from the index: no file is opened, no fill is led, nothing is
-    /// counted. With `wait`, a fill of the key under way is waited for first (at
-    /// most [`COALESCE_WAIT`]), as a lookup would wait for it; a caller that leads
-    /// a fill itself passes `false`, so that two such callers never wait for each
-    /// other. A slice's answer asks it of each slice before its head leaves.
+    /// The age in seconds (as a hit's `Age` would say) of the fresh entry of `key`
+    /// that answers a request with fields `req` (less Host), from the index: no
+    /// file is opened, no fill is led, nothing is counted; `None` when no fresh
+    /// entry answers it. With `wait`, a fill of the key under way is waited for
+    /// first (at most [`COALESCE_WAIT`]), as a lookup would wait for it; a caller
+    /// that leads a fill itself passes `false`, so that two such callers never
+    /// wait for each other. A slice's answer asks it of each slice before its head
+    /// leaves.
     ///
     /// # Cancel safety
     /// Cancel-safe: it only waits.
-    pub async fn holds_fresh(&self, key: &Key, req: &HeaderMap, wait: bool) -> bool {
+    pub async fn fresh_age(&self, key: &Key, req: &HeaderMap, wait: bool) -> Option<u64> {
         if let Some(mut rx) = self.inflight_of(key).filter(|_| wait) {
             let _ = tokio::time::timeout(COALESCE_WAIT, rx.wait_for(|done| *done)).await;
         }
         let now = SystemTime::now();
-        let Some(variants) = self.lock_index().variants(&key.primary) else { return false };
-        variants.iter().any(|m| m.head.key == key.text && matches!(m.freshness(req, now), Freshness::Fresh))
+        let variants = self.lock_index().variants(&key.primary)?;
+        variants
+            .iter()
+            .filter(|m| m.head.key == key.text && matches!(m.freshness(req, now), Freshness::Fresh))
+            .map(|m| m.age(now).as_secs())
+            .min()
+    }
+
+    /// The value of the field `name` (lower case) of the most recently stored
+    /// entry of `key`, from the index (or the key's files, while the index is
+    /// being rebuilt); fresh or not.
+    pub fn stored_field(&self, key: &Key, name: &str) -> Option<String> {
+        let variants = match self.lock_index().variants(&key.primary) {
+            Some(v) => v,
+            None if !self.rebuilt.load(Relaxed) => self.load_from_disk(&key.primary),
+            None => return None,
+        };
+        variants.iter().find(|m| m.head.key == key.text).and_then(|m| m.field(name)).map(str::to_string)
     }
 
     /// A fill for a request that `cache_bypass` sends to the upstream without a
@@ -665,6 +689,15 @@ impl Cache {
         }
         paths.retain(|p| std::fs::remove_file(p).is_ok());
         paths.len()
+    }
+
+    /// Removes every entry whose key begins with `prefix` (each key as [`Cache::purge`]
+    /// does); how many there were. One walk of the index, under its lock: for the
+    /// slices of an object, whose keys share a prefix (see [`Key::slices`]).
+    /// Entries not yet indexed while the index is rebuilt are not seen.
+    pub fn purge_prefix(&self, prefix: &str) -> usize {
+        let keys = self.lock_index().keys_with_prefix(prefix);
+        keys.into_iter().map(|text| self.purge(&Key { primary: store::primary(&text), text })).sum()
     }
 
     /// The cache's figures for the metrics.

@@ -124,7 +124,7 @@ impl Hit {
                 .filter(|(n, _)| !REPLACED.contains(&n.as_str()))
                 .map(|(n, v)| Header::Field(field_name(n), v.clone())),
         );
-        headers.push(Header::Field(Cow::Borrowed("age"), self.age.to_string()));
+        headers.push(age_field(self.age));
         headers.push(Header::Field(Cow::Borrowed("cache-status"), cache_status(status)));
         let head = req.method == Method::Head;
         if meta.head.status != 200 {
@@ -137,14 +137,8 @@ impl Hit {
         let (conditions, v) = conditions(&req.headers, meta.field("etag"), meta.field("last-modified"));
         match preconditions::evaluate(&conditions, &v) {
             Outcome::Proceed => {}
-            Outcome::NotModified => {
-                headers.retain(|h| ON_304.contains(&h.name()) || h.name() == "age" || h.name() == "cache-status");
-                return Response { status: Status::NOT_MODIFIED, headers, body: Body::Empty, refused: None };
-            }
-            Outcome::Failed => {
-                return Response::page(Status::PRECONDITION_FAILED)
-                    .with(Header::Field(Cow::Borrowed("cache-status"), cache_status(status)));
-            }
+            Outcome::NotModified => return not_modified(headers),
+            Outcome::Failed => return precondition_failed(cache_status(status)),
         }
         let range = resolve(&conditions, &v, size);
         headers.push(Header::AcceptRanges);
@@ -164,6 +158,11 @@ impl Hit {
                 .with(Header::ContentRange(ContentRange::Unsatisfied { size }))
                 .with(Header::Field(Cow::Borrowed("cache-status"), cache_status(status))),
         }
+    }
+
+    /// Seconds the response has been stored or upstream: its `Age`.
+    pub fn age(&self) -> u64 {
+        self.age
     }
 
     /// The stored fields (names in lower case), in the order received.
@@ -201,6 +200,35 @@ impl Hit {
         };
         Response { status, headers, body, refused: None }
     }
+}
+
+/// The `Age` field of an answer from the cache, `age` seconds old.
+pub fn age_field(age: u64) -> Header {
+    Header::Field(Cow::Borrowed("age"), age.to_string())
+}
+
+/// The `304` of a `200` that would have carried `headers`: the fields a 304
+/// carries (RFC 9110 section 15.4.5), `Age` and `Cache-Status`, no body. Field
+/// names are compared in any case.
+pub fn not_modified(mut headers: Vec<Header>) -> Response {
+    headers.retain(|h| {
+        let name = h.name();
+        ON_304.iter().chain(&["age", "cache-status"]).any(|n| name.eq_ignore_ascii_case(n))
+    });
+    Response { status: Status::NOT_MODIFIED, headers, body: Body::Empty, refused: None }
+}
+
+/// The `412` of a failed `If-Match` or `If-Unmodified-Since`, with `cache_status`.
+pub fn precondition_failed(cache_status: String) -> Response {
+    Response::page(Status::PRECONDITION_FAILED).with(Header::Field(Cow::Borrowed("cache-status"), cache_status))
+}
+
+/// What the conditionals of a request with fields `req` decide for a `200` with
+/// these ETag and Last-Modified values (RFC 9110 section 13.2.2's order), as a
+/// hit decides it.
+pub fn precondition(req: &Headers, etag: Option<&str>, modified: Option<&str>) -> Outcome {
+    let (conditions, v) = conditions(req, etag, modified);
+    preconditions::evaluate(&conditions, &v)
 }
 
 /// The request's conditions `req` as they apply to a stored (or arriving) 200 with

@@ -184,6 +184,17 @@ impl Index {
         all.into_iter().take(n).map(|(h, k)| (k.to_string(), h)).collect()
     }
 
+    /// The distinct keys of the entries whose key begins with `prefix`.
+    pub fn keys_with_prefix(&self, prefix: &str) -> Vec<String> {
+        let mut keys: Vec<String> = (self.map.values().flatten())
+            .filter(|s| s.meta.head.key.starts_with(prefix))
+            .map(|s| s.meta.head.key.clone())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Marks the entry at `path` used now.
     pub fn touch(&mut self, p: &Primary, path: &Path) {
         self.clock += 1;

@@ -469,6 +469,30 @@ fn other_stored_statuses_are_sent_whole() {
 }
 
 #[test]
+fn the_slices_of_an_object_are_found_by_their_keys_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(&config(dir.path())).unwrap();
+    let (object, other) = (Key::new("", "/v"), Key::new("", "/v?x"));
+    let part =
+        |i: u64| response(200, &[("cache-control", "max-age=60"), ("content-range", &format!("bytes {i}-{i}/9"))]);
+    let none = HeaderMap::new();
+    for (key, i) in [(object.slice(1 << 20, 2), 2), (object.slice(1 << 20, 5), 5), (other.slice(1 << 20, 2), 2)] {
+        store(&cache, &key, &none, &part(i), b"s", SystemTime::now()).unwrap();
+    }
+    store(&cache, &object.slice(1 << 16, 2), &none, &part(2), b"s", SystemTime::now()).unwrap();
+    assert_eq!(cache.stored_field(&object.slice(1 << 20, 5), "content-range").as_deref(), Some("bytes 5-5/9"));
+    assert_eq!(cache.stored_field(&object.slice(1 << 20, 0), "content-range"), None);
+    let fresh = rt().block_on(cache.fresh_age(&object.slice(1 << 20, 2), &none, false));
+    assert!(fresh.is_some_and(|a| a < 5), "{fresh:?}");
+    assert_eq!(rt().block_on(cache.fresh_age(&object.slice(1 << 20, 3), &none, false)), None);
+    // The object's slices of that size only: not another object's, nor slices of another size.
+    assert_eq!(cache.purge_prefix(&object.slices(1 << 20)), 2);
+    assert_eq!(cache.purge_prefix(&object.slices(1 << 20)), 0);
+    assert_eq!(cache.figures().entries, 2);
+    assert!(matches!(lookup(&cache, &object.slice(1 << 20, 5), &none), Lookup::Miss(_)));
+}
+
+#[test]
 fn a_fill_under_way_when_its_key_is_purged_stores_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::open(&config(dir.path())).unwrap();

@@ -4,7 +4,10 @@
 //! its own (the object's key with the slice's size and index after it). A client's
 //! range is answered from the slices it spans, fetching only the missing ones (each
 //! slice's lookup coalesces with the other requests for it), and a whole-object
-//! request is assembled from all of them.
+//! request is assembled from all of them. The client's conditionals are decided
+//! on the first slice's validators (`304`, `412`, as a hit decides them), the
+//! answer's `Age` is its oldest slice's, and a purge of the object removes its
+//! slices ([`purge`]).
 //!
 //! Every slice is checked against the object it belongs to: its `Content-Range`
 //! must be exactly the slice asked for, of the object's size, and its `ETag` and
@@ -37,6 +40,7 @@ use super::replies::{answer, cut, refused, Added};
 use super::{buffers, cached, client_fields, metrics, Exchange, Failure, FailureKind, Forwarding, Rule, PIECE};
 use crate::handler::cache::{self, Cache, CacheStatus, FillGuard, Fwd, Key, Lookup};
 use crate::handler::downstream::{Downstream, Outcome, StreamEnd, Streamed};
+use crate::handler::preconditions::Outcome as Precondition;
 use crate::handler::range::{RangeOutcome, RangeSet};
 use crate::handler::request::Headers;
 use crate::handler::response::{field_name, ContentRange, FieldName};
@@ -155,6 +159,29 @@ pub fn unsatisfied_size(v: &str) -> Option<u64> {
     let unit = v.get(..6).filter(|u| u.eq_ignore_ascii_case("bytes "))?;
     let size = v[unit.len()..].trim_start().strip_prefix("*/")?;
     size.bytes().all(|b| b.is_ascii_digit()).then(|| size.parse().ok()).flatten()
+}
+
+/// Removes every stored slice of the object `key` names, in slices of `n` bytes
+/// (`POST /cache/purge` of a URL whose rule has `cache_slice`); how many entries
+/// were removed. See [`purge_count`] for how they are found.
+pub fn purge(cache: &Cache, key: &Key, n: u64) -> usize {
+    let size = cache.stored_field(&key.slice(n, 0), "content-range").and_then(|v| content_range(&v)).map(|(_, s)| s);
+    match purge_count(size, n, cache.figures().entries) {
+        Some(count) => (0..count).map(|i| cache.purge(&key.slice(n, i))).sum(),
+        None => cache.purge_prefix(&key.slices(n)),
+    }
+}
+
+/// How the slices of an object are found for a purge: `Some(count)`, the slices
+/// 0 to `count - 1` of an object of `size` bytes (as its stored slice 0 tells it)
+/// in slices of `n` bytes, each purged by its key, when there are no more of them
+/// than the `entries` the cache holds; else `None`, a walk of the cache's index
+/// for the keys of the object's slices (slice 0 is not stored, or its size calls
+/// for more keys than there are entries). Either way the work is bounded by the
+/// number of entries.
+pub fn purge_count(size: Option<u64>, n: u64, entries: u64) -> Option<u64> {
+    let count = size.filter(|_| n > 0)?.div_ceil(n);
+    (count <= entries).then_some(count)
 }
 
 /// Why an upstream's answer to a slice's request is not that slice.
@@ -395,6 +422,14 @@ pub async fn forward<D: Downstream>(
             return pass(got, &s, req, d, added, &miss).await;
         }
     };
+    let etag = version.etag.as_deref();
+    match cache::precondition(&req.headers, etag, version.modified.as_deref()) {
+        Precondition::Proceed => {}
+        decided => {
+            let not_modified = decided == Precondition::NotModified;
+            return conditional(not_modified, got, &s, req, &version, &object, &miss).await;
+        }
+    }
     let (status, range) = match reply(&req.headers, &version) {
         Reply::Part(r) => (206, r),
         Reply::Whole(r) => (200, r),
@@ -408,13 +443,20 @@ pub async fn forward<D: Downstream>(
     };
     let span = spans(&range, n);
     let first_hit = matches!(got, Got::Hit(..));
-    let mut all_hit = true;
+    // The oldest of the slices known before the head leaves: all of them on a
+    // hit; those up to the first one to fetch on a miss.
+    let (mut all_hit, mut age) = (true, None);
     for i in span.clone() {
+        let slice_age = match i == first {
+            true => age_of(&got),
+            // A request that leads the fill of its first slice waits for no other.
+            false => s.cache.fresh_age(&s.key.slice(n, i), &s.map, first_hit).await,
+        };
         all_hit &= match i == first {
             true => first_hit,
-            // A request that leads the fill of its first slice waits for no other.
-            false => s.cache.holds_fresh(&s.key.slice(n, i), &s.map, first_hit).await,
+            false => slice_age.is_some(),
         };
+        age = age.max(slice_age);
         if !all_hit {
             break;
         }
@@ -422,6 +464,7 @@ pub async fn forward<D: Downstream>(
     let cache_status = cache::cache_status(&if all_hit { CacheStatus::hit() } else { CacheStatus::fwd(Fwd::Miss) });
     cached::note(rule, req, &cache_status);
     let mut headers = client_head(&object, status, &range, version.size, &cache_status);
+    headers.extend(age.map(cache::age_field));
     let mut piece = buffers::take();
     let mut held = Some(got);
     if !span.contains(&first) {
@@ -478,6 +521,60 @@ pub async fn forward<D: Downstream>(
     buffers::give(piece);
     tracing::debug!("sliced \"{} {}\": {status} with {} body bytes", req.method, req.path, out.sent);
     Outcome::Streamed(Streamed { status, answered, sent: out.sent, path: BodyPath::Copy, end })
+}
+
+/// The age of slice `got` for the answer's `Age`: a stored slice's, or the
+/// `Age` its upstream sent with a slice fetched now (a miss passes it on).
+fn age_of(got: &Got<'_>) -> Option<u64> {
+    match got {
+        Got::Hit(hit, _) => Some(hit.age()),
+        Got::Fetch { head, .. } => upstream_age(&head.fields),
+        Got::Whole { .. } | Got::Past { .. } | Got::Other { .. } => None,
+    }
+}
+
+/// The `Age` in an upstream's fields `fields`: a number of seconds (RFC 9111
+/// section 5.1), else none.
+pub fn upstream_age<N: AsRef<str>>(fields: &[(N, String)]) -> Option<u64> {
+    let v = field(fields, "age")?.trim();
+    v.bytes().all(|b| b.is_ascii_digit()).then(|| v.parse().ok()).flatten()
+}
+
+/// The answer when the client's conditionals, compared with the validators of
+/// the first slice (`version`, whose stored or fetched answer is `got`), decided
+/// it: `304` with the object's fields `object` that a 304 carries
+/// (`not_modified`), else `412`. A slice being fetched is stored first (the
+/// answer waits for it).
+///
+/// # Cancel safety
+/// Cancel-safe: dropped, the slice's fill is abandoned.
+async fn conditional<'r, E>(
+    not_modified: bool,
+    got: Got<'r>,
+    s: &Slicer<'r>,
+    req: &Request,
+    version: &Version,
+    object: &[(FieldName, String)],
+    miss: &str,
+) -> Outcome<E> {
+    let hit = matches!(got, Got::Hit(..));
+    let cache_status = if hit { cache::cache_status(&CacheStatus::hit()) } else { miss.to_string() };
+    cached::note(s.rule, req, &cache_status);
+    let age = age_of(&got);
+    if let Got::Fetch { mut up, store: Some(store), .. } = got {
+        let mut piece = buffers::take();
+        fill(&mut up, store, &mut piece, req).await;
+        buffers::give(piece);
+    }
+    let response = match not_modified {
+        true => {
+            let mut headers = client_head(object, 200, &(0..version.size), version.size, &cache_status);
+            headers.extend(age.map(cache::age_field));
+            cache::not_modified(headers)
+        }
+        false => cache::precondition_failed(cache_status),
+    };
+    answer(response, hit)
 }
 
 /// The body bytes of an answer still to send, and those sent.

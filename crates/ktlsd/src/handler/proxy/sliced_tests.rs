@@ -186,3 +186,91 @@ fn versions_differ_by_size_or_validator() {
     let modified = vec![("Last-Modified".to_string(), "Sat, 28 Nov 2026 05:00:00 GMT".to_string())];
     assert_ne!(Version::of(&modified, 10), Version::of(&Vec::<(String, String)>::new(), 10));
 }
+
+#[test]
+fn a_purge_probes_the_slices_of_the_size_slice_0_tells_or_walks_the_index() {
+    let cases = [
+        // Slice 0 stored: the slices its size calls for, one key each.
+        (Some(5 * M), M, 100, Some(5)),
+        (Some(5 * M + 1), M, 100, Some(6)),
+        (Some(1), M, 100, Some(1)),
+        (Some(0), M, 100, Some(0)),
+        (Some(5 * M), M, 5, Some(5)),
+        // More keys than the cache has entries (a huge object): the walk.
+        (Some(5 * M), M, 4, None),
+        (Some(u64::MAX), 64 << 10, u64::MAX >> 20, None),
+        // Slice 0 not stored: the walk finds the others.
+        (None, M, 100, None),
+        (Some(5 * M), 0, 100, None),
+    ];
+    for (size, n, entries, want) in cases {
+        assert_eq!(purge_count(size, n, entries), want, "{size:?} in slices of {n}, {entries} entries");
+    }
+}
+
+#[test]
+fn the_upstream_age_of_a_fetched_slice() {
+    let cases = [
+        (vec![], None),
+        (vec![("Age", "30")], Some(30)),
+        (vec![("age", " 7 ")], Some(7)),
+        (vec![("Age", "-1")], None),
+        (vec![("Age", "1.5")], None),
+        (vec![("Age", "")], None),
+        (vec![("Age", "99999999999999999999999")], None),
+    ];
+    for (fields, want) in cases {
+        let fields: Vec<(String, String)> = fields.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        assert_eq!(upstream_age(&fields), want, "{fields:?}");
+    }
+}
+
+#[test]
+fn conditionals_are_decided_on_the_first_slice_validators() {
+    let modified = "Mon, 02 Nov 2026 10:00:00 GMT";
+    let (before, after) = ("Mon, 02 Nov 2026 09:59:59 GMT", "Mon, 02 Nov 2026 10:00:01 GMT");
+    let req = |fields: &[(&str, &str)]| {
+        let mut f = crate::handler::request::HeaderFields::default();
+        for (n, v) in fields {
+            f.add(n, v);
+        }
+        f.parse()
+    };
+    let cases = [
+        (vec![], Precondition::Proceed),
+        (vec![("If-None-Match", "\"v1\"")], Precondition::NotModified),
+        // Weak comparison for If-None-Match.
+        (vec![("If-None-Match", "W/\"v1\"")], Precondition::NotModified),
+        (vec![("If-None-Match", "\"v0\", \"v1\"")], Precondition::NotModified),
+        (vec![("If-None-Match", "\"v0\"")], Precondition::Proceed),
+        (vec![("If-Modified-Since", modified)], Precondition::NotModified),
+        (vec![("If-Modified-Since", after)], Precondition::NotModified),
+        (vec![("If-Modified-Since", before)], Precondition::Proceed),
+        // If-None-Match takes precedence over If-Modified-Since.
+        (vec![("If-None-Match", "\"v0\""), ("If-Modified-Since", modified)], Precondition::Proceed),
+        (vec![("If-None-Match", "\"v1\""), ("If-Modified-Since", before)], Precondition::NotModified),
+        (vec![("If-Match", "\"v0\"")], Precondition::Failed),
+    ];
+    for (fields, want) in cases {
+        assert_eq!(cache::precondition(&req(&fields), Some("\"v1\""), Some(modified)), want, "{fields:?}");
+    }
+}
+
+#[test]
+fn a_304_carries_the_validators_age_and_cache_status_only() {
+    let object = vec![
+        ("ETag".to_string(), "\"v1\"".to_string()),
+        ("Last-Modified".into(), "Mon, 02 Nov 2026 10:00:00 GMT".into()),
+        ("Cache-Control".into(), "max-age=3600".into()),
+        ("Content-Range".into(), "bytes 0-1048575/5242880".into()),
+        ("Content-Type".into(), "video/mp4".into()),
+    ];
+    let mut headers = client_head(&object, 200, &(0..5 * M), 5 * M, "ktlsd; hit");
+    headers.push(cache::age_field(12));
+    let r = cache::not_modified(headers);
+    assert_eq!(r.status, Status::NOT_MODIFIED);
+    assert!(matches!(r.body, Body::Empty));
+    let mut names: Vec<String> = r.headers.iter().map(|h| h.name().to_ascii_lowercase()).collect();
+    names.sort();
+    assert_eq!(names, ["age", "cache-control", "cache-status", "etag", "last-modified"], "{:?}", r.headers);
+}

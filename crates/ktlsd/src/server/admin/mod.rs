@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use super::Current;
 use crate::config::{AccessLogTarget, AdminAddr, KtlsMode};
 use crate::handler::cache::{self, Cache};
+use crate::handler::proxy::sliced;
 use crate::handler::sites::NamedSite;
 use crate::names;
 use crate::stats::{advisor, prometheus, Metrics, Stats};
@@ -309,8 +310,13 @@ async fn route(req: &Request<'_>, state: &State) -> Reply {
     }
     if path == "/cache/purge" {
         let current = state.current.borrow().clone();
-        let (status, ctype, body) =
-            purge(req.method, req.target, current.shared.cache.as_deref(), &current.shared.sites);
+        let (status, ctype, body) = purge(
+            req.method,
+            req.target,
+            current.shared.cache.as_deref(),
+            &current.shared.sites,
+            &current.shared.config.content,
+        );
         return Reply::new(status, ctype, body);
     }
     if req.method != "GET" && req.method != "HEAD" {
@@ -381,14 +387,17 @@ const TEXT: &str = "text/plain; charset=utf-8";
 
 /// `POST /cache/purge?url=TARGET[&host=NAME]`: removes every stored variant of
 /// TARGET (path and query as clients send it, percent-encoded once more in the
-/// query) of the default site, or of the `[[site]]` that answers NAME. 200 when
-/// something was removed, 404 when nothing was stored (or there is no `[cache]`),
-/// 400 without an absolute `url`, 405 for another method.
+/// query) of the default site (whose content is `default`), or of the `[[site]]`
+/// that answers NAME; and, when the `[[proxy]]` rule that takes TARGET's path
+/// has `cache_slice`, every stored slice of it. 200 when something was removed,
+/// 404 when nothing was stored (or there is no `[cache]`), 400 without an
+/// absolute `url`, 405 for another method.
 fn purge(
     method: &str,
     target: &str,
     cache: Option<&Cache>,
     sites: &[NamedSite],
+    default: &crate::handler::Content,
 ) -> (&'static str, &'static str, String) {
     if method != "POST" {
         return ("405 Method Not Allowed", TEXT, "purge with POST /cache/purge?url=/path[&host=name]\n".into());
@@ -410,12 +419,24 @@ fn purge(
         return ("404 Not Found", TEXT, "no [cache] is configured: nothing to purge\n".into());
     };
     // The key's host is the `[[site]]`'s; any other name is the default site's (empty), as requests are keyed.
-    let host = host.map(|h| names::host_of(&h)).filter(|h| names::find(sites, |s| &s.names, h).is_some());
-    let key = cache::Key::new(host.as_deref().unwrap_or(""), &url);
-    match cache.purge(&key) {
-        0 => ("404 Not Found", TEXT, format!("nothing stored for {url}\n")),
-        n => ("200 OK", TEXT, format!("purged {url}: {n} stored variant(s) removed\n")),
+    let site = host.map(|h| names::host_of(&h)).and_then(|h| Some((names::find(sites, |s| &s.names, &h)?, h)));
+    let key = cache::Key::new(site.as_ref().map_or("", |(_, h)| h.as_str()), &url);
+    let content = site.map_or(default, |(s, _)| &s.content);
+    let variants = cache.purge(&key);
+    let slices = slice_size(content, &url).map(|n| sliced::purge(cache, &key, n));
+    match (variants, slices) {
+        (0, None | Some(0)) => ("404 Not Found", TEXT, format!("nothing stored for {url}\n")),
+        (n, None) => ("200 OK", TEXT, format!("purged {url}: {n} stored variant(s) removed\n")),
+        (n, Some(s)) => ("200 OK", TEXT, format!("purged {url}: {n} stored variant(s) and {s} slice(s) removed\n")),
     }
+}
+
+/// The `cache_slice` of the `[[proxy]]` rule of `content` that takes the path of
+/// `url` (path and query), when it caches in slices.
+fn slice_size(content: &crate::handler::Content, url: &str) -> Option<u64> {
+    let path = crate::handler::pattern::route_path(url.split_once('?').map_or(url, |(p, _)| p));
+    let rule = content.locations.find(path.as_deref()).proxy?;
+    rule.control.cache_slice.filter(|_| rule.cache)
 }
 
 /// Descriptors this process has open (entries of `/proc/self/fd`, less the one
@@ -638,12 +659,12 @@ mod tests {
             ("POST", "/cache/purge?url=%2Fp%3Fx%3D1&host=other.example", "404 Not Found", "nothing stored"),
             ("POST", "/cache/purge?host=A.example.:443&url=%2Fp%3Fx%3D1", "200 OK", "1 stored variant(s) removed"),
         ] {
-            let (got, _, text) = purge(method, target, Some(&cache), &sites);
+            let (got, _, text) = purge(method, target, Some(&cache), &sites, &Default::default());
             assert_eq!(got, status, "{method} {target}: {text}");
             assert!(text.contains(body), "{method} {target}: {text}");
         }
         assert_eq!(cache.figures().entries, 0);
-        let (got, _, text) = purge("POST", "/cache/purge?url=/p", None, &sites);
+        let (got, _, text) = purge("POST", "/cache/purge?url=/p", None, &sites, &Default::default());
         assert_eq!((got, text.contains("no [cache]")), ("404 Not Found", true));
     }
 
