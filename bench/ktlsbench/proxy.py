@@ -296,9 +296,11 @@ class WsLoad:
 
 
 def require_free(*ports):
-    """Fails when another process already listens on one of `ports` (it would answer instead)."""
+    """Fails when another process already listens on one of `ports` (it would answer instead).
+    SO_REUSEADDR, as the servers bind: connections of a finished run in TIME-WAIT do not count."""
     for port in ports:
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError as e:
