@@ -36,64 +36,34 @@ fn wss(srv: &Server, path: &str) -> String {
     format!("wss://127.0.0.1:{}{path}", srv.port())
 }
 
-/// Runs `ws_client.py URL SCENARIO ARGS`; its output lines, after checking that it succeeded.
+/// Runs the test client `name` (a Python script of `tests/tunnel/`) with `args`;
+/// its output lines, after checking that it succeeded (`srv`'s log otherwise).
+fn run_client(srv: &Server, name: &str, args: &[&str]) -> Vec<String> {
+    let out =
+        run_with_timeout(Command::new("/usr/bin/python3").arg(script(name)).args(args), None, Duration::from_secs(90));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{name} {args:?}:\n{text}\n{}\nserver:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        srv.stderr()
+    );
+    text.lines().map(str::to_string).collect()
+}
+
+/// `ws_client.py URL SCENARIO ARGS` (Python `websockets`) against `srv`.
 fn ws_client(url: &str, scenario: &str, args: &[&str], srv: &Server) -> Vec<String> {
-    let out = run_with_timeout(
-        Command::new("/usr/bin/python3").arg(script("ws_client.py")).args([url, scenario]).args(args),
-        None,
-        Duration::from_secs(90),
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "ws_client.py {scenario}:\n{text}\n{}\nserver:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        srv.stderr()
-    );
-    text.lines().map(str::to_string).collect()
+    run_client(srv, "ws_client.py", &[&[url, scenario], args].concat())
 }
 
-/// Runs `h3_ws.py` (aioquic) against `srv`; its output lines, after checking that it succeeded.
+/// `h3_ws.py HOST PORT SCENARIO` (aioquic) against `srv`.
 fn h3_ws(srv: &Server, scenario: &str) -> Vec<String> {
-    let out = run_with_timeout(
-        Command::new("/usr/bin/python3").arg(script("h3_ws.py")).args([
-            &srv.addr().ip().to_string(),
-            &srv.port().to_string(),
-            scenario,
-        ]),
-        None,
-        Duration::from_secs(60),
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "h3_ws.py {scenario}:\n{text}\n{}\nserver:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        srv.stderr()
-    );
-    text.lines().map(str::to_string).collect()
+    run_client(srv, "h3_ws.py", &[&srv.addr().ip().to_string(), &srv.port().to_string(), scenario])
 }
 
-/// Runs `h2_ws.py` against `srv`; its output lines, after checking that it succeeded.
+/// `h2_ws.py HOST PORT PATH SCENARIO` (Python `h2`) against `srv`.
 fn h2_ws(srv: &Server, path: &str, scenario: &str) -> Vec<String> {
-    let out = run_with_timeout(
-        Command::new("/usr/bin/python3").arg(script("h2_ws.py")).args([
-            &srv.addr().ip().to_string(),
-            &srv.port().to_string(),
-            path,
-            scenario,
-        ]),
-        None,
-        Duration::from_secs(60),
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "h2_ws.py {scenario}:\n{text}\n{}\nserver:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        srv.stderr()
-    );
-    text.lines().map(str::to_string).collect()
+    run_client(srv, "h2_ws.py", &[&srv.addr().ip().to_string(), &srv.port().to_string(), path, scenario])
 }
 
 fn has(lines: &[String], line: &str) -> bool {

@@ -21,7 +21,6 @@ Scenarios:
           end`), and the connection goes on (`ok after`)
 """
 
-import os
 import socket
 import ssl
 import struct
@@ -32,6 +31,8 @@ import h2.connection
 import h2.events
 import h2.settings
 
+from wsframe import ws_frame, ws_parse
+
 failed = False
 
 
@@ -39,40 +40,6 @@ def check(name, ok, why=""):
     global failed
     print(f"ok {name}" if ok else f"fail {name}: {why}", flush=True)
     failed |= not ok
-
-
-def ws_frame(opcode, payload, key=None):
-    """A final, masked client frame (a zero key, allowed by RFC 6455, for bulk)."""
-    head = bytes([0x80 | opcode])
-    n = len(payload)
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 65536:
-        head += bytes([0x80 | 126]) + struct.pack("!H", n)
-    else:
-        head += bytes([0x80 | 127]) + struct.pack("!Q", n)
-    if key == b"\0\0\0\0":
-        return head + key + payload
-    key = os.urandom(4)
-    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
-
-
-def ws_parse(buf):
-    """(opcode, payload, used) of the first whole unmasked frame in buf, or None."""
-    if len(buf) < 2:
-        return None
-    opcode, n, at = buf[0] & 0x0F, buf[1] & 0x7F, 2
-    if n == 126:
-        if len(buf) < 4:
-            return None
-        n, at = struct.unpack("!H", buf[2:4])[0], 4
-    elif n == 127:
-        if len(buf) < 10:
-            return None
-        n, at = struct.unpack("!Q", buf[2:10])[0], 10
-    if len(buf) < at + n:
-        return None
-    return opcode, bytes(buf[at : at + n]), at + n
 
 
 class Client:
