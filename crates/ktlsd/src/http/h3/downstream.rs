@@ -19,7 +19,7 @@
 
 use std::os::fd::BorrowedFd;
 
-use bytes::{Buf, Bytes};
+use bytes::{BufMut, Bytes};
 use h3::quic::BidiStream;
 use h3::server::RequestStream;
 
@@ -36,23 +36,13 @@ pub(super) struct Stream<'s, S: BidiStream<Bytes>> {
     pub retired: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
-/// Appends the bytes of `piece` (one DATA frame's, as the h3 crate hands them) to `into`.
-fn append(into: &mut Vec<u8>, mut piece: impl Buf) {
-    while piece.has_remaining() {
-        let chunk = piece.chunk();
-        into.extend_from_slice(chunk);
-        let n = chunk.len();
-        piece.advance(n);
-    }
-}
-
 impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
     type Error = Unsent;
 
     async fn read_body(&mut self, into: &mut Vec<u8>) -> Result<bool, BodyError<Unsent>> {
         match tokio::time::timeout(self.settings.header_timeout, self.stream.recv_data()).await {
             Ok(Ok(Some(piece))) => {
-                append(into, piece);
+                into.put(piece);
                 Ok(true)
             }
             Ok(Ok(None)) => Ok(false),
@@ -125,7 +115,7 @@ impl<S: BidiStream<Bytes>> Downstream for Stream<'_, S> {
     async fn read_tunnel(&mut self, into: &mut Vec<u8>) -> Result<bool, Unsent> {
         match self.stream.recv_data().await {
             Ok(Some(piece)) => {
-                append(into, piece);
+                into.put(piece);
                 Ok(true)
             }
             Ok(None) => Ok(false),
